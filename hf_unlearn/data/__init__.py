@@ -1,0 +1,31 @@
+"""TOFU-shaped data: loading (Hub id, local folder or synthetic), prompts, tokenization, pairing."""
+
+from .pairing import overlapping_examples, retain_partner_indices
+from .prompts import (
+    IGNORE_INDEX,
+    build_prompt,
+    collate_qa,
+    ensure_pad_token,
+    format_qa,
+    has_chat_template,
+    tokenize_qa,
+)
+from .synthetic import synthetic_tofu
+from .tofu import (
+    FORGET_SPLITS,
+    HOLDOUT_FOR_FORGET,
+    RETAIN_FOR_FORGET,
+    SYNTHETIC_SOURCE,
+    TOFU_CONFIGS,
+    TOFU_HUB_ID,
+    load_tofu,
+    load_tofu_rows,
+    read_jsonl,
+)
+
+__all__ = [
+    "FORGET_SPLITS", "HOLDOUT_FOR_FORGET", "IGNORE_INDEX", "RETAIN_FOR_FORGET", "SYNTHETIC_SOURCE",
+    "TOFU_CONFIGS", "TOFU_HUB_ID", "build_prompt", "collate_qa", "ensure_pad_token", "format_qa",
+    "has_chat_template", "load_tofu", "load_tofu_rows", "overlapping_examples", "read_jsonl",
+    "retain_partner_indices", "synthetic_tofu", "tokenize_qa",
+]

@@ -1,0 +1,1 @@
+"""Model-card templates for unlearned artifacts, shipped with hf_unlearn (see hf_unlearn.hub)."""

@@ -1,0 +1,54 @@
+"""Shared fixtures: the TOFU copy beside the checkout, the synthetic set, tiny cached models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOFU_DIR = Path(os.environ.get("HF_UNLEARN_TOFU_DIR", REPO_ROOT.parent / "shared" / "data" / "tofu"))
+CACHE_DIR = Path(os.environ.get("HF_UNLEARN_TEST_CACHE", REPO_ROOT / ".cache" / "tests"))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+
+@pytest.fixture(scope="session")
+def tofu_dir() -> Path:
+    if not (TOFU_DIR / "full.jsonl").is_file():
+        pytest.fail(f"The TOFU copy is missing at {TOFU_DIR} (set HF_UNLEARN_TOFU_DIR).")
+    return TOFU_DIR
+
+
+@pytest.fixture(scope="session")
+def synthetic():
+    from hf_unlearn.data import synthetic_tofu
+
+    return synthetic_tofu()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair():
+    """Cached target (memorizes all synthetic authors) and retain reference (retain90 only)."""
+    from hf_unlearn.testing import tiny_models
+
+    return tiny_models(cache_dir=CACHE_DIR)
+
+
+@pytest.fixture()
+def tiny_target(tiny_pair):
+    """A fresh (model, tokenizer) copy of the tiny target: tests may modify it freely."""
+    from hf_unlearn.tofu_tiny import load_tiny
+
+    return load_tiny(tiny_pair.target)
+
+
+@pytest.fixture()
+def tiny_retain(tiny_pair):
+    from hf_unlearn.tofu_tiny import load_tiny
+
+    return load_tiny(tiny_pair.retain)
