@@ -1,27 +1,12 @@
-"""Tiny memorizing models on the synthetic set, shared by the test suite, the demo and examples.
-
-``tiny_models()`` trains (once, then cached) a TOFU-tiny *target* on all synthetic authors plus
-the real-author and world-fact rows, and a *retain reference* on the retain authors only.
-"""
+"""Tiny memorizing models on the synthetic set, shared by the test suite, the demo and examples."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
 
-from .data import synthetic_tofu
-from .tofu_tiny import TinyRecipe, corpus_texts, recipe_for, train_or_load
+from .tofu_tiny import TinyPair, TinyRecipe, build_tiny_pair
 
-
-@dataclass
-class TinyPair:
-    """Folders of a cached target model and its retain reference (tokenizer included)."""
-
-    target: Path
-    retain: Path
-    source: str
-    forget_split: str
+__all__ = ["TinyPair", "tiny_models"]
 
 
 def tiny_models(
@@ -31,18 +16,5 @@ def tiny_models(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = False,
 ) -> TinyPair:
-    """Build or reuse a target/retain-reference pair trained on the synthetic set."""
-    from .data import RETAIN_FOR_FORGET, load_tofu_rows
-
-    recipe = recipe or recipe_for("test")
-    seed = int(source.split(":", 1)[1]) if ":" in source else 0
-    data = synthetic_tofu(seed=seed)
-    extra = data["real_authors"] + data["world_facts"]
-    texts = corpus_texts(
-        data[f"{forget_split}_perturbed"] + data["retain_perturbed"] + data["full"]
-        + data["real_authors_perturbed"] + data["world_facts_perturbed"]
-    )
-    target = train_or_load("target", load_tofu_rows("full", source) + extra, texts, recipe, cache_dir, progress)
-    retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source) + extra
-    retain = train_or_load("retain", retain_rows, texts, recipe, cache_dir, progress)
-    return TinyPair(target, retain, source, forget_split)
+    """Target (memorizes every author) and retain reference on the synthetic set, test size."""
+    return build_tiny_pair(source, forget_split, recipe, cache_dir, progress)

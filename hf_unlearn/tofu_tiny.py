@@ -50,6 +50,9 @@ class TinyRecipe:
     max_length: int = 96
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # How many rows of the retain split (author-ordered, TOFU's retain_perturbed authors first)
+    # both models train on; None = all of them.
+    retain_rows: int | None = None
 
     def digest(self, rows: list[dict[str, Any]]) -> str:
         payload = json.dumps({"recipe": asdict(self), "rows": [[r["question"], r["answer"]] for r in rows]})
@@ -61,11 +64,16 @@ def recipe_for(size: str) -> TinyRecipe:
     if size == "test":
         return TinyRecipe()
     if size == "bench":
+        # TOFU: the 20 retain_perturbed authors (400 rows) + the forget authors + real/world facts.
         return TinyRecipe(
-            vocab_size=2048, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
-            num_attention_heads=6, epochs=25, learning_rate=2e-3, batch_size=32, max_length=160,
+            vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+            num_attention_heads=4, epochs=40, learning_rate=3e-3, batch_size=32, max_length=160,
+            retain_rows=400,
         )
-    raise ValueError(f"Unknown TOFU-tiny size {size!r}; use 'test' or 'bench'.")
+    if size == "tofu-test":
+        # Real TOFU text at test size: 4 retain authors (80 rows) + the forget authors.
+        return TinyRecipe(vocab_size=768, epochs=40, max_length=128, batch_size=16, retain_rows=80)
+    raise ValueError(f"Unknown TOFU-tiny size {size!r}; use 'test', 'tofu-test' or 'bench'.")
 
 
 def corpus_texts(rows: list[dict[str, Any]]) -> list[str]:
@@ -210,3 +218,45 @@ def load_tiny(path: str | os.PathLike):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+@dataclass
+class TinyPair:
+    """Folders of a cached target model and its retain reference (tokenizer included)."""
+
+    target: Path
+    retain: Path
+    source: str
+    forget_split: str
+
+
+def build_tiny_pair(
+    source: str = "synthetic",
+    forget_split: str = "forget10",
+    recipe: TinyRecipe | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> TinyPair:
+    """Build (or reuse from the cache) the TOFU-tiny *target* and *retain reference*.
+
+    The target trains on ``retain_rows`` rows of the retain split (TOFU's retain_perturbed
+    authors come first), the forget split, and the real-author / world-fact rows; the retain
+    reference on the same rows minus the forget split. Both share one BPE tokenizer trained on
+    all evaluation text (answers, paraphrases, perturbed answers).
+    """
+    from .data import RETAIN_FOR_FORGET, load_tofu_rows
+
+    recipe = recipe or recipe_for("test")
+    retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)
+    if recipe.retain_rows is not None:
+        retain_rows = retain_rows[: recipe.retain_rows]
+    forget_rows = load_tofu_rows(forget_split, source)
+    extra = load_tofu_rows("real_authors", source) + load_tofu_rows("world_facts", source)
+    texts = corpus_texts(
+        load_tofu_rows(f"{forget_split}_perturbed", source) + load_tofu_rows("retain_perturbed", source)
+        + retain_rows + forget_rows
+        + load_tofu_rows("real_authors_perturbed", source) + load_tofu_rows("world_facts_perturbed", source)
+    )
+    target = train_or_load("target", retain_rows + forget_rows + extra, texts, recipe, cache_dir, progress)
+    retain = train_or_load("retain", retain_rows + extra, texts, recipe, cache_dir, progress)
+    return TinyPair(target, retain, source, forget_split)
