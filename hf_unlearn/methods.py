@@ -1,0 +1,170 @@
+"""The method registry: one entry per unlearning method, each run the same way.
+
+The CLI (`hf-unlearn unlearn|demo|bench`), `examples/unlearn_tofu.py` and the benchmark all go
+through :func:`run_method`, so every method is applied, timed, saved and evaluated identically.
+A method's result is an :class:`Unlearned`: the model to evaluate (with, for T3, the scorer and
+the generation arguments that make its distribution), the artifact to save or push, and the
+trainable-parameter count.
+
+Adding a method is one entry in ``METHODS``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Unlearned:
+    """What a method produced.
+
+    ``model`` is what the evaluator scores and generates with (for GROM the merged model, for T3
+    the untouched base); ``scorer`` and ``generation_kwargs`` are set for methods that change the
+    decoding distribution rather than the weights (T3). ``artifact`` is the native object that
+    ``save_pretrained`` / ``push_to_hub`` handle (a model, a ``GROMEdit``, a ``T3Classifier``).
+    """
+
+    method: str
+    model: Any
+    artifact: Any
+    settings: dict[str, Any]
+    trainable_params: int
+    total_params: int
+    seconds: float = 0.0
+    scorer: Callable | None = None
+    generation_kwargs: dict[str, Any] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    weights_changed: bool = True
+
+    @property
+    def trainable_share(self) -> float:
+        return self.trainable_params / max(1, self.total_params)
+
+
+def _num_params(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _as_dataset(rows: Any) -> Any:
+    import datasets
+
+    if isinstance(rows, datasets.Dataset):
+        return rows
+    return datasets.Dataset.from_list([{"question": r["question"], "answer": r["answer"]} for r in rows])
+
+
+def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlearned]:
+    def run(model, tokenizer, forget, retain, output_dir, settings):
+        from . import trainers
+
+        trainer_cls = getattr(trainers, trainer_name)
+        config_cls = getattr(trainers, config_name)
+        args = config_cls(output_dir=str(output_dir), report_to="none", save_strategy="no", **settings)
+        trainer = trainer_cls(
+            model=model, args=args, train_dataset=_as_dataset(forget), retain_dataset=_as_dataset(retain),
+            processing_class=tokenizer,
+        )
+        trainer.train()
+        trained = trainer.model
+        trained.eval()
+        info: dict[str, Any] = {"global_step": trainer.state.global_step}
+        for attr in ("stopped_at_step", "violation_history", "stop_reason"):
+            if hasattr(trainer, attr):
+                info[attr] = getattr(trainer, attr)
+        trainable = sum(p.numel() for p in trained.parameters() if p.requires_grad)
+        result = Unlearned(
+            method="", model=trained, artifact=trained, settings=dict(settings),
+            trainable_params=trainable, total_params=_num_params(trained), info=info,
+        )
+        result.info["trainer"] = trainer
+        return result
+
+    return run
+
+
+def _run_grom(model, tokenizer, forget, retain, output_dir, settings):
+    from .grom import GROMConfig, fit_grom
+
+    edit = fit_grom(model, tokenizer, forget, retain, GROMConfig(**settings))
+    total = _num_params(model)
+    delta_params = sum(p.numel() for p in edit.deltas.values())
+    merged = edit.to_peft(model).merge_and_unload()
+    merged.eval()
+    info = {k: v for k, v in getattr(edit, "metadata", {}).items() if isinstance(v, (int, float, str, list, dict))}
+    return Unlearned(
+        method="grom", model=merged, artifact=edit, settings=dict(settings),
+        trainable_params=delta_params, total_params=total, info=info,
+    )
+
+
+def _run_t3(model, tokenizer, forget, retain, output_dir, settings):
+    from transformers import LogitsProcessorList
+
+    from .t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
+
+    settings = dict(settings)
+    temperature = float(settings.pop("temperature", 2.0))
+    top_k = int(settings.pop("top_k", 20))
+    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(**settings))
+    processor = T3LogitsProcessor(model, clf, temperature=temperature, top_k=top_k)
+    model.eval()
+    return Unlearned(
+        method="t3", model=model, artifact=clf,
+        settings={**settings, "temperature": temperature, "top_k": top_k},
+        trainable_params=_num_params(clf), total_params=_num_params(model),
+        scorer=t3_scorer(model, clf, temperature=temperature, top_k=top_k),
+        generation_kwargs={"logits_processor": LogitsProcessorList([processor])},
+        weights_changed=False,
+        info={k: v for k, v in getattr(clf, "fit_report", {}).items() if isinstance(v, (int, float, str))},
+    )
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method: how to run it, its demo settings and its benchmark grid (<= 6 settings)."""
+
+    name: str
+    run: Callable[..., Unlearned]
+    demo: dict[str, Any]
+    grid: tuple[dict[str, Any], ...]
+    description: str
+
+
+def _trainer_settings(lr: float, epochs: float, **extra: Any) -> dict[str, Any]:
+    return {"learning_rate": lr, "num_train_epochs": epochs, "per_device_train_batch_size": 8,
+            "logging_steps": 5, "seed": 0, **extra}
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> None:
+    METHODS[spec.name] = spec
+
+
+def run_method(
+    name: str,
+    model: Any,
+    tokenizer: Any,
+    forget: Any,
+    retain: Any,
+    output_dir: str | os.PathLike,
+    settings: dict[str, Any] | None = None,
+) -> Unlearned:
+    """Run method ``name`` on ``model`` with ``settings`` (default: its demo settings), timed."""
+    if name not in METHODS:
+        raise ValueError(f"Unknown method {name!r}; choose from {sorted(METHODS)}.")
+    spec = METHODS[name]
+    settings = dict(spec.demo if settings is None else settings)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    result = spec.run(model, tokenizer, forget, retain, output_dir, settings)
+    result.seconds = time.perf_counter() - start
+    result.method = name
+    return result
