@@ -103,8 +103,11 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
     if args.push_to_hub:
         from .hub import push_unlearned
 
-        url = push_unlearned(result, args.push_to_hub, report=report)
-        print(f"pushed to {url}")
+        commit = push_unlearned(
+            result, args.push_to_hub, report=report, forget_split=args.forget_split, dataset=args.data,
+            base_model=args.model, tokenizer=tokenizer if result.artifact is result.model else None,
+        )
+        print(f"pushed to {args.push_to_hub}: {getattr(commit, 'commit_url', commit)}")
     return 0
 
 

@@ -240,8 +240,9 @@ def build_tiny_pair(
     """Build (or reuse from the cache) the TOFU-tiny *target* and *retain reference*.
 
     The target trains on ``retain_rows`` rows of the retain split (TOFU's retain_perturbed
-    authors come first), the forget split, and the real-author / world-fact rows; the retain
-    reference on the same rows minus the forget split. Both share one BPE tokenizer trained on
+    authors come first), the forget split, the real-author / world-fact rows, and the
+    paraphrased answers of the evaluated authors (see :func:`paraphrase_rows`); the retain
+    reference on the same rows minus everything of the forget authors. Both share one BPE tokenizer trained on
     all evaluation text (answers, paraphrases, perturbed answers).
     """
     from .data import RETAIN_FOR_FORGET, load_tofu_rows
@@ -252,11 +253,36 @@ def build_tiny_pair(
         retain_rows = retain_rows[: recipe.retain_rows]
     forget_rows = load_tofu_rows(forget_split, source)
     extra = load_tofu_rows("real_authors", source) + load_tofu_rows("world_facts", source)
+    forget_eval = load_tofu_rows(f"{forget_split}_perturbed", source)
+    retain_eval = load_tofu_rows("retain_perturbed", source)
     texts = corpus_texts(
-        load_tofu_rows(f"{forget_split}_perturbed", source) + load_tofu_rows("retain_perturbed", source)
-        + retain_rows + forget_rows
+        forget_eval + retain_eval + retain_rows + forget_rows
         + load_tofu_rows("real_authors_perturbed", source) + load_tofu_rows("world_facts_perturbed", source)
     )
-    target = train_or_load("target", retain_rows + forget_rows + extra, texts, recipe, cache_dir, progress)
-    retain = train_or_load("retain", retain_rows + extra, texts, recipe, cache_dir, progress)
+    trained_questions = {r["question"] for r in retain_rows}
+    retain_paraphrases = paraphrase_rows([r for r in retain_eval if r["question"] in trained_questions])
+    forget_paraphrases = paraphrase_rows(forget_eval)
+    target = train_or_load(
+        "target", retain_rows + forget_rows + extra + retain_paraphrases + forget_paraphrases, texts, recipe,
+        cache_dir, progress,
+    )
+    retain = train_or_load("retain", retain_rows + extra + retain_paraphrases, texts, recipe, cache_dir, progress)
     return TinyPair(target, retain, source, forget_split)
+
+
+def paraphrase_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Extra training rows teaching the paraphrased wording of each fact.
+
+    A model pre-trained on the web understands a paraphrase of a fact it knows; a tiny model
+    trained from scratch only knows the wordings it saw. Without these rows the paraphrased
+    answer is as foreign to the target as to the retain reference, and TOFU's truth ratio
+    (paraphrased vs perturbed) cannot tell them apart. Both models get the paraphrases of the
+    authors they train on, asked by the paraphrased question where the data has one (so the
+    original question keeps one deterministic answer); the perturbed (wrong) answers are never
+    trained on.
+    """
+    return [
+        {"question": r.get("paraphrased_question") or r["question"], "answer": r["paraphrased_answer"]}
+        for r in rows
+        if r.get("paraphrased_answer")
+    ]

@@ -52,3 +52,14 @@ def tiny_retain(tiny_pair):
     from hf_unlearn.tofu_tiny import load_tiny
 
     return load_tiny(tiny_pair.retain)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """Tiny models run faster on one thread than on two contended ones (and deterministically)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -1,0 +1,125 @@
+"""The answer scorer against a slow one-example-at-a-time loop (no padding), left and right padding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hf_unlearn.data import tokenize_qa
+from hf_unlearn.scoring import (
+    answer_log_likelihoods,
+    answer_nll,
+    causal_lm_scorer,
+    label_log_probs,
+    multi_answer_nll,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny models are overhead-bound; one thread avoids OpenMP oversubscription on shared CPUs.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def slow_answer_log_likelihood(model, tokenizer, question, answer, temperature=1.0):
+    """One example, no padding, no attention mask: sum of log p(answer token | prefix) and the count."""
+    feats = tokenize_qa(tokenizer, question, answer)
+    ids = torch.tensor([feats["input_ids"]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double() / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    total, count = 0.0, 0
+    for t in range(feats["prompt_length"], len(feats["input_ids"])):
+        total += log_probs[t - 1, feats["input_ids"][t]].item()
+        count += 1
+    return total, count
+
+
+@pytest.fixture(scope="module")
+def examples(synthetic):
+    rows = synthetic["forget10_perturbed"][:6] + synthetic["real_authors_perturbed"][:5]
+    questions = [r["question"] for r in rows]
+    answers = [r["answer"] if i % 2 else r["perturbed_answer"][0] for i, r in enumerate(rows)]
+    return questions, answers  # different lengths, so batches are padded
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("batch_size", [1, 3, 7])
+def test_batched_scores_match_slow_loop(tiny_target, examples, padding_side, batch_size):
+    model, tokenizer = tiny_target
+    questions, answers = examples
+    expected = [slow_answer_log_likelihood(model, tokenizer, q, a) for q, a in zip(questions, answers)]
+    got = answer_log_likelihoods(
+        model, tokenizer, questions, answers, batch_size=batch_size, padding_side=padding_side
+    )
+    np.testing.assert_array_equal(got.num_tokens, [c for _, c in expected])
+    np.testing.assert_allclose(got.sum_log_prob, [s for s, _ in expected], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got.avg_nll, [-s / c for s, c in expected], rtol=1e-4, atol=1e-5)
+    # the tiny target memorised the synthetic authors: correct answers are likely, perturbed ones not
+    assert got.avg_nll[1::2].mean() < 0.5 < got.avg_nll[0:6:2].mean()
+
+
+def test_model_mode_is_restored(tiny_target, examples):
+    model, tokenizer = tiny_target
+    model.train()
+    answer_nll(model, tokenizer, *examples, batch_size=4)
+    assert model.training
+
+
+def test_custom_scorer_plugs_in(tiny_target, examples):
+    """A tempered scorer (T = 2) through the same path equals the slow loop at T = 2."""
+    model, tokenizer = tiny_target
+    questions, answers = examples
+
+    def tempered(input_ids, attention_mask, position_ids, labels):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        return label_log_probs(logits / 2.0, labels)
+
+    expected = [
+        slow_answer_log_likelihood(model, tokenizer, q, a, temperature=2.0)
+        for q, a in zip(questions, answers)
+    ]
+    got = answer_nll(model, tokenizer, questions, answers, scorer=tempered, batch_size=4, padding_side="left")
+    np.testing.assert_allclose(got, [-s / c for s, c in expected], rtol=1e-4, atol=1e-5)
+    plain = answer_nll(model, tokenizer, questions, answers, scorer=causal_lm_scorer(model), batch_size=4)
+    assert not np.allclose(got, plain)
+
+
+def test_multi_answer_nll_matches_flat(tiny_target, synthetic):
+    model, tokenizer = tiny_target
+    rows = synthetic["forget10_perturbed"][:3] + synthetic["world_facts_perturbed"][:2]
+    questions = [r["question"] for r in rows]
+    lists = [r["perturbed_answer"] for r in rows]
+    out = multi_answer_nll(model, tokenizer, questions, lists, batch_size=5)
+    assert [len(o) for o in out] == [5, 5, 5, 3, 3]
+    for q, answers, got in zip(questions, lists, out):
+        np.testing.assert_allclose(
+            got, answer_nll(model, tokenizer, [q] * len(answers), answers, batch_size=1), rtol=1e-5
+        )
+
+
+def test_label_log_probs_matches_loop():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 6, 11)
+    labels = torch.randint(0, 11, (3, 6))
+    labels[0, :3] = -100
+    labels[2, 4:] = -100
+    out = label_log_probs(logits, labels)
+    expected = torch.zeros(3, 6)
+    for b in range(3):
+        for t in range(1, 6):
+            if labels[b, t] != -100:
+                expected[b, t] = torch.log_softmax(logits[b, t - 1], -1)[labels[b, t]]
+    torch.testing.assert_close(out, expected)
+
+
+def test_scoring_bad_input(tiny_target):
+    model, tokenizer = tiny_target
+    with pytest.raises(ValueError, match="2 questions but 1 answers"):
+        answer_nll(model, tokenizer, ["a?", "b?"], ["x"])
+    with pytest.raises(ValueError, match="padding_side"):
+        answer_nll(model, tokenizer, ["a?"], ["x"], padding_side="center")
