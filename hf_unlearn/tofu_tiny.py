@@ -66,8 +66,8 @@ def recipe_for(size: str) -> TinyRecipe:
     if size == "bench":
         # TOFU: the 20 retain_perturbed authors (400 rows) + the forget authors + real/world facts.
         return TinyRecipe(
-            vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-            num_attention_heads=4, epochs=40, learning_rate=3e-3, batch_size=32, max_length=160,
+            vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=3,
+            num_attention_heads=4, epochs=24, learning_rate=3e-3, batch_size=32, max_length=144,
             retain_rows=400,
         )
     if size == "tofu-test":

@@ -1,0 +1,174 @@
+"""GROM speed: ``fit_grom`` wall seconds against one plain forward pass over forget + retain.
+
+The plain pass tokenizes every forget and retain example and runs the model once over them in
+batches of ``--batch-size`` (no hooks, no gradients), the floor for any method that reads the
+data. GROM does the same tokenization and forward pass with key-collecting hooks, the layer
+attribution, the float64 second moments and the Cholesky solve(s). One warm-up of each, then the
+median of ``--repeats``, in wall and process-CPU seconds (on a shared machine use ``--threads 1``:
+spinning OpenMP threads make both noisy); the target is GROM / plain <= 3. Prints a table and
+writes JSON.
+
+    python benchmarks/grom_speed.py --out runs/grom_speed.json
+    python benchmarks/grom_speed.py --repeats 1 --threads 1 --target-modules lm_head   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def plain_forward(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch_size: int) -> float:
+    """Seconds of tokenizing ``rows`` and one no-grad forward pass over them (length-sorted batches)."""
+    import torch
+
+    from hf_unlearn.data import collate_qa, tokenize_qa
+
+    device = next(model.parameters()).device
+    _sync()
+    start = time.perf_counter()
+    feats = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in rows]
+    feats.sort(key=lambda f: len(f["input_ids"]))
+    with torch.no_grad():
+        for i in range(0, len(feats), batch_size):
+            batch = collate_qa(feats[i : i + batch_size], tokenizer.pad_token_id, "right")
+            model(
+                input_ids=batch["input_ids"].to(device),
+                attention_mask=batch["attention_mask"].to(device),
+                position_ids=batch["position_ids"].to(device),
+            )
+    _sync()
+    return time.perf_counter() - start
+
+
+def _median_seconds(fn, repeats: int) -> tuple[float, float, Any]:
+    """Median wall and process-CPU seconds of ``fn()`` over ``repeats`` calls after one warm-up."""
+    wall, cpu, out = [], [], None
+    for i in range(repeats + 1):
+        _sync()
+        start, start_cpu = time.perf_counter(), time.process_time()
+        out = fn()
+        _sync()
+        if i > 0:
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu), out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    import hf_unlearn  # noqa: F401
+    from hf_unlearn.data import RETAIN_FOR_FORGET, ensure_pad_token, load_tofu_rows
+    from hf_unlearn.grom import GROMConfig, fit_grom
+
+    torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.model:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    else:
+        from hf_unlearn.testing import tiny_models
+        from hf_unlearn.tofu_tiny import load_tiny
+
+        model, tokenizer = load_tiny(tiny_models(cache_dir=args.cache_dir).target)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device).eval()
+    ensure_pad_token(tokenizer)
+    forget = load_tofu_rows(args.forget_split, args.source)
+    retain = load_tofu_rows(RETAIN_FOR_FORGET[args.forget_split], args.source)
+
+    config = GROMConfig(
+        target_modules=args.target_modules, layers="auto" if args.layers is None else args.layers,
+        num_layers=args.num_layers, forget_weight=args.forget_weight, suppression_margin=args.suppression_margin,
+        ridge=args.ridge, batch_size=args.batch_size, progress=False,
+    )
+    plain, plain_cpu, _ = _median_seconds(
+        lambda: plain_forward(model, tokenizer, forget + retain, args.batch_size), args.repeats
+    )
+    grom, grom_cpu, edit = _median_seconds(lambda: fit_grom(model, tokenizer, forget, retain, config), args.repeats)
+    return {
+        "model": args.model or "tofu-tiny (test recipe)",
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "n_forget": len(forget),
+        "n_retain": len(retain),
+        "config": config.to_dict(),
+        "edited_modules": list(edit.deltas),
+        "selected_layers": edit.selected_layers,
+        "num_forget_keys": edit.stats["num_forget_keys"],
+        "num_retain_keys": edit.stats["num_retain_keys"],
+        "forward_passes_over_data": edit.stats["forward_passes_over_data"],
+        "plain_forward_seconds": plain,
+        "grom_fit_seconds": grom,
+        "grom_over_plain": grom / plain,
+        "plain_forward_cpu_seconds": plain_cpu,
+        "grom_fit_cpu_seconds": grom_cpu,
+        "grom_over_plain_cpu": grom_cpu / plain_cpu,
+        "target_ratio": 3.0,
+        "repeats": args.repeats,
+    }
+
+
+def _table(r: dict[str, Any]) -> str:
+    return "\n".join([
+        f"GROM on {r['model']} ({r['device']}, {r['torch_threads']} threads): forget {r['n_forget']} / retain "
+        f"{r['n_retain']} examples, {r['num_forget_keys']} / {r['num_retain_keys']} keys, edited {r['edited_modules']}",
+        "",
+        "| clock | plain forward (s) | fit_grom (s) | GROM / plain | target |",
+        "|:------|------------------:|-------------:|-------------:|-------:|",
+        f"| wall | {r['plain_forward_seconds']:.3f} | {r['grom_fit_seconds']:.3f} | {r['grom_over_plain']:.2f} "
+        f"| <= {r['target_ratio']:.0f} |",
+        f"| process CPU | {r['plain_forward_cpu_seconds']:.3f} | {r['grom_fit_cpu_seconds']:.3f} "
+        f"| {r['grom_over_plain_cpu']:.2f} | <= {r['target_ratio']:.0f} |",
+    ])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="local causal LM folder (default: the TOFU-tiny target)")
+    parser.add_argument("--source", default="synthetic", help="TOFU source: 'synthetic', Hub id or local folder")
+    parser.add_argument("--forget-split", default="forget10")
+    parser.add_argument("--cache-dir", default=None, help="cache of the tiny models")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--target-modules", nargs="+", default=["down_proj"])
+    parser.add_argument("--layers", type=int, nargs="+", default=None, help="explicit layers (default: auto)")
+    parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--forget-weight", type=float, default=10.0)
+    parser.add_argument("--suppression-margin", type=float, default=30.0)
+    parser.add_argument("--ridge", type=float, default=1e-2)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 gives stable timings on a busy machine)")
+    parser.add_argument("--out", default=None, help="write the JSON here as well")
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(_table(result))
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

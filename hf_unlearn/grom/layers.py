@@ -1,0 +1,124 @@
+"""Which modules GROM edits: target-module discovery and logit-lens layer attribution.
+
+Layer ``l``'s score is
+
+    S_l = F_l - R_l,   F_l = mean_{t in forget} <J_t^T u_{y_t}, o_{l,t}>,   R_l = same over retain tokens,
+
+the mean direct contribution of the layer's MLP output ``o_{l,t}`` (the output of its down-projection),
+through the final norm (Jacobian ``J_t`` at the final residual) and the unembedding row of the gold
+token ``u_{y_t}``, to the gold-token logit, on forget minus retain answer tokens. A layer that writes
+forget answers more than retain answers scores high; ``layers="auto"`` picks the contiguous band of
+``num_layers`` layers with the highest mean score.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+_LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+@dataclass
+class TargetModule:
+    """An edited (or candidate) linear module: its full name, the module, its layer index (``None`` for the LM
+    head) and whether it writes into the residual stream (``d_out == hidden_size``) or is the LM head."""
+
+    name: str
+    module: nn.Linear
+    layer: int | None
+    is_lm_head: bool
+
+
+def layer_index(name: str) -> int | None:
+    """The first integer path component of a module name (``model.layers.3.mlp.down_proj`` -> 3)."""
+    m = _LAYER_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _matches(name: str, target: str) -> bool:
+    return name == target or name.endswith("." + target)
+
+
+def find_target_modules(model: Any, targets: Sequence[str]) -> list[TargetModule]:
+    """All modules matching ``targets``, validated: linear, writing to the residual stream or the LM head.
+
+    Raises a ``ValueError`` naming the linear modules the model has when a target matches nothing, and
+    refuses GPT-2 style ``Conv1D`` modules by name.
+    """
+    hidden = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    found: list[TargetModule] = []
+    for target in targets:
+        hits = [(n, m) for n, m in model.named_modules() if _matches(n, target)]
+        if not hits:
+            leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+            raise ValueError(
+                f"target_modules entry {target!r} matches no module of {type(model).__name__}; its linear modules "
+                f"are named {leaves}."
+            )
+        for name, module in hits:
+            if type(module).__name__ == "Conv1D":
+                raise ValueError(
+                    f"{name} is a transformers Conv1D (GPT-2 style, weight stored transposed); GROM edits nn.Linear "
+                    "modules only. Use a Llama/Qwen/Mistral-style model or target 'lm_head'."
+                )
+            if not isinstance(module, nn.Linear):
+                raise ValueError(f"{name} is a {type(module).__name__}, not an nn.Linear: GROM edits linear modules.")
+            is_head = module is head
+            if not is_head and module.out_features != hidden:
+                raise ValueError(
+                    f"{name} maps {module.in_features} -> {module.out_features} features, not into the residual "
+                    f"stream (hidden_size={hidden}); GROM targets are read through the logit lens, so edit a "
+                    "module writing to the residual stream (e.g. 'down_proj') or 'lm_head'."
+                )
+            if is_head and getattr(model.config, "tie_word_embeddings", False):
+                raise ValueError(
+                    f"{name} is tied to the input embeddings (tie_word_embeddings=True): an edit of it would also "
+                    "change the embeddings. Target 'down_proj' instead."
+                )
+            layer = None if is_head else layer_index(name)
+            if not is_head and layer is None:
+                raise ValueError(f"Cannot tell the layer index of {name}; pass a module inside a numbered block.")
+            if all(t.name != name for t in found):
+                found.append(TargetModule(name, module, layer, is_head))
+    return found
+
+
+def attribution_scores(
+    forget_sums: dict[int, float], forget_count: int, retain_sums: dict[int, float], retain_count: int
+) -> dict[int, dict[str, float]]:
+    """``{layer: {"score": F_l - R_l, "forget": F_l, "retain": R_l}}`` from summed contributions and token counts."""
+    out = {}
+    for layer in sorted(forget_sums):
+        f = forget_sums[layer] / max(forget_count, 1)
+        r = retain_sums.get(layer, 0.0) / max(retain_count, 1)
+        out[layer] = {"score": f - r, "forget": f, "retain": r}
+    return out
+
+
+def select_band(scores: dict[int, float], num_layers: int) -> list[int]:
+    """The contiguous run of ``num_layers`` layers (consecutive among the candidates) with the highest mean
+    score; ties go to the earliest band. All candidates when there are fewer than ``num_layers``."""
+    layers = sorted(scores)
+    if num_layers >= len(layers):
+        return layers
+    best, best_mean = layers[:num_layers], float("-inf")
+    for start in range(len(layers) - num_layers + 1):
+        band = layers[start : start + num_layers]
+        if band[-1] - band[0] != num_layers - 1:
+            continue
+        mean = sum(scores[i] for i in band) / num_layers
+        if mean > best_mean:
+            best, best_mean = band, mean
+    return best
+
+
+def direct_contributions(outputs: torch.Tensor, lens_rows: torch.Tensor) -> torch.Tensor:
+    """Per-token ``<J_t^T u_{y_t}, o_t>`` (``[n]``) from module outputs and logit-lens rows (both ``[n, d]``)."""
+    return (outputs.float() * lens_rows.float()).sum(-1)

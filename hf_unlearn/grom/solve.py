@@ -1,0 +1,142 @@
+"""GROM's closed-form solve and exact leave-one-out audit: pure float64 tensor functions.
+
+Notation (column convention of the paper; tensors here store keys as rows):
+
+* ``X_f`` (``d_in x s``): forget keys, passed as ``forget_keys = X_f^T`` of shape ``[s, d_in]``;
+* ``D`` (``d_out x s``): targets, passed as ``targets = D^T`` of shape ``[s, d_out]``;
+* ``X_r X_r^T`` (``d_in x d_in``): the uncentred retain second moment over ``r`` retain keys;
+* ``c_f = w_f / s`` and ``c_r = w_r / r`` the per-key weights.
+
+The edit ``P`` (``d_out x d_in``, added to ``W`` of ``y = W x``) minimises
+
+    L(P) = c_f ||P X_f - D||_F^2 + c_r ||P X_r||_F^2 + mu ||P||_F^2,
+
+whose normal equations ``P A = c_f D X_f^T`` give
+
+    P* = c_f D X_f^T A^{-1},   A = c_r X_r X_r^T + c_f X_f X_f^T + mu I.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class GROMSolution:
+    """``P`` (float64 ``[d_out, d_in]``), the Cholesky factor ``L`` of ``A`` and the forget weight ``c_f``."""
+
+    delta: torch.Tensor
+    chol: torch.Tensor
+    forget_scale: float
+
+
+def normal_matrix(
+    retain_moment: torch.Tensor,
+    num_retain: int,
+    forget_keys: torch.Tensor,
+    forget_weight: float,
+    retain_weight: float,
+    ridge: float,
+) -> torch.Tensor:
+    """``A = (w_r/r) X_r X_r^T + (w_f/s) X_f X_f^T + mu I`` in float64 (the retain term is 0 when ``r = 0``)."""
+    xf = forget_keys.to(torch.float64)
+    s, d = xf.shape
+    if s == 0:
+        raise ValueError("No forget keys: the forget set has no answer tokens to unlearn.")
+    a = (forget_weight / s) * (xf.T @ xf)
+    if num_retain > 0 and retain_weight > 0:
+        a = a + (retain_weight / num_retain) * retain_moment.to(torch.float64)
+    if ridge:
+        a = a + ridge * torch.eye(d, dtype=torch.float64, device=a.device)
+    return a
+
+
+def suggested_ridge(a: torch.Tensor) -> float:
+    """A ridge that makes ``A`` well conditioned: ``1e-3 * trace(A) / d`` (or ``1e-3`` if ``A = 0``)."""
+    scale = float(torch.diagonal(a).mean())
+    return 1e-3 * scale if scale > 0 else 1e-3
+
+
+def cholesky_or_explain(a: torch.Tensor, ridge: float) -> torch.Tensor:
+    """Lower Cholesky factor of ``A``; a ``ValueError`` suggesting a ridge when ``A`` is singular."""
+    a = a.to(torch.float64)
+    singular = False
+    if ridge <= 0:
+        eig = torch.linalg.eigvalsh(a)
+        singular = bool(eig[0] <= 1e-10 * max(float(eig[-1]), 1e-300))
+    chol, info = torch.linalg.cholesky_ex(a)
+    if singular or int(info) != 0:
+        raise ValueError(
+            f"The GROM normal matrix A ({a.shape[0]}x{a.shape[0]}) is singular with ridge={ridge}: the forget and "
+            f"retain keys do not span the module's input space. Set a ridge > 0, e.g. "
+            f"GROMConfig(ridge={suggested_ridge(a):.3g})."
+        )
+    return chol
+
+
+def solve_grom(
+    retain_moment: torch.Tensor,
+    num_retain: int,
+    forget_keys: torch.Tensor,
+    targets: torch.Tensor,
+    forget_weight: float = 1.0,
+    retain_weight: float = 1.0,
+    ridge: float = 1e-2,
+) -> GROMSolution:
+    """``P* = (w_f/s) D X_f^T A^{-1}`` by a float64 Cholesky solve of ``A P^T = (w_f/s) X_f D^T``.
+
+    ``forget_keys`` is ``X_f^T`` (``[s, d_in]``), ``targets`` is ``D^T`` (``[s, d_out]``), ``retain_moment``
+    is ``X_r X_r^T`` (``[d_in, d_in]``) summed over ``num_retain`` keys.
+    """
+    xf = forget_keys.to(torch.float64)
+    dt = targets.to(device=xf.device, dtype=torch.float64)
+    if dt.shape[0] != xf.shape[0]:
+        raise ValueError(f"{xf.shape[0]} forget keys but {dt.shape[0]} targets.")
+    a = normal_matrix(retain_moment.to(xf.device), num_retain, xf, forget_weight, retain_weight, ridge)
+    chol = cholesky_or_explain(a, ridge)
+    c_f = forget_weight / xf.shape[0]
+    rhs = c_f * (xf.T @ dt)  # (w_f/s) X_f D^T, [d_in, d_out]
+    delta = torch.cholesky_solve(rhs, chol).T.contiguous()  # P = (A^{-1} rhs)^T, [d_out, d_in]
+    return GROMSolution(delta=delta, chol=chol, forget_scale=c_f)
+
+
+def grom_objective(
+    delta: torch.Tensor,
+    forget_keys: torch.Tensor,
+    targets: torch.Tensor,
+    retain_keys: torch.Tensor,
+    forget_weight: float = 1.0,
+    retain_weight: float = 1.0,
+    ridge: float = 1e-2,
+) -> torch.Tensor:
+    """``L(P) = (w_f/s)||P X_f - D||^2 + (w_r/r)||P X_r||^2 + mu ||P||^2`` (keys and targets as rows)."""
+    s, r = forget_keys.shape[0], retain_keys.shape[0]
+    fit = ((forget_keys @ delta.T - targets) ** 2).sum()
+    keep = ((retain_keys @ delta.T) ** 2).sum() if r else delta.new_zeros(())
+    return (forget_weight / s) * fit + (retain_weight / max(r, 1)) * keep + ridge * (delta**2).sum()
+
+
+def woodbury_drop(
+    solution: GROMSolution, keys_i: torch.Tensor, targets_i: torch.Tensor
+) -> torch.Tensor:
+    """Exact change of ``P`` when the ``k`` keys ``X_i`` (``[k, d_in]``) and targets ``D_i`` (``[k, d_out]``)
+    of one forget example are removed from the objective, the per-key weight ``c = w_f/s`` held fixed.
+
+    With ``A' = A - c X_i X_i^T`` and the Sherman-Morrison-Woodbury identity
+    ``A'^{-1} = A^{-1} + c A^{-1} X_i K^{-1} X_i^T A^{-1}``, ``K = I_k - c X_i^T A^{-1} X_i``:
+
+        P' - P = c (P X_i - D_i) K^{-1} (A^{-1} X_i)^T,
+
+    which costs two triangular solves with the cached Cholesky factor and one ``k x k`` solve.
+    """
+    xi = keys_i.to(device=solution.chol.device, dtype=torch.float64).T  # [d_in, k]
+    di = targets_i.to(device=solution.chol.device, dtype=torch.float64).T  # [d_out, k]
+    if xi.shape[1] == 0:
+        return torch.zeros_like(solution.delta)
+    c = solution.forget_scale
+    z = torch.cholesky_solve(xi, solution.chol)  # A^{-1} X_i
+    k = torch.eye(xi.shape[1], dtype=torch.float64, device=xi.device) - c * (xi.T @ z)
+    resid = solution.delta @ xi - di  # P X_i - D_i, [d_out, k]
+    return c * torch.linalg.solve(k, resid.T).T @ z.T
