@@ -41,3 +41,17 @@ def metric_path(name: str) -> str:
 def hub_cards_dir() -> str:
     """Folder of the model-card templates shipped with the package."""
     return str(_artifact_dir("hub_cards"))
+
+
+def _register_t3() -> None:
+    """Register the T3 classifier head with AutoConfig/AutoModel (idempotent)."""
+    from transformers import AutoConfig, AutoModel
+
+    from .t3.config import T3ClassifierConfig
+    from .t3.modeling import T3Classifier
+
+    AutoConfig.register(T3ClassifierConfig.model_type, T3ClassifierConfig, exist_ok=True)
+    AutoModel.register(T3ClassifierConfig, T3Classifier, exist_ok=True)
+
+
+_register_t3()

@@ -1,0 +1,156 @@
+"""T3 speed: classifier fit seconds and generation tokens/s of T3 against plain ``generate``.
+
+Fits a T3 head on the TOFU-tiny target (synthetic ``forget10`` vs ``retain90``; or ``--model`` /
+``--source`` for a real model and TOFU copy), then times greedy generation of ``--max-new-tokens``
+tokens (EOS suppressed until then, so both runs produce the same number of tokens) for forget and
+retain questions at each batch size, plain and with :class:`~hf_unlearn.t3.T3LogitsProcessor`
+(one warm-up call, then the median of ``--repeats``). Prints a table and writes JSON.
+
+    python benchmarks/t3_speed.py --out runs/t3_speed.json
+    python benchmarks/t3_speed.py --repeats 1 --batch-sizes 1 4 --max-new-tokens 16   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _time_generate(model: Any, enc: dict, max_new_tokens: int, processors: Any, repeats: int) -> float:
+    """Median seconds of one greedy ``generate`` call (after one warm-up call)."""
+    import torch
+
+    kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+    if processors is not None:
+        kwargs["logits_processor"] = processors
+    times = []
+    for i in range(repeats + 1):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = model.generate(**enc, **kwargs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if i > 0:
+            times.append(time.perf_counter() - start)
+    assert out.shape[1] == enc["input_ids"].shape[1] + max_new_tokens
+    return statistics.median(times)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import LogitsProcessorList
+
+    import hf_unlearn  # noqa: F401
+    from hf_unlearn.data import RETAIN_FOR_FORGET, build_prompt, ensure_pad_token, load_tofu_rows
+    from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3
+
+    torch.manual_seed(args.seed)
+    if args.model:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    else:
+        from hf_unlearn.testing import tiny_models
+        from hf_unlearn.tofu_tiny import load_tiny
+
+        model, tokenizer = load_tiny(tiny_models(cache_dir=args.cache_dir).target)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device).eval()
+    ensure_pad_token(tokenizer)
+    forget = load_tofu_rows(args.forget_split, args.source)
+    retain = load_tofu_rows(RETAIN_FOR_FORGET[args.forget_split], args.source)
+
+    config = T3ClassifierConfig(rank=args.rank, layer=args.layer, pooling=args.pooling)
+    clf = fit_t3(model, tokenizer, forget, retain, config, steps=args.fit_steps, progress=not args.quiet)
+    fit = {k: clf.fit_report[k] for k in (
+        "fit_seconds", "cache_seconds", "train_seconds", "heldout_balanced_accuracy", "trainable_parameters",
+        "parameter_share", "n_forget_prefixes", "n_retain_prefixes")}
+
+    tokenizer.padding_side = "left"
+    questions = [r["question"] for pair in zip(forget, retain) for r in pair]
+    rows = []
+    for batch_size in args.batch_sizes:
+        enc = tokenizer([build_prompt(tokenizer, q) for q in questions[:batch_size]], return_tensors="pt", padding=True)
+        enc = {k: v.to(device) for k, v in enc.items()}
+        plain = _time_generate(model, enc, args.max_new_tokens, None, args.repeats)
+        proc = LogitsProcessorList([T3LogitsProcessor(model, clf, temperature=args.temperature, top_k=args.top_k)])
+        t3 = _time_generate(model, enc, args.max_new_tokens, proc, args.repeats)
+        n_tokens = batch_size * args.max_new_tokens
+        rows.append({
+            "batch_size": batch_size,
+            "plain_tokens_per_s": n_tokens / plain,
+            "t3_tokens_per_s": n_tokens / t3,
+            "t3_speed_ratio": plain / t3,
+            "plain_seconds": plain,
+            "t3_seconds": t3,
+        })
+    return {
+        "model": args.model or "tofu-tiny (test recipe)",
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "settings": {k: getattr(args, k) for k in (
+            "forget_split", "source", "rank", "layer", "pooling", "temperature", "top_k", "max_new_tokens",
+            "repeats", "fit_steps")},
+        "fit": fit,
+        "generation": rows,
+    }
+
+
+def _table(result: dict[str, Any]) -> str:
+    fit = result["fit"]
+    lines = [
+        f"T3 fit: {fit['fit_seconds']:.2f} s (cache {fit['cache_seconds']:.2f} s + head {fit['train_seconds']:.2f} s), "
+        f"held-out balanced accuracy {fit['heldout_balanced_accuracy']:.3f}, "
+        f"{fit['trainable_parameters']} parameters ({100 * fit['parameter_share']:.3f}% of the base)",
+        "",
+        "| batch | plain tok/s | T3 tok/s | T3 / plain |",
+        "|------:|------------:|---------:|-----------:|",
+    ]
+    for r in result["generation"]:
+        lines.append(
+            f"| {r['batch_size']} | {r['plain_tokens_per_s']:.1f} | {r['t3_tokens_per_s']:.1f} | {r['t3_speed_ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="local causal LM folder (default: the TOFU-tiny target)")
+    parser.add_argument("--source", default="synthetic", help="TOFU source: 'synthetic', Hub id or local folder")
+    parser.add_argument("--forget-split", default="forget10")
+    parser.add_argument("--cache-dir", default=None, help="cache of the tiny models")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--layer", type=int, default=1)
+    parser.add_argument("--pooling", default="mean", choices=["mean", "last"])
+    parser.add_argument("--fit-steps", type=int, default=500)
+    parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument("--top-k", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the JSON here as well")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(_table(result))
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
