@@ -91,12 +91,12 @@ def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlear
 def _run_grom(model, tokenizer, forget, retain, output_dir, settings):
     from .grom import GROMConfig, fit_grom
 
-    edit = fit_grom(model, tokenizer, forget, retain, GROMConfig(**settings))
+    edit = fit_grom(model, tokenizer, forget, retain, GROMConfig(progress=False, **settings))
     total = _num_params(model)
     delta_params = sum(p.numel() for p in edit.deltas.values())
     merged = edit.to_peft(model).merge_and_unload()
     merged.eval()
-    info = {k: v for k, v in getattr(edit, "metadata", {}).items() if isinstance(v, (int, float, str, list, dict))}
+    info = {"selected_layers": list(edit.selected_layers), "truncation_errors": edit.truncation_errors()}
     return Unlearned(
         method="grom", model=merged, artifact=edit, settings=dict(settings),
         trainable_params=delta_params, total_params=total, info=info,
@@ -108,17 +108,16 @@ def _run_t3(model, tokenizer, forget, retain, output_dir, settings):
 
     from .t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
 
-    settings = dict(settings)
-    temperature = float(settings.pop("temperature", 2.0))
-    top_k = int(settings.pop("top_k", 20))
-    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(**settings))
-    processor = T3LogitsProcessor(model, clf, temperature=temperature, top_k=top_k)
+    config_kwargs = dict(settings)
+    decoding = {k: config_kwargs.pop(k) for k in ("temperature", "top_k", "tilt_weight") if k in config_kwargs}
+    fit_kwargs = {k: config_kwargs.pop(k) for k in ("steps", "learning_rate", "holdout_fraction") if k in config_kwargs}
+    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(**config_kwargs), progress=False, **fit_kwargs)
+    processor = T3LogitsProcessor(model, clf, **decoding)
     model.eval()
     return Unlearned(
-        method="t3", model=model, artifact=clf,
-        settings={**settings, "temperature": temperature, "top_k": top_k},
+        method="t3", model=model, artifact=clf, settings=dict(settings),
         trainable_params=_num_params(clf), total_params=_num_params(model),
-        scorer=t3_scorer(model, clf, temperature=temperature, top_k=top_k),
+        scorer=t3_scorer(model, clf, **decoding),
         generation_kwargs={"logits_processor": LogitsProcessorList([processor])},
         weights_changed=False,
         info={k: v for k, v in getattr(clf, "fit_report", {}).items() if isinstance(v, (int, float, str))},
@@ -168,3 +167,57 @@ def run_method(
     result.seconds = time.perf_counter() - start
     result.method = name
     return result
+
+
+# Baselines at open-unlearning's customary budget (10 epochs, no early stop); learning-rate grids
+# centred on what worked on TOFU-tiny (GradAscent collapses retain above 1e-4).
+register(MethodSpec(
+    "grad_ascent", _trainer_runner("GradAscentTrainer", "UnlearningConfig"),
+    demo=_trainer_settings(1e-4, 10),
+    grid=tuple(_trainer_settings(lr, 10, per_device_train_batch_size=16) for lr in (3e-5, 1e-4, 3e-4)),
+    description="gradient ascent on the forget NLL",
+))
+register(MethodSpec(
+    "grad_diff", _trainer_runner("GradDiffTrainer", "UnlearningConfig"),
+    demo=_trainer_settings(3e-4, 10),
+    grid=tuple(_trainer_settings(lr, 10, per_device_train_batch_size=16) for lr in (1e-4, 3e-4, 1e-3)),
+    description="gradient ascent on forget + descent on retain NLL",
+))
+register(MethodSpec(
+    "npo", _trainer_runner("NPOTrainer", "UnlearningConfig"),
+    demo=_trainer_settings(1e-3, 10, beta=0.1),
+    grid=tuple(_trainer_settings(lr, 10, beta=0.1, per_device_train_batch_size=16) for lr in (3e-4, 1e-3, 3e-3)),
+    description="negative preference optimization (with retain NLL)",
+))
+register(MethodSpec(
+    "simnpo", _trainer_runner("SimNPOTrainer", "UnlearningConfig"),
+    demo=_trainer_settings(3e-3, 10),
+    grid=tuple(_trainer_settings(lr, 10, per_device_train_batch_size=16) for lr in (1e-3, 3e-3, 1e-2)),
+    description="reference-free NPO with length normalisation",
+))
+_MASC = {"learning_rate": 3e-4, "per_device_train_batch_size": 4, "top_k": 10, "kl_weight": 1.0,
+         "validation_fraction": 0.1, "check_every": 2, "max_steps": 200, "logging_steps": 5, "seed": 0}
+register(MethodSpec(
+    "masc", _trainer_runner("MASCTrainer", "MASCConfig"),
+    demo={**_MASC, "margin_threshold": 0.0, "stop_tolerance": 0.3},
+    grid=tuple({**_MASC, "margin_threshold": tau, "stop_tolerance": a} for tau in (0.0, 1.0) for a in (0.2, 0.3)),
+    description="margin self-correction with its own stopping rule",
+))
+register(MethodSpec(
+    "grom", _run_grom,
+    demo={"target_modules": "lm_head", "forget_weight": 10.0, "suppression_margin": 30.0, "ridge": 1e-2},
+    grid=(
+        {"target_modules": "lm_head", "forget_weight": 3.0, "suppression_margin": 30.0, "ridge": 1e-2},
+        {"target_modules": "lm_head", "forget_weight": 10.0, "suppression_margin": 30.0, "ridge": 1e-2},
+        {"target_modules": "lm_head", "forget_weight": 30.0, "suppression_margin": 30.0, "ridge": 1e-2},
+        {"target_modules": "down_proj", "retain_weight": 100.0, "ridge": 1e-3, "suppression_margin": 80.0},
+    ),
+    description="closed-form one-shot edit saved as a PEFT LoRA adapter",
+))
+_T3 = {"rank": 8, "layer": 1, "pooling": "mean", "top_k": 20}
+register(MethodSpec(
+    "t3", _run_t3,
+    demo={**_T3, "temperature": 2.0, "tilt_weight": 1.0},
+    grid=tuple({**_T3, "temperature": t, "tilt_weight": w} for t, w in ((1.0, 1.0), (2.0, 1.0), (4.0, 1.0), (1.0, 3.0), (2.0, 2.0))),
+    description="temper-then-tilt decoding with a low-rank classifier head",
+))

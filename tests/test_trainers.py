@@ -1,0 +1,270 @@
+"""Unlearning trainers on the tiny TOFU target: data preparation, pairing, the baselines' effect, LoRA,
+save/reload, gradient-accumulation exactness and bad input."""
+
+from __future__ import annotations
+
+import warnings
+
+import datasets
+import pytest
+import torch
+
+from hf_unlearn.data import retain_partner_indices, tokenize_qa
+from hf_unlearn.scoring import answer_nll, label_log_probs
+from hf_unlearn.trainers import (
+    GradAscentTrainer,
+    GradDiffTrainer,
+    NonFiniteLossError,
+    NPOTrainer,
+    SimNPOTrainer,
+    UnlearningConfig,
+)
+
+datasets.disable_progress_bars()
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # The tiny model is far faster on one thread than with several threads fighting over shared cores.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _config(tmp_path, **overrides) -> UnlearningConfig:
+    values = dict(
+        output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", gradient_checkpointing=False,
+        disable_tqdm=True, per_device_train_batch_size=4, max_steps=2, logging_steps=1, seed=0,
+        learning_rate=3e-4,
+    )
+    values.update(overrides)
+    return UnlearningConfig(**values)
+
+
+def _qa(rows):
+    return [r["question"] for r in rows], [r["answer"] for r in rows]
+
+
+def _logits(model, tok, rows):
+    batch = tok([f"Question: {r['question']}\nAnswer: {r['answer']}" for r in rows], return_tensors="pt", padding=True)
+    model.eval()
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+# ----- data preparation and pairing ------------------------------------------------------------------------------
+
+
+def test_tofu_prompt_completion_and_conversational_rows_give_the_evaluator_tokens(tiny_target, synthetic, tmp_path):
+    model, tok = tiny_target
+    forget, retain = synthetic["forget10"][:6], synthetic["retain90"][:10]
+    trainer = GradDiffTrainer(model, _config(tmp_path), train_dataset=forget, retain_dataset=retain, processing_class=tok)
+    for i, row in enumerate(forget):
+        ref = tokenize_qa(tok, row["question"], row["answer"])
+        assert trainer.forget_dataset[i]["input_ids"] == ref["input_ids"]
+        assert trainer.forget_dataset[i]["labels"] == ref["labels"]  # loss on answer tokens only
+    # TRL prompt/completion rows pass through unchanged and give the same tokens
+    pc = [{"prompt": f"Question: {r['question']}\nAnswer:", "completion": " " + r["answer"]} for r in forget]
+    trainer_pc = GradAscentTrainer(model, _config(tmp_path), train_dataset=pc, processing_class=tok)
+    assert trainer_pc.train_dataset["labels"] == trainer.forget_dataset["labels"]
+
+    # batches pair forget example i with retain example retain_partner_indices(...)[i] of the epoch
+    partners = retain_partner_indices(6, 10, seed=0, epoch=0)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
+    assert set(batch) >= {"input_ids", "attention_mask", "labels", "retain_input_ids", "retain_attention_mask",
+                          "retain_labels"}
+    for i in range(3):
+        ref = tokenize_qa(tok, retain[partners[i]]["question"], retain[partners[i]]["answer"])
+        n = len(ref["input_ids"])
+        assert batch["retain_input_ids"][i, :n].tolist() == ref["input_ids"]
+        assert batch["retain_labels"][i, :n].tolist() == ref["labels"]
+    trainer.train_dataset.set_epoch(1)
+    assert trainer.train_dataset.partners == retain_partner_indices(6, 10, seed=0, epoch=1)
+
+    # with a chat template, TOFU rows become conversational and match tokenize_qa's chat formatting
+    tok.chat_template = CHAT_TEMPLATE
+    trainer_chat = GradAscentTrainer(model, _config(tmp_path), train_dataset=forget, processing_class=tok)
+    for i, row in enumerate(forget):
+        ref = tokenize_qa(tok, row["question"], row["answer"])
+        assert trainer_chat.train_dataset[i]["input_ids"] == ref["input_ids"]
+        assert trainer_chat.train_dataset[i]["labels"] == ref["labels"]
+
+
+def test_per_method_defaults_do_not_change_the_callers_config(tiny_target, synthetic, tmp_path):
+    model, tok = tiny_target
+    forget, retain = synthetic["forget10"][:4], synthetic["retain90"][:8]
+    args = _config(tmp_path)
+    npo = NPOTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+    simnpo = SimNPOTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+    assert (npo.args.beta, npo.args.gamma, npo.args.alpha) == (0.1, 1.0, 1.0)
+    assert (simnpo.args.beta, simnpo.args.gamma, simnpo.args.alpha) == (4.5, 0.125, 1.0)
+    assert args.beta is None and args.gamma is None
+    assert simnpo.ref_model is None and npo.ref_model is not None and npo.ref_model is not npo.model
+    assert not npo.ref_model.training and not any(p.requires_grad for p in npo.ref_model.parameters())
+
+
+# ----- the baselines do what they should -------------------------------------------------------------------------
+
+
+def test_graddiff_raises_forget_nll_and_keeps_retain_nll_and_reloads(tiny_target, synthetic, tmp_path):
+    """Measured (seed 0, 8 steps of 4, lr 5e-4) on the current tiny target: forget NLL 0.043 -> 0.280, retain NLL
+    0.035 -> 0.073 (an earlier target recipe gave 0.087 -> 0.46 and 0.053 -> 0.16 with 6 steps): the forget NLL
+    rises several-fold, the retain NLL several times less."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = tiny_target
+    forget, retain = synthetic["forget10"], synthetic["retain90"]
+    fq, fa = _qa(forget)
+    rq, ra = _qa(retain[:60])
+    f0, r0 = answer_nll(model, tok, fq, fa).mean(), answer_nll(model, tok, rq, ra).mean()
+
+    trainer = GradDiffTrainer(model, _config(tmp_path, max_steps=8, learning_rate=5e-4), train_dataset=forget,
+                              retain_dataset=retain, processing_class=tok)
+    trainer.train()
+    f1, r1 = answer_nll(model, tok, fq, fa).mean(), answer_nll(model, tok, rq, ra).mean()
+    assert f1 > 3 * f0 and f1 - f0 > 0.15, (f0, f1)
+    assert r1 - r0 < 0.15 and (f1 - f0) > 2.5 * (r1 - r0), (r0, r1)
+    logged = [h for h in trainer.state.log_history if "forget_nll" in h]
+    assert len(logged) == 8 and all("retain_nll" in h for h in logged)
+
+    # save, reload, same outputs (safetensors)
+    trainer.save_model(str(tmp_path / "saved"))
+    assert (tmp_path / "saved" / "model.safetensors").is_file()
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))
+    assert torch.allclose(_logits(model, tok, forget[:4]), _logits(reloaded, tok, forget[:4]), atol=1e-5)
+
+
+def test_npo_reference_is_the_frozen_initial_model_and_loss_starts_at_2_log2_over_beta(tiny_target, tiny_pair,
+                                                                                      synthetic, tmp_path):
+    from hf_unlearn.tofu_tiny import load_tiny
+
+    model, tok = tiny_target
+    initial, _ = load_tiny(tiny_pair.target)
+    forget = synthetic["forget10"]
+    trainer = NPOTrainer(model, _config(tmp_path, max_steps=3, alpha=0.0, beta=0.5), train_dataset=forget,
+                         processing_class=tok)
+    batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]))
+    trainer.model.eval()
+    with torch.no_grad():
+        first = trainer.compute_loss(trainer.model, batch).item()
+    assert first == pytest.approx(2 / 0.5 * torch.log(torch.tensor(2.0)).item(), rel=1e-5)
+    trainer.train()
+    # after training the policy moved, the reference did not (and does not share the policy's forward)
+    ref = trainer.reference_scores(batch)
+    with torch.no_grad():
+        expected = label_log_probs(initial(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                                   batch["labels"])
+    assert torch.allclose(ref.token_log_probs, expected, atol=1e-5)
+    assert trainer.score(trainer.model, batch).sequence_log_probs.mean() < ref.sequence_log_probs.mean() - 0.2
+
+
+def test_lora_trains_only_the_adapter_and_uses_the_disabled_adapter_as_reference(tiny_target, synthetic, tmp_path):
+    from peft import LoraConfig, PeftModel
+
+    model, tok = tiny_target
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    forget, retain = synthetic["forget10"], synthetic["retain90"][:40]
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = NPOTrainer(model, _config(tmp_path, max_steps=4, learning_rate=2e-2, retain_loss="kl"),
+                         train_dataset=forget, retain_dataset=retain, processing_class=tok, peft_config=lora)
+    assert trainer.ref_model is None  # no second copy: the reference is the model with its adapter disabled
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    trainer.train()
+
+    batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]))
+    ref = trainer.reference_scores(batch)
+    fresh = type(model).from_pretrained(model.name_or_path)
+    with torch.no_grad():
+        expected = label_log_probs(fresh(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                                   batch["labels"])
+    assert torch.allclose(ref.token_log_probs, expected, atol=1e-5)
+    policy = trainer.score(trainer.model, batch).sequence_log_probs
+    assert policy.mean() < ref.sequence_log_probs.mean() - 0.5  # the adapter did unlearn something
+    for name, value in trainer.model.get_base_model().state_dict().items():
+        if "lora_" not in name:
+            key = name.replace(".base_layer", "")
+            assert torch.equal(value, base_state[key]), name
+
+    trainer.save_model(str(tmp_path / "adapter"))
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    reloaded = PeftModel.from_pretrained(type(model).from_pretrained(model.name_or_path), str(tmp_path / "adapter"))
+    assert torch.allclose(_logits(trainer.model, tok, forget[:4]), _logits(reloaded, tok, forget[:4]), atol=1e-5)
+
+
+# ----- gradient accumulation -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls,extra", [(GradDiffTrainer, {"retain_loss": "kl"}), (NPOTrainer, {}),
+                                       (SimNPOTrainer, {})])
+def test_two_micro_batches_with_accumulation_equal_one_batch(cls, extra, tiny_pair, synthetic, tmp_path):
+    """2 micro-batches x accumulation 2 == one batch of 4: same SGD update (so the same gradient) and loss."""
+    from hf_unlearn.tofu_tiny import load_tiny
+
+    forget, retain = synthetic["forget10"], synthetic["retain90"][:40]
+    updates, losses = [], []
+    for batch_size, accumulation in ((4, 1), (2, 2)):
+        model, tok = load_tiny(tiny_pair.target)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        args = _config(tmp_path, per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                       max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, weight_decay=0.0,
+                       lr_scheduler_type="constant", **extra)
+        trainer = cls(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+        trainer.train()
+        updates.append(torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()]))
+        losses.append(trainer.state.log_history[0]["loss"])
+    assert updates[0].abs().max() > 1e-3
+    assert torch.allclose(updates[0], updates[1], rtol=1e-4, atol=1e-6), (updates[0] - updates[1]).abs().max()
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+# ----- bad input -------------------------------------------------------------------------------------------------
+
+
+def test_bad_input_is_refused_before_training(tiny_target, synthetic, tmp_path):
+    model, tok = tiny_target
+    forget, retain = synthetic["forget10"][:6], synthetic["retain90"][:10]
+    args = _config(tmp_path)
+    with pytest.raises(ValueError, match="needs a `retain_dataset`"):
+        GradDiffTrainer(model, args, train_dataset=forget, processing_class=tok)
+    with pytest.raises(ValueError, match="needs a `retain_dataset`"):
+        NPOTrainer(model, args, train_dataset=forget, processing_class=tok)
+    with pytest.raises(ValueError, match="forget set .* is empty"):
+        GradAscentTrainer(model, args, train_dataset=[], processing_class=tok)
+    with pytest.raises(ValueError, match="retain set .* is empty"):
+        GradDiffTrainer(model, args, train_dataset=forget, retain_dataset=[], processing_class=tok)
+    with pytest.raises(ValueError, match="2 of the 6 forget examples also occur in the retain set"):
+        GradDiffTrainer(model, args, train_dataset=forget, retain_dataset=retain + forget[:2], processing_class=tok)
+    with pytest.warns(UserWarning, match="2 forget examples also occur"):
+        GradDiffTrainer(model, _config(tmp_path, allow_overlap=True), train_dataset=forget,
+                        retain_dataset=retain + forget[:2], processing_class=tok)
+    with pytest.warns(UserWarning, match="`retain_dataset` is ignored"):
+        GradAscentTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+    for bad in ({"beta": 0.0}, {"beta": -1.0}, {"alpha": -0.5}, {"retain_loss": "l2"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            _config(tmp_path, **bad)
+    with pytest.raises(ValueError, match="packing"):
+        GradAscentTrainer(model, _config(tmp_path, packing=True), train_dataset=forget, processing_class=tok)
+
+
+def test_nan_loss_stops_training_naming_the_step(tiny_target, synthetic, tmp_path):
+    model, tok = tiny_target
+    trainer = GradAscentTrainer(model, _config(tmp_path, max_steps=3), train_dataset=synthetic["forget10"],
+                                processing_class=tok)
+
+    class PoisonAfterFirstStep(__import__("transformers").TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            with torch.no_grad():
+                model.lm_head.weight[0, 0] = float("nan")
+
+    trainer.add_callback(PoisonAfterFirstStep())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NonFiniteLossError, match="at step 2"):
+            trainer.train()
