@@ -93,7 +93,8 @@ def _run_grom(model, tokenizer, forget, retain, output_dir, settings):
 
     edit = fit_grom(model, tokenizer, forget, retain, GROMConfig(progress=False, **settings))
     total = _num_params(model)
-    delta_params = sum(p.numel() for p in edit.deltas.values())
+    # The adapter's size: the LoRA factors that reproduce each P (rank <= number of forget keys).
+    delta_params = sum(f.lora_A.numel() + f.lora_B.numel() for f in edit.lora_factors().values())
     merged = edit.to_peft(model).merge_and_unload()
     merged.eval()
     info = {"selected_layers": list(edit.selected_layers), "truncation_errors": edit.truncation_errors()}
@@ -137,7 +138,7 @@ class MethodSpec:
 
 def _trainer_settings(lr: float, epochs: float, **extra: Any) -> dict[str, Any]:
     return {"learning_rate": lr, "num_train_epochs": epochs, "per_device_train_batch_size": 8,
-            "logging_steps": 5, "seed": 0, **extra}
+            "logging_steps": 5, "seed": 0, "gradient_checkpointing": False, **extra}
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -191,15 +192,16 @@ register(MethodSpec(
 ))
 register(MethodSpec(
     "simnpo", _trainer_runner("SimNPOTrainer", "UnlearningConfig"),
-    demo=_trainer_settings(3e-3, 10),
+    demo=_trainer_settings(1e-3, 10),
     grid=tuple(_trainer_settings(lr, 10, per_device_train_batch_size=16) for lr in (1e-3, 3e-3, 1e-2)),
     description="reference-free NPO with length normalisation",
 ))
 _MASC = {"learning_rate": 3e-4, "per_device_train_batch_size": 4, "top_k": 10, "kl_weight": 1.0,
-         "validation_fraction": 0.1, "check_every": 2, "max_steps": 200, "logging_steps": 5, "seed": 0}
+         "validation_fraction": 0.1, "check_every": 2, "max_steps": 200, "logging_steps": 5, "seed": 0,
+         "gradient_checkpointing": False}
 register(MethodSpec(
     "masc", _trainer_runner("MASCTrainer", "MASCConfig"),
-    demo={**_MASC, "margin_threshold": 0.0, "stop_tolerance": 0.3},
+    demo={**_MASC, "margin_threshold": 1.0, "stop_tolerance": 0.3},
     grid=tuple({**_MASC, "margin_threshold": tau, "stop_tolerance": a} for tau in (0.0, 1.0) for a in (0.2, 0.3)),
     description="margin self-correction with its own stopping rule",
 ))
