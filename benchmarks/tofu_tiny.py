@@ -1,0 +1,15 @@
+"""Every method side by side on TOFU-tiny: the same as `hf-unlearn bench` (all its flags apply).
+
+    python benchmarks/tofu_tiny.py --data ../shared/data/tofu                 # forget10, the grid
+    python benchmarks/tofu_tiny.py --data ../shared/data/tofu --split forget05
+    python benchmarks/tofu_tiny.py --model <target> --retain-model <retain-only> --data locuslab/TOFU
+
+Writes benchmarks/results/tofu_tiny_<split>.{json,md,png}.
+"""
+
+import sys
+
+from hf_unlearn.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -1,0 +1,98 @@
+"""The `hf-unlearn` CLI: the demo (every registered method on the synthetic set, a reduced
+benchmark), clear one-line errors, and `eval`."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+from conftest import CACHE_DIR
+
+from hf_unlearn.benchmark import COLUMNS, choose_setting
+from hf_unlearn.cli import main
+from hf_unlearn.methods import METHODS
+
+
+@pytest.fixture(scope="module")
+def demo_output(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    status = main(["demo", "--output", str(out), "--cache-dir", str(CACHE_DIR)])
+    return status, out
+
+
+def test_demo_runs_every_method_with_complete_finite_rows(demo_output):
+    status, out = demo_output
+    results = json.loads((out / "demo.json").read_text())
+    errors = {m: r["error"] for m, r in results["rows"].items() if r["error"]}
+    assert status == 0 and not errors, errors
+    assert set(results["rows"]) == set(METHODS)
+    for method, row in results["rows"].items():
+        for key in ("forget_quality", "model_utility", "forget_rouge_l", "forget_truth_ratio", "seconds", "peak_rss_mb", "trainable_share"):
+            assert isinstance(row[key], float) and math.isfinite(row[key]), (method, key, row[key])
+        if method != "t3":  # T3 leaves the weights alone: no quantization re-check
+            assert math.isfinite(row["forget_rouge_l_nf4"]), method
+    assert results["rows"]["t3"]["forget_rouge_l_nf4"] is None
+    assert results["rows"]["grad_diff"]["time_vs_grad_diff"] == pytest.approx(1.0)
+    # the protocol: the target is distinguishable from the retain reference, which matches itself
+    assert results["target"]["forget_quality"] < results["retain_reference"]["forget_quality"] == 1.0
+    assert results["sanity_gate"]["passed"]
+    # every method unlearned something: forget ROUGE-L below the target's
+    for method, row in results["rows"].items():
+        assert row["forget_rouge_l"] < results["target"]["forget_rouge_l"], method
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_markdown_agrees_with_json(demo_output):
+    _, out = demo_output
+    results = json.loads((out / "demo.json").read_text())
+    lines = (out / "demo.md").read_text().strip().splitlines()
+    assert lines[0].count("|") == len(COLUMNS) + 2
+    rows = {re.split(r"\s*\|\s*", line.strip("| "))[0]: re.split(r"\s*\|\s*", line.strip("| "))[1:] for line in lines[2:]}
+    assert set(rows) == {"target", "retain reference", *results["rows"]}
+    for name, cells in rows.items():
+        row = results["rows"].get(name) or results["target" if name == "target" else "retain_reference"]
+        for (key, _, fmt), cell in zip(COLUMNS, cells):
+            expected = "n/a" if row.get(key) is None else format(row[key], fmt)
+            assert cell == expected, (name, key)
+
+
+def test_choose_setting_keeps_utility_then_maximises_forget_quality():
+    grid = [
+        {"forget_quality": 0.9, "model_utility": 0.5, "error": None},  # too much utility lost
+        {"forget_quality": 0.3, "model_utility": 0.95, "error": None},
+        {"forget_quality": 0.6, "model_utility": 0.92, "error": None},
+        {"forget_quality": None, "model_utility": None, "error": "boom"},
+    ]
+    assert choose_setting(grid, target_utility=1.0) == 2
+    assert choose_setting(grid[:1], target_utility=1.0) == 0  # none keeps utility: best utility
+    assert choose_setting(grid[3:], target_utility=1.0) is None
+
+
+def test_user_errors_are_one_line(capsys, tmp_path):
+    assert main(["unlearn", "--method", "nope", "--model", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-unlearn: error: Unknown method 'nope'") and "\n" not in err
+    assert main(["eval", "--model", str(tmp_path / "missing"), "--data", "synthetic"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_unlearn_and_eval_commands(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "grom"
+    status = main([
+        "unlearn", "--method", "grom", "--model", str(tiny_pair.target), "--data", "synthetic",
+        "--output", str(out), "--eval", "--set", "forget_weight=10",
+    ])
+    assert status == 0
+    assert (out / "adapter_model.safetensors").is_file() and (out / "tofu_report.json").is_file()
+    report = json.loads((out / "tofu_report.json").read_text())
+    assert report["forget_split"] == "forget10" and report["forget_prob"] < 0.5
+    ratios = tmp_path / "retain_ratios.json"
+    assert main(["eval", "--model", str(tiny_pair.retain), "--data", "synthetic", "--save-truth-ratios", str(ratios),
+                 "--max-new-tokens", "16"]) == 0
+    assert main(["eval", "--model", str(tiny_pair.target), "--data", "synthetic", "--retain-reference", str(ratios),
+                 "--max-new-tokens", "16", "--output", str(tmp_path / "target.json")]) == 0
+    target = json.loads((tmp_path / "target.json").read_text())
+    assert target["forget_quality"] < 1e-3
+    assert "forget quality" in capsys.readouterr().out.lower()
