@@ -52,7 +52,7 @@ def main() -> None:
     retain = load_tofu_rows(RETAIN_FOR_FORGET[args.forget_split], args.data)
     out = Path(args.output) / args.method
     result = run_method(args.method, model, tokenizer, forget, retain, out, settings)
-    result.artifact.save_pretrained(out)
+    result.save_pretrained(out)
     report = evaluate_tofu(
         result.model, tokenizer, source=args.data, forget_split=args.forget_split, retain_reference=retain_report,
         scorer=result.scorer, generation_kwargs=result.generation_kwargs, output_path=out / "tofu_report.json",

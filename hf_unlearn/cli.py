@@ -84,7 +84,7 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     result = run_method(args.method, model, tokenizer, forget, retain, out, settings)
-    result.artifact.save_pretrained(out)
+    result.save_pretrained(out)
     if result.weights_changed and result.artifact is result.model:
         tokenizer.save_pretrained(out)
     print(f"{args.method}: unlearned in {result.seconds:.1f}s, saved to {out}")

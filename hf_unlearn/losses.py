@@ -211,7 +211,7 @@ def satga_plus_loss(
     scores: torch.Tensor,
     mask: torch.Tensor,
     beta: float = 0.2,
-    c: float = 4.0,
+    c: float = 20.0,
     num_tokens: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """SATGA+, score-injected saturated gradient ascent (ATWU's default forget loss).

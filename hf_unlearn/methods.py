@@ -46,6 +46,15 @@ class Unlearned:
     def trainable_share(self) -> float:
         return self.trainable_params / max(1, self.total_params)
 
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Save the native artifact; trainer methods save through ``trainer.save_model`` so that
+        what they keep beside the weights (MASC's stopping record, ATWU's token scorer) is written too."""
+        trainer = self.info.get("trainer")
+        if trainer is not None:
+            trainer.save_model(str(path))
+        else:
+            self.artifact.save_pretrained(path)
+
 
 def _num_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
@@ -204,6 +213,15 @@ register(MethodSpec(
     demo={**_MASC, "margin_threshold": 1.0, "stop_tolerance": 0.3},
     grid=tuple({**_MASC, "margin_threshold": tau, "stop_tolerance": a} for tau in (0.0, 1.0) for a in (0.2, 0.3)),
     description="margin self-correction with its own stopping rule",
+))
+_ATWU = {"forget_loss": "satga", "budget": 0.2, "budget_weight": 50.0, "entropy_weight": 0.01, "scorer_lr": 1e-2,
+         "saturation_beta": 0.2, "saturation_c": 20.0, "weight_decay": 0.0}
+register(MethodSpec(
+    "atwu", _trainer_runner("ATWUTrainer", "ATWUConfig"),
+    demo=_trainer_settings(5e-4, 10, **_ATWU),
+    grid=tuple(_trainer_settings(lr, 10, per_device_train_batch_size=16, **{**_ATWU, "forget_loss": loss})
+               for lr in (3e-4, 1e-3) for loss in ("satga", "npo")),
+    description="alternating token-weighted unlearning with a learned token scorer",
 ))
 register(MethodSpec(
     "grom", _run_grom,

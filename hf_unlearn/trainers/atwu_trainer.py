@@ -1,0 +1,228 @@
+"""ATWU (Alternating Token-Weighted Unlearning): unlearning with a learned per-token forget score.
+
+A linear scorer ``g_t = sigmoid(<w, h_t> + b)`` (:class:`~hf_unlearn.trainers.token_scorer.ATWUTokenScorer`) on the
+model's detached last-layer hidden states weights each forget answer token. Model and scorer are updated
+alternately:
+
+* model step (each optimizer step): ``gamma * L_forget(theta; sg(g)) + alpha * retain``;
+* scorer step (every ``scorer_every`` model steps, just before that model step, on the same forget batch, with the
+  model frozen: the model's token log-probabilities and hidden states enter detached), with its own Adam optimizer:
+  ``L_forget(g; sg(theta)) + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_t > 0.5]) - budget)^2
+  + scorer_l2 * ||w||^2``.
+
+``L_forget`` is SATGA+, token-weighted NPO or token-weighted SimNPO (:mod:`hf_unlearn.losses`, ATWU section). The
+scorer is saved beside the model (``atwu_scorer.safetensors`` + ``atwu_scorer_config.json``) by ``save_model`` and
+in every checkpoint; :meth:`ATWUTrainer.token_scores` returns the per-token scores of any dataset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from datasets import Dataset
+
+from ..data.prompts import tokenize_qa
+from ..losses import (
+    budget_penalty,
+    satga_plus_loss,
+    score_entropy,
+    weighted_npo_loss,
+    weighted_simnpo_loss,
+)
+from .atwu_config import ATWUConfig
+from .token_scorer import ATWUTokenScorer, model_hidden_size, score_token_features
+from .unlearning_config import UnlearningConfig
+from .unlearning_trainer import LossDenominators, UnlearningTrainer, to_trl_format
+
+
+class ATWUTrainer(UnlearningTrainer):
+    """Alternating Token-Weighted Unlearning on the shared :class:`UnlearningTrainer`.
+
+    Takes the base trainer's arguments plus ``scorer`` (an :class:`ATWUTokenScorer` to start from, e.g. one
+    reloaded with ``ATWUTokenScorer.from_pretrained``; default: a fresh one, every token scored ``budget``). ``args`` must
+    be an :class:`ATWUConfig` (a plain ``UnlearningConfig`` / ``TrainingArguments`` is converted, ATWU fields at
+    their defaults).
+
+    Logged with the loss: ``model_loss`` (the model step's total), ``forget_loss``, ``forget_nll``, ``retain_nll``,
+    ``mean_score`` / ``selected_fraction`` (scores of the forget tokens in the model step), and on scorer steps
+    ``scorer_loss``, ``scorer_forget_loss``, ``score_entropy``, ``budget_penalty``.
+    """
+
+    _name = "ATWU"
+    _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
+    default_hyperparameters: ClassVar[dict[str, float]] = {"gamma": 1.0, "alpha": 1.0}
+
+    def __init__(self, model: Any, args: ATWUConfig | None = None, *more: Any, scorer: ATWUTokenScorer | None = None, **kwargs: Any):
+        super().__init__(model, args, *more, **kwargs)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        hidden = model_hidden_size(unwrapped)
+        if scorer is None:  # every token starts at the budget: b = logit(budget), w = 0
+            scorer = ATWUTokenScorer(hidden, init_bias=math.log(self.args.budget / (1.0 - self.args.budget)))
+        elif scorer.hidden_size != hidden:
+            raise ValueError(
+                f"Hidden size mismatch: the given ATWU scorer has hidden size {scorer.hidden_size}, the model {hidden}."
+            )
+        self.scorer = scorer.to(self.args.device)
+        self.scorer_optimizer = torch.optim.Adam(self.scorer.parameters(), lr=self.args.scorer_lr)
+        self._last_scorer_step: int | None = None
+
+    # ----- configuration -----------------------------------------------------------------------------------------
+
+    @classmethod
+    def _resolve_args(cls, args: Any, model: Any) -> ATWUConfig:
+        if args is None:
+            from trl.trainer.utils import get_config_model_id
+
+            name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = ATWUConfig(f"{str(name).rstrip('/').split('/')[-1]}-{cls._name}")
+        elif not isinstance(args, ATWUConfig):
+            import dataclasses
+
+            names = {f.name for f in dataclasses.fields(ATWUConfig) if f.init}
+            values = {k: v for k, v in args.to_dict().items() if k in names}
+            values["hub_token"] = args.hub_token
+            args = ATWUConfig(**values)
+        return super()._resolve_args(args, model)
+
+    @classmethod
+    def needs_reference_model(cls, args: UnlearningConfig) -> bool:
+        return getattr(args, "forget_loss", None) == "npo" or super().needs_reference_model(args)
+
+    # ----- losses -------------------------------------------------------------------------------------------------
+
+    def weighted_forget_loss(
+        self,
+        token_log_probs: torch.Tensor,
+        scores: torch.Tensor,
+        mask: torch.Tensor,
+        ref_token_log_probs: torch.Tensor | None = None,
+        denominators: LossDenominators | None = None,
+    ) -> torch.Tensor:
+        """The configured forget loss (``args.forget_loss``) with token weights ``scores`` (unweighted by gamma).
+        Without ``denominators`` the batch's own token/sequence counts are used."""
+        args = self.args
+        if args.forget_loss == "satga":
+            n = denominators.forget_tokens if denominators is not None else None
+            return satga_plus_loss(token_log_probs, scores, mask, args.saturation_beta, args.saturation_c, n)
+        n = denominators.forget_sequences if denominators is not None else None
+        if args.forget_loss == "npo":
+            if ref_token_log_probs is None:
+                raise ValueError("The weighted NPO forget loss needs the reference model's token log-probabilities.")
+            return weighted_npo_loss(token_log_probs, ref_token_log_probs, scores, mask, args.beta, n)
+        return weighted_simnpo_loss(token_log_probs, scores, mask, args.beta, args.delta, n)
+
+    def scorer_step(
+        self,
+        token_log_probs: torch.Tensor,
+        hidden_states: torch.Tensor,
+        mask: torch.Tensor,
+        ref_token_log_probs: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """One update of the scorer with the model frozen: the model's outputs enter detached, so only ``w`` and
+        ``b`` receive gradient. Minimises ``L_forget(g) + entropy_weight * H(g) + budget_weight * budget_penalty(g)
+        + scorer_l2 * ||w||^2`` on this batch (means over its own answer tokens) with the scorer's optimizer, and
+        returns (and logs) its terms."""
+        args = self.args
+        lp = token_log_probs.detach()
+        ref = ref_token_log_probs.detach() if ref_token_log_probs is not None else None
+        self.scorer.train()
+        # centre on this batch's own mean hidden state, so that the budget and entropy pushes (alike for all tokens
+        # at w = 0) leave w alone; the tracked centre used outside the scorer step follows it as a moving average
+        states = self.scorer.scored_states(hidden_states, mask).float()
+        center = states.mean(0) if states.shape[0] else self.scorer.center.clone()
+        if self.accelerator.num_processes > 1:
+            center = self.accelerator.reduce(center, reduction="mean")
+        self.scorer.update_center(center)
+        with torch.enable_grad():
+            g = self.scorer.label_scores(hidden_states.detach(), center)
+            forget = self.weighted_forget_loss(lp, g, mask, ref)
+            entropy = score_entropy(g, mask)
+            budget = budget_penalty(g, mask, args.budget)
+            loss = forget + args.entropy_weight * entropy + args.budget_weight * budget
+            if args.scorer_l2 > 0:
+                loss = loss + args.scorer_l2 * self.scorer.weight.pow(2).sum()
+            self.scorer_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        if self.accelerator.num_processes > 1:  # one scorer for all processes: average its gradient like DDP does
+            for p in self.scorer.parameters():
+                p.grad = self.accelerator.reduce(p.grad, reduction="mean")
+        self.scorer_optimizer.step()
+        terms = {
+            "scorer_loss": loss.detach(),
+            "scorer_forget_loss": forget.detach(),
+            "score_entropy": entropy.detach(),
+            "budget_penalty": budget.detach(),
+        }
+        for name, value in terms.items():
+            self.log_metric(name, value)
+        return {k: float(v) for k, v in terms.items()}
+
+    def _scorer_due(self, model: Any) -> bool:
+        if not (self._in_training_step and model.training):
+            return False
+        step = self.state.global_step
+        if step % self.args.scorer_every != 0 or self._last_scorer_step == step:
+            return False
+        self._last_scorer_step = step
+        return True
+
+    def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
+        forget = self.score(model, inputs, output_hidden_states=True)
+        hidden = forget.outputs.hidden_states[-1].detach()
+        ref = self.reference_scores(inputs).token_log_probs if self.args.forget_loss == "npo" else None
+        if self._scorer_due(model):
+            self.scorer_step(forget.token_log_probs, hidden, forget.mask, ref)
+        with torch.no_grad():
+            scores = self.scorer.label_scores(hidden)
+        forget_loss = self.weighted_forget_loss(forget.token_log_probs, scores, forget.mask, ref, denominators)
+        loss = self.args.gamma * forget_loss
+        if self.args.alpha > 0:
+            loss = loss + self.args.alpha * self.retain_term(model, inputs, denominators)
+        selected = scores[forget.mask]
+        self.log_metric("forget_nll", forget.mean_nll)
+        self.log_metric("forget_loss", forget_loss)
+        self.log_metric("model_loss", loss)
+        self.log_metric("mean_score", selected.mean() if selected.numel() else 0.0)
+        self.log_metric("selected_fraction", (selected > 0.5).float().mean() if selected.numel() else 0.0)
+        return loss
+
+    # ----- scores and saving ---------------------------------------------------------------------------------------
+
+    def _token_features(self, dataset: Dataset | Sequence[dict[str, Any]]) -> list[dict[str, list[int]]]:
+        rows = dataset if isinstance(dataset, Dataset) else Dataset.from_list(list(dataset))
+        columns = set(rows.column_names)
+        if {"input_ids", "labels"} <= columns:
+            return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in rows]
+        if {"question", "answer"} <= columns:
+            return [
+                {k: v for k, v in tokenize_qa(self.processing_class, r["question"], r["answer"]).items() if k in ("input_ids", "labels")}
+                for r in rows
+            ]
+        prepared = self._prepare_dataset(
+            to_trl_format(rows, self.processing_class), self.processing_class, self.args, False, None, "token_scores"
+        )
+        return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in prepared]
+
+    def token_scores(
+        self, dataset: Dataset | Sequence[dict[str, Any]], batch_size: int | None = None, progress: bool = False
+    ) -> list[dict[str, Any]]:
+        """Per example, its answer tokens and their current scores in ``[0, 1]``.
+
+        ``dataset``: TOFU rows (``question``/``answer``), TRL prompt/completion or conversational rows, or tokenized
+        rows (``input_ids``/``labels``). Returns one ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per
+        example, in order (``token_nll`` is the model's NLL of each token, for comparison).
+        """
+        features = self._token_features(dataset)
+        model = self.accelerator.unwrap_model(self.model)
+        pad = self.processing_class.pad_token_id
+        bs = batch_size or self.args.per_device_eval_batch_size
+        return score_token_features(model, self.scorer, features, pad, self.processing_class, bs, progress)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            self.scorer.save_pretrained(output_dir if output_dir is not None else self.args.output_dir)
+

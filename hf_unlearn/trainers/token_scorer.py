@@ -1,0 +1,301 @@
+"""ATWU's learned token scorer and helpers to judge its scores.
+
+:class:`ATWUTokenScorer` is the linear probe ``g_t = sigmoid(<w, h - mu> + b)`` on the model's
+(detached) last-layer hidden state ``h`` at the position where answer token ``t``'s loss is computed,
+i.e. the state from which the model predicts it (``h_{t-1}``, the same shift as
+:func:`hf_unlearn.scoring.label_log_probs`). It is saved beside the unlearned model as
+``atwu_scorer.safetensors`` plus ``atwu_scorer_config.json`` and reloaded with
+:meth:`ATWUTokenScorer.from_pretrained`, which refuses a model of another hidden size.
+
+:func:`forget_specific_auroc` measures how well per-token scores separate *forget-specific*
+tokens, a proxy for ground-truth forget spans: tokens whose id never occurs in the retain
+split's answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+SCORER_WEIGHTS_NAME = "atwu_scorer.safetensors"
+SCORER_CONFIG_NAME = "atwu_scorer_config.json"
+
+
+def model_hidden_size(model: Any) -> int:
+    """Width of ``model``'s last hidden state (``config.hidden_size``, else the embedding width)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    size = getattr(config, "hidden_size", None)
+    if size is None and hasattr(model, "get_input_embeddings"):
+        size = model.get_input_embeddings().embedding_dim
+    if size is None:
+        raise ValueError(f"Cannot tell the hidden size of {type(model).__name__}; pass hidden_size explicitly.")
+    return int(size)
+
+
+class ATWUTokenScorer(nn.Module):
+    """Linear token scorer ``g_t = sigmoid(<w, h_t - mu> + b)``.
+
+    ``h_t`` is the model's last-layer hidden state, *detached* (the scorer never sends gradient into the model);
+    ``mu`` is a centring vector, the mean hidden state of the scored tokens (a buffer tracked by
+    :meth:`update_center`). Subtracting it keeps the family of scorers the same (``<w, mu>`` is a constant absorbed
+    by ``b``) but makes a push that moves all scores alike (the budget penalty) move ``b`` rather than tilt ``w``
+    towards the most common hidden state, so that ``w`` only learns what tells tokens apart.
+
+    Parameters start at ``w = 0``, ``b = init_bias`` (every token scored ``sigmoid(init_bias)``), so training alone
+    orders the tokens. Kept in float32 whatever the model's dtype.
+    """
+
+    def __init__(self, hidden_size: int, init_bias: float = 0.0):
+        super().__init__()
+        if int(hidden_size) < 1:
+            raise ValueError(f"hidden_size must be >= 1, got {hidden_size}.")
+        self.hidden_size = int(hidden_size)
+        self.init_bias = float(init_bias)
+        self.linear = nn.Linear(self.hidden_size, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.constant_(self.linear.bias, self.init_bias)
+        self.register_buffer("center", torch.zeros(self.hidden_size))
+        self.register_buffer("num_center_updates", torch.zeros((), dtype=torch.long))
+
+    @classmethod
+    def for_model(cls, model: Any, init_bias: float = 0.0) -> ATWUTokenScorer:
+        """A fresh scorer sized for ``model``'s hidden states, on ``model``'s device."""
+        scorer = cls(model_hidden_size(model), init_bias=init_bias)
+        try:
+            scorer.to(next(model.parameters()).device)
+        except (AttributeError, StopIteration):
+            pass
+        return scorer
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The direction ``w`` (``[hidden_size]``)."""
+        return self.linear.weight[0]
+
+    def logits(self, hidden_states: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
+        """``<w, h - mu> + b`` on detached hidden states ``[..., hidden_size]`` (``mu`` = ``center`` if given,
+        else the tracked buffer)."""
+        if hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(
+                f"Hidden states of width {hidden_states.shape[-1]} given to a scorer of hidden size {self.hidden_size}."
+            )
+        mu = self.center if center is None else center
+        h = hidden_states.detach().to(self.linear.weight.dtype) - mu
+        with torch.autocast(device_type=h.device.type, enabled=False):  # float32 even inside mixed precision
+            return self.linear(h).squeeze(-1)
+
+    def forward(self, hidden_states: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores in ``[0, 1]`` of shape ``hidden_states.shape[:-1]``."""
+        return torch.sigmoid(self.logits(hidden_states, center))
+
+    def label_scores(self, hidden_states: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores aligned with the labels as :func:`hf_unlearn.scoring.label_log_probs` is, ``[B, L, H] -> [B, L]``:
+        ``out[:, t] = g(h_{t-1})``, the hidden state from which the model predicts ``labels[:, t]`` (where that
+        token's loss is computed). ``out[:, 0]`` (no context, never scored) is ``g(h_0)``."""
+        g = self(hidden_states, center)
+        return torch.cat([g[:, :1], g[:, :-1]], dim=1)
+
+    @staticmethod
+    def scored_states(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The hidden states :meth:`label_scores` reads for the ``mask``-ed label positions, ``[N, H]``."""
+        return hidden_states[:, :-1][mask[:, 1:].to(hidden_states.device)].detach()
+
+    @torch.no_grad()
+    def update_center(self, batch_mean: torch.Tensor, momentum: float = 0.1) -> None:
+        """Fold ``batch_mean`` (the mean of a batch's scored hidden states, ``[H]``) into the tracked centre
+        (exponential moving average with ``momentum``; the first call sets it)."""
+        mean = batch_mean.detach().to(self.center.dtype)
+        if int(self.num_center_updates) == 0:
+            self.center.copy_(mean)
+        else:
+            self.center.mul_(1.0 - momentum).add_(momentum * mean)
+        self.num_center_updates += 1
+
+    # -- persistence -----------------------------------------------------------------------
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write ``atwu_scorer.safetensors`` and ``atwu_scorer_config.json`` into ``save_directory``."""
+        path = Path(save_directory)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(tensors, str(path / SCORER_WEIGHTS_NAME), metadata={"format": "pt"})
+        config = {"scorer_type": "atwu_linear", "hidden_size": self.hidden_size, "init_bias": self.init_bias}
+        (path / SCORER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | os.PathLike, model: Any | None = None, hidden_size: int | None = None
+    ) -> ATWUTokenScorer:
+        """Load a scorer saved by :meth:`save_pretrained` (e.g. an ATWU output folder).
+
+        With ``model`` (or ``hidden_size``) given, a scorer trained on hidden states of another
+        width is refused with a ``ValueError``; the scorer is moved to ``model``'s device.
+        """
+        path = Path(directory)
+        config_file, weights_file = path / SCORER_CONFIG_NAME, path / SCORER_WEIGHTS_NAME
+        if not config_file.is_file() or not weights_file.is_file():
+            raise FileNotFoundError(
+                f"No ATWU scorer in {path}: expected {SCORER_CONFIG_NAME} and {SCORER_WEIGHTS_NAME}."
+            )
+        config = json.loads(config_file.read_text())
+        saved = int(config["hidden_size"])
+        expected = hidden_size if hidden_size is not None else (model_hidden_size(model) if model is not None else None)
+        if expected is not None and int(expected) != saved:
+            raise ValueError(
+                f"Hidden size mismatch: the ATWU scorer in {path} was trained on hidden states of size {saved}, "
+                f"but the model has hidden size {expected}."
+            )
+        scorer = cls(saved, init_bias=float(config.get("init_bias", 0.0)))
+        scorer.load_state_dict(load_file(str(weights_file)))
+        if model is not None:
+            try:
+                scorer.to(next(model.parameters()).device)
+            except (AttributeError, StopIteration):
+                pass
+        return scorer
+
+
+# ---------------------------------------------------------------------------------------------
+# Judging token scores
+# ---------------------------------------------------------------------------------------------
+
+
+def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
+    """Area under the ROC curve of ``scores`` for binary ``labels`` (Mann-Whitney U with average
+    ranks for ties): the probability that a random positive outscores a random negative."""
+    from scipy.stats import rankdata
+
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = np.asarray(labels, dtype=bool).ravel()
+    if s.shape != y.shape:
+        raise ValueError(f"{s.size} scores but {y.size} labels.")
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"AUROC needs both classes; got {n_pos} positives and {n_neg} negatives.")
+    ranks = rankdata(s)
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def answer_token_ids(tokenizer: Any, rows: Iterable[dict[str, Any]]) -> set[int]:
+    """Every token id that occurs in the answers of ``rows`` (tokenized as the trainers do)."""
+    from ..data.prompts import IGNORE_INDEX, tokenize_qa
+
+    ids: set[int] = set()
+    for row in rows:
+        labels = tokenize_qa(tokenizer, row["question"], row["answer"])["labels"]
+        ids.update(t for t in labels if t != IGNORE_INDEX)
+    return ids
+
+
+def forget_specific_auroc(
+    token_scores: Sequence[dict[str, Any]], retain_token_ids: set[int] | Iterable[int]
+) -> float:
+    """AUROC of per-token scores against *forget-specific* tokens.
+
+    ``token_scores`` is the output of :meth:`ATWUTrainer.token_scores` (or any list of
+    ``{"token_ids": [...], "scores": [...]}``); a token is forget-specific (positive) when its id
+    never occurs in the retain split's answers (``retain_token_ids``, see
+    :func:`answer_token_ids`), a proxy for ground-truth forget spans.
+    """
+    retain = set(retain_token_ids)
+    scores, labels = [], []
+    for example in token_scores:
+        if len(example["token_ids"]) != len(example["scores"]):
+            raise ValueError("Each example needs as many scores as token ids.")
+        scores.extend(float(s) for s in example["scores"])
+        labels.extend(int(t) not in retain for t in example["token_ids"])
+    return auroc(scores, labels)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scoring the answer tokens of a dataset
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def score_token_features(
+    model: Any,
+    scorer: ATWUTokenScorer,
+    features: Sequence[dict[str, list[int]]],
+    pad_token_id: int,
+    tokenizer: Any = None,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Scores of the answer tokens of tokenized examples (``{"input_ids", "labels"}``, labels ``-100`` off the
+    answer), one ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per example, in order.
+
+    The score of answer token ``t`` reads the last-layer hidden state at ``t`` (right padding, explicit position
+    ids, model in eval mode); ``token_nll`` is ``-log p(y_t | y_<t)`` from :func:`hf_unlearn.scoring.label_log_probs`.
+    ``tokens`` holds the token strings when ``tokenizer`` is given.
+    """
+    from tqdm.auto import tqdm
+
+    from ..data.prompts import collate_qa
+    from ..losses import answer_mask
+    from ..scoring import label_log_probs
+
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    out: list[dict[str, Any]] = []
+    try:
+        for start in tqdm(range(0, len(features), batch_size), desc="scoring tokens", disable=not progress, leave=False):
+            chunk = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in features[start : start + batch_size]]
+            batch = {k: v.to(device) for k, v in collate_qa(chunk, pad_token_id, "right").items()}
+            outputs = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"],
+                output_hidden_states=True,
+                use_cache=False,
+            )
+            scores = scorer.label_scores(outputs.hidden_states[-1]).float().cpu()
+            nll = (-label_log_probs(outputs.logits, batch["labels"])).float().cpu()
+            mask = answer_mask(batch["labels"]).cpu()
+            labels = batch["labels"].cpu()
+            for i in range(labels.shape[0]):
+                ids = labels[i][mask[i]].tolist()
+                out.append({
+                    "token_ids": ids,
+                    "tokens": tokenizer.convert_ids_to_tokens(ids) if tokenizer is not None else None,
+                    "scores": scores[i][mask[i]].tolist(),
+                    "token_nll": nll[i][mask[i]].tolist(),
+                })
+    finally:
+        if was_training:
+            model.train()
+    return out
+
+
+def score_tokens(
+    model: Any,
+    tokenizer: Any,
+    scorer: ATWUTokenScorer,
+    rows: Iterable[dict[str, Any]],
+    batch_size: int = 16,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Per-token scores of the answers of TOFU rows (``question``/``answer``) under ``model`` and ``scorer``, e.g.
+    a reloaded ATWU output folder; the tokens are those of :func:`hf_unlearn.data.tokenize_qa` (the trainers')."""
+    from ..data.prompts import ensure_pad_token, tokenize_qa
+
+    if scorer.hidden_size != model_hidden_size(model):
+        raise ValueError(
+            f"Hidden size mismatch: the scorer has hidden size {scorer.hidden_size}, the model {model_hidden_size(model)}."
+        )
+    ensure_pad_token(tokenizer)
+    features = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in rows]
+    return score_token_features(model, scorer, features, tokenizer.pad_token_id, tokenizer, batch_size, progress)
