@@ -611,9 +611,9 @@ def push_unlearned(
 
 
 def _is_unlearned_result(obj: Any) -> bool:
-    return all(hasattr(obj, name) for name in ("artifact", "method", "settings")) and not hasattr(
-        obj, "save_pretrained"
-    )
+    from .methods import Unlearned
+
+    return isinstance(obj, Unlearned)
 
 
 def _own_names(artifact: Any) -> tuple[str, ...]:
