@@ -347,8 +347,8 @@ def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) 
         if fq is None or mu is None:
             continue
         marker = "*" if name in ("target", "retain reference") else "o"
-        ax.scatter([mu], [max(fq, 1e-12)], marker=marker, s=90)
-        ax.annotate(name, (mu, max(fq, 1e-12)), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.scatter([mu], [max(fq, 1e-300)], marker=marker, s=90)
+        ax.annotate(name, (mu, max(fq, 1e-300)), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.set_yscale("log")
     ax.set_xlabel("model utility")
     ax.set_ylabel("forget quality (KS p-value, log scale)")
