@@ -246,6 +246,8 @@ def run_comparison(
     Returns ``{"rows": {name: row}, "grid": {name: [rows]}, "target": row, "retain_reference": row}``
     where each row holds the benchmark columns.
     """
+    from transformers import AutoTokenizer
+
     from .data import RETAIN_FOR_FORGET, load_tofu_rows
     from .methods import METHODS
     from .tofu_tiny import load_tiny
@@ -254,7 +256,7 @@ def run_comparison(
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"Unknown method(s) {unknown}; registered: {sorted(METHODS)}.")
-    _, tokenizer = load_tiny(pair.target)
+    tokenizer = AutoTokenizer.from_pretrained(pair.target)  # the weights are loaded per method
     forget_rows = load_tofu_rows(forget_split, source)
     retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)
     target_report, retain_report = reference_rows(pair, source, forget_split, eval_kwargs)
