@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,7 +46,7 @@ WORKER = textwrap.dedent(
                 json.dump({"history": trainer.state.log_history[:-1],
                            "distributed_type": str(trainer.accelerator.distributed_type),
                            "num_processes": trainer.accelerator.num_processes}, f)
-        trainer.accelerator.end_training()  # destroys the process group
+        trainer.end_training()  # releases DDP, then destroys the process group
         rank = trainer.accelerator.process_index
         with open(f"{out_path}.rank{rank}", "w") as f:
             json.dump({"group_destroyed": not torch.distributed.is_initialized()}, f)
@@ -53,11 +54,6 @@ WORKER = textwrap.dedent(
 
     if __name__ == "__main__":
         run(sys.argv[1], sys.argv[2], int(sys.argv[3]))
-        # Under heavy CPU contention the interpreter's own finalization (after the process group is gone) was
-        # seen to stall now and then; the work is done and flushed, so leave without it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
     '''
 )
 
@@ -80,14 +76,19 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tiny_pair, t
     ):
         log = open(tmp_path / f"{name}.log", "w")
         cmd = [*launcher, str(script), str(tiny_pair.target), str(tmp_path / f"{name}.json"), str(batch_size)]
-        procs[name] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log)
+        # own session, so that a timeout kills torchrun's workers too, not only the launcher
+        popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs[name] = (popen, log)
     for name, (proc, log) in procs.items():
         try:
             proc.wait(timeout=300)
         except subprocess.TimeoutExpired:
             for other, _ in procs.values():
-                other.kill()
-            pytest.fail(f"the {name}-process run did not finish within 300 s")
+                if other.poll() is None:
+                    os.killpg(other.pid, signal.SIGKILL)
+            log.flush()
+            tail = (tmp_path / f"{name}.log").read_text()[-3000:]
+            pytest.fail(f"the {name}-process run did not finish within 300 s; its log ends with:\n{tail}")
         finally:
             log.close()
         assert proc.returncode == 0, (tmp_path / f"{name}.log").read_text()[-3000:]

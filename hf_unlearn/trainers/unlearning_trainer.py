@@ -11,6 +11,7 @@ normalisation that is exact under gradient accumulation and data parallelism.
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -491,6 +492,21 @@ class UnlearningTrainer(SFTTrainer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
+
+    def end_training(self) -> None:
+        """Finish a distributed run cleanly: release the DDP wrapper, then destroy the process group.
+
+        Call it once, after `train()` and `save_model()`, at the end of a `torchrun` script (a single-process run
+        may call it too; it then only drops the trainer's prepared objects). The order matters: when the process
+        group is destroyed first, DDP's reducer is left holding the last reference to the gloo group, and freeing it
+        later joins gloo's worker threads while holding the GIL; a worker still finishing the last all-gather needs
+        the GIL to free its tensors, and both wait forever (pytorch/pytorch#56297). Releasing the wrapper while the
+        group is still registered avoids that. The trainer cannot train again afterwards.
+        """
+        self.model_wrapped = self.model
+        self.accelerator.free_memory()
+        gc.collect()
+        self.accelerator.end_training()
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
