@@ -26,44 +26,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def plain_forward(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch_size: int) -> float:
-    """Seconds of tokenizing ``rows`` and one no-grad forward pass over them (length-sorted batches)."""
-    import torch
-
-    from hf_unlearn.data import collate_qa, tokenize_qa
-
-    device = next(model.parameters()).device
-    _sync()
-    start = time.perf_counter()
-    feats = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in rows]
-    feats.sort(key=lambda f: len(f["input_ids"]))
-    with torch.no_grad():
-        for i in range(0, len(feats), batch_size):
-            batch = collate_qa(feats[i : i + batch_size], tokenizer.pad_token_id, "right")
-            model(
-                input_ids=batch["input_ids"].to(device),
-                attention_mask=batch["attention_mask"].to(device),
-                position_ids=batch["position_ids"].to(device),
-            )
-    _sync()
-    return time.perf_counter() - start
-
-
 def _median_seconds(fn, repeats: int) -> tuple[float, float, Any]:
     """Median wall and process-CPU seconds of ``fn()`` over ``repeats`` calls after one warm-up."""
+    import torch
+
     wall, cpu, out = [], [], None
     for i in range(repeats + 1):
-        _sync()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         start, start_cpu = time.perf_counter(), time.process_time()
         out = fn()
-        _sync()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         if i > 0:
             wall.append(time.perf_counter() - start)
             cpu.append(time.process_time() - start_cpu)
@@ -76,6 +50,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import hf_unlearn  # noqa: F401
     from hf_unlearn.data import RETAIN_FOR_FORGET, ensure_pad_token, load_tofu_rows
     from hf_unlearn.grom import GROMConfig, fit_grom
+    from hf_unlearn.speed import plain_forward_seconds
 
     torch.manual_seed(args.seed)
     if args.threads:
@@ -102,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ridge=args.ridge, batch_size=args.batch_size, progress=False,
     )
     plain, plain_cpu, _ = _median_seconds(
-        lambda: plain_forward(model, tokenizer, forget + retain, args.batch_size), args.repeats
+        lambda: plain_forward_seconds(model, tokenizer, forget + retain, args.batch_size), args.repeats
     )
     grom, grom_cpu, edit = _median_seconds(lambda: fit_grom(model, tokenizer, forget, retain, config), args.repeats)
     return {

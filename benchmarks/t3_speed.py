@@ -15,34 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def _time_generate(model: Any, enc: dict, max_new_tokens: int, processors: Any, repeats: int) -> float:
-    """Median seconds of one greedy ``generate`` call (after one warm-up call)."""
-    import torch
-
-    kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
-    if processors is not None:
-        kwargs["logits_processor"] = processors
-    times = []
-    for i in range(repeats + 1):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = model.generate(**enc, **kwargs)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if i > 0:
-            times.append(time.perf_counter() - start)
-    assert out.shape[1] == enc["input_ids"].shape[1] + max_new_tokens
-    return statistics.median(times)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,6 +28,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import hf_unlearn  # noqa: F401
     from hf_unlearn.data import RETAIN_FOR_FORGET, build_prompt, ensure_pad_token, load_tofu_rows
+    from hf_unlearn.speed import generate_seconds
     from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3
 
     torch.manual_seed(args.seed)
@@ -82,9 +60,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for batch_size in args.batch_sizes:
         enc = tokenizer([build_prompt(tokenizer, q) for q in questions[:batch_size]], return_tensors="pt", padding=True)
         enc = {k: v.to(device) for k, v in enc.items()}
-        plain = _time_generate(model, enc, args.max_new_tokens, None, args.repeats)
+        plain = generate_seconds(model, enc, args.max_new_tokens, None, args.repeats)
         proc = LogitsProcessorList([T3LogitsProcessor(model, clf, temperature=args.temperature, top_k=args.top_k)])
-        t3 = _time_generate(model, enc, args.max_new_tokens, proc, args.repeats)
+        t3 = generate_seconds(model, enc, args.max_new_tokens, proc, args.repeats)
         n_tokens = batch_size * args.max_new_tokens
         rows.append({
             "batch_size": batch_size,

@@ -2,11 +2,13 @@
 
 For each method and each setting of its grid, a fresh copy of the target is unlearned, timed
 (wall seconds, peak resident memory sampled from ``/proc/self/status``), evaluated with
-:func:`hf_unlearn.evaluation.evaluate_tofu` against the retain reference, and, for methods that
-change weights, re-checked after 4-bit NF4 quantization (forget ROUGE-L). The chosen setting of a
+:func:`hf_unlearn.evaluation.evaluate_tofu` against the retain reference. The chosen setting of a
 method is the one with the highest forget quality among those keeping model utility >= 90% of
-the target's (the highest-utility setting when none does). A failure in one method is recorded in
-its row and the others still run.
+the target's (the highest-utility setting when none does); for methods that change weights it is
+re-checked after 4-bit NF4 quantization (forget ROUGE-L). GROM's wall time is also given against
+one plain forward pass over forget + retain, and decoding-time methods (T3) report greedy
+``generate`` tokens per second against plain ``generate``, both measured in the same process. A
+failure in one method is recorded in its row and the others still run.
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ COLUMNS = (
     ("time_vs_grad_diff", "time / GradDiff", ".3f"),
     ("peak_rss_mb", "peak RSS MB", ".0f"),
     ("trainable_share", "trainable share", ".2e"),
+    ("time_vs_forward", "time / forward pass", ".2f"),
+    ("generate_speed_ratio", "generate speed vs plain", ".2f"),
 )
+SPEED_QUESTIONS = 16  # generation-speed batch: the first forget questions
+SPEED_NEW_TOKENS = 32
 
 
 def _rss_mb() -> float:
@@ -130,6 +136,7 @@ def run_one(
 
     from .evaluation import evaluate_tofu
     from .methods import run_method
+    from .speed import generation_speed
 
     row: dict[str, Any] = {"method": method, "settings": settings, "error": None}
     work = Path(work_dir or tempfile.mkdtemp(prefix=f"hf_unlearn_{method}_"))
@@ -147,10 +154,14 @@ def run_one(
             info={k: v for k, v in result.info.items() if _jsonable(v)},
         )
         row["forget_rouge_l_nf4"] = None
-        if quantization_check and result.weights_changed:
-            forget_eval = report["splits"]["forget"]
-            n = forget_eval["num_examples"]
-            row["forget_rouge_l_nf4"] = quantized_forget_rouge(result.model, tokenizer, _forget_eval_rows(source, forget_split, n), eval_kwargs)
+        processors = (result.generation_kwargs or {}).get("logits_processor")
+        if processors is not None:  # decoding-time methods: tokens/s against plain generate
+            speed = generation_speed(result.model, tokenizer, [r["question"] for r in forget_rows[:SPEED_QUESTIONS]],
+                                     processors, max_new_tokens=SPEED_NEW_TOKENS)
+            row["generate_speed_ratio"] = speed["speed_ratio"]
+            row["generation_speed"] = speed
+        if quantization_check:
+            nf4_check(row, result, report, tokenizer, source, forget_split, eval_kwargs)
         row["_result"] = result
         row["_report"] = report
     except Exception as err:  # one method's failure must not stop the others
@@ -160,6 +171,15 @@ def run_one(
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def nf4_check(row: dict[str, Any], result: Any, report: dict[str, Any], tokenizer: Any, source: str,
+              forget_split: str, eval_kwargs: dict[str, Any]) -> None:
+    """Fill ``row["forget_rouge_l_nf4"]`` for a method that changed weights (merge, quantize, regenerate)."""
+    if result.weights_changed:
+        n = report["splits"]["forget"]["num_examples"]
+        rows = _forget_eval_rows(source, forget_split, n)
+        row["forget_rouge_l_nf4"] = quantized_forget_rouge(result.model, tokenizer, rows, eval_kwargs)
 
 
 def _forget_eval_rows(source: str, forget_split: str, n: int) -> list[dict[str, Any]]:
@@ -267,16 +287,33 @@ def run_comparison(
         target_model, _ = load_tiny(pair.target)
         n = target_report["splits"]["forget"]["num_examples"]
         target_row["forget_rouge_l_nf4"] = quantized_forget_rouge(target_model, tokenizer, _forget_eval_rows(source, forget_split, n), eval_kwargs)
+    plain_forward = None
+    if "grom" in methods:  # GROM's floor: one plain forward pass over forget + retain, in this process
+        from .speed import plain_forward_seconds
+
+        target_model, _ = load_tiny(pair.target)
+        target_model.eval()
+        plain_forward_seconds(target_model, tokenizer, forget_rows[:32])  # warm-up
+        plain_forward = plain_forward_seconds(target_model, tokenizer, forget_rows + retain_rows)
+        del target_model
     jobs = [(m, s) for m in methods for s in (METHODS[m].grid if grid else (METHODS[m].demo,))]
     grids: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     bar = tqdm(jobs, desc="methods", disable=not progress)
     for method, settings in bar:
         bar.set_postfix(method=method)
         row = run_one(method, dict(settings), pair.target, tokenizer, forget_rows, retain_rows, reference,
-                      source, forget_split, eval_kwargs, quantization_check)
-        row.pop("_result", None)
-        row.pop("_report", None)
+                      source, forget_split, eval_kwargs, quantization_check=False)
         grids[method].append(row)
+        # The NF4 re-check is run for a row only when it is the method's chosen setting so far
+        # (a later row may still replace it): the table needs it for the chosen row alone.
+        result, report = row.pop("_result", None), row.pop("_report", None)
+        now_chosen = choose_setting(grids[method], target_report["model_utility"]) == len(grids[method]) - 1
+        if quantization_check and result is not None and now_chosen:
+            try:
+                nf4_check(row, result, report, tokenizer, source, forget_split, eval_kwargs)
+            except Exception as err:  # the row's other numbers stand
+                row["nf4_error"] = f"{type(err).__name__}: {err}"
+        del result, report
     rows = {}
     for method, grid_rows in grids.items():
         idx = choose_setting(grid_rows, target_report["model_utility"])
@@ -284,9 +321,12 @@ def run_comparison(
     base = rows.get("grad_diff", {}).get("seconds")
     for row in [r for g in grids.values() for r in g] + list(rows.values()):
         row["time_vs_grad_diff"] = (row["seconds"] / base) if base and row.get("seconds") else None
+        if row.get("method") == "grom" and plain_forward and row.get("seconds"):
+            row["time_vs_forward"] = row["seconds"] / plain_forward
     return {
         "target": target_row, "retain_reference": retain_row, "rows": rows, "grid": grids,
         "sanity_gate": sanity_gate(target_report, retain_report),
+        "plain_forward_seconds": plain_forward,
     }
 
 

@@ -34,6 +34,12 @@ def test_demo_runs_every_method_with_complete_finite_rows(demo_output):
         if method != "t3":  # T3 leaves the weights alone: no quantization re-check
             assert math.isfinite(row["forget_rouge_l_nf4"]), method
     assert results["rows"]["t3"]["forget_rouge_l_nf4"] is None
+    # speed references measured in the same run: GROM against a plain forward pass, T3 against plain generate
+    assert math.isfinite(results["rows"]["grom"]["time_vs_forward"]) and results["rows"]["grom"]["time_vs_forward"] > 0
+    speed = results["rows"]["t3"]["generation_speed"]
+    assert speed["tokens_per_s"] > 0 and speed["plain_tokens_per_s"] > 0
+    assert results["rows"]["t3"]["generate_speed_ratio"] == pytest.approx(speed["tokens_per_s"] / speed["plain_tokens_per_s"])
+    assert all(row.get("generate_speed_ratio") is None for m, row in results["rows"].items() if m != "t3")
     assert results["rows"]["grad_diff"]["time_vs_grad_diff"] == pytest.approx(1.0)
     # the protocol: the target is distinguishable from the retain reference, which matches itself
     assert results["target"]["forget_quality"] < results["retain_reference"]["forget_quality"] == 1.0
@@ -96,3 +102,30 @@ def test_unlearn_and_eval_commands(tiny_pair, tmp_path, capsys):
     target = json.loads((tmp_path / "target.json").read_text())
     assert target["forget_quality"] < 1e-3
     assert "forget quality" in capsys.readouterr().out.lower()
+
+
+def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair):
+    from hf_unlearn.benchmark import markdown_table, run_comparison
+
+    grid = METHODS["grom"].grid
+    results = run_comparison(tiny_pair, ["grom"], grid=True, source="synthetic", forget_split="forget10",
+                             eval_kwargs={"max_new_tokens": 24, "max_examples": 24}, progress=False)
+    rows = results["grid"]["grom"]
+    assert [r["settings"] for r in rows] == [dict(s) for s in grid]
+    assert all(r["error"] is None and math.isfinite(r["forget_quality"]) for r in rows)
+    chosen = results["rows"]["grom"]
+    assert chosen["chosen_index"] == choose_setting(rows, results["target"]["model_utility"])
+    assert chosen["settings"] == rows[chosen["chosen_index"]]["settings"]
+    assert math.isfinite(chosen["forget_rouge_l_nf4"])  # the chosen row is always re-checked after NF4
+    # GROM against one plain forward pass over forget + retain, measured in the same run
+    assert results["plain_forward_seconds"] > 0
+    assert chosen["time_vs_forward"] == pytest.approx(chosen["seconds"] / results["plain_forward_seconds"])
+    assert "grom" in markdown_table(results)
+
+
+def test_every_method_gets_the_same_grid_budget():
+    sizes = {name: len(spec.grid) for name, spec in METHODS.items()}
+    assert len(set(sizes.values())) == 1 and 1 <= next(iter(sizes.values())) <= 6, sizes
+    assert sorted(s["temperature"] for s in METHODS["t3"].grid) == [1.0, 2.0, 4.0]
+    for name, spec in METHODS.items():  # distinct settings: no budget spent twice on the same point
+        assert len({json.dumps(s, sort_keys=True) for s in spec.grid}) == len(spec.grid), name
