@@ -374,6 +374,33 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+GRID_COLUMNS = COLUMNS[:4] + (("seconds", "wall s", ".2f"),)
+
+
+def varying_settings(grid_rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each row of one method's grid, the settings whose values differ across that grid."""
+    keys = sorted({k for r in grid_rows for k in r.get("settings", {})})
+    varying = [k for k in keys if len({json.dumps(r.get("settings", {}).get(k)) for r in grid_rows}) > 1]
+    return [{k: r.get("settings", {}).get(k) for k in varying} for r in grid_rows]
+
+
+def grid_markdown_table(results: dict[str, Any]) -> str:
+    """Every setting of every method's grid (the settings that vary within it), the chosen one marked."""
+    lines = ["| method | setting | chosen | " + " | ".join(t for _, t, _ in GRID_COLUMNS) + " |",
+             "|" + "---|" * (len(GRID_COLUMNS) + 3)]
+    for method, grid_rows in results["grid"].items():
+        chosen = results["rows"].get(method, {}).get("chosen_index")
+        for i, (row, varied) in enumerate(zip(grid_rows, varying_settings(grid_rows))):
+            setting = ", ".join(f"{k}={v}" for k, v in varied.items()) or "(single setting)"
+            mark = "yes" if i == chosen else ""
+            if row.get("error"):
+                cells = f"failed: {row['error'][:60]} |" + " |" * (len(GRID_COLUMNS) - 1)
+            else:
+                cells = " | ".join(_fmt(row.get(k), f) for k, _, f in GRID_COLUMNS) + " |"
+            lines.append(f"| {method} | {setting} | {mark} | {cells}")
+    return "\n".join(lines)
+
+
 def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) -> Path:
     """PNG of forget quality (log scale) against model utility, one labelled point per row."""
     import matplotlib
@@ -381,18 +408,34 @@ def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
+    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
     points = [("target", results["target"]), ("retain reference", results["retain_reference"])]
     points += [(name, row) for name, row in results["rows"].items() if not row.get("error")]
+    placed = []
     for name, row in points:
         fq, mu = row.get("forget_quality"), row.get("model_utility")
         if fq is None or mu is None:
             continue
         marker = "*" if name in ("target", "retain reference") else "o"
-        ax.scatter([mu], [max(fq, 1e-300)], marker=marker, s=90)
-        ax.annotate(name, (mu, max(fq, 1e-300)), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.scatter([mu], [max(fq, 1e-300)], marker=marker, s=90, label=name)
+        placed.append((name, mu, max(fq, 1e-300)))
     ax.set_yscale("log")
-    ax.set_xlabel("model utility")
+    ax.set_ylim(top=10.0)
+    target_mu = results["target"].get("model_utility")
+    if target_mu:
+        ax.axvline(UTILITY_KEEP * target_mu, color="grey", lw=0.8, ls=":")
+    fig.canvas.draw()
+    # Label each point; points that nearly coincide get stacked labels instead of overprinted ones.
+    taken: list[tuple[float, float]] = []
+    for name, mu, fq in sorted(placed, key=lambda p: (p[2], p[1])):
+        x, y = ax.transData.transform((mu, fq))
+        dy = 6.0
+        while any(abs(x - tx) < 80 and abs(y + dy - ty) < 11 for tx, ty in taken):
+            dy += 11.0
+        taken.append((x, y + dy))
+        ax.annotate(name, (mu, fq), textcoords="offset points", xytext=(8, dy), fontsize=8,
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey"} if dy > 6.0 else None)
+    ax.set_xlabel("model utility (dotted: 90% of the target's)")
     ax.set_ylabel("forget quality (KS p-value, log scale)")
     ax.axhline(0.05, color="grey", lw=0.8, ls="--")
     ax.set_title(title)
@@ -408,16 +451,21 @@ def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) 
 
 
 def write_results(results: dict[str, Any], out_dir: str | os.PathLike, name: str, meta: dict[str, Any]) -> dict[str, Path]:
-    """Write ``<name>.json`` (results + environment + meta), ``<name>.md`` and ``<name>.png``."""
+    """Write ``<name>.json`` (results + environment + meta), ``<name>.md`` (chosen settings),
+    ``<name>_grid.md`` (every setting) and ``<name>.png``."""
     from .evaluation import write_json_atomic
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(results)
-    payload = {**meta, "environment": environment_info(), **results, "table_markdown": table}
+    grid_table = grid_markdown_table(results)
+    payload = {**meta, "environment": environment_info(), **results, "table_markdown": table,
+               "grid_table_markdown": grid_table}
     json_path = write_json_atomic(payload, out / f"{name}.json")
-    md_tmp = out / f".{name}.md.tmp"
-    md_tmp.write_text(table + "\n")
-    os.replace(md_tmp, out / f"{name}.md")
+    for suffix, text in (("", table), ("_grid", grid_table)):
+        md_tmp = out / f".{name}{suffix}.md.tmp"
+        md_tmp.write_text(text + "\n")
+        os.replace(md_tmp, out / f"{name}{suffix}.md")
     png = plot_tradeoff(results, out / f"{name}.png", f"{name}: forget quality vs model utility")
-    return {"json": Path(json_path), "markdown": out / f"{name}.md", "png": png}
+    return {"json": Path(json_path), "markdown": out / f"{name}.md", "grid_markdown": out / f"{name}_grid.md",
+            "png": png}

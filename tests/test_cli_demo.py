@@ -104,8 +104,8 @@ def test_unlearn_and_eval_commands(tiny_pair, tmp_path, capsys):
     assert "forget quality" in capsys.readouterr().out.lower()
 
 
-def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair):
-    from hf_unlearn.benchmark import markdown_table, run_comparison
+def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair, tmp_path):
+    from hf_unlearn.benchmark import run_comparison, varying_settings, write_results
 
     grid = METHODS["grom"].grid
     results = run_comparison(tiny_pair, ["grom"], grid=True, source="synthetic", forget_split="forget10",
@@ -120,7 +120,13 @@ def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair):
     # GROM against one plain forward pass over forget + retain, measured in the same run
     assert results["plain_forward_seconds"] > 0
     assert chosen["time_vs_forward"] == pytest.approx(chosen["seconds"] / results["plain_forward_seconds"])
-    assert "grom" in markdown_table(results)
+    paths = write_results(results, tmp_path, "grid", {"mode": "test"})
+    grid_lines = paths["grid_markdown"].read_text().strip().splitlines()[2:]
+    assert len(grid_lines) == len(grid) and sum("| yes |" in line for line in grid_lines) == 1
+    assert [f"retain_weight={s['retain_weight']}" for s in grid] == [
+        ", ".join(f"{k}={v}" for k, v in varied.items()) for varied in varying_settings(rows)]
+    saved = json.loads(paths["json"].read_text())
+    assert saved["grid"]["grom"][chosen["chosen_index"]]["forget_quality"] == chosen["forget_quality"]
 
 
 def test_every_method_gets_the_same_grid_budget():
