@@ -52,6 +52,7 @@ class ATWUTrainer(UnlearningTrainer):
     """
 
     _name = "ATWU"
+    config_class = ATWUConfig
     _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
     default_hyperparameters: ClassVar[dict[str, float]] = {"gamma": 1.0, "alpha": 1.0}
 
@@ -70,22 +71,6 @@ class ATWUTrainer(UnlearningTrainer):
         self._last_scorer_step: int | None = None
 
     # ----- configuration -----------------------------------------------------------------------------------------
-
-    @classmethod
-    def _resolve_args(cls, args: Any, model: Any) -> ATWUConfig:
-        if args is None:
-            from trl.trainer.utils import get_config_model_id
-
-            name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = ATWUConfig(f"{str(name).rstrip('/').split('/')[-1]}-{cls._name}")
-        elif not isinstance(args, ATWUConfig):
-            import dataclasses
-
-            names = {f.name for f in dataclasses.fields(ATWUConfig) if f.init}
-            values = {k: v for k, v in args.to_dict().items() if k in names}
-            values["hub_token"] = args.hub_token
-            args = ATWUConfig(**values)
-        return super()._resolve_args(args, model)
 
     @classmethod
     def needs_reference_model(cls, args: UnlearningConfig) -> bool:

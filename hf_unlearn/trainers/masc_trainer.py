@@ -208,6 +208,7 @@ class MASCTrainer(UnlearningTrainer):
 
     _tag_names = ["trl", "hf-unlearn", "unlearning", "masc"]
     _name = "MASC"
+    config_class = MASCConfig
     default_hyperparameters: ClassVar[dict[str, float]] = {"gamma": 1.0, "alpha": 1.0}
 
     def __init__(
@@ -225,11 +226,9 @@ class MASCTrainer(UnlearningTrainer):
         quantization_config: Any = None,
         peft_config: Any = None,
     ):
-        if args is None:
-            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model") or "model"
-            args = MASCConfig(f"{str(name).rstrip('/').split('/')[-1]}-MASC")
-        elif not isinstance(args, MASCConfig):
+        if args is not None and not isinstance(args, MASCConfig):
             raise TypeError(f"MASCTrainer needs a MASCConfig, got {type(args).__name__}.")
+        args = self._resolve_args(args, model)
         if train_dataset is None:
             raise ValueError("`train_dataset` (the forget set) is required.")
         forget = train_dataset if isinstance(train_dataset, Dataset) else Dataset.from_list(list(train_dataset))

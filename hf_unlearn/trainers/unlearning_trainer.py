@@ -11,6 +11,7 @@ normalisation that is exact under gradient accumulation and data parallelism.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import warnings
 from collections import defaultdict
@@ -208,6 +209,8 @@ class UnlearningTrainer(SFTTrainer):
 
     _tag_names = ["trl", "hf-unlearn", "unlearning"]
     _name = "Unlearning"
+    # the config dataclass this trainer resolves its arguments to (subclasses with their own config set it)
+    config_class: ClassVar[type[UnlearningConfig]] = UnlearningConfig
     # compute_loss divides by the totals of the accumulation step itself (see LossDenominators)
     loss_is_scaled_for_ga = True
     # defaults for UnlearningConfig fields left at None, e.g. {"beta": 0.1}
@@ -289,13 +292,17 @@ class UnlearningTrainer(SFTTrainer):
 
     @classmethod
     def _resolve_args(cls, args: Any, model: Any) -> UnlearningConfig:
+        """``args`` as a ``cls.config_class``: a default one named after the model, or other training arguments
+        converted (their fields the config class has), then per-method defaults filled and checked."""
+        config_class = cls.config_class
         if args is None:
-            name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = UnlearningConfig(f"{str(name).rstrip('/').split('/')[-1]}-{cls._name}")
-        elif not isinstance(args, UnlearningConfig):
-            values = args.to_dict()
+            name = model if isinstance(model, str) else (get_config_model_id(model.config) or "model")
+            args = config_class(f"{str(name).rstrip('/').split('/')[-1]}-{cls._name}")
+        elif not isinstance(args, config_class):
+            names = {f.name for f in dataclasses.fields(config_class) if f.init}
+            values = {k: v for k, v in args.to_dict().items() if k in names}
             values["hub_token"] = args.hub_token
-            args = UnlearningConfig(**values)
+            args = config_class(**values)
         missing = {k: v for k, v in cls.default_hyperparameters.items() if getattr(args, k) is None}
         if missing:
             args = copy.copy(args)  # do not change the caller's config: another trainer may resolve it differently
