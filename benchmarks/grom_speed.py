@@ -48,28 +48,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import hf_unlearn  # noqa: F401
-    from hf_unlearn.data import RETAIN_FOR_FORGET, ensure_pad_token, load_tofu_rows
     from hf_unlearn.grom import GROMConfig, fit_grom
-    from hf_unlearn.speed import plain_forward_seconds
+    from hf_unlearn.speed import load_speed_subject, plain_forward_seconds
 
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.model:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-    else:
-        from hf_unlearn.testing import tiny_models
-        from hf_unlearn.tofu_tiny import load_tiny
-
-        model, tokenizer = load_tiny(tiny_models(cache_dir=args.cache_dir).target)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.to(device).eval()
-    ensure_pad_token(tokenizer)
-    forget = load_tofu_rows(args.forget_split, args.source)
-    retain = load_tofu_rows(RETAIN_FOR_FORGET[args.forget_split], args.source)
+    model, tokenizer, forget, retain, device = load_speed_subject(
+        args.model, args.cache_dir, args.device, args.source, args.forget_split)
 
     config = GROMConfig(
         target_modules=args.target_modules, layers="auto" if args.layers is None else args.layers,

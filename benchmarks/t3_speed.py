@@ -27,26 +27,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import LogitsProcessorList
 
     import hf_unlearn  # noqa: F401
-    from hf_unlearn.data import RETAIN_FOR_FORGET, build_prompt, ensure_pad_token, load_tofu_rows
-    from hf_unlearn.speed import generate_seconds
+    from hf_unlearn.speed import generation_speed, load_speed_subject
     from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3
 
     torch.manual_seed(args.seed)
-    if args.model:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-    else:
-        from hf_unlearn.testing import tiny_models
-        from hf_unlearn.tofu_tiny import load_tiny
-
-        model, tokenizer = load_tiny(tiny_models(cache_dir=args.cache_dir).target)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.to(device).eval()
-    ensure_pad_token(tokenizer)
-    forget = load_tofu_rows(args.forget_split, args.source)
-    retain = load_tofu_rows(RETAIN_FOR_FORGET[args.forget_split], args.source)
+    model, tokenizer, forget, retain, device = load_speed_subject(
+        args.model, args.cache_dir, args.device, args.source, args.forget_split)
 
     config = T3ClassifierConfig(rank=args.rank, layer=args.layer, pooling=args.pooling)
     clf = fit_t3(model, tokenizer, forget, retain, config, steps=args.fit_steps, progress=not args.quiet)
@@ -54,23 +40,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "fit_seconds", "cache_seconds", "train_seconds", "heldout_balanced_accuracy", "trainable_parameters",
         "parameter_share", "n_forget_prefixes", "n_retain_prefixes")}
 
-    tokenizer.padding_side = "left"
     questions = [r["question"] for pair in zip(forget, retain) for r in pair]
     rows = []
     for batch_size in args.batch_sizes:
-        enc = tokenizer([build_prompt(tokenizer, q) for q in questions[:batch_size]], return_tensors="pt", padding=True)
-        enc = {k: v.to(device) for k, v in enc.items()}
-        plain = generate_seconds(model, enc, args.max_new_tokens, None, args.repeats)
         proc = LogitsProcessorList([T3LogitsProcessor(model, clf, temperature=args.temperature, top_k=args.top_k)])
-        t3 = generate_seconds(model, enc, args.max_new_tokens, proc, args.repeats)
+        speed = generation_speed(model, tokenizer, questions[:batch_size], proc, args.max_new_tokens, args.repeats)
         n_tokens = batch_size * args.max_new_tokens
         rows.append({
             "batch_size": batch_size,
-            "plain_tokens_per_s": n_tokens / plain,
-            "t3_tokens_per_s": n_tokens / t3,
-            "t3_speed_ratio": plain / t3,
-            "plain_seconds": plain,
-            "t3_seconds": t3,
+            "plain_tokens_per_s": speed["plain_tokens_per_s"],
+            "t3_tokens_per_s": speed["tokens_per_s"],
+            "t3_speed_ratio": speed["speed_ratio"],
+            "plain_seconds": n_tokens / speed["plain_tokens_per_s"],
+            "t3_seconds": n_tokens / speed["tokens_per_s"],
         })
     return {
         "model": args.model or "tofu-tiny (test recipe)",

@@ -4,6 +4,8 @@
   floor for any method that reads the data (GROM's target: within 3x of it).
 * :func:`generate_seconds` / :func:`generation_speed`: greedy ``generate`` wall time on one batch
   with and without logits processors (T3's target: at least half the plain tokens per second).
+* :func:`load_speed_subject`: the model and forget/retain rows the speed scripts in
+  ``benchmarks/`` measure.
 """
 
 from __future__ import annotations
@@ -88,3 +90,27 @@ def generation_speed(model: Any, tokenizer: Any, questions: list[str], processor
     tilted = generate_seconds(model, enc, max_new_tokens, processors, repeats)
     return {"plain_tokens_per_s": n_tokens / plain, "tokens_per_s": n_tokens / tilted, "speed_ratio": plain / tilted,
             "batch_size": len(questions), "max_new_tokens": max_new_tokens}
+
+
+def load_speed_subject(model: str | None, cache_dir: str | None, device: str | None, source: str, forget_split: str
+                       ) -> tuple[Any, Any, list[dict[str, Any]], list[dict[str, Any]], torch.device]:
+    """``(model, tokenizer, forget rows, retain rows, device)``: ``model`` (a local folder or Hub id; default: the
+    cached TOFU-tiny test target) in eval mode on ``device`` (default: CUDA when available), pad token set."""
+    from .data import RETAIN_FOR_FORGET, ensure_pad_token, load_tofu_rows
+
+    if model:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype="auto")
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    else:
+        from .testing import tiny_models
+        from .tofu_tiny import load_tiny
+
+        lm, tokenizer = load_tiny(tiny_models(cache_dir=cache_dir).target)
+    target_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    lm.to(target_device).eval()
+    ensure_pad_token(tokenizer)
+    forget = load_tofu_rows(forget_split, source)
+    retain = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)
+    return lm, tokenizer, forget, retain, target_device
