@@ -45,12 +45,6 @@ def _common_args(output_dir: str, args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _nll(model: Any, tokenizer: Any, rows: list[dict[str, str]]) -> float:
-    from hf_unlearn.scoring import answer_nll
-
-    return float(answer_nll(model, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows]).mean())
-
-
 def _scores(report: dict[str, Any]) -> dict[str, Any]:
     keys = ("forget_quality", "model_utility", "forget_rouge_l", "forget_truth_ratio")
     return {k: report.get(k) for k in keys}
@@ -86,6 +80,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from hf_unlearn.data import synthetic_tofu
+    from hf_unlearn.scoring import mean_answer_nll
     from hf_unlearn.testing import tiny_models
     from hf_unlearn.tofu_tiny import load_tiny
     from hf_unlearn.trainers import (
@@ -127,7 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     rows: dict[str, dict[str, Any]] = {}
     target, tok = load_tiny(pair.target)
-    rows["target"] = {"forget_nll": _nll(target, tok, forget), "retain_nll": _nll(target, tok, retain)}
+    rows["target"] = {"forget_nll": mean_answer_nll(target, tok, forget), "retain_nll": mean_answer_nll(target, tok, retain)}
     # the target's own token NLL, for the NLL heuristic (a zero scorer only fills the unused score field)
     from hf_unlearn.trainers.token_scorer import score_tokens
 
@@ -148,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model.eval()
         row: dict[str, Any] = {
             "seconds": seconds, "steps": trainer.state.global_step,
-            "forget_nll": _nll(model, tok, forget), "retain_nll": _nll(model, tok, retain),
+            "forget_nll": mean_answer_nll(model, tok, forget), "retain_nll": mean_answer_nll(model, tok, retain),
         }
         if isinstance(trainer, ATWUTrainer):
             token_quality = token_score_quality(model, tok, trainer.scorer, forget, retain, target_token_nll)

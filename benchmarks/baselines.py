@@ -42,12 +42,6 @@ DEFAULT_LRS = (1e-4, 3e-4, 1e-3)
 RETAIN_NLL_SLACK = 0.5  # --no-eval selection: allowed rise of the retain answer NLL (nats/token)
 
 
-def _nll(model: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> float:
-    from hf_unlearn.scoring import answer_nll
-
-    return float(answer_nll(model, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows]).mean())
-
-
 def run_setting(
     method: str,
     learning_rate: float,
@@ -62,6 +56,7 @@ def run_setting(
 
     from hf_unlearn import trainers
     from hf_unlearn.benchmark import PeakMemory
+    from hf_unlearn.scoring import mean_answer_nll
     from hf_unlearn.tofu_tiny import load_tiny
 
     row: dict[str, Any] = {"method": method, "settings": {"learning_rate": learning_rate}, "error": None}
@@ -89,7 +84,7 @@ def run_setting(
                       **{k: getattr(trainer.args, k) for k in ("beta", "delta", "gamma", "alpha", "retain_loss")}},
             steps=trainer.state.global_step, seconds=seconds, peak_rss_mb=mem.peak_mb,
             peak_gpu_mb=torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
-            forget_nll=_nll(model, tokenizer, forget_rows), retain_nll=_nll(model, tokenizer, retain_rows),
+            forget_nll=mean_answer_nll(model, tokenizer, forget_rows), retain_nll=mean_answer_nll(model, tokenizer, retain_rows),
             trainable_share=1.0,
         )
         if reference is not None:
@@ -141,6 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from hf_unlearn.benchmark import choose_setting, markdown_table, reference_rows, write_results
     from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
+    from hf_unlearn.scoring import mean_answer_nll
     from hf_unlearn.testing import tiny_models
     from hf_unlearn.tofu_tiny import load_tiny, recipe_for
 
@@ -153,8 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     retain_rows = load_tofu_rows(RETAIN_FOR_FORGET["forget10"], args.source)
 
     target_model, tokenizer = load_tiny(pair.target)
-    target_row: dict[str, Any] = {"method": "target", "error": None, "forget_nll": _nll(target_model, tokenizer, forget_rows),
-                                  "retain_nll": _nll(target_model, tokenizer, retain_rows)}
+    target_row: dict[str, Any] = {"method": "target", "error": None, "forget_nll": mean_answer_nll(target_model, tokenizer, forget_rows),
+                                  "retain_nll": mean_answer_nll(target_model, tokenizer, retain_rows)}
     retain_row: dict[str, Any] = {"method": "retain reference", "error": None}
     reference = None
     if not args.no_eval:

@@ -34,17 +34,12 @@ def _common_args(output_dir: str, seed: int, batch_size: int) -> dict[str, Any]:
     )
 
 
-def _nll(model: Any, tokenizer: Any, rows: list[dict[str, str]]) -> float:
-    from hf_unlearn.scoring import answer_nll
-
-    return float(answer_nll(model, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows]).mean())
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every method and return the results (also written as JSON)."""
     import torch
 
     from hf_unlearn.data import synthetic_tofu
+    from hf_unlearn.scoring import mean_answer_nll
     from hf_unlearn.testing import tiny_models
     from hf_unlearn.tofu_tiny import load_tiny
     from hf_unlearn.trainers import GradDiffTrainer, MASCConfig, MASCTrainer, NPOTrainer, UnlearningConfig
@@ -83,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     rows: dict[str, dict[str, Any]] = {}
     target, tok = load_tiny(pair.target)
-    rows["target"] = {"forget_nll": _nll(target, tok, forget), "retain_nll": _nll(target, tok, retain)}
+    rows["target"] = {"forget_nll": mean_answer_nll(target, tok, forget), "retain_nll": mean_answer_nll(target, tok, retain)}
     if evaluate is not None:
         rows["target"].update(_scores(evaluate(target, tok, "target", reference)))
     for name in args.methods:
@@ -98,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model.eval()
         row: dict[str, Any] = {
             "seconds": seconds, "steps": trainer.state.global_step,
-            "forget_nll": _nll(model, tok, forget), "retain_nll": _nll(model, tok, retain),
+            "forget_nll": mean_answer_nll(model, tok, forget), "retain_nll": mean_answer_nll(model, tok, retain),
         }
         if isinstance(trainer, MASCTrainer):
             row["stop_step"] = trainer.stopped_at_step

@@ -12,7 +12,7 @@ and tilted one) provide their own scorer with the same signature, and everything
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +123,11 @@ def answer_log_likelihoods(
 def answer_nll(model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], **kwargs) -> np.ndarray:
     """Average per-token answer NLL for each (question, answer); see :func:`answer_log_likelihoods`."""
     return answer_log_likelihoods(model, tokenizer, questions, answers, **kwargs).avg_nll
+
+
+def mean_answer_nll(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], **kwargs) -> float:
+    """Mean over ``rows`` (``question``/``answer``) of each answer's average per-token NLL (:func:`answer_nll`)."""
+    return float(answer_nll(model, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows], **kwargs).mean())
 
 
 def multi_answer_nll(

@@ -12,6 +12,7 @@ from hf_unlearn.scoring import (
     answer_nll,
     causal_lm_scorer,
     label_log_probs,
+    mean_answer_nll,
     multi_answer_nll,
 )
 
@@ -123,3 +124,12 @@ def test_scoring_bad_input(tiny_target):
         answer_nll(model, tokenizer, ["a?", "b?"], ["x"])
     with pytest.raises(ValueError, match="padding_side"):
         answer_nll(model, tokenizer, ["a?"], ["x"], padding_side="center")
+
+
+def test_mean_answer_nll_averages_per_example_nll_over_rows(tiny_target, examples):
+    model, tokenizer = tiny_target
+    questions, answers = examples
+    per_example = [slow_answer_log_likelihood(model, tokenizer, q, a) for q, a in zip(questions, answers)]
+    expected = np.mean([-total / count for total, count in per_example])  # mean of averages, not pooled tokens
+    rows = [{"question": q, "answer": a} for q, a in zip(questions, answers)]
+    assert mean_answer_nll(model, tokenizer, rows, batch_size=4) == pytest.approx(expected, rel=1e-4)
