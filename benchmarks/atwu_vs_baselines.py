@@ -55,7 +55,7 @@ def token_score_quality(
     target_token_nll: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """AUROCs against forget-specific tokens: learned scores, uniform, target NLL, unlearned-model NLL."""
-    from hf_unlearn.trainers.token_scorer import answer_token_ids, auroc, score_tokens
+    from hf_unlearn.trainers.atwu.weighter import answer_token_ids, auroc, score_tokens
 
     retain_ids = answer_token_ids(tokenizer, retain)
     scored = score_tokens(model, tokenizer, scorer, forget)
@@ -79,13 +79,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every method and return the results (also written as JSON and a markdown table)."""
     import torch
 
+    from hf_unlearn.bench.subjects import load_tiny, tiny_models
     from hf_unlearn.data import synthetic_tofu
-    from hf_unlearn.scoring import mean_answer_nll
-    from hf_unlearn.testing import tiny_models
-    from hf_unlearn.tofu_tiny import load_tiny
+    from hf_unlearn.logprobs import mean_answer_nll
     from hf_unlearn.trainers import (
         ATWUConfig,
-        ATWUTokenScorer,
+        ATWUTokenWeighter,
         ATWUTrainer,
         GradDiffTrainer,
         NPOTrainer,
@@ -124,9 +123,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     target, tok = load_tiny(pair.target)
     rows["target"] = {"forget_nll": mean_answer_nll(target, tok, forget), "retain_nll": mean_answer_nll(target, tok, retain)}
     # the target's own token NLL, for the NLL heuristic (a zero scorer only fills the unused score field)
-    from hf_unlearn.trainers.token_scorer import score_tokens
+    from hf_unlearn.trainers.atwu.weighter import score_tokens
 
-    target_token_nll = score_tokens(target, tok, ATWUTokenScorer.for_model(target), forget)
+    target_token_nll = score_tokens(target, tok, ATWUTokenWeighter.for_model(target), forget)
     if evaluate is not None:
         rows["target"].update(_scores(evaluate(target, tok, "target", reference)))
     token_quality = None

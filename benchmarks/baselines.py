@@ -12,7 +12,7 @@ retain reference), model utility, forget ROUGE-L, forget truth ratio (from
 :func:`hf_unlearn.evaluation.evaluate_tofu`), average answer NLL on forget10 and retain90, wall seconds of
 ``trainer.train()`` and peak memory (resident set; GPU allocator peak on CUDA). The chosen setting of each method
 is the one with the highest forget quality keeping >= 90% of the target's model utility
-(:func:`hf_unlearn.benchmark.choose_setting`). Results: ``<out>/baselines.json``, ``baselines.md``, ``baselines.png``.
+(:func:`hf_unlearn.bench.runner.choose_setting`). Results: ``<out>/baselines.json``, ``baselines.md``, ``baselines.png``.
 
     python benchmarks/baselines.py --out runs/baselines                                   # full grid
     python benchmarks/baselines.py --methods grad_diff --lrs 3e-4 --epochs 1 --out /tmp/b  # smoke
@@ -55,9 +55,9 @@ def run_setting(
     import torch
 
     from hf_unlearn import trainers
-    from hf_unlearn.benchmark import PeakMemory
-    from hf_unlearn.scoring import mean_answer_nll
-    from hf_unlearn.tofu_tiny import load_tiny
+    from hf_unlearn.bench.runner import PeakMemory
+    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.logprobs import mean_answer_nll
 
     row: dict[str, Any] = {"method": method, "settings": {"learning_rate": learning_rate}, "error": None}
     try:
@@ -134,11 +134,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from tqdm.auto import tqdm
 
-    from hf_unlearn.benchmark import choose_setting, markdown_table, reference_rows, write_results
+    from hf_unlearn.bench.runner import choose_setting, markdown_table, reference_rows, write_results
+    from hf_unlearn.bench.subjects import load_tiny, recipe_for, tiny_models
     from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
-    from hf_unlearn.scoring import mean_answer_nll
-    from hf_unlearn.testing import tiny_models
-    from hf_unlearn.tofu_tiny import load_tiny, recipe_for
+    from hf_unlearn.logprobs import mean_answer_nll
 
     if args.threads:
         torch.set_num_threads(args.threads)

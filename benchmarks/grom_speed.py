@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import hf_unlearn  # noqa: F401
+    from hf_unlearn.bench.measure import load_speed_subject, plain_forward_seconds
     from hf_unlearn.grom import GROMConfig, fit_grom
-    from hf_unlearn.speed import load_speed_subject, plain_forward_seconds
 
     torch.manual_seed(args.seed)
     if args.threads:

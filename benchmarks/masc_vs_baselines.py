@@ -38,10 +38,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every method and return the results (also written as JSON)."""
     import torch
 
+    from hf_unlearn.bench.subjects import load_tiny, tiny_models
     from hf_unlearn.data import synthetic_tofu
-    from hf_unlearn.scoring import mean_answer_nll
-    from hf_unlearn.testing import tiny_models
-    from hf_unlearn.tofu_tiny import load_tiny
+    from hf_unlearn.logprobs import mean_answer_nll
     from hf_unlearn.trainers import GradDiffTrainer, MASCConfig, MASCTrainer, NPOTrainer, UnlearningConfig
 
     torch.manual_seed(args.seed)

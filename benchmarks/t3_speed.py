@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import LogitsProcessorList
 
     import hf_unlearn  # noqa: F401
-    from hf_unlearn.speed import generation_speed, load_speed_subject
+    from hf_unlearn.bench.measure import generation_speed, load_speed_subject
     from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3
 
     torch.manual_seed(args.seed)

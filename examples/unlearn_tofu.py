@@ -17,11 +17,11 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_unlearn.benchmark import reference_rows
+from hf_unlearn.bench.registry import METHODS, run_method
+from hf_unlearn.bench.runner import reference_rows
+from hf_unlearn.bench.subjects import TinyPair, build_tiny_pair, recipe_for
 from hf_unlearn.data import FORGET_SPLITS, RETAIN_FOR_FORGET, load_tofu_rows
 from hf_unlearn.evaluation import evaluate_tofu, format_report_table
-from hf_unlearn.methods import METHODS, run_method
-from hf_unlearn.tofu_tiny import TinyPair, build_tiny_pair, recipe_for
 
 
 def main() -> None:

@@ -48,9 +48,9 @@ def _load_model(name_or_path: str):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .benchmark import run_comparison, write_results
-    from .methods import METHODS
-    from .tofu_tiny import build_tiny_pair, recipe_for
+    from .bench.registry import METHODS
+    from .bench.runner import run_comparison, write_results
+    from .bench.subjects import build_tiny_pair, recipe_for
 
     methods = args.methods or list(METHODS)
     print(f"hf-unlearn demo: synthetic fictitious authors, tiny Llama models, methods: {', '.join(methods) or 'none'}")
@@ -71,8 +71,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_unlearn(args: argparse.Namespace) -> int:
+    from .bench.registry import METHODS, run_method
     from .data import RETAIN_FOR_FORGET, load_tofu_rows
-    from .methods import METHODS, run_method
 
     if args.method not in METHODS:
         raise UserError(f"Unknown method {args.method!r}; choose from {', '.join(sorted(METHODS))}.")
@@ -129,9 +129,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .benchmark import run_comparison, write_results
-    from .methods import METHODS
-    from .tofu_tiny import TinyPair, build_tiny_pair, recipe_for
+    from .bench.registry import METHODS
+    from .bench.runner import run_comparison, write_results
+    from .bench.subjects import TinyPair, build_tiny_pair, recipe_for
 
     methods = args.methods or list(METHODS)
     if args.model:
@@ -155,9 +155,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
-    from .benchmark import format_gate, reference_rows, sanity_gate
+    from .bench.runner import format_gate, reference_rows, sanity_gate
+    from .bench.subjects import build_tiny_pair, recipe_for
     from .evaluation import write_json_atomic
-    from .tofu_tiny import build_tiny_pair, recipe_for
 
     pair = build_tiny_pair(args.data, args.split, recipe_for(args.size), cache_dir=args.cache_dir, progress=True)
     target_report, retain_report = reference_rows(pair, args.data, args.split, {"max_examples": args.max_examples})

@@ -557,7 +557,7 @@ def push_unlearned(
     """Push an unlearned artifact with its model card (and report) to the Hub in one commit.
 
     ``artifact`` is a GROM edit, a T3 classifier head, a model or PEFT adapter from a trainer, a
-    folder where one was saved, or a :class:`hf_unlearn.methods.Unlearned` result (its artifact,
+    folder where one was saved, or a :class:`hf_unlearn.bench.registry.Unlearned` result (its artifact,
     method and settings are used). Its kind is detected (or pass ``kind=``). Refused before anything
     is uploaded: no token, a report for another base model or forget split, a report lacking the
     card metrics, a card template missing a field, an artifact saving pickle files.
@@ -565,7 +565,7 @@ def push_unlearned(
     ``base_model`` overrides the base recorded in the artifact (e.g. the Hub id of a local base);
     the report must name one of the two. Returns the ``huggingface_hub.CommitInfo``.
     """
-    if _is_unlearned_result(artifact):  # hf_unlearn.methods.Unlearned: push its native artifact
+    if _is_unlearned_result(artifact):  # hf_unlearn.bench.registry.Unlearned: push its native artifact
         method = method or artifact.method
         settings = dict(artifact.settings) if settings is None else settings
         artifact = artifact.artifact
@@ -611,7 +611,7 @@ def push_unlearned(
 
 
 def _is_unlearned_result(obj: Any) -> bool:
-    from .methods import Unlearned
+    from .bench.registry import Unlearned
 
     return isinstance(obj, Unlearned)
 

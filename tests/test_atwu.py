@@ -150,10 +150,10 @@ def test_entropy_and_budget_penalty():
 
 
 def test_scorer_forward_save_load_and_hidden_size_check(tmp_path):
-    from hf_unlearn.trainers import ATWUTokenScorer
+    from hf_unlearn.trainers import ATWUTokenWeighter
 
     torch.manual_seed(0)
-    scorer = ATWUTokenScorer(8)
+    scorer = ATWUTokenWeighter(8)
     h = torch.randn(2, 5, 8, requires_grad=True)
     assert torch.allclose(scorer(h), torch.full((2, 5), 0.5))  # w = 0, b = 0: undecided
     with torch.no_grad():
@@ -166,16 +166,16 @@ def test_scorer_forward_save_load_and_hidden_size_check(tmp_path):
     assert h.grad is None  # hidden states enter detached: nothing flows back into the model
     scorer.save_pretrained(tmp_path)
     assert {p.name for p in tmp_path.iterdir()} == {"atwu_scorer.safetensors", "atwu_scorer_config.json"}
-    again = ATWUTokenScorer.from_pretrained(tmp_path, hidden_size=8)
+    again = ATWUTokenWeighter.from_pretrained(tmp_path, hidden_size=8)
     torch.testing.assert_close(again(h), scorer(h))
     with pytest.raises(ValueError, match="Hidden size mismatch"):
-        ATWUTokenScorer.from_pretrained(tmp_path, hidden_size=16)
+        ATWUTokenWeighter.from_pretrained(tmp_path, hidden_size=16)
     with pytest.raises(ValueError, match="width 4"):
         scorer(torch.randn(1, 3, 4))
 
 
 def test_auroc_helper_matches_pairwise_definition():
-    from hf_unlearn.trainers.token_scorer import auroc, forget_specific_auroc
+    from hf_unlearn.trainers.atwu.weighter import auroc, forget_specific_auroc
 
     gen = torch.Generator().manual_seed(3)
     s = torch.randint(0, 5, (40,), generator=gen).double().tolist()  # ties on purpose
@@ -270,17 +270,17 @@ def test_model_step_and_scorer_step_are_isolated(tiny_target, synthetic, tmp_pat
 
 
 def test_scorer_hidden_size_mismatch_is_refused(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.trainers import ATWUTokenScorer
+    from hf_unlearn.trainers import ATWUTokenWeighter
 
     with pytest.raises(ValueError, match="Hidden size mismatch"):
-        _trainer(tiny_target, synthetic, tmp_path, scorer=ATWUTokenScorer(32))
+        _trainer(tiny_target, synthetic, tmp_path, scorer=ATWUTokenWeighter(32))
 
 
 def test_atwu_learns_forget_specific_tokens_and_reloads(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.scoring import answer_nll
-    from hf_unlearn.tofu_tiny import load_tiny
-    from hf_unlearn.trainers import ATWUTokenScorer
-    from hf_unlearn.trainers.token_scorer import answer_token_ids, forget_specific_auroc, score_tokens
+    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.logprobs import answer_nll
+    from hf_unlearn.trainers import ATWUTokenWeighter
+    from hf_unlearn.trainers.atwu.weighter import answer_token_ids, forget_specific_auroc, score_tokens
 
     torch.manual_seed(0)
     trainer = _trainer(tiny_target, synthetic, tmp_path)
@@ -309,13 +309,13 @@ def test_atwu_learns_forget_specific_tokens_and_reloads(tiny_target, synthetic, 
     trainer.save_model(str(out))
     assert (out / "atwu_scorer.safetensors").is_file() and (out / "model.safetensors").is_file()
     model2, tok2 = load_tiny(out)
-    scorer2 = ATWUTokenScorer.from_pretrained(out, model=model2)
+    scorer2 = ATWUTokenWeighter.from_pretrained(out, model=model2)
     again = score_tokens(model2, tok2, scorer2, forget_rows)
     for a, b in zip(scores, again):
         assert a["token_ids"] == b["token_ids"]
         torch.testing.assert_close(torch.tensor(a["scores"]), torch.tensor(b["scores"]), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="Hidden size mismatch"):
-        ATWUTokenScorer.from_pretrained(out, hidden_size=model2.config.hidden_size * 2)
+        ATWUTokenWeighter.from_pretrained(out, hidden_size=model2.config.hidden_size * 2)
 
 
 @pytest.mark.parametrize("forget_loss", ["npo", "simnpo"])

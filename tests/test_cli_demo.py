@@ -10,9 +10,9 @@ import re
 import pytest
 from conftest import CACHE_DIR
 
-from hf_unlearn.benchmark import COLUMNS, choose_setting
+from hf_unlearn.bench.registry import METHODS
+from hf_unlearn.bench.runner import COLUMNS, choose_setting
 from hf_unlearn.cli import main
-from hf_unlearn.methods import METHODS
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_unlearn_and_eval_commands(tiny_pair, tmp_path, capsys):
 
 
 def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair, tmp_path):
-    from hf_unlearn.benchmark import run_comparison, varying_settings, write_results
+    from hf_unlearn.bench.runner import run_comparison, varying_settings, write_results
 
     grid = METHODS["grom"].grid
     results = run_comparison(tiny_pair, ["grom"], grid=True, source="synthetic", forget_split="forget10",

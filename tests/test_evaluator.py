@@ -14,6 +14,7 @@ from rouge_score import rouge_scorer
 from scipy.stats import hmean, ks_2samp
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from hf_unlearn.bench.subjects import load_tiny
 from hf_unlearn.evaluation import (
     COMPONENT_NAMES,
     evaluate_tofu,
@@ -23,8 +24,7 @@ from hf_unlearn.evaluation import (
     quantize_nf4,
     save_truth_ratios,
 )
-from hf_unlearn.scoring import answer_nll, causal_lm_scorer
-from hf_unlearn.tofu_tiny import load_tiny
+from hf_unlearn.logprobs import answer_nll, causal_lm_scorer
 
 FAST = {"source": "synthetic", "max_new_tokens": 32, "batch_size": 32, "progress": False}
 

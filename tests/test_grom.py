@@ -10,7 +10,7 @@ import torch
 
 from hf_unlearn.grom import GROMConfig, fit_grom, grom_objective, lora_factors, solve_grom, woodbury_drop
 from hf_unlearn.grom.solve import normal_matrix
-from hf_unlearn.scoring import answer_nll
+from hf_unlearn.logprobs import answer_nll
 
 # Hyperparameters that give a strong, specific effect on the tiny memorizing model (see the report).
 STRONG = dict(target_modules="lm_head", forget_weight=10.0, suppression_margin=30.0, ridge=1e-2, progress=False)
@@ -86,7 +86,7 @@ def sets(synthetic):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_pair):
-    from hf_unlearn.tofu_tiny import load_tiny
+    from hf_unlearn.bench.subjects import load_tiny
 
     return load_tiny(tiny_pair.target)
 
@@ -116,7 +116,7 @@ def test_edit_unlearns_forget_much_more_than_retain(tiny, sets, strong_edit):
 def test_lora_round_trip_is_exact(tiny, tiny_pair, sets, tmp_path):
     from peft import PeftModel
 
-    from hf_unlearn.tofu_tiny import load_tiny
+    from hf_unlearn.bench.subjects import load_tiny
 
     model, tok = tiny
     forget, retain = sets

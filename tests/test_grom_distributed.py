@@ -21,7 +21,7 @@ WORKER = textwrap.dedent(
 
     from hf_unlearn.data import synthetic_tofu
     from hf_unlearn.grom import GROMConfig, fit_grom
-    from hf_unlearn.tofu_tiny import load_tiny
+    from hf_unlearn.bench.subjects import load_tiny
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)

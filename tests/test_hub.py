@@ -63,8 +63,8 @@ def test_model_round_trip_native_and_push_unlearned(hub, tiny_target):
     from huggingface_hub import ModelCard
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hf_unlearn.bench.registry import Unlearned
     from hf_unlearn.hub import push_unlearned
-    from hf_unlearn.methods import Unlearned
 
     model, tokenizer = tiny_target
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -82,7 +82,7 @@ def test_model_round_trip_native_and_push_unlearned(hub, tiny_target):
     report = dict(REPORT, base_model=base_id)
     before = len(hub.requests)
     result = Unlearned(method="npo", model=model, artifact=model, settings={"beta": 0.1, "learning_rate": 1e-4},
-                       trainable_params=1, total_params=1)  # what hf_unlearn.methods.run_method returns
+                       trainable_params=1, total_params=1)  # what hf_unlearn.bench.registry.run_method returns
     info = push_unlearned(result, "tester/tiny-npo", report, token=hub.token, tokenizer=tokenizer,
                           base_model=base_id, dataset="synthetic")
     commits = hub.commits("tester/tiny-npo")

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from hf_unlearn.logprobs import label_log_probs
 from hf_unlearn.losses import (
     answer_mask,
     grad_ascent_loss,
@@ -17,7 +18,6 @@ from hf_unlearn.losses import (
     sequence_log_probs,
     simnpo_loss,
 )
-from hf_unlearn.scoring import label_log_probs
 
 
 def _random_batch(seed: int = 0, batch: int = 5, length: int = 9, vocab: int = 11):

@@ -148,8 +148,9 @@ def _independent_violation_rate(model, tokenizer, rows, top_k, tau):
 def test_masc_stops_by_rule_on_tiny_model(tiny_target, synthetic, tmp_path):
     import json
 
-    from hf_unlearn.trainers import MASCTrainer
     from hf_unlearn.trainers.masc_trainer import STOPPING_FILE
+
+    from hf_unlearn.trainers import MASCTrainer
 
     model, tok = tiny_target
     forget, retain = synthetic["forget10"], synthetic["retain90"]

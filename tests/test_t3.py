@@ -10,8 +10,9 @@ import torch
 from transformers import AutoConfig, AutoModel, LogitsProcessorList
 
 import hf_unlearn  # noqa: F401  (registers the T3 classes with the Auto classes)
+from hf_unlearn.bench.subjects import TinyRecipe, build_tiny_llama, load_tiny
 from hf_unlearn.data import build_prompt, collate_qa, tokenize_qa
-from hf_unlearn.scoring import answer_nll
+from hf_unlearn.logprobs import answer_nll
 from hf_unlearn.t3 import (
     T3Classifier,
     T3ClassifierConfig,
@@ -24,7 +25,6 @@ from hf_unlearn.t3 import (
     tilted_log_probs,
     tree_attention_mask,
 )
-from hf_unlearn.tofu_tiny import TinyRecipe, build_tiny_llama, load_tiny
 
 
 # ----------------------------------------------------------------------------- helpers

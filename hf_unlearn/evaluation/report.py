@@ -5,30 +5,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from ..safe_output import atomic_write_json
 
 TRUTH_RATIOS_FORMAT = "hf_unlearn.tofu_forget_truth_ratios"
 
 
 def write_json_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """Write ``obj`` as JSON to ``path`` through a temporary file and a rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_json(path, obj)
 
 
 def save_truth_ratios(report: Mapping[str, Any], path: str | os.PathLike) -> Path:

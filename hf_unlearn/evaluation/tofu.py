@@ -4,7 +4,7 @@ For each split (``{forget_split}_perturbed``, ``retain_perturbed``, ``real_autho
 ``world_facts_perturbed``), as in TOFU (Maini et al., 2024):
 
 * answer, paraphrased-answer and perturbed-answer losses (average per-token NLL), teacher-forced
-  through :mod:`hf_unlearn.scoring` (so a custom ``scorer``, e.g. T3's tilted one, plugs in);
+  through :mod:`hf_unlearn.logprobs` (so a custom ``scorer``, e.g. T3's tilted one, plugs in);
 * probability: ``exp(-loss(answer))`` on forget/retain, the normalised
   ``p(answer) / (p(answer) + sum_j p(perturbed_j))`` on real authors / world facts;
 * truth ratio ``tr_i = exp(loss(true_i) - mean_j loss(perturbed_ij))``, with the paraphrased
@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from .. import __version__
 from ..data import FORGET_SPLITS, TOFU_HUB_ID, ensure_pad_token, load_tofu_rows
-from ..scoring import TokenScorer, answer_nll, multi_answer_nll
+from ..logprobs import TokenScorer, answer_nll, multi_answer_nll
 from . import metrics
 from .generation import generate_answers
 from .report import checked_truth_ratios, load_truth_ratios, write_json_atomic

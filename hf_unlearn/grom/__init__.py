@@ -7,8 +7,8 @@ LoRA adapter, with exact per-example influence by the Woodbury identity.
     edit.save_pretrained("grom-adapter")  # PeftModel.from_pretrained(base, "grom-adapter")
 """
 
+from .attribution import attribution_scores, find_target_modules, select_band
 from .config import GROMConfig
-from .layers import attribution_scores, find_target_modules, select_band
 from .model import GROMEdit, fit_grom
 from .peft_export import LoraFactors, lora_factors
 from .solve import GROMSolution, grom_objective, normal_matrix, solve_grom, woodbury_drop

@@ -35,7 +35,7 @@ class GROMConfig:
         stream (``d_out == hidden_size``) or be the LM head, so that their targets can be read through the
         final norm and unembedding.
     layers:
-        ``"auto"`` (logit-lens attribution, see :mod:`hf_unlearn.grom.layers`) or an explicit list of layer
+        ``"auto"`` (logit-lens attribution, see :mod:`hf_unlearn.grom.attribution`) or an explicit list of layer
         indices; applies to layered modules (the LM head is not layered and is always edited when targeted).
     num_layers:
         Width of the contiguous band of layers chosen by ``layers="auto"``.

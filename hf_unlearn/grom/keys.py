@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.prompts import IGNORE_INDEX
-from .layers import TargetModule, direct_contributions
+from .attribution import TargetModule, direct_contributions
 from .targets import logit_lens_rows, margin_and_competitors, margin_gradient_logits, margin_gradient_residual
 
 

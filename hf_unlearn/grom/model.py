@@ -23,9 +23,9 @@ import torch
 
 from ..data.pairing import overlapping_examples
 from ..data.prompts import IGNORE_INDEX, collate_qa, ensure_pad_token, tokenize_qa
+from .attribution import TargetModule, attribution_scores, find_target_modules, select_band
 from .config import GROMConfig
 from .keys import KeyCollector, _dist
-from .layers import TargetModule, attribution_scores, find_target_modules, select_band
 from .peft_export import adapter_state_dict, lora_config, lora_factors, save_adapter, to_peft_model
 from .solve import GROMSolution, solve_grom, woodbury_drop
 from .targets import corruption_targets, random_direction, specificity_weights, suppression_targets

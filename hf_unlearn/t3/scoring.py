@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from ..data.prompts import IGNORE_INDEX
-from ..scoring import TokenScorer
+from ..logprobs import TokenScorer
 from .hidden import cache_kwargs, check_attention, crop_cache_to, layer_hidden, positions_from_mask
 from .modeling import T3Classifier
 from .processor import validate_t3_arguments
@@ -45,7 +45,7 @@ def t3_log_probs(
     return_details: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token T3 log-probabilities of ``labels`` (``[B, L]``, aligned like
-    :func:`hf_unlearn.scoring.label_log_probs`: ``out[:, t] = log q(labels[:, t] | input_ids[:, :t])``,
+    :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t] = log q(labels[:, t] | input_ids[:, :t])``,
     0 where ``labels == -100`` and at ``t = 0``).
 
     Answer tokens (``labels != -100``) are the tokens the classifier pools over. With
@@ -146,7 +146,7 @@ def t3_scorer(
     tilt_weight: float = 1.0,
     **kwargs: Any,
 ) -> TokenScorer:
-    """A :data:`hf_unlearn.scoring.TokenScorer` scoring answers under T3 (for ``answer_log_likelihoods``
+    """A :data:`hf_unlearn.logprobs.TokenScorer` scoring answers under T3 (for ``answer_log_likelihoods``
     and the TOFU evaluator's ``scorer=``). Arguments are validated once, here."""
     validate_t3_arguments(temperature, top_k, tilt_weight, kwargs.get("allow_temperature_below_one", False))
     classifier.check_base(model, check_name=kwargs.get("check_base_name", True))

@@ -1,5 +1,10 @@
-"""TRL trainer subclasses for unlearning: the shared base, the baselines, and the seed methods."""
-# ruff: noqa: F401, I001  (a plain list of re-exports; method modules append their own import lines below)
+"""TRL trainer subclasses for unlearning: the shared base, the baselines, and the seed methods.
+
+Layout: ``unlearning_config.py`` / ``unlearning_trainer.py`` (the base every method shares), ``baselines.py``
+(GradAscent, GradDiff, NPO, SimNPO), and one folder per seed method (``masc/``, ``atwu/``) holding its config
+and trainer. Each method's loss formulas live in :mod:`hf_unlearn.losses` (``losses/<family>.py``).
+"""
+# ruff: noqa: F401, I001  (a plain list of re-exports)
 
 from .unlearning_config import UnlearningConfig
 from .unlearning_trainer import (
@@ -12,8 +17,5 @@ from .unlearning_trainer import (
     to_trl_format,
 )
 from .baselines import GradAscentTrainer, GradDiffTrainer, NPOTrainer, SimNPOTrainer
-from .atwu_config import ATWUConfig
-from .atwu_trainer import ATWUTrainer
-from .token_scorer import ATWUTokenScorer
-from .masc_config import MASCConfig
-from .masc_trainer import MASCTrainer, MarginStoppingCallback
+from .atwu import ATWUConfig, ATWUTokenWeighter, ATWUTrainer
+from .masc import MarginStoppingCallback, MASCConfig, MASCTrainer

@@ -27,8 +27,8 @@ from trl import SFTTrainer
 from trl.trainer.utils import create_model_from_path, get_config_model_id
 
 from ..data import format_qa, has_chat_template, overlapping_examples, retain_partner_indices
+from ..logprobs import label_log_probs
 from ..losses import answer_mask, kl_retain_loss, nll_loss, sequence_log_probs
-from ..scoring import label_log_probs
 from .unlearning_config import UnlearningConfig
 
 RETAIN_PREFIX = "retain_"
@@ -135,7 +135,7 @@ class ScoredBatch:
     """One forward pass over a (forget or retain) batch.
 
     ``token_log_probs[b, t] = log p(labels[b, t] | < t)`` on answer tokens (0 elsewhere), computed from ``logits``
-    by :func:`hf_unlearn.scoring.label_log_probs`; ``mask`` marks the scored positions; ``outputs`` is the raw model
+    by :func:`hf_unlearn.logprobs.label_log_probs`; ``mask`` marks the scored positions; ``outputs`` is the raw model
     output (hidden states are there when the forward was asked for them).
     """
 
@@ -394,7 +394,7 @@ class UnlearningTrainer(SFTTrainer):
 
     def score(self, model: Any, inputs: dict[str, Any], prefix: str = "", **forward_kwargs) -> ScoredBatch:
         """Forward ``model`` on the ``prefix`` part of the batch (``""`` forget, ``"retain_"`` retain) and score
-        its labels with :func:`hf_unlearn.scoring.label_log_probs`. Extra keyword arguments go to the forward
+        its labels with :func:`hf_unlearn.logprobs.label_log_probs`. Extra keyword arguments go to the forward
         (e.g. ``output_hidden_states=True``)."""
         labels = inputs[prefix + "labels"]
         outputs = model(

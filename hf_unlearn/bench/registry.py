@@ -70,7 +70,7 @@ def _as_dataset(rows: Any) -> Any:
 
 def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlearned]:
     def run(model, tokenizer, forget, retain, output_dir, settings):
-        from . import trainers
+        from .. import trainers
 
         trainer_cls = getattr(trainers, trainer_name)
         config_cls = getattr(trainers, config_name)
@@ -98,7 +98,7 @@ def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlear
 
 
 def _run_grom(model, tokenizer, forget, retain, output_dir, settings):
-    from .grom import GROMConfig, fit_grom
+    from ..grom import GROMConfig, fit_grom
 
     edit = fit_grom(model, tokenizer, forget, retain, GROMConfig(progress=False, **settings))
     total = _num_params(model)
@@ -116,7 +116,7 @@ def _run_grom(model, tokenizer, forget, retain, output_dir, settings):
 def _run_t3(model, tokenizer, forget, retain, output_dir, settings):
     from transformers import LogitsProcessorList
 
-    from .t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
+    from ..t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
 
     config_kwargs = dict(settings)
     decoding = {k: config_kwargs.pop(k) for k in ("temperature", "top_k", "tilt_weight") if k in config_kwargs}

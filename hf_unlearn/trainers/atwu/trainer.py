@@ -1,6 +1,6 @@
 """ATWU (Alternating Token-Weighted Unlearning): unlearning with a learned per-token forget score.
 
-A linear scorer ``g_t = sigmoid(<w, h_t> + b)`` (:class:`~hf_unlearn.trainers.token_scorer.ATWUTokenScorer`) on the
+A linear scorer ``g_t = sigmoid(<w, h_t> + b)`` (:class:`~hf_unlearn.trainers.atwu.weighter.ATWUTokenWeighter`) on the
 model's detached last-layer hidden states weights each forget answer token. Model and scorer are updated
 alternately:
 
@@ -24,25 +24,25 @@ from typing import Any, ClassVar
 import torch
 from datasets import Dataset
 
-from ..data.prompts import tokenize_qa
-from ..losses import (
+from ...data.prompts import tokenize_qa
+from ...losses import (
     budget_penalty,
     satga_plus_loss,
     score_entropy,
     weighted_npo_loss,
     weighted_simnpo_loss,
 )
-from .atwu_config import ATWUConfig
-from .token_scorer import ATWUTokenScorer, model_hidden_size, score_token_features
-from .unlearning_config import UnlearningConfig
-from .unlearning_trainer import LossDenominators, UnlearningTrainer, to_trl_format
+from ..unlearning_config import UnlearningConfig
+from ..unlearning_trainer import LossDenominators, UnlearningTrainer, to_trl_format
+from .config import ATWUConfig
+from .weighter import ATWUTokenWeighter, model_hidden_size, score_token_features
 
 
 class ATWUTrainer(UnlearningTrainer):
     """Alternating Token-Weighted Unlearning on the shared :class:`UnlearningTrainer`.
 
-    Takes the base trainer's arguments plus ``scorer`` (an :class:`ATWUTokenScorer` to start from, e.g. one
-    reloaded with ``ATWUTokenScorer.from_pretrained``; default: a fresh one, every token scored ``budget``). ``args`` must
+    Takes the base trainer's arguments plus ``scorer`` (an :class:`ATWUTokenWeighter` to start from, e.g. one
+    reloaded with ``ATWUTokenWeighter.from_pretrained``; default: a fresh one, every token scored ``budget``). ``args`` must
     be an :class:`ATWUConfig` (a plain ``UnlearningConfig`` / ``TrainingArguments`` is converted, ATWU fields at
     their defaults).
 
@@ -56,12 +56,12 @@ class ATWUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
     default_hyperparameters: ClassVar[dict[str, float]] = {"gamma": 1.0, "alpha": 1.0}
 
-    def __init__(self, model: Any, args: ATWUConfig | None = None, *more: Any, scorer: ATWUTokenScorer | None = None, **kwargs: Any):
+    def __init__(self, model: Any, args: ATWUConfig | None = None, *more: Any, scorer: ATWUTokenWeighter | None = None, **kwargs: Any):
         super().__init__(model, args, *more, **kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
         hidden = model_hidden_size(unwrapped)
         if scorer is None:  # every token starts at the budget: b = logit(budget), w = 0
-            scorer = ATWUTokenScorer(hidden, init_bias=math.log(self.args.budget / (1.0 - self.args.budget)))
+            scorer = ATWUTokenWeighter(hidden, init_bias=math.log(self.args.budget / (1.0 - self.args.budget)))
         elif scorer.hidden_size != hidden:
             raise ValueError(
                 f"Hidden size mismatch: the given ATWU scorer has hidden size {scorer.hidden_size}, the model {hidden}."

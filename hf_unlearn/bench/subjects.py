@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .data.prompts import collate_qa, tokenize_qa
+from ..data.prompts import collate_qa, tokenize_qa
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 
@@ -245,7 +245,7 @@ def build_tiny_pair(
     reference on the same rows minus everything of the forget authors. Both share one BPE tokenizer trained on
     all evaluation text (answers, paraphrases, perturbed answers).
     """
-    from .data import RETAIN_FOR_FORGET, load_tofu_rows
+    from ..data import RETAIN_FOR_FORGET, load_tofu_rows
 
     recipe = recipe or recipe_for("test")
     retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)
@@ -286,3 +286,15 @@ def paraphrase_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in rows
         if r.get("paraphrased_answer")
     ]
+
+
+
+def tiny_models(
+    source: str = "synthetic",
+    forget_split: str = "forget10",
+    recipe: TinyRecipe | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> TinyPair:
+    """Target (memorizes every author) and retain reference on the synthetic set, test size."""
+    return build_tiny_pair(source, forget_split, recipe, cache_dir, progress)

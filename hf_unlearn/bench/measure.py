@@ -27,7 +27,7 @@ def plain_forward_seconds(model: Any, tokenizer: Any, rows: list[dict[str, Any]]
 
     Batches are length-sorted and right-padded, as GROM's key collection does them.
     """
-    from .data import collate_qa, ensure_pad_token, tokenize_qa
+    from ..data import collate_qa, ensure_pad_token, tokenize_qa
 
     ensure_pad_token(tokenizer)
     device = next(model.parameters()).device
@@ -74,7 +74,7 @@ def generation_speed(model: Any, tokenizer: Any, questions: list[str], processor
     Returns ``plain_tokens_per_s``, ``tokens_per_s`` (with the processors) and ``speed_ratio`` =
     with / plain (1.0 means no slowdown).
     """
-    from .data import build_prompt, ensure_pad_token
+    from ..data import build_prompt, ensure_pad_token
 
     ensure_pad_token(tokenizer)
     side = tokenizer.padding_side
@@ -96,7 +96,7 @@ def load_speed_subject(model: str | None, cache_dir: str | None, device: str | N
                        ) -> tuple[Any, Any, list[dict[str, Any]], list[dict[str, Any]], torch.device]:
     """``(model, tokenizer, forget rows, retain rows, device)``: ``model`` (a local folder or Hub id; default: the
     cached TOFU-tiny test target) in eval mode on ``device`` (default: CUDA when available), pad token set."""
-    from .data import RETAIN_FOR_FORGET, ensure_pad_token, load_tofu_rows
+    from ..data import RETAIN_FOR_FORGET, ensure_pad_token, load_tofu_rows
 
     if model:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -104,8 +104,7 @@ def load_speed_subject(model: str | None, cache_dir: str | None, device: str | N
         lm = AutoModelForCausalLM.from_pretrained(model, dtype="auto")
         tokenizer = AutoTokenizer.from_pretrained(model)
     else:
-        from .testing import tiny_models
-        from .tofu_tiny import load_tiny
+        from .subjects import load_tiny, tiny_models
 
         lm, tokenizer = load_tiny(tiny_models(cache_dir=cache_dir).target)
     target_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .unlearning_config import UnlearningConfig
+from ..unlearning_config import UnlearningConfig
 
 
 @dataclass

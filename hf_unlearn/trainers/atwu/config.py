@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .unlearning_config import UnlearningConfig
+from ..unlearning_config import UnlearningConfig
 
 ATWU_FORGET_LOSSES = ("satga", "npo", "simnpo")
 # `beta` of the (weighted) NPO / SimNPO forget losses when the config leaves it at None

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_unlearn.data import tokenize_qa
-from hf_unlearn.scoring import (
+from hf_unlearn.logprobs import (
     answer_log_likelihoods,
     answer_nll,
     causal_lm_scorer,

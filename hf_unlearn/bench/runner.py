@@ -102,7 +102,7 @@ def choose_setting(grid_rows: Sequence[dict[str, Any]], target_utility: float) -
 
 def quantized_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]], eval_kwargs: dict[str, Any]) -> float:
     """Forget ROUGE-L recall of greedy answers from the NF4-quantized copy of ``model``."""
-    from .evaluation import generate_answers, quantize_nf4, rouge_l_recall
+    from ..evaluation import generate_answers, quantize_nf4, rouge_l_recall
 
     quantized = quantize_nf4(model)
     answers = generate_answers(
@@ -134,9 +134,9 @@ def run_one(
     """Unlearn a fresh copy of the target with one method/setting, evaluate it; one result row."""
     from transformers import AutoModelForCausalLM
 
-    from .evaluation import evaluate_tofu
-    from .methods import run_method
-    from .speed import generation_speed
+    from ..evaluation import evaluate_tofu
+    from .measure import generation_speed
+    from .registry import run_method
 
     row: dict[str, Any] = {"method": method, "settings": settings, "error": None}
     work = Path(work_dir or tempfile.mkdtemp(prefix=f"hf_unlearn_{method}_"))
@@ -183,7 +183,7 @@ def nf4_check(row: dict[str, Any], result: Any, report: dict[str, Any], tokenize
 
 
 def _forget_eval_rows(source: str, forget_split: str, n: int) -> list[dict[str, Any]]:
-    from .data import load_tofu_rows
+    from ..data import load_tofu_rows
 
     return load_tofu_rows(f"{forget_split}_perturbed", source)[:n]
 
@@ -198,9 +198,9 @@ def _jsonable(value: Any) -> bool:
 
 def reference_rows(pair: Any, source: str, forget_split: str, eval_kwargs: dict[str, Any]) -> tuple[dict, dict]:
     """Evaluate the target and the retain reference; returns (target report, retain report)."""
-    from .evaluation import evaluate_tofu
-    from .evaluation.metrics import forget_quality
-    from .tofu_tiny import load_tiny
+    from ..evaluation import evaluate_tofu
+    from ..evaluation.metrics import forget_quality
+    from .subjects import load_tiny
 
     retain_model, tokenizer = load_tiny(pair.retain)
     retain_report = evaluate_tofu(retain_model, tokenizer, source=source, forget_split=forget_split, progress=False, **eval_kwargs)
@@ -268,9 +268,9 @@ def run_comparison(
     """
     from transformers import AutoTokenizer
 
-    from .data import RETAIN_FOR_FORGET, load_tofu_rows
-    from .methods import METHODS
-    from .tofu_tiny import load_tiny
+    from ..data import RETAIN_FOR_FORGET, load_tofu_rows
+    from .registry import METHODS
+    from .subjects import load_tiny
 
     eval_kwargs = dict(eval_kwargs or {})
     unknown = [m for m in methods if m not in METHODS]
@@ -289,7 +289,7 @@ def run_comparison(
         target_row["forget_rouge_l_nf4"] = quantized_forget_rouge(target_model, tokenizer, _forget_eval_rows(source, forget_split, n), eval_kwargs)
     plain_forward = None
     if "grom" in methods:  # GROM's floor: one plain forward pass over forget + retain, in this process
-        from .speed import plain_forward_seconds
+        from .measure import plain_forward_seconds
 
         target_model, _ = load_tiny(pair.target)
         target_model.eval()
@@ -345,7 +345,7 @@ def environment_info() -> dict[str, Any]:
                                 cwd=Path(__file__).resolve().parent).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    from . import __version__
+    from .. import __version__
 
     return {
         "hf_unlearn": __version__, "python": sys.version.split()[0], "versions": versions,
@@ -453,7 +453,7 @@ def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) 
 def write_results(results: dict[str, Any], out_dir: str | os.PathLike, name: str, meta: dict[str, Any]) -> dict[str, Path]:
     """Write ``<name>.json`` (results + environment + meta), ``<name>.md`` (chosen settings),
     ``<name>_grid.md`` (every setting) and ``<name>.png``."""
-    from .evaluation import write_json_atomic
+    from ..evaluation import write_json_atomic
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

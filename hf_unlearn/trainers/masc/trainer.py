@@ -20,7 +20,7 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from ..losses import (
+from ...losses import (
     answer_mask,
     kl_retain_loss,
     margin_hinge_loss,
@@ -28,14 +28,14 @@ from ..losses import (
     masc_violation_counts,
     restricted_margin,
 )
-from .masc_config import MASCConfig
-from .unlearning_trainer import (
+from ..unlearning_trainer import (
     MODEL_COLUMNS,
     RETAIN_PREFIX,
     LossDenominators,
     UnlearningTrainer,
     to_trl_format,
 )
+from .config import MASCConfig
 
 logger = logging.getLogger(__name__)
 

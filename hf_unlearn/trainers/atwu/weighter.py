@@ -1,11 +1,11 @@
 """ATWU's learned token scorer and helpers to judge its scores.
 
-:class:`ATWUTokenScorer` is the linear probe ``g_t = sigmoid(<w, h - mu> + b)`` on the model's
+:class:`ATWUTokenWeighter` is the linear probe ``g_t = sigmoid(<w, h - mu> + b)`` on the model's
 (detached) last-layer hidden state ``h`` at the position where answer token ``t``'s loss is computed,
 i.e. the state from which the model predicts it (``h_{t-1}``, the same shift as
-:func:`hf_unlearn.scoring.label_log_probs`). It is saved beside the unlearned model as
+:func:`hf_unlearn.logprobs.label_log_probs`). It is saved beside the unlearned model as
 ``atwu_scorer.safetensors`` plus ``atwu_scorer_config.json`` and reloaded with
-:meth:`ATWUTokenScorer.from_pretrained`, which refuses a model of another hidden size.
+:meth:`ATWUTokenWeighter.from_pretrained`, which refuses a model of another hidden size.
 
 :func:`forget_specific_auroc` measures how well per-token scores separate *forget-specific*
 tokens, a proxy for ground-truth forget spans: tokens whose id never occurs in the retain
@@ -42,7 +42,7 @@ def model_hidden_size(model: Any) -> int:
     return int(size)
 
 
-class ATWUTokenScorer(nn.Module):
+class ATWUTokenWeighter(nn.Module):
     """Linear token scorer ``g_t = sigmoid(<w, h_t - mu> + b)``.
 
     ``h_t`` is the model's last-layer hidden state, *detached* (the scorer never sends gradient into the model);
@@ -68,7 +68,7 @@ class ATWUTokenScorer(nn.Module):
         self.register_buffer("num_center_updates", torch.zeros((), dtype=torch.long))
 
     @classmethod
-    def for_model(cls, model: Any, init_bias: float = 0.0) -> ATWUTokenScorer:
+    def for_model(cls, model: Any, init_bias: float = 0.0) -> ATWUTokenWeighter:
         """A fresh scorer sized for ``model``'s hidden states, on ``model``'s device."""
         scorer = cls(model_hidden_size(model), init_bias=init_bias)
         try:
@@ -99,7 +99,7 @@ class ATWUTokenScorer(nn.Module):
         return torch.sigmoid(self.logits(hidden_states, center))
 
     def label_scores(self, hidden_states: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores aligned with the labels as :func:`hf_unlearn.scoring.label_log_probs` is, ``[B, L, H] -> [B, L]``:
+        """Scores aligned with the labels as :func:`hf_unlearn.logprobs.label_log_probs` is, ``[B, L, H] -> [B, L]``:
         ``out[:, t] = g(h_{t-1})``, the hidden state from which the model predicts ``labels[:, t]`` (where that
         token's loss is computed). ``out[:, 0]`` (no context, never scored) is ``g(h_0)``."""
         g = self(hidden_states, center)
@@ -134,7 +134,7 @@ class ATWUTokenScorer(nn.Module):
     @classmethod
     def from_pretrained(
         cls, directory: str | os.PathLike, model: Any | None = None, hidden_size: int | None = None
-    ) -> ATWUTokenScorer:
+    ) -> ATWUTokenWeighter:
         """Load a scorer saved by :meth:`save_pretrained` (e.g. an ATWU output folder).
 
         With ``model`` (or ``hidden_size``) given, a scorer trained on hidden states of another
@@ -187,7 +187,7 @@ def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndar
 
 def answer_token_ids(tokenizer: Any, rows: Iterable[dict[str, Any]]) -> set[int]:
     """Every token id that occurs in the answers of ``rows`` (tokenized as the trainers do)."""
-    from ..data.prompts import IGNORE_INDEX, tokenize_qa
+    from ...data.prompts import IGNORE_INDEX, tokenize_qa
 
     ids: set[int] = set()
     for row in rows:
@@ -224,7 +224,7 @@ def forget_specific_auroc(
 @torch.no_grad()
 def score_token_features(
     model: Any,
-    scorer: ATWUTokenScorer,
+    scorer: ATWUTokenWeighter,
     features: Sequence[dict[str, list[int]]],
     pad_token_id: int,
     tokenizer: Any = None,
@@ -235,14 +235,14 @@ def score_token_features(
     answer), one ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per example, in order.
 
     The score of answer token ``t`` reads the last-layer hidden state at ``t`` (right padding, explicit position
-    ids, model in eval mode); ``token_nll`` is ``-log p(y_t | y_<t)`` from :func:`hf_unlearn.scoring.label_log_probs`.
+    ids, model in eval mode); ``token_nll`` is ``-log p(y_t | y_<t)`` from :func:`hf_unlearn.logprobs.label_log_probs`.
     ``tokens`` holds the token strings when ``tokenizer`` is given.
     """
     from tqdm.auto import tqdm
 
-    from ..data.prompts import collate_qa
-    from ..losses import answer_mask
-    from ..scoring import label_log_probs
+    from ...data.prompts import collate_qa
+    from ...logprobs import label_log_probs
+    from ...losses import answer_mask
 
     try:
         device = next(model.parameters()).device
@@ -283,14 +283,14 @@ def score_token_features(
 def score_tokens(
     model: Any,
     tokenizer: Any,
-    scorer: ATWUTokenScorer,
+    scorer: ATWUTokenWeighter,
     rows: Iterable[dict[str, Any]],
     batch_size: int = 16,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Per-token scores of the answers of TOFU rows (``question``/``answer``) under ``model`` and ``scorer``, e.g.
     a reloaded ATWU output folder; the tokens are those of :func:`hf_unlearn.data.tokenize_qa` (the trainers')."""
-    from ..data.prompts import ensure_pad_token, tokenize_qa
+    from ...data.prompts import ensure_pad_token, tokenize_qa
 
     if scorer.hidden_size != model_hidden_size(model):
         raise ValueError(
