@@ -1,17 +1,111 @@
 """Re-check an unlearned model after 4-bit NF4 quantization (merge in full precision, then quantize).
 
-Unlearning that only nudges weights a little can be undone by quantization (the quantized model
-recovers the forgotten answers), so results should be re-evaluated on the NF4 model.
-bitsandbytes >= 0.45 runs NF4 layers on CPU as well as on CUDA.
+Unlearning that only nudges weights a little can be undone by quantization (the quantized model recovers the
+forgotten answers), so results should be re-evaluated on the NF4 model.
+
+Two ways to get the NF4 model, chosen by ``quantize_nf4(..., method=...)``:
+
+* ``"roundtrip"`` (the default): every weight that ``BitsAndBytesConfig(load_in_4bit=True,
+  bnb_4bit_quant_type="nf4")`` would quantize is quantized and dequantized through bitsandbytes' own
+  ``quantize_4bit``/``dequantize_4bit`` (block size 64, no double quantization: that config's defaults), and the
+  model is evaluated in full precision. The weights are exactly the NF4 weights; the result does not depend on
+  which matmul kernel bitsandbytes picks on a given CPU or GPU.
+* ``"bnb"``: the real ``bitsandbytes.nn.Linear4bit`` layers. On CPUs with AVX512-BF16, bitsandbytes 0.50 repacks
+  NF4 weights for a fused CPU kernel that only accepts ``out_features % 32 == 0`` and ``in_features % 64 == 0``
+  (it asserts ``N must be divisible by block_n`` otherwise), and its generic CPU path computes rows that are not
+  whole 64-weight blocks wrongly; on CPU, layers of those shapes fall back to the round trip of their own
+  quantized weights (:func:`cpu_packed_kernel_accepts`), so the path works, and is right, on every CPU.
 """
 
 from __future__ import annotations
 
 import copy
 import tempfile
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from torch import nn
+
+NF4_BLOCKSIZE = 64
+"""Block size of ``BitsAndBytesConfig``'s 4-bit quantization (one absmax scale per 64 weights)."""
+
+CPU_PACKED_BLOCK_N = 32
+"""Output-feature block of bitsandbytes' AVX512-BF16 CPU kernel (``_convert_weight_packed_for_cpu``)."""
+
+NF4_CODE = (
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+)
+"""The 16 NF4 code values (quantiles of N(0, 1) normalised to [-1, 1]; QLoRA, Dettmers et al. 2023)."""
+
+
+def _require_bitsandbytes() -> Any:
+    try:
+        import bitsandbytes.functional as bnb_functional
+    except ImportError as err:  # pragma: no cover - bitsandbytes is an optional extra
+        raise ImportError(
+            "The NF4 re-check needs bitsandbytes: pip install 'hf-unlearn[quantization]'."
+        ) from err
+    return bnb_functional
+
+
+def nf4_roundtrip(weight: torch.Tensor, blocksize: int = NF4_BLOCKSIZE, double_quant: bool = False) -> torch.Tensor:
+    """NF4 quantize-dequantize ``weight`` (``[out, in]``) exactly as bitsandbytes stores it.
+
+    Over the row-major flattening of ``W``, block ``b`` of ``blocksize`` weights gets the scale
+    ``s_b = max_i |W_i|`` and every weight its nearest code value:
+    ``W_hat_i = s_b * c[argmin_j |W_i / s_b - c_j|]`` with ``c`` = :data:`NF4_CODE`. With ``double_quant`` the
+    scales are themselves quantized (bitsandbytes' ``compress_statistics``). Computed by bitsandbytes'
+    ``quantize_4bit``/``dequantize_4bit``; returned in ``weight``'s dtype.
+    """
+    functional = _require_bitsandbytes()
+    source = weight.detach().float().contiguous()
+    packed, state = functional.quantize_4bit(
+        source, blocksize=blocksize, compress_statistics=double_quant, quant_type="nf4"
+    )
+    return dequantize_nf4_flat(packed, state).reshape(weight.shape).to(weight.dtype)
+
+
+def dequantize_nf4_flat(packed: torch.Tensor, state: Any) -> torch.Tensor:
+    """Dequantize bitsandbytes NF4 bytes over the row-major flattening of the weight.
+
+    The packed bytes and block scales of ``quantize_4bit`` follow the flattened weight. bitsandbytes 0.50's CPU
+    ``dequantize_4bit`` (and ``matmul_4bit``) mis-assign the scales of a 2-D weight whose rows are not whole
+    64-weight blocks (measured: errors of order 1 on a ``[64, 176]`` weight), so the state is flattened first.
+    Returns a tensor of ``state.shape``.
+    """
+    functional = _require_bitsandbytes()
+    flat = copy.copy(state)
+    flat.shape = torch.Size([int(torch.Size(state.shape).numel())])
+    return functional.dequantize_4bit(packed.reshape(-1, 1), flat).reshape(state.shape)
+
+
+def nf4_roundtrip_reference(weight: torch.Tensor, blocksize: int = NF4_BLOCKSIZE) -> torch.Tensor:
+    """Slow pure-torch reference of :func:`nf4_roundtrip` (no double quantization), for tests."""
+    flat = weight.detach().float().reshape(-1)
+    code = torch.tensor(NF4_CODE)
+    out = torch.empty_like(flat)
+    for start in range(0, flat.numel(), blocksize):
+        block = flat[start : start + blocksize]
+        scale = block.abs().max()
+        if scale == 0:
+            out[start : start + blocksize] = 0.0
+            continue
+        index = (block[:, None] / scale - code[None, :]).abs().argmin(dim=1)
+        out[start : start + blocksize] = code[index] * scale
+    return out.reshape(weight.shape).to(weight.dtype)
+
+
+def cpu_packed_kernel_accepts(out_features: int, in_features: int, blocksize: int = NF4_BLOCKSIZE) -> bool:
+    """Whether bitsandbytes' AVX512-BF16 CPU kernel can repack an NF4 weight of this shape.
+
+    ``_convert_weight_packed_for_cpu`` needs ``out_features % 32 == 0`` and whole quantization blocks per row
+    (``in_features % blocksize == 0``, hence even); any other shape raises inside bitsandbytes. Rows that are not
+    whole blocks are also computed wrongly by bitsandbytes 0.50's generic CPU ``matmul_4bit``
+    (:func:`dequantize_nf4_flat`), so on CPU every refused shape takes the round trip.
+    """
+    return out_features % CPU_PACKED_BLOCK_N == 0 and in_features % blocksize == 0
 
 
 def _is_peft_model(model: Any) -> bool:
@@ -22,41 +116,120 @@ def _is_peft_model(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def quantize_nf4(
-    model: Any, compute_dtype: torch.dtype = torch.float32, device: str | torch.device | None = None
-) -> Any:
-    """A 4-bit NF4 copy of ``model`` (the input is left untouched).
+def _modules_to_quantize(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules ``BitsAndBytesConfig(load_in_4bit=True)`` replaces: ``nn.Linear`` and GPT-2 ``Conv1D``, minus the
+    output head, tied weights and the last module (transformers' ``get_keys_to_not_convert``)."""
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
 
-    PEFT adapters are merged into a copy of the full-precision weights first; the merged model is
-    saved (safetensors) to a temporary folder and reloaded with
-    ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")``, which quantizes every
-    linear layer except the output head to blockwise NF4 (64 weights per block, one absmax scale).
-    ``device`` defaults to the model's device (CPU works with bitsandbytes >= 0.45).
-    """
     try:
-        import bitsandbytes  # noqa: F401
-    except ImportError as err:  # pragma: no cover - bitsandbytes is a dependency
-        raise ImportError("quantize_nf4 needs bitsandbytes (pip install bitsandbytes).") from err
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+        skip = get_keys_to_not_convert(model)
+    except Exception:  # noqa: BLE001 - non-standard models: skip only the output head
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        skip = [name for name, module in model.named_modules() if head is not None and module is head]
 
+    def skipped(name: str) -> bool:
+        return any(name == key or name.endswith("." + key) or name.startswith(key + ".") for key in skip)
+
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if (type(module) is nn.Linear or isinstance(module, Conv1D)) and not skipped(name)
+    ]
+
+
+def _merged_copy(model: Any) -> Any:
     if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
         raise ValueError("The model is already quantized; quantize the full-precision (merged) model.")
     if _is_peft_model(model):
-        model = copy.deepcopy(model).merge_and_unload()
+        return copy.deepcopy(model).merge_and_unload()
     if not hasattr(model, "save_pretrained"):
         raise ValueError(f"quantize_nf4 needs a transformers PreTrainedModel, got {type(model).__name__}.")
+    return copy.deepcopy(model)
+
+
+def _roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
+    from transformers.pytorch_utils import Conv1D
+
+    quantized = _merged_copy(model).to(device=device, dtype=compute_dtype)
+    with torch.no_grad():
+        for _, module in _modules_to_quantize(quantized):
+            if isinstance(module, Conv1D):  # weight is [in, out]; bitsandbytes quantizes its [out, in] transpose
+                module.weight.copy_(nf4_roundtrip(module.weight.t()).t())
+            else:
+                module.weight.copy_(nf4_roundtrip(module.weight))
+    quantized.eval()
+    return quantized
+
+
+def _bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    merged = _merged_copy(model)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+    with tempfile.TemporaryDirectory(prefix="hf_unlearn_nf4_") as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        quantized = AutoModelForCausalLM.from_pretrained(
+            tmp, quantization_config=config, device_map={"": str(device)}, dtype=compute_dtype
+        )
+    if device.type == "cpu":
+        _fallback_unpackable_layers(quantized, compute_dtype)
+    quantized.eval()
+    return quantized
+
+
+def _fallback_unpackable_layers(model: nn.Module, compute_dtype: torch.dtype) -> list[str]:
+    """Replace every CPU ``Linear4bit`` whose shape the AVX512-BF16 kernel refuses by a full-precision
+    ``nn.Linear`` holding that layer's own dequantized NF4 weight (the round trip). Returns the replaced names."""
+    import bitsandbytes as bnb
+
+    replaced = []
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, bnb.nn.Linear4bit):
+            continue
+        if cpu_packed_kernel_accepts(module.out_features, module.in_features, module.weight.quant_state.blocksize):
+            continue
+        weight = dequantize_nf4_flat(module.weight.data, module.weight.quant_state)
+        linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+        with torch.no_grad():
+            linear.weight.copy_(weight.reshape(module.out_features, module.in_features))
+            if module.bias is not None:
+                linear.bias.copy_(module.bias)
+        linear.to(device=weight.device, dtype=compute_dtype).requires_grad_(False)
+        model.set_submodule(name, linear)
+        replaced.append(name)
+    return replaced
+
+
+def quantize_nf4(
+    model: Any,
+    compute_dtype: torch.dtype = torch.float32,
+    device: str | torch.device | None = None,
+    method: Literal["roundtrip", "bnb"] = "roundtrip",
+) -> Any:
+    """A 4-bit NF4 copy of ``model`` (the input is left untouched).
+
+    PEFT adapters are merged into a copy of the full-precision weights first. Every linear layer except the output
+    head is quantized to blockwise NF4 (64 weights per block, one absmax scale), as
+    ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")`` does. ``method="roundtrip"`` (default)
+    evaluates the dequantized NF4 weights in ``compute_dtype``, independent of the CPU's kernels;
+    ``method="bnb"`` loads real ``Linear4bit`` layers (saved as safetensors, reloaded with that config), with the
+    round trip for shapes the AVX512-BF16 CPU kernel refuses. ``device`` defaults to the model's device.
+
+    Example::
+
+        >>> nf4 = quantize_nf4(unlearned_model)           # same weights on every machine
+        >>> nf4_real = quantize_nf4(unlearned_model, method="bnb")
+    """
+    _require_bitsandbytes()
+    if method not in ("roundtrip", "bnb"):
+        raise ValueError(f"method must be 'roundtrip' or 'bnb', got {method!r}.")
     if device is None:
         try:
             device = next(model.parameters()).device
         except StopIteration:
             device = torch.device("cpu")
-    config = BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype
-    )
-    with tempfile.TemporaryDirectory(prefix="hf_unlearn_nf4_") as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        quantized = AutoModelForCausalLM.from_pretrained(
-            tmp, quantization_config=config, device_map={"": str(device)}, dtype=compute_dtype
-        )
-    quantized.eval()
-    return quantized
+    device = torch.device(device)
+    if method == "roundtrip":
+        return _roundtrip_model(model, compute_dtype, device)
+    return _bnb_model(model, compute_dtype, device)

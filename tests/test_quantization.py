@@ -1,0 +1,132 @@
+"""NF4 re-check: the round trip equals a slow reference, and the real ``Linear4bit`` path agrees with it on shapes
+that bitsandbytes' AVX512-BF16 CPU kernel accepts and refuses, with that kernel's path forced on and off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hf_unlearn.evaluation import quantize_nf4
+from hf_unlearn.evaluation.quantization import (
+    cpu_packed_kernel_accepts,
+    nf4_roundtrip,
+    nf4_roundtrip_reference,
+)
+from hf_unlearn.logprobs import answer_nll
+
+
+@pytest.mark.parametrize("shape", [(176, 64), (64, 176), (96, 64), (32, 128), (5, 13)])
+def test_nf4_roundtrip_equals_slow_reference(shape):
+    torch.manual_seed(0)
+    weight = torch.randn(*shape) * 0.05
+    fast = nf4_roundtrip(weight)
+    torch.testing.assert_close(fast, nf4_roundtrip_reference(weight), rtol=0, atol=1e-6)
+    assert not torch.equal(fast, weight)
+    assert len(torch.unique(fast[: min(shape[0], 1)].reshape(-1)[:64])) <= 16  # 16 code values per block
+
+
+def test_cpu_kernel_shape_rule():
+    assert cpu_packed_kernel_accepts(64, 192) and cpu_packed_kernel_accepts(192, 64)
+    assert not cpu_packed_kernel_accepts(176, 64)  # N % 32 != 0: "N must be divisible by block_n"
+    assert not cpu_packed_kernel_accepts(64, 176)  # a row that is not whole 64-weight blocks
+    assert not cpu_packed_kernel_accepts(80, 80)
+
+
+SHAPES = {"refused": (80, 176), "accepted": (64, 192)}  # (hidden, intermediate): every linear refused / accepted
+
+
+def _tiny_llama(shapes: str) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, intermediate = SHAPES[shapes]
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def _logits(model: nn.Module) -> torch.Tensor:
+    ids = torch.arange(24).reshape(2, 12) % 96
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+def test_roundtrip_model_holds_exact_nf4_weights_and_leaves_input(tiny_target, synthetic):
+    model, tokenizer = tiny_target
+    original = model.model.layers[0].mlp.down_proj.weight.detach().clone()
+    head = model.lm_head.weight.detach().clone()
+    quantized = quantize_nf4(model)
+    torch.testing.assert_close(quantized.model.layers[0].mlp.down_proj.weight, nf4_roundtrip(original))
+    torch.testing.assert_close(quantized.lm_head.weight, head)  # the output head stays full precision
+    torch.testing.assert_close(model.model.layers[0].mlp.down_proj.weight, original)  # input untouched
+    rows = synthetic["forget10"][:8]
+    qs, ans = [r["question"] for r in rows], [r["answer"] for r in rows]
+    before = answer_nll(model, tokenizer, qs, ans, batch_size=8)
+    after = answer_nll(quantized, tokenizer, qs, ans, batch_size=8)
+    assert np.abs(after - before).mean() < 0.1  # 4-bit error, not garbage
+    assert after.mean() < 1.0  # still recalls what it memorised
+
+
+def test_nf4_quantization_merges_peft_adapters(tiny_target, synthetic):
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny_target
+    rows = synthetic["retain90"][:6]
+    qs, ans = [r["question"] for r in rows], [r["answer"] for r in rows]
+    base_nll = answer_nll(model, tokenizer, qs, ans, batch_size=6)
+    torch.manual_seed(0)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["down_proj"], init_lora_weights=False))
+    merged_nll = answer_nll(peft_model, tokenizer, qs, ans, batch_size=6)
+    assert np.abs(merged_nll - base_nll).mean() > 0.2  # the random adapter really changes the model
+    quantized = quantize_nf4(peft_model)
+    assert not hasattr(quantized, "peft_config") or not quantized.peft_config
+    assert np.abs(answer_nll(quantized, tokenizer, qs, ans, batch_size=6) - merged_nll).mean() < 0.1
+    np.testing.assert_allclose(answer_nll(peft_model, tokenizer, qs, ans, batch_size=6), merged_nll, rtol=1e-5)
+
+
+def _kernel_cases():
+    import bitsandbytes.functional as functional
+
+    real = bool(functional.has_avx512bf16())
+    # (forced AVX512-BF16 flag, shapes). Accepted shapes run the packed kernel only where the CPU really has the
+    # feature; refused shapes must never reach it, whatever the flag says.
+    cases = [(False, "refused"), (False, "accepted"), (True, "refused")]
+    if real:
+        cases.append((True, "accepted"))
+    return cases
+
+
+@pytest.mark.parametrize(("avx512bf16", "shapes"), _kernel_cases())
+def test_bnb_path_agrees_with_roundtrip_on_every_kernel_path(monkeypatch, avx512bf16, shapes):
+    import bitsandbytes as bnb
+    import bitsandbytes.nn.modules as bnb_modules
+
+    monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: avx512bf16)
+    model = _tiny_llama(shapes)
+    real = quantize_nf4(model, method="bnb")
+    roundtrip = quantize_nf4(model, method="roundtrip")
+    block = real.model.layers[0]
+    layers = [block.mlp.up_proj, block.mlp.down_proj, block.self_attn.q_proj, block.self_attn.o_proj]
+    for layer in layers:
+        # refused shapes fall back to their own dequantized NF4 weights; accepted ones stay real Linear4bit
+        assert isinstance(layer, bnb.nn.Linear4bit) == (shapes == "accepted"), (shapes, type(layer).__name__)
+    reference = _logits(roundtrip)
+    out = _logits(real)
+    assert torch.isfinite(out).all()
+    # same NF4 weights; only the matmul precision of the kernel differs (bf16 in the packed CPU kernel)
+    assert (out - reference).abs().max() <= 0.02 * reference.abs().max() + 1e-4
+    full = _logits(model)
+    assert (reference - full).abs().max() > 1e-5  # quantization really happened
+
+
+def test_bnb_path_refuses_a_quantized_model(monkeypatch):
+    model = _tiny_llama("refused")
+    real = quantize_nf4(model, method="bnb")
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize_nf4(real)
+    with pytest.raises(ValueError, match="method"):
+        quantize_nf4(model, method="int3")
