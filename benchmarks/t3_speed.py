@@ -1,10 +1,13 @@
 """T3 speed: classifier fit seconds and generation tokens/s of T3 against plain ``generate``.
 
-Fits a T3 head on the TOFU-tiny target (synthetic ``forget10`` vs ``retain90``; or ``--model`` /
-``--source`` for a real model and TOFU copy), then times greedy generation of ``--max-new-tokens``
-tokens (EOS suppressed until then, so both runs produce the same number of tokens) for forget and
-retain questions at each batch size, plain and with :class:`~hf_unlearn.t3.T3LogitsProcessor`
-(one warm-up call, then the median of ``--repeats``). Prints a table and writes JSON.
+Fits a T3 guidance head on the TOFU-tiny target (synthetic ``forget10`` vs ``retain90``; or ``--model``
+/ ``--source`` for a real model and TOFU copy), reporting its fit time in two parts (caching the pooled
+states, training the head), then times greedy generation of ``--max-new-tokens`` tokens (EOS
+suppressed until then, so both runs produce the same number of tokens) for forget and retain
+questions at each batch size, plain and with :class:`~hf_unlearn.t3.T3LogitsProcessor`, in the same
+process (one warm-up each, then plain and T3 alternately ``--repeats`` times; medians). The
+processor reads the hidden states of generate's own forward passes, so the target is >= 0.9x plain.
+Prints a table and writes JSON.
 
     python benchmarks/t3_speed.py --out runs/t3_speed.json
     python benchmarks/t3_speed.py --repeats 1 --batch-sizes 1 4 --max-new-tokens 16   # smoke
@@ -13,9 +16,7 @@ retain questions at each batch size, plain and with :class:`~hf_unlearn.t3.T3Log
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,17 +35,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer, forget, retain, device = load_speed_subject(
         args.model, args.cache_dir, args.device, args.source, args.forget_split)
 
-    config = T3ClassifierConfig(rank=args.rank, layer=args.layer, pooling=args.pooling)
-    clf = fit_t3(model, tokenizer, forget, retain, config, steps=args.fit_steps, progress=not args.quiet)
+    config = T3ClassifierConfig(rank=args.rank, layer=args.layer, steps=args.fit_steps,
+                                temperature=args.temperature, tilt_weight=args.tilt_weight)
+    clf = fit_t3(model, tokenizer, forget, retain, config, progress=not args.quiet)
     fit = {k: clf.fit_report[k] for k in (
         "fit_seconds", "cache_seconds", "train_seconds", "heldout_balanced_accuracy", "trainable_parameters",
-        "parameter_share", "n_forget_prefixes", "n_retain_prefixes")}
+        "parameter_share", "n_forget_positions", "n_retain_positions")}
 
     questions = [r["question"] for pair in zip(forget, retain) for r in pair]
     rows = []
     for batch_size in args.batch_sizes:
-        proc = LogitsProcessorList([T3LogitsProcessor(model, clf, temperature=args.temperature, top_k=args.top_k)])
-        speed = generation_speed(model, tokenizer, questions[:batch_size], proc, args.max_new_tokens, args.repeats)
+        with T3LogitsProcessor(model, clf) as t3:
+            speed = generation_speed(model, tokenizer, questions[:batch_size], LogitsProcessorList([t3]),
+                                     args.max_new_tokens, args.repeats)
         n_tokens = batch_size * args.max_new_tokens
         rows.append({
             "batch_size": batch_size,
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
         "settings": {k: getattr(args, k) for k in (
-            "forget_split", "source", "rank", "layer", "pooling", "temperature", "top_k", "max_new_tokens",
+            "forget_split", "source", "rank", "layer", "temperature", "tilt_weight", "max_new_tokens",
             "repeats", "fit_steps")},
         "fit": fit,
         "generation": rows,
@@ -84,32 +87,21 @@ def _table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from hf_unlearn.bench.measure import add_speed_subject_arguments
+    from hf_unlearn.bench.report import run_speed_script
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="local causal LM folder (default: the TOFU-tiny target)")
-    parser.add_argument("--source", default="synthetic", help="TOFU source: 'synthetic', Hub id or local folder")
-    parser.add_argument("--forget-split", default="forget10")
-    parser.add_argument("--cache-dir", default=None, help="cache of the tiny models")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--layer", type=int, default=1)
-    parser.add_argument("--pooling", default="mean", choices=["mean", "last"])
-    parser.add_argument("--fit-steps", type=int, default=500)
+    add_speed_subject_arguments(parser)
+    parser.add_argument("--rank", type=int, default=20)
+    parser.add_argument("--layer", type=int, default=-1)
+    parser.add_argument("--fit-steps", type=int, default=300)
     parser.add_argument("--temperature", type=float, default=2.0)
-    parser.add_argument("--top-k", type=int, default=20)
+    parser.add_argument("--tilt-weight", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="write the JSON here as well")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 1])
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
-    result = run(args)
-    print(_table(result))
-    print(json.dumps(result, indent=2))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
-    return result
+    return run_speed_script(parser, run, _table, argv)
 
 
 if __name__ == "__main__":

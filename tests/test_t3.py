@@ -1,8 +1,10 @@
-"""T3 (Temper-Then-Tilt): tilt math vs slow references, processor vs re-encoding from scratch,
-teacher-forced scoring, unlearning effect on the tiny memorizing model, save/load, refusals."""
+"""T3 (Temper-Then-Tilt) with the authors' per-vocabulary guidance head: tilt math and exact scoring vs slow
+references, the hook-based logits processor vs plain generate and vs the exact scorer, padding independence,
+the unlearning effect on the tiny memorizing model, save/load, truncation, refusals."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -12,75 +14,83 @@ from transformers import AutoConfig, AutoModel, LogitsProcessorList
 import hf_unlearn  # noqa: F401  (registers the T3 classes with the Auto classes)
 from hf_unlearn.bench.subjects import TinyRecipe, build_tiny_llama, load_tiny
 from hf_unlearn.data import build_prompt, collate_qa, tokenize_qa
-from hf_unlearn.logprobs import answer_nll
+from hf_unlearn.logprobs import answer_nll, label_log_probs
 from hf_unlearn.t3 import (
     T3Classifier,
     T3ClassifierConfig,
     T3LogitsProcessor,
-    candidates_with_target,
+    causal_mean_pool,
     fit_t3,
-    prefix_pooled_states,
     t3_log_probs,
     t3_scorer,
     tilted_log_probs,
-    tree_attention_mask,
+    tilted_scores,
 )
+from hf_unlearn.t3.hidden import layer_hidden
 
 
 # ----------------------------------------------------------------------------- helpers
-def random_classifier(model, layer: int = -1, pooling: str = "mean", scale: float = 20.0, seed: int = 0) -> T3Classifier:
+def random_head(model, layer: int = -1, scale: float = 3.0, seed: int = 0, **config) -> T3Classifier:
     """An unfitted head with large random weights, so the tilt visibly changes the distribution."""
     torch.manual_seed(seed)
-    clf = T3Classifier(T3ClassifierConfig(rank=4, layer=layer, pooling=pooling).for_base(model))
+    clf = T3Classifier(T3ClassifierConfig(rank=4, layer=layer, **config).for_base(model))
     with torch.no_grad():
         clf.down.weight.mul_(scale)
-        clf.feature_mean.normal_()
-        clf.feature_scale.uniform_(0.5, 1.5)
+        clf.up.weight.mul_(scale)
+        clf.up.bias.normal_()
     return clf.eval()
 
 
-def constant_classifier(model, value: float = 1.5) -> T3Classifier:
+def zero_head(model) -> T3Classifier:
     clf = T3Classifier(T3ClassifierConfig(rank=2).for_base(model))
     with torch.no_grad():
-        clf.down.weight.zero_()
-        clf.up.weight.zero_()
-        clf.up.bias.fill_(value)
+        for p in clf.parameters():
+            p.zero_()
     return clf.eval()
 
 
-def left_padded_prompts(tokenizer, questions):
-    tokenizer.padding_side = "left"
-    return tokenizer([build_prompt(tokenizer, q) for q in questions], return_tensors="pt", padding=True)
+def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    return {
+        "input_ids": torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts]),
+        "attention_mask": torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]),
+    }
+
+
+def prompt_ids(tokenizer, questions) -> list[list[int]]:
+    return [tokenizer(build_prompt(tokenizer, q))["input_ids"] for q in questions]
 
 
 @torch.no_grad()
-def slow_log_f(model, clf, seq: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """log f of an unpadded sequence, re-encoded from scratch (no cache, no custom mask)."""
-    hs = model(seq[None], output_hidden_states=True).hidden_states[clf.config.layer][0].float()
-    pooled = hs[prompt_len:].mean(0) if clf.config.pooling == "mean" else hs[-1]
-    return torch.nn.functional.logsigmoid(clf(pooled).logits)
+def slow_t3_log_probs(model, clf, seq: torch.Tensor, start: int, temperature: float, tilt_weight: float):
+    """log q(seq[t] | seq[:t]) for t >= start, each prefix re-encoded alone, pooled and tilted by hand."""
+    layer = clf.config.layer
+    out = []
+    for t in range(start, len(seq)):
+        res = model(seq[None, :t], output_hidden_states=True)
+        pool = res.hidden_states[layer][0].float().mean(0)  # causal mean over positions <= t-1
+        g = clf.up.weight.float() @ (clf.down.weight.float() @ pool) + clf.up.bias.float()
+        base = torch.log_softmax(res.logits[0, -1].float(), -1)
+        z = base / temperature + tilt_weight * torch.log(torch.sigmoid(g.double())).float()
+        out.append(z[seq[t]] - torch.logsumexp(z, 0))
+    return torch.stack(out)
 
 
-@torch.no_grad()
-def slow_t3_step(model, clf, seq, prompt_len, temperature, top_k, tilt_weight=1.0, extra=None):
-    """Reference T3 distribution at the end of ``seq``: candidates (top-k, plus ``extra``), log f and log q."""
-    log_p = torch.log_softmax(model(seq[None]).logits[0, -1].float(), -1)
-    cands = log_p.topk(top_k).indices.tolist()
-    if extra is not None and extra not in cands:
-        cands.append(extra)
-    log_f = torch.stack([slow_log_f(model, clf, torch.cat([seq, seq.new_tensor([v])]), prompt_len) for v in cands])
-    z = log_p[cands] / temperature + tilt_weight * log_f
-    return torch.tensor(cands), log_f, z - torch.logsumexp(z, 0)
+def qa_batch(tokenizer, rows, padding_side="right"):
+    feats = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in rows]
+    return feats, collate_qa(feats, tokenizer.pad_token_id, padding_side)
 
 
-class RecordingProcessor(T3LogitsProcessor):
+class Recording(T3LogitsProcessor):
+    """Keeps every step's input and output."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps = []
 
     def __call__(self, input_ids, scores):
         out = super().__call__(input_ids, scores)
-        self.steps.append(dict(self.last_step, input_ids=input_ids.clone(), out=out.clone()))
+        self.steps.append((input_ids.clone(), out.clone()))
         return out
 
 
@@ -94,282 +104,326 @@ def target(tiny_pair):
 @pytest.fixture(scope="module")
 def fitted(target, synthetic):
     model, tok = target
-    config = T3ClassifierConfig(rank=8, layer=1, pooling="mean")
-    return fit_t3(model, tok, synthetic["forget10"], synthetic["retain90"], config, steps=500, progress=False)
+    return fit_t3(model, tok, synthetic["forget10"], synthetic["retain90"], T3ClassifierConfig(rank=8), progress=False)
 
 
-# ----------------------------------------------------------------------------- pure tilt math
-def test_tilted_log_probs_match_reference():
+# ----------------------------------------------------------------------------- pure math
+def test_tilt_formula_and_causal_pool_match_references():
     torch.manual_seed(0)
-    log_p = torch.log_softmax(torch.randn(3, 5, 7), -1)
-    log_f = torch.nn.functional.logsigmoid(torch.randn(3, 5, 7))
-    valid = torch.rand(3, 5, 7) > 0.2
-    valid[..., 0] = True
-    for temperature, w in [(1.0, 1.0), (2.5, 0.5), (4.0, 3.0)]:
-        got = tilted_log_probs(log_p, log_f, temperature, w, valid)
-        weights = log_p.exp() ** (1 / temperature) * log_f.exp() ** w * valid
-        ref = weights / weights.sum(-1, keepdim=True)
-        assert torch.allclose(got.exp(), ref, atol=1e-6)
-        assert torch.isneginf(got[~valid]).all()
-
-
-def test_candidates_with_target_and_pooling_and_mask():
-    torch.manual_seed(1)
-    logits = torch.randn(4, 6, 11)
-    targets = torch.randint(0, 11, (4, 6))
-    ids, log_p, valid, slot = candidates_with_target(logits, targets, 3)
-    for b in range(4):
-        for t in range(6):
-            top = set(logits[b, t].topk(3).indices.tolist())
-            got = ids[b, t][valid[b, t]].tolist()
-            assert set(got) == top | {int(targets[b, t])} and len(got) == len(set(got))
-            assert ids[b, t, slot[b, t]] == targets[b, t]
-    assert torch.allclose(log_p, torch.log_softmax(logits, -1).gather(-1, ids))
-
+    logits, g = torch.randn(3, 11) * 4, torch.randn(3, 11) * 3
+    for temperature, weight in [(1.0, 1.0), (2.5, 0.7), (1.0, 0.0)]:
+        ref = torch.log_softmax(logits, -1) / temperature + weight * torch.log(torch.sigmoid(g))
+        assert torch.allclose(tilted_scores(logits + 5.0, g, temperature, weight), ref, atol=1e-5)
+        lq = tilted_log_probs(logits, g, temperature, weight)
+        assert torch.allclose(lq, ref - torch.logsumexp(ref, -1, keepdim=True), atol=1e-5)
+        assert torch.allclose(lq.exp().sum(-1), torch.ones(3), atol=1e-5)
     hidden = torch.randn(2, 6, 4)
-    answer = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    pooled = prefix_pooled_states(hidden, answer, "mean")
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    pooled = causal_mean_pool(hidden, mask)
     for b in range(2):
         for t in range(6):
-            if answer[b, t]:
-                ref = hidden[b, : t + 1][answer[b, : t + 1]].mean(0)
-                assert torch.allclose(pooled[b, t], ref, atol=1e-6)
-
-    key_valid = torch.tensor([[False, True, True, True, True]])
-    mask = tree_attention_mask(key_valid, torch.tensor([[2, 3, 3]]), torch.tensor([[1, 3, 4]]), torch.float32)
-    allowed = (mask[0, 0] == 0).int().tolist()
-    assert allowed == [[0, 1, 0, 0, 0], [0, 1, 1, 1, 0], [0, 1, 1, 0, 1]]
+            keep = [s for s in range(t + 1) if mask[b, s]]
+            if keep:
+                assert torch.allclose(pooled[b, t], hidden[b, keep].mean(0), atol=1e-6)
 
 
-# ----------------------------------------------------------------------------- processor
+@pytest.mark.parametrize("layer", [0, 1, -1])
+def test_hook_reads_output_hidden_states(target, layer):
+    model, tok = target
+    batch = tok(["Question: who wrote it?\nAnswer: a", "Question: where?\nAnswer:"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        want = model(**batch, output_hidden_states=True).hidden_states[layer]
+    got = layer_hidden(model, batch["input_ids"], batch["attention_mask"], None, layer)
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- exact scoring
+@pytest.mark.parametrize(("layer", "temperature", "weight"), [(-1, 2.0, 1.0), (1, 1.0, 3.0)])
+def test_t3_log_probs_equal_slow_per_position_reference(target, synthetic, layer, temperature, weight):
+    model, tok = target
+    clf = random_head(model, layer=layer)
+    rows = [synthetic["forget10"][0], synthetic["retain90"][3], synthetic["retain90"][40]]
+    feats, batch = qa_batch(tok, rows, "right")
+    lp = t3_log_probs(model, clf, batch["input_ids"], batch["labels"], batch["attention_mask"], batch["position_ids"],
+                      temperature=temperature, tilt_weight=weight)
+    _, left = qa_batch(tok, rows, "left")
+    lp_left = t3_log_probs(model, clf, left["input_ids"], left["labels"], left["attention_mask"], left["position_ids"],
+                           temperature=temperature, tilt_weight=weight)
+    for i, f in enumerate(feats):
+        seq, start, n = torch.tensor(f["input_ids"]), f["prompt_length"], len(f["input_ids"])
+        ref = slow_t3_log_probs(model, clf, seq, start, temperature, weight)
+        assert torch.allclose(lp[i, start:n], ref, atol=1e-4), (i, (lp[i, start:n] - ref).abs().max())
+        assert torch.all(lp[i, :start] == 0) and torch.all(lp[i, n:] == 0)
+        width = left["input_ids"].shape[1]
+        assert torch.allclose(lp_left[i, width - n + start :], ref, atol=1e-4)  # left padding: same numbers
+    # The tilt changed the distribution (else the comparison above would say little).
+    base = label_log_probs(model(**{k: batch[k] for k in ("input_ids", "attention_mask")}).logits, batch["labels"])
+    assert (lp - base).abs().max() > 0.5
+
+
+def test_tilt_weight_zero_is_tempering_and_unit_temperature_is_the_base(target, synthetic):
+    model, tok = target
+    clf = random_head(model)
+    _, batch = qa_batch(tok, synthetic["forget10"][:4], "right")
+    args = (batch["input_ids"], batch["labels"], batch["attention_mask"], batch["position_ids"])
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits
+    tempered = t3_log_probs(model, clf, *args, temperature=3.0, tilt_weight=0.0)
+    assert torch.allclose(tempered, label_log_probs(logits / 3.0, batch["labels"]), atol=1e-5)
+    plain = t3_log_probs(model, clf, *args, temperature=1.0, tilt_weight=0.0)
+    assert torch.allclose(plain, label_log_probs(logits, batch["labels"]), atol=1e-5)
+    assert not torch.allclose(tempered, plain, atol=1e-2)
+
+
+# ----------------------------------------------------------------------------- the logits processor
 @pytest.mark.parametrize("temperature", [1.0, 3.0])
-def test_constant_classifier_greedy_equals_plain_greedy(target, synthetic, temperature):
+def test_zero_head_greedy_equals_plain_greedy(target, synthetic, temperature):
     model, tok = target
-    qs = [synthetic["forget10"][0]["question"], synthetic["retain90"][5]["question"], "Who wrote it?"]
-    enc = left_padded_prompts(tok, qs)
-    plain = model.generate(**enc, max_new_tokens=16, do_sample=False)
-    proc = T3LogitsProcessor(model, constant_classifier(model), temperature=temperature, top_k=5)
-    tilted = model.generate(**enc, max_new_tokens=16, do_sample=False, logits_processor=LogitsProcessorList([proc]))
-    assert torch.equal(plain, tilted)
+    enc = left_pad(prompt_ids(tok, [r["question"] for r in synthetic["forget10"][:4]]), tok.pad_token_id)
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    plain = model.generate(**enc, **kw)
+    with T3LogitsProcessor(model, zero_head(model), temperature=temperature) as t3:
+        tilted = model.generate(**enc, **kw, logits_processor=LogitsProcessorList([t3]))
+    assert torch.equal(tilted, plain)
 
 
-def test_constant_classifier_full_vocabulary_beam_search_equals_plain(target):
-    """T = 1, constant f and k = |V| make T3 the base distribution: beam search (which reorders rows) is unchanged."""
+def test_batch_of_16_left_padded_with_eos_equals_one_prompt_at_a_time(target, synthetic):
     model, tok = target
-    enc = left_padded_prompts(tok, ["Where was the author born?", "Who is Yara Northcott?"])
-    plain = model.generate(**enc, num_beams=3, max_new_tokens=8, do_sample=False)
-    proc = T3LogitsProcessor(model, constant_classifier(model), temperature=1.0, top_k=model.config.vocab_size)
-    tilted = model.generate(**enc, num_beams=3, max_new_tokens=8, do_sample=False, logits_processor=LogitsProcessorList([proc]))
-    assert torch.equal(plain, tilted)
+    eos = tok.eos_token_id
+    questions = [r["question"] for r in synthetic["forget10"][:8] + synthetic["retain90"][:8]]
+    prompts = prompt_ids(tok, questions)
+    assert len({len(p) for p in prompts}) > 1  # the batch really is padded
+    clf = random_head(model, layer=1, seed=3)
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=eos, eos_token_id=eos)
+    with Recording(model, clf, temperature=1.5, tilt_weight=2.0) as t3:
+        batch = model.generate(**left_pad(prompts, eos), **kw, logits_processor=LogitsProcessorList([t3]))
+        width = batch.shape[1] - 10
+        changed = 0
+        for i, p in enumerate(prompts):
+            single = model.generate(torch.tensor([p]), **kw, logits_processor=LogitsProcessorList([t3]))[0, len(p):]
+            row = batch[i, width:]
+            assert torch.equal(row[: len(single)], single), i
+            assert torch.all(row[len(single):] == eos)
+            changed += not torch.equal(single, model.generate(torch.tensor([p]), **kw)[0, len(p):])
+    assert changed >= 4  # the tilt changed most outputs, so equal outputs say something
 
 
-@pytest.mark.parametrize(("layer", "pooling"), [(1, "mean"), (-1, "last")])
-def test_processor_matches_reencoding_from_scratch(target, synthetic, layer, pooling):
-    """Greedy T3 with left padding: every step's candidates, log f and log q equal a slow
-    reference that re-encodes each prefix + candidate from scratch, and the chosen token is the argmax."""
+def test_processor_steps_equal_exact_scorer_with_sampling_and_warpers(target, synthetic):
+    """Sampling, a top-k warper after T3, batch > 1, KV cache: every step's tilted distribution equals t3_log_probs
+    of the generated sequence; a second generate call starts afresh."""
     model, tok = target
-    clf = random_classifier(model, layer=layer, pooling=pooling)
-    qs = [synthetic["forget10"][3]["question"], "Where was the author born?"]
-    enc = left_padded_prompts(tok, qs)
-    proc = RecordingProcessor(model, clf, temperature=2.0, top_k=4, tilt_weight=1.5)
-    out = model.generate(**enc, max_new_tokens=4, do_sample=False, logits_processor=LogitsProcessorList([proc]))
-    assert len(proc.steps) == 4
-    prompt_width = enc["input_ids"].shape[1]
-    changed = False
-    for step_index, step in enumerate(proc.steps):
-        for b in range(2):
-            valid = enc["attention_mask"][b].bool()
-            seq = torch.cat([enc["input_ids"][b][valid], step["input_ids"][b, prompt_width:]])
-            cands, log_f, log_q = slow_t3_step(model, clf, seq, int(valid.sum()), 2.0, 4, 1.5)
-            order_ref, order_got = cands.argsort(), step["candidate_ids"][b].argsort()
-            assert torch.equal(cands[order_ref], step["candidate_ids"][b][order_got])
-            assert torch.allclose(log_f[order_ref], step["log_f"][b][order_got], atol=1e-4)
-            assert torch.allclose(log_q[order_ref], step["log_q"][b][order_got], atol=1e-4)
-            chosen = out[b, prompt_width + step_index]
-            assert chosen == cands[log_q.argmax()]
-            changed |= bool(chosen != cands[0])
-            assert torch.isneginf(step["out"][b]).sum() == step["out"].shape[-1] - 4
-    assert changed, "the random tilt never changed a greedy choice: the test would not detect a missing tilt"
-
-
-def test_processor_sampling_resets_between_calls(target, synthetic):
-    model, tok = target
-    clf = random_classifier(model)
-    enc_a = left_padded_prompts(tok, [synthetic["retain90"][0]["question"], "Name the author."])
-    enc_b = left_padded_prompts(tok, [synthetic["forget10"][1]["question"]])
-    kwargs = dict(max_new_tokens=6, do_sample=True, top_k=0, top_p=1.0, temperature=1.0)
-    shared = RecordingProcessor(model, clf, temperature=2.0, top_k=3)
-    torch.manual_seed(0)
-    first = model.generate(**enc_a, logits_processor=LogitsProcessorList([shared]), **kwargs)
-    torch.manual_seed(1)
-    second = model.generate(**enc_b, logits_processor=LogitsProcessorList([shared]), **kwargs)
-    torch.manual_seed(1)
-    fresh = model.generate(**enc_b, logits_processor=LogitsProcessorList([T3LogitsProcessor(model, clf, 2.0, 3)]), **kwargs)
-    assert torch.equal(second, fresh)
-    width = enc_a["input_ids"].shape[1]
-    checked = 0
-    for i, step in enumerate(shared.steps[: first.shape[1] - width]):
-        for b in range(2):
-            if (first[b, width : width + i] == tok.eos_token_id).any():
-                continue  # finished rows are padded by generate, whatever the processor says
-            assert first[b, width + i] in step["candidate_ids"][b]
-            checked += 1
-    assert checked >= 6
-
-
-@torch.no_grad()
-def test_processor_reencodes_reordered_beams(target):
-    """Beam search reorders rows between steps: the processor re-encodes them, keeping the prompt boundary."""
-    model, tok = target
-    clf = random_classifier(model, layer=1)
-    prompt = tok([build_prompt(tok, "Where was the author born?")] * 2, return_tensors="pt")["input_ids"]
-    n_prompt = prompt.shape[1]
-    proc = T3LogitsProcessor(model, clf, temperature=2.0, top_k=4)
-    ids = prompt
-    steps = [None, torch.tensor([[50], [60]]), "reorder", torch.tensor([[80], [90]])]
-    for step in steps:
-        if isinstance(step, str):
-            ids = torch.cat([ids[[1, 1]], torch.tensor([[70], [71]])], dim=-1)
-        elif step is not None:
-            ids = torch.cat([ids, step], dim=-1)
-        proc(ids, model(ids).logits[:, -1])
-        if ids.shape[1] > n_prompt + 1:
-            for b in range(2):
-                cands, log_f, log_q = slow_t3_step(model, clf, ids[b], n_prompt, 2.0, 4)
-                got = proc.last_step
-                order_ref, order_got = cands.argsort(), got["candidate_ids"][b].argsort()
-                assert torch.equal(cands[order_ref], got["candidate_ids"][b][order_got])
-                assert torch.allclose(log_f[order_ref], got["log_f"][b][order_got], atol=1e-4)
-                assert torch.allclose(log_q[order_ref], got["log_q"][b][order_got], atol=1e-4)
-
-
-# ----------------------------------------------------------------------------- teacher-forced scoring
-def _batch(tok, rows, padding_side):
-    features = [tokenize_qa(tok, r["question"], r["answer"]) for r in rows]
-    return collate_qa(features, tok.pad_token_id, padding_side)
-
-
-def test_t3_log_probs_normalise_and_match_slow_reference(target, synthetic):
-    model, tok = target
-    clf = random_classifier(model, layer=1)
-    # Answers the model has never seen, so many targets fall outside the top-k (the k+1 slot path).
-    rows = [
-        {"question": synthetic["forget10"][0]["question"], "answer": "Blue river stone."},
-        {"question": "Where was the author born?", "answer": synthetic["retain90"][2]["answer"][:30]},
-    ]
-    right = _batch(tok, rows, "right")
-    left = _batch(tok, rows, "left")
-    args = (model, clf)
-    lp_r, details = t3_log_probs(
-        *args, right["input_ids"], right["labels"], right["attention_mask"], right["position_ids"],
-        temperature=2.0, top_k=3, return_details=True,
-    )
-    lp_l = t3_log_probs(*args, left["input_ids"], left["labels"], left["attention_mask"], left["position_ids"],
-                        temperature=2.0, top_k=3)
-    # Same numbers with left padding (per example, aligned on the answer tokens).
-    for b in range(2):
-        assert torch.allclose(lp_r[b][right["labels"][b] != -100], lp_l[b][left["labels"][b] != -100], atol=1e-4)
-    # Normalisation over the candidate set, target included.
-    slots = details["positions"] >= 0
-    probs = details["log_q"].exp().masked_fill(~details["valid"], 0).sum(-1)
-    assert torch.allclose(probs[slots], torch.ones_like(probs[slots]), atol=1e-5)
-    assert (details["valid"].sum(-1)[slots] == 4).any(), "no target outside the top-k: the k+1 path is untested"
-    # Slow reference at every answer position.
-    for b, row in enumerate(rows):
-        feats = tokenize_qa(tok, row["question"], row["answer"])
-        ids, n_prompt = torch.tensor(feats["input_ids"]), feats["prompt_length"]
-        for t in range(n_prompt, len(ids)):
-            cands, _, log_q = slow_t3_step(model, clf, ids[:t], n_prompt, 2.0, 3, extra=int(ids[t]))
-            ref = log_q[cands.tolist().index(int(ids[t]))]
-            assert abs(float(lp_r[b, t]) - float(ref)) < 1e-4
-    assert torch.all(lp_r[right["labels"] == -100] == 0)
-
-
-def test_t3_log_probs_equal_processor_distribution(target, synthetic):
-    """Scoring a T3 greedy generation teacher-forced reproduces the processor's log q of each chosen token."""
-    model, tok = target
-    clf = random_classifier(model, layer=-1, seed=3)
-    enc = left_padded_prompts(tok, [synthetic["retain90"][7]["question"]])
-    proc = RecordingProcessor(model, clf, temperature=1.5, top_k=5)
-    out = model.generate(**enc, max_new_tokens=6, do_sample=False, logits_processor=LogitsProcessorList([proc]))
+    clf = random_head(model, seed=1)
+    enc = left_pad(prompt_ids(tok, [r["question"] for r in synthetic["retain90"][:3]]), tok.pad_token_id)
     width = enc["input_ids"].shape[1]
-    labels = out.clone()
-    labels[:, :width] = -100
-    lp = t3_log_probs(model, clf, out, labels, temperature=1.5, top_k=5)
-    for i, step in enumerate(proc.steps):
-        chosen = out[0, width + i]
-        expected = step["log_q"][0][step["candidate_ids"][0] == chosen]
-        assert torch.allclose(lp[0, width + i], expected, atol=1e-4)
+    with Recording(model, clf, temperature=2.0, tilt_weight=1.5) as t3:
+        for seed in (0, 1):
+            t3.steps.clear()
+            torch.manual_seed(seed)
+            # (no min_new_tokens: its EOS mask runs before T3 and would change the normalisation)
+            out = model.generate(**enc, max_new_tokens=8, do_sample=True, top_k=50,
+                                 pad_token_id=tok.pad_token_id, logits_processor=LogitsProcessorList([t3]))
+            n_new = out.shape[1] - width
+            mask = torch.cat([enc["attention_mask"], torch.ones(3, n_new, dtype=torch.long)], 1)
+            labels = out.clone()
+            labels[:, :width] = -100
+            lp = t3_log_probs(model, clf, out, labels, mask, (mask.cumsum(-1) - 1).clamp_min(0),
+                              temperature=2.0, tilt_weight=1.5)
+            finished = torch.zeros(3, dtype=torch.bool)
+            assert len(t3.steps) == n_new >= 4
+            for i, (ids, scores) in enumerate(t3.steps):
+                assert torch.equal(ids, out[:, : width + i])
+                chosen = out[:, width + i]
+                step_lp = torch.log_softmax(scores, -1).gather(1, chosen[:, None]).squeeze(1)
+                assert torch.allclose(step_lp[~finished], lp[~finished, width + i], atol=1e-4)
+                finished |= chosen == tok.eos_token_id
 
 
-# ----------------------------------------------------------------------------- unlearning effect
-def test_t3_lowers_forget_far_more_than_retain(target, fitted, synthetic):
-    """Classifier fit on forget10 vs retain90; scored on the same question sets (forget10, every 6th retain90 row)."""
+def test_beam_search_follows_reordered_beams(target, synthetic):
+    """num_beams=4: the running sums follow beam reordering; a reference re-encoding every beam from scratch at
+    every step (no cache, no hook state) gives the same beams."""
+    from transformers import LogitsProcessor
+
+    model, tok = target
+    clf = random_head(model, seed=2)
+
+    class FromScratch(LogitsProcessor):
+        @torch.no_grad()
+        def __call__(self, input_ids, scores):
+            hs = model(input_ids, output_hidden_states=True).hidden_states[-1].float().mean(1)
+            return tilted_scores(scores, clf(hs).logits, 1.5, 2.0)
+
+    prompt = torch.tensor(prompt_ids(tok, [synthetic["forget10"][2]["question"]]))
+    kw = dict(max_new_tokens=8, num_beams=4, num_return_sequences=4, do_sample=False, pad_token_id=tok.pad_token_id)
+    with T3LogitsProcessor(model, clf, temperature=1.5, tilt_weight=2.0) as t3:
+        fast = model.generate(prompt, **kw, logits_processor=LogitsProcessorList([t3]))
+    slow = model.generate(prompt, **kw, logits_processor=LogitsProcessorList([FromScratch()]))
+    assert torch.equal(fast, slow)
+    assert not torch.equal(fast, model.generate(prompt, **kw))
+
+
+def test_processor_hooks_errors_and_close(target, tiny_retain):
+    model, tok = target
+    clf = random_head(model)
+    n_hooks = len(model.model._forward_hooks) + len(model.model._forward_pre_hooks)
+    t3 = T3LogitsProcessor(model, clf)
+    assert (t3.temperature, t3.tilt_weight) == (clf.config.temperature, clf.config.tilt_weight)
+    with pytest.raises(RuntimeError, match="saw no forward"):
+        t3(torch.tensor([[1, 2, 3]]), torch.zeros(1, model.config.vocab_size))
+    other, _ = tiny_retain  # same architecture, another model: generate runs it, the hook never fires
+    enc = tok(["Question: who?\nAnswer:"], return_tensors="pt")
+    with pytest.raises(RuntimeError, match="saw no forward"):
+        other.generate(**enc, max_new_tokens=2, logits_processor=LogitsProcessorList([t3]))
+    t3.close()
+    assert len(model.model._forward_hooks) + len(model.model._forward_pre_hooks) == n_hooks
+    with pytest.raises(RuntimeError, match="closed"):
+        model.generate(**enc, max_new_tokens=2, logits_processor=LogitsProcessorList([t3]))
+    t3.attach()  # hooks back: works again, with the same tokens as a fresh processor
+    again = model.generate(**enc, max_new_tokens=4, do_sample=False, logits_processor=LogitsProcessorList([t3]))
+    t3.close()
+    with T3LogitsProcessor(model, clf) as fresh:
+        assert torch.equal(again, model.generate(**enc, max_new_tokens=4, do_sample=False,
+                                                 logits_processor=LogitsProcessorList([fresh])))
+    assert len(model.model._forward_hooks) + len(model.model._forward_pre_hooks) == n_hooks
+
+
+# ----------------------------------------------------------------------------- fitting and the unlearning effect
+def test_fit_caches_answer_positions_only_and_keeps_the_tokenizer(target, synthetic):
+    model, tok = target
+    tok = copy.deepcopy(tok)
+    tok.pad_token = None  # fitting needs no pad token and must not set one
+    side = tok.padding_side
+    forget, retain = synthetic["forget10"][:5], synthetic["retain90"][:10]
+    clf = fit_t3(model, tok, forget, retain, T3ClassifierConfig(rank=3), steps=20, holdout_fraction=0.0,
+                 progress=False)
+    assert tok.pad_token is None and tok.padding_side == side
+    def n_answer(rows):
+        return sum(sum(lab != -100 for lab in tokenize_qa(tok, r["question"], r["answer"])["labels"][1:]) for r in rows)
+
+    report = clf.fit_report
+    assert (report["n_forget_positions"], report["n_retain_positions"]) == (n_answer(forget), n_answer(retain))
+    assert report["cache_seconds"] > 0 and report["train_seconds"] > 0
+    assert report["trainable_parameters"] == 3 * (model.config.hidden_size + model.config.vocab_size) + \
+        model.config.vocab_size
+    with pytest.raises(ValueError, match="unknown settings"):
+        fit_t3(model, tok, forget, retain, top_k=20, progress=False)
+    # A prompt template reaches the tokenization (and is saved with the head).
+    from hf_unlearn.t3.fit import tokenize_examples
+
+    feats, _ = tokenize_examples(tok, forget, None, "tofu-llama2")
+    assert feats[0]["input_ids"] == tokenize_qa(tok, forget[0]["question"], forget[0]["answer"],
+                                                template="tofu-llama2")["input_ids"]
+    assert feats[0]["input_ids"] != tokenize_qa(tok, forget[0]["question"], forget[0]["answer"])["input_ids"]
+    clf = fit_t3(model, tok, forget, retain, prompt_template="tofu-llama2", steps=2, progress=False)
+    assert clf.config.prompt_template == "tofu-llama2"
+    with pytest.raises(ValueError, match="no-such-template"):
+        fit_t3(model, tok, forget, retain, prompt_template="no-such-template", steps=2, progress=False)
+
+
+def test_t3_raises_forget_nll_far_more_than_retain(target, fitted, synthetic):
+    """Head fit on forget10 vs retain90, scored on forget10 and every 6th retain90 row."""
     model, tok = target
     report = fitted.fit_report
-    assert report["heldout_balanced_accuracy"] > 0.75 and report["train_balanced_accuracy"] > 0.9
-    assert report["parameter_share"] < 0.01
-    forget = synthetic["forget10"]
-    retain = synthetic["retain90"][::6]
+    assert report["heldout_balanced_accuracy"] > 0.7
+    forget, retain = synthetic["forget10"], synthetic["retain90"][::6]
     fq, fa = [r["question"] for r in forget], [r["answer"] for r in forget]
     rq, ra = [r["question"] for r in retain], [r["answer"] for r in retain]
     base_f, base_r = answer_nll(model, tok, fq, fa).mean(), answer_nll(model, tok, rq, ra).mean()
     deltas = {}
     for temperature, weight in [(1.0, 1.0), (2.0, 1.0), (1.0, 3.0)]:
-        scorer = t3_scorer(model, fitted, temperature=temperature, top_k=20, tilt_weight=weight)
-        nf = answer_nll(model, tok, fq, fa, scorer=scorer).mean()
-        nr = answer_nll(model, tok, rq, ra, scorer=scorer).mean()
-        deltas[temperature, weight] = (round(float(nf - base_f), 3), round(float(nr - base_r), 3))
+        scorer = t3_scorer(model, fitted, temperature=temperature, tilt_weight=weight)
+        deltas[temperature, weight] = (float(answer_nll(model, tok, fq, fa, scorer=scorer).mean() - base_f),
+                                       float(answer_nll(model, tok, rq, ra, scorer=scorer).mean() - base_r))
     print(f"\nT3 tiny: base NLL forget {base_f:.3f} retain {base_r:.3f}; (T, w): (dNLL forget, dNLL retain) {deltas}")
-    print(f"fit report {report}")
-    d_forget, d_retain = deltas[1.0, 1.0]  # pure tilt: forget answers less likely, retain ones untouched
-    assert d_forget > 0.2 and abs(d_retain) < 0.05
+    d_forget, d_retain = deltas[1.0, 1.0]  # the pure tilt: forget answers much less likely, retain ones kept
+    assert d_forget > 1.0 and abs(d_retain) < 0.1
     d_forget, d_retain = deltas[2.0, 1.0]  # tempering costs both, the tilt mostly forget
-    assert d_forget > 0.8 and d_forget > 2.5 * d_retain
-    d_forget, d_retain = deltas[1.0, 3.0]  # a stronger tilt: forget probability / 5 or less, retain kept
-    assert d_forget > math.log(5) and abs(d_retain) < 0.05
+    assert d_forget > 5 * d_retain > 0
+    d_forget, d_retain = deltas[1.0, 3.0]  # a stronger tilt
+    assert d_forget > max(math.log(20), 3 * deltas[1.0, 1.0][0] - 1) and abs(d_retain) < 0.1
 
 
 # ----------------------------------------------------------------------------- save / load
-def test_save_reload_automodel_round_trip(target, fitted, tmp_path):
-    model, _ = target
-    fitted.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").is_file()
-    assert not list(tmp_path.glob("*.bin"))
+def test_save_automodel_and_processor_from_pretrained_round_trip(target, fitted, synthetic, tmp_path):
+    model, tok = target
+    fitted.config.temperature, fitted.config.tilt_weight = 1.5, 2.0
+    try:
+        fitted.save_pretrained(tmp_path)
+    finally:
+        fitted.config.temperature, fitted.config.tilt_weight = 2.0, 1.0
+    assert (tmp_path / "model.safetensors").is_file() and not list(tmp_path.glob("*.bin"))
     config = AutoConfig.from_pretrained(tmp_path)
-    assert isinstance(config, T3ClassifierConfig) and config.model_type == "t3_classifier"
-    assert (config.rank, config.layer, config.pooling) == (8, 1, "mean")
-    assert config.hidden_size == model.config.hidden_size and config.vocab_size == model.config.vocab_size
+    assert isinstance(config, T3ClassifierConfig)
+    assert (config.rank, config.layer, config.pooling, config.temperature, config.tilt_weight) == (8, -1, "mean", 1.5, 2.0)
+    assert (config.hidden_size, config.vocab_size) == (model.config.hidden_size, model.config.vocab_size)
     assert config.base_model_name_or_path == model.name_or_path
-    assert config.fit_report["heldout_balanced_accuracy"] == fitted.fit_report["heldout_balanced_accuracy"]
+    assert config.fit_report["heldout_accuracy"] == fitted.fit_report["heldout_accuracy"]
     loaded = AutoModel.from_pretrained(tmp_path)
     assert isinstance(loaded, T3Classifier)
-    x = torch.randn(5, model.config.hidden_size)
-    assert torch.allclose(loaded(x).logits, fitted(x).logits, atol=1e-6)
-    assert torch.equal(loaded.feature_mean, fitted.feature_mean)
-    loaded.check_base(model)
+    for a, b in zip(loaded.state_dict().values(), fitted.state_dict().values()):
+        assert torch.equal(a, b)
+    enc = left_pad(prompt_ids(tok, [r["question"] for r in synthetic["forget10"][:3]]), tok.pad_token_id)
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
+    with Recording.from_pretrained(model, str(tmp_path)) as a, Recording(model, fitted, 1.5, 2.0) as b:
+        assert (a.temperature, a.tilt_weight) == (1.5, 2.0)
+        out_a = model.generate(**enc, **kw, logits_processor=LogitsProcessorList([a]))
+        out_b = model.generate(**enc, **kw, logits_processor=LogitsProcessorList([b]))
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(x[1], y[1]) for x, y in zip(a.steps, b.steps))
+
+
+# ----------------------------------------------------------------------------- length limits
+def short_gpt2(n_positions: int = 64):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    words = ["<unk>", "<eos>", "Question:", "Answer:", *[f"w{i}" for i in range(40)]]
+    backend = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(words), n_positions=n_positions, n_embd=16, n_layer=2, n_head=2,
+                        bos_token_id=1, eos_token_id=1, pad_token_id=1)
+    return GPT2LMHeadModel(config).eval(), tok
+
+
+def test_truncation_to_the_base_positions(synthetic):
+    model, tok = short_gpt2(64)
+    long = lambda i: " ".join(f"w{(i * 7 + j) % 40}" for j in range(90))  # noqa: E731
+    forget = [{"question": f"w{i} w{i + 1}", "answer": long(i)} for i in range(4)]
+    retain = [{"question": f"w{i} w{i + 2}", "answer": long(i + 10)} for i in range(4, 10)] + \
+        [{"question": "w1 w2", "answer": "w3 w4"}]
+    clf = fit_t3(model, tok, forget, retain, T3ClassifierConfig(rank=2), steps=5, progress=False)
+    report = clf.fit_report
+    assert report["max_positions"] == 64 and report["truncated_examples"] == 10
+    prompt_len = len(tokenize_qa(tok, "w0 w1", "w2")["input_ids"]) - 2
+    assert report["n_forget_positions"] == 4 * (64 - prompt_len)
+    # Scoring an over-long input is refused with a clear message (not an index error inside the base).
+    ids = torch.randint(2, 40, (1, 80))
+    with pytest.raises(ValueError, match="at most 64"):
+        t3_log_probs(model, clf, ids, ids)
+    # Generating past the positions is refused before the base indexes past them.
+    with T3LogitsProcessor(model, clf) as t3, pytest.raises(ValueError, match="at most 64"):
+        model.generate(torch.randint(2, 40, (1, 60)), max_new_tokens=10, do_sample=False, pad_token_id=1,
+                       logits_processor=LogitsProcessorList([t3]))
+    # Prompts alone filling the positions: a clear refusal.
+    with pytest.raises(ValueError, match="first 64 positions"):
+        fit_t3(model, tok, [{"question": long(1), "answer": "w1"}], retain, steps=5, progress=False)
 
 
 # ----------------------------------------------------------------------------- refusals
 def test_refusals(target, tiny_retain, synthetic):
     model, tok = target
-    clf = constant_classifier(model)
+    clf = zero_head(model)
     with pytest.raises(ValueError, match="temperature"):
         T3LogitsProcessor(model, clf, temperature=0.5)
-    T3LogitsProcessor(model, clf, temperature=0.5, allow_temperature_below_one=True)
+    T3LogitsProcessor(model, clf, temperature=0.5, allow_temperature_below_one=True).close()
     ids = torch.tensor([[0, 5, 6, 7]])
     with pytest.raises(ValueError, match="temperature"):
         t3_log_probs(model, clf, ids, ids, temperature=0.9)
-    with pytest.raises(ValueError, match="temperature"):
-        t3_scorer(model, clf, temperature=0.9)
-    for k in (0, -3):
-        with pytest.raises(ValueError, match="top_k"):
-            T3LogitsProcessor(model, clf, temperature=2.0, top_k=k)
-        with pytest.raises(ValueError, match="top_k"):
-            t3_log_probs(model, clf, ids, ids, top_k=k)
-    # Another base: different sizes, or the same sizes but another model.
-    tok_small = tok
-    other = build_tiny_llama(tok_small, TinyRecipe(hidden_size=32, intermediate_size=64, num_attention_heads=2))
+    with pytest.raises(ValueError, match="tilt_weight"):
+        t3_scorer(model, clf, tilt_weight=float("nan"))
+    other = build_tiny_llama(tok, TinyRecipe(hidden_size=32, intermediate_size=64, num_attention_heads=2))
     with pytest.raises(ValueError, match="hidden size"):
         T3LogitsProcessor(other, clf)
     with pytest.raises(ValueError, match="hidden size"):
@@ -377,17 +431,15 @@ def test_refusals(target, tiny_retain, synthetic):
     retain_model, _ = tiny_retain
     with pytest.raises(ValueError, match="another base model"):
         T3LogitsProcessor(retain_model, clf)
-    T3LogitsProcessor(retain_model, clf, check_base_name=False)
-    # Empty or overlapping forget/retain sets, bad config values.
+    T3LogitsProcessor(retain_model, clf, check_base_name=False).close()
     with pytest.raises(ValueError, match="forget set is empty"):
         fit_t3(model, tok, [], synthetic["retain90"], progress=False)
     with pytest.raises(ValueError, match="retain set is empty"):
         fit_t3(model, tok, synthetic["forget10"], [], progress=False)
     with pytest.raises(ValueError, match="also occur in the retain set"):
         fit_t3(model, tok, synthetic["forget10"], synthetic["forget10"][:3], progress=False)
-    with pytest.raises(ValueError, match="pooling"):
-        T3ClassifierConfig(pooling="max")
-    with pytest.raises(ValueError, match="rank"):
-        T3ClassifierConfig(rank=0)
+    for bad in (dict(pooling="max"), dict(rank=0), dict(steps=0), dict(holdout_fraction=1.0), dict(temperature=0.0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            T3ClassifierConfig(**bad)
     with pytest.raises(ValueError, match="out of range"):
         T3ClassifierConfig(layer=7).for_base(model)

@@ -1,31 +1,24 @@
-"""T3 (Temper-Then-Tilt): inference-time unlearning with a frozen base model.
+"""T3 (Temper-Then-Tilt): inference-time unlearning with a frozen base model and a guidance head.
 
-Sample from ``softmax(log p(y | x) / T + log f(x, y))`` over the top-k candidates, where ``f`` is
-a low-rank classifier on pooled hidden states telling retain (S=1) from forget (S=0) text::
+Decode from ``softmax(log p(v | x, y_<t) / T + w log f(x, y_<t, v))`` over the full vocabulary, where
+``f = sigmoid(U D pool_t + b)`` is a rank-h head (h = 20) mapping the causal mean-pooled hidden
+state of the prefix to one retain-vs-forget logit per vocabulary entry::
 
-    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(rank=20, layer=-1, pooling="mean"))
-    out = model.generate(**inputs, logits_processor=LogitsProcessorList(
-        [T3LogitsProcessor(model, clf, temperature=2.0, top_k=20)]))
-    lp = t3_log_probs(model, clf, input_ids, labels, temperature=2.0, top_k=20)
+    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(rank=20, temperature=2.0))
+    with T3LogitsProcessor(model, clf) as t3:      # reads generate's own hidden states via a hook
+        out = model.generate(**inputs, logits_processor=LogitsProcessorList([t3]))
+    lp = t3_log_probs(model, clf, input_ids, labels, attention_mask)   # exact tilted log-probs
 """
 
 from .config import T3ClassifierConfig
-from .fit import cache_prefix_states, fit_t3
+from .fit import cache_answer_states, fit_t3
+from .hidden import causal_mean_pool
 from .modeling import T3Classifier, T3ClassifierOutput
 from .processor import T3LogitsProcessor
 from .scoring import t3_log_probs, t3_scorer
-from .tilt import (
-    candidates_with_target,
-    pool_candidates,
-    prefix_pooled_states,
-    scatter_to_vocab,
-    tilted_log_probs,
-    top_k_candidates,
-    tree_attention_mask,
-)
+from .tilt import tilted_log_probs, tilted_scores
 
 __all__ = [
-    "T3Classifier", "T3ClassifierConfig", "T3ClassifierOutput", "T3LogitsProcessor", "cache_prefix_states",
-    "candidates_with_target", "fit_t3", "pool_candidates", "prefix_pooled_states", "scatter_to_vocab",
-    "t3_log_probs", "t3_scorer", "tilted_log_probs", "top_k_candidates", "tree_attention_mask",
+    "T3Classifier", "T3ClassifierConfig", "T3ClassifierOutput", "T3LogitsProcessor", "cache_answer_states",
+    "causal_mean_pool", "fit_t3", "t3_log_probs", "t3_scorer", "tilted_log_probs", "tilted_scores",
 ]

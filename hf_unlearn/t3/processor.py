@@ -1,194 +1,221 @@
 """``T3LogitsProcessor``: Temper-Then-Tilt decoding through ``model.generate(logits_processor=...)``.
 
-At every step the processor takes the top-k candidates ``v`` of the tempered distribution, scores
-``log f(x, y_<t v)`` for all of them in ONE forward of the base decoder that reuses the prefix
-(the processor keeps its own KV cache of the sequence and a running sum of the answer tokens'
-pooled hidden states), and returns ``log_softmax_{v in C_t}(log p(v)/T + w log f(v))`` on the
-candidates and ``-inf`` elsewhere (see :mod:`hf_unlearn.t3.tilt`).
+At every step the processor returns, over the full vocabulary,
 
-The per-step forward feeds the token(s) appended since the previous step together with the k
-candidates; a tree-shaped 4D attention mask lets the new tokens attend causally to the cached
-prefix and each candidate attend to the prefix and itself only, all candidates at the same
-position. The candidate keys are then cropped from the cache. The caller's generation cache is
-never touched.
+    s_v = log_softmax(scores)_v / T + w * log sigmoid(g_t[v]),    g_t = U (D pool_t) + b
+
+(see :mod:`hf_unlearn.t3.tilt`). It never runs the base model: a forward hook on the base (see
+:class:`~hf_unlearn.t3.hidden.HiddenStateHook`) reads layer ``layer``'s hidden state of the positions
+each of ``generate``'s own forward passes encodes, with the 2D attention mask the decoder received,
+and adds them to a running per-sequence sum, so ``pool_t`` is the causal mean over the non-padding
+positions so far (left padding is excluded through the mask, whatever the pad token is). One
+``rank x (hidden + vocab)`` matmul per step is all T3 adds to plain decoding.
+
+A forward that encodes the whole input (a new ``generate`` call's prefill) starts new sums; a
+forward of the tokens appended since the previous step (the KV-cache step) extends them. Beam
+search's reordering of sequences is followed by matching each new sequence to its prefix.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+import weakref
 from typing import Any
 
 import torch
-from transformers import DynamicCache, LogitsProcessor
+import torch.nn.functional as F
+from transformers import LogitsProcessor
 
-from .hidden import check_attention, crop_cache_to, layer_hidden, positions_from_mask
+from .hidden import HiddenStateHook, model_max_positions
 from .modeling import T3Classifier
-from .tilt import pool_candidates, scatter_to_vocab, tilted_log_probs, top_k_candidates, tree_attention_mask
+from .tilt import tilted_scores
 
 
-def validate_t3_arguments(
-    temperature: float, top_k: int, tilt_weight: float, allow_temperature_below_one: bool
-) -> None:
-    """Refuse settings outside T3's definition (``T >= 1`` unless explicitly overridden, ``top_k >= 1``)."""
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}.")
-    if not math.isfinite(float(temperature)) or float(temperature) <= 0:
+def validate_t3_arguments(temperature: float, tilt_weight: float, allow_temperature_below_one: bool = False) -> None:
+    """Refuse settings outside T3's definition (finite ``T >= 1`` unless explicitly overridden, finite ``w``)."""
+    if isinstance(temperature, bool) or not math.isfinite(float(temperature)) or float(temperature) <= 0:
         raise ValueError(f"temperature must be a finite positive number, got {temperature!r}.")
     if float(temperature) < 1.0 and not allow_temperature_below_one:
         raise ValueError(
             f"temperature={temperature} < 1: T3 tempers with T >= 1 (T < 1 sharpens the memorised peaks it is "
             "meant to flatten). Pass allow_temperature_below_one=True to use it anyway."
         )
-    if not math.isfinite(float(tilt_weight)):
-        raise ValueError(f"tilt_weight must be finite, got {tilt_weight!r}.")
+    if isinstance(tilt_weight, bool) or not math.isfinite(float(tilt_weight)):
+        raise ValueError(f"tilt_weight must be a finite number, got {tilt_weight!r}.")
+
+
+def _device_of(model: Any) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:  # pragma: no cover - a model always has parameters
+        return torch.device("cpu")
 
 
 class T3LogitsProcessor(LogitsProcessor):
-    """Temper-Then-Tilt as a ``LogitsProcessor``.
+    """Temper-Then-Tilt as a ``LogitsProcessor`` reading the hidden states of ``generate``'s own forwards.
 
     Args:
-        model: the frozen base causal LM, the same one that ``generate`` runs.
-        classifier: a :class:`T3Classifier` fitted on ``model`` (refused otherwise).
-        temperature: ``T >= 1``; ``T = 1`` is the pure classifier tilt.
-        top_k: size of the candidate set.
-        tilt_weight: ``w`` in ``log p / T + w log f``.
-        pad_token_id: padding id used to recognise LEFT padding of the prompt (leading pad tokens);
-            default: the model's generation config / config pad id.
+        model: the frozen base causal LM, the one ``generate`` runs (hooks are registered on it).
+        classifier: a :class:`T3Classifier` fitted on ``model`` (another base is refused).
+        temperature: ``T`` (default: the head's ``config.temperature``); ``T >= 1``.
+        tilt_weight: ``w`` (default: the head's ``config.tilt_weight``).
         allow_temperature_below_one: explicit override of the ``T >= 1`` check.
-        check_base_name: compare the base's name or path with the classifier's record.
+        check_base_name: also compare the base's name/path and revision with the head's record.
 
-    Use it with greedy decoding or sampling (``do_sample=True``; leave generate's own
-    ``temperature`` at 1 and its ``top_k`` at 0 or >= this ``top_k``). The prompt (the input at
-    the first call) defines where the answer starts; its left padding is recognised by leading
-    ``pad_token_id`` tokens. The state resets automatically when a new ``generate`` call starts
-    (the input is neither the previous input plus one token nor the same prompt with another
-    continuation); call :meth:`reset` to force it (e.g. before continuing an earlier output).
-    Beam search works: when beams are reordered the processor re-encodes the sequences once,
-    keeping the prompt boundary.
+    Works with greedy decoding and sampling (leave ``generate``'s own temperature at 1: T3 tempers
+    here; warpers such as top-k/top-p run after it), with batches (left padding is read from the
+    attention mask) and with the KV cache. The hooks stay on the model until :meth:`close` (or the
+    end of a ``with`` block; :meth:`attach` registers them again); a new ``generate`` call resets the
+    running sums by itself.
     """
 
     def __init__(
         self,
         model: Any,
         classifier: T3Classifier,
-        temperature: float = 2.0,
-        top_k: int = 20,
-        tilt_weight: float = 1.0,
+        temperature: float | None = None,
+        tilt_weight: float | None = None,
         *,
-        pad_token_id: int | None = None,
         allow_temperature_below_one: bool = False,
         check_base_name: bool = True,
     ) -> None:
-        validate_t3_arguments(temperature, top_k, tilt_weight, allow_temperature_below_one)
+        temperature = classifier.config.temperature if temperature is None else temperature
+        tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight
+        validate_t3_arguments(temperature, tilt_weight, allow_temperature_below_one)
         classifier.check_base(model, check_name=check_base_name)
-        check_attention(model)
         self.model = model
-        try:
-            device = next(model.parameters()).device
-        except StopIteration:  # pragma: no cover - a model always has parameters
-            device = torch.device("cpu")
-        self.classifier = classifier.to(device).eval()
+        self.classifier = classifier.to(device=_device_of(model), dtype=torch.float32).eval()
+        self._down, self._up, self._bias = classifier.down.weight, classifier.up.weight, classifier.up.bias
         self.temperature = float(temperature)
-        self.top_k = int(top_k)
         self.tilt_weight = float(tilt_weight)
         self.layer = int(classifier.config.layer)
-        self.pooling = classifier.config.pooling
-        if pad_token_id is None:
-            gen = getattr(model, "generation_config", None)
-            pad_token_id = getattr(gen, "pad_token_id", None) if gen is not None else None
-            if pad_token_id is None:
-                pad_token_id = getattr(model.config, "pad_token_id", None)
-        if isinstance(pad_token_id, (list, tuple)):
-            pad_token_id = pad_token_id[0] if pad_token_id else None
-        self.pad_token_id = pad_token_id
-        self.last_step: dict[str, torch.Tensor] | None = None
-        self.reset()
+        self.vocab_size = int(classifier.config.vocab_size)
+        self.max_positions = model_max_positions(model)
+        self._hook: HiddenStateHook | None = None
+        self.attach()
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: Any,
+        repo_or_dir: str,
+        *,
+        temperature: float | None = None,
+        tilt_weight: float | None = None,
+        allow_temperature_below_one: bool = False,
+        check_base_name: bool = True,
+        **load_kwargs: Any,
+    ) -> T3LogitsProcessor:
+        """Load a saved or pushed head (``repo_or_dir``; ``load_kwargs`` go to ``from_pretrained``, e.g.
+        ``revision``) and build its processor with the decoding defaults it was saved with."""
+        classifier = T3Classifier.from_pretrained(repo_or_dir, **load_kwargs)
+        return cls(
+            model, classifier, temperature, tilt_weight,
+            allow_temperature_below_one=allow_temperature_below_one, check_base_name=check_base_name,
+        )
+
+    # ------------------------------------------------------------------ hook side
+    def _record(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """Sum of the hidden states of the positions one forward encoded (padding excluded)."""
+        q = hidden.shape[1]
+        if mask is None:
+            m = torch.ones(hidden.shape[:2], device=hidden.device, dtype=torch.float32)
+        else:
+            m = mask[:, -q:].to(device=hidden.device, dtype=torch.float32)
+        total = torch.bmm(m.unsqueeze(1), hidden.float()).squeeze(1)  # sum_q m_q h_q per sequence
+        self._pending = (total, m.sum(1), q)
+
+    # ------------------------------------------------------------------ processor side
     def reset(self) -> None:
-        """Forget the cached prefix; the next call starts a new sequence."""
-        self._cache: DynamicCache | None = None
-        self._ids: torch.Tensor | None = None
-        self._valid: torch.Tensor | None = None
-        self._prompt_ids: torch.Tensor | None = None
-        self._prompt_length = 0
+        """Drop the running sums; the next step must come from a forward over the whole input."""
+        self._pending: tuple[torch.Tensor, torch.Tensor, int] | None = None
         self._sum: torch.Tensor | None = None
         self._count: torch.Tensor | None = None
+        self._ids: torch.Tensor | None = None
 
-    def _continues(self, input_ids: torch.Tensor) -> bool:
-        prev = self._ids
-        return (
-            prev is not None
-            and input_ids.shape[0] == prev.shape[0]
-            and input_ids.shape[1] == prev.shape[1] + 1
-            and torch.equal(input_ids[:, : prev.shape[1]], prev)
-        )
+    def _follow_reordering(self, input_ids: torch.Tensor, n: int) -> torch.Tensor | None:
+        """Index of the previous sequence each current one continues (beam search reorders them)."""
+        prefix = input_ids[:, :n]
+        if torch.equal(prefix, self._ids):
+            return None
+        same = (prefix.unsqueeze(1) == self._ids.unsqueeze(0)).all(-1)
+        if not bool(same.any(1).all()):
+            raise RuntimeError(
+                "T3LogitsProcessor: the input does not continue the sequences of the previous step and the forward "
+                "pass only encoded the new tokens; call processor.reset() before reusing it on other sequences."
+            )
+        return same.float().argmax(1)
 
-    def _same_prompt(self, input_ids: torch.Tensor) -> bool:
-        """Same prompt rows, different continuation: beams were reordered (beam search)."""
-        prompt = self._prompt_ids
-        return (
-            prompt is not None
-            and input_ids.shape[0] == prompt.shape[0]
-            and input_ids.shape[1] > prompt.shape[1]
-            and torch.equal(input_ids[:, : prompt.shape[1]], prompt)
-        )
-
-    def _start(self, input_ids: torch.Tensor, prompt_ids: torch.Tensor | None = None) -> None:
-        """Start a sequence: ``prompt_ids`` is the prompt when re-encoding a reordered batch, else
-        ``input_ids`` itself is the prompt (a new ``generate`` call)."""
-        self.reset()
-        if self.pad_token_id is None:
-            valid = torch.ones_like(input_ids, dtype=torch.bool)
-        else:
-            valid = (input_ids != self.pad_token_id).long().cumsum(-1) > 0
-        self._valid = valid
-        self._prompt_ids = input_ids.clone() if prompt_ids is None else prompt_ids
-        self._prompt_length = self._prompt_ids.shape[1]
-        self._cache = DynamicCache(config=self.model.config)
-        hidden = self.model.config.get_text_config(decoder=True).hidden_size
-        self._sum = torch.zeros(input_ids.shape[0], hidden, dtype=torch.float32, device=input_ids.device)
-        self._count = torch.zeros(input_ids.shape[0], dtype=torch.float32, device=input_ids.device)
-
-    @torch.no_grad()
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self._continues(input_ids):
-            ones = torch.ones_like(input_ids[:, -1:], dtype=torch.bool)
-            self._valid = torch.cat([self._valid, ones], dim=-1)
-        elif self._same_prompt(input_ids):
-            self._start(input_ids, prompt_ids=self._prompt_ids)  # beams reordered: re-encode, same prompt
+        if self._hook is None:
+            raise RuntimeError("T3LogitsProcessor was closed (its hooks are removed); call attach() first.")
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError(
+                "T3LogitsProcessor: its hook saw no forward pass of the base model before this step. Use it in "
+                "`generate` of the model it was built with (the hook reads that model's hidden states)."
+            )
+        if scores.shape[-1] != self.vocab_size:
+            raise ValueError(f"scores have {scores.shape[-1]} entries but the T3 head {self.vocab_size}.")
+        total, count, q = pending
+        batch, length = input_ids.shape
+        if total.shape[0] != batch:
+            raise RuntimeError(
+                f"T3LogitsProcessor: the last forward encoded {total.shape[0]} sequences but generate passed {batch}; "
+                "the hook saw a forward of another input."
+            )
+        if q == length:  # a forward over the whole input: a new generate call (or a re-encoding)
+            self._sum, self._count = total, count
+        elif self._ids is not None and self._ids.shape[0] == batch and q == length - self._ids.shape[1]:
+            order = self._follow_reordering(input_ids, self._ids.shape[1])
+            if order is not None:
+                self._sum, self._count = self._sum[order], self._count[order]
+            self._sum = self._sum + total
+            self._count = self._count + count
         else:
-            self._start(input_ids)  # a new generate call
-        n_cached = 0 if self._ids is None else self._ids.shape[1]
-        length = input_ids.shape[1]
-        new_ids = input_ids[:, n_cached:length]
-        m = new_ids.shape[1]
-        cand_ids, cand_log_p = top_k_candidates(scores, self.top_k)
-        k = cand_ids.shape[1]
-        device = input_ids.device
+            expected = length if self._ids is None else f"{length} or {length - self._ids.shape[1]}"
+            raise RuntimeError(
+                f"T3LogitsProcessor: the last forward encoded {q} positions, expected {expected} for an input of "
+                f"{length} tokens; the hook saw a forward of another input (or generate was given a prefilled cache)."
+            )
+        self._ids = input_ids
+        pooled = self._sum / self._count.clamp_min(1.0).unsqueeze(-1)
+        # g = U (D pool) + b, called on the weights directly (no module dispatch: this runs every step).
+        guidance = F.linear(F.linear(pooled, self._down), self._up, self._bias)
+        return tilted_scores(scores, guidance, self.temperature, self.tilt_weight).to(scores.dtype)
 
-        # One forward: the m new tokens (causal over the cached prefix) + the k candidates (prefix + self).
-        key_valid = torch.cat([self._valid, torch.ones_like(cand_ids, dtype=torch.bool)], dim=-1)
-        cols_new = torch.arange(n_cached, length, device=device)
-        cols_cand = torch.arange(length, length + k, device=device)
-        limit = torch.cat([cols_new + 1, torch.full((k,), length, device=device)]).expand(input_ids.shape[0], -1)
-        self_col = torch.cat([cols_new, cols_cand]).expand(input_ids.shape[0], -1)
-        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
-        mask = tree_attention_mask(key_valid, limit, self_col, dtype)
-        positions = positions_from_mask(self._valid)
-        cand_pos = self._valid.long().sum(-1, keepdim=True).expand(-1, k)
-        tokens = torch.cat([new_ids, cand_ids], dim=-1)
-        pos = torch.cat([positions[:, n_cached:length], cand_pos], dim=-1)
-        hidden = layer_hidden(self.model, tokens, mask, pos, self.layer, past_key_values=self._cache)
-        crop_cache_to(self._cache, length)
+    # ------------------------------------------------------------------ lifetime
+    def attach(self) -> None:
+        """Register the forward hooks on the base model (done by the constructor; idempotent)."""
+        self.reset()
+        if self._hook is not None:
+            return
+        ref = weakref.ref(self)
 
-        # Answer tokens among the new ones enter the running pooled sum.
-        is_answer = (cols_new >= self._prompt_length).to(torch.float32)
-        if bool(is_answer.any()):
-            self._sum += (hidden[:, :m].float() * is_answer.view(1, -1, 1)).sum(1)
-            self._count += is_answer.sum()
-        pooled = pool_candidates(self._sum, self._count, hidden[:, m:], self.pooling)
-        log_f = self.classifier.log_f(pooled.to(self.classifier.device)).to(device)
-        log_q = tilted_log_probs(cand_log_p, log_f, self.temperature, self.tilt_weight)
-        self._ids = input_ids.clone()
-        self.last_step = {"candidate_ids": cand_ids, "log_p": cand_log_p, "log_f": log_f, "log_q": log_q}
-        return scatter_to_vocab(cand_ids, log_q, scores.shape[-1]).to(scores.dtype)
+        def on_forward(hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
+            proc = ref()
+            if proc is not None:
+                proc._record(hidden, mask)
+
+        self._hook = HiddenStateHook(self.model, self.layer, on_forward, max_positions=self.max_positions)
+        self._finalizer = weakref.finalize(self, self._hook.remove)
+
+    def close(self) -> None:
+        """Remove the forward hooks from the base model (idempotent; :meth:`attach` registers them again)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._finalizer.detach()
+            self._hook = None
+        self.reset()
+
+    def __enter__(self) -> T3LogitsProcessor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ``LogitsProcessorList`` calls ``inspect.signature(processor.__call__)`` for every processor at every step; a
+# signature stored on the function is returned without re-deriving it (a measurable share of a small model's step).
+T3LogitsProcessor.__call__.__signature__ = inspect.signature(T3LogitsProcessor.__call__)
