@@ -19,6 +19,7 @@ from .atwu import (
     budget_penalty,
     satga_plus_exponent,
     satga_plus_loss,
+    satga_plus_weight,
     score_entropy,
     straight_through_indicator,
     weighted_npo_loss,
@@ -27,11 +28,16 @@ from .atwu import (
 from .baselines import grad_ascent_loss, grad_diff_loss, npo_loss, simnpo_loss
 from .common import answer_mask, kl_retain_loss, nll_loss, sequence_log_probs
 from .masc import (
+    buffered_hinge_loss,
+    continuation_mask,
+    hoeffding_upper_bound,
     margin_hinge_loss,
     masc_probability_from_threshold,
     masc_threshold_from_probability,
     masc_violation_counts,
+    per_example_violation_rates,
     restricted_margin,
+    sample_cut_ratios,
     violation_rate,
 )
 
@@ -46,6 +52,7 @@ __all__ = [
     "simnpo_loss",
     "satga_plus_exponent",
     "satga_plus_loss",
+    "satga_plus_weight",
     "weighted_npo_loss",
     "weighted_simnpo_loss",
     "score_entropy",
@@ -57,4 +64,9 @@ __all__ = [
     "margin_hinge_loss",
     "masc_violation_counts",
     "violation_rate",
+    "buffered_hinge_loss",
+    "continuation_mask",
+    "sample_cut_ratios",
+    "per_example_violation_rates",
+    "hoeffding_upper_bound",
 ]

@@ -47,29 +47,77 @@ def satga_plus_exponent(scores: torch.Tensor, beta: float, c: float) -> torch.Te
     return beta * (1.0 + c * (1.0 - scores))
 
 
+SATGA_FORMS = ("gated", "exponent_only")
+
+
+def satga_plus_weight(
+    token_log_probs: torch.Tensor, scores: torch.Tensor, beta: float = 0.2, c: float = 50.0, form: str = "gated"
+) -> torch.Tensor:
+    """Per-token weight of SATGA+'s ascent term (the model's probability under stop-gradient).
+
+    * ``form="gated"`` (default): ``w_t = g_t * sg(p_t)^{a_t}``, ``a_t = beta * (1 + c * (1 - g_t))``
+      (:func:`satga_plus_exponent`). The score gates the token *and* sets its saturation: a rejected token
+      (``g = 0``) gets weight 0 whatever its probability, so a memorised structural token at ``p = 0.99`` is
+      protected from the first step (``w(g=1) = 0.99^beta = 0.998`` against ``w(g=0.05) = 0.05 * 0.99^(beta(1 +
+      0.95 c)) = 0.045`` at ``beta = 0.2``, ``c = 50``), and the weight is linear in ``g`` so the scorer receives gradient while every ``p`` is
+      still near 1.
+    * ``form="exponent_only"`` (the earlier form): ``w_t = sg(p_t)^{a_t}``. As ``p -> 1`` the weight tends to 1
+      for any score (0.998 selected, 0.96 rejected at ``p = 0.99``), so the score cannot protect a memorised token
+      until its probability has fallen, and ``dw/dg = -beta c log(p) p^a`` vanishes at the start.
+    """
+    if form not in SATGA_FORMS:
+        raise ValueError(f"SATGA+ form must be one of {list(SATGA_FORMS)}, got {form!r}.")
+    g = _atwu_float(scores)
+    saturation = torch.exp(satga_plus_exponent(g, beta, c) * _atwu_float(token_log_probs).detach())
+    return g * saturation if form == "gated" else saturation
+
+
 def satga_plus_loss(
     token_log_probs: torch.Tensor,
     scores: torch.Tensor,
     mask: torch.Tensor,
     beta: float = 0.2,
-    c: float = 20.0,
+    c: float = 50.0,
     num_tokens: torch.Tensor | float | None = None,
+    form: str = "gated",
+    eps: float = 1e-6,
 ) -> torch.Tensor:
-    """SATGA+, score-injected saturated gradient ascent (ATWU's default forget loss).
+    """SATGA+, score-gated saturated gradient ascent (ATWU's default forget loss).
 
-    ``L = -(1/N) * sum_{b,t} mask_{b,t} * sg(p_{b,t})^{a_{b,t}} * l_{b,t}``, with ``l = -log pi_theta(y_t | x, y_<t)``,
-    ``p = exp(-l)``, ``a = beta * (1 + c * (1 - g))`` (:func:`satga_plus_exponent`) and ``N = num_tokens``.
+    ``form="gated"`` (default)::
 
-    Minimising ``L`` raises the token NLL (gradient ascent) with the per-token weight ``p^a``: tokens already
-    forgotten (``p`` small) stop being pushed (saturation), and the lower their score the sooner. The stop-gradient
-    acts on the model's probability only: with ``scores`` detached (ATWU's model step) the weight is a constant and
-    ``dL/d log p_t = p_t^a_t / N``; with the model's outputs detached (ATWU's scorer step) the same function is
-    differentiable in the score through the exponent, ``dL/dg_t = -beta * c * p_t^a_t * l_t^2 / N``.
+        L = -(sum_{b,t} mask_{b,t} * g_{b,t} * sg(p_{b,t})^{a_{b,t}} * l_{b,t}) / M,
+        M = N * (sum_{b,t} mask_{b,t} g_{b,t}) / (sum_{b,t} mask_{b,t})
+
+    with ``l = -log pi_theta(y_t | x, y_<t)``, ``p = exp(-l)``, ``a = beta * (1 + c * (1 - g))``
+    (:func:`satga_plus_exponent`, :func:`satga_plus_weight`) and ``N = num_tokens`` (default: the batch's answer
+    tokens, when ``M`` is exactly the selected score mass ``sum mask * g``, at least ``eps``). ``M`` normalises by
+    the *selected mass*, so the loss is the score-weighted mean of the saturated ascent terms and its scale does not
+    depend on how many tokens the scorer selects; with a step total ``N`` (gradient accumulation) each micro-batch
+    uses its own mean score. In ATWU's model step the scores are detached (the weights are constants:
+    ``dL/d log p_t = g_t p_t^a_t / M``); in its scorer step the model's outputs are detached and ``L`` is a
+    function of the scores through the gate, the exponent and ``M``.
+
+    ``form="exponent_only"`` (the earlier SATGA+): ``L = -(1/N) sum mask * sg(p)^a * l``, the score only in the
+    exponent (``dL/dg_t = -beta c p_t^a_t l_t^2 / N``).
+
+    Minimising ``L`` raises the NLL of the selected tokens (gradient ascent); tokens already forgotten (``p``
+    small) stop being pushed (saturation), the sooner the lower their score.
     """
     _atwu_check_shapes(mask, token_log_probs, scores)
     nll = -_atwu_float(token_log_probs)
-    weight = torch.exp(-satga_plus_exponent(_atwu_float(scores), beta, c) * nll.detach())
-    return -(weight * nll * mask).sum() / _denominator(num_tokens, mask.sum())
+    weight = satga_plus_weight(token_log_probs, scores, beta, c, form)
+    total = (weight * nll * mask).sum()
+    if form == "exponent_only":
+        return -total / _denominator(num_tokens, mask.sum())
+    count = mask.sum().clamp(min=1)
+    mass = (_atwu_float(scores) * mask).sum()
+    if num_tokens is None:
+        denominator = mass.clamp(min=eps)
+    else:
+        n = torch.as_tensor(num_tokens, dtype=mass.dtype, device=mass.device).clamp(min=1.0)
+        denominator = (n * mass / count).clamp(min=eps)
+    return -total / denominator
 
 
 def weighted_npo_loss(

@@ -1,4 +1,10 @@
-"""MASC: Margin Self-Correction (restricted margin, buffered hinge, violation rate, tau <-> rho).
+"""MASC: Margin Self-Correction (restricted margin, hinges, continuation mask, violation rates, Hoeffding bound).
+
+The authors' recipe (Fast-LLM-Unlearning-MarginSelfCorrection, TOFU run): restricted margin over the model's own
+top-``k`` rivals, ``tau = log(rho / (1 - rho))``, the buffered hinge :func:`buffered_hinge_loss` on the
+continuation of each forget answer (:func:`continuation_mask`), and a stop when the per-example violation rate
+(:func:`per_example_violation_rates`) clears a trigger and its Hoeffding upper bound
+(:func:`hoeffding_upper_bound`) is at most ``alpha``. :func:`margin_hinge_loss` is the earlier plain hinge.
 """
 
 from __future__ import annotations
@@ -72,8 +78,7 @@ def margin_hinge_loss(
 
     ``L_MASC = (1/N) * sum_{b,t} mask_{b,t} * max(0, m_{b,t} - tau)`` with ``N = num_tokens`` (default: the answer
     tokens of the batch). Active only while ``m_t > tau``: a corrected position (``m_t <= tau``) contributes
-    neither loss nor gradient, so the loss vanishes as the forget set is corrected. The full MASC objective adds
-    ``lambda * KL(pi_0 || pi_theta)`` on retain answer tokens (:func:`kl_retain_loss`).
+    neither loss nor gradient, so the loss vanishes as the forget set is corrected (MASC's ``hinge="plain"``).
     """
     per_token = torch.relu(margins - tau) * mask
     return per_token.sum() / _denominator(num_tokens, mask.sum())
@@ -91,3 +96,96 @@ def violation_rate(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> flo
     if positions == 0:
         raise ValueError("violation_rate needs at least one answer position (the mask is empty).")
     return violations / positions
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The authors' recipe: buffered hinge on the continuation, per-example violation rate, Hoeffding confirmation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def buffered_hinge_loss(
+    margins: torch.Tensor,
+    mask: torch.Tensor,
+    tau: float,
+    eta: float,
+    num_tokens: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """MASC buffered hinge (the authors' surrogate of the violation indicator ``1[m_t > tau]``).
+
+    ``L = (1/N) * sum_{b,t} mask_{b,t} * relu(m_{b,t} - (tau - eta)) / eta`` with ``N = num_tokens`` (default:
+    the active tokens ``mask.sum()``, i.e. the mean over active tokens).
+
+    The buffer ``eta > 0`` keeps pushing a position until its margin is ``eta`` *below* the threshold, and the
+    division by ``eta`` makes the surrogate ``>= 1`` wherever ``m_t > tau``, so the mean upper-bounds the
+    violation rate of the active tokens. ``mask`` is the *active* mask: the continuation of each answer
+    (:func:`continuation_mask`) or the whole answer (``penalty="full"``).
+    """
+    if not eta > 0:
+        raise ValueError(f"The MASC buffer eta must be > 0, got {eta}.")
+    per_token = torch.relu(margins - (float(tau) - float(eta))) / float(eta) * mask
+    return per_token.sum() / _denominator(num_tokens, mask.sum())
+
+
+def sample_cut_ratios(
+    batch_size: int, low: float = 0.2, high: float = 0.6, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """``[B]`` float64 cut ratios drawn uniformly from ``[low, high]`` (the continuation penalty's random cut)."""
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"Continuation cut ratios need 0 <= low <= high <= 1, got low={low}, high={high}.")
+    u = torch.rand(int(batch_size), generator=generator, dtype=torch.float64)
+    return low + u * (high - low)
+
+
+def continuation_mask(
+    mask: torch.Tensor, cut_ratios: torch.Tensor, min_prefix_tokens: int = 32, min_suffix_tokens: int = 32
+) -> torch.Tensor:
+    """MASC continuation penalty: the answer positions *after* a cut, per example.
+
+    For example ``b`` with ``n_b = mask[b].sum()`` answer positions (in order) and cut ratio ``r_b``:
+
+    * if ``n_b < min_prefix_tokens + min_suffix_tokens`` the whole answer is kept (too short to split);
+    * else ``c_b = clamp(floor(r_b * n_b), min_prefix_tokens, n_b - min_suffix_tokens)`` and the answer positions
+      of rank ``>= c_b`` (0-based, in order) are kept: at least ``min_prefix_tokens`` prefix tokens are left
+      untouched and at least ``min_suffix_tokens`` are penalised.
+
+    Returns a ``[B, L]`` boolean mask, a subset of ``mask``. The authors' TOFU run (Llama-2-7B) uses ratios in
+    ``[0.2, 0.6]`` and 32/32 minimum prefix/suffix tokens.
+    """
+    mask = mask.bool()
+    n = mask.sum(-1)
+    rank = mask.long().cumsum(-1) - 1
+    ratios = cut_ratios.to(device=mask.device, dtype=torch.float64)
+    cut = torch.floor(ratios * n.double()).long()
+    cut = torch.minimum(cut, n - int(min_suffix_tokens)).clamp(min=int(min_prefix_tokens))
+    cut = torch.where(n < int(min_prefix_tokens) + int(min_suffix_tokens), torch.zeros_like(cut), cut)
+    return mask & (rank >= cut.unsqueeze(-1))
+
+
+def per_example_violation_rates(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
+    """``[B]`` per-example violation rates ``|{t in A_b : m_t > tau}| / |A_b|`` over each example's active
+    positions ``A_b`` (``mask``); an example without active positions counts as 0, as in the authors' probe.
+    MASC's stopping statistic is their mean over the probed examples."""
+    mask = mask.bool()
+    count = mask.sum(-1)
+    violations = ((margins > tau) & mask).sum(-1)
+    return torch.where(count > 0, violations.double() / count.clamp(min=1).double(), torch.zeros_like(count).double())
+
+
+def hoeffding_upper_bound(mean: float, n: int, delta: float, check_index: int) -> tuple[float, float]:
+    """Anytime Hoeffding upper confidence bound of MASC's confirmation stage.
+
+    ``U_j = mean + sqrt(log(1 / delta_j) / (2 n))`` with ``delta_j = 6 delta / (pi^2 (j + 1)^2)`` for the
+    ``j``-th confirmation (``j >= 1``), so that ``sum_j delta_j < delta`` and the stopping decision holds with
+    probability ``>= 1 - delta`` over all checks (a union bound). ``mean`` is the mean of ``n`` per-example
+    violation rates in ``[0, 1]``. Returns ``(U_j, delta_j)``.
+    """
+    import math
+
+    if int(n) < 1:
+        raise ValueError(f"The Hoeffding bound needs at least one example, got n={n}.")
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}.")
+    if int(check_index) < 1:
+        raise ValueError(f"check_index (j) counts confirmations from 1, got {check_index}.")
+    delta_j = 6.0 * float(delta) / (math.pi**2 * (int(check_index) + 1) ** 2)
+    return float(mean) + math.sqrt(math.log(1.0 / delta_j) / (2.0 * int(n))), delta_j

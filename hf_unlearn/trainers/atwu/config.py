@@ -4,25 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..unlearning_config import UnlearningConfig
+from ...losses.atwu import SATGA_FORMS
+from ..unlearning_config import RETAIN_LOSSES, BaseUnlearningConfig
 
 ATWU_FORGET_LOSSES = ("satga", "npo", "simnpo")
-# `beta` of the (weighted) NPO / SimNPO forget losses when the config leaves it at None
-ATWU_DEFAULT_BETA = {"npo": 0.1, "simnpo": 4.5}
 
 
 @dataclass
-class ATWUConfig(UnlearningConfig):
+class ATWUConfig(BaseUnlearningConfig):
     r"""
     Configuration class for the [`ATWUTrainer`].
 
-    ATWU learns, while it unlearns, which forget answer tokens carry the information to remove. A linear scorer
-    `g_t = sigmoid(<w, h_t> + b)` on the model's detached last-layer hidden states weights each forget token, and
-    two updates alternate:
+    ATWU learns, while it unlearns, which forget answer tokens carry the information to remove. A linear weighter
+    `g_t = sigmoid(<w, h_t - mu> + b)` on the model's detached last-layer hidden states weights each forget token,
+    and two updates alternate:
 
     - *model step* (every optimizer step): `gamma * L_forget(theta; sg(g)) + alpha * retain`, the forget loss
       weighted by the (detached) scores;
-    - *scorer step* (every `scorer_every` model steps, model frozen, own Adam optimizer with `scorer_lr`):
+    - *weighter step* (every `scorer_every` model steps, model frozen, own Adam optimizer with `scorer_lr`):
       `L_forget(g; sg(theta)) + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_t > 0.5]) - budget)^2
       + scorer_l2 * ||w||^2`.
 
@@ -33,54 +32,94 @@ class ATWUConfig(UnlearningConfig):
         > Parameters that control the forget loss
 
         forget_loss (`str`, *optional*, defaults to `"satga"`):
-            `"satga"`: SATGA+, saturated gradient ascent with the score in the saturation exponent
-            ([`~hf_unlearn.losses.satga_plus_loss`]); `"npo"`: token-weighted NPO against the frozen initial model
-            ([`~hf_unlearn.losses.weighted_npo_loss`], uses `beta`, default `0.1`); `"simnpo"`: token-weighted
-            SimNPO ([`~hf_unlearn.losses.weighted_simnpo_loss`], uses `beta`, default `4.5`, and `delta`).
+            `"satga"`: SATGA+, score-gated saturated gradient ascent ([`~hf_unlearn.losses.satga_plus_loss`]);
+            `"npo"`: token-weighted NPO against the frozen initial model ([`~hf_unlearn.losses.weighted_npo_loss`],
+            uses `npo_beta`); `"simnpo"`: token-weighted SimNPO ([`~hf_unlearn.losses.weighted_simnpo_loss`], uses
+            `simnpo_beta` and `simnpo_delta`).
+        satga_form (`str`, *optional*, defaults to `"gated"`):
+            Form of SATGA+: `"gated"`, `-sum g_t sg(p_t)^(beta (1 + c (1 - g_t))) l_t / sum g_t` (the score weights
+            each token and sets its saturation, normalised by the selected score mass); `"exponent_only"`, the
+            earlier `-mean_t sg(p_t)^(beta (1 + c (1 - g_t))) l_t` (the score only in the exponent).
         saturation_beta (`float`, *optional*, defaults to `0.2`):
             SATGA+ saturation strength `beta > 0`: a selected token (`g = 1`) is weighted `sg(p_t)^beta`.
-        saturation_c (`float`, *optional*, defaults to `20.0`):
-            SATGA+ score contrast `c >= 0`: the saturation exponent is `beta * (1 + c * (1 - g_t))`, so a rejected
-            token (`g = 0`) saturates with exponent `beta * (1 + c)`; `0` ignores the scores.
+        saturation_c (`float`, *optional*, defaults to `50.0`):
+            SATGA+ score contrast `c >= 0`: the saturation exponent is `beta * (1 + c * (1 - g_t))`. The earlier
+            `"exponent_only"` form used `20`; with the gate, `50` keeps the weighter's ordering signal (the exponent
+            term) strong enough: on the synthetic tiny test run (30 steps) the token-score AUROC against
+            forget-specific tokens is 0.790 (mean of seeds 0-2) against 0.771 for `"exponent_only"` at `c = 20`
+            and 0.713 for `"gated"` at `c = 20`.
+        npo_beta (`float`, *optional*, defaults to `0.1`):
+            Inverse temperature of the weighted NPO forget loss (`forget_loss="npo"`), `> 0`.
+        simnpo_beta (`float`, *optional*, defaults to `4.5`):
+            Inverse temperature of the weighted SimNPO forget loss (`forget_loss="simnpo"`), `> 0`.
+        simnpo_delta (`float`, *optional*, defaults to `0.0`):
+            Reward margin of the weighted SimNPO forget loss.
+        gamma (`float`, *optional*, defaults to `1.0`):
+            Weight of the forget term in the model step, `>= 0`.
 
-        > Parameters that control the scorer
+        > Parameters that control the retain term
+
+        retain_loss (`str`, *optional*, defaults to `"nll"`):
+            `"nll"`, `"kl"` (`KL(pi_ref || pi_theta)` per token) or `"none"`.
+        alpha (`float`, *optional*, defaults to `1.0`):
+            Weight of the retain term, `>= 0` (`0` or `retain_loss="none"`: no retain set needed).
+
+        > Parameters that control the weighter
 
         budget (`float`, *optional*, defaults to `0.2`):
-            Target fraction of forget answer tokens selected (`g_t > 0.5`), in `(0, 1)`. A fresh scorer starts with
-            every score equal to `budget` (`b = log(budget / (1 - budget))`, `w = 0`).
+            Target fraction of forget answer tokens selected (`g_t > 0.5`), in `(0, 1)`. A fresh weighter starts
+            with every score equal to `budget` (`b = log(budget / (1 - budget))`, `w = 0`).
         budget_weight (`float`, *optional*, defaults to `50.0`):
-            Weight of the budget penalty `(mean_t STE(1[g_t > 0.5]) - budget)^2` in the scorer step.
+            Weight of the budget penalty `(mean_t STE(1[g_t > 0.5]) - budget)^2` in the weighter step.
         entropy_weight (`float`, *optional*, defaults to `0.01`):
-            Weight of the mean binary entropy of the scores (pushes them to 0 or 1) in the scorer step.
+            Weight of the mean binary entropy of the scores (pushes them to 0 or 1) in the weighter step.
         scorer_l2 (`float`, *optional*, defaults to `0.0`):
-            Weight of `||w||^2` in the scorer step.
+            Weight of `||w||^2` in the weighter step.
         scorer_lr (`float`, *optional*, defaults to `1e-2`):
-            Learning rate of the scorer's Adam optimizer.
+            Learning rate of the weighter's Adam optimizer.
         scorer_every (`int`, *optional*, defaults to `1`):
-            One scorer step every `scorer_every` model (optimizer) steps, `>= 1`; it runs just before that model
+            One weighter step every `scorer_every` model (optimizer) steps, `>= 1`; it runs just before that model
             step, on its first micro-batch.
 
     > [!NOTE]
-    > `gamma` (forget weight) and `alpha` (retain weight) default to `1.0`; `beta` is used only by the NPO and
-    > SimNPO forget losses. Everything else is as in [`UnlearningConfig`] (`learning_rate` `1e-5`, 10 epochs).
+    > Everything else is as in [`BaseUnlearningConfig`] (`learning_rate` `1e-5`, 10 epochs).
     """
 
     forget_loss: str = field(
         default="satga",
-        metadata={"help": "Forget loss: 'satga' (SATGA+), 'npo' or 'simnpo' (token-weighted).", "choices": list(ATWU_FORGET_LOSSES)},
+        metadata={"help": "Forget loss: 'satga' (SATGA+), 'npo' or 'simnpo' (token-weighted).",
+                  "choices": list(ATWU_FORGET_LOSSES)},
+    )
+    satga_form: str = field(
+        default="gated",
+        metadata={"help": "SATGA+ form: 'gated' (score weights the token and its saturation) or 'exponent_only'.",
+                  "choices": list(SATGA_FORMS)},
     )
     saturation_beta: float = field(default=0.2, metadata={"help": "SATGA+ saturation strength beta (> 0)."})
-    saturation_c: float = field(default=20.0, metadata={"help": "SATGA+ score contrast c (>= 0)."})
+    saturation_c: float = field(default=50.0, metadata={"help": "SATGA+ score contrast c (>= 0)."})
+    npo_beta: float = field(default=0.1, metadata={"help": "Inverse temperature of the weighted NPO loss (> 0)."})
+    simnpo_beta: float = field(default=4.5, metadata={"help": "Inverse temperature of the weighted SimNPO loss (> 0)."})
+    simnpo_delta: float = field(default=0.0, metadata={"help": "Reward margin of the weighted SimNPO loss."})
+    gamma: float = field(default=1.0, metadata={"help": "Weight of the forget term (>= 0)."})
+    retain_loss: str = field(
+        default="nll",
+        metadata={"help": "Retain term: 'nll', 'kl' (KL(pi_ref || pi_theta)) or 'none'.", "choices": list(RETAIN_LOSSES)},
+    )
+    alpha: float = field(default=1.0, metadata={"help": "Weight of the retain term (>= 0)."})
     budget: float = field(default=0.2, metadata={"help": "Target fraction of selected forget tokens, in (0, 1)."})
     budget_weight: float = field(default=50.0, metadata={"help": "Weight of the token budget penalty."})
     entropy_weight: float = field(default=0.01, metadata={"help": "Weight of the score entropy regulariser."})
-    scorer_l2: float = field(default=0.0, metadata={"help": "Weight of the L2 penalty on the scorer's w."})
-    scorer_lr: float = field(default=1e-2, metadata={"help": "Learning rate of the scorer's Adam optimizer."})
-    scorer_every: int = field(default=1, metadata={"help": "One scorer step every this many model steps (>= 1)."})
+    scorer_l2: float = field(default=0.0, metadata={"help": "Weight of the L2 penalty on the weighter's w."})
+    scorer_lr: float = field(default=1e-2, metadata={"help": "Learning rate of the weighter's Adam optimizer."})
+    scorer_every: int = field(default=1, metadata={"help": "One weighter step every this many model steps (>= 1)."})
 
     def __post_init__(self) -> None:
         if self.forget_loss not in ATWU_FORGET_LOSSES:
             raise ValueError(f"forget_loss must be one of {list(ATWU_FORGET_LOSSES)}, got {self.forget_loss!r}.")
+        if self.satga_form not in SATGA_FORMS:
+            raise ValueError(f"satga_form must be one of {list(SATGA_FORMS)}, got {self.satga_form!r}.")
+        if self.retain_loss not in RETAIN_LOSSES:
+            raise ValueError(f"retain_loss must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
         if not 0.0 < self.budget < 1.0:
             raise ValueError(f"budget must lie in (0, 1) (a fraction of forget tokens), got {self.budget}.")
         if isinstance(self.scorer_every, bool) or int(self.scorer_every) != self.scorer_every or self.scorer_every < 1:
@@ -88,11 +127,10 @@ class ATWUConfig(UnlearningConfig):
         self.scorer_every = int(self.scorer_every)
         if not self.scorer_lr > 0:
             raise ValueError(f"scorer_lr must be > 0, got {self.scorer_lr}.")
-        for name in ("budget_weight", "entropy_weight", "scorer_l2", "saturation_c"):
+        for name in ("budget_weight", "entropy_weight", "scorer_l2", "saturation_c", "gamma", "alpha"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
-        if not self.saturation_beta > 0:
-            raise ValueError(f"saturation_beta must be > 0, got {self.saturation_beta}.")
-        if self.beta is None and self.forget_loss in ATWU_DEFAULT_BETA:
-            self.beta = ATWU_DEFAULT_BETA[self.forget_loss]
+        for name in ("saturation_beta", "npo_beta", "simnpo_beta"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
         super().__post_init__()

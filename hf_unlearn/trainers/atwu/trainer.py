@@ -10,16 +10,20 @@ alternately:
   ``L_forget(g; sg(theta)) + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_t > 0.5]) - budget)^2
   + scorer_l2 * ||w||^2``.
 
-``L_forget`` is SATGA+, token-weighted NPO or token-weighted SimNPO (:mod:`hf_unlearn.losses`, ATWU section). The
-scorer is saved beside the model (``atwu_scorer.safetensors`` + ``atwu_scorer_config.json``) by ``save_model`` and
-in every checkpoint; :meth:`ATWUTrainer.token_scores` returns the per-token scores of any dataset.
+``L_forget`` is SATGA+ (by default its score-gated form, :func:`hf_unlearn.losses.satga_plus_loss`), token-weighted
+NPO or token-weighted SimNPO (:mod:`hf_unlearn.losses.atwu`). The weighter is saved beside the model (the
+``atwu_weighter/`` subfolder, ``huggingface_hub`` mixin format) by ``save_model`` and in every checkpoint, together
+with its Adam state (``atwu_weighter_optimizer.safetensors``) and running centre (a buffer of the weighter); a resumed
+run reloads all three, so it continues exactly. :meth:`ATWUTrainer.token_scores` returns the per-token scores of any
+dataset.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -32,10 +36,17 @@ from ...losses import (
     weighted_npo_loss,
     weighted_simnpo_loss,
 )
-from ..unlearning_config import UnlearningConfig
 from ..unlearning_trainer import LossDenominators, UnlearningTrainer, to_trl_format
 from .config import ATWUConfig
-from .weighter import ATWUTokenWeighter, model_hidden_size, score_token_features
+from .weighter import (
+    WEIGHTER_DIR,
+    WEIGHTER_OPTIMIZER_NAME,
+    ATWUTokenWeighter,
+    load_optimizer_state,
+    model_hidden_size,
+    save_optimizer_state,
+    score_token_features,
+)
 
 
 class ATWUTrainer(UnlearningTrainer):
@@ -43,8 +54,7 @@ class ATWUTrainer(UnlearningTrainer):
 
     Takes the base trainer's arguments plus ``scorer`` (an :class:`ATWUTokenWeighter` to start from, e.g. one
     reloaded with ``ATWUTokenWeighter.from_pretrained``; default: a fresh one, every token scored ``budget``). ``args`` must
-    be an :class:`ATWUConfig` (a plain ``UnlearningConfig`` / ``TrainingArguments`` is converted, ATWU fields at
-    their defaults).
+    be an :class:`ATWUConfig` (other training arguments are converted, ATWU fields at their defaults).
 
     Logged with the loss: ``model_loss`` (the model step's total), ``forget_loss``, ``forget_nll``, ``retain_nll``,
     ``mean_score`` / ``selected_fraction`` (scores of the forget tokens in the model step), and on scorer steps
@@ -54,7 +64,6 @@ class ATWUTrainer(UnlearningTrainer):
     _name = "ATWU"
     config_class = ATWUConfig
     _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
-    default_hyperparameters: ClassVar[dict[str, float]] = {"gamma": 1.0, "alpha": 1.0}
 
     def __init__(self, model: Any, args: ATWUConfig | None = None, *more: Any, scorer: ATWUTokenWeighter | None = None, **kwargs: Any):
         super().__init__(model, args, *more, **kwargs)
@@ -73,7 +82,7 @@ class ATWUTrainer(UnlearningTrainer):
     # ----- configuration -----------------------------------------------------------------------------------------
 
     @classmethod
-    def needs_reference_model(cls, args: UnlearningConfig) -> bool:
+    def needs_reference_model(cls, args: ATWUConfig) -> bool:
         return getattr(args, "forget_loss", None) == "npo" or super().needs_reference_model(args)
 
     # ----- losses -------------------------------------------------------------------------------------------------
@@ -91,13 +100,15 @@ class ATWUTrainer(UnlearningTrainer):
         args = self.args
         if args.forget_loss == "satga":
             n = denominators.forget_tokens if denominators is not None else None
-            return satga_plus_loss(token_log_probs, scores, mask, args.saturation_beta, args.saturation_c, n)
+            return satga_plus_loss(
+                token_log_probs, scores, mask, args.saturation_beta, args.saturation_c, n, form=args.satga_form
+            )
         n = denominators.forget_sequences if denominators is not None else None
         if args.forget_loss == "npo":
             if ref_token_log_probs is None:
                 raise ValueError("The weighted NPO forget loss needs the reference model's token log-probabilities.")
-            return weighted_npo_loss(token_log_probs, ref_token_log_probs, scores, mask, args.beta, n)
-        return weighted_simnpo_loss(token_log_probs, scores, mask, args.beta, args.delta, n)
+            return weighted_npo_loss(token_log_probs, ref_token_log_probs, scores, mask, args.npo_beta, n)
+        return weighted_simnpo_loss(token_log_probs, scores, mask, args.simnpo_beta, args.simnpo_delta, n)
 
     def scorer_step(
         self,
@@ -207,7 +218,30 @@ class ATWUTrainer(UnlearningTrainer):
         return score_token_features(model, self.scorer, features, pad, self.processing_class, bs, progress)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Write the weights (as the Trainer does) and the token weighter beside them (``atwu_weighter/``), into the
+        folder being built (the base trainer swaps it in only once complete; checkpoints included)."""
         super()._save(output_dir, state_dict)
         if self.args.should_save:
-            self.scorer.save_pretrained(output_dir if output_dir is not None else self.args.output_dir)
+            self.scorer.save_pretrained(Path(output_dir if output_dir is not None else self.args.output_dir) / WEIGHTER_DIR)
 
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """The Trainer's optimizer and scheduler, plus the weighter's Adam state, in each checkpoint."""
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:
+            save_optimizer_state(self.scorer_optimizer, Path(output_dir) / WEIGHTER_OPTIMIZER_NAME)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """On resume, reload the weighter (its weights and running centre) and its Adam state from ``checkpoint``
+        with the Trainer's optimizer and scheduler."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        folder = Path(checkpoint)
+        if not (folder / WEIGHTER_DIR).is_dir() or not (folder / WEIGHTER_OPTIMIZER_NAME).is_file():
+            raise FileNotFoundError(
+                f"Checkpoint {checkpoint} has no ATWU token weighter ({WEIGHTER_DIR}/, {WEIGHTER_OPTIMIZER_NAME}); "
+                "it was not written by ATWUTrainer, so the run cannot be resumed exactly."
+            )
+        saved = ATWUTokenWeighter.from_pretrained(folder / WEIGHTER_DIR, hidden_size=self.scorer.hidden_size)
+        self.scorer.load_state_dict(saved.state_dict())
+        load_optimizer_state(self.scorer_optimizer, folder / WEIGHTER_OPTIMIZER_NAME)

@@ -1,11 +1,13 @@
-"""ATWU's learned token scorer and helpers to judge its scores.
+"""ATWU's learned token weighter and helpers to judge its scores.
 
 :class:`ATWUTokenWeighter` is the linear probe ``g_t = sigmoid(<w, h - mu> + b)`` on the model's
 (detached) last-layer hidden state ``h`` at the position where answer token ``t``'s loss is computed,
 i.e. the state from which the model predicts it (``h_{t-1}``, the same shift as
-:func:`hf_unlearn.logprobs.label_log_probs`). It is saved beside the unlearned model as
-``atwu_scorer.safetensors`` plus ``atwu_scorer_config.json`` and reloaded with
-:meth:`ATWUTokenWeighter.from_pretrained`, which refuses a model of another hidden size.
+:func:`hf_unlearn.logprobs.label_log_probs`). It is a ``huggingface_hub`` ``PyTorchModelHubMixin``
+(``config.json`` + ``model.safetensors``, ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``); the
+trainer saves it beside the unlearned model in the subfolder ``atwu_weighter/`` (and in every checkpoint, with
+its optimizer state in ``atwu_weighter_optimizer.safetensors``). ``from_pretrained`` of an ATWU output folder
+finds the subfolder and refuses a model of another hidden size.
 
 :func:`forget_specific_auroc` measures how well per-token scores separate *forget-specific*
 tokens, a proxy for ground-truth forget spans: tokens whose id never occurs in the retain
@@ -22,11 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from huggingface_hub import PyTorchModelHubMixin
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
-SCORER_WEIGHTS_NAME = "atwu_scorer.safetensors"
-SCORER_CONFIG_NAME = "atwu_scorer_config.json"
+WEIGHTER_DIR = "atwu_weighter"
+WEIGHTER_OPTIMIZER_NAME = "atwu_weighter_optimizer.safetensors"
 
 
 def model_hidden_size(model: Any) -> int:
@@ -42,17 +46,25 @@ def model_hidden_size(model: Any) -> int:
     return int(size)
 
 
-class ATWUTokenWeighter(nn.Module):
-    """Linear token scorer ``g_t = sigmoid(<w, h_t - mu> + b)``.
+class ATWUTokenWeighter(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="hf-unlearn",
+    tags=["hf-unlearn", "unlearning", "atwu"],
+    repo_url="https://github.com/hf-unlearn/hf-unlearn",
+):
+    """Linear token weighter ``g_t = sigmoid(<w, h_t - mu> + b)``.
 
-    ``h_t`` is the model's last-layer hidden state, *detached* (the scorer never sends gradient into the model);
-    ``mu`` is a centring vector, the mean hidden state of the scored tokens (a buffer tracked by
-    :meth:`update_center`). Subtracting it keeps the family of scorers the same (``<w, mu>`` is a constant absorbed
-    by ``b``) but makes a push that moves all scores alike (the budget penalty) move ``b`` rather than tilt ``w``
-    towards the most common hidden state, so that ``w`` only learns what tells tokens apart.
+    ``h_t`` is the model's last-layer hidden state, *detached* (the weighter never sends gradient into the model);
+    ``mu`` is a centring vector, the running mean hidden state of the scored tokens (a buffer tracked by
+    :meth:`update_center`, saved with the weights). Subtracting it keeps the family of weighters the same
+    (``<w, mu>`` is a constant absorbed by ``b``) but makes a push that moves all scores alike (the budget penalty)
+    move ``b`` rather than tilt ``w`` towards the most common hidden state, so that ``w`` only learns what tells
+    tokens apart.
 
     Parameters start at ``w = 0``, ``b = init_bias`` (every token scored ``sigmoid(init_bias)``), so training alone
-    orders the tokens. Kept in float32 whatever the model's dtype.
+    orders the tokens. Kept in float32 whatever the model's dtype. Saved and loaded with ``huggingface_hub``'s
+    mixin (safetensors); ``hidden_size`` and ``init_bias`` make its ``config.json``.
     """
 
     def __init__(self, hidden_size: int, init_bias: float = 0.0):
@@ -69,13 +81,13 @@ class ATWUTokenWeighter(nn.Module):
 
     @classmethod
     def for_model(cls, model: Any, init_bias: float = 0.0) -> ATWUTokenWeighter:
-        """A fresh scorer sized for ``model``'s hidden states, on ``model``'s device."""
-        scorer = cls(model_hidden_size(model), init_bias=init_bias)
+        """A fresh weighter sized for ``model``'s hidden states, on ``model``'s device."""
+        weighter = cls(model_hidden_size(model), init_bias=init_bias)
         try:
-            scorer.to(next(model.parameters()).device)
+            weighter.to(next(model.parameters()).device)
         except (AttributeError, StopIteration):
             pass
-        return scorer
+        return weighter
 
     @property
     def weight(self) -> torch.Tensor:
@@ -87,7 +99,7 @@ class ATWUTokenWeighter(nn.Module):
         else the tracked buffer)."""
         if hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(
-                f"Hidden states of width {hidden_states.shape[-1]} given to a scorer of hidden size {self.hidden_size}."
+                f"Hidden states of width {hidden_states.shape[-1]} given to a weighter of hidden size {self.hidden_size}."
             )
         mu = self.center if center is None else center
         h = hidden_states.detach().to(self.linear.weight.dtype) - mu
@@ -122,46 +134,85 @@ class ATWUTokenWeighter(nn.Module):
         self.num_center_updates += 1
 
     # -- persistence -----------------------------------------------------------------------
-    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Write ``atwu_scorer.safetensors`` and ``atwu_scorer_config.json`` into ``save_directory``."""
-        path = Path(save_directory)
-        path.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(path / SCORER_WEIGHTS_NAME), metadata={"format": "pt"})
-        config = {"scorer_type": "atwu_linear", "hidden_size": self.hidden_size, "init_bias": self.init_bias}
-        (path / SCORER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-
     @classmethod
     def from_pretrained(
-        cls, directory: str | os.PathLike, model: Any | None = None, hidden_size: int | None = None
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        model: Any | None = None,
+        hidden_size: int | None = None,
+        **kwargs: Any,
     ) -> ATWUTokenWeighter:
-        """Load a scorer saved by :meth:`save_pretrained` (e.g. an ATWU output folder).
+        """Load a weighter saved with ``save_pretrained`` (a local folder or a Hub repo of its own), or the one
+        an ATWU run saved beside its model (the output folder's ``atwu_weighter/`` subfolder is found).
 
-        With ``model`` (or ``hidden_size``) given, a scorer trained on hidden states of another
-        width is refused with a ``ValueError``; the scorer is moved to ``model``'s device.
+        With ``model`` (or ``hidden_size``) given, a weighter trained on hidden states of another width is refused
+        with a ``ValueError``, and the weighter is moved to ``model``'s device. Other keyword arguments go to
+        ``PyTorchModelHubMixin.from_pretrained``.
         """
-        path = Path(directory)
-        config_file, weights_file = path / SCORER_CONFIG_NAME, path / SCORER_WEIGHTS_NAME
-        if not config_file.is_file() or not weights_file.is_file():
-            raise FileNotFoundError(
-                f"No ATWU scorer in {path}: expected {SCORER_CONFIG_NAME} and {SCORER_WEIGHTS_NAME}."
-            )
-        config = json.loads(config_file.read_text())
-        saved = int(config["hidden_size"])
+        path = Path(pretrained_model_name_or_path)
+        if (path / WEIGHTER_DIR / "config.json").is_file():
+            path = path / WEIGHTER_DIR
+        if path.is_dir():
+            if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+                raise FileNotFoundError(
+                    f"No ATWU token weighter in {pretrained_model_name_or_path}: expected {WEIGHTER_DIR}/config.json "
+                    f"and {WEIGHTER_DIR}/model.safetensors (or config.json and model.safetensors)."
+                )
+            config = json.loads((path / "config.json").read_text())
+            if "hidden_size" not in config or "init_bias" not in config:
+                raise ValueError(f"{path / 'config.json'} is not an ATWU token weighter config: {sorted(config)}.")
+            source: str | os.PathLike = path
+        else:
+            source = pretrained_model_name_or_path
+        weighter = super().from_pretrained(source, **kwargs)
         expected = hidden_size if hidden_size is not None else (model_hidden_size(model) if model is not None else None)
-        if expected is not None and int(expected) != saved:
+        if expected is not None and int(expected) != weighter.hidden_size:
             raise ValueError(
-                f"Hidden size mismatch: the ATWU scorer in {path} was trained on hidden states of size {saved}, "
-                f"but the model has hidden size {expected}."
+                f"Hidden size mismatch: the ATWU token weighter in {pretrained_model_name_or_path} was trained on "
+                f"hidden states of size {weighter.hidden_size}, but the model has hidden size {expected}."
             )
-        scorer = cls(saved, init_bias=float(config.get("init_bias", 0.0)))
-        scorer.load_state_dict(load_file(str(weights_file)))
         if model is not None:
             try:
-                scorer.to(next(model.parameters()).device)
+                weighter.to(next(model.parameters()).device)
             except (AttributeError, StopIteration):
                 pass
-        return scorer
+        return weighter
+
+
+def save_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> None:
+    """Write ``optimizer.state_dict()`` as safetensors: every tensor of its per-parameter state as
+    ``state.<param>.<key>`` and the parameter groups (hyperparameters) as JSON metadata. Used for the ATWU
+    weighter's Adam state in each checkpoint (:func:`load_optimizer_state` reads it back)."""
+    state = optimizer.state_dict()
+    tensors = {}
+    scalars: dict[str, Any] = {}
+    for pid, values in state["state"].items():
+        for key, value in values.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{pid}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{key}"] = value
+    metadata = {"param_groups": json.dumps(state["param_groups"]), "scalars": json.dumps(scalars)}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> None:
+    """Load into ``optimizer`` a state written by :func:`save_optimizer_state`."""
+    per_param: dict[int, dict[str, Any]] = {}
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+        for name in f.keys():
+            _, pid, key = name.split(".", 2)
+            per_param.setdefault(int(pid), {})[key] = f.get_tensor(name)
+    for name, value in json.loads(metadata.get("scalars", "{}")).items():
+        pid, key = name.split(".", 1)
+        per_param.setdefault(int(pid), {})[key] = value
+    groups = [
+        {k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in group.items()}  # JSON lists
+        for group in json.loads(metadata["param_groups"])
+    ]
+    optimizer.load_state_dict({"state": per_param, "param_groups": groups})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,121 +4,239 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..unlearning_config import UnlearningConfig
+from ..unlearning_config import BaseUnlearningConfig
+
+MASC_HINGES = ("buffered", "plain")
+MASC_PENALTIES = ("continuation", "full")
+MASC_STOP_PROBES = ("train", "heldout")
 
 
 @dataclass
-class MASCConfig(UnlearningConfig):
+class MASCConfig(BaseUnlearningConfig):
     r"""
     Configuration class for the [`MASCTrainer`].
 
-    MASC pushes down the *restricted margin* of every forget answer token,
-    `m_t = beta * z(y_t | c_t) - logsumexp_{v in S_k(c_t)} beta * z(v | c_t)` (`z` the logits, `S_k` the model's
-    current top-`k` tokens other than the target, chosen without gradient), with a hinge `max(0, m_t - tau)` that
-    switches off once a position is corrected, plus `kl_weight * KL(pi_0 || pi_theta)` on retain answer tokens against
-    the frozen starting model. Training stops by itself at the first check where the fraction of held-out forget
-    answer positions with `m_t > tau` (the violation rate) is at most `stop_tolerance`.
+    MASC pushes down the *restricted margin* of forget answer tokens,
+    `m_t = beta * z(y_t) - logsumexp_{v in top-k(z) \ y_t} beta * z(v)` (`z` the logits, the `k` rivals chosen
+    without gradient from the current model's own logits), below `tau = log(rho / (1 - rho))`, and stops by
+    itself. The defaults are the authors' TOFU recipe (`repro/run_masc_tofu.sh` of
+    FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection): **every number below marked (L2-7B) comes from
+    their Llama-2-7B-chat TOFU forget10 run** (`lambda_fg 0.05`, `rho 0.70`, `eta 0.25`, top-10 self rivals,
+    `beta 1.0`, continuation cut 20-60% with 32/32 minimum prefix/suffix tokens, stop trigger and alpha 0.475 on
+    32 confirmation examples with `delta 0.05`, checks every 2 steps on 2 probe batches, `lr 1e-4`, batch 2,
+    3 epochs, LoRA r 16 / alpha 32 / dropout 0.05 on q,k,v,o, retain term off).
 
-    The threshold is given either as `margin_threshold` (`tau`) or as `margin_probability` (`rho`). The margin is the
-    log-odds of the target under the softmax restricted to `{y_t} U S_k`, `m_t = log(p_r / (1 - p_r))`, so
-    `m_t > tau` exactly when `p_r > rho` with `tau = log(rho / (1 - rho))` (equivalently `rho = sigmoid(tau)`).
-    With neither given, `tau = 0` (`rho = 0.5`: the target is no longer more likely than its `k` rivals together).
+    Loss of a step: `forget_weight * (1/|A|) sum_{t in A} relu(m_t - (tau - eta)) / eta` over the *active*
+    positions `A` (the continuation of each forget answer after a random cut, or the whole answer), plus
+    `retain_weight * KL(pi_0 || pi_theta)` on retain answers (off by default). `pi_0` is the disabled LoRA
+    adapter (or a frozen copy of the model without PEFT).
+
+    Stopping rule (`stop_probe="train"`, the authors'): every `check_every` steps, *stage 1* measures the mean
+    per-example violation rate (fraction of an example's continuation tokens with `m_t > tau`) over the first
+    `stop_probe_batches` batches of forget *training* examples; when it is `<= stop_trigger`, *stage 2* measures
+    it on the first `confirm_examples` forget training examples and stops when the Hoeffding upper bound
+    `mean + sqrt(log(1/delta_j) / (2 n))`, `delta_j = 6 delta / (pi^2 (j + 1)^2)` for the `j`-th confirmation, is
+    `<= stop_tolerance`. `stop_probe="heldout"` is the earlier rule: a held-out slice of the forget set
+    (`validation_fraction`, never trained on) and a single stage, pooled token violation rate `<= stop_tolerance`.
 
     Parameters:
         > Parameters that control the margin
 
         top_k (`int`, *optional*, defaults to `10`):
-            Number of rival tokens `k` in `S_k`; must be in `[1, vocab_size - 1]`.
+            Number of rival tokens `k` (L2-7B), in `[1, vocab_size - 1]`.
         margin_beta (`float`, *optional*, defaults to `1.0`):
-            Inverse temperature `beta` applied to the logits inside the margin.
+            Inverse temperature `beta` of the margin (L2-7B), `> 0`.
+        margin_probability (`float`, *optional*, defaults to `0.7`):
+            Threshold as a restricted probability `rho` in `(0, 1)` (L2-7B); `tau = log(rho / (1 - rho))`.
         margin_threshold (`float`, *optional*):
-            Threshold `tau`: a position violates (and is trained) while `m_t > tau`. Mutually exclusive with
-            `margin_probability`.
-        margin_probability (`float`, *optional*):
-            Threshold as a restricted probability `rho` in `(0, 1)`; `tau = log(rho / (1 - rho))`.
+            Threshold `tau` given directly; when set it replaces `margin_probability`.
 
         > Parameters that control the loss
 
-        kl_weight (`float`, *optional*, defaults to `1.0`):
-            Weight `lambda` of `KL(pi_0 || pi_theta)` on retain answer tokens (`0` disables the retain term).
+        forget_weight (`float`, *optional*, defaults to `0.05`):
+            Weight `lambda_fg` of the forget (hinge) term (L2-7B), `> 0`.
+        hinge (`str`, *optional*, defaults to `"buffered"`):
+            `"buffered"`: `relu(m_t - (tau - eta)) / eta` (L2-7B); `"plain"`: the earlier `relu(m_t - tau)`.
+        buffer_eta (`float`, *optional*, defaults to `0.25`):
+            Buffer `eta > 0` of the buffered hinge (L2-7B).
+        penalty (`str`, *optional*, defaults to `"continuation"`):
+            `"continuation"`: only the answer suffix after a random cut counts (L2-7B), in the loss and in the
+            stopping statistic; `"full"`: the whole answer.
+        continuation_cut_min_ratio (`float`, *optional*, defaults to `0.2`):
+            Lower end of the uniform cut ratio (L2-7B).
+        continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
+            Upper end of the uniform cut ratio (L2-7B).
+        continuation_min_prefix_tokens (`int`, *optional*, defaults to `32`):
+            Answer tokens always left before the cut (L2-7B, Llama-2 tokens; scale it to the tokenizer: the
+            TOFU-tiny benchmark uses 8). Answers shorter than min prefix + min suffix are penalised whole.
+        continuation_min_suffix_tokens (`int`, *optional*, defaults to `32`):
+            Answer tokens always penalised after the cut (L2-7B; TOFU-tiny uses 8).
+        retain_weight (`float`, *optional*, defaults to `0.0`):
+            Weight of `KL(pi_0 || pi_theta)` on retain answer tokens (L2-7B: off). With `0` no retain set is used.
 
         > Parameters that control the stopping rule
 
-        stop_tolerance (`float`, *optional*, defaults to `0.05`):
-            `alpha` in `(0, 1)`: training stops at the first check where the held-out violation rate is `<= alpha`.
+        stop_probe (`str`, *optional*, defaults to `"train"`):
+            `"train"`: the authors' two-stage rule on forget training examples; `"heldout"`: the earlier
+            single-stage rule on a held-out slice.
+        check_every (`int`, *optional*, defaults to `2`):
+            Check the rule every `check_every` optimizer steps (L2-7B).
+        stop_trigger (`float`, *optional*, defaults to `0.475`):
+            Stage 1 arms the confirmation when the probe's mean per-example violation rate is `<=` this (L2-7B).
+        stop_probe_batches (`int`, *optional*, defaults to `2`):
+            Stage 1 probes the first `stop_probe_batches * per_device_train_batch_size` forget training examples
+            (L2-7B: 2 batches of 2).
+        confirm_examples (`int`, *optional*, defaults to `32`):
+            Stage 2 probes the first `confirm_examples` forget training examples (L2-7B; all of them when the
+            set is smaller, which widens the bound).
+        confirm_delta (`float`, *optional*, defaults to `0.05`):
+            Total failure probability `delta` of the anytime Hoeffding bound (L2-7B), in `(0, 1)`.
+        stop_tolerance (`float`, *optional*, defaults to `0.475`):
+            `alpha` in `(0, 1)`: stop when the bound (`"train"`) or the held-out rate (`"heldout"`) is `<= alpha`
+            (L2-7B: 0.475).
         validation_fraction (`float`, *optional*, defaults to `0.1`):
-            Fraction of the forget set held out (never trained on) to measure the violation rate; at least one
-            example is held out and at least one is kept for training.
-        check_every (`int`, *optional*, defaults to `5`):
-            Measure the held-out violation rate every `check_every` optimizer steps.
+            `stop_probe="heldout"` only: fraction of the forget set held out (never trained on).
         min_validation_positions (`int`, *optional*, defaults to `20`):
-            The held-out slice must have at least `max(min_validation_positions, ceil(1 / alpha))` answer positions,
-            enough to resolve a rate of `alpha`.
-        max_steps (`int`, *optional*, defaults to `200`):
-            Step budget guarding against a rule that never fires (a warning says when it is hit). `-1` falls back to
-            `num_train_epochs`.
+            `stop_probe="heldout"` only: the held-out slice needs `max(min_validation_positions,
+            ceil(1 / alpha))` answer positions.
+
+        > Parameters that control LoRA (as TRL's `ModelConfig`; used when the trainer gets no `peft_config`)
+
+        use_peft (`bool`, *optional*, defaults to `True`):
+            Train a LoRA adapter (L2-7B); the reference `pi_0` is then the model with the adapter disabled.
+        lora_r (`int`, *optional*, defaults to `16`):
+            LoRA rank (L2-7B).
+        lora_alpha (`int`, *optional*, defaults to `32`):
+            LoRA alpha (L2-7B).
+        lora_dropout (`float`, *optional*, defaults to `0.05`):
+            LoRA dropout (L2-7B).
+        lora_target_modules (`list[str]`, *optional*, defaults to `["q_proj", "k_proj", "v_proj", "o_proj"]`):
+            Modules that get an adapter (L2-7B; Llama names).
 
     > [!NOTE]
-    > Default values in this class that differ from [`UnlearningConfig`]: `max_steps` is `200` (a budget, not a
-    > schedule) and `learning_rate` is `1e-4`.
+    > Defaults that differ from the base config: `learning_rate` `1e-4`, `num_train_epochs` `3`,
+    > `per_device_train_batch_size` `2` and `weight_decay` `0.0` (L2-7B: plain AdamW at 1e-4 for 3 epochs,
+    > batch 2). The epochs are a budget: the rule normally stops earlier (a warning says when it did not).
     """
 
+    # Defaults overridden from the base (the authors' TOFU run)
+    learning_rate: float = field(default=1e-4, metadata={"help": "Initial learning rate (authors' TOFU run: 1e-4)."})
+    num_train_epochs: float = field(default=3.0, metadata={"help": "Epoch budget (authors' TOFU run: 3)."})
+    per_device_train_batch_size: int = field(default=2, metadata={"help": "Batch size per device (authors: 2)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "Weight decay for AdamW (authors: 0)."})
+
+    # The margin
     top_k: int = field(default=10, metadata={"help": "Number k of rival tokens in the restricted margin."})
     margin_beta: float = field(default=1.0, metadata={"help": "Inverse temperature beta inside the margin."})
-    margin_threshold: float | None = field(
-        default=None, metadata={"help": "Margin threshold tau (exclusive with margin_probability); default 0."}
-    )
     margin_probability: float | None = field(
-        default=None, metadata={"help": "Threshold as restricted probability rho; tau = log(rho / (1 - rho))."}
+        default=0.7, metadata={"help": "Threshold as restricted probability rho; tau = log(rho / (1 - rho))."}
     )
-    kl_weight: float = field(default=1.0, metadata={"help": "Weight lambda of KL(pi_0 || pi_theta) on retain tokens."})
-    stop_tolerance: float = field(
-        default=0.05, metadata={"help": "alpha: stop when the held-out violation rate is <= alpha."}
+    margin_threshold: float | None = field(
+        default=None, metadata={"help": "Threshold tau given directly (replaces margin_probability when set)."}
     )
+
+    # The loss
+    forget_weight: float = field(default=0.05, metadata={"help": "Weight lambda_fg of the forget hinge term."})
+    hinge: str = field(
+        default="buffered",
+        metadata={"help": "'buffered': relu(m - (tau - eta)) / eta; 'plain': relu(m - tau).", "choices": list(MASC_HINGES)},
+    )
+    buffer_eta: float = field(default=0.25, metadata={"help": "Buffer eta of the buffered hinge (> 0)."})
+    penalty: str = field(
+        default="continuation",
+        metadata={"help": "'continuation': loss on the answer suffix after a random cut; 'full': whole answer.",
+                  "choices": list(MASC_PENALTIES)},
+    )
+    continuation_cut_min_ratio: float = field(default=0.2, metadata={"help": "Lower end of the random cut ratio."})
+    continuation_cut_max_ratio: float = field(default=0.6, metadata={"help": "Upper end of the random cut ratio."})
+    continuation_min_prefix_tokens: int = field(
+        default=32, metadata={"help": "Answer tokens always kept before the cut (Llama-2: 32; scale to the tokenizer)."}
+    )
+    continuation_min_suffix_tokens: int = field(
+        default=32, metadata={"help": "Answer tokens always penalised after the cut (Llama-2: 32)."}
+    )
+    retain_weight: float = field(default=0.0, metadata={"help": "Weight of KL(pi_0 || pi_theta) on retain tokens."})
+
+    # The stopping rule
+    stop_probe: str = field(
+        default="train",
+        metadata={"help": "'train': two-stage rule on forget training examples; 'heldout': held-out slice, one stage.",
+                  "choices": list(MASC_STOP_PROBES)},
+    )
+    check_every: int = field(default=2, metadata={"help": "Check the stopping rule every this many steps."})
+    stop_trigger: float = field(default=0.475, metadata={"help": "Stage-1 trigger on the mean violation rate."})
+    stop_probe_batches: int = field(default=2, metadata={"help": "Stage-1 probe size in training batches."})
+    confirm_examples: int = field(default=32, metadata={"help": "Stage-2 probe size in forget training examples."})
+    confirm_delta: float = field(default=0.05, metadata={"help": "Failure probability delta of the Hoeffding bound."})
+    stop_tolerance: float = field(default=0.475, metadata={"help": "alpha: stop when the bound (or rate) is <= alpha."})
     validation_fraction: float = field(
-        default=0.1, metadata={"help": "Fraction of the forget set held out for the stopping rule."}
+        default=0.1, metadata={"help": "stop_probe='heldout': fraction of the forget set held out."}
     )
-    check_every: int = field(default=5, metadata={"help": "Check the stopping rule every this many steps."})
     min_validation_positions: int = field(
-        default=20, metadata={"help": "Minimum number of held-out answer positions to measure a rate."}
+        default=20, metadata={"help": "stop_probe='heldout': minimum held-out answer positions."}
     )
-    max_steps: int = field(default=200, metadata={"help": "Step budget (guard against never stopping)."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "Initial learning rate of the optimizer."})
+
+    # LoRA (TRL ModelConfig names)
+    use_peft: bool = field(default=True, metadata={"help": "Train a LoRA adapter (used when no peft_config is given)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | None = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata={"help": "Modules that get a LoRA adapter."},
+    )
 
     def __post_init__(self) -> None:
         if int(self.top_k) < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}.")
-        if self.margin_beta <= 0:
+        if not self.margin_beta > 0:
             raise ValueError(f"margin_beta must be > 0, got {self.margin_beta}.")
-        if self.margin_threshold is not None and self.margin_probability is not None:
-            raise ValueError("Give the threshold either as margin_threshold (tau) or margin_probability (rho), not both.")
-        if self.margin_probability is not None and not 0.0 < self.margin_probability < 1.0:
-            raise ValueError(f"margin_probability (rho) must lie in (0, 1), got {self.margin_probability}.")
-        if self.margin_threshold is not None and not math.isfinite(self.margin_threshold):
+        if self.margin_threshold is None:
+            if self.margin_probability is None or not 0.0 < self.margin_probability < 1.0:
+                raise ValueError(f"margin_probability (rho) must lie in (0, 1), got {self.margin_probability}.")
+        elif not math.isfinite(self.margin_threshold):
             raise ValueError(f"margin_threshold (tau) must be finite, got {self.margin_threshold}.")
-        if not 0.0 < self.stop_tolerance < 1.0:
-            raise ValueError(f"stop_tolerance (alpha) must lie in (0, 1), got {self.stop_tolerance}.")
+        if not self.forget_weight > 0:
+            raise ValueError(f"forget_weight (lambda_fg) must be > 0, got {self.forget_weight}.")
+        if self.hinge not in MASC_HINGES:
+            raise ValueError(f"hinge must be one of {list(MASC_HINGES)}, got {self.hinge!r}.")
+        if not self.buffer_eta > 0:
+            raise ValueError(f"buffer_eta must be > 0, got {self.buffer_eta}.")
+        if self.penalty not in MASC_PENALTIES:
+            raise ValueError(f"penalty must be one of {list(MASC_PENALTIES)}, got {self.penalty!r}.")
+        if not 0.0 <= self.continuation_cut_min_ratio <= self.continuation_cut_max_ratio <= 1.0:
+            raise ValueError(
+                "continuation cut ratios need 0 <= continuation_cut_min_ratio <= continuation_cut_max_ratio <= 1, got "
+                f"{self.continuation_cut_min_ratio} and {self.continuation_cut_max_ratio}."
+            )
+        for name in ("continuation_min_prefix_tokens", "continuation_min_suffix_tokens"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if not self.retain_weight >= 0:
+            raise ValueError(f"retain_weight must be >= 0, got {self.retain_weight}.")
+        if self.stop_probe not in MASC_STOP_PROBES:
+            raise ValueError(f"stop_probe must be one of {list(MASC_STOP_PROBES)}, got {self.stop_probe!r}.")
+        if int(self.check_every) < 1:
+            raise ValueError(f"check_every must be >= 1, got {self.check_every}.")
+        for name in ("stop_trigger", "stop_tolerance", "confirm_delta"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                label = {"stop_tolerance": "stop_tolerance (alpha)"}.get(name, name)
+                raise ValueError(f"{label} must lie in (0, 1), got {getattr(self, name)}.")
+        for name in ("stop_probe_batches", "confirm_examples", "min_validation_positions"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if not 0.0 < self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction}.")
-        if self.check_every < 1:
-            raise ValueError(f"check_every must be >= 1, got {self.check_every}.")
-        if self.kl_weight < 0:
-            raise ValueError(f"kl_weight must be >= 0, got {self.kl_weight}.")
-        if self.min_validation_positions < 1:
-            raise ValueError(f"min_validation_positions must be >= 1, got {self.min_validation_positions}.")
-        if self.max_steps == 0 or self.max_steps < -1:
-            raise ValueError(f"max_steps (the step budget) must be positive or -1, got {self.max_steps}.")
         super().__post_init__()
 
     @property
     def tau(self) -> float:
-        """The margin threshold `tau`, from `margin_threshold` or `margin_probability` (default 0)."""
+        """The margin threshold `tau`: `margin_threshold`, else `log(rho / (1 - rho))`."""
         if self.margin_threshold is not None:
             return float(self.margin_threshold)
-        if self.margin_probability is not None:
-            return math.log(self.margin_probability / (1.0 - self.margin_probability))
-        return 0.0
+        return math.log(self.margin_probability / (1.0 - self.margin_probability))
 
     @property
     def rho(self) -> float:
@@ -127,5 +245,18 @@ class MASCConfig(UnlearningConfig):
 
     @property
     def min_validation_size(self) -> int:
-        """Answer positions the held-out slice needs: `max(min_validation_positions, ceil(1 / alpha))`."""
+        """`stop_probe="heldout"`: answer positions needed, `max(min_validation_positions, ceil(1 / alpha))`."""
         return max(int(self.min_validation_positions), math.ceil(1.0 / self.stop_tolerance - 1e-9))
+
+    def get_peft_config(self) -> Any:
+        """The `peft.LoraConfig` of the `lora_*` fields (as TRL's `get_peft_config(model_args)`), or `None`
+        when `use_peft` is false."""
+        if not self.use_peft:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=int(self.lora_r), lora_alpha=int(self.lora_alpha), lora_dropout=float(self.lora_dropout),
+            target_modules=list(self.lora_target_modules) if self.lora_target_modules else None,
+            bias="none", task_type="CAUSAL_LM",
+        )
