@@ -1,8 +1,9 @@
-"""GROM speed: ``fit_grom`` wall seconds against one plain forward pass over forget + retain.
+"""GROM speed: ``fit_grom`` wall seconds against one plain forward pass over the rows GROM reads.
 
-The plain pass tokenizes every forget and retain example and runs the model once over them in
-batches of ``--batch-size`` (no hooks, no gradients), the floor for any method that reads the
-data. GROM does the same tokenization and forward pass with key-collecting hooks, the layer
+GROM reads every forget row and ``retain_sample`` retain rows (``--retain-sample``, default
+``GROMConfig().retain_sample``; the same seeded sample ``fit_grom`` draws). The plain pass tokenizes
+exactly those examples and runs the model once over them in batches of ``--batch-size`` (no hooks,
+no gradients), the floor for any method that reads the data. GROM does the same tokenization and forward pass with key-collecting hooks, the layer
 attribution, the float64 second moments and the Cholesky solve(s). One warm-up of each, then the
 median of ``--repeats``, in wall and process-CPU seconds (on a shared machine use ``--threads 1``:
 spinning OpenMP threads make both noisy); the target is GROM / plain <= 3. Prints a table and
@@ -15,11 +16,9 @@ writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import hf_unlearn  # noqa: F401
     from hf_unlearn.bench.measure import load_speed_subject, plain_forward_seconds
-    from hf_unlearn.grom import GROMConfig, fit_grom
+    from hf_unlearn.grom import GROMConfig, fit_grom, retain_subsample
 
     torch.manual_seed(args.seed)
     if args.threads:
@@ -60,10 +59,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = GROMConfig(
         target_modules=args.target_modules, layers="auto" if args.layers is None else args.layers,
         num_layers=args.num_layers, forget_weight=args.forget_weight, suppression_margin=args.suppression_margin,
-        ridge=args.ridge, batch_size=args.batch_size, progress=False,
+        ridge=args.ridge, batch_size=args.batch_size, progress=False, seed=args.seed,
+        retain_sample=None if args.retain_sample <= 0 else args.retain_sample,
     )
+    read = [retain[i] for i in retain_subsample(len(retain), config.retain_sample, config.seed)]
     plain, plain_cpu, _ = _median_seconds(
-        lambda: plain_forward_seconds(model, tokenizer, forget + retain, args.batch_size), args.repeats
+        lambda: plain_forward_seconds(model, tokenizer, forget + read, args.batch_size), args.repeats
     )
     grom, grom_cpu, edit = _median_seconds(lambda: fit_grom(model, tokenizer, forget, retain, config), args.repeats)
     return {
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "n_forget": len(forget),
         "n_retain": len(retain),
+        "n_retain_read": len(read),
         "config": config.to_dict(),
         "edited_modules": list(edit.deltas),
         "selected_layers": edit.selected_layers,
@@ -92,7 +94,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _table(r: dict[str, Any]) -> str:
     return "\n".join([
         f"GROM on {r['model']} ({r['device']}, {r['torch_threads']} threads): forget {r['n_forget']} / retain "
-        f"{r['n_retain']} examples, {r['num_forget_keys']} / {r['num_retain_keys']} keys, edited {r['edited_modules']}",
+        f"{r['n_retain_read']} of {r['n_retain']} examples read, {r['num_forget_keys']} / {r['num_retain_keys']} keys, "
+        f"edited {r['edited_modules']} (layers {r['selected_layers']})",
         "",
         "| clock | plain forward (s) | fit_grom (s) | GROM / plain | target |",
         "|:------|------------------:|-------------:|-------------:|-------:|",
@@ -104,31 +107,24 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from hf_unlearn.bench.measure import add_speed_subject_arguments
+    from hf_unlearn.bench.report import run_speed_script
+    from hf_unlearn.grom import GROMConfig
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="local causal LM folder (default: the TOFU-tiny target)")
-    parser.add_argument("--source", default="synthetic", help="TOFU source: 'synthetic', Hub id or local folder")
-    parser.add_argument("--forget-split", default="forget10")
-    parser.add_argument("--cache-dir", default=None, help="cache of the tiny models")
-    parser.add_argument("--device", default=None)
+    add_speed_subject_arguments(parser)
     parser.add_argument("--target-modules", nargs="+", default=["down_proj"])
     parser.add_argument("--layers", type=int, nargs="+", default=None, help="explicit layers (default: auto)")
-    parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--num-layers", type=int, default=None, help="auto band width (default: a tenth of the depth)")
+    parser.add_argument("--retain-sample", type=int, default=GROMConfig().retain_sample,
+                        help="retain rows read for X_r X_r^T (0: all)")
     parser.add_argument("--forget-weight", type=float, default=10.0)
     parser.add_argument("--suppression-margin", type=float, default=30.0)
     parser.add_argument("--ridge", type=float, default=1e-2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 gives stable timings on a busy machine)")
-    parser.add_argument("--out", default=None, help="write the JSON here as well")
-    args = parser.parse_args(argv)
-    result = run(args)
-    print(_table(result))
-    print(json.dumps(result, indent=2))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
-    return result
+    return run_speed_script(parser, run, _table, argv)
 
 
 if __name__ == "__main__":

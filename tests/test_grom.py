@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -239,7 +240,7 @@ def test_bad_input(tiny, sets):
     cfg = GROMConfig(progress=False)
     with pytest.raises(ValueError, match=r"matches no module.*down_proj"):
         fit_grom(model, tok, forget, retain, GROMConfig(target_modules="c_fc", progress=False))
-    with pytest.raises(ValueError, match="no answer tokens"):
+    with pytest.raises(ValueError, match=r"forget example 0: .*no room for an answer token.*max_length"):
         fit_grom(model, tok, forget, retain, GROMConfig(max_length=2, progress=False))
     with pytest.raises(ValueError, match="singular"):  # 2 forget examples, no retain term, no ridge
         fit_grom(model, tok, forget[:2], retain[:2], GROMConfig(ridge=0.0, retain_weight=0.0, layers=[1], progress=False))
@@ -272,3 +273,350 @@ def test_normal_matrix_formula():
     a = normal_matrix(xr.T @ xr, xr.shape[0], xf, 2.0, 3.0, 0.5)
     ref = 3.0 / xr.shape[0] * xr.T @ xr + 2.0 / xf.shape[0] * xf.T @ xf + 0.5 * torch.eye(xf.shape[1], dtype=torch.float64)
     torch.testing.assert_close(a, ref)
+
+
+# ----- save / load / push (#17.3), provenance (#12.6) -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_module_edit(tiny_pair, sets):
+    from hf_unlearn.bench.subjects import load_tiny
+
+    model, tok = load_tiny(tiny_pair.target)  # a fresh base (others apply_ and undo edits on `tiny`, not bit-exact)
+    forget, retain = sets
+    return fit_grom(model, tok, forget[:8], retain[:60], GROMConfig(
+        target_modules=["down_proj", "lm_head"], layers=[1], progress=False))
+
+
+def _assert_same_audit(loaded, edit):
+    assert loaded.num_forget_examples == edit.num_forget_examples
+    assert torch.equal(loaded.example_ids, edit.example_ids)
+    for name, p in edit.deltas.items():
+        assert torch.equal(loaded.deltas[name], p)
+    for i in (0, 3, edit.num_forget_examples - 1):
+        want, got = edit.influence(i), loaded.influence(i)
+        assert set(got) == set(want)
+        for name in want:
+            assert torch.equal(got[name], want[name]), (i, name)
+
+
+def _fresh(tiny_pair):
+    from hf_unlearn.bench.subjects import load_tiny
+
+    return load_tiny(tiny_pair.target)
+
+
+def test_save_and_from_pretrained_restore_the_audit(tiny_pair, two_module_edit, tmp_path):
+    from peft import PeftModel
+
+    model, tok = _fresh(tiny_pair)
+    edit = two_module_edit
+    out = tmp_path / "adapter"
+    edit.save_pretrained(out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "grom_audit.safetensors", "grom_metadata.json"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+    meta = json.loads((out / "grom_metadata.json").read_text())
+    assert "batch_size" not in meta["config"] and "progress" not in meta["config"]  # runtime settings not saved
+    assert set(meta["base_fingerprint"]["modules"]) == set(edit.deltas)
+
+    from hf_unlearn.grom import GROMEdit
+
+    loaded = GROMEdit.from_pretrained(out, model=model)
+    assert loaded.config.saved_dict() == edit.config.saved_dict()
+    assert loaded.selected_layers == edit.selected_layers and loaded.retain_indices == edit.retain_indices
+    _assert_same_audit(loaded, edit)
+    # PEFT loads the same folder and computes W + P
+    ids = torch.tensor([tok("Question: who?\nAnswer: The")["input_ids"]])
+    with torch.no_grad():
+        want = edit.apply_(_fresh(tiny_pair)[0])(input_ids=ids).logits
+        got = PeftModel.from_pretrained(model, out)(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_save_refuses_overwrite_and_non_finite(two_module_edit, tmp_path):
+    from dataclasses import replace
+
+    from hf_unlearn.safe_output import OutputDirError
+
+    out = tmp_path / "adapter"
+    two_module_edit.save_pretrained(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(OutputDirError, match="already holds an adapter"):
+        two_module_edit.save_pretrained(out)
+    bad = replace(two_module_edit, deltas={**two_module_edit.deltas, "lm_head": two_module_edit.deltas["lm_head"].clone()})
+    bad.deltas["lm_head"][0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        bad.save_pretrained(out, overwrite=True)
+    with pytest.raises(ValueError, match="non-finite"):
+        bad.save_pretrained(tmp_path / "fresh")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous adapter is untouched
+    assert not (tmp_path / "fresh").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
+    # overwrite replaces the adapter as a whole (no audit file left from the previous save) and keeps other files
+    (out / "logs.jsonl").write_text("{}\n")
+    two_module_edit.save_pretrained(out, overwrite=True, save_audit=False)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "grom_metadata.json", "logs.jsonl"]
+    # a run folder holding only other files (the CLI's logs) takes the adapter beside them
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    two_module_edit.save_pretrained(run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "grom_audit.safetensors", "grom_metadata.json", "logs"]
+    shutil.rmtree(run_dir)
+
+    from hf_unlearn.grom import GROMEdit
+
+    slim = GROMEdit.from_pretrained(out)
+    for name, p in two_module_edit.deltas.items():  # P from the LoRA factors B @ A
+        torch.testing.assert_close(slim.deltas[name], p, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="audit state"):
+        slim.influence(0)
+    with pytest.raises(ValueError, match="not a GROM adapter"):
+        (out / "grom_metadata.json").unlink()
+        GROMEdit.from_pretrained(out)
+
+
+def test_load_grom_adapter_checks_the_base(tiny_pair, two_module_edit, tmp_path):
+    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.grom import BaseModelMismatchError, load_grom_adapter
+
+    two_module_edit.save_pretrained(tmp_path / "a")
+    base, tok = load_tiny(tiny_pair.target)
+    ids = torch.tensor([tok("Question: who?\nAnswer: The")["input_ids"]])
+    peft_model = load_grom_adapter(base, tmp_path / "a")
+    with torch.no_grad():
+        got = peft_model(input_ids=ids).logits
+        ref, _ = load_tiny(tiny_pair.target)
+        want = two_module_edit.apply_(ref)(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # the same base held in bfloat16 is accepted (its bf16-rounded weights match the fingerprint)
+    bf16, _ = load_tiny(tiny_pair.target)
+    two_module_edit.verify_base(bf16.to(torch.bfloat16))
+    # an already-edited model is a different base: to_peft refuses to stack the edit twice
+    edited, _ = load_tiny(tiny_pair.target)
+    two_module_edit.apply_(edited)
+    with pytest.raises(BaseModelMismatchError, match="different base"):
+        two_module_edit.to_peft(edited)
+
+
+@pytest.fixture()
+def hub(tmp_path, monkeypatch):
+    from hub_server import LocalHub, use_local_hub
+
+    with LocalHub(tmp_path / "hub-server") as server:
+        foreign = use_local_hub(monkeypatch, server, tmp_path / "hf-home")
+        yield server
+        assert not server.unhandled, f"client used unimplemented Hub endpoints: {server.unhandled}"
+        assert not foreign, f"a test tried to reach another host: {foreign}"
+
+
+def test_push_to_hub_one_commit_and_pull_back(hub, tiny_pair, two_module_edit):
+    from peft import PeftModel
+
+    from hf_unlearn.grom import GROMEdit
+
+    model, tok = _fresh(tiny_pair)
+    report = {"forget_quality": 0.5, "model_utility": 0.4, "forget_rouge_l": 0.3, "forget_truth_ratio": 0.6,
+              "forget_split": "forget10", "model_name": two_module_edit.base_model_name_or_path}
+    two_module_edit.push_to_hub("tester/grom", token=hub.token, report=report)
+    commits = hub.commits("tester/grom")
+    assert [c.title for c in commits[:-1]] == ["initial commit"]  # the repo's creation, then our one commit
+    files = hub.files("tester/grom")
+    assert {"adapter_config.json", "adapter_model.safetensors", "grom_metadata.json", "grom_audit.safetensors",
+            "README.md", "unlearning_report.json"} <= set(files)
+    assert json.loads(files["unlearning_report.json"]) == report
+    pulled = GROMEdit.from_pretrained("tester/grom", model=model)
+    _assert_same_audit(pulled, two_module_edit)
+    ids = torch.tensor([tok("Question: who?\nAnswer: The")["input_ids"]])
+    with torch.no_grad():
+        want = two_module_edit.apply_(_fresh(tiny_pair)[0])(input_ids=ids).logits
+        got = PeftModel.from_pretrained(model, "tester/grom")(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError):
+        two_module_edit.push_to_hub("not a repo id!", token=hub.token)
+    assert len(hub.commits("tester/grom")) == 2
+
+
+# ----- cost: retain_sample (#16.5) ---------------------------------------------------------------------------------
+
+
+def test_default_retain_subsample_is_deterministic():
+    from hf_unlearn.grom import retain_subsample
+
+    k = GROMConfig().retain_sample
+    assert k == 256
+    a, b = retain_subsample(3600, k, 0), retain_subsample(3600, k, 0)
+    assert a == b and len(a) == k == len(set(a)) and a == sorted(a) and 0 <= a[0] and a[-1] < 3600
+    assert retain_subsample(3600, k, 1) != a
+    assert retain_subsample(180, k, 0) == list(range(180))  # a small retain set is read whole
+    assert retain_subsample(10, None, 0) == list(range(10))
+    # uniform: over many seeds every row is drawn about k / n of the time
+    counts = torch.zeros(40)
+    for seed in range(400):
+        counts[retain_subsample(40, 10, seed)] += 1
+    assert (counts / 400 - 0.25).abs().max() < 0.09
+
+
+def _module_inputs(model, tok, rows, module):
+    """Slow reference: inputs of ``module`` at every answer-predicting position, one example at a time."""
+    from hf_unlearn.data import collate_qa, tokenize_qa
+
+    keys, seen = [], {}
+    hook = module.register_forward_hook(lambda m, a, o: seen.__setitem__("x", a[0]))
+    try:
+        for r in rows:
+            batch = collate_qa([tokenize_qa(tok, r["question"], r["answer"])], tok.pad_token_id)
+            with torch.no_grad():
+                model(input_ids=batch["input_ids"])
+            labels = batch["labels"][0]
+            for t in range(labels.shape[0] - 1):
+                if labels[t + 1] != -100:
+                    keys.append(seen["x"][0, t].double())
+    finally:
+        hook.remove()
+    return torch.stack(keys)
+
+
+def test_retain_sample_solve_satisfies_its_objective(tiny, sets):
+    from hf_unlearn.grom import retain_subsample
+
+    model, tok = tiny
+    forget, retain = sets
+    cfg = GROMConfig(target_modules="lm_head", retain_sample=40, seed=3, progress=False)
+    edit = fit_grom(model, tok, forget[:6], retain, cfg)
+    assert edit.retain_indices == retain_subsample(len(retain), 40, 3)
+    assert edit.stats["num_retain_rows_read"] == 40
+    again = fit_grom(model, tok, forget[:6], retain, cfg)
+    assert torch.equal(again.deltas["lm_head"], edit.deltas["lm_head"])
+    # P is the minimiser of the objective whose retain term holds exactly the sampled rows' keys
+    xr = _module_inputs(model, tok, [retain[i] for i in edit.retain_indices], model.lm_head)
+    assert xr.shape[0] == edit.stats["num_retain_keys"]
+    xf, dt = edit.forget_keys["lm_head"].double(), edit.targets["lm_head"].double()
+    w = (cfg.forget_weight, cfg.retain_weight, cfg.ridge)
+    p = edit.solutions["lm_head"].delta.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(grom_objective(p, xf, dt, xr, *w), p)
+    scale = float((cfg.forget_weight / xf.shape[0]) * (xf.T @ dt).abs().max())
+    assert float(grad.abs().max()) < 1e-6 * scale
+    # ... and not of the objective over all retain rows (the sample really is what was read)
+    xr_all = _module_inputs(model, tok, retain, model.lm_head)
+    (grad_all,) = torch.autograd.grad(grom_objective(p, xf, dt, xr_all, *w), p)
+    assert float(grad_all.abs().max()) > 1e-3 * scale
+    # the Woodbury audit stays exact on the sampled solve
+    a = edit.solutions["lm_head"].chol @ edit.solutions["lm_head"].chol.T
+    c = edit.solutions["lm_head"].forget_scale
+    rows = edit.example_ids == 2
+    resolved = torch.linalg.solve(a - c * xf[rows].T @ xf[rows], c * xf[~rows].T @ dt[~rows]).T
+    torch.testing.assert_close(edit.solutions["lm_head"].delta + edit.influence(2)["lm_head"], resolved,
+                               rtol=1e-7, atol=1e-9)
+
+
+# ----- length limits (#12.7) ---------------------------------------------------------------------------------------
+
+
+def _short_gpt2(n_positions=64):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    words = ["<unk>", "<eos>", "Question:", "Answer:", *[f"w{i}" for i in range(40)]]
+    vocab = {w: i for i, w in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(
+        vocab_size=len(vocab), n_positions=n_positions, n_embd=32, n_layer=2, n_head=2, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=1, pad_token_id=1))
+    return model.eval(), tok
+
+
+def test_gpt2_answers_longer_than_n_positions_are_cut():
+    from hf_unlearn.grom import model_max_positions
+
+    model, tok = _short_gpt2(64)
+    assert model_max_positions(model) == 64
+
+    def row(i, n):
+        return {"question": f"w{i} w{i + 1}", "answer": " ".join(f"w{(i + j) % 40}" for j in range(n))}
+
+    forget = [row(i, 150) for i in range(3)]  # 150-word answers, well past 64 positions
+    retain = [row(i, 90 + i) for i in range(10, 30)]
+    edit = fit_grom(model, tok, forget, retain, GROMConfig(target_modules="lm_head", progress=False))
+    # each example is cut to 64 tokens: prompt "Question: wi wi+1 Answer:" (4 tokens) + 60 answer tokens
+    assert edit.stats["num_forget_keys"] == 3 * 60 and edit.stats["num_retain_keys"] == 20 * 60
+    assert edit.stats["max_positions"] == 64 and torch.isfinite(edit.deltas["lm_head"]).all()
+    # a prompt that alone fills the 64 positions is refused before any forward pass
+    long_q = [{"question": " ".join(["w1"] * 70), "answer": "w2 w3"}]
+    with pytest.raises(ValueError, match=r"forget example 0: .*no room .* 64 tokens, the model's maximum positions"):
+        fit_grom(model, tok, long_q, retain, GROMConfig(target_modules="lm_head", progress=False))
+
+
+# ----- config ------------------------------------------------------------------------------------------------------
+
+
+def test_config_fields_documented_and_band_defaults():
+    from dataclasses import fields
+
+    from hf_unlearn.grom.config import RUNTIME_FIELDS
+
+    for f in fields(GROMConfig):
+        assert f.metadata.get("help"), f.name
+        assert f"{f.name} (`" in GROMConfig.__doc__, f.name  # listed in the docstring with its default
+    cfg = GROMConfig()
+    assert cfg.band_width(30) == 3 and cfg.band_width(2) == 1 and GROMConfig(num_layers=5).band_width(30) == 5
+    assert set(cfg.to_dict()) - set(cfg.saved_dict()) == set(RUNTIME_FIELDS)
+    assert GROMConfig.from_saved(cfg.saved_dict()).to_dict() == cfg.to_dict()
+    with pytest.raises(ValueError, match="unknown fields"):
+        GROMConfig.from_saved({"nonsense": 1})
+    with pytest.raises(ValueError, match="retain_sample"):
+        GROMConfig(retain_sample=0)
+
+
+def test_two_pass_auto_equals_one_pass_and_deep_models_take_two(tiny, sets):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_unlearn.grom import find_target_modules
+    from hf_unlearn.grom.model import _one_pass_affordable
+
+    model, tok = tiny
+    forget, retain = sets
+    one = fit_grom(model, tok, forget[:6], retain[:30], GROMConfig(progress=False))
+    two = fit_grom(model, tok, forget[:6], retain[:30], GROMConfig(progress=False, max_stat_memory_gb=0.0))
+    assert (one.stats["forward_passes_over_data"], two.stats["forward_passes_over_data"]) == (1, 2)
+    assert one.selected_layers == two.selected_layers
+    for name, p in one.deltas.items():
+        torch.testing.assert_close(two.deltas[name], p, rtol=1e-5, atol=1e-7)
+    # a SmolLM2-135M-shaped model (30 layers, hidden 576, MLP 1536): collecting the retain moments of all 30
+    # down-projections would cost more than the second forward pass, so auto selection reads only the band's keys
+    config = LlamaConfig(num_hidden_layers=30, hidden_size=576, intermediate_size=1536, vocab_size=49152,
+                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
+    with torch.device("meta"):
+        deep = LlamaForCausalLM(config)
+    candidates = find_target_modules(deep, ["down_proj"])
+    band = GROMConfig().band_width(len(candidates))
+    assert len(candidates) == 30 and band == 3
+    assert not _one_pass_affordable(deep, candidates, band, 2000, 4.0)
+    tiny_candidates = find_target_modules(model, ["down_proj"])
+    assert _one_pass_affordable(model, tiny_candidates, 1, 2000, 4.0)
+
+
+def test_prompt_template_is_passed_to_the_prompt_module():
+    from hf_unlearn.data.prompts import tokenize_qa
+
+    model, tok = _short_gpt2(64)
+    forget = [{"question": f"w{i} w{i + 1}", "answer": " ".join(f"w{(i + j) % 40}" for j in range(5))} for i in range(4)]
+    retain = [{"question": f"w{i}", "answer": f"w{i + 2} w{i + 3} w{i + 4}"} for i in range(10, 30)]
+
+    def keys(template):  # reference: answer-predicting positions of the prompt module's labels
+        return sum(sum(label != -100 for label in tokenize_qa(tok, r["question"], r["answer"], template=template)
+                       ["labels"]) for r in forget)
+
+    for template in (None, "tofu-phi"):
+        edit = fit_grom(model, tok, forget, retain, GROMConfig(target_modules="lm_head", prompt_template=template,
+                                                               progress=False))
+        assert edit.stats["num_forget_keys"] == keys(template)
+        assert edit.config.saved_dict()["prompt_template"] == template
+    assert keys("tofu-phi") == keys(None) + len(forget)  # tofu-phi scores "Answer:" with the answer
+    with pytest.raises(ValueError, match="nknown prompt template"):
+        GROMConfig(prompt_template="no-such-template")

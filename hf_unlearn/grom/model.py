@@ -8,15 +8,29 @@ Multi-process: every process passes the same forget/retain rows; forward passes 
 ``torch.distributed`` processes (example ``i`` goes to rank ``i % world_size``), the second moments and
 attribution sums are all-reduced and the forget records all-gathered, so each process ends with the
 edit the single-process run computes.
+
+Cost: GROM reads every forget row but only ``GROMConfig.retain_sample`` retain rows (a seeded uniform
+sample, :func:`retain_subsample`) for ``X_r X_r^T``; every example is cut to the model's maximum
+positions (:func:`model_max_positions`), so no position past it is ever indexed.
+
+Persistence: :meth:`GROMEdit.save_pretrained` writes a PEFT LoRA adapter (``PeftModel.from_pretrained``
+loads it) plus ``grom_metadata.json`` (config, layer scores, the base-model fingerprint) and
+``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs); :meth:`GROMEdit.from_pretrained`
+restores it from a folder or a Hub repo and, given a model, refuses a base other than the one the
+edit was solved against (:mod:`hf_unlearn.grom.provenance`); :meth:`GROMEdit.push_to_hub` uploads
+the saved folder in one commit.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +40,18 @@ from ..data.prompts import IGNORE_INDEX, collate_qa, ensure_pad_token, tokenize_
 from .attribution import TargetModule, attribution_scores, find_target_modules, select_band
 from .config import GROMConfig
 from .keys import KeyCollector, _dist
-from .peft_export import adapter_state_dict, lora_config, lora_factors, save_adapter, to_peft_model
+from .peft_export import (
+    ADAPTER_WEIGHTS,
+    GROM_AUDIT,
+    GROM_METADATA,
+    _check_finite,
+    adapter_state_dict,
+    lora_config,
+    lora_factors,
+    save_adapter,
+    to_peft_model,
+)
+from .provenance import base_fingerprint, check_base
 from .solve import GROMSolution, solve_grom, woodbury_drop
 from .targets import corruption_targets, random_direction, specificity_weights, suppression_targets
 
@@ -38,7 +63,9 @@ class GROMEdit:
     ``deltas``: ``{module name: P}`` (float32, CPU), the weight change of each edited ``nn.Linear``
     (``W <- W + P``). ``layer_scores``: the logit-lens attribution per candidate layer (``layers="auto"``).
     ``influence(i)`` audits forget example ``i`` exactly; ``to_peft`` / ``save_pretrained`` export the edit
-    as a LoRA adapter.
+    as a LoRA adapter, ``from_pretrained`` / ``push_to_hub`` reload and publish it. ``base_fingerprint``
+    identifies the base weights the edit was solved against (see :mod:`hf_unlearn.grom.provenance`);
+    ``retain_indices`` are the retain rows that were read.
     """
 
     config: GROMConfig
@@ -52,6 +79,8 @@ class GROMEdit:
     selected_layers: list[int] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     base_model_name_or_path: str | None = None
+    base_fingerprint: dict[str, Any] | None = None
+    retain_indices: list[int] = field(default_factory=list)
 
     def influence(self, example_index: int) -> dict[str, torch.Tensor]:
         """Exact change of each ``P`` (float64) if forget example ``example_index`` were dropped.
@@ -60,6 +89,11 @@ class GROMEdit:
         weight ``w_f/s`` kept at its fitted value; computed by the Sherman-Morrison-Woodbury identity from
         the cached Cholesky factor (see :func:`hf_unlearn.grom.solve.woodbury_drop`), not by re-solving.
         """
+        if not self.solutions:
+            raise ValueError(
+                "This GROM edit carries no audit state (it was saved with save_audit=False), so influence() cannot "
+                "be computed; refit it or load an adapter saved with its audit state."
+            )
         if not 0 <= example_index < self.num_forget_examples:
             raise ValueError(f"example_index must be in [0, {self.num_forget_examples}), got {example_index}")
         rows = (self.example_ids == example_index).nonzero().squeeze(-1)
@@ -74,6 +108,7 @@ class GROMEdit:
         return {n: lora_factors(p, self.config.max_rank) for n, p in self.deltas.items()}
 
     def _export(self) -> tuple[Any, dict[str, torch.Tensor], dict[str, Any]]:
+        _check_finite(self.deltas, "edit")
         factors = self.lora_factors()
         rank = max(f.rank for f in factors.values())
         config = lora_config(list(self.deltas), rank, self.base_model_name_or_path)
@@ -81,7 +116,7 @@ class GROMEdit:
         meta = {
             "method": "GROM",
             "formula": "P = (w_f/s) D X_f^T A^{-1}, A = (w_r/r) X_r X_r^T + (w_f/s) X_f X_f^T + mu I",
-            "config": self.config.to_dict(),
+            "config": self.config.saved_dict(),
             "lora_rank": rank,
             "modules": {
                 n: {"rank": f.rank, "relative_frobenius_error": f.relative_error, "truncated": f.truncated}
@@ -90,23 +125,167 @@ class GROMEdit:
             "layer_scores": {str(k): v for k, v in self.layer_scores.items()},
             "selected_layers": self.selected_layers,
             "stats": self.stats,
+            "num_forget_examples": self.num_forget_examples,
+            "retain_indices": list(self.retain_indices),
+            "base_model_name_or_path": self.base_model_name_or_path,
+            "base_fingerprint": self.base_fingerprint,
         }
-        return config, state, meta
+        return config, state, _jsonable(meta)
 
     def truncation_errors(self) -> dict[str, float]:
         """Relative Frobenius error of the LoRA export of each module (0 when exact)."""
         return {n: f.relative_error for n, f in self.lora_factors().items()}
 
-    def to_peft(self, model: Any) -> Any:
-        """``peft.PeftModel`` (LoRA, ``lora_alpha = r``) applying ``W + P``; wraps ``model`` in place."""
+    def verify_base(self, model: Any) -> None:
+        """Raise :class:`hf_unlearn.grom.provenance.BaseModelMismatchError` unless ``model``'s edited modules hold
+        the weights this edit was solved against."""
+        check_base(self.base_fingerprint, model)
+
+    def to_peft(self, model: Any, check_base_model: bool = True) -> Any:
+        """``peft.PeftModel`` (LoRA, ``lora_alpha = r``) applying ``W + P``; wraps ``model`` in place.
+
+        ``model`` must be the base the edit was solved against (checked by fingerprint unless
+        ``check_base_model=False``)."""
+        if check_base_model:
+            self.verify_base(model)
         config, state, _ = self._export()
         return to_peft_model(model, config, state)
 
-    def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Write ``adapter_config.json``, ``adapter_model.safetensors`` and ``grom_metadata.json``; load with
-        ``PeftModel.from_pretrained(base_model, path)``."""
+    def _audit_state(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {"example_ids": self.example_ids.to(torch.long).cpu()}
+        for name, sol in self.solutions.items():
+            out[f"delta/{name}"] = sol.delta.to(torch.float64).cpu()
+            out[f"chol/{name}"] = sol.chol.to(torch.float64).cpu()
+            out[f"forget_scale/{name}"] = torch.tensor([sol.forget_scale], dtype=torch.float64)
+            out[f"forget_keys/{name}"] = self.forget_keys[name].cpu()
+            out[f"targets/{name}"] = self.targets[name].cpu()
+        return out
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, *, overwrite: bool = False, save_audit: bool = True
+    ) -> None:
+        """Write the edit as the folder ``save_directory``; load it with ``PeftModel.from_pretrained(base, dir)``
+        or :meth:`from_pretrained` / :func:`load_grom_adapter` (which check the base).
+
+        Files: ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT LoRA, ``B @ A = P``),
+        ``grom_metadata.json`` (saved config, layer scores, truncation errors, base fingerprint) and, with
+        ``save_audit``, ``grom_audit.safetensors`` (the float64 ``P``, the Cholesky factor of ``A``, the forget
+        keys and targets: what :meth:`influence` needs; ``d_in^2 + s (d_in + d_out)`` numbers per module).
+        The folder is built beside ``save_directory`` and swapped in when complete; a non-empty folder is
+        refused unless ``overwrite``; non-finite values are refused before anything is written.
+        """
         config, state, meta = self._export()
-        save_adapter(path, config, state, meta)
+        audit = self._audit_state() if save_audit and self.solutions else None
+        meta["audit_file"] = GROM_AUDIT if audit is not None else None
+        save_adapter(save_directory, config, state, meta, audit, overwrite=overwrite)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_repo_id: str | os.PathLike,
+        model: Any = None,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+    ) -> GROMEdit:
+        """Load an edit saved by :meth:`save_pretrained` from a local folder or a Hub repo.
+
+        The audit state (for :meth:`influence`) is restored when the folder has ``grom_audit.safetensors``.
+        With ``model``, the edit is checked against it: a base other than the one it was solved against is
+        refused with :class:`hf_unlearn.grom.provenance.BaseModelMismatchError`.
+        """
+        from safetensors.torch import load_file
+
+        folder = _resolve_folder(path_or_repo_id, revision, token, cache_dir, local_files_only)
+        meta_path = folder / GROM_METADATA
+        if not meta_path.is_file():
+            raise ValueError(
+                f"{path_or_repo_id} is not a GROM adapter (no {GROM_METADATA}); a plain PEFT adapter loads with "
+                "peft.PeftModel.from_pretrained."
+            )
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        config = GROMConfig.from_saved(meta["config"], progress=False)
+        state = load_file(str(folder / ADAPTER_WEIGHTS))
+        audit_name = meta.get("audit_file")
+        audit = load_file(str(folder / audit_name)) if audit_name and (folder / audit_name).is_file() else {}
+        deltas, solutions, keys, targets = {}, {}, {}, {}
+        for name in meta["modules"]:
+            if f"delta/{name}" in audit:
+                sol = GROMSolution(
+                    delta=audit[f"delta/{name}"], chol=audit[f"chol/{name}"],
+                    forget_scale=float(audit[f"forget_scale/{name}"][0]),
+                )
+                solutions[name], keys[name], targets[name] = sol, audit[f"forget_keys/{name}"], audit[f"targets/{name}"]
+                deltas[name] = sol.delta.float()
+            else:
+                a = state[f"base_model.model.{name}.lora_A.weight"].double()
+                b = state[f"base_model.model.{name}.lora_B.weight"].double()
+                deltas[name] = (b @ a).float()
+        edit = cls(
+            config=config,
+            deltas=deltas,
+            solutions=solutions,
+            forget_keys=keys,
+            targets=targets,
+            example_ids=audit.get("example_ids", torch.zeros(0, dtype=torch.long)),
+            num_forget_examples=int(meta.get("num_forget_examples", 0)),
+            layer_scores={int(k): v for k, v in meta.get("layer_scores", {}).items()},
+            selected_layers=list(meta.get("selected_layers", [])),
+            stats=dict(meta.get("stats", {})),
+            base_model_name_or_path=meta.get("base_model_name_or_path"),
+            base_fingerprint=meta.get("base_fingerprint"),
+            retain_indices=list(meta.get("retain_indices", [])),
+        )
+        if model is not None:
+            check_base(edit.base_fingerprint, model, f"The GROM adapter {path_or_repo_id}")
+        return edit
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        token: str | None = None,
+        private: bool | None = None,
+        commit_message: str | None = None,
+        revision: str | None = None,
+        report: dict[str, Any] | None = None,
+        save_audit: bool = True,
+        create_card: bool = True,
+        endpoint: str | None = None,
+    ) -> Any:
+        """Upload the saved edit (the :meth:`save_pretrained` folder, a model card rendered by
+        :func:`hf_unlearn.hub.build_model_card` when the base is known, and ``report`` as
+        ``unlearning_report.json`` when given) to ``repo_id`` in one commit; returns the ``CommitInfo``.
+
+        The repo id is validated and the folder fully written before anything is sent.
+        """
+        from huggingface_hub import HfApi
+        from huggingface_hub.utils import validate_repo_id
+
+        validate_repo_id(repo_id)
+        with tempfile.TemporaryDirectory(prefix="hf-unlearn-grom-push-") as tmp:
+            folder = Path(tmp) / "adapter"
+            self.save_pretrained(folder, save_audit=save_audit)
+            if report is not None:
+                from ..safe_output import atomic_write_json
+
+                atomic_write_json(folder / "unlearning_report.json", _jsonable(report))
+            if create_card and self.base_model_name_or_path:
+                from ..hub import build_model_card
+
+                card = build_model_card(
+                    "grom_adapter", self.base_model_name_or_path, "grom", self.config.saved_dict(), report,
+                    repo_id=repo_id, library_name="peft",
+                )
+                card.save(str(folder / "README.md"))
+            api = HfApi(endpoint=endpoint, token=token, library_name="hf-unlearn")
+            url = api.create_repo(repo_id, private=private, exist_ok=True)
+            return api.upload_folder(
+                repo_id=url.repo_id, folder_path=str(folder), revision=revision,
+                commit_message=commit_message or f"Upload GROM adapter ({', '.join(self.deltas)})",
+            )
 
     def apply_(self, model: Any, sign: float = 1.0) -> Any:
         """Add ``sign * P`` to the edited weights of ``model`` in place (``sign=-1`` undoes the edit)."""
@@ -116,6 +295,98 @@ class GROMEdit:
                 w = modules[name].weight
                 w.add_(sign * p.to(device=w.device, dtype=w.dtype))
         return model
+
+
+def load_grom_adapter(model: Any, path_or_repo_id: str | os.PathLike, **kwargs: Any) -> Any:
+    """``PeftModel.from_pretrained(model, path)`` for a GROM adapter, after checking that ``model`` is the base the
+    edit was solved against (a mismatch raises :class:`hf_unlearn.grom.provenance.BaseModelMismatchError`; plain
+    PEFT would load it silently whenever module names and shapes fit). ``kwargs``: ``revision``, ``token``,
+    ``cache_dir``, ``local_files_only``."""
+    from peft import PeftModel
+
+    folder = _resolve_folder(path_or_repo_id, kwargs.get("revision"), kwargs.get("token"),
+                             kwargs.get("cache_dir"), kwargs.get("local_files_only", False))
+    GROMEdit.from_pretrained(folder, model=model)
+    peft_model = PeftModel.from_pretrained(model, str(folder))
+    peft_model.eval()
+    return peft_model
+
+
+_HUB_FILES = ["adapter_config.json", ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT, "README.md", "unlearning_report.json"]
+
+
+def _resolve_folder(
+    path_or_repo_id: str | os.PathLike, revision: str | None, token: Any, cache_dir: Any, local_files_only: bool
+) -> Path:
+    path = Path(path_or_repo_id).expanduser()
+    if path.is_dir():
+        return path
+    if isinstance(path_or_repo_id, os.PathLike) or str(path_or_repo_id).startswith((".", "/", "~")):
+        raise ValueError(f"GROM adapter folder {path_or_repo_id} does not exist.")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(
+        str(path_or_repo_id), revision=revision, token=token, cache_dir=cache_dir,
+        local_files_only=local_files_only, allow_patterns=_HUB_FILES,
+    ))
+
+
+def _jsonable(obj: Any) -> Any:
+    """A copy of ``obj`` that ``json.dumps(allow_nan=False)`` accepts: non-finite floats -> None, tensors -> lists,
+    other unknown objects -> str."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, torch.Tensor):
+        return _jsonable(obj.tolist())
+    return str(obj)
+
+
+def retain_subsample(num_rows: int, sample: int | None, seed: int) -> list[int]:
+    """Sorted indices of the retain rows GROM reads for ``X_r X_r^T``.
+
+    Every row when ``sample`` is None or ``>= num_rows``; otherwise ``sample`` rows drawn uniformly without
+    replacement by ``torch.randperm`` on a generator seeded with ``seed`` (independent of the global RNG), so
+    the same ``(num_rows, sample, seed)`` always reads the same rows, on every process.
+    """
+    if sample is None or sample >= num_rows:
+        return list(range(num_rows))
+    gen = torch.Generator().manual_seed(seed)
+    return sorted(torch.randperm(num_rows, generator=gen)[:sample].tolist())
+
+
+def model_max_positions(model: Any) -> int | None:
+    """The model's maximum sequence length (``max_position_embeddings``, GPT-2's ``n_positions`` / ``n_ctx``, or
+    ``max_sequence_length``), or ``None`` when its config names none."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _tokenize_rows(
+    tokenizer: Any, rows: list[dict[str, Any]], max_length: int | None, limit: int | None,
+    template: str | None, what: str,
+) -> list[dict[str, Any]]:
+    """``tokenize_qa`` of every row through ``template``, cut to ``min(max_length, limit)`` tokens (prompt kept,
+    answer cut); a prompt leaving no room for an answer token is refused, naming the example."""
+    bounds = [v for v in (max_length, limit) if v is not None]
+    cut = min(bounds) if bounds else None
+    why = "the model's maximum positions" if cut is not None and cut == limit else "GROMConfig.max_length"
+    feats = []
+    for i, r in enumerate(rows):
+        try:
+            feats.append(tokenize_qa(tokenizer, r["question"], r["answer"], cut, template=template))
+        except ValueError as err:
+            raise ValueError(f"{what} example {i}: {err} (GROM cuts every example to {cut} tokens, {why}).") from err
+    return feats
 
 
 def _rows(data: Any, what: str) -> list[dict[str, Any]]:
@@ -168,7 +439,11 @@ def fit_grom(
     """Fit the closed-form GROM edit of ``model`` that unlearns ``forget`` while preserving ``retain``.
 
     ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) as a list of dicts or a
-    ``datasets.Dataset``. Returns a :class:`GROMEdit`; ``model`` itself is not modified.
+    ``datasets.Dataset``. Every forget row is read; of the retain rows only ``config.retain_sample`` (a
+    seeded uniform sample, :func:`retain_subsample`) feed ``X_r X_r^T``, the retain side of the layer
+    attribution and the retain token frequencies of the specificity weights (the whole retain set is still
+    checked to be disjoint from the forget set). Examples are cut to the model's maximum positions.
+    Returns a :class:`GROMEdit`; ``model`` itself is not modified.
     """
     config = config or GROMConfig()
     start = time.perf_counter()
@@ -180,6 +455,7 @@ def fit_grom(
     targets = find_target_modules(model, config.target_modules)
     layered = [t for t in targets if not t.is_lm_head]
     heads = [t for t in targets if t.is_lm_head]
+    band = config.band_width(len({t.layer for t in layered}))
     if config.layers != "auto":
         available = sorted({t.layer for t in layered})
         missing = [i for i in config.layers if i not in available]
@@ -187,8 +463,11 @@ def fit_grom(
             raise ValueError(f"layers {missing} have no {config.target_modules} module; available layers: {available}")
         layered = [t for t in layered if t.layer in config.layers]
 
-    forget_feats = [tokenize_qa(tokenizer, r["question"], r["answer"], config.max_length) for r in forget_rows]
-    retain_feats = [tokenize_qa(tokenizer, r["question"], r["answer"], config.max_length) for r in retain_rows]
+    retain_indices = retain_subsample(len(retain_rows), config.retain_sample, config.seed)
+    retain_rows = [retain_rows[i] for i in retain_indices]
+    limit = model_max_positions(model)
+    forget_feats = _tokenize_rows(tokenizer, forget_rows, config.max_length, limit, config.prompt_template, "forget")
+    retain_feats = _tokenize_rows(tokenizer, retain_rows, config.max_length, limit, config.prompt_template, "retain")
     vocab = _check_vocab(model, tokenizer, forget_feats + retain_feats)
     f_counts = _answer_token_counts(forget_feats, vocab)
     r_counts = _answer_token_counts(retain_feats, vocab)
@@ -218,11 +497,10 @@ def fit_grom(
     model.eval()
     try:
         scores: dict[int, dict[str, float]] = {}
-        stat_bytes = sum(8 * t.module.in_features**2 for t in layered)
-        if auto and stat_bytes > config.max_stat_memory_gb * 2**30:
+        if auto and not _one_pass_affordable(model, layered, band, int(f_counts.sum()), config.max_stat_memory_gb):
             stats = passes([], layered)  # attribution pass, then a key pass over the chosen band only
             scores = attribution_scores(**_attr_args(stats))
-            chosen = select_band({k: v["score"] for k, v in scores.items()}, config.num_layers)
+            chosen = select_band({k: v["score"] for k, v in scores.items()}, band)
             layered = [t for t in layered if t.layer in chosen]
             stats = passes(layered + heads, [])
             passes_done = 2
@@ -230,7 +508,7 @@ def fit_grom(
             stats = passes(layered + heads, layered if auto else [])
             if auto:
                 scores = attribution_scores(**_attr_args(stats))
-                chosen = select_band({k: v["score"] for k, v in scores.items()}, config.num_layers)
+                chosen = select_band({k: v["score"] for k, v in scores.items()}, band)
                 layered = [t for t in layered if t.layer in chosen]
             passes_done = 1
     finally:
@@ -272,6 +550,8 @@ def fit_grom(
         stats={
             "num_forget_keys": int(gold.numel()),
             "num_retain_keys": stats["num_retain"],
+            "num_retain_rows_read": len(retain_rows),
+            "max_positions": limit,
             "forward_passes_over_data": passes_done,
             "processes": world,
             "distributed": distributed,
@@ -280,7 +560,31 @@ def fit_grom(
             "seconds": elapsed,
         },
         base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
+        base_fingerprint=base_fingerprint(model, [t.name for t in edited]),
+        retain_indices=retain_indices,
     )
+
+
+def _one_pass_affordable(
+    model: Any, candidates: list[TargetModule], band: int, num_forget_keys: int, budget_gb: float
+) -> bool:
+    """Whether ``layers="auto"`` should collect keys of every candidate layer in the attribution pass (one pass
+    over the data) rather than run an attribution pass and then a key pass over the chosen band only.
+
+    One pass keeps, for every candidate layer, the float64 retain moment (``8 d_in^2`` bytes) and the float32
+    forget keys (``4 s d_in`` bytes); it must fit in ``budget_gb``. It also spends ``2 d_in^2`` float64
+    multiply-adds per retain key on every layer that will not be edited (counted twice, float64 being about half
+    as fast as float32), which must cost less than half of the second forward pass it saves (``2 N`` float32
+    flops per token for ``N`` parameters). TOFU-tiny (2 candidate layers, band 1) takes one pass; a 30-layer model
+    with a 3-layer band takes two, so GROM reads the retain keys of only the layers it edits.
+    """
+    stat_bytes = sum(8 * t.module.in_features**2 + 4 * num_forget_keys * t.module.in_features for t in candidates)
+    if stat_bytes > budget_gb * 2**30:
+        return False
+    n_params = sum(p.numel() for p in model.parameters())
+    unused = max(len(candidates) - band, 0) / max(len(candidates), 1)
+    extra_flops_per_key = unused * sum(2 * 2 * t.module.in_features**2 for t in candidates)
+    return extra_flops_per_key <= 0.5 * 2 * n_params
 
 
 def _attr_args(stats: dict[str, Any]) -> dict[str, Any]:

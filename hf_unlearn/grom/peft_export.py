@@ -7,11 +7,13 @@ at most ``min(s, d_in, d_out)``; its thin SVD ``P = U S V^T`` (float64) gives ``
 case the relative Frobenius error ``||P - B A||_F / ||P||_F = sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)`` is
 reported. All modules share one LoRA rank ``r`` (the largest ``k``); smaller factors are zero-padded,
 which leaves ``B @ A`` unchanged.
+
+:func:`save_adapter` writes the adapter through :mod:`hf_unlearn.safe_output` (a new folder is built beside
+the target and swapped in when complete) and refuses non-finite factors before writing.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,8 @@ import torch
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 GROM_METADATA = "grom_metadata.json"
+GROM_AUDIT = "grom_audit.safetensors"
+ADAPTER_FILES = ("adapter_config.json", ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT)
 
 
 @dataclass
@@ -82,17 +86,74 @@ def adapter_state_dict(factors: dict[str, LoraFactors], rank: int, dtype: torch.
     return out
 
 
+def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(
+            f"Refusing to save a GROM {what} with non-finite values (NaN/inf) in {bad[:4]}: the solve diverged "
+            "(e.g. non-finite keys from a model in half precision, or a huge suppression_margin). Nothing was written."
+        )
+
+
 def save_adapter(
-    path: str | os.PathLike, config: Any, state_dict: dict[str, torch.Tensor], metadata: dict[str, Any]
+    path: str | os.PathLike,
+    config: Any,
+    state_dict: dict[str, torch.Tensor],
+    metadata: dict[str, Any],
+    audit: dict[str, torch.Tensor] | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write ``adapter_config.json``, ``adapter_model.safetensors`` and ``grom_metadata.json`` into ``path``."""
+    """Write ``adapter_config.json``, ``adapter_model.safetensors``, ``grom_metadata.json`` (and, with ``audit``,
+    ``grom_audit.safetensors``) into the folder ``path``.
+
+    Non-finite factors or audit tensors are refused before anything is written. A missing or empty ``path`` is
+    built as a whole beside it and swapped in when complete (:func:`hf_unlearn.safe_output.atomic_directory`).
+    A folder holding other files (e.g. the CLI's run folder with its logs) keeps them: the adapter files are
+    written into a temporary subfolder first and then renamed into place one by one (each rename is atomic); a
+    folder that already holds adapter files is refused unless ``overwrite``, and then stale adapter files (an
+    audit file the new save does not write) are removed.
+    """
+    import shutil
+    import tempfile
+
     from safetensors.torch import save_file
 
+    from ..safe_output import OutputDirError, atomic_directory, atomic_write_json
+
+    _check_finite(state_dict, "adapter")
+    if audit is not None:
+        _check_finite(audit, "audit state")
+
+    def write(folder: Path) -> None:
+        config.save_pretrained(str(folder))
+        save_file(state_dict, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        if audit is not None:
+            save_file({k: v.contiguous() for k, v in audit.items()}, str(folder / GROM_AUDIT), metadata={"format": "pt"})
+        atomic_write_json(folder / GROM_METADATA, metadata)
+
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(str(path))
-    save_file(state_dict, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    (path / GROM_METADATA).write_text(json.dumps(metadata, indent=2, default=str))
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"Output path {path} exists and is not a folder.")
+    if not path.exists() or not any(path.iterdir()):
+        with atomic_directory(path, overwrite=True) as tmp:
+            write(tmp)
+        return path
+    clash = sorted(n for n in ADAPTER_FILES if (path / n).exists())
+    if clash and not overwrite:
+        raise OutputDirError(
+            f"{path} already holds an adapter ({', '.join(clash)}); pass overwrite=True to replace it."
+        )
+    tmp = Path(tempfile.mkdtemp(prefix=".grom-adapter.tmp-", dir=path))
+    try:
+        write(tmp)
+        written = {p.name for p in tmp.iterdir()}
+        for name in ADAPTER_FILES:
+            if name not in written and (path / name).exists():
+                (path / name).unlink()
+        for name in sorted(written):
+            os.replace(tmp / name, path / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
