@@ -20,7 +20,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .data.prompts import IGNORE_INDEX, collate_qa, ensure_pad_token, tokenize_qa
+from .data.prompts import (
+    IGNORE_INDEX,
+    PromptTemplate,
+    collate_qa,
+    ensure_pad_token,
+    model_max_positions,
+    tokenize_qa,
+)
 
 TokenScorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -72,6 +79,47 @@ def _model_device(model: Any) -> torch.device:
         return torch.device("cpu")
 
 
+def effective_max_length(model: Any, max_length: int | None = None) -> int | None:
+    """The sequence length scoring may use: ``max_length`` capped by the model's maximum positions
+    (:func:`hf_unlearn.data.model_max_positions`), or whichever of the two is known."""
+    limit = model_max_positions(model)
+    if max_length is None:
+        return limit
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2 (one prompt and one answer token), got {max_length}.")
+    return max_length if limit is None else min(max_length, limit)
+
+
+def _features(
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    answers: Sequence[str],
+    max_length: int | None,
+    template: str | PromptTemplate | None,
+) -> tuple[list[dict[str, Any]], int]:
+    """``tokenize_qa`` features (truncated to the model's positions) and how many were truncated."""
+    if len(questions) != len(answers):
+        raise ValueError(f"{len(questions)} questions but {len(answers)} answers.")
+    limit = effective_max_length(model, max_length)
+    features, truncated = [], 0
+    for q, a in zip(questions, answers):
+        f = tokenize_qa(tokenizer, q, a, template=template)
+        if limit is not None and len(f["input_ids"]) > limit:
+            f = tokenize_qa(tokenizer, q, a, max_length=limit, template=template)
+            truncated += 1
+        features.append(f)
+    return features, truncated
+
+
+def _batches(features: list[dict[str, Any]], batch_size: int, progress: bool, desc: str):
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
+        yield order[start : start + batch_size]
+
+
 @torch.no_grad()
 def answer_log_likelihoods(
     model: Any,
@@ -83,41 +131,171 @@ def answer_log_likelihoods(
     batch_size: int = 16,
     padding_side: str = "right",
     max_length: int | None = None,
+    template: str | PromptTemplate | None = None,
     progress: bool = False,
     desc: str = "scoring answers",
 ) -> AnswerLogLikelihoods:
     """Teacher-forced log-likelihood of each ``answer`` given its ``question``.
 
-    Examples are tokenized by :func:`hf_unlearn.data.tokenize_qa` (answer tokens only are
-    scored), sorted by length to keep padding small, batched with ``padding_side`` padding and
-    explicit position ids (so left and right padding give the same numbers), and scored by
+    Examples are tokenized by :func:`hf_unlearn.data.tokenize_qa` with ``template`` (answer tokens only are
+    scored) and truncated at the answer end to ``max_length`` capped by the model's maximum positions (a prompt
+    that does not fit is refused), sorted by length to keep padding small, batched with ``padding_side``
+    padding and explicit position ids (so left and right padding give the same numbers), and scored by
     ``scorer`` (default :func:`causal_lm_scorer` of ``model``).
     """
-    if len(questions) != len(answers):
-        raise ValueError(f"{len(questions)} questions but {len(answers)} answers.")
     ensure_pad_token(tokenizer)
+    features, _ = _features(model, tokenizer, questions, answers, max_length, template)
     scorer = scorer or causal_lm_scorer(model)
     device = _model_device(model)
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
-    features = [tokenize_qa(tokenizer, q, a, max_length=max_length) for q, a in zip(questions, answers)]
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
     sums = np.zeros(len(features), dtype=np.float64)
     counts = np.zeros(len(features), dtype=np.int64)
-    starts = range(0, len(order), batch_size)
-    for start in tqdm(starts, desc=desc, disable=not progress, leave=False):
-        idx = order[start : start + batch_size]
-        batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, padding_side)
-        batch = {k: v.to(device) for k, v in batch.items()}
-        lp = scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
-        mask = batch["labels"] != IGNORE_INDEX
-        mask[:, 0] = False
-        sums[idx] = lp.double().sum(-1).cpu().numpy()
-        counts[idx] = mask.sum(-1).cpu().numpy()
-    if was_training and hasattr(model, "train"):
-        model.train()
+    try:
+        for idx in _batches(features, batch_size, progress, desc):
+            batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, padding_side)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            lp = scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
+            mask = batch["labels"] != IGNORE_INDEX
+            mask[:, 0] = False
+            sums[idx] = lp.double().sum(-1).cpu().numpy()
+            counts[idx] = mask.sum(-1).cpu().numpy()
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
     return AnswerLogLikelihoods(sums, counts)
+
+
+@dataclass
+class AnswerTokenStatistics:
+    """Per-token statistics of each answer, one array per example (answer tokens in order).
+
+    * ``token_ids[i][t]``: the answer token ``y_t``;
+    * ``token_log_probs[i][t] = log p(y_t | x, y_<t)`` (from the scorer when one is given);
+    * ``greedy_correct[i][t] = [argmax_v p(v | x, y_<t) == y_t]``;
+    * ``vocab_mean[i][t] = mu_t = sum_v p(v) log p(v)`` and ``vocab_var[i][t] = sigma_t^2 = sum_v p(v) log^2 p(v)
+      - mu_t^2`` (the moments Min-K%++ normalises with).
+
+    The last three come from the model's own full-vocabulary distribution and are ``None`` under a custom
+    scorer (which gives label log-probabilities only). ``num_truncated`` counts the examples cut to fit.
+    """
+
+    token_ids: list[np.ndarray]
+    token_log_probs: list[np.ndarray]
+    greedy_correct: list[np.ndarray] | None
+    vocab_mean: list[np.ndarray] | None
+    vocab_var: list[np.ndarray] | None
+    num_truncated: int = 0
+
+    @property
+    def avg_nll(self) -> np.ndarray:
+        """Average per-token negative log-likelihood of each answer."""
+        return np.array([-lp.sum() / max(len(lp), 1) for lp in self.token_log_probs], dtype=np.float64)
+
+
+def vocab_statistics(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024) -> dict[str, torch.Tensor]:
+    """Next-token statistics aligned with ``labels`` like :func:`label_log_probs` (position ``t`` predicts
+    ``labels[:, t]`` from tokens ``< t``; position 0 and ``-100`` labels are 0 / False).
+
+    Returns ``{"log_prob": log p(label), "greedy_correct": argmax p == label, "mean": sum_v p log p,
+    "var": sum_v p (log p)^2 - mean^2}``, each ``[B, L]``, computed in float32 from ``log_softmax`` on the
+    labelled positions only, ``chunk_size`` positions at a time (memory ``chunk_size x vocab``).
+    """
+    targets = labels[:, 1:]
+    valid = targets != IGNORE_INDEX
+    rows = logits[:, :-1, :][valid]  # [N, V], the answer positions only
+    picked = targets[valid]
+    parts: dict[str, list[torch.Tensor]] = {"log_prob": [], "greedy_correct": [], "mean": [], "var": []}
+    for start in range(0, rows.shape[0], chunk_size):
+        logp = torch.log_softmax(rows[start : start + chunk_size].float(), dim=-1)
+        p = logp.exp()
+        plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+        mean = plogp.sum(-1)
+        parts["log_prob"].append(logp.gather(-1, picked[start : start + chunk_size, None]).squeeze(-1))
+        parts["greedy_correct"].append(logp.argmax(-1) == picked[start : start + chunk_size])
+        parts["mean"].append(mean)
+        parts["var"].append((plogp * logp).sum(-1) - mean.square())
+    out = {}
+    for key, chunks in parts.items():
+        dtype = torch.bool if key == "greedy_correct" else torch.float32
+        full = torch.zeros(labels.shape, dtype=dtype, device=labels.device)
+        if chunks:
+            full[:, 1:][valid] = torch.cat(chunks).to(dtype)
+        out[key] = full
+    return out
+
+
+@torch.no_grad()
+def answer_token_statistics(
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    answers: Sequence[str],
+    *,
+    scorer: TokenScorer | None = None,
+    batch_size: int = 16,
+    max_length: int | None = None,
+    template: str | PromptTemplate | None = None,
+    progress: bool = False,
+    desc: str = "scoring answer tokens",
+) -> AnswerTokenStatistics:
+    """Per-token answer statistics (:class:`AnswerTokenStatistics`) in one teacher-forced pass.
+
+    Tokenization, truncation and batching are those of :func:`answer_log_likelihoods`, so
+    ``-token_log_probs[i].mean()`` equals its average NLL. Without ``scorer`` one forward of ``model`` gives
+    every statistic; with one, the label log-probabilities come from the scorer and the full-vocabulary
+    statistics are ``None``.
+    """
+    ensure_pad_token(tokenizer)
+    features, truncated = _features(model, tokenizer, questions, answers, max_length, template)
+    device = _model_device(model)
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    n = len(features)
+    ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n
+    lps: list[np.ndarray] = [np.zeros(0)] * n
+    greedy: list[np.ndarray] = [np.zeros(0, dtype=bool)] * n
+    means: list[np.ndarray] = [np.zeros(0)] * n
+    variances: list[np.ndarray] = [np.zeros(0)] * n
+    try:
+        for idx in _batches(features, batch_size, progress, desc):
+            batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, "right")
+            batch = {k: v.to(device) for k, v in batch.items()}
+            mask = batch["labels"] != IGNORE_INDEX
+            mask[:, 0] = False
+            if scorer is None:
+                logits = model(
+                    input_ids=batch["input_ids"],
+                    attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"],
+                ).logits
+                stats = vocab_statistics(logits, batch["labels"])
+                lp = stats["log_prob"]
+            else:
+                stats = None
+                lp = scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
+            for row, i in enumerate(idx):
+                m = mask[row]
+                ids[i] = batch["input_ids"][row][m].cpu().numpy()
+                lps[i] = lp[row][m].double().cpu().numpy()
+                if stats is not None:
+                    greedy[i] = stats["greedy_correct"][row][m].cpu().numpy()
+                    means[i] = stats["mean"][row][m].double().cpu().numpy()
+                    variances[i] = stats["var"][row][m].double().cpu().numpy()
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+    full = scorer is None
+    return AnswerTokenStatistics(
+        token_ids=ids,
+        token_log_probs=lps,
+        greedy_correct=greedy if full else None,
+        vocab_mean=means if full else None,
+        vocab_var=variances if full else None,
+        num_truncated=truncated,
+    )
 
 
 def answer_nll(model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], **kwargs) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""The answer scorer against a slow one-example-at-a-time loop (no padding), left and right padding."""
+"""The answer scorer and per-token statistics against a slow one-example-at-a-time loop (no padding), left and
+right padding, and truncation at the model's maximum positions."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hf_unlearn.data import tokenize_qa
 from hf_unlearn.logprobs import (
     answer_log_likelihoods,
     answer_nll,
+    answer_token_statistics,
     causal_lm_scorer,
     label_log_probs,
     mean_answer_nll,
@@ -26,9 +28,9 @@ def _one_thread():
     torch.set_num_threads(previous)
 
 
-def slow_answer_log_likelihood(model, tokenizer, question, answer, temperature=1.0):
+def slow_answer_log_likelihood(model, tokenizer, question, answer, temperature=1.0, max_length=None):
     """One example, no padding, no attention mask: sum of log p(answer token | prefix) and the count."""
-    feats = tokenize_qa(tokenizer, question, answer)
+    feats = tokenize_qa(tokenizer, question, answer, max_length=max_length)
     ids = torch.tensor([feats["input_ids"]])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].double() / temperature
@@ -133,3 +135,67 @@ def test_mean_answer_nll_averages_per_example_nll_over_rows(tiny_target, example
     expected = np.mean([-total / count for total, count in per_example])  # mean of averages, not pooled tokens
     rows = [{"question": q, "answer": a} for q, a in zip(questions, answers)]
     assert mean_answer_nll(model, tokenizer, rows, batch_size=4) == pytest.approx(expected, rel=1e-4)
+
+
+def test_token_statistics_match_slow_loop(tiny_target, examples):
+    """Per answer token: log p(y_t), [argmax == y_t], E_p[log p] and Var_p[log p], from one unpadded forward."""
+    model, tokenizer = tiny_target
+    questions, answers = examples
+    stats = answer_token_statistics(model, tokenizer, questions, answers, batch_size=4)
+    for i, (q, a) in enumerate(zip(questions, answers)):
+        feats = tokenize_qa(tokenizer, q, a)
+        ids = feats["input_ids"]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+        steps = range(feats["prompt_length"], len(ids))
+        np.testing.assert_array_equal(stats.token_ids[i], [ids[t] for t in steps])
+        np.testing.assert_allclose(stats.token_log_probs[i], [logp[t - 1, ids[t]].item() for t in steps], atol=1e-4)
+        np.testing.assert_array_equal(stats.greedy_correct[i], [logp[t - 1].argmax().item() == ids[t] for t in steps])
+        mu = [(logp[t - 1].exp() * logp[t - 1]).sum().item() for t in steps]
+        var = [(logp[t - 1].exp() * logp[t - 1] ** 2).sum().item() - m * m for t, m in zip(steps, mu)]
+        np.testing.assert_allclose(stats.vocab_mean[i], mu, atol=1e-4)
+        np.testing.assert_allclose(stats.vocab_var[i], var, atol=1e-3)
+    np.testing.assert_allclose(stats.avg_nll, answer_nll(model, tokenizer, questions, answers), rtol=1e-5)
+    plain = causal_lm_scorer(model)
+    custom = answer_token_statistics(model, tokenizer, questions, answers, scorer=plain)
+    assert custom.greedy_correct is None and custom.vocab_mean is None and custom.vocab_var is None
+    np.testing.assert_allclose(custom.avg_nll, stats.avg_nll, rtol=1e-5)
+
+
+def test_scoring_truncates_to_model_positions(tiny_target):
+    """A model with 24 positions: long answers are cut at the answer end, scored on the kept tokens only."""
+    model, tokenizer = tiny_target
+    model.config.max_position_embeddings = 24
+    question, answer = "Who?", " ".join(["word"] * 60)
+    feats = tokenize_qa(tokenizer, question, answer, max_length=24)
+    assert len(feats["input_ids"]) == 24
+    expected = slow_answer_log_likelihood(model, tokenizer, question, answer, max_length=24)
+    got = answer_log_likelihoods(model, tokenizer, [question], [answer])
+    assert got.num_tokens[0] == expected[1] == 24 - feats["prompt_length"]
+    assert got.sum_log_prob[0] == pytest.approx(expected[0], rel=1e-4)
+    stats = answer_token_statistics(model, tokenizer, [question], [answer])
+    assert stats.num_truncated == 1 and len(stats.token_ids[0]) == expected[1]
+    with pytest.raises(ValueError, match="prompt alone"):
+        answer_nll(model, tokenizer, [" ".join(["long"] * 40) + "?"], ["x"])
+
+
+def test_vocab_statistics_chunks_and_alignment():
+    from hf_unlearn.logprobs import vocab_statistics
+
+    torch.manual_seed(1)
+    logits = torch.randn(3, 7, 13)
+    labels = torch.randint(0, 13, (3, 7))
+    labels[0, :4] = -100
+    labels[2, 5:] = -100
+    whole, chunked = vocab_statistics(logits, labels), vocab_statistics(logits, labels, chunk_size=2)
+    for key in whole:
+        torch.testing.assert_close(whole[key], chunked[key])
+    torch.testing.assert_close(whole["log_prob"], label_log_probs(logits, labels))
+    for b in range(3):
+        for t in range(7):
+            if t == 0 or labels[b, t] == -100:
+                assert whole["mean"][b, t] == 0 and not whole["greedy_correct"][b, t]
+            else:
+                logp = torch.log_softmax(logits[b, t - 1], -1)
+                assert whole["greedy_correct"][b, t] == (logp.argmax() == labels[b, t])
+                torch.testing.assert_close(whole["mean"][b, t], (logp.exp() * logp).sum())

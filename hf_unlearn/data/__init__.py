@@ -3,11 +3,18 @@
 from .pairing import overlapping_examples, retain_partner_indices
 from .prompts import (
     IGNORE_INDEX,
+    PROMPT_TEMPLATES,
+    PromptTemplate,
     build_prompt,
     collate_qa,
     ensure_pad_token,
     format_qa,
+    get_template,
     has_chat_template,
+    model_max_positions,
+    resolve_template,
+    template_fingerprint,
+    tokenize_prompt,
     tokenize_qa,
 )
 from .synthetic import synthetic_tofu
@@ -24,8 +31,10 @@ from .tofu import (
 )
 
 __all__ = [
-    "FORGET_SPLITS", "HOLDOUT_FOR_FORGET", "IGNORE_INDEX", "RETAIN_FOR_FORGET", "SYNTHETIC_SOURCE",
+    "FORGET_SPLITS", "HOLDOUT_FOR_FORGET", "IGNORE_INDEX", "PROMPT_TEMPLATES", "PromptTemplate",
+    "RETAIN_FOR_FORGET", "SYNTHETIC_SOURCE",
     "TOFU_CONFIGS", "TOFU_HUB_ID", "build_prompt", "collate_qa", "ensure_pad_token", "format_qa",
     "has_chat_template", "load_tofu", "load_tofu_rows", "overlapping_examples", "read_jsonl",
-    "retain_partner_indices", "synthetic_tofu", "tokenize_qa",
+    "retain_partner_indices", "synthetic_tofu", "tokenize_qa", "get_template", "model_max_positions",
+    "resolve_template", "template_fingerprint", "tokenize_prompt",
 ]

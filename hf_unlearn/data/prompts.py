@@ -1,25 +1,128 @@
 """The one place where prompt text is built and question/answer pairs are tokenized.
 
-Every part of hf_unlearn (trainers, evaluator, GROM key collection, T3 fitting) formats a
-question and its answer through :func:`format_qa` and tokenizes through :func:`tokenize_qa`, so
-the answer tokens that a method unlearns are exactly the tokens the evaluator scores.
+Every part of hf_unlearn (trainers, evaluator, GROM key collection, T3 fitting) formats a question and its
+answer through :func:`format_qa` and tokenizes through :func:`tokenize_qa`, so the answer tokens that a method
+unlearns are exactly the tokens the evaluator scores. Each function takes ``template=``: a
+:class:`PromptTemplate`, the name of a preset (:data:`PROMPT_TEMPLATES`, looked up by :func:`get_template`) or
+``None`` for the default (the tokenizer's chat template when it has one, else the ``plain`` preset
+``"Question: {question}\\nAnswer:"`` + ``" {answer}"``).
 
-* With a chat template, the prompt is ``apply_chat_template([user: question],
-  add_generation_prompt=True)`` and the completion is whatever the full conversation
-  ``[user: question, assistant: answer]`` adds after that prompt.
-* Without one, the prompt is ``"Question: {question}\\nAnswer:"`` and the completion is
-  ``" {answer}"`` followed by the EOS token.
+Two kinds of template:
 
-Prompt and completion are tokenized separately and concatenated, so the boundary is exact and the
-labels are ``-100`` on every prompt token (loss on answer tokens only).
+* ``chat``: the tokenizer's chat template (or ``PromptTemplate.chat_template``), with an optional system message
+  and ``date_string`` passed to the template (as open-unlearning's ``template_args`` do). The prompt is the
+  conversation up to ``add_generation_prompt=True``; the completion is what the full conversation adds after it.
+* ``plain``: ``prefix + question_start_tag + question + question_end_tag + answer_tag`` then the answer and the
+  EOS token, as TOFU's ``config/model_config.yaml`` and open-unlearning's non-chat ``template_args`` have them.
+
+Tokenization is whole-text, as TOFU, open-unlearning and TRL's ``SFTTrainer`` do it: prompt + completion are
+tokenized as one text and the prompt is masked by its own token length (precisely: by the common prefix of the
+prompt's tokens and the whole text's tokens, which is TRL's rule and equals the prompt's length whenever the
+prompt ends on a token boundary). Tokenizing the two parts separately would give SentencePiece tokenizers that
+prepend a space (Llama-2, Mistral) a spurious leading ``▁`` answer token.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal
 
 IGNORE_INDEX = -100
 PLAIN_PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """How a question is put to a model and how its answer follows.
+
+    ``kind="chat"`` renders ``[system?, user: question]`` (+ ``assistant: answer``) through the chat template
+    (``chat_template`` when set, else the tokenizer's), passing ``date_string`` to the template when set.
+    ``kind="plain"`` renders ``prefix + question_start_tag + question + question_end_tag + answer_tag + answer``
+    with the tokenizer's special tokens (BOS) and the EOS token appended; ``answer_tag_in_prompt=False`` puts
+    the answer tag in the scored completion instead of the prompt, as TOFU's original code does (it masks only
+    ``question_start_tag + question + question_end_tag``).
+    """
+
+    kind: Literal["chat", "plain"] = "plain"
+    question_start_tag: str = ""
+    question_end_tag: str = ""
+    answer_tag: str = ""
+    answer_tag_in_prompt: bool = True
+    prefix: str = ""
+    system_prompt: str | None = None
+    date_string: str | None = None
+    chat_template: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("chat", "plain"):
+            raise ValueError(f"PromptTemplate.kind must be 'chat' or 'plain', got {self.kind!r}.")
+        if self.kind == "plain" and (self.system_prompt is not None or self.date_string is not None):
+            raise ValueError(
+                "system_prompt and date_string are passed to a chat template; a plain template puts any "
+                "system text in `prefix`."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (for reports and provenance)."""
+        return dataclasses.asdict(self)
+
+
+PROMPT_TEMPLATES: dict[str, PromptTemplate] = {
+    # locuslab/tofu config/model_config.yaml, llama2-7b: "[INST] " + q + " [/INST]" + "" + answer.
+    "tofu-llama2": PromptTemplate(
+        kind="plain", question_start_tag="[INST] ", question_end_tag=" [/INST]", answer_tag="", name="tofu-llama2"
+    ),
+    # locuslab/tofu config/model_config.yaml, phi: "Question: " + q + "\n" + "Answer: " + answer; TOFU masks
+    # only the question part, so "Answer: " is scored with the answer.
+    "tofu-phi": PromptTemplate(
+        kind="plain",
+        question_start_tag="Question: ",
+        question_end_tag="\n",
+        answer_tag="Answer: ",
+        answer_tag_in_prompt=False,
+        name="tofu-phi",
+    ),
+    # locuslab/open-unlearning configs/model/Llama-3.1-8B-Instruct.yaml (and the Llama-3.2 TOFU models):
+    # apply_chat_template with system prompt "You are a helpful assistant." and date_string "10 Apr 2025".
+    "open-unlearning-llama3": PromptTemplate(
+        kind="chat", system_prompt="You are a helpful assistant.", date_string="10 Apr 2025",
+        name="open-unlearning-llama3",
+    ),
+    # locuslab/open-unlearning configs/model/Qwen2.5-*-Instruct.yaml template_args, rendered as text
+    # (open-unlearning's non-chat path: system_prompt_with_special_tokens + user/assistant tags, then EOS).
+    "chatml": PromptTemplate(
+        kind="plain",
+        prefix="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
+        question_start_tag="<|im_start|>user\n",
+        question_end_tag="<|im_end|>\n",
+        answer_tag="<|im_start|>assistant\n",
+        name="chatml",
+    ),
+    # hf_unlearn's default without a chat template: "Question: {q}\nAnswer:" + " {answer}".
+    "plain": PromptTemplate(
+        kind="plain",
+        question_start_tag="Question: ",
+        question_end_tag="\nAnswer:",
+        answer_tag=" ",
+        answer_tag_in_prompt=False,
+        name="plain",
+    ),
+    # The tokenizer's own chat template, no system prompt (the default when the tokenizer has one).
+    "chat": PromptTemplate(kind="chat", name="chat"),
+}
+
+
+def get_template(name: str) -> PromptTemplate:
+    """The preset called ``name``; a clear error lists the presets otherwise."""
+    try:
+        return PROMPT_TEMPLATES[name]
+    except KeyError:
+        raise ValueError(
+            f"Unknown prompt template {name!r}; the presets are: {', '.join(sorted(PROMPT_TEMPLATES))}."
+        ) from None
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -27,33 +130,170 @@ def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def build_prompt(tokenizer: Any, question: str) -> str:
-    """Prompt text for ``question``: the chat template when the tokenizer has one, else
-    ``"Question: {question}\\nAnswer:"``."""
-    if has_chat_template(tokenizer):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-        )
-    return PLAIN_PROMPT_TEMPLATE.format(question=question)
+def resolve_template(tokenizer: Any, template: str | PromptTemplate | None = None) -> PromptTemplate:
+    """The :class:`PromptTemplate` that ``template`` names for ``tokenizer``.
 
-
-def format_qa(tokenizer: Any, question: str, answer: str) -> tuple[str, str]:
-    """Split a question/answer pair into ``(prompt_text, completion_text)``.
-
-    The completion never contains prompt text; without a chat template it is ``" " + answer``
-    (the EOS token is appended at tokenization, see :func:`tokenize_qa`).
+    ``None`` is the default: the ``chat`` preset when the tokenizer has a chat template, else ``plain``. A
+    ``chat`` template needs a chat template (its own or the tokenizer's) and is refused otherwise.
     """
-    prompt = build_prompt(tokenizer, question)
-    if has_chat_template(tokenizer):
-        full = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}, {"role": "assistant", "content": answer}],
-            tokenize=False,
+    if template is None:
+        template = "chat" if has_chat_template(tokenizer) else "plain"
+    if isinstance(template, str):
+        template = get_template(template)
+    if not isinstance(template, PromptTemplate):
+        raise TypeError(f"template must be None, a preset name or a PromptTemplate, got {type(template).__name__}.")
+    if template.kind == "chat" and not (template.chat_template or has_chat_template(tokenizer)):
+        raise ValueError(
+            f"Prompt template {template.name or 'chat'!r} renders through a chat template, but the tokenizer has "
+            "none; pick a plain template (e.g. 'plain', 'tofu-llama2', 'tofu-phi', 'chatml')."
         )
+    return template
+
+
+def _chat_kwargs(template: PromptTemplate) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if template.chat_template is not None:
+        kwargs["chat_template"] = template.chat_template
+    if template.date_string is not None:
+        kwargs["date_string"] = template.date_string
+    return kwargs
+
+
+def _chat_messages(template: PromptTemplate, question: str, answer: str | None = None) -> list[dict[str, str]]:
+    messages = [] if template.system_prompt is None else [{"role": "system", "content": template.system_prompt}]
+    messages.append({"role": "user", "content": question})
+    if answer is not None:
+        messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def template_fingerprint(tokenizer: Any, template: str | PromptTemplate | None = None) -> dict[str, Any]:
+    """What identifies the prompts ``template`` builds with ``tokenizer`` (recorded as provenance).
+
+    ``{"template": name or None, "kind", "fields": {...}, "chat_template_sha256": sha256 of the Jinja chat
+    template used (chat kind only)}``.
+    """
+    t = resolve_template(tokenizer, template)
+    out: dict[str, Any] = {"template": t.name, "kind": t.kind, "fields": t.to_dict()}
+    if t.kind == "chat":
+        source = t.chat_template or tokenizer.chat_template
+        if not isinstance(source, str):
+            source = repr(source)
+        out["chat_template_sha256"] = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    return out
+
+
+def build_prompt(tokenizer: Any, question: str, *, template: str | PromptTemplate | None = None) -> str:
+    """Prompt text for ``question`` (what the model sees before its answer, also when generating).
+
+    Default: the chat template when the tokenizer has one, else ``"Question: {question}\\nAnswer:"``.
+    """
+    return format_qa(tokenizer, question, "", template=template)[0]
+
+
+def format_qa(
+    tokenizer: Any, question: str, answer: str, *, template: str | PromptTemplate | None = None
+) -> tuple[str, str]:
+    """Split a question/answer pair into ``(prompt_text, completion_text)``; ``prompt + completion`` is the text.
+
+    The completion never contains prompt text; with a plain template the EOS token is appended at
+    tokenization (see :func:`tokenize_qa`).
+    """
+    t = resolve_template(tokenizer, template)
+    if t.kind == "chat":
+        kwargs = _chat_kwargs(t)
+        prompt = tokenizer.apply_chat_template(
+            _chat_messages(t, question), tokenize=False, add_generation_prompt=True, **kwargs
+        )
+        full = tokenizer.apply_chat_template(_chat_messages(t, question, answer), tokenize=False, **kwargs)
         if full.startswith(prompt):
             return prompt, full[len(prompt) :]
         # Templates that rewrite earlier turns (rare): fall back to the answer text itself.
         return prompt, answer
-    return prompt, " " + answer
+    head = t.prefix + t.question_start_tag + question + t.question_end_tag
+    if t.answer_tag_in_prompt:
+        return head + t.answer_tag, answer
+    return head, t.answer_tag + answer
+
+
+def _common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def tokenize_prompt(
+    tokenizer: Any, question: str, *, template: str | PromptTemplate | None = None
+) -> list[int]:
+    """Token ids of the prompt alone (for generation), tokenized as :func:`tokenize_qa` tokenizes it."""
+    t = resolve_template(tokenizer, template)
+    prompt = build_prompt(tokenizer, question, template=t)
+    return list(tokenizer(prompt, add_special_tokens=t.kind == "plain")["input_ids"])
+
+
+def tokenize_qa(
+    tokenizer: Any,
+    question: str,
+    answer: str,
+    max_length: int | None = None,
+    *,
+    template: str | PromptTemplate | None = None,
+) -> dict[str, Any]:
+    """Token ids of prompt + answer with answer-only labels, from whole-text tokenization.
+
+    The text ``prompt + completion`` is tokenized as one string (plain templates with the tokenizer's special
+    tokens, then EOS appended unless already last; chat templates as rendered); the prompt is masked by its own
+    token length, taken as the common prefix of the prompt's tokens and the whole text's tokens (TRL's rule;
+    TOFU and open-unlearning mask ``len(prompt tokens)``, the same whenever the prompt ends on a token
+    boundary). Returns ``{"input_ids", "attention_mask", "labels", "prompt_length"}`` where ``labels`` is
+    ``-100`` on prompt tokens and equals ``input_ids`` on answer tokens.
+
+    ``max_length`` truncates the answer end so that the sequence fits; a prompt that leaves no room for one
+    answer token is refused with a ``ValueError``.
+    """
+    t = resolve_template(tokenizer, template)
+    prompt, completion = format_qa(tokenizer, question, answer, template=t)
+    special = t.kind == "plain"
+    prompt_ids = list(tokenizer(prompt, add_special_tokens=special)["input_ids"])
+    input_ids = list(tokenizer(prompt + completion, add_special_tokens=special)["input_ids"])
+    if special and tokenizer.eos_token_id is not None and (not input_ids or input_ids[-1] != tokenizer.eos_token_id):
+        input_ids.append(tokenizer.eos_token_id)
+    prompt_length = _common_prefix_length(prompt_ids, input_ids)
+    if max_length is not None:
+        if prompt_length + 1 > max_length:
+            raise ValueError(
+                f"The prompt alone is {prompt_length} tokens, which leaves no room for an answer token within "
+                f"max_length={max_length}; raise max_length (the model's limit allowing) or shorten the question."
+            )
+        input_ids = input_ids[:max_length]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": [1] * len(input_ids),
+        "labels": [IGNORE_INDEX] * prompt_length + input_ids[prompt_length:],
+        "prompt_length": prompt_length,
+    }
+
+
+def model_max_positions(model: Any) -> int | None:
+    """The longest sequence ``model`` (or its config) can position, or ``None`` when the config does not say.
+
+    Reads ``max_position_embeddings``, ``n_positions``, ``max_sequence_length``, ``seq_length`` or ``n_ctx`` of
+    the (text) config, in that order.
+    """
+    config = getattr(model, "config", model)
+    if hasattr(config, "get_text_config"):
+        try:
+            config = config.get_text_config()
+        except Exception:  # noqa: BLE001 - any config without a text part
+            pass
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def ensure_pad_token(tokenizer: Any) -> Any:
@@ -66,31 +306,6 @@ def ensure_pad_token(tokenizer: Any) -> Any:
             )
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def tokenize_qa(
-    tokenizer: Any, question: str, answer: str, max_length: int | None = None
-) -> dict[str, list[int]]:
-    """Token ids of prompt + answer with answer-only labels.
-
-    Returns ``{"input_ids", "attention_mask", "labels", "prompt_length"}`` where ``labels`` is
-    ``-100`` on prompt tokens and equals ``input_ids`` on completion tokens. ``max_length``
-    truncates the completion from the right (the prompt is always kept).
-    """
-    prompt, completion = format_qa(tokenizer, question, answer)
-    prompt_ids = tokenizer(prompt, add_special_tokens=not has_chat_template(tokenizer))["input_ids"]
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-    if not has_chat_template(tokenizer) and tokenizer.eos_token_id is not None:
-        completion_ids = completion_ids + [tokenizer.eos_token_id]
-    if max_length is not None:
-        completion_ids = completion_ids[: max(0, max_length - len(prompt_ids))]
-    input_ids = list(prompt_ids) + list(completion_ids)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": [1] * len(input_ids),
-        "labels": [IGNORE_INDEX] * len(prompt_ids) + list(completion_ids),
-        "prompt_length": len(prompt_ids),
-    }
 
 
 def collate_qa(

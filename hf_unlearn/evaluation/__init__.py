@@ -1,33 +1,72 @@
 """TOFU evaluation: per-example statistics, aggregates through the `evaluate` metric modules,
-JSON reports and tables, and the 4-bit NF4 re-check of unlearned models."""
+retain references from any published source, JSON reports and tables, and the 4-bit NF4
+re-check of unlearned models."""
 
-from .generation import generate_answers
+from .generation import DEFAULT_MAX_NEW_TOKENS, generate_answers
+from .memorization import exact_memorization, extraction_strength
 from .metrics import load_metric
+from .privacy import (
+    MIA_ATTACKS,
+    loss_score,
+    mia_auc,
+    min_k_plus_plus_score,
+    min_k_score,
+    privleak,
+    zlib_score,
+)
 from .quantization import quantize_nf4
-from .report import format_report_table, load_truth_ratios, save_truth_ratios, write_json_atomic
-from .rouge import rouge_l_recall
+from .reference import RetainReference, check_provenance, load_retain_reference
+from .report import (
+    METRIC_DEFINITIONS,
+    format_report_table,
+    load_truth_ratios,
+    metric_definitions_text,
+    render_report,
+    save_truth_ratios,
+    write_json_atomic,
+)
+from .rouge import mu_rouge, rouge_l_recall
 from .tofu import (
     COMPONENT_NAMES,
     answer_probability,
     evaluate_split,
     evaluate_tofu,
     evaluation_splits,
+    mia_scores,
     normalized_answer_probability,
 )
 
 __all__ = [
     "COMPONENT_NAMES",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "METRIC_DEFINITIONS",
+    "MIA_ATTACKS",
+    "RetainReference",
     "answer_probability",
+    "check_provenance",
     "evaluate_split",
     "evaluate_tofu",
     "evaluation_splits",
+    "exact_memorization",
+    "extraction_strength",
     "format_report_table",
     "generate_answers",
     "load_metric",
+    "load_retain_reference",
     "load_truth_ratios",
+    "loss_score",
+    "metric_definitions_text",
+    "mia_auc",
+    "mia_scores",
+    "min_k_plus_plus_score",
+    "min_k_score",
+    "mu_rouge",
     "normalized_answer_probability",
+    "privleak",
     "quantize_nf4",
+    "render_report",
     "rouge_l_recall",
     "save_truth_ratios",
     "write_json_atomic",
+    "zlib_score",
 ]

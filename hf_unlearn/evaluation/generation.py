@@ -1,4 +1,9 @@
-"""Batched greedy answer generation from the package's prompts (left padding, as `generate` needs)."""
+"""Batched greedy answer generation from the package's prompts (left padding, as `generate` needs).
+
+Defaults follow TOFU / open-unlearning: greedy decoding, up to 200 new tokens (``DEFAULT_MAX_NEW_TOKENS``).
+Generation never runs past the model's maximum positions: each batch's new tokens are capped at
+``max_positions - prompt width``, and a prompt that leaves no room is refused before any generation.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data.prompts import build_prompt, ensure_pad_token, has_chat_template
+from ..data.prompts import (
+    PromptTemplate,
+    ensure_pad_token,
+    model_max_positions,
+    resolve_template,
+    tokenize_prompt,
+)
+
+DEFAULT_MAX_NEW_TOKENS = 200  # open-unlearning generation_args max_new_tokens; TOFU: max_length 200
 
 
 def _model_device(model: Any) -> torch.device:
@@ -33,28 +46,41 @@ def generate_answers(
     questions: Sequence[str],
     *,
     batch_size: int = 16,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     generation_kwargs: Mapping[str, Any] | None = None,
+    template: str | PromptTemplate | None = None,
     progress: bool = False,
     desc: str = "generating",
 ) -> list[str]:
-    """Greedy answers to ``questions``, prompted by :func:`hf_unlearn.data.build_prompt`.
+    """Greedy answers to ``questions``, prompted by :func:`hf_unlearn.data.build_prompt` with ``template``.
 
-    Prompts are tokenized exactly as :func:`hf_unlearn.data.tokenize_qa` tokenizes them, sorted by
-    length, left-padded in batches of ``batch_size`` and passed to ``model.generate`` with
-    ``do_sample=False``; ``generation_kwargs`` (e.g. ``logits_processor``) override or extend
-    those arguments. Returns the decoded new tokens (special tokens dropped, whitespace stripped),
-    in the order of ``questions``.
+    Prompts are tokenized exactly as :func:`hf_unlearn.data.tokenize_qa` tokenizes them
+    (:func:`hf_unlearn.data.tokenize_prompt`), sorted by length, left-padded in batches of ``batch_size`` and
+    passed to ``model.generate`` with ``do_sample=False`` and at most ``max_new_tokens`` new tokens (fewer where
+    the model's maximum positions require); ``generation_kwargs`` (e.g. ``logits_processor``) override or
+    extend those arguments. Returns the decoded new tokens (special tokens dropped, whitespace stripped, and a
+    leading answer tag removed when the template scores it as part of the answer, as ``tofu-phi`` does), in
+    the order of ``questions``.
+
+    Raises:
+        ValueError: bad sizes, or a prompt as long as the model's maximum positions.
     """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(
             f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}."
         )
     ensure_pad_token(tokenizer)
-    add_special = not has_chat_template(tokenizer)
-    encoded = [
-        tokenizer(build_prompt(tokenizer, q), add_special_tokens=add_special)["input_ids"] for q in questions
-    ]
+    t = resolve_template(tokenizer, template)
+    encoded = [tokenize_prompt(tokenizer, q, template=t) for q in questions]
+    limit = model_max_positions(model)
+    if limit is not None and encoded:
+        longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
+        if len(encoded[longest]) >= limit:
+            raise ValueError(
+                f"The prompt of question {longest} is {len(encoded[longest])} tokens, which leaves no room to "
+                f"generate within the model's {limit} positions; shorten the question or use a model with more."
+            )
+    tag = t.answer_tag.strip() if (t.kind == "plain" and not t.answer_tag_in_prompt) else ""
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     device = _model_device(model)
     kwargs: dict[str, Any] = {
@@ -71,12 +97,18 @@ def generate_answers(
         for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
             idx = order[start : start + batch_size]
             input_ids, attention_mask = left_pad([encoded[i] for i in idx], tokenizer.pad_token_id)
+            batch_kwargs = dict(kwargs)
+            if limit is not None:
+                batch_kwargs["max_new_tokens"] = min(int(kwargs["max_new_tokens"]), limit - input_ids.shape[1])
             out = model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **batch_kwargs
             )
             texts = tokenizer.batch_decode(out[:, input_ids.shape[1] :], skip_special_tokens=True)
             for i, text in zip(idx, texts):
-                answers[i] = text.strip()
+                text = text.strip()
+                if tag and text.startswith(tag):
+                    text = text[len(tag) :].strip()
+                answers[i] = text
     finally:
         if was_training and hasattr(model, "train"):
             model.train()

@@ -1,4 +1,8 @@
-"""TOFU reports on disk and on screen: atomic JSON, saved retain-reference truth ratios, a table."""
+"""TOFU reports on disk and on screen: atomic JSON, saved retain-reference truth ratios, tables.
+
+:data:`METRIC_DEFINITIONS` defines every figure of a report (the CLI's ``--help`` and
+:func:`render_report` print them); :func:`format_report_table` compares several reports side by side.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +27,12 @@ def save_truth_ratios(report: Mapping[str, Any], path: str | os.PathLike) -> Pat
     """Save a report's per-example forget truth ratios (a retain reference) as JSON.
 
     The file is what ``evaluate_tofu(..., retain_reference=path)`` reads, so a retain model is
-    evaluated once. It records the forget split, source and model name for checking.
+    evaluated once. It records the forget split, source, model name and the report's provenance (prompt
+    template, tokenizer, rows, dtype) for checking, the nine model-utility components and the
+    membership-inference AUCs (privleak's reference).
     """
     ratios = checked_truth_ratios(report, "the report")
+    mia = report.get("mia")
     payload = {
         "format": TRUTH_RATIOS_FORMAT,
         "model_name": report.get("model_name"),
@@ -33,6 +40,9 @@ def save_truth_ratios(report: Mapping[str, Any], path: str | os.PathLike) -> Pat
         "forget_split": report.get("forget_split"),
         "num_examples": len(ratios),
         "forget_truth_ratios": ratios,
+        "components": report.get("components"),
+        "mia": {"auc": mia.get("auc")} if isinstance(mia, Mapping) else None,
+        "provenance": report.get("provenance"),
     }
     return write_json_atomic(payload, path)
 
@@ -63,6 +73,60 @@ def checked_truth_ratios(data: Mapping[str, Any], origin: str) -> list[float]:
     return values
 
 
+# Every figure of a report: key -> (title, definition). Printed by render_report and `hf-unlearn eval --help`.
+METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
+    "forget_quality": (
+        "forget quality",
+        "p-value of the two-sample KS test between this model's and the retain model's per-question forget truth "
+        "ratios (TOFU). High (>0.05) = indistinguishable from never having seen the forget set.",
+    ),
+    "ks_statistic": ("KS statistic", "D = sup_x |F_model(x) - F_retain(x)| of the forget truth ratios."),
+    "model_utility": (
+        "model utility",
+        "harmonic mean of the nine components: probability, ROUGE-L recall and truth ratio on retain, real "
+        "authors and world facts (TOFU). 0 if any is 0.",
+    ),
+    "mu_rouge": (
+        "MU-ROUGE",
+        "harmonic mean of the retain, real-authors and world-facts mean ROUGE-L recalls (T3's utility figure).",
+    ),
+    "forget_rouge_l": (
+        "forget ROUGE-L",
+        "mean ROUGE-L recall of the greedy answer (up to max_new_tokens) against the gold forget answer "
+        "(rouge-score, Porter stemmer).",
+    ),
+    "forget_truth_ratio": (
+        "forget truth ratio",
+        "mean of min(tr, 1/tr), tr = exp(loss(paraphrased) - mean loss(perturbed)) per forget question "
+        "(avg per-token NLLs); 1 = the model cannot tell true from false.",
+    ),
+    "forget_prob": ("forget prob", "mean exp(-avg NLL) of the forget answers given their questions."),
+    "retain_rouge_l": ("retain ROUGE-L", "mean ROUGE-L recall of greedy answers on retain_perturbed."),
+    "retain_prob": ("retain prob", "mean exp(-avg NLL) of the retain answers."),
+    "retain_truth_ratio": ("retain truth ratio", "mean of max(0, 1 - tr) on retain_perturbed."),
+    "extraction_strength": (
+        "extraction strength",
+        "mean over forget answers of 1 - k*/n, k* = the shortest answer prefix after which teacher-forced greedy "
+        "predictions match every remaining token (open-unlearning).",
+    ),
+    "exact_memorization": (
+        "exact memorization",
+        "mean over forget answers of the fraction of answer tokens equal to the teacher-forced greedy prediction.",
+    ),
+    "mia_loss": ("MIA AUC loss", "ROC AUC of the answer's avg NLL, forget (0) vs holdoutNN (1); 0.5 = no signal."),
+    "mia_zlib": ("MIA AUC zlib", "ROC AUC of avg NLL / zlib-compressed length of the answer text."),
+    "mia_min_k": ("MIA AUC min-k", "ROC AUC of minus the mean of the lowest 40% answer-token log-probs."),
+    "mia_min_k_plus_plus": (
+        "MIA AUC min-k++",
+        "ROC AUC of Min-K%++ (40%): token log-probs standardised by the next-token distribution's mean and std.",
+    ),
+    "privleak": (
+        "privleak",
+        "(score - ref) / ref * 100 with score = 1 - AUC(min-k) and ref = 1 - the retain model's AUC (0.5 when no "
+        "retain reference). Near 0 = like the retain model; strongly negative = the forget set is recognisable.",
+    ),
+}
+
 # (report key, column title, format)
 TABLE_COLUMNS = (
     ("forget_quality", "forget quality", ".3g"),
@@ -72,6 +136,21 @@ TABLE_COLUMNS = (
     ("forget_prob", "forget prob", ".3f"),
     ("retain_rouge_l", "retain ROUGE-L", ".3f"),
     ("retain_prob", "retain prob", ".3f"),
+    ("mu_rouge", "MU-ROUGE", ".3f"),
+    ("extraction_strength", "extraction strength", ".3f"),
+    ("exact_memorization", "exact memorization", ".3f"),
+    ("mia_min_k", "MIA AUC min-k", ".3f"),
+    ("privleak", "privleak", ".1f"),
+)
+
+# render_report's rows, in order: (key, format)
+REPORT_ROWS = (
+    ("forget_quality", ".3g"), ("ks_statistic", ".3f"), ("model_utility", ".3f"), ("mu_rouge", ".3f"),
+    ("forget_rouge_l", ".3f"), ("forget_truth_ratio", ".3f"), ("forget_prob", ".3f"),
+    ("retain_rouge_l", ".3f"), ("retain_prob", ".3f"), ("retain_truth_ratio", ".3f"),
+    ("extraction_strength", ".3f"), ("exact_memorization", ".3f"),
+    ("mia_loss", ".3f"), ("mia_zlib", ".3f"), ("mia_min_k", ".3f"), ("mia_min_k_plus_plus", ".3f"),
+    ("privleak", ".2f"),
 )
 
 
@@ -95,3 +174,40 @@ def format_report_table(reports: Mapping[str, Mapping[str, Any]]) -> str:
         for name, rep in reports.items()
     ]
     return "\n".join([header, rule, *rows])
+
+
+def metric_definitions_text(width: int = 100) -> str:
+    """Every figure's title and definition as plain text (for ``--help`` epilogs)."""
+    import textwrap
+
+    lines = []
+    for title, definition in METRIC_DEFINITIONS.values():
+        lines.extend(textwrap.wrap(f"{title}: {definition}", width=width, subsequent_indent="    "))
+    return "\n".join(lines)
+
+
+def render_report(report: Mapping[str, Any]) -> str:
+    """One report of ``evaluate_tofu`` as a markdown table: figure, value and definition, every figure.
+
+    Figures the report lacks (no retain reference, no holdout split, a custom scorer) show ``n/a``. A header
+    line names the model, data, forget split, prompt template, max_examples and max_new_tokens, and the
+    retain reference's source.
+    """
+    settings = report.get("settings") or {}
+    ref = report.get("retain_reference")
+    ref_text = "none (forget quality n/a, privleak against AUC 0.5)"
+    if isinstance(ref, Mapping):
+        prov = ref.get("provenance") or {}
+        ref_text = f"{prov.get('format', '?')}: {prov.get('path') or prov.get('model_name') or 'in memory'}"
+    elif ref:
+        ref_text = str(ref)
+    head = (
+        f"model: {report.get('model_name')} | data: {report.get('source')} {report.get('forget_split')} | "
+        f"template: {settings.get('template')} | max_examples: {settings.get('max_examples')} | "
+        f"max_new_tokens: {settings.get('max_new_tokens')} | retain reference: {ref_text}"
+    )
+    rows = ["| figure | value | definition |", "|---|---:|---|"]
+    for key, fmt in REPORT_ROWS:
+        title, definition = METRIC_DEFINITIONS[key]
+        rows.append(f"| {title} | {_cell(report, key, fmt)} | {definition.replace('|', chr(92) + '|')} |")
+    return "\n".join([head, "", *rows])

@@ -24,3 +24,16 @@ def rouge_l_recall(predictions: Sequence[str], references: Sequence[str]) -> lis
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references.")
     scorer = _rouge_l_scorer()
     return [float(scorer.score(ref, pred)["rougeL"].recall) for pred, ref in zip(predictions, references)]
+
+
+def mu_rouge(retain_rouge_l: float, real_authors_rouge_l: float, world_facts_rouge_l: float) -> float:
+    """MU-ROUGE (T3's utility figure): the harmonic mean of the three mean ROUGE-L recalls,
+
+        MU-ROUGE = 3 / (1/R_retain + 1/R_real_authors + 1/R_world_facts),   0 if any is 0.
+    """
+    values = [float(retain_rouge_l), float(real_authors_rouge_l), float(world_facts_rouge_l)]
+    if any(v < 0 for v in values):
+        raise ValueError(f"ROUGE-L recalls are non-negative, got {values}.")
+    if any(v == 0 for v in values):
+        return 0.0
+    return len(values) / sum(1.0 / v for v in values)

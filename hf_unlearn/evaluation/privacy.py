@@ -1,0 +1,98 @@
+"""Membership inference on the forget set and privacy leakage, as open-unlearning reports them for TOFU.
+
+Each attack gives every example a *score* that is loss-like: higher means "less likely a training member".
+The forget set is scored against the matching ``holdoutNN`` split (questions about authors no model was trained
+on); the ROC AUC separates the two (open-unlearning's convention: forget labelled 0, holdout 1), so a model that
+still knows the forget set scores AUC near 1 and a model that never saw it near 0.5.
+
+Pure functions on per-token numbers (from :func:`hf_unlearn.logprobs.answer_token_statistics`); each formula is
+in its docstring.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+MIA_ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus")
+MIN_K_FRACTION = 0.4  # open-unlearning configs/eval/tofu_metrics/mia_min_k{,_plus_plus}.yaml: k: 0.4
+DEFAULT_REFERENCE_AUC = 0.5  # open-unlearning's privleak ref_value when no retain logs are given
+
+
+def loss_score(token_log_probs: np.ndarray) -> float:
+    """LOSS attack (Yeom et al., 2018): the answer's average NLL, ``-(1/n) sum_t log p(y_t | x, y_<t)``."""
+    lp = np.asarray(token_log_probs, dtype=np.float64)
+    return float(-lp.mean()) if lp.size else 0.0
+
+
+def zlib_score(token_log_probs: np.ndarray, text: str) -> float:
+    """zlib attack (Carlini et al., 2021): ``loss / len(zlib.compress(text.encode("utf-8")))``, the average NLL
+    over the zlib entropy (compressed byte length) of the answer text."""
+    return loss_score(token_log_probs) / len(zlib.compress(text.encode("utf-8")))
+
+
+def _lowest_fraction_mean(values: np.ndarray, k: float) -> float:
+    n = max(1, int(len(values) * k))
+    return float(np.mean(np.sort(values)[:n]))
+
+
+def min_k_score(token_log_probs: np.ndarray, k: float = MIN_K_FRACTION) -> float:
+    """Min-K% Prob (Shi et al., 2024): minus the mean of the lowest ``max(1, floor(k n))`` token log-probs,
+    ``-(1/|K|) sum_{t in K} log p(y_t | x, y_<t)`` with ``K`` the ``k`` fraction of least likely tokens."""
+    lp = np.asarray(token_log_probs, dtype=np.float64)
+    if lp.size == 0:
+        return 0.0
+    return -_lowest_fraction_mean(lp, k)
+
+
+def min_k_plus_plus_score(
+    token_log_probs: np.ndarray, vocab_mean: np.ndarray, vocab_var: np.ndarray, k: float = MIN_K_FRACTION
+) -> float:
+    """Min-K%++ (Zhang et al., 2025): each token's log-prob standardised by the next-token distribution,
+    ``z_t = (log p(y_t) - mu_t) / sigma_t`` with ``mu_t = E_{v~p}[log p(v)]``,
+    ``sigma_t^2 = E_{v~p}[log^2 p(v)] - mu_t^2`` (clamped at ``1e-6`` as open-unlearning does); the score is
+    minus the mean of the lowest ``max(1, floor(k n))`` values of ``z``."""
+    lp = np.asarray(token_log_probs, dtype=np.float64)
+    if lp.size == 0:
+        return 0.0
+    sigma = np.sqrt(np.maximum(np.asarray(vocab_var, dtype=np.float64), 1e-6))
+    z = (lp - np.asarray(vocab_mean, dtype=np.float64)) / sigma
+    return -_lowest_fraction_mean(z, k)
+
+
+def mia_auc(forget_scores: Sequence[float], holdout_scores: Sequence[float]) -> float:
+    """ROC AUC of an attack with forget labelled 0 and holdout 1 (open-unlearning's ``mia_auc``):
+
+        AUC = P(s_holdout > s_forget) + 1/2 P(s_holdout = s_forget)
+            = (1 / (n_f n_h)) sum_{i in forget} sum_{j in holdout} ([s_j > s_i] + 1/2 [s_j = s_i])
+
+    computed through ranks (the Mann-Whitney U statistic over ``n_f n_h``)."""
+    f = np.asarray(forget_scores, dtype=np.float64)
+    h = np.asarray(holdout_scores, dtype=np.float64)
+    if f.size == 0 or h.size == 0:
+        raise ValueError("A membership-inference AUC needs at least one forget and one holdout score.")
+    if not (np.isfinite(f).all() and np.isfinite(h).all()):
+        raise ValueError("A membership-inference AUC got a non-finite score.")
+    from scipy.stats import rankdata
+
+    ranks = rankdata(np.concatenate([f, h]))  # average ranks for ties
+    u_holdout = ranks[f.size :].sum() - h.size * (h.size + 1) / 2
+    return float(u_holdout / (f.size * h.size))
+
+
+def privleak(auc: float, reference_auc: float | None = None) -> float:
+    """Privacy leakage (MUSE, Shi et al., 2024; open-unlearning's ``privleak``) in percent:
+
+        privleak = (score - ref) / ref * 100,  score = 1 - AUC,  ref = 1 - AUC_retain
+
+    with ``AUC_retain`` the retain model's AUC for the same attack (0.5 when no retain reference is given).
+    Near 0 is the retain model's behaviour; strongly negative means the forget set is still recognisable.
+    open-unlearning adds ``1e-10`` to the denominator; here ``AUC_retain = 1`` is refused instead."""
+    ref_auc = DEFAULT_REFERENCE_AUC if reference_auc is None else float(reference_auc)
+    ref = 1.0 - ref_auc
+    if not (math.isfinite(ref) and ref > 0):
+        raise ValueError(f"privleak needs a reference AUC below 1, got {ref_auc!r}.")
+    return float(((1.0 - float(auc)) - ref) / ref * 100.0)
