@@ -24,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "OutputDirError",
+    "OutputWriteError",
     "atomic_directory",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -34,6 +35,11 @@ __all__ = [
 
 class OutputDirError(ValueError):
     """An output folder that hf-unlearn refuses to write (raised before any work starts)."""
+
+
+class OutputWriteError(OSError):
+    """Writing a result failed (full disk, read-only folder, ...); the previous output was left unchanged. Its
+    message is one line naming the folder and the reason."""
 
 
 def _resolved(path: str | os.PathLike) -> Path:
@@ -91,14 +97,21 @@ def check_output_dir(
 
 
 @contextlib.contextmanager
-def atomic_directory(final_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_directory(
+    final_dir: str | os.PathLike, overwrite: bool = False, keep: Iterable[str] = ()
+) -> Iterator[Path]:
     """Build a folder in a temporary sibling and swap it in as ``final_dir`` only on success.
 
     ``with atomic_directory(out, overwrite=True) as tmp: model.save_pretrained(tmp)``: while the block runs,
     ``out`` keeps its previous content. When the block ends without an exception, the previous folder (if any) is
     renamed aside, the new one renamed into place, and the old one deleted. On an exception the temporary folder
     is removed and ``out`` is untouched. A non-empty ``final_dir`` without ``overwrite`` is refused up front.
+
+    ``keep`` lists glob patterns of entries of the previous folder that are not part of the result and move into
+    the new folder after the swap (a training run's ``checkpoint-*`` folders when its final model is saved into
+    the run folder); an entry the new folder already has is not moved.
     """
+    keep = tuple(keep)
     final = _resolved(final_dir)
     if final.exists() and (not final.is_dir() or any(final.iterdir())) and not overwrite:
         raise OutputDirError(f"Output folder {final} is not empty; pass overwrite=True (CLI: --overwrite).")
@@ -122,6 +135,10 @@ def atomic_directory(final_dir: str | os.PathLike, overwrite: bool = False) -> I
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old is not None:
+        for pattern in keep:
+            for entry in old.glob(pattern):
+                if not (final / entry.name).exists():
+                    os.replace(entry, final / entry.name)
         shutil.rmtree(old, ignore_errors=True)
 
 

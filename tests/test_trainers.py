@@ -16,6 +16,7 @@ from hf_unlearn.trainers import (
     GradDiffTrainer,
     NonFiniteLossError,
     NPOTrainer,
+    SimNPOConfig,
     SimNPOTrainer,
     UnlearningConfig,
 )
@@ -37,14 +38,14 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def _config(tmp_path, **overrides) -> UnlearningConfig:
+def _config(tmp_path, cls=UnlearningConfig, **overrides) -> UnlearningConfig:
     values = dict(
         output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", gradient_checkpointing=False,
         disable_tqdm=True, per_device_train_batch_size=4, max_steps=2, logging_steps=1, seed=0,
         learning_rate=3e-4,
     )
     values.update(overrides)
-    return UnlearningConfig(**values)
+    return cls(**values)
 
 
 def _qa(rows):
@@ -101,10 +102,15 @@ def test_per_method_defaults_do_not_change_the_callers_config(tiny_target, synth
     forget, retain = synthetic["forget10"][:4], synthetic["retain90"][:8]
     args = _config(tmp_path)
     npo = NPOTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
-    simnpo = SimNPOTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
-    assert (npo.args.beta, npo.args.gamma, npo.args.alpha) == (0.1, 1.0, 1.0)
-    assert (simnpo.args.beta, simnpo.args.gamma, simnpo.args.alpha) == (4.5, 0.125, 1.0)
-    assert args.beta is None and args.gamma is None
+    simnpo = SimNPOTrainer(model, _config(tmp_path, cls=SimNPOConfig), train_dataset=forget, retain_dataset=retain,
+                           processing_class=tok)
+    assert (npo.args.forget_loss, npo.args.beta, npo.args.gamma, npo.args.alpha) == ("npo", 0.1, 1.0, 1.0)
+    assert (simnpo.args.forget_loss, simnpo.args.beta, simnpo.args.gamma, simnpo.args.alpha) == ("simnpo", 4.5, 0.125, 1.0)
+    assert args.forget_loss == "grad_ascent" and (args.beta, args.gamma) == (0.1, 1.0)  # the caller's config unchanged
+    # a plain UnlearningConfig keeps its own values in a preset trainer, with a warning naming the preset's defaults
+    with pytest.warns(UserWarning, match=r"beta=0.1 \(SimNPOConfig: 4.5\)"):
+        plain = SimNPOTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+    assert (plain.args.forget_loss, plain.args.beta, plain.args.gamma) == ("simnpo", 0.1, 1.0)
     assert simnpo.ref_model is None and npo.ref_model is not None and npo.ref_model is not npo.model
     assert not npo.ref_model.training and not any(p.requires_grad for p in npo.ref_model.parameters())
 
@@ -268,3 +274,102 @@ def test_nan_loss_stops_training_naming_the_step(tiny_target, synthetic, tmp_pat
         warnings.simplefilter("ignore")
         with pytest.raises(NonFiniteLossError, match="at step 2"):
             trainer.train()
+
+
+# ----- one config, variants chosen by a field --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset_name,fields", [
+    ("GradAscent", {"forget_loss": "grad_ascent", "retain_loss": "none"}),
+    ("GradDiff", {"forget_loss": "grad_ascent", "retain_loss": "kl"}),
+    ("NPO", {"forget_loss": "npo", "retain_loss": "nll"}),
+    ("SimNPO", {"forget_loss": "simnpo", "retain_loss": "nll", "beta": 4.5, "gamma": 0.125}),
+])
+def test_preset_trainers_are_the_unlearning_trainer_with_their_fields(preset_name, fields, tiny_target, synthetic,
+                                                                      tmp_path):
+    """Each preset trainer with its own config gives the loss of the generic UnlearningTrainer with the same
+    objective fields, and the preset config's defaults are exactly those fields."""
+    from hf_unlearn import trainers
+    from hf_unlearn.losses import grad_ascent_loss, nll_loss
+
+    model, tok = tiny_target
+    forget, retain = synthetic["forget10"][:8], synthetic["retain90"][:8]
+    preset_cls = getattr(trainers, f"{preset_name}Trainer")
+    preset_config = getattr(trainers, f"{preset_name}Config")
+    extra = {"retain_loss": "kl"} if preset_name == "GradDiff" else {}
+    preset = preset_cls(model, _config(tmp_path, cls=preset_config, **extra), train_dataset=forget,
+                        retain_dataset=retain, processing_class=tok)
+    generic = trainers.UnlearningTrainer(model, _config(tmp_path, **fields), train_dataset=forget,
+                                         retain_dataset=retain, processing_class=tok)
+    assert {k: getattr(preset.args, k) for k in fields} == fields
+    assert type(generic.args) is UnlearningConfig and generic.needs_retain(generic.args) == (fields["retain_loss"] != "none")
+    items = [generic.train_dataset[i] for i in range(4)]
+    batch = generic._prepare_inputs(generic.data_collator(items))
+    model.eval()
+    with torch.no_grad():
+        expected = generic.compute_loss(model, batch)
+        got = preset.compute_loss(model, preset._prepare_inputs(preset.data_collator(
+            [preset.train_dataset[i] for i in range(4)])))
+    assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+    if preset_name == "GradAscent":  # against the formula: -(mean forget NLL) * gamma
+        scored = generic.score(model, batch)
+        assert expected.item() == pytest.approx(grad_ascent_loss(scored.token_log_probs, scored.mask).item(), rel=1e-6)
+    if preset_name == "NPO":  # ... and the retain term really is in it
+        retain_scored = generic.score(model, batch, "retain_")
+        with_retain = expected - nll_loss(retain_scored.token_log_probs, retain_scored.mask)
+        assert with_retain.item() != pytest.approx(expected.item())
+    # a config of the preset's class naming another objective is refused
+    if preset_name != "GradDiff":
+        with pytest.raises(ValueError, match=f"{preset_name}Trainer trains with forget_loss"):
+            preset_cls(model, _config(tmp_path, cls=preset_config, forget_loss="npo" if preset_name != "NPO" else
+                                      "simnpo"), train_dataset=forget, retain_dataset=retain, processing_class=tok)
+
+
+def test_prompt_template_reaches_the_trainer_tokens(tiny_target, synthetic, tmp_path):
+    model, tok = tiny_target
+    forget, retain = synthetic["forget10"][:4], synthetic["retain90"][:8]
+    trainer = GradDiffTrainer(model, _config(tmp_path, prompt_template="chatml"), train_dataset=forget,
+                              retain_dataset=retain, processing_class=tok)
+    default = GradDiffTrainer(model, _config(tmp_path), train_dataset=forget, retain_dataset=retain,
+                              processing_class=tok)
+    for i, row in enumerate(forget):
+        ref = tokenize_qa(tok, row["question"], row["answer"], template="chatml")
+        assert trainer.forget_dataset[i]["input_ids"] == ref["input_ids"]
+        assert trainer.forget_dataset[i]["labels"] == ref["labels"]
+    assert [list(r["input_ids"]) for r in trainer.forget_dataset] != [list(r["input_ids"]) for r in default.forget_dataset]
+    with pytest.raises(ValueError, match="no-such-template"):
+        _config(tmp_path, prompt_template="no-such-template")
+
+
+def test_configs_are_written_as_trl_writes_them():
+    """Every unlearning field has a real default, help metadata and a docstring entry; the presets differ from
+    UnlearningConfig only in the documented fields."""
+    import dataclasses
+
+    from trl import SFTConfig
+
+    from hf_unlearn import trainers
+
+    sft = {f.name for f in dataclasses.fields(SFTConfig)}
+    for cls in (trainers.BaseUnlearningConfig, trainers.UnlearningConfig):
+        for f in dataclasses.fields(cls):
+            if f.name in sft or f.name not in cls.__dict__.get("__annotations__", {}):
+                continue
+            assert "help" in f.metadata and f"{f.name} (`" in cls.__doc__, f.name
+            assert f.default is not dataclasses.MISSING, f.name
+            if f.name not in ("prompt_template",):
+                assert f.default is not None, f.name
+
+    def differing(cls):
+        base = {f.name: f.default for f in dataclasses.fields(trainers.UnlearningConfig)}
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default != base[f.name]}
+
+    assert differing(trainers.GradAscentConfig) == {"retain_loss": "none"}
+    assert differing(trainers.GradDiffConfig) == {}
+    assert differing(trainers.NPOConfig) == {"forget_loss": "npo"}
+    assert differing(trainers.SimNPOConfig) == {"forget_loss": "simnpo", "beta": 4.5, "gamma": 0.125}
+    for name in ("GradAscent", "GradDiff", "NPO", "SimNPO"):
+        trainer_cls, config_cls = getattr(trainers, f"{name}Trainer"), getattr(trainers, f"{name}Config")
+        assert trainer_cls.config_class is config_cls
+        defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+        assert all(defaults[k] == v for k, v in trainer_cls.preset.items())  # the preset is its config's default

@@ -1,97 +1,69 @@
-"""Baseline unlearning trainers: GradAscent, GradDiff, NPO and SimNPO on the shared :class:`UnlearningTrainer`.
+"""Baseline unlearning trainers: GradAscent, GradDiff, NPO and SimNPO, thin presets of :class:`UnlearningTrainer`.
 
-Each trainer only wires a pure loss of :mod:`hf_unlearn.losses` to the batch. The total loss is always
-``gamma * forget_term + alpha * retain_term`` (open-unlearning's convention), where the retain term is the retain
-NLL or ``KL(pi_ref || pi_theta)`` (``UnlearningConfig.retain_loss``).
+Each preset is the shared trainer with one objective of :class:`~hf_unlearn.trainers.UnlearningConfig`:
+``gamma * forget_term + alpha * retain_term`` (open-unlearning's convention), where the forget term is chosen by
+``forget_loss`` and the retain term (retain NLL or ``KL(pi_ref || pi_theta)``) by ``retain_loss``. A preset sets
+
+* ``config_class``: its config preset (:mod:`hf_unlearn.trainers.unlearning_config`), the one place where its
+  defaults differ from :class:`~hf_unlearn.trainers.UnlearningConfig` (SimNPO: ``beta=4.5``, ``gamma=0.125``);
+* ``preset``: the config values that define the method (its ``forget_loss``; GradAscent also ``retain_loss="none"``),
+  applied when a config of another class is converted and required of a config of its own class.
+
+The loss itself is :meth:`UnlearningTrainer.compute_unlearning_loss` on the pure functions of
+:mod:`hf_unlearn.losses`.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
-
-from ..losses import grad_ascent_loss, grad_diff_loss, npo_loss, simnpo_loss
-from .unlearning_config import UnlearningConfig
-from .unlearning_trainer import LossDenominators, UnlearningTrainer
+from .unlearning_config import GradAscentConfig, GradDiffConfig, NPOConfig, SimNPOConfig, UnlearningConfig
+from .unlearning_trainer import UnlearningTrainer
 
 
 class GradAscentTrainer(UnlearningTrainer):
     """Gradient ascent on the forget set: ``gamma * (-NLL_forget)`` (:func:`~hf_unlearn.losses.grad_ascent_loss`).
-    Uses no retain set."""
+    Uses no retain set ([`GradAscentConfig`]: ``forget_loss="grad_ascent"``, ``retain_loss="none"``)."""
 
     _name = "GradAscent"
     _tag_names = [*UnlearningTrainer._tag_names, "grad-ascent"]
-
-    @classmethod
-    def needs_retain(cls, args: UnlearningConfig) -> bool:
-        return False
-
-    def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        forget = self.score(model, inputs)
-        self.log_metric("forget_nll", forget.mean_nll)
-        return self.args.gamma * grad_ascent_loss(forget.token_log_probs, forget.mask, denominators.forget_tokens)
+    config_class = GradAscentConfig
+    preset: ClassVar[dict[str, Any]] = {"forget_loss": "grad_ascent", "retain_loss": "none"}
 
 
 class GradDiffTrainer(UnlearningTrainer):
-    """Gradient difference: ``gamma * (-NLL_forget) + alpha * retain`` (:func:`~hf_unlearn.losses.grad_diff_loss`),
-    retain = NLL (default) or ``KL(pi_ref || pi_theta)`` with ``retain_loss="kl"``."""
+    """Gradient difference: ``gamma * (-NLL_forget) + alpha * retain`` (Liu et al. 2022; TOFU's ``grad_diff``),
+    retain = NLL (default) or ``KL(pi_ref || pi_theta)`` with ``retain_loss="kl"`` ([`GradDiffConfig`])."""
 
     _name = "GradDiff"
     _tag_names = [*UnlearningTrainer._tag_names, "grad-diff"]
+    config_class = GradDiffConfig
+    preset: ClassVar[dict[str, Any]] = {"forget_loss": "grad_ascent"}
 
-    def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        forget = self.score(model, inputs)
-        self.log_metric("forget_nll", forget.mean_nll)
-        retain = self.retain_term(model, inputs, denominators)
-        return grad_diff_loss(
-            forget.token_log_probs, forget.mask, retain, self.args.gamma, self.args.alpha, denominators.forget_tokens
-        )
+    @classmethod
+    def check_hyperparameters(cls, args: UnlearningConfig) -> None:
+        if args.retain_loss == "none":
+            raise ValueError("GradDiffTrainer needs a retain term (retain_loss 'nll' or 'kl'); use GradAscentTrainer.")
 
 
 class NPOTrainer(UnlearningTrainer):
     """Negative Preference Optimization (Zhang et al. 2024) with a retain term:
     ``gamma * L_NPO + alpha * retain`` (:func:`~hf_unlearn.losses.npo_loss`), against the frozen initial model
-    (or, with a PEFT adapter, the model with the adapter disabled). Defaults: ``beta=0.1``, ``gamma=alpha=1``;
-    ``alpha=0`` gives plain NPO without a retain set."""
+    (or, with a PEFT adapter, the model with the adapter disabled). Defaults ([`NPOConfig`]): ``beta=0.1``,
+    ``gamma=alpha=1``; ``alpha=0`` gives plain NPO without a retain set."""
 
     _name = "NPO"
     _tag_names = [*UnlearningTrainer._tag_names, "npo"]
-    default_hyperparameters: ClassVar[dict[str, float]] = {"beta": 0.1, "gamma": 1.0, "alpha": 1.0}
-
-    @classmethod
-    def needs_reference_model(cls, args: UnlearningConfig) -> bool:
-        return True
-
-    def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        forget = self.score(model, inputs)
-        ref = self.reference_scores(inputs)
-        log_ratio = forget.sequence_log_probs - ref.sequence_log_probs
-        self.log_metric("forget_nll", forget.mean_nll)
-        self.log_metric("log_ratio", log_ratio.mean())
-        loss = self.args.gamma * npo_loss(
-            forget.sequence_log_probs, ref.sequence_log_probs, self.args.beta, denominators.forget_sequences
-        )
-        if self.args.alpha > 0:
-            loss = loss + self.args.alpha * self.retain_term(model, inputs, denominators)
-        return loss
+    config_class = NPOConfig
+    preset: ClassVar[dict[str, Any]] = {"forget_loss": "npo"}
 
 
 class SimNPOTrainer(UnlearningTrainer):
     """SimNPO (Fan et al. 2024), reference-free and length-normalised:
-    ``gamma * L_SimNPO + alpha * retain`` (:func:`~hf_unlearn.losses.simnpo_loss`). Defaults follow
-    open-unlearning's TOFU setting: ``beta=4.5``, ``delta=0``, ``gamma=0.125``, ``alpha=1``."""
+    ``gamma * L_SimNPO + alpha * retain`` (:func:`~hf_unlearn.losses.simnpo_loss`). Defaults ([`SimNPOConfig`])
+    follow open-unlearning's TOFU setting: ``beta=4.5``, ``delta=0``, ``gamma=0.125``, ``alpha=1``."""
 
     _name = "SimNPO"
     _tag_names = [*UnlearningTrainer._tag_names, "simnpo"]
-    default_hyperparameters: ClassVar[dict[str, float]] = {"beta": 4.5, "gamma": 0.125, "alpha": 1.0}
-
-    def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        forget = self.score(model, inputs)
-        self.log_metric("forget_nll", forget.mean_nll)
-        loss = self.args.gamma * simnpo_loss(
-            forget.sequence_log_probs, forget.lengths, self.args.beta, self.args.delta, denominators.forget_sequences
-        )
-        if self.args.alpha > 0:
-            loss = loss + self.args.alpha * self.retain_term(model, inputs, denominators)
-        return loss
+    config_class = SimNPOConfig
+    preset: ClassVar[dict[str, Any]] = {"forget_loss": "simnpo"}

@@ -1,4 +1,16 @@
-"""Configuration of the unlearning trainers: a `trl.SFTConfig` with the unlearning hyperparameters added."""
+"""Configuration of the unlearning trainers, written as TRL writes its configs.
+
+* :class:`BaseUnlearningConfig` (a `trl.SFTConfig`) holds what every unlearning method uses: the forget/retain data
+  handling, the prompt template, the output-safety switch and the guards that stop a broken run. MASC and ATWU
+  subclass it and add only their own fields.
+* :class:`UnlearningConfig` adds the objective of the baselines, chosen by two fields: ``forget_loss``
+  (``"grad_ascent"``, ``"npo"``, ``"simnpo"``) and ``retain_loss`` (``"none"``, ``"nll"``, ``"kl"``), with the
+  weights ``gamma`` / ``alpha`` and the NPO/SimNPO parameters ``beta`` / ``delta``.
+* :class:`GradAscentConfig`, :class:`GradDiffConfig`, :class:`NPOConfig` and :class:`SimNPOConfig` are the presets
+  of the baseline trainers: the one place where a method's defaults differ from :class:`UnlearningConfig`'s.
+
+Every field has its real default in the dataclass field (no ``None`` filled in later).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from trl import SFTConfig
 
-RETAIN_LOSSES = ("nll", "kl")
+FORGET_LOSSES = ("grad_ascent", "npo", "simnpo")
+RETAIN_LOSSES = ("none", "nll", "kl")
 
 
 def _bf16_available() -> bool:
@@ -15,37 +28,50 @@ def _bf16_available() -> bool:
 
 
 @dataclass
-class UnlearningConfig(SFTConfig):
+class BaseUnlearningConfig(SFTConfig):
     r"""
-    Configuration class for [`UnlearningTrainer`] and its subclasses (GradAscent, GradDiff, NPO, SimNPO, ...).
+    Configuration shared by every unlearning trainer ([`UnlearningTrainer`] and its subclasses, MASC and ATWU
+    included).
 
     Everything in [`~trl.SFTConfig`] (and so [`~transformers.TrainingArguments`]) applies; the parameters below are
     the ones unlearning adds. The training set of the trainer is the *forget* set; the *retain* set is passed to the
-    trainer as `retain_dataset` and each forget example is paired with one retain example per step.
+    trainer as `retain_dataset`, and each forget example is paired with one retain example per step (partners
+    redrawn each epoch from `seed`).
 
     Parameters:
-        > Parameters that control the objective
-
-        beta (`float`, *optional*):
-            Inverse temperature of NPO and SimNPO, must be `> 0`. When `None`, the trainer's own default is used:
-            `0.1` for NPO (Zhang et al. 2024), `4.5` for SimNPO (open-unlearning's TOFU setting).
-        delta (`float`, *optional*, defaults to `0.0`):
-            SimNPO reward margin (the paper's `gamma`), outside `beta`:
-            `-(2/beta) * logsigmoid(-beta * log p(y|x) / |y| - delta)`.
-        gamma (`float`, *optional*):
-            Weight of the forget term. When `None`, the trainer's default (`1.0`; `0.125` for SimNPO).
-        alpha (`float`, *optional*):
-            Weight of the retain term. When `None`, the trainer's default (`1.0`). With `alpha=0` the retain set is
-            not needed (pure NPO / SimNPO).
-        retain_loss (`str`, *optional*, defaults to `"nll"`):
-            Retain term: `"nll"` (negative log-likelihood of the retain answers) or `"kl"` (per-token
-            `KL(pi_ref || pi_theta)` on the retain answers, which needs the frozen reference model).
-
         > Parameters that control the data
 
         allow_overlap (`bool`, *optional*, defaults to `False`):
             Forget and retain sets sharing examples is an error by default; with `True` it is a warning with the
             number of shared examples.
+        prompt_template (`str` or `None`, *optional*, defaults to `None`):
+            Name of a prompt template preset of [`hf_unlearn.data.PROMPT_TEMPLATES`] used to turn TOFU rows
+            (`question`/`answer`) into prompt and completion. `None`: the tokenizer's chat template when it has
+            one, else `"Question: {question}\nAnswer:"` (the evaluator's default, so training and evaluation see the
+            same tokens).
+
+        > Parameters that control the safety of outputs
+
+        overwrite (`bool`, *optional*, defaults to `False`):
+            A non-empty `output_dir` is refused before any work unless `True`. Even then the final model is built
+            in a temporary sibling folder and swapped in only when completely written, so a failed save leaves the
+            previous content intact. An `output_dir` equal to, inside, or containing the input model folder is
+            always refused.
+
+        > Parameters that stop a broken run
+
+        max_retain_loss_ratio (`float` or `None`, *optional*, defaults to `100.0`):
+            Divergence guard: training stops with an error as soon as the retain NLL of an optimizer step exceeds
+            this multiple of its value at the first step (that starting value is floored at
+            `min_retain_loss_reference`). `None` disables the guard. Only objectives with a retain set are
+            guarded.
+        min_retain_loss_reference (`float`, *optional*, defaults to `0.1`):
+            Floor (nats per token) of the starting retain NLL used by the divergence guard, so that a model that
+            memorised its retain set (NLL near 0) does not trip the guard through ordinary drift.
+
+    Besides, every trainer refuses before any work a learning rate of `0` and zero epochs or steps, checks that all
+    trainable weights are finite before each checkpoint and before the final save, and warns when a bf16/fp16
+    model is trained with a learning rate so small that most updates round to zero in that precision.
 
     > [!NOTE]
     > These parameters have default values different from [`~trl.SFTConfig`]:
@@ -60,26 +86,19 @@ class UnlearningConfig(SFTConfig):
     learning_rate: float = field(default=1e-5, metadata={"help": "The initial learning rate for AdamW."})
     num_train_epochs: float = field(default=10.0, metadata={"help": "Total number of training epochs to perform."})
     weight_decay: float = field(default=0.01, metadata={"help": "Weight decay for AdamW."})
+    # TRL sets the deprecated `gradient_checkpointing` alias to True, which makes transformers warn on every config;
+    # here both default to None and __post_init__ gives TRL's default (True) under the current name, so only a
+    # user who passes the deprecated alias sees the deprecation warning (and the alias still takes effect).
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Recompute activations in the backward pass to save memory. Default: True (TRL's)."},
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers v5)."}
+    )
     bf16: bool | None = field(
         default=None,
         metadata={"help": "Whether to use bf16 mixed precision. Defaults to True only on a bf16-capable GPU."},
-    )
-
-    # Parameters that control the objective
-    beta: float | None = field(
-        default=None,
-        metadata={"help": "Inverse temperature of NPO/SimNPO (> 0). Default: the trainer's own (NPO 0.1, SimNPO 4.5)."},
-    )
-    delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin (outside beta)."})
-    gamma: float | None = field(
-        default=None, metadata={"help": "Weight of the forget term. Default: the trainer's own (1.0; SimNPO 0.125)."}
-    )
-    alpha: float | None = field(
-        default=None, metadata={"help": "Weight of the retain term. Default: the trainer's own (1.0)."}
-    )
-    retain_loss: str = field(
-        default="nll",
-        metadata={"help": "Retain term: 'nll' or 'kl' (KL(pi_ref || pi_theta) per token).", "choices": list(RETAIN_LOSSES)},
     )
 
     # Parameters that control the data
@@ -87,16 +106,144 @@ class UnlearningConfig(SFTConfig):
         default=False,
         metadata={"help": "Allow forget and retain sets to share examples (warn instead of raising)."},
     )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Prompt template preset for TOFU rows (see hf_unlearn.data.PROMPT_TEMPLATES); default: the "
+            "tokenizer's chat template if any, else 'Question: {question}\\nAnswer:'."
+        },
+    )
+
+    # Parameters that control the safety of outputs
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "Replace a non-empty output_dir (the new result is swapped in only when complete)."},
+    )
+
+    # Parameters that stop a broken run
+    max_retain_loss_ratio: float | None = field(
+        default=100.0,
+        metadata={"help": "Stop when the retain NLL exceeds this multiple of its first-step value (None: off)."},
+    )
+    min_retain_loss_reference: float = field(
+        default=0.1,
+        metadata={"help": "Floor of the first-step retain NLL used by the divergence guard (nats per token)."},
+    )
 
     def __post_init__(self):
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and _bf16_available()
-        if self.beta is not None and not self.beta > 0:
-            raise ValueError(f"`beta` must be > 0, got {self.beta}.")
-        for name in ("gamma", "alpha"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"`{name}` must be >= 0, got {value}.")
+        if self.max_retain_loss_ratio is not None and not self.max_retain_loss_ratio > 1:
+            raise ValueError(f"`max_retain_loss_ratio` must be > 1 (or None to disable), got {self.max_retain_loss_ratio}.")
+        if not self.min_retain_loss_reference > 0:
+            raise ValueError(f"`min_retain_loss_reference` must be > 0, got {self.min_retain_loss_reference}.")
+        if self.prompt_template is not None:
+            from ..data.prompts import get_template
+
+            get_template(self.prompt_template)  # an unknown preset fails here, before any work
+        super().__post_init__()
+
+
+@dataclass
+class UnlearningConfig(BaseUnlearningConfig):
+    r"""
+    Configuration of the baseline objective of [`UnlearningTrainer`]:
+    `loss = gamma * forget_term + alpha * retain_term` (open-unlearning's convention).
+
+    The baseline trainers are presets of it: [`GradAscentTrainer`] ([`GradAscentConfig`]), [`GradDiffTrainer`]
+    ([`GradDiffConfig`], the defaults below), [`NPOTrainer`] ([`NPOConfig`]) and [`SimNPOTrainer`]
+    ([`SimNPOConfig`]). Everything in [`BaseUnlearningConfig`] applies as well.
+
+    Parameters:
+        > Parameters that control the objective
+
+        forget_loss (`str`, *optional*, defaults to `"grad_ascent"`):
+            Forget term: `"grad_ascent"` (minus the forget NLL), `"npo"` (Negative Preference Optimization against
+            the frozen initial model, Zhang et al. 2024) or `"simnpo"` (reference-free, length-normalised NPO, Fan
+            et al. 2024).
+        retain_loss (`str`, *optional*, defaults to `"nll"`):
+            Retain term: `"none"` (no retain set), `"nll"` (negative log-likelihood of the retain answers) or `"kl"`
+            (per-token `KL(pi_ref || pi_theta)` on the retain answers against the frozen initial model).
+        beta (`float`, *optional*, defaults to `0.1`):
+            Inverse temperature of NPO and SimNPO, `> 0` (NPO paper: `0.1`; SimNPO's preset uses `4.5`).
+        delta (`float`, *optional*, defaults to `0.0`):
+            SimNPO reward margin (the paper's `gamma`), outside `beta`:
+            `-(2/beta) * logsigmoid(-beta * log p(y|x) / |y| - delta)`.
+        gamma (`float`, *optional*, defaults to `1.0`):
+            Weight of the forget term, `>= 0` (SimNPO's preset uses `0.125`).
+        alpha (`float`, *optional*, defaults to `1.0`):
+            Weight of the retain term, `>= 0`. With `alpha=0` (or `retain_loss="none"`) the retain set is not needed.
+    """
+
+    forget_loss: str = field(
+        default="grad_ascent",
+        metadata={"help": "Forget term: 'grad_ascent', 'npo' or 'simnpo'.", "choices": list(FORGET_LOSSES)},
+    )
+    retain_loss: str = field(
+        default="nll",
+        metadata={
+            "help": "Retain term: 'none', 'nll' or 'kl' (KL(pi_ref || pi_theta) per token).",
+            "choices": list(RETAIN_LOSSES),
+        },
+    )
+    beta: float = field(default=0.1, metadata={"help": "Inverse temperature of NPO/SimNPO (> 0)."})
+    delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin (outside beta)."})
+    gamma: float = field(default=1.0, metadata={"help": "Weight of the forget term (>= 0)."})
+    alpha: float = field(default=1.0, metadata={"help": "Weight of the retain term (>= 0)."})
+
+    def __post_init__(self):
+        if self.forget_loss not in FORGET_LOSSES:
+            raise ValueError(f"`forget_loss` must be one of {list(FORGET_LOSSES)}, got {self.forget_loss!r}.")
         if self.retain_loss not in RETAIN_LOSSES:
             raise ValueError(f"`retain_loss` must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
+        if not self.beta > 0:
+            raise ValueError(f"`beta` must be > 0, got {self.beta}.")
+        for name in ("gamma", "alpha"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
         super().__post_init__()
+
+
+# ----- presets of the baseline trainers: the only place where their defaults differ ----------------------------
+
+
+@dataclass
+class GradAscentConfig(UnlearningConfig):
+    r"""[`UnlearningConfig`] preset of [`GradAscentTrainer`]: `retain_loss` defaults to `"none"` (gradient ascent on
+    the forget NLL alone); `forget_loss` is `"grad_ascent"`."""
+
+    retain_loss: str = field(
+        default="none",
+        metadata={"help": "Retain term: 'none' (pure gradient ascent), 'nll' or 'kl'.", "choices": list(RETAIN_LOSSES)},
+    )
+
+
+@dataclass
+class GradDiffConfig(UnlearningConfig):
+    r"""[`UnlearningConfig`] preset of [`GradDiffTrainer`]: the defaults of [`UnlearningConfig`] unchanged
+    (`forget_loss="grad_ascent"`, `retain_loss="nll"`, `gamma=alpha=1`)."""
+
+
+@dataclass
+class NPOConfig(UnlearningConfig):
+    r"""[`UnlearningConfig`] preset of [`NPOTrainer`]: `forget_loss` defaults to `"npo"` (with `beta=0.1`,
+    `gamma=alpha=1` and the retain NLL, as in [`UnlearningConfig`])."""
+
+    forget_loss: str = field(
+        default="npo", metadata={"help": "Forget term: 'grad_ascent', 'npo' or 'simnpo'.", "choices": list(FORGET_LOSSES)}
+    )
+
+
+@dataclass
+class SimNPOConfig(UnlearningConfig):
+    r"""[`UnlearningConfig`] preset of [`SimNPOTrainer`], open-unlearning's TOFU setting: `forget_loss` defaults to
+    `"simnpo"`, `beta` to `4.5` and `gamma` to `0.125` (with `delta=0`, `alpha=1` and the retain NLL)."""
+
+    forget_loss: str = field(
+        default="simnpo",
+        metadata={"help": "Forget term: 'grad_ascent', 'npo' or 'simnpo'.", "choices": list(FORGET_LOSSES)},
+    )
+    beta: float = field(default=4.5, metadata={"help": "Inverse temperature of SimNPO (> 0)."})
+    gamma: float = field(default=0.125, metadata={"help": "Weight of the forget term (>= 0)."})

@@ -3,9 +3,22 @@
 Subclasses implement one hook, :meth:`UnlearningTrainer.compute_unlearning_loss`, and use the helpers here to score
 batches (:meth:`~UnlearningTrainer.score`), query the frozen reference (:meth:`~UnlearningTrainer.reference_scores`),
 compute the configured retain term (:meth:`~UnlearningTrainer.retain_term`) and log scalars
-(:meth:`~UnlearningTrainer.log_metric`). Data preparation, the fused-LM-head patch, PEFT wrapping and the
-distributed setup are TRL's and transformers'; this module adds the pairing, the reference model and loss
-normalisation that is exact under gradient accumulation and data parallelism.
+(:meth:`~UnlearningTrainer.log_metric`). The default hook is the baseline objective of
+:class:`~hf_unlearn.trainers.UnlearningConfig` (``gamma * forget_term + alpha * retain_term``). Data preparation,
+the fused-LM-head patch, PEFT wrapping and the distributed setup are TRL's and transformers'; this module adds the
+pairing, the reference model, loss normalisation that is exact under gradient accumulation and data parallelism,
+and the safety rails every method shares:
+
+* outputs are never destroyed or mixed: the output folder is checked before any work
+  (:func:`hf_unlearn.safe_output.check_output_dir`), each checkpoint is written in a hidden staging folder and
+  renamed into place, and the final model is built in a temporary sibling and swapped in
+  (:func:`hf_unlearn.safe_output.atomic_directory`);
+* no broken model is saved: trainable weights are checked finite before each checkpoint and the final save, and a
+  divergence guard (:class:`RetainDivergenceGuard`) stops a run whose retain NLL explodes;
+* no-op settings (learning rate 0, zero epochs or steps) are refused before work, and a bf16/fp16 model trained
+  at a learning rate that its precision cannot represent gets a warning;
+* sequences are truncated to the model's maximum positions, and a forget example left without answer tokens is
+  refused.
 """
 
 from __future__ import annotations
@@ -13,30 +26,59 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import json
+import math
+import os
+import shutil
+import tempfile
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset
-from transformers import AutoTokenizer, PreTrainedModel, TrainingArguments
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import SFTTrainer
 from trl.trainer.utils import create_model_from_path, get_config_model_id
 
-from ..data import format_qa, has_chat_template, overlapping_examples, retain_partner_indices
+from ..data import model_max_positions, overlapping_examples, retain_partner_indices, tokenize_qa
 from ..logprobs import label_log_probs
-from ..losses import answer_mask, kl_retain_loss, nll_loss, sequence_log_probs
-from .unlearning_config import UnlearningConfig
+from ..losses import (
+    answer_mask,
+    grad_ascent_loss,
+    kl_retain_loss,
+    nll_loss,
+    npo_loss,
+    sequence_log_probs,
+    simnpo_loss,
+)
+from ..safe_output import OutputDirError, OutputWriteError, atomic_directory, check_output_dir
+from .unlearning_config import BaseUnlearningConfig, UnlearningConfig
 
 RETAIN_PREFIX = "retain_"
 MODEL_COLUMNS = ("input_ids", "labels")
+# entries of a run folder that belong to the run, not to the final model: kept when the final model is swapped in
+# (TRL writes the run's model card, README.md, into the run folder at every checkpoint)
+RUN_ENTRIES = (f"{PREFIX_CHECKPOINT_DIR}-*", "runs", "logs", "README.md")  # logs: the CLI's per-step JSON Lines
+TRAINER_STATE_NAME = "trainer_state.json"
 
 
 class NonFiniteLossError(ValueError):
     """The unlearning loss became NaN or infinite; training stops at that step."""
+
+
+class NonFiniteWeightsError(RuntimeError):
+    """A trainable weight is NaN or infinite; nothing is saved and training stops."""
+
+
+class TrainingDivergedError(RuntimeError):
+    """The divergence guard fired: the retain NLL exceeded its allowed multiple of the starting value."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -44,30 +86,30 @@ class NonFiniteLossError(ValueError):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def to_trl_format(dataset: Dataset | Sequence[dict[str, Any]], tokenizer: Any) -> Dataset:
-    """TOFU-shaped rows (``question``/``answer``) as TRL prompt/completion rows; other formats pass through.
+def _is_tofu_rows(dataset: Dataset) -> bool:
+    columns = set(dataset.column_names)
+    return {"question", "answer"} <= columns and not columns & {"prompt", "messages", "text", "input_ids"}
 
-    Without a chat template the prompt and completion texts come from :func:`hf_unlearn.data.format_qa` (TRL then
-    appends the EOS token to the completion, as :func:`~hf_unlearn.data.tokenize_qa` does). With a chat template
-    the rows become *conversational* prompt/completion (``[user: question]`` / ``[assistant: answer]``), so TRL
-    renders them with the same template ``format_qa`` uses without adding a second BOS token. Either way the
-    tokens match what the evaluator scores, with loss on the answer tokens only.
+
+def to_trl_format(
+    dataset: Dataset | Sequence[dict[str, Any]], tokenizer: Any, template: Any = None
+) -> Dataset:
+    """TOFU-shaped rows (``question``/``answer``) tokenized for TRL; other formats pass through.
+
+    Each TOFU row becomes ``{"input_ids", "labels"}`` from :func:`hf_unlearn.data.tokenize_qa` with ``template``
+    (a preset name, a :class:`~hf_unlearn.data.PromptTemplate` or ``None`` for the default: the tokenizer's chat
+    template when it has one, else ``"Question: {question}\\nAnswer:"``), so the tokens and the answer-only labels
+    are exactly the ones the evaluator scores. TRL keeps pre-tokenized rows as they are (it only truncates them to
+    ``max_length``). TRL prompt/completion, conversational and text rows pass through unchanged.
     """
     if not isinstance(dataset, Dataset):
         dataset = Dataset.from_list(list(dataset))
-    columns = set(dataset.column_names)
-    if not {"question", "answer"} <= columns or columns & {"prompt", "messages", "text", "input_ids"}:
+    if not _is_tofu_rows(dataset):
         return dataset
     rows = []
     for row in dataset:
-        if has_chat_template(tokenizer):
-            rows.append({
-                "prompt": [{"role": "user", "content": row["question"]}],
-                "completion": [{"role": "assistant", "content": row["answer"]}],
-            })
-        else:
-            prompt, completion = format_qa(tokenizer, row["question"], row["answer"])
-            rows.append({"prompt": prompt, "completion": completion})
+        encoded = tokenize_qa(tokenizer, row["question"], row["answer"], template=template)
+        rows.append({"input_ids": list(encoded["input_ids"]), "labels": list(encoded["labels"])})
     return Dataset.from_list(rows)
 
 
@@ -77,7 +119,6 @@ def _identity_keys(dataset: Dataset) -> tuple[str, ...] | None:
         if set(keys) <= columns:
             return keys
     return None
-
 
 class PairedForgetRetainDataset(torch.utils.data.Dataset):
     """Forget example ``i`` together with its retain partner for the current epoch.
@@ -188,38 +229,153 @@ def _batch_counts(batch: dict[str, Any]) -> torch.Tensor:
     return torch.tensor(counts, dtype=torch.float64)
 
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Guards: divergence, finite weights, precision, length
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class RetainDivergenceGuard(TrainerCallback, ExportableState):
+    """Stops training when the retain NLL explodes.
+
+    The trainer hands it every retain NLL it logs (:meth:`observe`); at the end of each optimizer step the mean of
+    that step's values is compared with the first step's value ``r0`` (the retain NLL of the unchanged model):
+    when it exceeds ``max_ratio * max(r0, floor)`` (or is not finite) a :class:`TrainingDivergedError` is raised,
+    before the diverged weights can reach a checkpoint. ``r0`` is saved in every checkpoint (``ExportableState``)
+    and restored by the trainer on resume. Objectives without a retain set log no retain NLL and are not guarded.
+    """
+
+    def __init__(self, max_ratio: float | None = 100.0, floor: float = 0.1, reference: float | None = None):
+        self.max_ratio = max_ratio
+        self.floor = floor
+        self.reference = reference
+        self._values: list[torch.Tensor] = []
+        # averages a step's local value over processes (the trainer sets it), so every process decides alike
+        self.reduce: Callable[[torch.Tensor], float] = float
+
+    def state(self) -> dict[str, Any]:
+        return {"args": {"max_ratio": self.max_ratio, "floor": self.floor}, "attributes": {"reference": self.reference}}
+
+    def observe(self, value: torch.Tensor) -> None:
+        """Record one retain NLL (a micro-batch's) of the current optimizer step."""
+        self._values.append(value.detach().float().reshape(()).cpu())
+
+    def limit(self) -> float | None:
+        """The retain NLL above which training stops (``None`` before the first step or when disabled)."""
+        if self.max_ratio is None or self.reference is None:
+            return None
+        return self.max_ratio * max(self.reference, self.floor)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self._values:
+            return
+        value = self.reduce(torch.stack(self._values).mean())
+        self._values.clear()
+        if self.max_ratio is None:
+            return
+        if self.reference is None:
+            if math.isfinite(value):
+                self.reference = value
+            return
+        limit = self.limit()
+        if not value <= limit:
+            raise TrainingDivergedError(
+                f"Training diverged at step {state.global_step}: the retain NLL is {value:.4g}, above "
+                f"max_retain_loss_ratio={self.max_ratio:g} x its starting value {self.reference:.4g} "
+                f"(limit {limit:.4g}). Nothing was saved from this step; lower the learning rate or raise "
+                "`max_retain_loss_ratio` (None disables the guard)."
+            )
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._values.clear()
+
+
+def non_finite_parameters(model: torch.nn.Module, trainable_only: bool = True) -> list[str]:
+    """Names of the (trainable) parameters of ``model`` holding a NaN or an infinity."""
+    return [
+        name for name, p in model.named_parameters()
+        if (p.requires_grad or not trainable_only) and p.numel() and not bool(torch.isfinite(p.detach()).all())
+    ]
+
+
+def fraction_of_vanishing_updates(model: torch.nn.Module, learning_rate: float, max_elements: int = 1 << 16) -> float:
+    """Fraction of the trainable weights ``w`` that an update of size ``learning_rate`` (Adam's typical step)
+    cannot change in their own dtype: ``round(w + lr) == w`` and ``round(w - lr) == w`` (the step is below half a
+    unit in the last place of ``w``). Only bf16/fp16 weights can vanish here; fp32/fp64 ones count as changing.
+    At most ``max_elements`` elements per tensor are inspected (an even stride through it)."""
+    vanishing = total = 0
+    for p in model.parameters():
+        if not p.requires_grad or not p.numel():
+            continue
+        flat = p.detach().reshape(-1)
+        if flat.numel() > max_elements:
+            flat = flat[:: flat.numel() // max_elements + 1]
+        total += flat.numel()
+        if p.dtype in (torch.bfloat16, torch.float16):
+            wide = flat.double()
+            up, down = (wide + learning_rate).to(p.dtype), (wide - learning_rate).to(p.dtype)
+            vanishing += int(((up == flat) & (down == flat)).sum())
+    return vanishing / total if total else 0.0
+
+
+def _local_dir(path: Any) -> str | None:
+    if isinstance(path, (str, os.PathLike)) and str(path) and Path(path).expanduser().is_dir():
+        return str(path)
+    return None
+
+
+def _checkpoint_dirs(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The trainer
 # ---------------------------------------------------------------------------------------------------------------
 
 
 class UnlearningTrainer(SFTTrainer):
-    """Base class of the unlearning trainers (TRL ``SFTTrainer`` subclass).
+    """Base class of the unlearning trainers (TRL ``SFTTrainer`` subclass), and the trainer of the baseline objective.
 
     ``train_dataset`` is the forget set, ``retain_dataset`` the retain set. Both go through ``SFTTrainer``'s dataset
-    preparation: TOFU rows (``question``/``answer``, converted by :func:`to_trl_format`), TRL prompt/completion rows
-    and conversational rows all work, with labels on the completion tokens only. Each training example is a forget
-    example paired with a retain example (:class:`PairedForgetRetainDataset`), and a batch holds ``input_ids``,
-    ``attention_mask``, ``labels`` for the forget examples and the same keys prefixed with ``retain_``.
+    preparation: TOFU rows (``question``/``answer``, tokenized by :func:`to_trl_format` with
+    ``args.prompt_template``), TRL prompt/completion rows and conversational rows all work, with labels on the
+    completion tokens only. Each training example is a forget example paired with a retain example
+    (:class:`PairedForgetRetainDataset`), and a batch holds ``input_ids``, ``attention_mask``, ``labels`` for the
+    forget examples and the same keys prefixed with ``retain_``.
 
-    Subclasses override :meth:`compute_unlearning_loss` and, when they need them, :meth:`needs_retain` and
-    :meth:`needs_reference_model`; per-method defaults of ``beta``/``gamma``/``alpha`` go in
-    ``default_hyperparameters``.
+    With an :class:`~hf_unlearn.trainers.UnlearningConfig` it trains ``gamma * forget_term + alpha * retain_term``
+    with the forget term chosen by ``forget_loss`` and the retain term by ``retain_loss``. The baseline trainers
+    (:mod:`hf_unlearn.trainers.baselines`) are presets of it: ``config_class`` gives their defaults and ``preset``
+    the field values that define the method. Other methods override :meth:`compute_unlearning_loss` and, when they
+    need them, :meth:`needs_retain` and :meth:`needs_reference_model`, with a config subclassing
+    :class:`~hf_unlearn.trainers.BaseUnlearningConfig`.
+
+    Before any work the trainer refuses an output folder that overlaps the input model folder or is not empty
+    (unless ``overwrite=True``; a folder holding checkpoints is left to :meth:`train`, which resumes it or refuses
+    it), no-op settings (learning rate 0, zero epochs or steps), a forget example left without answer tokens by truncation, and hyperparameters the
+    objective cannot use. While training it stops on a non-finite loss, on non-finite weights before a checkpoint,
+    and when the retain NLL diverges (:class:`RetainDivergenceGuard`). Checkpoints and the final model are written
+    in a temporary folder and renamed into place, so an interrupted or failed write never leaves a half-written
+    result where a complete one is expected; ``train(resume_from_checkpoint=True)`` continues from the latest
+    complete checkpoint and gives the weights of an uninterrupted run.
     """
 
     _tag_names = ["trl", "hf-unlearn", "unlearning"]
     _name = "Unlearning"
-    # the config dataclass this trainer resolves its arguments to (subclasses with their own config set it)
-    config_class: ClassVar[type[UnlearningConfig]] = UnlearningConfig
+    # the config dataclass this trainer resolves its arguments to (its defaults are the method's defaults)
+    config_class: ClassVar[type[BaseUnlearningConfig]] = UnlearningConfig
+    # config values that define this trainer's method (e.g. {"forget_loss": "npo"}): set when a config of another
+    # class is converted, and required when a config of `config_class` is given
+    preset: ClassVar[dict[str, Any]] = {}
     # compute_loss divides by the totals of the accumulation step itself (see LossDenominators)
     loss_is_scaled_for_ga = True
-    # defaults for UnlearningConfig fields left at None, e.g. {"beta": 0.1}
-    default_hyperparameters: ClassVar[dict[str, float]] = {"gamma": 1.0, "alpha": 1.0}
 
     def __init__(
         self,
         model: str | PreTrainedModel,
-        args: UnlearningConfig | TrainingArguments | None = None,
+        args: BaseUnlearningConfig | TrainingArguments | None = None,
         data_collator: Callable | None = None,
         train_dataset: Dataset | Sequence[dict[str, Any]] | None = None,
         retain_dataset: Dataset | Sequence[dict[str, Any]] | None = None,
@@ -234,23 +390,31 @@ class UnlearningTrainer(SFTTrainer):
         args = self._resolve_args(args, model)
         if train_dataset is None:
             raise ValueError("`train_dataset` (the forget set) is required.")
+        self._input_dirs = self._model_dirs(model)
+        self._check_output_dir_before_work(args)
+        model_config = AutoConfig.from_pretrained(model) if isinstance(model, str) else getattr(model, "config", None)
+        args = self._limit_max_length(args, model_config)
         if processing_class is None:
             model_id = model if isinstance(model, str) else get_config_model_id(model.config)
             processing_class = AutoTokenizer.from_pretrained(model_id)
-        forget = to_trl_format(train_dataset, processing_class)
-        if len(forget) == 0:
+        template = getattr(args, "prompt_template", None)
+        raw_forget = train_dataset if isinstance(train_dataset, Dataset) else Dataset.from_list(list(train_dataset))
+        if len(raw_forget) == 0:
             raise ValueError("The forget set (`train_dataset`) is empty: nothing to unlearn.")
-        retain = self._check_retain(retain_dataset, forget, args, processing_class)
+        retain = self._check_retain(retain_dataset, raw_forget, args, processing_class)
+        forget = to_trl_format(raw_forget, processing_class, template)
         if args.packing or args.padding_free:
             raise ValueError(
                 "`packing` and `padding_free` are not supported by unlearning trainers: the losses are per answer "
                 "and each forget example is paired with one retain example."
             )
         if isinstance(eval_dataset, dict):
-            eval_dataset = {k: to_trl_format(v, processing_class) for k, v in eval_dataset.items()}
+            eval_dataset = {k: to_trl_format(v, processing_class, template) for k, v in eval_dataset.items()}
         elif eval_dataset is not None:
-            eval_dataset = to_trl_format(eval_dataset, processing_class)
+            eval_dataset = to_trl_format(eval_dataset, processing_class, template)
 
+        self._divergence_guard = RetainDivergenceGuard(args.max_retain_loss_ratio, args.min_retain_loss_reference)
+        self._staging_dir: Path | None = None
         super().__init__(
             model=model,
             args=args,
@@ -258,19 +422,22 @@ class UnlearningTrainer(SFTTrainer):
             train_dataset=forget,
             eval_dataset=eval_dataset,
             processing_class=processing_class,
-            callbacks=callbacks,
+            callbacks=[*(callbacks or []), self._divergence_guard],
             optimizers=optimizers,
             optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
             quantization_config=quantization_config,
             peft_config=peft_config,
         )
+        self._check_truncation(len(forget), self.train_dataset, "forget", required=True)
 
         # Pair the prepared forget set with the prepared retain set
         self.forget_dataset = self.train_dataset
         self.retain_dataset = None
         if retain is not None:
             if not self._skip_prepare_dataset:
-                retain = self._prepare_dataset(retain, self.processing_class, self.args, False, None, "retain")
+                prepared = self._prepare_dataset(retain, self.processing_class, self.args, False, None, "retain")
+                self._check_truncation(len(retain), prepared, "retain", required=False)
+                retain = prepared
             if len(retain) == 0:
                 raise ValueError("No retain example is left after tokenization/truncation (check `max_length`).")
             self.retain_dataset = retain
@@ -291,61 +458,90 @@ class UnlearningTrainer(SFTTrainer):
     # ----- configuration -----------------------------------------------------------------------------------------
 
     @classmethod
-    def _resolve_args(cls, args: Any, model: Any) -> UnlearningConfig:
+    def _resolve_args(cls, args: Any, model: Any) -> BaseUnlearningConfig:
         """``args`` as a ``cls.config_class``: a default one named after the model, or other training arguments
-        converted (their fields the config class has), then per-method defaults filled and checked."""
+        converted (the fields the config class has, with ``cls.preset`` applied); then checked.
+
+        A config of ``config_class`` is used as given (never modified). When an unlearning config of another class
+        is converted, a carried value equal to that class's default but different from ``config_class``'s default
+        gets a warning (e.g. a plain ``UnlearningConfig`` given to ``SimNPOTrainer`` keeps ``beta=0.1``)."""
         config_class = cls.config_class
         if args is None:
             name = model if isinstance(model, str) else (get_config_model_id(model.config) or "model")
             args = config_class(f"{str(name).rstrip('/').split('/')[-1]}-{cls._name}")
         elif not isinstance(args, config_class):
-            names = {f.name for f in dataclasses.fields(config_class) if f.init}
-            values = {k: v for k, v in args.to_dict().items() if k in names}
-            values["hub_token"] = args.hub_token
+            fields = {f.name: f for f in dataclasses.fields(config_class) if f.init}
+            values = {k: v for k, v in args.to_dict().items() if k in fields}
+            # to_dict() masks every `*_token` field (hub_token, SFTConfig's eos_token/pad_token): take them as set
+            values.update({k: getattr(args, k) for k in values if k.endswith("_token") and hasattr(args, k)})
+            if isinstance(args, BaseUnlearningConfig):
+                source = {f.name: f.default for f in dataclasses.fields(type(args)) if f.init}
+                carried = [
+                    k for k, f in fields.items()
+                    if k in source and k not in cls.preset and f.default is not dataclasses.MISSING
+                    and source[k] != f.default and values.get(k) == source[k]
+                ]
+                if carried:
+                    shown = ", ".join(f"{k}={values[k]!r} ({config_class.__name__}: {fields[k].default!r})" for k in carried)
+                    warnings.warn(
+                        f"{cls.__name__} got a {type(args).__name__}; its defaults are kept: {shown}. Pass a "
+                        f"{config_class.__name__} for {cls._name}'s defaults.",
+                        stacklevel=3,
+                    )
+            values.update(cls.preset)
             args = config_class(**values)
-        missing = {k: v for k, v in cls.default_hyperparameters.items() if getattr(args, k) is None}
-        if missing:
-            args = copy.copy(args)  # do not change the caller's config: another trainer may resolve it differently
-            for key, value in missing.items():
-                setattr(args, key, value)
-        for key in ("gamma", "alpha"):
-            if getattr(args, key) is None:
-                setattr(args, key, 1.0)
+        for key, value in cls.preset.items():
+            if getattr(args, key, None) != value:
+                raise ValueError(
+                    f"{cls.__name__} trains with {key}={value!r}, but its config sets {key}={getattr(args, key, None)!r}; "
+                    "use UnlearningTrainer (or the trainer of that objective) instead."
+                )
+        cls._check_not_a_no_op(args)
         cls.check_hyperparameters(args)
         return args
 
+    @staticmethod
+    def _check_not_a_no_op(args: TrainingArguments) -> None:
+        """Refuse settings that would train nothing: a learning rate <= 0, zero steps or zero epochs."""
+        if not args.learning_rate > 0:
+            raise ValueError(f"learning_rate={args.learning_rate} would leave the model unchanged; it must be > 0.")
+        if args.max_steps == 0 or (args.max_steps < 0 and not args.num_train_epochs > 0):
+            raise ValueError(
+                f"max_steps={args.max_steps}, num_train_epochs={args.num_train_epochs} would train for zero steps; "
+                "set num_train_epochs > 0 or max_steps > 0."
+            )
+
     @classmethod
-    def check_hyperparameters(cls, args: UnlearningConfig) -> None:
+    def check_hyperparameters(cls, args: BaseUnlearningConfig) -> None:
         """Raise a ``ValueError`` for hyperparameters this objective cannot use (override to add checks)."""
 
     @classmethod
-    def needs_retain(cls, args: UnlearningConfig) -> bool:
-        """Whether the objective uses the retain set (default: when the retain weight ``alpha`` is positive).
-        Works on a config whose ``alpha`` is still ``None`` (the trainer's default then applies)."""
-        alpha = cls.default_hyperparameters.get("alpha", 1.0) if args.alpha is None else args.alpha
-        return alpha > 0
+    def needs_retain(cls, args: BaseUnlearningConfig) -> bool:
+        """Whether the objective uses the retain set (default: a retain term, ``retain_loss != "none"``, with a
+        positive weight ``alpha``)."""
+        return getattr(args, "retain_loss", "nll") != "none" and getattr(args, "alpha", 1.0) > 0
 
     @classmethod
-    def needs_reference_model(cls, args: UnlearningConfig) -> bool:
-        """Whether the objective needs the frozen reference model (default: only for the KL retain term)."""
-        return cls.needs_retain(args) and args.retain_loss == "kl"
+    def needs_reference_model(cls, args: BaseUnlearningConfig) -> bool:
+        """Whether the objective needs the frozen reference model (default: NPO's forget term or the KL retain
+        term)."""
+        return getattr(args, "forget_loss", None) == "npo" or (
+            cls.needs_retain(args) and getattr(args, "retain_loss", None) == "kl"
+        )
 
-    def _check_retain(self, retain_dataset: Any, forget: Dataset, args: UnlearningConfig, tokenizer: Any):
+    def _check_retain(self, retain_dataset: Any, forget: Dataset, args: BaseUnlearningConfig, tokenizer: Any):
         needed = self.needs_retain(args)
         if retain_dataset is None:
             if needed:
                 raise ValueError(
-                    f"{type(self).__name__} needs a `retain_dataset` (its retain weight alpha={args.alpha}); pass "
-                    "one, or set `alpha=0` to unlearn without a retain term."
+                    f"{type(self).__name__} needs a `retain_dataset` (its retain term {getattr(args, 'retain_loss', '')!r} "
+                    f"has weight alpha={getattr(args, 'alpha', None)}); pass one, or set `alpha=0` to unlearn without it."
                 )
             return None
         if not needed:
-            warnings.warn(
-                f"{type(self).__name__} does not use a retain set (alpha={args.alpha}); `retain_dataset` is ignored.",
-                stacklevel=3,
-            )
+            warnings.warn(f"{type(self).__name__} does not use a retain set here; `retain_dataset` is ignored.", stacklevel=3)
             return None
-        retain = to_trl_format(retain_dataset, tokenizer)
+        retain = retain_dataset if isinstance(retain_dataset, Dataset) else Dataset.from_list(list(retain_dataset))
         if len(retain) == 0:
             raise ValueError("The retain set (`retain_dataset`) is empty: a retain example is needed per forget example.")
         keys = _identity_keys(forget)
@@ -358,7 +554,59 @@ class UnlearningTrainer(SFTTrainer):
                 )
             if shared:
                 warnings.warn(f"{shared} forget examples also occur in the retain set (allow_overlap=True).", stacklevel=3)
-        return retain
+        return to_trl_format(retain, tokenizer, getattr(args, "prompt_template", None))
+
+    # ----- output folder and length checks (before any work) -----------------------------------------------------
+
+    @staticmethod
+    def _model_dirs(model: Any) -> tuple[str, ...]:
+        """Local folders the model was read from (refused as output folders)."""
+        candidates = [model] if isinstance(model, (str, os.PathLike)) else [
+            getattr(model, "name_or_path", None), getattr(getattr(model, "config", None), "_name_or_path", None)
+        ]
+        return tuple(dict.fromkeys(d for d in map(_local_dir, candidates) if d is not None))
+
+    def _check_output_dir_before_work(self, args: TrainingArguments) -> None:
+        """Refuse an output folder overlapping the model folder, a non-empty one without ``overwrite``, or one that
+        cannot be written. A folder holding checkpoints (a run that may be resumed) is accepted here; :meth:`train`
+        refuses it unless it resumes or ``overwrite=True``."""
+        out = Path(args.output_dir)
+        overwrite = bool(getattr(args, "overwrite", False)) or bool(_checkpoint_dirs(out))
+        check_output_dir(out, self._input_dirs, overwrite=overwrite)
+        self._run_dir_claimed = False  # set by train(): the run folder is then this run's to write
+
+    def _limit_max_length(self, args: BaseUnlearningConfig, model_config: Any) -> BaseUnlearningConfig:
+        """Lower ``max_length`` to the model's maximum number of positions (a copy of ``args`` when changed), so
+        that no sequence ever indexes past the position table."""
+        limit = model_max_positions(model_config) if model_config is not None else None
+        if limit is None or (args.max_length is not None and args.max_length <= limit):
+            return args
+        # a warning follows only when an example is actually truncated (see _check_truncation)
+        args = copy.copy(args)
+        args.max_length = limit
+        return args
+
+    def _check_truncation(self, before: int, prepared: Any, name: str, required: bool) -> None:
+        """After TRL's preparation: refuse (forget) or warn about (retain) examples that truncation to
+        ``max_length`` left without any answer token (TRL drops them), and warn about truncated ones."""
+        if self._skip_prepare_dataset or not hasattr(prepared, "__len__"):
+            return
+        dropped = before - len(prepared)
+        limit = self.args.max_length
+        if dropped > 0:
+            message = (
+                f"{dropped} of the {before} {name} examples have no answer token within max_length={limit} (the "
+                "prompt fills it); shorten the prompts or raise max_length within the model's positions."
+            )
+            if required:
+                raise ValueError(message)
+            warnings.warn(message + " They are left out.", stacklevel=3)
+        if limit is not None and isinstance(prepared, Dataset) and "input_ids" in prepared.column_names:
+            full = sum(len(ids) >= limit for ids in prepared["input_ids"])
+            if full:
+                warnings.warn(f"{full} {name} examples were truncated to max_length={limit} tokens.", stacklevel=3)
+
+    # ----- reference model and helpers for the loss hook ---------------------------------------------------------
 
     def _create_reference_model(self, model_id: str | None) -> torch.nn.Module:
         """Frozen eval-mode copy of the initial model, prepared by accelerate like the policy."""
@@ -427,7 +675,7 @@ class UnlearningTrainer(SFTTrainer):
             return torch.zeros((), device=inputs["input_ids"].device)
         retain = self.score(model, inputs, RETAIN_PREFIX)
         self.log_metric("retain_nll", retain.mean_nll)
-        if self.args.retain_loss == "kl":
+        if getattr(self.args, "retain_loss", "nll") == "kl":
             ref = self.reference_scores(inputs, RETAIN_PREFIX)
             loss = kl_retain_loss(retain.logits, ref.logits, retain.labels, denominators.retain_tokens)
         else:
@@ -436,27 +684,61 @@ class UnlearningTrainer(SFTTrainer):
         return loss
 
     def log_metric(self, name: str, value: torch.Tensor | float) -> None:
-        """Record a scalar for this step; it is averaged over steps and processes and logged with the loss."""
+        """Record a scalar for this step; it is averaged over steps and processes and logged with the loss.
+
+        A ``"retain_nll"`` recorded during a training step also feeds the divergence guard."""
         mode = "train" if self.model.training else "eval"
         value = value.detach().float().reshape(()) if torch.is_tensor(value) else torch.tensor(float(value))
         self._unlearning_metrics[mode][name].append(value)
+        if name == "retain_nll" and self._in_training_step:
+            self.divergence_guard.observe(value)
 
     # ----- the loss hook -----------------------------------------------------------------------------------------
 
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
     ) -> torch.Tensor:
-        """Return the scalar loss of this micro-batch. Override in subclasses.
+        """Return the scalar loss of this micro-batch; other methods override it.
 
         ``inputs`` holds ``input_ids``, ``attention_mask``, ``labels`` (forget) and ``retain_input_ids``,
         ``retain_attention_mask``, ``retain_labels`` when the objective uses a retain set. Divide summed token-level
         terms by ``denominators.forget_tokens`` / ``retain_tokens`` and summed sequence-level terms by
         ``denominators.forget_sequences`` / ``retain_sequences``; the pure functions of :mod:`hf_unlearn.losses`
         take these as ``num_tokens`` / ``num_sequences``.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must implement `compute_unlearning_loss`.")
 
-    # ----- Trainer overrides -------------------------------------------------------------------------------------
+        The default is the baseline objective of :class:`~hf_unlearn.trainers.UnlearningConfig`:
+        ``gamma * forget_term + alpha * retain_term`` with the forget term
+        :func:`~hf_unlearn.losses.grad_ascent_loss`, :func:`~hf_unlearn.losses.npo_loss` (against the frozen
+        reference) or :func:`~hf_unlearn.losses.simnpo_loss` (``forget_loss``), and the retain term of
+        :meth:`retain_term` (``retain_loss``; left out when ``"none"`` or ``alpha == 0``).
+        """
+        args = self.args
+        kind = getattr(args, "forget_loss", None)
+        if kind not in ("grad_ascent", "npo", "simnpo"):
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement `compute_unlearning_loss` (forget_loss={kind!r} is not a "
+                "baseline objective)."
+            )
+        forget = self.score(model, inputs)
+        self.log_metric("forget_nll", forget.mean_nll)
+        if kind == "grad_ascent":
+            forget_term = grad_ascent_loss(forget.token_log_probs, forget.mask, denominators.forget_tokens)
+        elif kind == "npo":
+            ref = self.reference_scores(inputs)
+            self.log_metric("log_ratio", (forget.sequence_log_probs - ref.sequence_log_probs).mean())
+            forget_term = npo_loss(
+                forget.sequence_log_probs, ref.sequence_log_probs, args.beta, denominators.forget_sequences
+            )
+        else:
+            forget_term = simnpo_loss(
+                forget.sequence_log_probs, forget.lengths, args.beta, args.delta, denominators.forget_sequences
+            )
+        loss = args.gamma * forget_term
+        if self.needs_retain(args):
+            loss = loss + args.alpha * self.retain_term(model, inputs, denominators)
+        return loss
+
+    # ----- Trainer overrides: training -----------------------------------------------------------------------------
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
@@ -499,6 +781,177 @@ class UnlearningTrainer(SFTTrainer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs):
+        """:meth:`transformers.Trainer.train` with the unlearning checks.
+
+        Without ``resume_from_checkpoint``, an output folder holding checkpoints of an earlier run is refused
+        unless ``overwrite=True`` (they are then set aside, and deleted once this run has finished). With it
+        (``True``: the latest complete checkpoint of ``output_dir``), the run continues exactly where the
+        checkpoint left it (same weights, optimizer, scheduler, RNG, data order and divergence-guard reference).
+        A bf16/fp16 model whose learning rate is too small to change most of its weights gets a warning.
+        """
+        self._warn_on_vanishing_updates()
+        out = Path(self.args.output_dir)
+        stale: Path | None = None
+        if resume_from_checkpoint not in (None, False):
+            checkpoint = get_last_checkpoint(out) if resume_from_checkpoint is True else resume_from_checkpoint
+            if checkpoint is not None:
+                self._restore_guard(Path(checkpoint))
+        elif _checkpoint_dirs(out) and self.args.should_save:
+            if not getattr(self.args, "overwrite", False):
+                raise OutputDirError(
+                    f"Output folder {out} holds checkpoints of an earlier run; pass resume_from_checkpoint=True to "
+                    "continue it, or overwrite=True to start afresh."
+                )
+            stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.stale-", dir=out.parent))
+            for path in _checkpoint_dirs(out):
+                os.replace(path, stale / path.name)
+        self._run_dir_claimed = True
+        try:
+            result = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+        except BaseException:
+            if stale is not None and not _checkpoint_dirs(out):  # nothing new: put the earlier run back
+                for path in stale.iterdir():
+                    os.replace(path, out / path.name)
+                stale.rmdir()
+            elif stale is not None:
+                warnings.warn(f"The earlier run's checkpoints were set aside in {stale}.", stacklevel=2)
+            raise
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
+        return result
+
+    @property
+    def divergence_guard(self) -> RetainDivergenceGuard:
+        """The :class:`RetainDivergenceGuard` of this run (the restored one when transformers replaced it with
+        ``restore_callback_states_from_checkpoint=True``)."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, RetainDivergenceGuard):
+                callback.reduce = self._mean_over_processes
+                return callback
+        return self._divergence_guard
+
+    def _mean_over_processes(self, value: torch.Tensor) -> float:
+        if self.accelerator.num_processes > 1:
+            value = self.accelerator.gather(value.reshape(1).to(self.accelerator.device)).mean()
+        return float(value)
+
+    def _restore_guard(self, checkpoint: Path) -> None:
+        state_file = checkpoint / TRAINER_STATE_NAME
+        if not state_file.is_file():
+            return
+        saved = json.loads(state_file.read_text()).get("stateful_callbacks", {}).get(type(self.divergence_guard).__name__)
+        if isinstance(saved, list):
+            saved = saved[-1] if saved else None
+        if saved:
+            self.divergence_guard.reference = saved.get("attributes", {}).get("reference")
+
+    def _warn_on_vanishing_updates(self) -> None:
+        fraction = fraction_of_vanishing_updates(self.model, self.args.learning_rate)
+        if fraction > 0.5:
+            dtype = next((p.dtype for p in self.model.parameters() if p.requires_grad), None)
+            warnings.warn(
+                f"{fraction:.0%} of the trainable {dtype} weights are so large that an update of "
+                f"learning_rate={self.args.learning_rate:g} rounds to zero in {dtype}: most of the model will not "
+                "change. Load the model in float32 (mixed precision via bf16=True keeps fp32 master weights) or "
+                "raise the learning rate.",
+                stacklevel=3,
+            )
+
+    # ----- Trainer overrides: saving -----------------------------------------------------------------------------
+
+    def _check_finite_weights(self, what: str) -> None:
+        bad = non_finite_parameters(self.model)
+        if bad:
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            kept = f"the latest good checkpoint is {last}" if last else "no checkpoint was written"
+            raise NonFiniteWeightsError(
+                f"{len(bad)} trainable weight tensors hold NaN/inf at step {self.state.global_step} (first: "
+                f"{bad[0]}); {what} was not written and training stopped ({kept}). Lower the learning rate."
+            )
+
+    def _get_output_dir(self, trial):
+        if self._staging_dir is not None:
+            return str(self._staging_dir)
+        return super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        """Check the weights, then write the checkpoint in a hidden staging folder of the run folder and rename it
+        into place, so that ``resume_from_checkpoint=True`` only ever finds complete checkpoints. (With several
+        processes each writes its own files into the checkpoint, so it is written in place as transformers does.)"""
+        self._check_finite_weights("the checkpoint")
+        if self.accelerator.num_processes > 1 or not self.args.should_save:
+            return super()._save_checkpoint(model, trial)
+        run_dir = Path(super()._get_output_dir(trial))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{PREFIX_CHECKPOINT_DIR}-staging-", dir=run_dir))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        self._staging_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)
+            with atomic_directory(run_dir / name, overwrite=True) as tmp:
+                tmp.rmdir()
+                os.replace(staging / name, tmp)
+        finally:
+            self._staging_dir = None
+            shutil.rmtree(staging, ignore_errors=True)
+        for attr in ("best_model_checkpoint",):
+            value = getattr(self.state, attr, None)
+            if isinstance(value, str) and value.startswith(str(staging)):
+                setattr(self.state, attr, str(run_dir) + value[len(str(staging)):])
+        if self.args.save_total_limit is not None:
+            from transformers.trainer_utils import rotate_checkpoints
+
+            rotate_checkpoints(
+                output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True,
+            )
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the model (weights, config, tokenizer) to ``output_dir`` (default ``args.output_dir``) safely.
+
+        The trainable weights are checked finite first. The model is written in a temporary sibling folder and
+        swapped in only when completely written; the run's checkpoints in ``args.output_dir`` are kept. A target
+        other than ``args.output_dir`` (or ``args.output_dir`` before :meth:`train` claimed it) is checked like
+        the output folder (not the model folder, empty unless ``overwrite=True``). A failed write (full disk,
+        read-only folder) raises a one-line :class:`~hf_unlearn.safe_output.OutputWriteError` and leaves the
+        previous content as it was. Inside a checkpoint, and under FSDP / DeepSpeed (which write from every
+        process), transformers writes in place."""
+        if self._staging_dir is not None or self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return super().save_model(output_dir, _internal_call)
+        self._check_finite_weights("the model")
+        if not self.args.should_save:  # the main process checks and writes; DDP's others write nothing
+            return super().save_model(output_dir, _internal_call=True)
+        out = Path(output_dir if output_dir is not None else self.args.output_dir)
+        run_dir = Path(self.args.output_dir).expanduser().resolve()
+        is_run_dir = out.expanduser().resolve() == run_dir
+        claimed = is_run_dir and self._run_dir_claimed
+        check_output_dir(out, self._input_dirs, overwrite=claimed or bool(getattr(self.args, "overwrite", False)))
+        try:
+            with atomic_directory(out, overwrite=True, keep=RUN_ENTRIES if is_run_dir else ()) as tmp:
+                super().save_model(str(tmp), _internal_call=True)
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).replace("\n", " ")
+            raise OutputWriteError(
+                f"Could not write the model to {out}: {reason}. The previous content of {out} is unchanged."
+            ) from exc
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
+                          tags: str | list[str] | None = None, report: Any = None, forget_split: str | None = None):
+        """Write ``README.md``: the method, its paper and settings, and the evaluator's ``report`` (a dict or JSON
+        path, e.g. ``trainer.push_to_hub(report=...)``) as ``model-index`` (:func:`hf_unlearn.hub.trainer_model_card`)."""
+        if not self.is_world_process_zero():
+            return
+        from ..hub import trainer_model_card
+        from ..safe_output import atomic_write_text
+
+        card = trainer_model_card(self, model_name, dataset_name, tags, report=report, forget_split=forget_split)
+        atomic_write_text(Path(self.args.output_dir) / "README.md", str(card))
+
+    # ----- end of a run ------------------------------------------------------------------------------------------
 
     def end_training(self) -> None:
         """Finish a distributed run cleanly: release the DDP wrapper, then destroy the process group.
