@@ -1,17 +1,77 @@
 """hf-unlearn: machine unlearning for causal language models, native to the Hugging Face ecosystem.
 
-Importing the package registers its model classes (the T3 classifier head) with the
-transformers Auto classes, so ``AutoModel.from_pretrained`` loads them without
-``trust_remote_code``.
+The top level is lazy (TRL's ``_LazyModule`` pattern): ``import hf_unlearn`` imports neither torch
+nor transformers' model code; each exported name is imported from its submodule when first used::
+
+    from hf_unlearn import NPOTrainer, UnlearningConfig, evaluate_tofu
+
+The T3 classifier head is registered with the transformers Auto classes as soon as they are
+imported (``from transformers import AutoModel``), so ``AutoModel.from_pretrained`` loads a saved
+head without ``trust_remote_code``.
 """
+
+# ruff: noqa: F401  (the TYPE_CHECKING imports are re-exports)
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ._import_utils import _LazyModule, call_after_import
 
 __version__ = "0.1.0"
 
-METRIC_NAMES = ("tofu_truth_ratio", "tofu_forget_quality", "tofu_model_utility")
+METRIC_NAMES = ("tofu_truth_ratio", "tofu_forget_quality", "tofu_model_utility", "tofu_privleak")
+
+_import_structure = {
+    "trainers": [
+        "UnlearningConfig",
+        "UnlearningTrainer",
+        "GradAscentConfig",
+        "GradAscentTrainer",
+        "GradDiffConfig",
+        "GradDiffTrainer",
+        "NPOConfig",
+        "NPOTrainer",
+        "SimNPOConfig",
+        "SimNPOTrainer",
+        "MASCConfig",
+        "MASCTrainer",
+        "ATWUConfig",
+        "ATWUTrainer",
+        "ATWUTokenWeighter",
+    ],
+    "grom": ["GROMConfig", "GROMEdit", "fit_grom"],
+    "t3": ["T3ClassifierConfig", "T3Classifier", "T3LogitsProcessor", "fit_t3", "t3_scorer"],
+    "evaluation": ["evaluate_tofu"],
+    "data": ["PromptTemplate", "load_tofu"],
+    "hub": ["push_unlearned"],
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve lazily
+    from .data import PromptTemplate, load_tofu
+    from .evaluation import evaluate_tofu
+    from .grom import GROMConfig, GROMEdit, fit_grom
+    from .hub import push_unlearned
+    from .t3 import T3Classifier, T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
+    from .trainers import (
+        ATWUConfig,
+        ATWUTokenWeighter,
+        ATWUTrainer,
+        GradAscentConfig,
+        GradAscentTrainer,
+        GradDiffConfig,
+        GradDiffTrainer,
+        MASCConfig,
+        MASCTrainer,
+        NPOConfig,
+        NPOTrainer,
+        SimNPOConfig,
+        SimNPOTrainer,
+        UnlearningConfig,
+        UnlearningTrainer,
+    )
 
 
 def _artifact_dir(name: str) -> Path:
@@ -54,4 +114,20 @@ def _register_t3() -> None:
     AutoModel.register(T3ClassifierConfig, T3Classifier, exist_ok=True)
 
 
-_register_t3()
+# The Auto classes import torch: register when transformers imports them (now, if it already has).
+call_after_import("transformers.models.auto.modeling_auto", _register_t3)
+
+sys.modules[__name__] = _LazyModule(
+    __name__,
+    globals()["__file__"],
+    _import_structure,
+    module_spec=__spec__,
+    extra_objects={
+        "__version__": __version__,
+        "__doc__": __doc__,
+        "METRIC_NAMES": METRIC_NAMES,
+        "metric_path": metric_path,
+        "hub_cards_dir": hub_cards_dir,
+        "_artifact_dir": _artifact_dir,
+    },
+)

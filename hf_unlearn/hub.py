@@ -1,10 +1,12 @@
-"""Hub round trip for unlearned artifacts: model cards, one-commit pushes and metric Spaces.
+"""Model cards and metric Spaces for unlearned artifacts.
 
 - :func:`build_model_card` renders a ``hub_cards/<kind>.md`` template with
   ``huggingface_hub.ModelCard.from_template``: YAML metadata (``base_model``, ``library_name``,
   ``tags`` [``unlearning``, the method], ``datasets``, ``model-index`` with forget quality, model
-  utility, forget ROUGE-L and forget truth ratio from the evaluator's report) and a body saying
-  which forget split was removed, the method's settings, the quantization check and how to load it.
+  utility, forget ROUGE-L and forget truth ratio from the evaluator's report, as ``EvalResult`` s) and a
+  body saying which forget split was removed, the method, its paper and settings, the quantization
+  check and how to load it. :func:`trainer_model_card` is the card of the unlearning trainers'
+  ``create_model_card`` (so ``trainer.push_to_hub(report=...)`` publishes the evaluator's numbers).
 - :func:`push_unlearned` saves an artifact (weights + config + card + report) to a temporary
   folder and uploads it in ONE commit; it refuses, before anything is uploaded, a missing token
   and a report computed for another base model or forget split.
@@ -12,7 +14,8 @@
   ``evaluate.load("<owner>/<name>")`` loads it from that Hub.
 
 Artifact kinds live in :data:`ARTIFACT_KINDS`; adding one is one :func:`register_artifact_kind`
-call (a template in ``hub_cards/`` plus how to recognise the artifact).
+call (a template in ``hub_cards/`` plus the classes of the artifact and how to recognise a saved
+folder). An in-memory artifact's kind is found with ``isinstance`` against those classes.
 """
 
 from __future__ import annotations
@@ -34,11 +37,14 @@ __all__ = [
     "ARTIFACT_KINDS",
     "REPORT_METRICS",
     "ArtifactKind",
+    "METHOD_PAPERS",
     "build_model_card",
+    "check_report_matches",
     "detect_artifact_kind",
     "push_metric_space",
     "push_unlearned",
     "register_artifact_kind",
+    "trainer_model_card",
 ]
 
 #: Report keys written to the card's ``model-index``: key -> (metric type, pretty name).
@@ -47,6 +53,18 @@ REPORT_METRICS: dict[str, tuple[str, str]] = {
     "model_utility": ("model_utility", "Model utility"),
     "forget_rouge_l": ("rouge_l_recall", "Forget ROUGE-L recall"),
     "forget_truth_ratio": ("truth_ratio", "Forget truth ratio"),
+}
+
+#: Further report keys written to ``model-index`` when the report has them (open-unlearning's TOFU table, MU-ROUGE).
+OPTIONAL_REPORT_METRICS: dict[str, tuple[str, str]] = {
+    "mu_rouge": ("mu_rouge", "MU-ROUGE (harmonic mean of three ROUGE-L recalls)"),
+    "extraction_strength": ("extraction_strength", "Forget extraction strength"),
+    "exact_memorization": ("exact_memorization", "Forget exact memorization"),
+    "mia_loss": ("mia_auc_loss", "MIA AUC (loss), forget vs holdout"),
+    "mia_zlib": ("mia_auc_zlib", "MIA AUC (zlib), forget vs holdout"),
+    "mia_min_k": ("mia_auc_min_k", "MIA AUC (min-k 40%), forget vs holdout"),
+    "mia_min_k_plus_plus": ("mia_auc_min_k_plus_plus", "MIA AUC (min-k++ 40%), forget vs holdout"),
+    "privleak": ("privleak", "Privleak (min-k AUC vs. retain model, %)"),
 }
 
 #: Variables every card template must use (checked before rendering).
@@ -63,19 +81,28 @@ METHOD_TITLES = {
     "simnpo": "SimNPO",
 }
 
+#: The paper of each method (title, arXiv id), cited by every card. GROM has no paper to cite yet.
+METHOD_PAPERS: dict[str, dict[str, str]] = {
+    "grad_ascent": {"title": "Knowledge Unlearning for Mitigating Privacy Risks in Language Models",
+                    "id": "2210.01504"},
+    "grad_diff": {"title": "TOFU: A Task of Fictitious Unlearning for LLMs", "id": "2401.06121"},
+    "npo": {"title": "Negative Preference Optimization: From Catastrophic Collapse to Effective Unlearning",
+            "id": "2404.05868"},
+    "simnpo": {"title": "Simplicity Prevails: Rethinking Negative Preference Optimization for LLM Unlearning",
+               "id": "2410.07163"},
+    "masc": {"title": "Fast Unlearning at Scale via Margin Self-Correction", "id": "2606.02920"},
+    "atwu": {"title": "Learning What to Forget: Improving LLM Unlearning via Learned Token-Level Importance",
+             "id": "2606.06320"},
+    "t3": {"title": "Temper-Then-Tilt: Principled Unlearning for Generative Models through Tempering and "
+                    "Classifier Guidance", "id": "2602.10217"},
+}
+
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 _REPORT_SECTIONS = ("meta", "metadata", "config")
 
 
 # ---------------------------------------------------------------------- artifact kinds
-def _peft_base(artifact: Any) -> str | None:
-    config = getattr(artifact, "peft_config", None)
-    if isinstance(config, Mapping) and config:
-        return next(iter(config.values())).base_model_name_or_path
-    return getattr(getattr(artifact, "config", None), "base_model_name_or_path", None)
-
-
 def _config_base(artifact: Any) -> str | None:
     config = getattr(artifact, "config", None)
     for name in ("base_model_name_or_path", "base_model", "_name_or_path"):
@@ -86,66 +113,46 @@ def _config_base(artifact: Any) -> str | None:
 
 
 def _model_base(artifact: Any) -> str | None:
-    if isinstance(getattr(artifact, "base_model_name_or_path", None), str):  # e.g. a GROMEdit
-        return artifact.base_model_name_or_path
-    if getattr(artifact, "peft_config", None):
-        return _peft_base(artifact)
+    """The base a model or PEFT adapter was made from (for a PEFT model, its adapter config's base)."""
+    from peft import PeftModel
+
+    if isinstance(artifact, PeftModel):
+        return next(iter(artifact.peft_config.values())).base_model_name_or_path
     return _config_base(artifact)
 
 
-def _is_peft(artifact: Any) -> bool:
-    return bool(getattr(artifact, "peft_config", None)) or type(artifact).__name__.startswith("Peft")
+def _grom_classes() -> tuple[type, ...]:
+    from .grom.model import GROMEdit
+
+    return (GROMEdit,)
 
 
-def _class_names(artifact: Any) -> set[str]:
-    return {cls.__name__ for cls in type(artifact).__mro__}
+def _t3_classes() -> tuple[type, ...]:
+    from .t3.modeling import T3Classifier
+
+    return (T3Classifier,)
 
 
-def _is_grom(artifact: Any) -> bool:
-    return any(name.upper().startswith("GROM") for name in _class_names(artifact)) or bool(
-        getattr(artifact, "grom_metadata", None)
-    )
+def _model_classes() -> tuple[type, ...]:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
+    return (PreTrainedModel, PeftModel)
 
 
-def _is_t3(artifact: Any) -> bool:
-    model_type = getattr(getattr(artifact, "config", None), "model_type", None)
-    return "T3Classifier" in _class_names(artifact) or model_type == "t3_classifier"
+def _grom_settings(edit: Any) -> dict[str, Any]:
+    return dict(edit.config.saved_dict())
 
 
-def _dataclass_settings(obj: Any) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    if hasattr(obj, "to_dict"):
-        return dict(obj.to_dict())
-    if hasattr(obj, "__dataclass_fields__"):
-        from dataclasses import asdict
-
-        return asdict(obj)
-    return {}
+def _t3_settings(head: Any) -> dict[str, Any]:
+    keep = ("rank", "layer", "pooling", "temperature", "tilt_weight", "hidden_size", "vocab_size")
+    return {k: getattr(head.config, k) for k in keep if getattr(head.config, k, None) is not None}
 
 
-@dataclass(frozen=True)
-class ArtifactKind:
-    """How one kind of unlearned artifact is carded and recognised.
+def _model_library(artifact: Any) -> str:
+    from peft import PeftModel
 
-    ``template``: file name in ``hub_cards/``. ``method``: the fixed method of this kind (``None``
-    when the caller names it). ``library_name``: card metadata (a callable gets the artifact, or
-    ``None`` for a folder). ``matches``: recognises an in-memory artifact. ``base_model``: the base
-    model it was made from. ``settings``: default method settings read from the artifact.
-    ``folder_matches``: recognises a saved folder.
-    """
-
-    name: str
-    template: str
-    method: str | None = None
-    library_name: str | Callable[[Any], str] = "transformers"
-    matches: Callable[[Any], bool] = field(default=lambda artifact: False)
-    base_model: Callable[[Any], str | None] = _model_base
-    settings: Callable[[Any], Mapping[str, Any]] = field(default=lambda artifact: {})
-    folder_matches: Callable[[Path], bool] = field(default=lambda folder: False)
-
-    def library_for(self, artifact: Any) -> str:
-        return self.library_name(artifact) if callable(self.library_name) else self.library_name
+    return "peft" if isinstance(artifact, PeftModel) else "transformers"
 
 
 def _read_json(path: Path) -> dict:
@@ -156,19 +163,49 @@ def _read_json(path: Path) -> dict:
 
 
 def _folder_is_grom(folder: Path) -> bool:
-    if not (folder / "adapter_config.json").is_file():
-        return False
-    return any(p.name.lower().startswith("grom") for p in folder.iterdir()) or "grom" in json.dumps(
-        _read_json(folder / "adapter_config.json")
-    ).lower()
+    from .grom.peft_export import GROM_METADATA
+
+    return (folder / "adapter_config.json").is_file() and (folder / GROM_METADATA).is_file()
 
 
 def _folder_is_t3(folder: Path) -> bool:
-    return _read_json(folder / "config.json").get("model_type") == "t3_classifier"
+    from .t3.config import T3ClassifierConfig
+
+    return _read_json(folder / "config.json").get("model_type") == T3ClassifierConfig.model_type
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    """How one kind of unlearned artifact is carded and recognised.
+
+    ``template``: file name in ``hub_cards/``. ``method``: the fixed method of this kind (``None``
+    when the caller names it). ``classes``: returns the classes whose instances are of this kind
+    (imported on call, so that importing this module stays light). ``library_name``: card metadata
+    (a callable gets the artifact). ``base_model``: the base model an artifact was made from.
+    ``settings``: default method settings read from the artifact. ``folder_matches``: recognises a
+    saved folder by the files its ``save_pretrained`` writes.
+    """
+
+    name: str
+    template: str
+    method: str | None = None
+    classes: Callable[[], tuple[type, ...]] = field(default=lambda: ())
+    library_name: str | Callable[[Any], str] = "transformers"
+    base_model: Callable[[Any], str | None] = _model_base
+    settings: Callable[[Any], Mapping[str, Any]] = field(default=lambda artifact: {})
+    folder_matches: Callable[[Path], bool] = field(default=lambda folder: False)
+
+    def matches(self, artifact: Any) -> bool:
+        return isinstance(artifact, self.classes())
+
+    def library_for(self, artifact: Any) -> str:
+        if callable(self.library_name):
+            return self.library_name(artifact) if artifact is not None else "transformers"
+        return self.library_name
 
 
 #: Registered kinds, checked in insertion order by :func:`detect_artifact_kind` (the last one,
-#: ``unlearned_model``, accepts any model or adapter).
+#: ``unlearned_model``, accepts any transformers model or PEFT model).
 ARTIFACT_KINDS: dict[str, ArtifactKind] = {}
 
 
@@ -182,26 +219,16 @@ def register_artifact_kind(kind: ArtifactKind, *, before: str | None = "unlearne
 
 
 register_artifact_kind(ArtifactKind(
-    "unlearned_model", "unlearned_model.md", None,
-    lambda a: "peft" if a is not None and _is_peft(a) else "transformers",
-    matches=lambda a: hasattr(a, "save_pretrained"), folder_matches=lambda f: True,
+    "unlearned_model", "unlearned_model.md", None, _model_classes, _model_library, folder_matches=lambda f: True,
 ), before=None)
 register_artifact_kind(ArtifactKind(
-    "grom_adapter", "grom_adapter.md", "grom", "peft", matches=_is_grom, base_model=_model_base,
-    settings=lambda a: _dataclass_settings(getattr(a, "grom_config", None) or getattr(a, "config", None)),
-    folder_matches=_folder_is_grom,
+    "grom_adapter", "grom_adapter.md", "grom", _grom_classes, "peft",
+    base_model=lambda edit: edit.base_model_name_or_path, settings=_grom_settings, folder_matches=_folder_is_grom,
 ))
 register_artifact_kind(ArtifactKind(
-    "t3_classifier", "t3_classifier.md", "t3", "transformers", matches=_is_t3, base_model=_config_base,
-    settings=lambda a: _t3_settings(getattr(a, "config", None)), folder_matches=_folder_is_t3,
+    "t3_classifier", "t3_classifier.md", "t3", _t3_classes, "transformers", base_model=_config_base,
+    settings=_t3_settings, folder_matches=_folder_is_t3,
 ))
-
-
-def _t3_settings(config: Any) -> dict[str, Any]:
-    if config is None:
-        return {}
-    keep = ("rank", "layer", "pooling", "temperature", "hidden_size", "vocab_size")
-    return {k: getattr(config, k) for k in keep if getattr(config, k, None) is not None}
 
 
 def detect_artifact_kind(artifact: Any) -> str:
@@ -215,7 +242,7 @@ def detect_artifact_kind(artifact: Any) -> str:
         if kind.matches(artifact):
             return name
     raise ValueError(
-        f"Cannot push a {type(artifact).__name__}: expected a PreTrainedModel, a PEFT model, a GROM edit, "
+        f"Cannot push a {type(artifact).__name__}: expected a PreTrainedModel, a PEFT model, a GROMEdit, "
         "a T3Classifier or a saved folder."
     )
 
@@ -280,7 +307,8 @@ def _metric_results(report: Mapping[str, Any]) -> list[tuple[str, str, str, floa
     if missing:
         raise ValueError(f"The report lacks {missing}; build_model_card needs {list(REPORT_METRICS)}.")
     rows = []
-    for key, (metric_type, pretty) in REPORT_METRICS.items():
+    optional = {k: v for k, v in OPTIONAL_REPORT_METRICS.items() if _has_key(report, k)}
+    for key, (metric_type, pretty) in {**REPORT_METRICS, **optional}.items():
         raw = _report_value(report, key)
         if raw is None:
             rows.append((key, metric_type, pretty, None))
@@ -386,6 +414,7 @@ def build_model_card(
     license: str | None = None,
     template_path: str | os.PathLike | None = None,
     base_model_aliases: tuple[str, ...] = (),
+    extra_tags: tuple[str, ...] = (),
 ):
     """Render the model card of an unlearned artifact.
 
@@ -404,6 +433,7 @@ def build_model_card(
         repo_id: where the card will live (used in the loading snippet and as model name).
         base_model_aliases: other names of the base model the report may use (e.g. the local
             folder of a base published as ``base_model``).
+        extra_tags: further metadata tags (after ``unlearning``, the method, ``tofu`` and the kind).
 
     Returns:
         a ``huggingface_hub.ModelCard``.
@@ -452,7 +482,7 @@ def build_model_card(
         base_model=_hub_id(str(base_model)),
         library_name=library,
         license=license,
-        tags=["unlearning", method, "tofu", kind.replace("_", "-")],
+        tags=list(dict.fromkeys(["unlearning", method, "tofu", kind.replace("_", "-"), *extra_tags])),
         datasets=[hub_dataset] if hub_dataset else None,
         model_name=model_name if eval_results else None,
         eval_results=eval_results or None,
@@ -466,6 +496,7 @@ def build_model_card(
         base_model=str(base_model),
         method=method,
         method_title=METHOD_TITLES.get(method, method),
+        paper=METHOD_PAPERS.get(method),
         forget_split=forget_split,
         dataset=str(dataset),
         settings=dict(settings or {}),
@@ -481,6 +512,74 @@ def build_model_card(
     if card.data.to_dict().get("tags") != card_data.tags:
         raise ValueError(f"Model-card template {path} does not write the card metadata block ({{{{ card_data }}}}).")
     return card
+
+
+# ---------------------------------------------------------------------- trainer cards
+def _trainer_method(trainer: Any) -> str:
+    """The method key of an unlearning trainer: its class (most derived first), else its config's objective."""
+    from .trainers import (
+        ATWUTrainer,
+        GradAscentTrainer,
+        GradDiffTrainer,
+        MASCTrainer,
+        NPOTrainer,
+        SimNPOTrainer,
+    )
+
+    by_class = {GradAscentTrainer: "grad_ascent", GradDiffTrainer: "grad_diff", NPOTrainer: "npo",
+                SimNPOTrainer: "simnpo", MASCTrainer: "masc", ATWUTrainer: "atwu"}
+    for cls in type(trainer).__mro__:
+        if cls in by_class:
+            return by_class[cls]
+    forget_loss = getattr(trainer.args, "forget_loss", None)
+    if forget_loss == "grad_ascent":
+        return "grad_ascent" if getattr(trainer.args, "retain_loss", "none") == "none" else "grad_diff"
+    return str(forget_loss or "unlearning")
+
+
+def _trainer_settings(args: Any) -> dict[str, Any]:
+    """The method's hyperparameters (the config's own fields, beyond TRL's ``SFTConfig``) and the budget."""
+    import dataclasses
+
+    from trl import SFTConfig
+
+    base = {f.name for f in dataclasses.fields(SFTConfig)}
+    budget = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+              "gradient_accumulation_steps", "seed")
+    own = [f.name for f in dataclasses.fields(args) if f.name not in base and f.repr]
+    settings = {name: getattr(args, name) for name in (*own, *budget)}
+    return {k: v for k, v in settings.items() if v is None or isinstance(v, (str, int, float, bool))}
+
+
+def trainer_model_card(
+    trainer: Any,
+    model_name: str | None = None,
+    dataset_name: str | None = None,
+    tags: str | list[str] | None = None,
+    report: Mapping[str, Any] | str | os.PathLike | None = None,
+    forget_split: str | None = None,
+):
+    """The model card of an unlearning trainer's model (what its ``create_model_card`` writes).
+
+    The method (from the trainer's class) with its paper, the config's method settings and training budget,
+    and, given the evaluator's ``report`` (dict or JSON path), its numbers in ``model-index``; the report
+    must be for this trainer's base model (or its output folder). ``forget_split`` defaults to the report's,
+    else ``dataset_name``. Tags: the trainer's TRL tags plus ``tags``.
+    """
+    report = _load_report(report)
+    model = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else trainer.model
+    base_model = _model_base(model) or "unknown base model"
+    if forget_split is None and report is not None:
+        forget_split = _report_value(report, "forget_split")
+    forget_split = forget_split or dataset_name or "custom forget set"
+    repo_id = trainer.hub_model_id if getattr(trainer, "hub_model_id", None) else None
+    repo_id = repo_id or model_name or Path(trainer.args.output_dir).name
+    extra = [tags] if isinstance(tags, str) else list(tags or [])
+    return build_model_card(
+        "unlearned_model", base_model, _trainer_method(trainer), _trainer_settings(trainer.args), report,
+        forget_split=forget_split, dataset=dataset_name, repo_id=repo_id, library_name=_model_library(model),
+        base_model_aliases=(str(trainer.args.output_dir),), extra_tags=tuple([*trainer._tag_names, *extra]),
+    )
 
 
 # ---------------------------------------------------------------------- pushing
@@ -556,19 +655,14 @@ def push_unlearned(
 ):
     """Push an unlearned artifact with its model card (and report) to the Hub in one commit.
 
-    ``artifact`` is a GROM edit, a T3 classifier head, a model or PEFT adapter from a trainer, a
-    folder where one was saved, or a :class:`hf_unlearn.bench.registry.Unlearned` result (its artifact,
-    method and settings are used). Its kind is detected (or pass ``kind=``). Refused before anything
+    ``artifact`` is a ``GROMEdit``, a ``T3Classifier`` head, a model or PEFT adapter from a trainer, or
+    a folder where one was saved. Its kind is detected (or pass ``kind=``). Refused before anything
     is uploaded: no token, a report for another base model or forget split, a report lacking the
     card metrics, a card template missing a field, an artifact saving pickle files.
 
     ``base_model`` overrides the base recorded in the artifact (e.g. the Hub id of a local base);
     the report must name one of the two. Returns the ``huggingface_hub.CommitInfo``.
     """
-    if _is_unlearned_result(artifact):  # hf_unlearn.bench.registry.Unlearned: push its native artifact
-        method = method or artifact.method
-        settings = dict(artifact.settings) if settings is None else settings
-        artifact = artifact.artifact
     _check_repo_id(repo_id)
     token = _resolve_token(token)
     kind = kind or detect_artifact_kind(artifact)
@@ -608,12 +702,6 @@ def push_unlearned(
         return _upload_folder_one_commit(
             folder, repo_id, token, private=private, commit_message=message, endpoint=endpoint
         )
-
-
-def _is_unlearned_result(obj: Any) -> bool:
-    from .bench.registry import Unlearned
-
-    return isinstance(obj, Unlearned)
 
 
 def _own_names(artifact: Any) -> tuple[str, ...]:

@@ -64,7 +64,6 @@ def test_model_round_trip_native_and_push_unlearned(hub, tiny_target):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_unlearn.bench.registry import Unlearned
-    from hf_unlearn.hub import push_unlearned
 
     model, tokenizer = tiny_target
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -83,8 +82,8 @@ def test_model_round_trip_native_and_push_unlearned(hub, tiny_target):
     before = len(hub.requests)
     result = Unlearned(method="npo", model=model, artifact=model, settings={"beta": 0.1, "learning_rate": 1e-4},
                        trainable_params=1, total_params=1)  # what hf_unlearn.bench.registry.run_method returns
-    info = push_unlearned(result, "tester/tiny-npo", report, token=hub.token, tokenizer=tokenizer,
-                          base_model=base_id, dataset="synthetic")
+    info = result.push_to_hub("tester/tiny-npo", report, token=hub.token, tokenizer=tokenizer,
+                              base_model=base_id, dataset="synthetic")
     commits = hub.commits("tester/tiny-npo")
     assert len(commits) == 2 and commits[-1].oid == info.oid  # repo creation + ONE upload commit
     files = hub.files("tester/tiny-npo")
@@ -189,18 +188,36 @@ def test_grom_adapter_and_t3_head_round_trip(hub, tiny_target, synthetic):
     clf = fit_t3(base, tokenizer, forget, retain, T3ClassifierConfig(rank=4), steps=20, progress=False)
     assert detect_artifact_kind(clf) == "t3_classifier"
     push_unlearned(clf, "tester/tiny-t3", report, token=hub.token, base_model=base_id,
-                   settings={"rank": 4, "temperature": 2.0, "top_k": 20})
+                   settings={"rank": 4, "temperature": 2.0})
     head = AutoModel.from_pretrained("tester/tiny-t3")
     assert isinstance(head, T3Classifier)
     batch = tokenizer(["Question: Who wrote the book?\nAnswer: A writer"], return_tensors="pt")
     labels = batch["input_ids"].clone()
-    kwargs = dict(temperature=2.0, top_k=20)
+    kwargs = dict(temperature=2.0)
     want = t3_log_probs(base, clf, batch["input_ids"], labels, batch["attention_mask"], **kwargs)
     got = t3_log_probs(base, head, batch["input_ids"], labels, batch["attention_mask"], **kwargs)
     assert torch.equal(got, want)
+    # The pulled head rebuilds an identical processor (its decoding defaults included): same steps, same tokens.
+    from transformers import LogitsProcessorList
+
+    from hf_unlearn.t3 import T3LogitsProcessor
+
+    enc = tokenizer(["Question: Who wrote the book?\nAnswer:", "Question: Where?\nAnswer:"], return_tensors="pt",
+                    padding=True)
+    runs = []
+    for make in (lambda: T3LogitsProcessor(base, clf), lambda: T3LogitsProcessor.from_pretrained(base, "tester/tiny-t3")):
+        with make() as t3:
+            assert (t3.temperature, t3.tilt_weight) == (clf.config.temperature, clf.config.tilt_weight)
+            steps = []
+            out = base.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                                logits_processor=LogitsProcessorList([lambda ids, s, t3=t3, steps=steps:
+                                                                      steps.append(t3(ids, s)) or steps[-1]]))
+        runs.append((out, torch.stack(steps)))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     card = ModelCard.load("tester/tiny-t3")
     assert card.data.tags[:2] == ["unlearning", "t3"] and _card_metrics(card) == _expected_metrics(REPORT)
-    assert "T3LogitsProcessor(base, classifier, temperature=2.0, top_k=20)" in card.text
+    assert 'T3LogitsProcessor.from_pretrained(base, "tester/tiny-t3")' in card.text
+    assert "| `temperature` | `2.0` |" in card.text and "arxiv.org/abs/2602.10217" in card.text
 
 
 METRIC_INPUTS = {
@@ -208,6 +225,7 @@ METRIC_INPUTS = {
                              false_losses=[[1.0, 2.0], [0.9, 1.1], [1.5, 3.0], [2.2, 0.4]]),
     "tofu_forget_quality": dict(predictions=[0.2, 0.5, 0.9, 0.4, 0.7], references=[0.3, 0.6, 0.8, 0.45, 0.75]),
     "tofu_model_utility": dict(predictions=[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]),
+    "tofu_privleak": dict(predictions=[0.9, 0.2, 0.7, 0.4, 0.6], references=[0, 1, 0, 1, 1], reference_auc=0.5),
 }
 
 
@@ -365,3 +383,52 @@ def test_server_refuses_unimplemented_requests(hub):
     assert err.value.response.status_code == 501 and "not implemented" in str(err.value)
     assert hub.unhandled == [("DELETE", "/api/repos/delete")]
     hub.unhandled.clear()  # the fixture checks that no other test hits an unimplemented path
+
+
+def test_trainer_push_to_hub_writes_card_with_report_and_paper(hub, tiny_target, synthetic, tmp_path):
+    """The trainers' own push_to_hub publishes the evaluator's report in model-index and cites the paper."""
+    from huggingface_hub import ModelCard
+
+    from hf_unlearn import NPOTrainer, UnlearningConfig
+
+    model, tokenizer = tiny_target
+    local_base = str(model.config._name_or_path)
+    rows = [{"question": r["question"], "answer": r["answer"]} for r in synthetic["forget10"][:4]]
+    retain = [{"question": r["question"], "answer": r["answer"]} for r in synthetic["retain90"][:4]]
+    args = UnlearningConfig(output_dir=str(tmp_path / "npo"), report_to="none", save_strategy="no", max_steps=1,
+                            push_to_hub=True, hub_model_id="tester/tiny-npo-trainer", hub_token=hub.token)
+    trainer = NPOTrainer(model=model, args=args, train_dataset=rows, retain_dataset=retain,
+                         processing_class=tokenizer)
+    with pytest.raises(ValueError, match="computed for model 'org/other'"):
+        trainer.create_model_card(report=dict(REPORT, model_name="org/other"))
+    trainer.push_to_hub(report=dict(REPORT, model_name=local_base))
+
+    card = ModelCard.load("tester/tiny-npo-trainer")
+    assert card.data.tags[:2] == ["unlearning", "npo"] and {"trl", "hf-unlearn"} <= set(card.data.tags)
+    assert _card_metrics(card) == _expected_metrics(REPORT)
+    assert "arxiv.org/abs/2404.05868" in card.text and "forget10" in card.text
+    assert f"| `beta` | `{trainer.args.beta}` |" in card.text
+    assert "model.safetensors" in hub.files("tester/tiny-npo-trainer")
+
+
+def test_artifact_kind_is_dispatched_by_type_not_by_name(tiny_target, tmp_path):
+    """A PEFT adapter whose metadata merely mentions "grom", or an object whose class name starts with GROM, is not
+    a GROM edit; a folder is a GROM adapter only when it carries grom_metadata.json."""
+    from peft import LoraConfig, get_peft_model
+
+    from hf_unlearn.hub import detect_artifact_kind
+
+    model, _ = tiny_target
+    adapter = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    adapter.peft_config["default"].base_model_name_or_path = "org/grom-lookalike-base"
+    assert detect_artifact_kind(adapter) == "unlearned_model"
+    adapter.save_pretrained(tmp_path / "adapter")
+    assert "grom" in (tmp_path / "adapter" / "adapter_config.json").read_text()
+    assert detect_artifact_kind(tmp_path / "adapter") == "unlearned_model"
+
+    class GROMLookalike:
+        def save_pretrained(self, path):
+            raise AssertionError("never saved")
+
+    with pytest.raises(ValueError, match="Cannot push a GROMLookalike"):
+        detect_artifact_kind(GROMLookalike())

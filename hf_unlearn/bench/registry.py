@@ -11,13 +11,23 @@ Adding a method is one entry in ``METHODS``.
 
 from __future__ import annotations
 
+import contextvars
+import json
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 
 @dataclass
@@ -28,6 +38,8 @@ class Unlearned:
     the untouched base); ``scorer`` and ``generation_kwargs`` are set for methods that change the
     decoding distribution rather than the weights (T3). ``artifact`` is the native object that
     ``save_pretrained`` / ``push_to_hub`` handle (a model, a ``GROMEdit``, a ``T3Classifier``).
+    ``metrics`` holds numbers only the method can measure (ATWU's token AUROC); the benchmark runner
+    copies them into the method's result row and table.
     """
 
     method: str
@@ -41,6 +53,7 @@ class Unlearned:
     generation_kwargs: dict[str, Any] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     weights_changed: bool = True
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def trainable_share(self) -> float:
@@ -54,6 +67,41 @@ class Unlearned:
             trainer.save_model(str(path))
         else:
             self.artifact.save_pretrained(path)
+
+    def push_to_hub(self, repo_id: str, report: Any = None, **kwargs: Any) -> Any:
+        """Push the native artifact with its card (:func:`hf_unlearn.hub.push_unlearned`), naming this
+        result's method and settings; ``kwargs`` go to ``push_unlearned``."""
+        from ..hub import push_unlearned
+
+        kwargs.setdefault("method", self.method)
+        kwargs.setdefault("settings", dict(self.settings))
+        return push_unlearned(self.artifact, repo_id, report, **kwargs)
+
+
+#: Per-call options of :func:`run_method` for the trainer runners: ``callbacks`` (extra ``TrainerCallback``s,
+#: e.g. a JSON-lines log), ``quiet`` (drop the Trainer's console progress bar and log printing) and
+#: ``resume_from_checkpoint`` (passed to ``trainer.train``).
+RUN_OPTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("hf_unlearn_run_options", default=None)
+
+
+class JsonlLogCallback(TrainerCallback):
+    """Append every Trainer log (``on_log``) to a JSON Lines file, one object per line with ``step`` and
+    ``epoch``; with ``echo`` the line is also printed (``--verbose``)."""
+
+    def __init__(self, path: str | os.PathLike, echo: bool = False):
+        self.path = Path(path)
+        self.echo = echo
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, **logs}
+        line = json.dumps(record, default=lambda v: v.item() if hasattr(v, "item") else str(v))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        if self.echo:
+            print(line, flush=True)
 
 
 def _num_params(model: Any) -> int:
@@ -74,12 +122,21 @@ def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlear
 
         trainer_cls = getattr(trainers, trainer_name)
         config_cls = getattr(trainers, config_name)
-        args = config_cls(output_dir=str(output_dir), report_to="none", save_strategy="no", **settings)
+        options = RUN_OPTIONS.get() or {}
+        # The settings may override the run defaults (e.g. save_strategy="steps" to checkpoint and resume).
+        args = config_cls(**{"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **settings})
+        needs_retain = getattr(trainer_cls, "needs_retain", lambda _: True)(args)  # GradAscent: no retain set
         trainer = trainer_cls(
-            model=model, args=args, train_dataset=_as_dataset(forget), retain_dataset=_as_dataset(retain),
-            processing_class=tokenizer,
+            model=model, args=args, train_dataset=_as_dataset(forget),
+            retain_dataset=_as_dataset(retain) if needs_retain else None,
+            processing_class=tokenizer, callbacks=list(options.get("callbacks", ())) or None,
         )
-        trainer.train()
+        if options.get("quiet"):  # the console shows one line per phase; the per-step logs go to callbacks
+            from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+            trainer.remove_callback(ProgressCallback)
+            trainer.remove_callback(PrinterCallback)
+        trainer.train(resume_from_checkpoint=options.get("resume_from_checkpoint"))
         trained = trainer.model
         trained.eval()
         info: dict[str, Any] = {"global_step": trainer.state.global_step}
@@ -91,6 +148,11 @@ def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlear
             method="", model=trained, artifact=trained, settings=dict(settings),
             trainable_params=trainable, total_params=_num_params(trained), info=info,
         )
+        if hasattr(trainer, "token_scores"):  # ATWU: how well its token scores find the forget-specific tokens
+            from ..trainers.atwu.weighter import answer_token_ids, forget_specific_auroc
+
+            scores = trainer.token_scores(_as_dataset(forget))
+            result.metrics["token_auroc"] = forget_specific_auroc(scores, answer_token_ids(tokenizer, retain))
         result.info["trainer"] = trainer
         return result
 
@@ -106,7 +168,8 @@ def _run_grom(model, tokenizer, forget, retain, output_dir, settings):
     delta_params = sum(f.lora_A.numel() + f.lora_B.numel() for f in edit.lora_factors().values())
     merged = edit.to_peft(model).merge_and_unload()
     merged.eval()
-    info = {"selected_layers": list(edit.selected_layers), "truncation_errors": edit.truncation_errors()}
+    info = {"selected_layers": list(edit.selected_layers), "truncation_errors": edit.truncation_errors(),
+            "retain_rows_read": edit.stats["num_retain_rows_read"]}
     return Unlearned(
         method="grom", model=merged, artifact=edit, settings=dict(settings),
         trainable_params=delta_params, total_params=total, info=info,
@@ -114,23 +177,25 @@ def _run_grom(model, tokenizer, forget, retain, output_dir, settings):
 
 
 def _run_t3(model, tokenizer, forget, retain, output_dir, settings):
+    """Fit the head (every setting is a ``T3ClassifierConfig`` field: head, fit, and the decoding defaults
+    ``temperature`` / ``tilt_weight``); evaluation scores and generates with the tilted distribution. The runner
+    measures T3 ``generate`` tokens/s against plain ``generate`` (batch 16, 32 new tokens) in the same process."""
     from transformers import LogitsProcessorList
 
     from ..t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
 
-    config_kwargs = dict(settings)
-    decoding = {k: config_kwargs.pop(k) for k in ("temperature", "top_k", "tilt_weight") if k in config_kwargs}
-    fit_kwargs = {k: config_kwargs.pop(k) for k in ("steps", "learning_rate", "holdout_fraction") if k in config_kwargs}
-    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(**config_kwargs), progress=False, **fit_kwargs)
-    processor = T3LogitsProcessor(model, clf, **decoding)
+    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(**settings), progress=False)
+    processor = T3LogitsProcessor(model, clf)  # the head's own decoding defaults
     model.eval()
+    # fit time in two parts: cache_seconds (one forward pass of the base) and train_seconds (the head)
+    info = {k: v for k, v in (getattr(clf, "fit_report", None) or {}).items() if isinstance(v, (int, float, str))}
     return Unlearned(
         method="t3", model=model, artifact=clf, settings=dict(settings),
         trainable_params=_num_params(clf), total_params=_num_params(model),
-        scorer=t3_scorer(model, clf, **decoding),
+        scorer=t3_scorer(model, clf),
         generation_kwargs={"logits_processor": LogitsProcessorList([processor])},
         weights_changed=False,
-        info={k: v for k, v in getattr(clf, "fit_report", {}).items() if isinstance(v, (int, float, str))},
+        info=info,
     )
 
 
@@ -143,11 +208,6 @@ class MethodSpec:
     demo: dict[str, Any]
     grid: tuple[dict[str, Any], ...]
     description: str
-
-
-def _trainer_settings(lr: float, epochs: float, **extra: Any) -> dict[str, Any]:
-    return {"learning_rate": lr, "num_train_epochs": epochs, "per_device_train_batch_size": 8,
-            "logging_steps": 5, "seed": 0, "gradient_checkpointing": False, **extra}
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -165,90 +225,115 @@ def run_method(
     retain: Any,
     output_dir: str | os.PathLike,
     settings: dict[str, Any] | None = None,
+    *,
+    callbacks: Sequence[Any] = (),
+    quiet: bool = False,
+    resume_from_checkpoint: str | bool | None = None,
 ) -> Unlearned:
-    """Run method ``name`` on ``model`` with ``settings`` (default: its demo settings), timed."""
+    """Run method ``name`` on ``model`` with ``settings`` (default: its demo settings), timed.
+
+    ``callbacks``, ``quiet`` and ``resume_from_checkpoint`` apply to the trainer methods (see ``RUN_OPTIONS``).
+    """
     if name not in METHODS:
         raise ValueError(f"Unknown method {name!r}; choose from {sorted(METHODS)}.")
     spec = METHODS[name]
     settings = dict(spec.demo if settings is None else settings)
     torch.manual_seed(0)
     start = time.perf_counter()
-    result = spec.run(model, tokenizer, forget, retain, output_dir, settings)
+    token = RUN_OPTIONS.set({"callbacks": tuple(callbacks), "quiet": quiet, "resume_from_checkpoint": resume_from_checkpoint})
+    try:
+        result = spec.run(model, tokenizer, forget, retain, output_dir, settings)
+    finally:
+        RUN_OPTIONS.reset(token)
     result.seconds = time.perf_counter() - start
     result.method = name
     return result
 
 
-# Benchmark grids: every method gets the same budget of 3 settings (`hf-unlearn bench`), sized so
-# that the whole forget10 grid runs in under an hour on 2 CPU cores. Gradient methods train 4 epochs
-# at batch 16 (100 steps on forget10) over a learning-rate bracket from "barely moves" to "utility
-# collapses" on TOFU-tiny; their demo settings (10 epochs, batch 8) were tuned on the synthetic set.
-GRID_EPOCHS = 4
-GRID_BATCH = 16
+# The runners; each method's demo setting and benchmark grid are data, one TOML file per benchmark
+# subject (``benchmarks/configs/<subject>.toml``, installed as ``hf_unlearn.bench.configs``).
+RUNNERS: dict[str, tuple[Callable[..., Unlearned], str]] = {
+    "grad_ascent": (_trainer_runner("GradAscentTrainer", "GradAscentConfig"), "gradient ascent on the forget NLL"),
+    "grad_diff": (_trainer_runner("GradDiffTrainer", "GradDiffConfig"),
+                  "gradient ascent on forget + descent on retain NLL"),
+    "npo": (_trainer_runner("NPOTrainer", "NPOConfig"), "negative preference optimization (with retain NLL)"),
+    "simnpo": (_trainer_runner("SimNPOTrainer", "SimNPOConfig"), "reference-free NPO with length normalisation"),
+    "masc": (_trainer_runner("MASCTrainer", "MASCConfig"), "margin self-correction with its own stopping rule"),
+    "atwu": (_trainer_runner("ATWUTrainer", "ATWUConfig"),
+             "alternating token-weighted unlearning with a learned token scorer"),
+    "grom": (_run_grom, "closed-form one-shot edit saved as a PEFT LoRA adapter"),
+    "t3": (_run_t3, "temper-then-tilt decoding with a low-rank classifier head"),
+}
+DEFAULT_SUBJECT = "tofu_tiny"
 
 
-def _grid(lrs: Sequence[float], **extra: Any) -> tuple[dict[str, Any], ...]:
-    return tuple(_trainer_settings(lr, GRID_EPOCHS, per_device_train_batch_size=GRID_BATCH, **extra) for lr in lrs)
+def configs_dir() -> Path:
+    """Folder of the subject TOML files: ``hf_unlearn/bench/configs`` when installed from a wheel,
+    ``benchmarks/configs`` in a source checkout."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("hf_unlearn.bench.configs")
+    except ModuleNotFoundError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
 
 
-register(MethodSpec(
-    "grad_ascent", _trainer_runner("GradAscentTrainer", "UnlearningConfig"),
-    demo=_trainer_settings(1e-4, 10),
-    grid=_grid((3e-5, 1e-4, 3e-4)),
-    description="gradient ascent on the forget NLL",
-))
-register(MethodSpec(
-    "grad_diff", _trainer_runner("GradDiffTrainer", "UnlearningConfig"),
-    demo=_trainer_settings(3e-4, 10),
-    grid=_grid((3e-5, 1e-4, 3e-4)),
-    description="gradient ascent on forget + descent on retain NLL",
-))
-register(MethodSpec(
-    "npo", _trainer_runner("NPOTrainer", "UnlearningConfig"),
-    demo=_trainer_settings(1e-3, 10, beta=0.1),
-    grid=_grid((3e-5, 1e-4, 3e-4), beta=0.1),
-    description="negative preference optimization (with retain NLL)",
-))
-register(MethodSpec(
-    "simnpo", _trainer_runner("SimNPOTrainer", "UnlearningConfig"),
-    demo=_trainer_settings(1e-3, 10),
-    grid=_grid((1e-4, 3e-4, 1e-3)),
-    description="reference-free NPO with length normalisation",
-))
-_MASC = {"learning_rate": 3e-4, "per_device_train_batch_size": 4, "top_k": 10, "kl_weight": 1.0,
-         "validation_fraction": 0.1, "check_every": 2, "max_steps": 200, "logging_steps": 5, "seed": 0,
-         "gradient_checkpointing": False}
-register(MethodSpec(
-    "masc", _trainer_runner("MASCTrainer", "MASCConfig"),
-    demo={**_MASC, "margin_threshold": 1.0, "stop_tolerance": 0.3},
-    grid=(  # MASC sets its own step count (max 200): the grid varies the stopping rule and the step size
-        {**_MASC, "margin_threshold": 1.0, "stop_tolerance": 0.3},
-        {**_MASC, "margin_threshold": 1.0, "stop_tolerance": 0.4},
-        {**_MASC, "margin_threshold": 1.0, "stop_tolerance": 0.3, "learning_rate": 1e-3},
-    ),
-    description="margin self-correction with its own stopping rule",
-))
-_ATWU = {"forget_loss": "satga", "budget": 0.2, "budget_weight": 50.0, "entropy_weight": 0.01, "scorer_lr": 1e-2,
-         "saturation_beta": 0.2, "saturation_c": 20.0, "weight_decay": 0.0}
-register(MethodSpec(
-    "atwu", _trainer_runner("ATWUTrainer", "ATWUConfig"),
-    demo=_trainer_settings(5e-4, 10, **_ATWU),
-    grid=_grid((1e-4, 3e-4, 1e-3), **_ATWU),
-    description="alternating token-weighted unlearning with a learned token scorer",
-))
-register(MethodSpec(
-    "grom", _run_grom,
-    demo={"target_modules": "lm_head", "forget_weight": 10.0, "suppression_margin": 30.0, "ridge": 1e-2},
-    grid=tuple(  # the MLP down-projection of the attributed layer; less retain weight = a stronger edit
-        {"target_modules": "down_proj", "retain_weight": rw, "ridge": 1e-3, "suppression_margin": 80.0}
-        for rw in (30.0, 10.0, 3.0)
-    ),
-    description="closed-form one-shot edit saved as a PEFT LoRA adapter",
-))
-_T3 = {"rank": 8, "layer": 1, "pooling": "mean", "top_k": 20}
-register(MethodSpec(
-    "t3", _run_t3,
-    demo={**_T3, "temperature": 2.0, "tilt_weight": 1.0},
-    grid=tuple({**_T3, "temperature": t, "tilt_weight": 1.0} for t in (1.0, 2.0, 4.0)),
-    description="temper-then-tilt decoding with a low-rank classifier head",
-))
+def subject_config_path(subject: str | os.PathLike) -> Path:
+    """The TOML file of ``subject``: a name (``"tofu_tiny"``) in :func:`configs_dir`, or a path to a ``.toml``."""
+    if str(subject).endswith(".toml"):
+        path = Path(subject)
+    else:
+        path = configs_dir() / f"{subject}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in configs_dir().glob("*.toml"))
+        raise FileNotFoundError(f"No benchmark config {path}; shipped subjects: {known}.")
+    return path
+
+
+def _merge(shared: dict[str, Any], names: Sequence[str], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in names:
+        if name not in shared:
+            raise ValueError(f"{where}: unknown shared table {name!r}; defined: {sorted(shared)}.")
+        out.update(shared[name])
+    return out
+
+
+def load_subject_presets(subject: str | os.PathLike = DEFAULT_SUBJECT) -> dict[str, dict[str, Any]]:
+    """Every method's ``{"demo": settings, "grid": (settings, ...)}`` from a subject's TOML file.
+
+    Each method's table is assembled as the file's header describes: ``[shared.<name>]`` tables named
+    in ``use``, then ``settings``, then ``demo`` (the demo setting) or, for each grid entry, the shared
+    tables named in ``grid_use`` and then the entry.
+    """
+    path = subject_config_path(subject)
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    shared = data.get("shared", {})
+    presets: dict[str, dict[str, Any]] = {}
+    for name, table in data.get("methods", {}).items():
+        unknown = set(table) - {"use", "settings", "demo", "grid_use", "grid"}
+        if unknown:
+            raise ValueError(f"{path}: method {name!r} has unknown keys {sorted(unknown)}.")
+        base = {**_merge(shared, table.get("use", ()), f"{path} [{name}]"), **table.get("settings", {})}
+        grid_base = {**base, **_merge(shared, table.get("grid_use", ()), f"{path} [{name}]")}
+        presets[name] = {
+            "demo": {**base, **table.get("demo", {})},
+            "grid": tuple({**grid_base, **entry} for entry in table.get("grid", ())),
+        }
+    return presets
+
+
+def _register_all(subject: str | os.PathLike = DEFAULT_SUBJECT) -> None:
+    presets = load_subject_presets(subject)
+    for name, (run, description) in RUNNERS.items():
+        if name not in presets:
+            raise ValueError(f"{subject_config_path(subject)} has no [methods.{name}] table.")
+        register(MethodSpec(name, run, demo=presets[name]["demo"], grid=presets[name]["grid"],
+                            description=description))
+
+
+_register_all()

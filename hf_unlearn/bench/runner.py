@@ -1,89 +1,36 @@
 """Every method side by side on one target model, scored by one evaluator (`demo` and `bench`).
 
 For each method and each setting of its grid, a fresh copy of the target is unlearned, timed
-(wall seconds, peak resident memory sampled from ``/proc/self/status``), evaluated with
+(wall seconds, peak memory: :class:`~hf_unlearn.bench.measure.PeakMemory`), evaluated with
 :func:`hf_unlearn.evaluation.evaluate_tofu` against the retain reference. The chosen setting of a
 method is the one with the highest forget quality among those keeping model utility >= 90% of
 the target's (the highest-utility setting when none does); for methods that change weights it is
 re-checked after 4-bit NF4 quantization (forget ROUGE-L). GROM's wall time is also given against
 one plain forward pass over forget + retain, and decoding-time methods (T3) report greedy
-``generate`` tokens per second against plain ``generate``, both measured in the same process. A
-failure in one method is recorded in its row and the others still run.
+``generate`` tokens per second against plain ``generate``, both measured in the same process.
+Every row also records the mean answer NLL on the forget rows and on as many retain rows, the
+optimizer steps, and any extra metric the method reported in ``Unlearned.metrics`` (ATWU's token
+AUROC). A failure in one method is recorded in its row and the others still run.
+
+The settings come from the benchmark subject's TOML file (:func:`~hf_unlearn.bench.registry.load_subject_presets`);
+the tables, plot and result files are :mod:`hf_unlearn.bench.report`'s.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import math
 import os
-import platform
 import shutil
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
-UTILITY_KEEP = 0.9
-COLUMNS = (
-    ("forget_quality", "forget quality", ".3g"),
-    ("model_utility", "model utility", ".3f"),
-    ("forget_rouge_l", "forget ROUGE-L", ".3f"),
-    ("forget_truth_ratio", "forget truth ratio", ".3f"),
-    ("forget_rouge_l_nf4", "forget ROUGE-L (NF4)", ".3f"),
-    ("seconds", "wall s", ".2f"),
-    ("time_vs_grad_diff", "time / GradDiff", ".3f"),
-    ("peak_rss_mb", "peak RSS MB", ".0f"),
-    ("trainable_share", "trainable share", ".2e"),
-    ("time_vs_forward", "time / forward pass", ".2f"),
-    ("generate_speed_ratio", "generate speed vs plain", ".2f"),
-)
+UTILITY_KEEP = 0.9  # the chosen setting keeps model utility >= 90% of the target's
 SPEED_QUESTIONS = 16  # generation-speed batch: the first forget questions
 SPEED_NEW_TOKENS = 32
-
-
-def _rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class PeakMemory:
-    """Context manager sampling the process's resident memory every 20 ms; ``.peak_mb`` after exit."""
-
-    def __init__(self, interval: float = 0.02):
-        self.interval = interval
-        self.peak_mb = 0.0
-        self._stop = threading.Event()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak_mb = max(self.peak_mb, _rss_mb())
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> PeakMemory:
-        self.peak_mb = _rss_mb()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_mb = max(self.peak_mb, _rss_mb())
 
 
 def choose_setting(grid_rows: Sequence[dict[str, Any]], target_utility: float) -> int | None:
@@ -130,29 +77,56 @@ def run_one(
     eval_kwargs: dict[str, Any],
     quantization_check: bool = True,
     work_dir: str | os.PathLike | None = None,
+    *,
+    reporter: Any = None,
+    log_path: str | os.PathLike | None = None,
+    verbose: bool = False,
+    label: str | None = None,
 ) -> dict[str, Any]:
-    """Unlearn a fresh copy of the target with one method/setting, evaluate it; one result row."""
+    """Unlearn a fresh copy of the target with one method/setting, evaluate it; one result row.
+
+    With a ``reporter`` (:class:`~hf_unlearn.bench.console.PhaseReporter`) one console line per phase is
+    printed; with ``log_path`` the Trainer's per-step logs and any failure's traceback go to that JSON Lines
+    file (``verbose`` also prints the logs). A failure is recorded in the row (``error``, ``failed_phase``).
+    """
     from transformers import AutoModelForCausalLM
 
     from ..evaluation import evaluate_tofu
-    from .measure import generation_speed
-    from .registry import run_method
+    from ..logprobs import mean_answer_nll
+    from .console import PhaseReporter, log_event, log_exception
+    from .measure import PeakMemory, generation_speed
+    from .registry import JsonlLogCallback, run_method
 
     row: dict[str, Any] = {"method": method, "settings": settings, "error": None}
+    say = reporter or PhaseReporter(enabled=False)
+    label = label or method
+    callbacks = [JsonlLogCallback(log_path, echo=verbose)] if log_path is not None else []
+    log_event(log_path, "start", method=method, label=label, settings=settings)
     work = Path(work_dir or tempfile.mkdtemp(prefix=f"hf_unlearn_{method}_"))
+    phase = "training"
     try:
+        say.start(label, phase)
         model = AutoModelForCausalLM.from_pretrained(target_path)
         with PeakMemory() as mem:
-            result = run_method(method, model, tokenizer, forget_rows, retain_rows, work, settings)
+            result = run_method(method, model, tokenizer, forget_rows, retain_rows, work, settings,
+                                callbacks=callbacks, quiet=reporter is not None)
+        say.done(f"{result.info['global_step']} steps" if result.info.get("global_step") else "")
+        phase = "evaluation"
+        say.start(label, phase)
         report = evaluate_tofu(
             result.model, tokenizer, source=source, forget_split=forget_split, retain_reference=reference,
             scorer=result.scorer, generation_kwargs=result.generation_kwargs, progress=False, **eval_kwargs,
         )
         row.update(_row_from_report(report))
         row.update(
-            seconds=result.seconds, peak_rss_mb=mem.peak_mb, trainable_share=result.trainable_share,
+            seconds=result.seconds, peak_rss_mb=mem.peak_mb, peak_gpu_mb=mem.peak_gpu_mb,
+            trainable_share=result.trainable_share, steps=result.info.get("global_step"),
             info={k: v for k, v in result.info.items() if _jsonable(v)},
         )
+        if result.scorer is None:  # answer NLL under the weights (decoding-time methods leave them alone)
+            row["forget_nll"] = mean_answer_nll(result.model, tokenizer, forget_rows)
+            row["retain_nll"] = mean_answer_nll(result.model, tokenizer, retain_rows[: len(forget_rows)])
+        copy_extra_metrics(row, getattr(result, "metrics", None) or {})
         row["forget_rouge_l_nf4"] = None
         processors = (result.generation_kwargs or {}).get("logits_processor")
         if processors is not None:  # decoding-time methods: tokens/s against plain generate
@@ -160,17 +134,36 @@ def run_one(
                                      processors, max_new_tokens=SPEED_NEW_TOKENS)
             row["generate_speed_ratio"] = speed["speed_ratio"]
             row["generation_speed"] = speed
+        say.done()
         if quantization_check:
+            phase = "NF4 re-check"
+            say.start(label, phase)
             nf4_check(row, result, report, tokenizer, source, forget_split, eval_kwargs)
+            say.done()
         row["_result"] = result
         row["_report"] = report
     except Exception as err:  # one method's failure must not stop the others
         row["error"] = f"{type(err).__name__}: {err}"
+        row["failed_phase"] = phase
         row["traceback"] = traceback.format_exc(limit=8)
+        log_exception(log_path, phase, err)
+        say.fail(err, log_path)
     finally:
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def copy_extra_metrics(row: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """Copy a method's own metrics (``Unlearned.metrics``) into its row; their names go to ``row["extra_metrics"]``.
+
+    A metric may not replace one of the runner's own columns.
+    """
+    clash = sorted(set(metrics) & set(row))
+    if clash:
+        raise ValueError(f"The method's metrics {clash} clash with the runner's row keys.")
+    row.update(metrics)
+    row["extra_metrics"] = list(metrics)
 
 
 def nf4_check(row: dict[str, Any], result: Any, report: dict[str, Any], tokenizer: Any, source: str,
@@ -243,10 +236,11 @@ def sanity_gate(target_report: dict[str, Any], retain_report: dict[str, Any]) ->
 
 def format_gate(gate: dict[str, Any]) -> str:
     """The sanity gate as printable lines."""
-    lines = [f"TOFU-tiny sanity gate: {'PASSED' if gate['passed'] else 'FAILED'}"]
+    lines = [f"{gate.get('title', 'TOFU-tiny sanity gate')}: {'PASSED' if gate['passed'] else 'FAILED'}"]
     for name, check in gate["checks"].items():
         lines.append(f"  {name:28s} {check['value']!s:>24}  {'ok' if check['passed'] else 'FAIL'}")
-    lines.append(f"  model utility: target {gate['target_model_utility']:.3f}, retain reference {gate['retain_model_utility']:.3f}")
+    base = f", base {gate['base_model_utility']:.3f}" if gate.get("base_model_utility") is not None else ""
+    lines.append(f"  model utility: target {gate['target_model_utility']:.3f}, retain reference {gate['retain_model_utility']:.3f}{base}")
     return "\n".join(lines)
 
 
@@ -260,33 +254,63 @@ def run_comparison(
     eval_kwargs: dict[str, Any] | None = None,
     quantization_check: bool = True,
     progress: bool = True,
+    subject: str | os.PathLike | None = None,
+    log_dir: str | os.PathLike | None = None,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Run ``methods`` (their demo setting, or their whole grid when ``grid``) on ``pair.target``.
+
+    The settings are those of the benchmark ``subject`` (a name in ``benchmarks/configs`` or a path to
+    a TOML file; default: the registered methods' settings, TOFU-tiny's).
+
+    With ``progress``, one console line per method and phase (training, evaluation, NF4 re-check); the
+    Trainer's per-step logs go to ``<log_dir>/<method>.jsonl`` (also printed with ``verbose``).
 
     Returns ``{"rows": {name: row}, "grid": {name: [rows]}, "target": row, "retain_reference": row}``
     where each row holds the benchmark columns.
     """
+    from .console import PhaseReporter
+
+    say = PhaseReporter(enabled=progress, inline=not verbose)
     from transformers import AutoTokenizer
 
     from ..data import RETAIN_FOR_FORGET, load_tofu_rows
-    from .registry import METHODS
+    from ..logprobs import mean_answer_nll
+    from .registry import METHODS, load_subject_presets
     from .subjects import load_tiny
 
     eval_kwargs = dict(eval_kwargs or {})
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"Unknown method(s) {unknown}; registered: {sorted(METHODS)}.")
+    if quantization_check and importlib.util.find_spec("bitsandbytes") is None:
+        raise ValueError("The 4-bit NF4 re-check needs bitsandbytes: pip install 'hf-unlearn[quantization]', or "
+                         "skip the check (--no-quantization).")
+    if subject is None:
+        presets = {m: {"demo": METHODS[m].demo, "grid": METHODS[m].grid} for m in methods}
+    else:
+        presets = load_subject_presets(subject)
+        missing = [m for m in methods if m not in presets]
+        if missing:
+            raise ValueError(f"Benchmark subject {subject!r} has no settings for {missing}.")
     tokenizer = AutoTokenizer.from_pretrained(pair.target)  # the weights are loaded per method
     forget_rows = load_tofu_rows(forget_split, source)
     retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)
+    say.start("references", "evaluation")
     target_report, retain_report = reference_rows(pair, source, forget_split, eval_kwargs)
+    say.done("target and retain reference")
     reference = retain_report
     target_row = {"method": "target", **_row_from_report(target_report), "error": None}
     retain_row = {"method": "retain reference", **_row_from_report(retain_report), "error": None}
+    target_model, _ = load_tiny(pair.target)
+    target_row["forget_nll"] = mean_answer_nll(target_model, tokenizer, forget_rows)
+    target_row["retain_nll"] = mean_answer_nll(target_model, tokenizer, retain_rows[: len(forget_rows)])
     if quantization_check:
-        target_model, _ = load_tiny(pair.target)
+        say.start("references", "NF4 re-check")
         n = target_report["splits"]["forget"]["num_examples"]
         target_row["forget_rouge_l_nf4"] = quantized_forget_rouge(target_model, tokenizer, _forget_eval_rows(source, forget_split, n), eval_kwargs)
+        say.done("target")
+    del target_model
     plain_forward = None
     if "grom" in methods:  # GROM's floor: one plain forward pass over forget + retain, in this process
         from .measure import plain_forward_seconds
@@ -296,23 +320,31 @@ def run_comparison(
         plain_forward_seconds(target_model, tokenizer, forget_rows[:32])  # warm-up
         plain_forward = plain_forward_seconds(target_model, tokenizer, forget_rows + retain_rows)
         del target_model
-    jobs = [(m, s) for m in methods for s in (METHODS[m].grid if grid else (METHODS[m].demo,))]
+    jobs = [(m, s) for m in methods for s in (presets[m]["grid"] if grid else (presets[m]["demo"],))]
     grids: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    bar = tqdm(jobs, desc="methods", disable=not progress)
-    for method, settings in bar:
-        bar.set_postfix(method=method)
+    counts = {m: sum(1 for j, _ in jobs if j == m) for m in methods}
+    for method, settings in jobs:
+        label = method if counts[method] == 1 else f"{method} [{len(grids[method]) + 1}/{counts[method]}]"
+        log_path = Path(log_dir) / f"{method}.jsonl" if log_dir is not None else None
         row = run_one(method, dict(settings), pair.target, tokenizer, forget_rows, retain_rows, reference,
-                      source, forget_split, eval_kwargs, quantization_check=False)
+                      source, forget_split, eval_kwargs, quantization_check=False,
+                      reporter=say if progress else None, log_path=log_path, verbose=verbose, label=label)
         grids[method].append(row)
         # The NF4 re-check is run for a row only when it is the method's chosen setting so far
         # (a later row may still replace it): the table needs it for the chosen row alone.
         result, report = row.pop("_result", None), row.pop("_report", None)
         now_chosen = choose_setting(grids[method], target_report["model_utility"]) == len(grids[method]) - 1
-        if quantization_check and result is not None and now_chosen:
+        if quantization_check and result is not None and now_chosen and result.weights_changed:
+            say.start(label, "NF4 re-check")
             try:
                 nf4_check(row, result, report, tokenizer, source, forget_split, eval_kwargs)
+                say.done()
             except Exception as err:  # the row's other numbers stand
+                from .console import log_exception
+
                 row["nf4_error"] = f"{type(err).__name__}: {err}"
+                log_exception(log_path, "NF4 re-check", err)
+                say.fail(err, log_path)
         del result, report
     rows = {}
     for method, grid_rows in grids.items():
@@ -330,142 +362,47 @@ def run_comparison(
     }
 
 
-def environment_info() -> dict[str, Any]:
-    """Versions, machine and git commit recorded with every benchmark result."""
-    import importlib.metadata as md
+def run_subject_bench(
+    subject: str,
+    methods: Sequence[str],
+    *,
+    source: str,
+    output_dir: str | os.PathLike = "benchmarks/results",
+    cache_dir: str | os.PathLike | None = None,
+    build_only: bool = False,
+    grid: bool = False,
+    eval_kwargs: dict[str, Any] | None = None,
+    quantization_check: bool = True,
+    progress: bool = True,
+    verbose: bool = False,
+) -> tuple[dict[str, Any], dict[str, Path] | None]:
+    """``hf-unlearn bench --subject NAME``: TOFU-small on a pretrained subject (``"smollm2-135m"``).
 
-    versions = {}
-    for pkg in ("torch", "transformers", "trl", "peft", "datasets", "evaluate", "accelerate", "huggingface_hub", "bitsandbytes"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    from .. import __version__
+    Builds (or reuses) the subject's TOFU-small pair (:func:`~hf_unlearn.bench.subjects.build_small_pair`)
+    and its sanity gate (:func:`~hf_unlearn.bench.subjects.small_gate`); with ``build_only`` stops
+    there. Otherwise runs ``methods`` with the subject's presets (``benchmarks/configs/<subject>.toml``,
+    one setting per method unless ``grid``) and writes ``<output_dir>/<subject>_tofu.{json,md,png}``
+    with the recipe, the gate's figures and the subject's provenance. Returns ``(results or gate, paths)``.
+    """
+    from .report import write_results
+    from .subjects import build_small_pair, small_gate
 
-    return {
-        "hf_unlearn": __version__, "python": sys.version.split()[0], "versions": versions,
-        "machine": {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count()},
-        "git_commit": commit, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    eval_kwargs = dict(eval_kwargs or {})
+    pair = build_small_pair(subject, source, cache_dir=cache_dir, progress=progress)
+    gate = small_gate(pair, eval_kwargs, progress=progress)
+    if build_only:
+        return gate, None
+    out = Path(output_dir)
+    results = run_comparison(
+        pair, methods, grid=grid, source=pair.source, forget_split=pair.forget_split, eval_kwargs=eval_kwargs,
+        quantization_check=quantization_check, progress=progress, subject=subject,
+        log_dir=out / "logs" / subject, verbose=verbose,
+    )
+    results["sanity_gate"] = gate
+    meta = {
+        "subject": pair.subject, "benchmark": "TOFU-small", "source": source, "tofu_small_source": pair.source,
+        "forget_split": pair.forget_split, "recipe": pair.recipe, "mode": "bench", "presets": subject,
+        "target": str(pair.target), "retain_reference_model": str(pair.retain), "base_model": str(pair.base),
+        "seed": pair.recipe.get("seed", 0), "eval_kwargs": eval_kwargs,
     }
-
-
-def _fmt(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return format(value, fmt)
-
-
-def markdown_table(results: dict[str, Any]) -> str:
-    """The benchmark table: reference rows first, then one row per method (its chosen setting)."""
-    header = "| method | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
-    lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
-    ordered = [("target", results["target"]), ("retain reference", results["retain_reference"])]
-    ordered += list(results["rows"].items())
-    for name, row in ordered:
-        if row.get("error"):
-            lines.append(f"| {name} | failed: {row['error'][:80]} |" + " |" * (len(COLUMNS) - 1))
-            continue
-        lines.append(f"| {name} | " + " | ".join(_fmt(row.get(k), f) for k, _, f in COLUMNS) + " |")
-    return "\n".join(lines)
-
-
-GRID_COLUMNS = COLUMNS[:4] + (("seconds", "wall s", ".2f"),)
-
-
-def varying_settings(grid_rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each row of one method's grid, the settings whose values differ across that grid."""
-    keys = sorted({k for r in grid_rows for k in r.get("settings", {})})
-    varying = [k for k in keys if len({json.dumps(r.get("settings", {}).get(k)) for r in grid_rows}) > 1]
-    return [{k: r.get("settings", {}).get(k) for k in varying} for r in grid_rows]
-
-
-def grid_markdown_table(results: dict[str, Any]) -> str:
-    """Every setting of every method's grid (the settings that vary within it), the chosen one marked."""
-    lines = ["| method | setting | chosen | " + " | ".join(t for _, t, _ in GRID_COLUMNS) + " |",
-             "|" + "---|" * (len(GRID_COLUMNS) + 3)]
-    for method, grid_rows in results["grid"].items():
-        chosen = results["rows"].get(method, {}).get("chosen_index")
-        for i, (row, varied) in enumerate(zip(grid_rows, varying_settings(grid_rows))):
-            setting = ", ".join(f"{k}={v}" for k, v in varied.items()) or "(single setting)"
-            mark = "yes" if i == chosen else ""
-            if row.get("error"):
-                cells = f"failed: {row['error'][:60]} |" + " |" * (len(GRID_COLUMNS) - 1)
-            else:
-                cells = " | ".join(_fmt(row.get(k), f) for k, _, f in GRID_COLUMNS) + " |"
-            lines.append(f"| {method} | {setting} | {mark} | {cells}")
-    return "\n".join(lines)
-
-
-def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) -> Path:
-    """PNG of forget quality (log scale) against model utility, one labelled point per row."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
-    points = [("target", results["target"]), ("retain reference", results["retain_reference"])]
-    points += [(name, row) for name, row in results["rows"].items() if not row.get("error")]
-    placed = []
-    for name, row in points:
-        fq, mu = row.get("forget_quality"), row.get("model_utility")
-        if fq is None or mu is None:
-            continue
-        marker = "*" if name in ("target", "retain reference") else "o"
-        ax.scatter([mu], [max(fq, 1e-300)], marker=marker, s=90, label=name)
-        placed.append((name, mu, max(fq, 1e-300)))
-    ax.set_yscale("log")
-    ax.set_ylim(top=10.0)
-    target_mu = results["target"].get("model_utility")
-    if target_mu:
-        ax.axvline(UTILITY_KEEP * target_mu, color="grey", lw=0.8, ls=":")
-    fig.canvas.draw()
-    # Label each point; points that nearly coincide get stacked labels instead of overprinted ones.
-    taken: list[tuple[float, float]] = []
-    for name, mu, fq in sorted(placed, key=lambda p: (p[2], p[1])):
-        x, y = ax.transData.transform((mu, fq))
-        dy = 6.0
-        while any(abs(x - tx) < 80 and abs(y + dy - ty) < 11 for tx, ty in taken):
-            dy += 11.0
-        taken.append((x, y + dy))
-        ax.annotate(name, (mu, fq), textcoords="offset points", xytext=(8, dy), fontsize=8,
-                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey"} if dy > 6.0 else None)
-    ax.set_xlabel("model utility (dotted: 90% of the target's)")
-    ax.set_ylabel("forget quality (KS p-value, log scale)")
-    ax.axhline(0.05, color="grey", lw=0.8, ls="--")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
-
-
-def write_results(results: dict[str, Any], out_dir: str | os.PathLike, name: str, meta: dict[str, Any]) -> dict[str, Path]:
-    """Write ``<name>.json`` (results + environment + meta), ``<name>.md`` (chosen settings),
-    ``<name>_grid.md`` (every setting) and ``<name>.png``."""
-    from ..evaluation import write_json_atomic
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(results)
-    grid_table = grid_markdown_table(results)
-    payload = {**meta, "environment": environment_info(), **results, "table_markdown": table,
-               "grid_table_markdown": grid_table}
-    json_path = write_json_atomic(payload, out / f"{name}.json")
-    for suffix, text in (("", table), ("_grid", grid_table)):
-        md_tmp = out / f".{name}{suffix}.md.tmp"
-        md_tmp.write_text(text + "\n")
-        os.replace(md_tmp, out / f"{name}{suffix}.md")
-    png = plot_tradeoff(results, out / f"{name}.png", f"{name}: forget quality vs model utility")
-    return {"json": Path(json_path), "markdown": out / f"{name}.md", "grid_markdown": out / f"{name}_grid.md",
-            "png": png}
+    return results, write_results(results, out, f"{subject}_tofu", meta)

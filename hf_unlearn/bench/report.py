@@ -1,0 +1,218 @@
+"""The benchmark's outputs: the markdown tables, the trade-off plot and the written result files.
+
+:func:`markdown_table` shows one row per method (its chosen setting) with the fixed :data:`COLUMNS`;
+:func:`grid_markdown_table` shows every setting of every grid, with the settings that vary within it,
+the cost columns and any extra metrics a method reported (``Unlearned.metrics``, e.g. ATWU's token
+AUROC). :func:`write_results` writes them with the JSON record (results + :func:`environment_info`)
+and :func:`plot_tradeoff`'s PNG, each file atomically.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..safe_output import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .runner import UTILITY_KEEP
+
+COLUMNS = (
+    ("forget_quality", "forget quality", ".3g"),
+    ("model_utility", "model utility", ".3f"),
+    ("forget_rouge_l", "forget ROUGE-L", ".3f"),
+    ("forget_truth_ratio", "forget truth ratio", ".3f"),
+    ("forget_rouge_l_nf4", "forget ROUGE-L (NF4)", ".3f"),
+    ("seconds", "wall s", ".2f"),
+    ("time_vs_grad_diff", "time / GradDiff", ".3f"),
+    ("peak_rss_mb", "peak RSS MB", ".0f"),
+    ("trainable_share", "trainable share", ".2e"),
+    ("time_vs_forward", "time / forward pass", ".2f"),
+    ("generate_speed_ratio", "generate speed vs plain", ".2f"),
+)
+GRID_COLUMNS = COLUMNS[:4] + (
+    ("forget_nll", "forget NLL", ".3f"),
+    ("retain_nll", "retain NLL", ".3f"),
+    ("steps", "steps", "d"),
+    ("seconds", "wall s", ".2f"),
+    ("peak_rss_mb", "peak RSS MB", ".0f"),
+    ("peak_gpu_mb", "peak GPU MB", ".0f"),
+)
+EXTRA_FORMAT = ".3f"
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return format(value, fmt)
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def _cells(row: dict[str, Any], columns: Sequence[tuple[str, str, str]], error_width: int) -> list[str]:
+    if row.get("error"):
+        return [f"failed: {row['error'][:error_width]}"] + [""] * (len(columns) - 1)
+    return [_fmt(row.get(key), fmt) for key, _, fmt in columns]
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The benchmark table: reference rows first, then one row per method (its chosen setting)."""
+    ordered = [("target", results["target"]), ("retain reference", results["retain_reference"])]
+    ordered += list(results["rows"].items())
+    body = [[name, *_cells(row, COLUMNS, 80)] for name, row in ordered]
+    return _table(["method", *(title for _, title, _ in COLUMNS)], body)
+
+
+def extra_metric_names(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Names of the extra metrics (``row["extra_metrics"]``) that any of ``rows`` reported, first seen first."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row.get("extra_metrics", ())))
+    return list(names)
+
+
+def varying_settings(grid_rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each row of one method's grid, the settings whose values differ across that grid."""
+    keys = sorted({k for r in grid_rows for k in r.get("settings", {})})
+    varying = [k for k in keys if len({json.dumps(r.get("settings", {}).get(k)) for r in grid_rows}) > 1]
+    return [{k: r.get("settings", {}).get(k) for k in varying} for r in grid_rows]
+
+
+def grid_markdown_table(results: dict[str, Any]) -> str:
+    """Every setting of every method's grid (the settings that vary within it), the chosen one marked,
+    with the cost columns and the extra metrics any method reported."""
+    extra = extra_metric_names([r for g in results["grid"].values() for r in g])
+    columns = GRID_COLUMNS + tuple((name, name.replace("_", " "), EXTRA_FORMAT) for name in extra)
+    body = []
+    for method, grid_rows in results["grid"].items():
+        chosen = results["rows"].get(method, {}).get("chosen_index")
+        for i, (row, varied) in enumerate(zip(grid_rows, varying_settings(grid_rows))):
+            setting = ", ".join(f"{k}={v}" for k, v in varied.items()) or "(single setting)"
+            body.append([method, setting, "yes" if i == chosen else "", *_cells(row, columns, 60)])
+    return _table(["method", "setting", "chosen", *(title for _, title, _ in columns)], body)
+
+
+def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) -> Path:
+    """PNG of forget quality (log scale) against model utility, one labelled point per row."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
+    points = [("target", results["target"]), ("retain reference", results["retain_reference"])]
+    points += [(name, row) for name, row in results["rows"].items() if not row.get("error")]
+    placed = []
+    for name, row in points:
+        fq, mu = row.get("forget_quality"), row.get("model_utility")
+        if fq is None or mu is None:
+            continue
+        marker = "*" if name in ("target", "retain reference") else "o"
+        ax.scatter([mu], [max(fq, 1e-300)], marker=marker, s=90, label=name)
+        placed.append((name, mu, max(fq, 1e-300)))
+    ax.set_yscale("log")
+    ax.set_ylim(top=10.0)
+    target_mu = results["target"].get("model_utility")
+    if target_mu:
+        ax.axvline(UTILITY_KEEP * target_mu, color="grey", lw=0.8, ls=":")
+    fig.canvas.draw()
+    # Label each point; points that nearly coincide get stacked labels instead of overprinted ones.
+    taken: list[tuple[float, float]] = []
+    for name, mu, fq in sorted(placed, key=lambda p: (p[2], p[1])):
+        x, y = ax.transData.transform((mu, fq))
+        dy = 6.0
+        while any(abs(x - tx) < 80 and abs(y + dy - ty) < 11 for tx, ty in taken):
+            dy += 11.0
+        taken.append((x, y + dy))
+        ax.annotate(name, (mu, fq), textcoords="offset points", xytext=(8, dy), fontsize=8,
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey"} if dy > 6.0 else None)
+    ax.set_xlabel("model utility (dotted: 90% of the target's)")
+    ax.set_ylabel("forget quality (KS p-value, log scale)")
+    ax.axhline(0.05, color="grey", lw=0.8, ls="--")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def environment_info() -> dict[str, Any]:
+    """Versions, machine and git commit recorded with every benchmark result."""
+    import importlib.metadata as md
+
+    from .. import __version__
+
+    versions = {}
+    for pkg in ("torch", "transformers", "trl", "peft", "datasets", "evaluate", "accelerate", "huggingface_hub",
+                "bitsandbytes"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "hf_unlearn": __version__, "python": sys.version.split()[0], "versions": versions,
+        "machine": {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count()},
+        "git_commit": commit, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def print_and_save(result: dict[str, Any], table: str, out: str | os.PathLike | None) -> None:
+    """Print a measurement's ``table`` and its JSON; write the JSON to ``out`` (atomically) when given."""
+    print(table)
+    print(json.dumps(result, indent=2))
+    if out:
+        atomic_write_json(out, result)
+
+
+def run_speed_script(parser: Any, run: Any, table: Any, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """A speed script's main: parse ``argv``, ``result = run(args)``, print ``table(result)`` and the JSON
+    (written to ``--out`` when given)."""
+    args = parser.parse_args(argv)
+    result = run(args)
+    print_and_save(result, table(result), args.out)
+    return result
+
+
+def write_results(results: dict[str, Any], out_dir: str | os.PathLike, name: str, meta: dict[str, Any]
+                  ) -> dict[str, Path | None]:
+    """Write ``<name>.json`` (results + environment + meta), ``<name>.md`` (chosen settings),
+    ``<name>_grid.md`` (every setting) and, when matplotlib is installed, ``<name>.png``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(results)
+    grid_table = grid_markdown_table(results)
+    payload = {**meta, "environment": environment_info(), **results, "table_markdown": table,
+               "grid_table_markdown": grid_table}
+    paths = {"json": out / f"{name}.json", "markdown": out / f"{name}.md", "grid_markdown": out / f"{name}_grid.md"}
+    atomic_write_json(paths["json"], payload)
+    atomic_write_text(paths["markdown"], table + "\n")
+    atomic_write_text(paths["grid_markdown"], grid_table + "\n")
+    # the plot needs matplotlib (the `bench` extra); without it the tables and JSON are the whole result
+    if importlib.util.find_spec("matplotlib") is not None:
+        paths["png"] = plot_tradeoff(results, out / f"{name}.png", f"{name}: forget quality vs model utility")
+    else:
+        paths["png"] = None
+    return paths

@@ -1,0 +1,140 @@
+"""The import graph: the library core never imports the benchmark harness, and the lazy top level imports
+neither torch nor transformers' model code until a name is used."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hf_unlearn"
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
+    """Absolute names of every module ``source`` imports, at any depth (function-local and ``TYPE_CHECKING``
+    imports too), with relative imports resolved against ``module`` (a package when ``is_package``).
+    ``from X import y`` yields ``X`` and ``X.y`` (``y`` may be a submodule)."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def core_modules() -> dict[str, Path]:
+    """``{module name: file}`` of every module of the library outside ``hf_unlearn.bench``."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[:2] == ("hf_unlearn", "bench") or "__pycache__" in parts:
+            continue
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _is_bench(name: str) -> bool:
+    return name == "hf_unlearn.bench" or name.startswith("hf_unlearn.bench.")
+
+
+def test_scanner_finds_relative_local_and_aliased_imports():
+    source = textwrap.dedent("""
+        import os
+        from . import bench
+        from ..bench.registry import METHODS
+        from .grom import fit_grom
+
+        def later():
+            import hf_unlearn.bench.runner as runner
+            from .bench import report
+    """)
+    found = imported_modules(source, "hf_unlearn.hub", is_package=False)
+    assert {"os", "hf_unlearn.bench", "hf_unlearn.grom", "hf_unlearn.bench.runner", "hf_unlearn.bench.report"} <= found
+    assert "bench.registry" in {n.split("hf_unlearn.", 1)[-1] for n in imported_modules(
+        "from ..bench.registry import METHODS", "hf_unlearn.t3.fit", is_package=False)}
+    assert imported_modules("from .. import bench", "hf_unlearn.trainers", is_package=True) >= {"hf_unlearn.bench"}
+    assert imported_modules("from .bench import x", "hf_unlearn", is_package=True) >= {"hf_unlearn.bench.x"}
+
+
+def test_core_never_imports_the_benchmark_harness():
+    modules = core_modules()
+    assert {"hf_unlearn", "hf_unlearn.hub", "hf_unlearn.trainers.unlearning_trainer", "hf_unlearn.cli"} <= set(modules)
+    offending = {}
+    for name, path in modules.items():
+        if name == "hf_unlearn.cli":  # the command line is the harness's front end, not the library core
+            continue
+        bench = sorted(m for m in imported_modules(path.read_text(), name, path.name == "__init__.py") if _is_bench(m))
+        if bench:
+            offending[name] = bench
+    assert not offending, f"the core imports the benchmark harness: {offending}"
+
+
+def _run(code: str) -> dict:
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_import_is_lazy_names_resolve_on_use_and_t3_auto_registers(tmp_path):
+    """``import hf_unlearn`` imports neither torch nor transformers; a name is imported when used; once
+    transformers' Auto classes load, they load a saved T3 head without ``trust_remote_code``."""
+    out = _run(f"""
+        import json, sys
+        import hf_unlearn
+        before = sorted(m for m in ("torch", "transformers", "trl", "peft") if m in sys.modules)
+        path = hf_unlearn.metric_path("tofu_truth_ratio")
+        after_metric = "torch" in sys.modules
+        from transformers import AutoConfig, AutoModel
+        config = AutoConfig.for_model("t3_classifier", rank=2, hidden_size=8, vocab_size=16)
+        AutoModel.from_config(config).save_pretrained({str(tmp_path)!r})
+        head = AutoModel.from_pretrained({str(tmp_path)!r})
+        trainer = hf_unlearn.NPOTrainer
+        print(json.dumps({{"before": before, "after_metric": after_metric, "all": hf_unlearn.__all__,
+                           "head": type(head).__module__ + "." + type(head).__name__,
+                           "trainer": trainer.__module__}}))
+    """)
+    assert out["before"] == [] and out["after_metric"] is False
+    assert out["head"] == "hf_unlearn.t3.modeling.T3Classifier"
+    assert out["trainer"] == "hf_unlearn.trainers.baselines"
+    public = set(out["all"])
+    assert {"UnlearningConfig", "GradAscentTrainer", "GradDiffTrainer", "NPOTrainer", "SimNPOTrainer", "MASCConfig",
+            "MASCTrainer", "ATWUConfig", "ATWUTrainer", "GROMConfig", "GROMEdit", "fit_grom", "T3Classifier",
+            "T3ClassifierConfig", "T3LogitsProcessor", "fit_t3", "evaluate_tofu", "load_tofu", "PromptTemplate",
+            "metric_path"} <= public
+    assert not any(name.startswith("_") for name in public)
+
+
+@pytest.mark.slow
+def test_every_exported_name_resolves():
+    import hf_unlearn
+
+    missing = [name for name in hf_unlearn.__all__ if getattr(hf_unlearn, name, None) is None]
+    assert not missing
+    with pytest.raises(AttributeError):
+        hf_unlearn.not_a_name  # noqa: B018
+
+
+@pytest.mark.parametrize("package", ["data", "evaluation", "grom", "t3", "trainers", "losses"])
+def test_subpackage_all_lists_only_public_names(package):
+    import importlib
+
+    module = importlib.import_module(f"hf_unlearn.{package}")
+    names = module.__all__
+    assert names and len(names) == len(set(names))
+    assert not [n for n in names if n.startswith("_")]
+    assert not [n for n in names if not hasattr(module, n)]
