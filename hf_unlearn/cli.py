@@ -1,38 +1,291 @@
-"""The `hf-unlearn` command line: `demo`, `unlearn`, `eval` and `bench`.
+"""The `hf-unlearn` command line: `demo`, `unlearn`, `eval`, `bench` and `tiny`.
 
-User mistakes (unknown method, missing path, unreachable Hub) end with one clear error line and
-exit status 2, not a traceback.
+Console: one progress line per method and phase (training, evaluation, NF4 re-check), then the table. The
+Trainer's per-step logs go to ``<output>/logs/<method>.jsonl`` (``--verbose`` also prints them).
+Third-party chatter a user cannot act on (library log messages, progress bars, deprecation notices raised
+inside transformers/TRL/PEFT/bitsandbytes) is silenced here, in the CLI only: importing ``hf_unlearn``
+changes no global logging or warning state.
+
+`unlearn` takes the method's own config fields as options, generated from its config dataclass with
+:class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every field).
+
+Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, before any training step: an
+unknown method or option, a value of the wrong type, an output folder that is unsafe or not writable, a
+retain reference that is missing or unreadable, TOFU configs that ``--eval`` needs but the data source
+lacks, an invalid repo id, a missing token when pushing. A failure during a run prints one line naming
+the method, the phase and the log file (exit status 1).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
+import difflib
+import logging
 import os
+import shutil
 import sys
+import types
+import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
 DEFAULT_DEMO_DIR = "hf_unlearn_demo"
 
+#: Third-party packages whose log messages, progress bars and warnings the CLI hides.
+THIRD_PARTY = ("transformers", "trl", "peft", "accelerate", "bitsandbytes", "datasets", "huggingface_hub", "torch")
+
+#: Config fields the CLI sets itself (``--output``, ``--resume``, ``--push-to-hub``) or that describe the base
+#: model and are filled in from it: never options.
+CLI_OWNED_FIELDS = frozenset({
+    "output_dir", "resume_from_checkpoint", "push_to_hub", "hub_token", "overwrite_output_dir", "overwrite",
+    "hidden_size", "vocab_size", "fit_report",
+})
+
+TRAINER_CLASSES = {
+    "grad_ascent": "GradAscentTrainer", "grad_diff": "GradDiffTrainer", "npo": "NPOTrainer",
+    "simnpo": "SimNPOTrainer", "masc": "MASCTrainer", "atwu": "ATWUTrainer",
+}
+
 
 class UserError(Exception):
-    """A mistake in the command line or its inputs: reported as one line."""
+    """A mistake in the command line or its inputs: reported as one line, exit status 2."""
 
 
-def _parse_set(values: list[str] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in values or []:
-        if "=" not in item:
-            raise UserError(f"--set expects KEY=VALUE, got {item!r}.")
-        key, raw = item.split("=", 1)
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
+class RunFailure(Exception):
+    """A method failed during a phase: reported as one line (method, phase, log file), exit status 1.
+
+    ``printed`` is true when the progress line already showed it (then :func:`main` prints nothing more)."""
+
+    def __init__(self, message: str, printed: bool = False):
+        super().__init__(message)
+        self.printed = printed
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises :class:`UserError` (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise UserError(message)
+
+
+# ---------------------------------------------------------------------------------------------- console
+class _DropMessages(logging.Filter):
+    def __init__(self, *fragments: str):
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(f in record.getMessage() for f in self.fragments)
+
+
+def quiet_console(verbose: bool = False) -> typing.Callable[[], None]:
+    """Silence third-party noise for a CLI run (called by :func:`main`, never on import); returns a function that
+    restores the previous state (``main`` calls it when the command ends).
+
+    Hides: library log messages below ERROR and progress bars of transformers, datasets and huggingface_hub;
+    bitsandbytes' notice that its optional CPU kernel package is missing; deprecation and user warnings
+    whose origin is inside a third-party package. Warnings raised from hf_unlearn's own code stay visible.
+    With ``verbose`` the library log messages are kept at WARNING.
+    """
+    import datasets
+    import transformers
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    level = logging.WARNING if verbose else logging.ERROR
+    saved_levels = {name: logging.getLogger(name).level for name in THIRD_PARTY}
+    saved_filters = list(warnings.filters)
+    saved = (transformers.utils.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
+             datasets.utils.logging.get_verbosity(), datasets.is_progress_bar_enabled(), are_progress_bars_disabled())
+    drop = _DropMessages("Failed to load CPU gemm_4bit_forward")
+    for name in THIRD_PARTY:
+        logging.getLogger(name).setLevel(level)
+    for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops"):
+        logging.getLogger(name).addFilter(drop)
+    pattern = r"^(" + "|".join(THIRD_PARTY) + r")(\.|$)"
+    for category in (FutureWarning, DeprecationWarning, UserWarning):
+        warnings.filterwarnings("ignore", category=category, module=pattern)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    transformers.utils.logging.set_verbosity(level)
+    transformers.utils.logging.disable_progress_bar()
+    datasets.utils.logging.set_verbosity(level)
+    datasets.disable_progress_bars()
+    disable_progress_bars()
+
+    def restore() -> None:
+        for name, old in saved_levels.items():
+            logging.getLogger(name).setLevel(old)
+        for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops"):
+            logging.getLogger(name).removeFilter(drop)
+        warnings.filters[:] = saved_filters
+        warnings._filters_mutated()  # noqa: SLF001 (what warnings.catch_warnings does on exit)
+        transformers.utils.logging.set_verbosity(saved[0])
+        if saved[1]:
+            transformers.utils.logging.enable_progress_bar()
+        datasets.utils.logging.set_verbosity(saved[2])
+        if saved[3]:
+            datasets.enable_progress_bars()
+        if not saved[4]:
+            enable_progress_bars()
+
+    return restore
+
+
+# ------------------------------------------------------------------------------- config options per method
+def method_config_class(method: str) -> type:
+    """The config dataclass of ``method``: the trainer's ``config_class``, ``GROMConfig`` or ``T3ClassifierConfig``."""
+    if method == "grom":
+        from .grom import GROMConfig
+
+        return GROMConfig
+    if method == "t3":
+        from .t3 import T3ClassifierConfig
+
+        return T3ClassifierConfig
+    if method in TRAINER_CLASSES:
+        from . import trainers
+
+        return getattr(trainers, TRAINER_CLASSES[method]).config_class
+    raise UserError(f"Method {method!r} has no config class the CLI knows.")
+
+
+def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
+    """Resolved annotations of the fields ``names`` of ``cls`` (string annotations evaluated one by one)."""
+    try:
+        hints = typing.get_type_hints(cls)
+        return {n: hints[n] for n in names}
+    except Exception:  # a config base annotates a name its module does not import: resolve only our fields
+        namespace = {**vars(sys.modules[cls.__module__])}
+        for klass in cls.__mro__:
+            namespace = {**vars(sys.modules[klass.__module__]), **namespace}
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name in names:
+                out[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
+        return out
+
+
+def option_fields(config_class: type) -> list[dataclasses.Field]:
+    """The fields of ``config_class`` that become options: every init field except those the CLI owns and,
+    for a ``PreTrainedConfig``, the generic fields every transformers config has."""
+    if not dataclasses.is_dataclass(config_class):
+        raise UserError(f"{config_class.__name__} is not a dataclass; cannot build its options.")
+    skip = set(CLI_OWNED_FIELDS)
+    try:
+        from transformers import PreTrainedConfig
+
+        if issubclass(config_class, PreTrainedConfig) and dataclasses.is_dataclass(PreTrainedConfig):
+            skip |= {f.name for f in dataclasses.fields(PreTrainedConfig)}
+    except ImportError:  # pragma: no cover
+        pass
+    return [f for f in dataclasses.fields(config_class)
+            if f.init and f.name not in skip and not f.name.startswith("base_") and not f.name.startswith("_")]
+
+
+def _is_list_type(hint: Any) -> bool:
+    args = [a for a in typing.get_args(hint) if a not in (type(None), str)] if typing.get_args(hint) else [hint]
+    if typing.get_origin(hint) is list:
+        return True
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and any(typing.get_origin(a) is list for a in args)
+
+
+def options_dataclass(config_class: type) -> type:
+    """A plain dataclass with the :func:`option_fields` of ``config_class`` (resolved types, same defaults and
+    help): what :class:`~transformers.HfArgumentParser` turns into options. Configs whose own annotations it
+    cannot resolve (a ``PreTrainedConfig`` such as ``T3ClassifierConfig``) parse through this too; build the
+    config with ``config_class(**dataclasses.asdict(options))``."""
+    selected = option_fields(config_class)
+    hints = _resolved_hints(config_class, [f.name for f in selected])
+    spec = []
+    unset: set[str] = set()
+    for f in selected:
+        kwargs: dict[str, Any] = {"metadata": dict(f.metadata)}
+        if _is_list_type(hints.get(f.name)) and f.default is not dataclasses.MISSING and not isinstance(
+                f.default, (list, type(None))):
+            # A list option whose default is not a list (GROM's layers="auto"): argparse would convert the default
+            # with the element type, so the option defaults to None, which config_kwargs() leaves out.
+            kwargs["default"] = None
+            kwargs["metadata"]["help"] = f"{f.metadata.get('help', '')} (default when not given: {f.default!r})"
+            unset.add(f.name)
+        elif f.default is not dataclasses.MISSING:
+            kwargs["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kwargs["default_factory"] = f.default_factory
+        else:
+            kwargs["default"] = None
+        spec.append((f.name, hints.get(f.name, f.type), dataclasses.field(**kwargs)))
+    return dataclasses.make_dataclass(f"{config_class.__name__}Options", spec,
+                                      namespace={"_default_when_none": frozenset(unset)})
+
+
+def config_kwargs(options: Any) -> dict[str, Any]:
+    """The keyword arguments for the config from an :func:`options_dataclass` instance: every field, except
+    an option left at None that stands for a non-list default (which the config then applies itself)."""
+    skip = getattr(options, "_default_when_none", frozenset())
+    return {k: v for k, v in dataclasses.asdict(options).items() if not (k in skip and v is None)}
+
+
+def config_parser(method: str, config_class: type | None = None) -> argparse.ArgumentParser:
+    """An :class:`~transformers.HfArgumentParser` with one option per field of the method's config."""
+    from transformers import HfArgumentParser
+
+    config_class = config_class or method_config_class(method)
+
+    class _Parser(HfArgumentParser):
+        def error(self, message: str) -> typing.NoReturn:
+            raise UserError(f"{method}: {message}")
+
+    parser = _Parser(options_dataclass(config_class), prog=f"hf-unlearn unlearn --method {method}",
+                     allow_abbrev=False, add_help=False,
+                     description=f"Options of {config_class.__name__} (the config of method {method!r}).")
+    parser.config_class = config_class
+    return parser
+
+
+def parse_method_settings(method: str, argv: list[str], preset: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Method settings from ``argv`` (``--field value`` options of the method's config).
+
+    Returns the ``preset`` (if any) updated with every option given on the command line (even one equal to the
+    config's default), so the settings record exactly what was chosen. Unknown options and wrong types raise
+    :class:`UserError`.
+    """
+    parser = config_parser(method)
+    dests = {a.dest for a in parser._actions}
+    preset = {k: v for k, v in (preset or {}).items() if k in dests}
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flags = [u for u in unknown if u.startswith("-")] or unknown
+        names = [opt for a in parser._actions for opt in a.option_strings]
+        hint = difflib.get_close_matches(flags[0].split("=", 1)[0], names, n=1)
+        suggestion = f" (did you mean {hint[0]}?)" if hint else ""
+        raise UserError(
+            f"Unknown option {flags[0]} for method {method!r}{suggestion}; "
+            f"`hf-unlearn unlearn --method {method} --help` lists its {parser.config_class.__name__} fields."
+        )
+    given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    chosen = {a.dest for a in parser._actions if given.intersection(a.option_strings)}
+    values = vars(namespace)
+    return {**preset, **{k: values[k] for k in chosen}}
+
+
+def validate_settings(method: str, settings: dict[str, Any], output_dir: str | os.PathLike) -> Any:
+    """Build the method's config from ``settings`` so that a bad value fails now (one line), not mid-run."""
+    config_class = method_config_class(method)
+    kwargs = dict(settings)
+    if method in TRAINER_CLASSES:
+        kwargs = {"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **kwargs}
+    elif method == "t3":
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("top_k",)}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return config_class(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
+
+
+# ------------------------------------------------------------------------------------------- preconditions
 def _load_model(name_or_path: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -40,118 +293,376 @@ def _load_model(name_or_path: str):
         raise UserError(f"Model folder {name_or_path} does not exist.")
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path), AutoTokenizer.from_pretrained(name_or_path)
-    except OSError as err:
+    except (OSError, ValueError) as err:
         raise UserError(
             f"Could not load model {name_or_path!r} ({err.__class__.__name__}). Without network access, "
             "pass a local model folder."
         ) from err
 
 
+def check_retain_reference(path: str | None, forget_split: str) -> None:
+    """The retain reference file exists, holds finite positive truth ratios, and is for ``forget_split``."""
+    if not path:
+        return
+    from .evaluation import load_truth_ratios
+
+    if not os.path.isfile(path):
+        raise UserError(f"Retain reference {path} does not exist.")
+    try:
+        data = load_truth_ratios(path)
+    except (ValueError, OSError) as err:
+        raise UserError(f"Retain reference {path} cannot be used: {err}") from None
+    split = data.get("forget_split")
+    if split is not None and split != forget_split:
+        raise UserError(f"Retain reference {path} was computed on {split!r}, not --forget-split {forget_split}.")
+
+
+def check_eval_configs(source: str, forget_split: str) -> None:
+    """Every TOFU config the evaluator reads (``*_perturbed``, ``real_authors*``, ``world_facts*``) loads."""
+    from .data import load_tofu_rows
+    from .evaluation.tofu import evaluation_splits
+
+    missing = []
+    for spec in evaluation_splits(forget_split):
+        try:
+            load_tofu_rows(spec.config, source)
+        except (ValueError, FileNotFoundError, ConnectionError, OSError) as err:
+            missing.append(f"{spec.config} ({type(err).__name__})")
+    if missing:
+        raise UserError(f"The TOFU evaluation needs configs that cannot be loaded from data source {source}: "
+                        f"{', '.join(missing)}.")
+
+
+def check_push_target(repo_id: str | None, token: str | None) -> str | None:
+    """``repo_id`` passes huggingface_hub's validator and a token exists; returns the token."""
+    if not repo_id:
+        return None
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise UserError(f"Invalid repo id {repo_id!r} for --push-to-hub: {' '.join(str(err).split())}") from None
+    token = token or get_token()
+    if not token:
+        raise UserError("--push-to-hub needs a token: pass --hub-token, set HF_TOKEN or run `hf auth login`.")
+    return token
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("checkpoint-*") if p.is_dir()) if folder.is_dir() else []
+
+
+def _load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]:
+    from .data import load_tofu_rows
+    from .data.tofu import read_jsonl
+
+    if file:
+        if not os.path.isfile(file):
+            raise UserError(f"Rows file {file} does not exist.")
+        rows = read_jsonl(file)
+        bad = [i for i, r in enumerate(rows) if not isinstance(r, dict) or "question" not in r or "answer" not in r]
+        if not rows or bad:
+            raise UserError(f"{file}: every line must be a JSON object with 'question' and 'answer' "
+                            f"({'no rows' if not rows else f'line {bad[0] + 1} is not'}).")
+        return rows
+    return load_tofu_rows(split, source)
+
+
+# ---------------------------------------------------------------------------------------------- commands
 def cmd_demo(args: argparse.Namespace) -> int:
     from .bench.registry import METHODS
-    from .bench.runner import run_comparison, write_results
+    from .bench.report import write_results
+    from .bench.runner import run_comparison
     from .bench.subjects import build_tiny_pair, recipe_for
 
     methods = args.methods or list(METHODS)
-    print(f"hf-unlearn demo: synthetic fictitious authors, tiny Llama models, methods: {', '.join(methods) or 'none'}")
-    pair = build_tiny_pair("synthetic", "forget10", recipe_for("test"), cache_dir=args.cache_dir, progress=True)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UserError(f"Unknown method(s) {unknown}; choose from {', '.join(sorted(METHODS))}.")
+    out = Path(args.output)
+    print(f"hf-unlearn demo: synthetic fictitious authors, tiny Llama models, methods: {', '.join(methods)}")
+    print(f"per-step training logs: {out / 'logs'}/<method>.jsonl")
+    pair = _tiny_pair(build_tiny_pair, "synthetic", "forget10", recipe_for("test"), args.cache_dir)
     results = run_comparison(
         pair, methods, grid=False, source="synthetic", forget_split="forget10",
         eval_kwargs={"max_new_tokens": 40}, quantization_check=not args.no_quantization, progress=True,
+        log_dir=out / "logs", verbose=args.verbose,
     )
-    paths = write_results(results, args.output, "demo", {"source": "synthetic", "forget_split": "forget10", "mode": "demo"})
+    paths = write_results(results, out, "demo", {"source": "synthetic", "forget_split": "forget10", "mode": "demo"})
     print()
     print(paths["markdown"].read_text())
-    failed = [m for m, r in results["rows"].items() if r.get("error")]
     print(f"Results: {paths['json']}  table: {paths['markdown']}  plot: {paths['png']}")
-    if failed:
-        print(f"Failed methods: {', '.join(failed)} (see 'error' in {paths['json']})", file=sys.stderr)
-        return 1
+    return _report_failures(results, out / "logs")
+
+
+def _tiny_pair(build, source, split, recipe, cache_dir):
+    from .bench.console import PhaseReporter
+
+    say = PhaseReporter()
+    say.start("tiny models", "preparing")
+    pair = build(source, split, recipe, cache_dir=cache_dir, progress=False)
+    say.done("cached after the first run")
+    return pair
+
+
+def _report_failures(results: dict[str, Any], log_dir: Path) -> int:
+    """Exit status of a comparison: 1 when a method failed (its progress line already named the phase and log)."""
+    return 1 if any(r.get("error") for r in results["rows"].values()) else 0
+
+
+def _unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
+    from .bench.registry import METHODS
+
+    print(parser.format_help())
+    if method:
+        print(config_parser(method).format_help())
+    else:
+        print("Method options: every field of the method's config is an option. List them with\n"
+              "  hf-unlearn unlearn --method METHOD --help\n")
+        for name in METHODS:
+            try:
+                cls = method_config_class(name)
+            except UserError:
+                continue
+            print(f"  {name:12s} {cls.__module__}.{cls.__name__}")
     return 0
 
 
-def cmd_unlearn(args: argparse.Namespace) -> int:
-    from .bench.registry import METHODS, run_method
-    from .data import RETAIN_FOR_FORGET, load_tofu_rows
+def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
+    from .bench.console import PhaseReporter, log_event, log_exception
+    from .bench.registry import METHODS, JsonlLogCallback, run_method
+    from .data import RETAIN_FOR_FORGET
+    from .safe_output import OutputDirError, atomic_directory, check_output_dir
 
+    if args.help:
+        return _unlearn_help(args.subparser, args.method)
+    if not args.method:
+        raise UserError(f"--method is required; choose from {', '.join(sorted(METHODS))}.")
     if args.method not in METHODS:
         raise UserError(f"Unknown method {args.method!r}; choose from {', '.join(sorted(METHODS))}.")
-    settings = dict(METHODS[args.method].demo)
-    settings.update(_parse_set(args.set))
-    model, tokenizer = _load_model(args.model)
-    forget = load_tofu_rows(args.forget_split, args.data)
-    retain = load_tofu_rows(RETAIN_FOR_FORGET[args.forget_split], args.data)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    result = run_method(args.method, model, tokenizer, forget, retain, out, settings)
-    result.save_pretrained(out)
-    if result.weights_changed and result.artifact is result.model:
-        tokenizer.save_pretrained(out)
-    print(f"{args.method}: unlearned in {result.seconds:.1f}s, saved to {out}")
-    report = None
+    for flag, value in (("--model", args.model), ("--output", args.output)):
+        if not value:
+            raise UserError(f"{flag} is required.")
+    method = args.method
+    preset = dict(METHODS[method].demo) if args.preset == "demo" else {}
+    settings = parse_method_settings(method, extra, preset)
+    out = Path(args.output).expanduser()
+    validate_settings(method, settings, out)
+    is_trainer = method in TRAINER_CLASSES
+    checkpointing = is_trainer and str(settings.get("save_strategy", "no")).lower().split(".")[-1] != "no"
+    inputs = [args.model, args.data if args.data and os.path.isdir(args.data) else None,
+              args.forget_file, args.retain_file]
+    try:
+        if args.resume:
+            if not is_trainer:
+                raise UserError(f"--resume applies to trainer methods ({', '.join(TRAINER_CLASSES)}), not {method}.")
+            if not _checkpoints(out):
+                raise UserError(f"--resume: no checkpoint-* folder in {out} to resume from.")
+            check_output_dir(out, inputs, overwrite=True)
+        else:
+            if checkpointing and args.overwrite and out.is_dir() and any(out.iterdir()):
+                raise UserError(f"With save_strategy={settings['save_strategy']} the run writes its checkpoints "
+                                f"into {out}; choose an empty folder, or --resume a run that stopped.")
+            check_output_dir(out, inputs, overwrite=args.overwrite)
+    except OutputDirError as err:
+        raise UserError(str(err)) from None
+    check_retain_reference(args.retain_reference, args.forget_split)
     if args.eval:
-        from .evaluation import evaluate_tofu
+        check_eval_configs(args.data, args.forget_split)
+    token = check_push_target(args.push_to_hub, args.hub_token)
+    forget = _load_rows(args.forget_split, args.data, args.forget_file)
+    retain = _load_rows(RETAIN_FOR_FORGET[args.forget_split], args.data, args.retain_file)
+    model, tokenizer = _load_model(args.model)
 
-        report = evaluate_tofu(
-            result.model, tokenizer, source=args.data, forget_split=args.forget_split,
-            retain_reference=args.retain_reference, scorer=result.scorer, generation_kwargs=result.generation_kwargs,
-            output_path=out / "tofu_report.json",
-        )
+    say = PhaseReporter(inline=not args.verbose)
+    state: dict[str, Any] = {}
+
+    def run(work: Path) -> None:
+        log_path = work / "logs" / f"{method}.jsonl"
+        state["log"] = log_path
+        phase = "training"
+        try:
+            say.start(method, phase)
+            result = run_method(
+                method, model, tokenizer, forget, retain, work, settings,
+                callbacks=[JsonlLogCallback(log_path, echo=args.verbose)], quiet=True,
+                resume_from_checkpoint=True if args.resume else None,
+            )
+            state["result"] = result
+            phase = "training (saving the result)"
+            result.save_pretrained(work)
+            if result.weights_changed and result.artifact is result.model:
+                tokenizer.save_pretrained(work)
+            say.done(f"{result.info['global_step']} steps" if result.info.get("global_step") else "")
+            log_event(log_path, "trained", method=method, seconds=result.seconds, settings=settings)
+            if args.eval:
+                from .evaluation import evaluate_tofu
+
+                phase = "evaluation"
+                say.start(method, phase)
+                state["report"] = evaluate_tofu(
+                    result.model, tokenizer, source=args.data, forget_split=args.forget_split,
+                    retain_reference=args.retain_reference, scorer=result.scorer,
+                    generation_kwargs=result.generation_kwargs, progress=args.verbose,
+                    output_path=work / "tofu_report.json", max_new_tokens=args.max_new_tokens,
+                )
+                say.done()
+                if args.nf4_check and result.weights_changed:
+                    from .bench.runner import nf4_check
+
+                    phase = "NF4 re-check"
+                    say.start(method, phase)
+                    row: dict[str, Any] = {}
+                    nf4_check(row, result, state["report"], tokenizer, args.data, args.forget_split,
+                              {"max_new_tokens": args.max_new_tokens})
+                    state["report"]["forget_rouge_l_nf4"] = row.get("forget_rouge_l_nf4")
+                    say.done(f"forget ROUGE-L {row.get('forget_rouge_l_nf4'):.3f}")
+        except Exception as err:
+            log_exception(log_path, phase, err)
+            state["failure"] = (phase, err)
+            raise
+
+    try:
+        if checkpointing or args.resume:  # checkpoints must outlive an interrupted run: train in place
+            out.mkdir(parents=True, exist_ok=True)
+            run(out)
+        else:
+            with atomic_directory(out, overwrite=args.overwrite) as work:
+                try:
+                    run(work)
+                except BaseException:
+                    kept = out.parent / f"{out.name}.failed"  # keep the log (and anything written) to inspect
+                    shutil.rmtree(kept, ignore_errors=True)
+                    os.replace(work, kept)
+                    state["log"] = kept / "logs" / f"{method}.jsonl"
+                    raise
+    except Exception as err:
+        phase = state.get("failure", ("its run", err))[0]
+        raise RunFailure(say.fail(err, state.get("log"), phase=phase), printed=True) from err
+
+    result = state["result"]
+    log_path = out / "logs" / f"{method}.jsonl"
+    print(f"{method}: unlearned in {result.seconds:.1f}s, saved to {out}  (log: {log_path})")
+    report = state.get("report")
+    if report is not None:
         from .evaluation import format_report_table
 
-        print(format_report_table({args.method: report}))
+        print(format_report_table({method: report}))
     if args.push_to_hub:
-        from .hub import push_unlearned
-
-        commit = push_unlearned(
-            result, args.push_to_hub, report=report, forget_split=args.forget_split, dataset=args.data,
-            base_model=args.model, tokenizer=tokenizer if result.artifact is result.model else None,
-        )
-        print(f"pushed to {args.push_to_hub}: {getattr(commit, 'commit_url', commit)}")
+        say.start(method, "push")
+        try:
+            commit = result.push_to_hub(
+                args.push_to_hub, report=report, token=token, forget_split=args.forget_split,
+                dataset=args.data, base_model=args.model,
+                tokenizer=tokenizer if result.artifact is result.model else None,
+            )
+        except Exception as err:
+            raise RunFailure(say.fail(err), printed=True) from err
+        say.done(str(getattr(commit, "commit_url", commit)))
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from .bench.console import PhaseReporter
     from .evaluation import evaluate_tofu, format_report_table, save_truth_ratios
 
-    if args.retain_reference and not os.path.isfile(args.retain_reference):
-        raise UserError(f"Retain reference {args.retain_reference} does not exist.")
+    check_retain_reference(args.retain_reference, args.forget_split)
+    check_eval_configs(args.data, args.forget_split)
+    for path in (args.output, args.save_truth_ratios):
+        if path:
+            target = Path(path).expanduser().resolve()
+            if target.is_dir():
+                raise UserError(f"{path} is a folder; give a file path for the JSON.")
+            probe = target.parent
+            while not probe.exists():
+                probe = probe.parent
+            if not os.access(probe, os.W_OK | os.X_OK):
+                raise UserError(f"Cannot write {path}: {probe} is not writable.")
     model, tokenizer = _load_model(args.model)
-    report = evaluate_tofu(
-        model, tokenizer, source=args.data, forget_split=args.forget_split, retain_reference=args.retain_reference,
-        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_examples=args.max_examples,
-        output_path=args.output,
-    )
+    name = Path(args.model).name
+    say = PhaseReporter(inline=not args.verbose)
+    say.start(name, "evaluation")
+    try:
+        report = evaluate_tofu(
+            model, tokenizer, source=args.data, forget_split=args.forget_split,
+            retain_reference=args.retain_reference, batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens, max_examples=args.max_examples, output_path=args.output,
+            progress=args.verbose,
+        )
+    except Exception as err:
+        raise RunFailure(say.fail(err), printed=True) from err
+    say.done()
     if args.save_truth_ratios:
         save_truth_ratios(report, args.save_truth_ratios)
-    print(format_report_table({Path(args.model).name: report}))
+    print(format_report_table({name: report}))
     return 0
+
+
+def _bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
+    """``bench --subject NAME``: TOFU-small on a pretrained subject (:func:`hf_unlearn.bench.runner.run_subject_bench`)."""
+    from .bench.report import markdown_table
+    from .bench.runner import format_gate, run_subject_bench
+    from .bench.subjects import SUBJECTS
+
+    if args.subject not in SUBJECTS:
+        raise UserError(f"Unknown subject {args.subject!r}; choose from tofu_tiny, {', '.join(sorted(SUBJECTS))}.")
+    if args.model or args.retain_model or args.split != "forget10":
+        raise UserError("--subject builds its own TOFU-small pair (forget10 authors); drop --model/--retain-model/--split.")
+    eval_kwargs = {"max_new_tokens": args.max_new_tokens}
+    if args.max_examples is not None:
+        eval_kwargs["max_examples"] = args.max_examples
+    results, paths = run_subject_bench(
+        args.subject, methods, source=args.data, output_dir=args.output_dir, cache_dir=args.cache_dir,
+        build_only=args.build_only, grid=not args.no_grid, eval_kwargs=eval_kwargs,
+        quantization_check=not args.no_quantization, progress=True, verbose=args.verbose,
+    )
+    if paths is None:
+        print(format_gate(results))
+        print(f"target: {results['target']}\nretain reference: {results['retain_reference']}")
+        return 0 if results["passed"] else 1
+    print()
+    print(markdown_table(results))
+    print(format_gate(results["sanity_gate"]))
+    print(f"Results: {paths['json']}  plot: {paths['png']}")
+    return _report_failures(results, Path(args.output_dir) / "logs" / args.subject)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.registry import METHODS
-    from .bench.runner import run_comparison, write_results
+    from .bench.report import write_results
+    from .bench.runner import run_comparison
     from .bench.subjects import TinyPair, build_tiny_pair, recipe_for
 
     methods = args.methods or list(METHODS)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UserError(f"Unknown method(s) {unknown}; choose from {', '.join(sorted(METHODS))}.")
+    if args.subject not in (None, "tofu_tiny"):
+        return _bench_subject(args, methods)
+    if args.build_only:
+        raise UserError("--build-only needs --subject (e.g. --subject smollm2-135m); for TOFU-tiny use `hf-unlearn tiny`.")
     if args.model:
         if not args.retain_model:
             raise UserError("--model needs --retain-model (the model fine-tuned on the retain split only).")
         pair = TinyPair(Path(args.model), Path(args.retain_model), args.data, args.split)
     else:
-        pair = build_tiny_pair(args.data, args.split, recipe_for(args.size), cache_dir=args.cache_dir, progress=True)
+        pair = _tiny_pair(build_tiny_pair, args.data, args.split, recipe_for(args.size), args.cache_dir)
+    out = Path(args.output_dir)
     results = run_comparison(
         pair, methods, grid=not args.no_grid, source=args.data, forget_split=args.split,
         eval_kwargs={"max_new_tokens": args.max_new_tokens, "max_examples": args.max_examples},
-        quantization_check=not args.no_quantization, progress=True,
+        quantization_check=not args.no_quantization, progress=True, log_dir=out / "logs", verbose=args.verbose,
     )
     name = f"tofu_tiny_{args.split}" if not args.model else f"bench_{args.split}"
     meta = {"source": args.data, "forget_split": args.split, "size": args.size, "mode": "bench",
             "target": str(pair.target), "retain_reference_model": str(pair.retain), "seed": 0}
-    paths = write_results(results, args.output_dir, name, meta)
+    paths = write_results(results, out, name, meta)
+    print()
     print(paths["markdown"].read_text())
     print(f"Results: {paths['json']}  plot: {paths['png']}")
-    return 0
+    return _report_failures(results, out / "logs")
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
@@ -159,7 +670,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     from .bench.subjects import build_tiny_pair, recipe_for
     from .evaluation import write_json_atomic
 
-    pair = build_tiny_pair(args.data, args.split, recipe_for(args.size), cache_dir=args.cache_dir, progress=True)
+    pair = _tiny_pair(build_tiny_pair, args.data, args.split, recipe_for(args.size), args.cache_dir)
     target_report, retain_report = reference_rows(pair, args.data, args.split, {"max_examples": args.max_examples})
     gate = sanity_gate(target_report, retain_report)
     gate.update(target=str(pair.target), retain_reference=str(pair.retain), source=args.data, forget_split=args.split, size=args.size)
@@ -172,29 +683,47 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .data import FORGET_SPLITS, TOFU_HUB_ID
 
-    parser = argparse.ArgumentParser(prog="hf-unlearn", description="Machine unlearning for causal LMs on the Hugging Face stack.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _ArgumentParser(prog="hf-unlearn", allow_abbrev=False,
+                             description="Machine unlearning for causal LMs on the Hugging Face stack.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
 
-    demo = sub.add_parser("demo", help="every method on the embedded synthetic set with tiny models (offline)")
-    demo.add_argument("--output", default=DEFAULT_DEMO_DIR, help="folder for demo.json / demo.md / demo.png")
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, allow_abbrev=False, **kwargs)
+
+    demo = add("demo", help="every method on the embedded synthetic set with tiny models (offline)")
+    demo.add_argument("--output", default=DEFAULT_DEMO_DIR, help="folder for demo.json / demo.md / demo.png and logs/")
     demo.add_argument("--methods", nargs="+", help="subset of methods (default: all)")
     demo.add_argument("--cache-dir", default=None, help="model cache (default $HF_UNLEARN_CACHE or ~/.cache/hf_unlearn)")
     demo.add_argument("--no-quantization", action="store_true", help="skip the 4-bit NF4 re-check")
+    demo.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
     demo.set_defaults(func=cmd_demo)
 
-    un = sub.add_parser("unlearn", help="unlearn a forget split from a model and save the result")
-    un.add_argument("--method", required=True, help="grom, t3, masc, atwu, grad_ascent, grad_diff, npo or simnpo")
-    un.add_argument("--model", required=True, help="model folder or Hub id")
+    un = add("unlearn", add_help=False, help="unlearn a forget split from a model and save the result",
+             description="Unlearn a forget split and save the method's native artifact (weights, LoRA adapter or "
+                         "T3 head). Every field of the method's config is also an option: "
+                         "`hf-unlearn unlearn --method METHOD --help` lists them.")
+    un.add_argument("-h", "--help", action="store_true", help="show this help (with --method: its config options)")
+    un.add_argument("--method", help="grom, t3, masc, atwu, grad_ascent, grad_diff, npo or simnpo")
+    un.add_argument("--model", help="model folder or Hub id")
     un.add_argument("--data", default=TOFU_HUB_ID, help=f"Hub id ({TOFU_HUB_ID}), local folder of <config>.jsonl, or 'synthetic'")
     un.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
-    un.add_argument("--output", required=True, help="output folder")
-    un.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="method settings (JSON values), e.g. learning_rate=1e-5")
+    un.add_argument("--forget-file", help="JSON Lines file of question/answer rows to forget (instead of --forget-split)")
+    un.add_argument("--retain-file", help="JSON Lines file of question/answer rows to keep (instead of the retain split)")
+    un.add_argument("--output", help="output folder (refused when it overlaps the model folder)")
+    un.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder (swapped in when complete)")
+    un.add_argument("--resume", action="store_true", help="resume from the latest checkpoint-* in --output (trainer methods)")
+    un.add_argument("--preset", choices=("none", "demo"), default="none",
+                    help="start from the config defaults (none) or the method's TOFU-tiny demo setting; options override")
     un.add_argument("--eval", action="store_true", help="run the TOFU evaluator on the result")
+    un.add_argument("--nf4-check", action="store_true", help="with --eval: forget ROUGE-L again after NF4 quantization")
+    un.add_argument("--max-new-tokens", type=int, default=64, help="generated answer length for --eval")
     un.add_argument("--retain-reference", help="JSON of the retain model's forget truth ratios (for forget quality)")
     un.add_argument("--push-to-hub", metavar="REPO", help="push the result with a model card")
-    un.set_defaults(func=cmd_unlearn)
+    un.add_argument("--hub-token", help="token for --push-to-hub (default: HF_TOKEN or the saved login)")
+    un.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
+    un.set_defaults(func=cmd_unlearn, subparser=un)
 
-    ev = sub.add_parser("eval", help="TOFU evaluation of a model")
+    ev = add("eval", help="TOFU evaluation of a model")
     ev.add_argument("--model", required=True, help="model folder or Hub id")
     ev.add_argument("--data", default=TOFU_HUB_ID)
     ev.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
@@ -204,9 +733,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=16)
     ev.add_argument("--max-new-tokens", type=int, default=64)
     ev.add_argument("--max-examples", type=int, default=None)
+    ev.add_argument("--verbose", action="store_true", help="show the evaluator's progress bars")
     ev.set_defaults(func=cmd_eval)
 
-    tiny = sub.add_parser("tiny", help="build (or reuse) the TOFU-tiny target and retain reference, run the sanity gate")
+    tiny = add("tiny", help="build (or reuse) the TOFU-tiny target and retain reference, run the sanity gate")
     tiny.add_argument("--data", default=None, help="TOFU source (default: ../shared/data/tofu if present, else locuslab/TOFU)")
     tiny.add_argument("--split", default="forget10", choices=FORGET_SPLITS)
     tiny.add_argument("--size", default="bench", help="bench, tofu-test or test")
@@ -214,7 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--cache-dir", default=None)
     tiny.set_defaults(func=cmd_tiny)
 
-    be = sub.add_parser("bench", help="every method side by side on TOFU-tiny (or a given model pair)")
+    be = add("bench", help="every method side by side on TOFU-tiny (or a given model pair)")
     be.add_argument("--split", default="forget10", choices=FORGET_SPLITS)
     be.add_argument("--data", default=None, help="TOFU source: Hub id or local folder (default: ../shared/data/tofu if present, else locuslab/TOFU)")
     be.add_argument("--size", default="bench", help="TOFU-tiny size: bench or tofu-test")
@@ -227,24 +757,47 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--max-new-tokens", type=int, default=64)
     be.add_argument("--output-dir", default="benchmarks/results")
     be.add_argument("--cache-dir", default=None)
+    be.add_argument("--subject", default=None,
+                    help="benchmark subject: tofu_tiny (default) or a pretrained model, smollm2-135m (TOFU-small on "
+                         "SmolLM2-135M-Instruct, presets in benchmarks/configs/smollm2-135m.toml)")
+    be.add_argument("--build-only", action="store_true",
+                    help="with --subject: build (or reuse) the target / retain reference pair and run its sanity gate")
+    be.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
     be.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "command", None) in ("bench", "tiny") and args.data is None:
-        local = Path.cwd().parent / "shared" / "data" / "tofu"
-        args.data = str(local) if local.is_dir() else "locuslab/TOFU"
+    """Run the CLI; returns the exit status (0 ok, 1 a run failed, 2 bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return int(args.func(args) or 0)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if args.command != "unlearn" and extra:
+            raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+        if getattr(args, "command", None) in ("bench", "tiny") and args.data is None:
+            local = Path.cwd().parent / "shared" / "data" / "tofu"
+            args.data = str(local) if local.is_dir() else "locuslab/TOFU"
+        restore = quiet_console(getattr(args, "verbose", False))
+        try:
+            if args.command == "unlearn":
+                return int(cmd_unlearn(args, extra) or 0)
+            return int(args.func(args) or 0)
+        finally:
+            restore()
     except UserError as err:
         print(f"hf-unlearn: error: {err}", file=sys.stderr)
         return 2
+    except RunFailure as err:
+        if not err.printed:
+            print(f"hf-unlearn: error: {err}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, ConnectionError) as err:
-        print(f"hf-unlearn: error: {err}", file=sys.stderr)
+        print(f"hf-unlearn: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("hf-unlearn: interrupted (a run with save_strategy=steps can continue with --resume)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,25 +1,69 @@
 """The `hf-unlearn` CLI: the demo (every registered method on the synthetic set, a reduced
-benchmark), clear one-line errors, and `eval`."""
+benchmark) with its quiet console (one progress line per method and phase, then the table; per-step
+logs in JSON Lines files), clear one-line errors, and `eval`."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import subprocess
+import sys
+from collections import Counter
 
 import pytest
 from conftest import CACHE_DIR
 
 from hf_unlearn.bench.registry import METHODS
-from hf_unlearn.bench.runner import COLUMNS, choose_setting
+from hf_unlearn.bench.report import COLUMNS
+from hf_unlearn.bench.runner import choose_setting
 from hf_unlearn.cli import main
 
 
 @pytest.fixture(scope="module")
-def demo_output(tmp_path_factory):
+def demo_run(tmp_path_factory):
+    """`hf-unlearn demo` as a user runs it: a fresh process, its stdout and stderr captured."""
     out = tmp_path_factory.mktemp("demo")
-    status = main(["demo", "--output", str(out), "--cache-dir", str(CACHE_DIR)])
-    return status, out
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_unlearn.cli", "demo", "--output", str(out), "--cache-dir", str(CACHE_DIR)],
+        capture_output=True, text=True, timeout=3600,
+    )
+    return proc, out
+
+
+@pytest.fixture(scope="module")
+def demo_output(demo_run):
+    proc, out = demo_run
+    return proc.returncode, out
+
+
+PROGRESS = re.compile(r"^(?P<label>\S+)\s+(?P<phase>training|evaluation|NF4 re-check)\s+\.\.\.")
+
+
+def test_demo_console_is_one_line_per_method_and_phase_then_the_table(demo_run):
+    proc, out = demo_run
+    stdout, stderr = proc.stdout, proc.stderr
+    # no Trainer log dictionaries, no Python warnings, no progress bars, no tracebacks
+    for text in (stdout, stderr):
+        assert "{'loss'" not in text and "'grad_norm'" not in text, text[-2000:]
+        assert not re.search(r"\b\w*Warning\b", text), text[-2000:]
+        assert "it/s]" not in text and "Traceback" not in text, text[-2000:]
+    lines = stdout.splitlines()
+    progress = [(m["label"], m["phase"], i) for i, line in enumerate(lines) if (m := PROGRESS.match(line))]
+    counts = Counter((label, phase) for label, phase, _ in progress)
+    assert all(n == 1 for n in counts.values()), counts
+    for method in METHODS:
+        assert counts[(method, "training")] == 1 and counts[(method, "evaluation")] == 1, method
+        assert counts[(method, "NF4 re-check")] == (0 if method == "t3" else 1), method
+    # every progress line is closed on the same line (done with its seconds, or FAILED with the log file)
+    for _, _, i in progress:
+        assert re.search(r"\.\.\. (done +[\d.]+ s|FAILED: .+\(log: .+\.jsonl\))", lines[i]), lines[i]
+    table = next(i for i, line in enumerate(lines) if line.startswith("| method |"))
+    assert table > max(i for _, _, i in progress)
+    assert all(not line.startswith("{") for line in lines)
+    # the per-step logs went to <output>/logs/<method>.jsonl instead
+    records = [json.loads(line) for line in (out / "logs" / "grad_diff.jsonl").read_text().splitlines()]
+    assert any("loss" in r and "step" in r for r in records)
 
 
 def test_demo_runs_every_method_with_complete_finite_rows(demo_output):
@@ -88,7 +132,7 @@ def test_unlearn_and_eval_commands(tiny_pair, tmp_path, capsys):
     out = tmp_path / "grom"
     status = main([
         "unlearn", "--method", "grom", "--model", str(tiny_pair.target), "--data", "synthetic",
-        "--output", str(out), "--eval", "--set", "forget_weight=10",
+        "--output", str(out), "--eval", "--preset", "demo", "--forget_weight", "10",
     ])
     assert status == 0
     assert (out / "adapter_model.safetensors").is_file() and (out / "tofu_report.json").is_file()
@@ -105,7 +149,8 @@ def test_unlearn_and_eval_commands(tiny_pair, tmp_path, capsys):
 
 
 def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair, tmp_path):
-    from hf_unlearn.bench.runner import run_comparison, varying_settings, write_results
+    from hf_unlearn.bench.report import varying_settings, write_results
+    from hf_unlearn.bench.runner import run_comparison
 
     grid = METHODS["grom"].grid
     results = run_comparison(tiny_pair, ["grom"], grid=True, source="synthetic", forget_split="forget10",
@@ -132,6 +177,8 @@ def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair, 
 def test_every_method_gets_the_same_grid_budget():
     sizes = {name: len(spec.grid) for name, spec in METHODS.items()}
     assert len(set(sizes.values())) == 1 and 1 <= next(iter(sizes.values())) <= 6, sizes
-    assert sorted(s["temperature"] for s in METHODS["t3"].grid) == [1.0, 2.0, 4.0]
+    # T3's grid varies its decoding knobs (temperature and/or tilt weight), nothing else
+    t3 = METHODS["t3"].grid
+    assert len({(s["temperature"], s["tilt_weight"]) for s in t3}) == len(t3)
     for name, spec in METHODS.items():  # distinct settings: no budget spent twice on the same point
         assert len({json.dumps(s, sort_keys=True) for s in spec.grid}) == len(spec.grid), name
