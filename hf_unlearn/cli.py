@@ -301,18 +301,20 @@ def _load_model(name_or_path: str):
 
 
 def check_retain_reference(path: str | None, forget_split: str) -> None:
-    """The retain reference file exists, holds finite positive truth ratios, and is for ``forget_split``."""
+    """The retain reference loads (our report or saved ratios, open-unlearning's ``TOFU_EVAL.json``, TOFU's
+    ``eval_log_forget.json`` or its results folder; :func:`~hf_unlearn.evaluation.load_retain_reference`) and,
+    where it says so, was computed on ``forget_split``."""
     if not path:
         return
-    from .evaluation import load_truth_ratios
+    from .evaluation import load_retain_reference
 
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise UserError(f"Retain reference {path} does not exist.")
     try:
-        data = load_truth_ratios(path)
+        reference = load_retain_reference(path)
     except (ValueError, OSError) as err:
         raise UserError(f"Retain reference {path} cannot be used: {err}") from None
-    split = data.get("forget_split")
+    split = reference.provenance.get("forget_split")
     if split is not None and split != forget_split:
         raise UserError(f"Retain reference {path} was computed on {split!r}, not --forget-split {forget_split}.")
 
@@ -507,6 +509,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
                     retain_reference=args.retain_reference, scorer=result.scorer,
                     generation_kwargs=result.generation_kwargs, progress=args.verbose,
                     output_path=work / "tofu_report.json", max_new_tokens=args.max_new_tokens,
+                    template=settings.get("prompt_template"),
                 )
                 say.done()
                 if args.nf4_check and result.weights_changed:
@@ -566,7 +569,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .bench.console import PhaseReporter
-    from .evaluation import evaluate_tofu, format_report_table, save_truth_ratios
+    from .evaluation import evaluate_tofu, render_report, save_truth_ratios
 
     check_retain_reference(args.retain_reference, args.forget_split)
     check_eval_configs(args.data, args.forget_split)
@@ -589,14 +592,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             model, tokenizer, source=args.data, forget_split=args.forget_split,
             retain_reference=args.retain_reference, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, max_examples=args.max_examples, output_path=args.output,
-            progress=args.verbose,
+            progress=args.verbose, template=args.template,
         )
     except Exception as err:
         raise RunFailure(say.fail(err), printed=True) from err
     say.done()
     if args.save_truth_ratios:
         save_truth_ratios(report, args.save_truth_ratios)
-    print(format_report_table({name: report}))
+    print(render_report(report))
     return 0
 
 
@@ -680,8 +683,17 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     return 0 if gate["passed"] else 1
 
 
+RETAIN_REFERENCE_HELP = (
+    "the retain model's numbers for forget quality: our report or saved truth ratios, open-unlearning's "
+    "TOFU_EVAL.json, or TOFU's eval_log_forget.json (or its results folder)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .data import FORGET_SPLITS, TOFU_HUB_ID
+    from .data.prompts import PROMPT_TEMPLATES
+    from .evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+    from .evaluation.report import metric_definitions_text
 
     parser = _ArgumentParser(prog="hf-unlearn", allow_abbrev=False,
                              description="Machine unlearning for causal LMs on the Hugging Face stack.")
@@ -716,22 +728,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start from the config defaults (none) or the method's TOFU-tiny demo setting; options override")
     un.add_argument("--eval", action="store_true", help="run the TOFU evaluator on the result")
     un.add_argument("--nf4-check", action="store_true", help="with --eval: forget ROUGE-L again after NF4 quantization")
-    un.add_argument("--max-new-tokens", type=int, default=64, help="generated answer length for --eval")
-    un.add_argument("--retain-reference", help="JSON of the retain model's forget truth ratios (for forget quality)")
+    un.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                    help=f"generated answer length for --eval (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
+    un.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
     un.add_argument("--push-to-hub", metavar="REPO", help="push the result with a model card")
     un.add_argument("--hub-token", help="token for --push-to-hub (default: HF_TOKEN or the saved login)")
     un.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
     un.set_defaults(func=cmd_unlearn, subparser=un)
 
-    ev = add("eval", help="TOFU evaluation of a model")
+    ev = add("eval", help="TOFU evaluation of a model", epilog=metric_definitions_text(),
+             formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("--model", required=True, help="model folder or Hub id")
     ev.add_argument("--data", default=TOFU_HUB_ID)
     ev.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
-    ev.add_argument("--retain-reference", help="JSON of the retain model's forget truth ratios")
+    ev.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
+    ev.add_argument("--template", choices=sorted(PROMPT_TEMPLATES), default=None,
+                    help="prompt template the model was fine-tuned with (default: its chat template, else plain)")
     ev.add_argument("--save-truth-ratios", help="write this model's forget truth ratios (use for a retain model)")
     ev.add_argument("--output", help="report JSON path")
     ev.add_argument("--batch-size", type=int, default=16)
-    ev.add_argument("--max-new-tokens", type=int, default=64)
+    ev.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                    help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
     ev.add_argument("--max-examples", type=int, default=None)
     ev.add_argument("--verbose", action="store_true", help="show the evaluator's progress bars")
     ev.set_defaults(func=cmd_eval)
@@ -754,7 +771,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-grid", action="store_true", help="one (default) setting per method instead of the grid")
     be.add_argument("--no-quantization", action="store_true")
     be.add_argument("--max-examples", type=int, default=None)
-    be.add_argument("--max-new-tokens", type=int, default=64)
+    be.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                    help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS}; recorded in the results)")
     be.add_argument("--output-dir", default="benchmarks/results")
     be.add_argument("--cache-dir", default=None)
     be.add_argument("--subject", default=None,
