@@ -40,11 +40,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from hf_unlearn.bench.registry import METHODS, JsonlLogCallback, run_method
+from hf_unlearn.bench.script_args import load_model_and_tokenizer, load_rows
 from hf_unlearn.cli import UserError, check_push_target, parse_method_settings
-from hf_unlearn.data import load_tofu_rows
 from hf_unlearn.data.tofu import read_jsonl
 from hf_unlearn.evaluation import generate_answers, quantize_nf4, rouge_l_recall
 from hf_unlearn.logprobs import mean_answer_nll
@@ -126,11 +126,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     records = read_jsonl(args.records)
     if not records or any("question" not in r or "answer" not in r for r in records):
         raise UserError(f"{args.records}: every line must be a JSON object with 'question' and 'answer'.")
-    retain = read_jsonl(args.retain_file) if args.retain_file else load_tofu_rows(args.retain_split, args.retain_data)
+    retain = load_rows(args.retain_file, args.retain_split, args.retain_data)
     retain_eval = retain[: args.retain_eval_rows]
 
-    model = AutoModelForCausalLM.from_pretrained(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model, tokenizer = load_model_and_tokenizer(args.model)
     print(f"1/5 measuring the original model on {len(records)} records and {len(retain_eval)} retain rows")
     before = behaviour(model, tokenizer, records, retain_eval, args.max_new_tokens)
     if args.retain_model:

@@ -172,6 +172,12 @@ def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair, 
         ", ".join(f"{k}={v}" for k, v in varied.items()) for varied in varying_settings(rows)]
     saved = json.loads(paths["json"].read_text())
     assert saved["grid"]["grom"][chosen["chosen_index"]]["forget_quality"] == chosen["forget_quality"]
+    # every figure the evaluator defines is in the benchmark JSON, for the methods and the references alike
+    from hf_unlearn.evaluation.report import METRIC_DEFINITIONS
+
+    for row in (saved["grid"]["grom"][0], saved["target"], saved["retain_reference"]):
+        assert set(METRIC_DEFINITIONS) <= set(row), sorted(set(METRIC_DEFINITIONS) - set(row))
+    assert math.isfinite(saved["target"]["mia_min_k"]) and math.isfinite(saved["target"]["privleak"])
 
 
 def test_every_method_gets_the_same_grid_budget():

@@ -8,7 +8,7 @@ Sections (each engineer appends theirs at the end of the file, with targeted edi
 * no broken model saved (non-finite weights never reach disk, divergence guard, no-op settings refused);
 * exact resume after an interrupt (GradDiff, MASC, ATWU);
 * length limits (trainer truncation on a GPT-2 config with ``n_positions=64``);
-* T3 padding independence, GROM base mismatch, reference mismatch, evaluator truncation (other engineers).
+* GROM base mismatch, reference mismatch, evaluator truncation, T3 padding independence and T3 length limits.
 
 Shared fixtures/helpers (use them in appended tests):
 
@@ -500,3 +500,63 @@ def test_mismatched_retain_reference_is_refused(tiny_target, tiny_retain, tmp_pa
     with pytest.raises(ValueError, match="dtype 'float32'"):
         evaluate_tofu(model.to(torch.float64), tokenizer, retain_reference=reference, **fast)
     assert calls == []  # refused before the model ran
+
+
+# ----- T3: padding independence and length limits ---------------------------------------------------------------
+
+
+def test_t3_batch_of_16_left_padded_with_eos_equals_one_prompt_at_a_time(tiny_target, synthetic):
+    """T3 takes padding from the attention mask: left padding with pad = EOS gives the tokens of batch size 1."""
+    from test_t3 import Recording, left_pad, prompt_ids, random_head
+    from transformers import LogitsProcessorList
+
+    model, tok = tiny_target
+    model.eval()
+    eos = tok.eos_token_id
+    questions = [r["question"] for r in synthetic["forget10"][:8] + synthetic["retain90"][:8]]
+    prompts = prompt_ids(tok, questions)
+    assert len({len(p) for p in prompts}) > 1  # the batch really is padded
+    clf = random_head(model, layer=1, seed=3)
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=eos, eos_token_id=eos)
+    with Recording(model, clf, temperature=1.5, tilt_weight=2.0) as t3:
+        batch = model.generate(**left_pad(prompts, eos), **kw, logits_processor=LogitsProcessorList([t3]))
+        width = batch.shape[1] - 10
+        changed = 0
+        for i, p in enumerate(prompts):
+            single = model.generate(torch.tensor([p]), **kw, logits_processor=LogitsProcessorList([t3]))[0, len(p):]
+            row = batch[i, width:]
+            assert torch.equal(row[: len(single)], single), i
+            assert torch.all(row[len(single):] == eos)
+            changed += not torch.equal(single, model.generate(torch.tensor([p]), **kw)[0, len(p):])
+    assert changed >= 4  # the tilt changed most outputs, so equal outputs say something
+
+
+def test_t3_truncation_to_the_base_positions():
+    """T3 fitting truncates to the base's positions; scoring and generating past them is refused clearly."""
+    from transformers import LogitsProcessorList
+
+    from hf_unlearn.data import tokenize_qa
+    from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_log_probs
+
+    model, tok = short_gpt2(64)
+    model.eval()
+    long = lambda i: " ".join(f"w{(i * 7 + j) % 40}" for j in range(90))  # noqa: E731
+    forget = [{"question": f"w{i} w{i + 1}", "answer": long(i)} for i in range(4)]
+    retain = [{"question": f"w{i} w{i + 2}", "answer": long(i + 10)} for i in range(4, 10)] + \
+        [{"question": "w1 w2", "answer": "w3 w4"}]
+    clf = fit_t3(model, tok, forget, retain, T3ClassifierConfig(rank=2), steps=5, progress=False)
+    report = clf.fit_report
+    assert report["max_positions"] == 64 and report["truncated_examples"] == 10
+    prompt_len = len(tokenize_qa(tok, "w0 w1", "w2")["input_ids"]) - 2
+    assert report["n_forget_positions"] == 4 * (64 - prompt_len)
+    # Scoring an over-long input is refused with a clear message (not an index error inside the base).
+    ids = torch.randint(2, 40, (1, 80))
+    with pytest.raises(ValueError, match="at most 64"):
+        t3_log_probs(model, clf, ids, ids)
+    # Generating past the positions is refused before the base indexes past them.
+    with T3LogitsProcessor(model, clf) as t3, pytest.raises(ValueError, match="at most 64"):
+        model.generate(torch.randint(2, 40, (1, 60)), max_new_tokens=10, do_sample=False, pad_token_id=1,
+                       logits_processor=LogitsProcessorList([t3]))
+    # Prompts alone filling the positions: a clear refusal.
+    with pytest.raises(ValueError, match="first 64 positions"):
+        fit_t3(model, tok, [{"question": long(1), "answer": "w1"}], retain, steps=5, progress=False)

@@ -188,27 +188,6 @@ def test_zero_head_greedy_equals_plain_greedy(target, synthetic, temperature):
     assert torch.equal(tilted, plain)
 
 
-def test_batch_of_16_left_padded_with_eos_equals_one_prompt_at_a_time(target, synthetic):
-    model, tok = target
-    eos = tok.eos_token_id
-    questions = [r["question"] for r in synthetic["forget10"][:8] + synthetic["retain90"][:8]]
-    prompts = prompt_ids(tok, questions)
-    assert len({len(p) for p in prompts}) > 1  # the batch really is padded
-    clf = random_head(model, layer=1, seed=3)
-    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=eos, eos_token_id=eos)
-    with Recording(model, clf, temperature=1.5, tilt_weight=2.0) as t3:
-        batch = model.generate(**left_pad(prompts, eos), **kw, logits_processor=LogitsProcessorList([t3]))
-        width = batch.shape[1] - 10
-        changed = 0
-        for i, p in enumerate(prompts):
-            single = model.generate(torch.tensor([p]), **kw, logits_processor=LogitsProcessorList([t3]))[0, len(p):]
-            row = batch[i, width:]
-            assert torch.equal(row[: len(single)], single), i
-            assert torch.all(row[len(single):] == eos)
-            changed += not torch.equal(single, model.generate(torch.tensor([p]), **kw)[0, len(p):])
-    assert changed >= 4  # the tilt changed most outputs, so equal outputs say something
-
-
 def test_processor_steps_equal_exact_scorer_with_sampling_and_warpers(target, synthetic):
     """Sampling, a top-k warper after T3, batch > 1, KV cache: every step's tilted distribution equals t3_log_probs
     of the generated sequence; a second generate call starts afresh."""
@@ -370,45 +349,6 @@ def test_save_automodel_and_processor_from_pretrained_round_trip(target, fitted,
         out_b = model.generate(**enc, **kw, logits_processor=LogitsProcessorList([b]))
     assert torch.equal(out_a, out_b)
     assert all(torch.equal(x[1], y[1]) for x, y in zip(a.steps, b.steps))
-
-
-# ----------------------------------------------------------------------------- length limits
-def short_gpt2(n_positions: int = 64):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    words = ["<unk>", "<eos>", "Question:", "Answer:", *[f"w{i}" for i in range(40)]]
-    backend = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(words), n_positions=n_positions, n_embd=16, n_layer=2, n_head=2,
-                        bos_token_id=1, eos_token_id=1, pad_token_id=1)
-    return GPT2LMHeadModel(config).eval(), tok
-
-
-def test_truncation_to_the_base_positions(synthetic):
-    model, tok = short_gpt2(64)
-    long = lambda i: " ".join(f"w{(i * 7 + j) % 40}" for j in range(90))  # noqa: E731
-    forget = [{"question": f"w{i} w{i + 1}", "answer": long(i)} for i in range(4)]
-    retain = [{"question": f"w{i} w{i + 2}", "answer": long(i + 10)} for i in range(4, 10)] + \
-        [{"question": "w1 w2", "answer": "w3 w4"}]
-    clf = fit_t3(model, tok, forget, retain, T3ClassifierConfig(rank=2), steps=5, progress=False)
-    report = clf.fit_report
-    assert report["max_positions"] == 64 and report["truncated_examples"] == 10
-    prompt_len = len(tokenize_qa(tok, "w0 w1", "w2")["input_ids"]) - 2
-    assert report["n_forget_positions"] == 4 * (64 - prompt_len)
-    # Scoring an over-long input is refused with a clear message (not an index error inside the base).
-    ids = torch.randint(2, 40, (1, 80))
-    with pytest.raises(ValueError, match="at most 64"):
-        t3_log_probs(model, clf, ids, ids)
-    # Generating past the positions is refused before the base indexes past them.
-    with T3LogitsProcessor(model, clf) as t3, pytest.raises(ValueError, match="at most 64"):
-        model.generate(torch.randint(2, 40, (1, 60)), max_new_tokens=10, do_sample=False, pad_token_id=1,
-                       logits_processor=LogitsProcessorList([t3]))
-    # Prompts alone filling the positions: a clear refusal.
-    with pytest.raises(ValueError, match="first 64 positions"):
-        fit_t3(model, tok, [{"question": long(1), "answer": "w1"}], retain, steps=5, progress=False)
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -24,52 +24,17 @@ with ``question`` and ``answer``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from transformers import HfArgumentParser
 
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
-
-from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
-from hf_unlearn.data.tofu import read_jsonl
+from hf_unlearn.bench.script_args import ScriptArguments, load_forget_retain, load_model_and_tokenizer
 from hf_unlearn.trainers import GradDiffConfig, GradDiffTrainer
 
 
-@dataclass
-class ScriptArguments:
-    model_name_or_path: str = field(
-        default="tofu-tiny",
-        metadata={"help": "Causal LM to unlearn from (folder or Hub id); 'tofu-tiny' builds and caches TOFU-tiny."},
-    )
-    dataset_name: str = field(
-        default="locuslab/TOFU", metadata={"help": "TOFU source: Hub id, folder of <config>.jsonl, or 'synthetic'."}
-    )
-    forget_split: str = field(default="forget10", metadata={"help": "TOFU forget split: forget01, forget05, forget10."})
-    forget_file: str | None = field(default=None, metadata={"help": "JSON Lines of question/answer rows to forget."})
-    retain_file: str | None = field(default=None, metadata={"help": "JSON Lines of question/answer rows to keep."})
-
-
-def model_path(args: ScriptArguments) -> str:
-    if args.model_name_or_path != "tofu-tiny":
-        return args.model_name_or_path
-    from hf_unlearn.bench.subjects import build_tiny_pair, recipe_for
-
-    size = "test" if args.dataset_name == "synthetic" else "tofu-test"
-    return str(build_tiny_pair(args.dataset_name, args.forget_split, recipe_for(size)).target)
-
-
-def rows(file: str | None, split: str, source: str) -> Dataset:
-    data = read_jsonl(file) if file else load_tofu_rows(split, source)
-    return Dataset.from_list([{"question": r["question"], "answer": r["answer"]} for r in data])
-
-
 def main(script_args: ScriptArguments, training_args: GradDiffConfig) -> None:
-    path = model_path(script_args)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    forget = rows(script_args.forget_file, script_args.forget_split, script_args.dataset_name)
-    retain = None  # the retain rows, when the objective has a retain term (alpha > 0)
-    if GradDiffTrainer.needs_retain(training_args):
-        retain = rows(script_args.retain_file, RETAIN_FOR_FORGET[script_args.forget_split], script_args.dataset_name)
+    model, tokenizer = load_model_and_tokenizer(script_args)
+    # the retain rows only when the objective has a retain term (alpha > 0)
+    needs_retain = GradDiffTrainer.needs_retain(training_args)
+    forget, retain = load_forget_retain(script_args, needs_retain, as_dataset=True)
     trainer = GradDiffTrainer(
         model=model, args=training_args, train_dataset=forget, retain_dataset=retain, processing_class=tokenizer
     )

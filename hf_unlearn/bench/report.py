@@ -83,10 +83,11 @@ def extra_metric_names(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def varying_settings(grid_rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each row of one method's grid, the settings whose values differ across that grid."""
+    """For each row of one method's grid, the settings whose values differ across that grid (a setting that a row
+    does not set is left out of that row, not shown as ``None``)."""
     keys = sorted({k for r in grid_rows for k in r.get("settings", {})})
     varying = [k for k in keys if len({json.dumps(r.get("settings", {}).get(k)) for r in grid_rows}) > 1]
-    return [{k: r.get("settings", {}).get(k) for k in varying} for r in grid_rows]
+    return [{k: r["settings"][k] for k in varying if k in r.get("settings", {})} for r in grid_rows]
 
 
 def grid_markdown_table(results: dict[str, Any]) -> str:

@@ -61,7 +61,12 @@ def quantized_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[st
 
 
 def _row_from_report(report: dict[str, Any]) -> dict[str, Any]:
-    return {k: report.get(k) for k in ("forget_quality", "model_utility", "forget_rouge_l", "forget_truth_ratio", "forget_prob", "retain_prob")}
+    """Every figure the evaluator defines (:data:`~hf_unlearn.evaluation.report.METRIC_DEFINITIONS`: forget quality,
+    model utility, MU-ROUGE, ROUGE-L, truth ratios, extraction strength, exact memorization, MIA AUCs, privleak),
+    ``None`` where the report lacks it."""
+    from ..evaluation.report import METRIC_DEFINITIONS
+
+    return {k: report.get(k) for k in METRIC_DEFINITIONS}
 
 
 def run_one(
