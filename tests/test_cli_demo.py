@@ -97,7 +97,9 @@ def test_demo_runs_every_method_with_complete_finite_rows(demo_output):
 def test_demo_markdown_agrees_with_json(demo_output):
     _, out = demo_output
     results = json.loads((out / "demo.json").read_text())
-    lines = (out / "demo.md").read_text().strip().splitlines()
+    text = (out / "demo.md").read_text()
+    lines = [line for line in text.strip().splitlines() if line.startswith("|")]
+    assert "at most 40 new tokens" in text  # the demo lowers TOFU's 200 and says so under its table
     assert lines[0].count("|") == len(COLUMNS) + 2
     rows = {re.split(r"\s*\|\s*", line.strip("| "))[0]: re.split(r"\s*\|\s*", line.strip("| "))[1:] for line in lines[2:]}
     assert set(rows) == {"target", "retain reference", *results["rows"]}
@@ -166,6 +168,7 @@ def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair, 
     assert results["plain_forward_seconds"] > 0
     assert chosen["time_vs_forward"] == pytest.approx(chosen["seconds"] / results["plain_forward_seconds"])
     paths = write_results(results, tmp_path, "grid", {"mode": "test"})
+    assert "at most 24 new tokens" in paths["markdown"].read_text()  # a lowered generation length is stated
     grid_lines = paths["grid_markdown"].read_text().strip().splitlines()[2:]
     assert len(grid_lines) == len(grid) and sum("| yes |" in line for line in grid_lines) == 1
     assert [f"retain_weight={s['retain_weight']}" for s in grid] == [

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 from ..safe_output import atomic_write_bytes, atomic_write_json, atomic_write_text
 from .runner import UTILITY_KEEP
 
@@ -67,11 +68,17 @@ def _cells(row: dict[str, Any], columns: Sequence[tuple[str, str, str]], error_w
 
 
 def markdown_table(results: dict[str, Any]) -> str:
-    """The benchmark table: reference rows first, then one row per method (its chosen setting)."""
+    """The benchmark table: reference rows first, then one row per method (its chosen setting). When answers were
+    generated with fewer new tokens than TOFU's 200 (the demo), a line under the table says so."""
     ordered = [("target", results["target"]), ("retain reference", results["retain_reference"])]
     ordered += list(results["rows"].items())
     body = [[name, *_cells(row, COLUMNS, 80)] for name, row in ordered]
-    return _table(["method", *(title for _, title, _ in COLUMNS)], body)
+    table = _table(["method", *(title for _, title, _ in COLUMNS)], body)
+    tokens = results.get("max_new_tokens")
+    if tokens is not None and tokens < DEFAULT_MAX_NEW_TOKENS:
+        table += (f"\n\nForget ROUGE-L from greedy answers of at most {tokens} new tokens (TOFU generates up to "
+                  f"{DEFAULT_MAX_NEW_TOKENS}; longer answers are cut, which caps ROUGE-L).")
+    return table
 
 
 def extra_metric_names(rows: Sequence[dict[str, Any]]) -> list[str]:

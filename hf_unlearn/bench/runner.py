@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+
 UTILITY_KEEP = 0.9  # the chosen setting keeps model utility >= 90% of the target's
 SPEED_QUESTIONS = 16  # generation-speed batch: the first forget questions
 SPEED_NEW_TOKENS = 32
@@ -54,7 +56,7 @@ def quantized_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[st
     quantized = quantize_nf4(model)
     answers = generate_answers(
         quantized, tokenizer, [r["question"] for r in forget_rows],
-        batch_size=eval_kwargs.get("batch_size", 16), max_new_tokens=eval_kwargs.get("max_new_tokens", 64),
+        batch_size=eval_kwargs.get("batch_size", 16), max_new_tokens=eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
     )
     scores = rouge_l_recall(answers, [r["answer"] for r in forget_rows])
     return float(sum(scores) / len(scores))
@@ -364,6 +366,7 @@ def run_comparison(
         "target": target_row, "retain_reference": retain_row, "rows": rows, "grid": grids,
         "sanity_gate": sanity_gate(target_report, retain_report),
         "plain_forward_seconds": plain_forward,
+        "max_new_tokens": eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
     }
 
 
