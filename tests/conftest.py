@@ -63,3 +63,16 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture()
+def hub(tmp_path, monkeypatch):
+    """A local Hub-compatible server (tests/hub_server.py) that every huggingface_hub call in the test talks to; no
+    other host can be reached, and the test fails if the client used an endpoint the server does not implement."""
+    from hub_server import LocalHub, use_local_hub
+
+    with LocalHub(tmp_path / "hub-server") as server:
+        foreign = use_local_hub(monkeypatch, server, tmp_path / "hf-home")
+        yield server
+        assert not server.unhandled, f"client used unimplemented Hub endpoints: {server.unhandled}"
+        assert not foreign, f"a test tried to reach another host: {foreign}"

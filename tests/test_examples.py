@@ -112,16 +112,6 @@ def test_example_docstring_commands_parse(method, monkeypatch):
     assert "tofu-tiny" in commands[0] and "locuslab/TOFU" in commands[1]
 
 
-@pytest.fixture()
-def hub(tmp_path, monkeypatch):
-    """A local Hub-compatible server (tests/hub_server.py); no other host can be reached."""
-    from hub_server import LocalHub, use_local_hub
-
-    with LocalHub(tmp_path / "hub-server") as server:
-        foreign = use_local_hub(monkeypatch, server, tmp_path / "hf-home")
-        yield server
-        assert not server.unhandled, f"client used unimplemented Hub endpoints: {server.unhandled}"
-        assert not foreign, f"a test tried to reach another host: {foreign}"
 
 
 def test_deletion_request_end_to_end(tiny_pair, tmp_path, capsys, hub):

@@ -401,15 +401,6 @@ def test_load_grom_adapter_checks_the_base(tiny_pair, two_module_edit, tmp_path)
         two_module_edit.to_peft(edited)
 
 
-@pytest.fixture()
-def hub(tmp_path, monkeypatch):
-    from hub_server import LocalHub, use_local_hub
-
-    with LocalHub(tmp_path / "hub-server") as server:
-        foreign = use_local_hub(monkeypatch, server, tmp_path / "hf-home")
-        yield server
-        assert not server.unhandled, f"client used unimplemented Hub endpoints: {server.unhandled}"
-        assert not foreign, f"a test tried to reach another host: {foreign}"
 
 
 def test_push_to_hub_one_commit_and_pull_back(hub, tiny_pair, two_module_edit):

@@ -14,7 +14,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from hub_server import LocalHub, use_local_hub
 
 REPORT = {
     "forget_quality": 0.01234,
@@ -26,13 +25,6 @@ REPORT = {
 }
 
 
-@pytest.fixture()
-def hub(tmp_path, monkeypatch):
-    with LocalHub(tmp_path / "hub-server") as server:
-        foreign = use_local_hub(monkeypatch, server, tmp_path / "hf-home")
-        yield server
-        assert not server.unhandled, f"client used unimplemented Hub endpoints: {server.unhandled}"
-        assert not foreign, f"a test tried to reach another host: {foreign}"
 
 
 def _logits(model, tokenizer) -> torch.Tensor:
