@@ -72,7 +72,8 @@ class AnswerLogLikelihoods:
         return -self.sum_log_prob / np.maximum(self.num_tokens, 1)
 
 
-def _model_device(model: Any) -> torch.device:
+def model_device(model: Any) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
     try:
         return next(model.parameters()).device
     except (AttributeError, StopIteration):
@@ -146,7 +147,7 @@ def answer_log_likelihoods(
     ensure_pad_token(tokenizer)
     features, _ = _features(model, tokenizer, questions, answers, max_length, template)
     scorer = scorer or causal_lm_scorer(model)
-    device = _model_device(model)
+    device = model_device(model)
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
@@ -249,7 +250,7 @@ def answer_token_statistics(
     """
     ensure_pad_token(tokenizer)
     features, truncated = _features(model, tokenizer, questions, answers, max_length, template)
-    device = _model_device(model)
+    device = model_device(model)
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()

@@ -20,15 +20,9 @@ from ..data.prompts import (
     resolve_template,
     tokenize_prompt,
 )
+from ..logprobs import model_device
 
 DEFAULT_MAX_NEW_TOKENS = 200  # open-unlearning generation_args max_new_tokens; TOFU: max_length 200
-
-
-def _model_device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration):
-        return torch.device("cpu")
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +76,7 @@ def generate_answers(
             )
     tag = t.answer_tag.strip() if (t.kind == "plain" and not t.answer_tag_in_prompt) else ""
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    device = _model_device(model)
+    device = model_device(model)
     kwargs: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "do_sample": False,

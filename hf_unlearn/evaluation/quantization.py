@@ -26,6 +26,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ..logprobs import model_device
+
 NF4_BLOCKSIZE = 64
 """Block size of ``BitsAndBytesConfig``'s 4-bit quantization (one absmax scale per 64 weights)."""
 
@@ -224,12 +226,7 @@ def quantize_nf4(
     _require_bitsandbytes()
     if method not in ("roundtrip", "bnb"):
         raise ValueError(f"method must be 'roundtrip' or 'bnb', got {method!r}.")
-    if device is None:
-        try:
-            device = next(model.parameters()).device
-        except StopIteration:
-            device = torch.device("cpu")
-    device = torch.device(device)
+    device = torch.device(device) if device is not None else model_device(model)
     if method == "roundtrip":
         return _roundtrip_model(model, compute_dtype, device)
     return _bnb_model(model, compute_dtype, device)

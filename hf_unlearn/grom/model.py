@@ -11,7 +11,7 @@ edit the single-process run computes.
 
 Cost: GROM reads every forget row but only ``GROMConfig.retain_sample`` retain rows (a seeded uniform
 sample, :func:`retain_subsample`) for ``X_r X_r^T``; every example is cut to the model's maximum
-positions (:func:`model_max_positions`), so no position past it is ever indexed.
+positions (:func:`hf_unlearn.data.model_max_positions`), so no position past it is ever indexed.
 
 Persistence: :meth:`GROMEdit.save_pretrained` writes a PEFT LoRA adapter (``PeftModel.from_pretrained``
 loads it) plus ``grom_metadata.json`` (config, layer scores, the base-model fingerprint) and
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..data.pairing import overlapping_examples
-from ..data.prompts import IGNORE_INDEX, collate_qa, ensure_pad_token, tokenize_qa
+from ..data.prompts import IGNORE_INDEX, collate_qa, ensure_pad_token, model_max_positions, tokenize_qa
 from .attribution import TargetModule, attribution_scores, find_target_modules, select_band
 from .config import GROMConfig
 from .keys import KeyCollector, _dist
@@ -358,17 +358,6 @@ def retain_subsample(num_rows: int, sample: int | None, seed: int) -> list[int]:
         return list(range(num_rows))
     gen = torch.Generator().manual_seed(seed)
     return sorted(torch.randperm(num_rows, generator=gen)[:sample].tolist())
-
-
-def model_max_positions(model: Any) -> int | None:
-    """The model's maximum sequence length (``max_position_embeddings``, GPT-2's ``n_positions`` / ``n_ctx``, or
-    ``max_sequence_length``), or ``None`` when its config names none."""
-    config = getattr(model, "config", None)
-    for name in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def _tokenize_rows(
