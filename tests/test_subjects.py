@@ -394,6 +394,12 @@ def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu
     monkeypatch.setattr(subjects, "installed_gguf", lambda spec: tiny_gguf)
     monkeypatch.setattr(subjects, "small_recipe_for", lambda name: SmallRecipe(
         subject=name, forget_authors=1, retain_authors=1, epochs=1, learning_rate=1e-3, batch_size=10, max_length=640))
+    from hf_unlearn.bench import runner
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the gate's target / retain reports should have been reused")
+
+    monkeypatch.setattr(runner, "reference_rows", fail)  # the gate evaluated both; the bench must not again
     out = tmp_path / "results"
     status = main(["bench", "--subject", "smollm2-135m", "--methods", "grad_ascent", "--data", str(tofu_dir),
                    "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "--max-examples", "3",
@@ -407,3 +413,6 @@ def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu
     assert payload["subject"]["origin"] == "gguf" and payload["presets"] == "smollm2-135m"
     assert payload["rows"]["grad_ascent"]["settings"]["learning_rate"] == 2e-5  # the TOML preset
     assert payload["rows"]["grad_ascent"]["error"] is None
+    gate = payload["sanity_gate"]["checks"]
+    assert payload["target"]["forget_quality"] == gate["target_forget_quality"]["value"]
+    assert payload["retain_reference"]["forget_quality"] == 1.0

@@ -373,3 +373,29 @@ def test_configs_are_written_as_trl_writes_them():
         assert trainer_cls.config_class is config_cls
         defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
         assert all(defaults[k] == v for k, v in trainer_cls.preset.items())  # the preset is its config's default
+
+
+def test_bf16_on_a_cpu_only_machine_is_cpu_autocast_with_float32_master_weights(tiny_target, synthetic, tmp_path,
+                                                                                monkeypatch):
+    """`bf16=True` without an accelerator: transformers would refuse it unless `use_cpu`; the config sets it, and
+    training runs under CPU bf16 autocast while the weights stay float32 and move."""
+    from hf_unlearn.trainers import unlearning_config
+
+    monkeypatch.setattr(unlearning_config, "_accelerator_present", lambda: False)
+    config = _config(tmp_path, bf16=True)
+    assert config.bf16 and config.use_cpu
+    model, tok = tiny_target
+    model = type(model)(model.config)
+    model.load_state_dict(tiny_target[0].state_dict())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    forget, retain = synthetic["forget10"], synthetic["retain90"]
+    trainer = GradDiffTrainer(model, config, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+    trainer.train()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    # With an accelerator present the flag is left alone: transformers trains there, and refuses bf16 on one
+    # that cannot do it (here: a pretend accelerator without bf16) instead of silently moving to the CPU.
+    monkeypatch.setattr(unlearning_config, "_accelerator_present", lambda: True)
+    if not unlearning_config._bf16_available():
+        with pytest.raises(ValueError, match="bf16"):
+            _config(tmp_path, bf16=True)

@@ -264,6 +264,7 @@ def run_comparison(
     subject: str | os.PathLike | None = None,
     log_dir: str | os.PathLike | None = None,
     verbose: bool = False,
+    references: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run ``methods`` (their demo setting, or their whole grid when ``grid``) on ``pair.target``.
 
@@ -272,6 +273,9 @@ def run_comparison(
 
     With ``progress``, one console line per method and phase (training, evaluation, NF4 re-check); the
     Trainer's per-step logs go to ``<log_dir>/<method>.jsonl`` (also printed with ``verbose``).
+
+    ``references``: the (target, retain reference) TOFU reports when they were already evaluated with
+    the same ``eval_kwargs`` (the TOFU-small gate's); otherwise both models are evaluated here.
 
     Returns ``{"rows": {name: row}, "grid": {name: [rows]}, "target": row, "retain_reference": row}``
     where each row holds the benchmark columns.
@@ -303,9 +307,12 @@ def run_comparison(
     tokenizer = AutoTokenizer.from_pretrained(pair.target)  # the weights are loaded per method
     forget_rows = load_tofu_rows(forget_split, source)
     retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)
-    say.start("references", "evaluation")
-    target_report, retain_report = reference_rows(pair, source, forget_split, eval_kwargs)
-    say.done("target and retain reference")
+    if references is None:
+        say.start("references", "evaluation")
+        target_report, retain_report = reference_rows(pair, source, forget_split, eval_kwargs)
+        say.done("target and retain reference")
+    else:
+        target_report, retain_report = references
     reference = retain_report
     target_row = {"method": "target", **_row_from_report(target_report), "error": None}
     retain_row = {"method": "retain reference", **_row_from_report(retain_report), "error": None}
@@ -393,7 +400,7 @@ def run_subject_bench(
     with the recipe, the gate's figures and the subject's provenance. Returns ``(results or gate, paths)``.
     """
     from .report import write_results
-    from .subjects import build_small_pair, small_gate
+    from .subjects import build_small_pair, gate_reports, small_gate
 
     eval_kwargs = dict(eval_kwargs or {})
     pair = build_small_pair(subject, source, cache_dir=cache_dir, progress=progress)
@@ -404,7 +411,7 @@ def run_subject_bench(
     results = run_comparison(
         pair, methods, grid=grid, source=pair.source, forget_split=pair.forget_split, eval_kwargs=eval_kwargs,
         quantization_check=quantization_check, progress=progress, subject=subject,
-        log_dir=out / "logs" / subject, verbose=verbose,
+        log_dir=out / "logs" / subject, verbose=verbose, references=gate_reports(pair, eval_kwargs),
     )
     results["sanity_gate"] = gate
     meta = {
