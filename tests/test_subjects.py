@@ -416,3 +416,5 @@ def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu
     gate = payload["sanity_gate"]["checks"]
     assert payload["target"]["forget_quality"] == gate["target_forget_quality"]["value"]
     assert payload["retain_reference"]["forget_quality"] == 1.0
+    partial = json.loads((out / "smollm2-135m_tofu.partial.json").read_text())  # rows so far, after each method
+    assert partial["grid"]["grad_ascent"][0]["forget_quality"] == payload["rows"]["grad_ascent"]["forget_quality"]

@@ -265,6 +265,7 @@ def run_comparison(
     log_dir: str | os.PathLike | None = None,
     verbose: bool = False,
     references: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    partial_path: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Run ``methods`` (their demo setting, or their whole grid when ``grid``) on ``pair.target``.
 
@@ -276,6 +277,8 @@ def run_comparison(
 
     ``references``: the (target, retain reference) TOFU reports when they were already evaluated with
     the same ``eval_kwargs`` (the TOFU-small gate's); otherwise both models are evaluated here.
+    ``partial_path``: after each method's row, the rows so far are written there (atomically), so that a long
+    run stopped midway keeps what it measured.
 
     Returns ``{"rows": {name: row}, "grid": {name: [rows]}, "target": row, "retain_reference": row}``
     where each row holds the benchmark columns.
@@ -360,6 +363,13 @@ def run_comparison(
                 log_exception(log_path, "NF4 re-check", err)
                 say.fail(err, log_path)
         del result, report
+        if partial_path is not None:
+            from ..safe_output import atomic_write_json
+
+            atomic_write_json(partial_path, {
+                "target": target_row, "retain_reference": retain_row,
+                "grid": {m: [{k: v for k, v in r.items() if _jsonable(v)} for r in g] for m, g in grids.items()},
+            })
     rows = {}
     for method, grid_rows in grids.items():
         idx = choose_setting(grid_rows, target_report["model_utility"])
@@ -412,6 +422,7 @@ def run_subject_bench(
         pair, methods, grid=grid, source=pair.source, forget_split=pair.forget_split, eval_kwargs=eval_kwargs,
         quantization_check=quantization_check, progress=progress, subject=subject,
         log_dir=out / "logs" / subject, verbose=verbose, references=gate_reports(pair, eval_kwargs),
+        partial_path=out / f"{subject}_tofu.partial.json",
     )
     results["sanity_gate"] = gate
     meta = {
