@@ -130,3 +130,27 @@ def test_bnb_path_refuses_a_quantized_model(monkeypatch):
         quantize_nf4(real)
     with pytest.raises(ValueError, match="method"):
         quantize_nf4(model, method="int3")
+
+
+def test_nf4_copy_of_a_trainer_trained_model_runs_its_own_quantized_weights(tiny_target, synthetic, tmp_path):
+    """A model trained by an SFTTrainer subclass carries an instance ``forward`` that calls the original's bound
+    forward; the NF4 copy must still compute with its own quantized weights (it once gave the original's logits
+    exactly, so every trainer-trained row's NF4 re-check measured the unquantized model)."""
+    from hf_unlearn.bench.registry import run_method
+
+    model, tokenizer = tiny_target
+    fresh = type(model)(model.config)
+    fresh.load_state_dict(model.state_dict())
+    result = run_method("grad_diff", fresh, tokenizer, synthetic["forget10"][:8], synthetic["retain90"][:8],
+                        tmp_path, {"max_steps": 1, "learning_rate": 1e-5, "per_device_train_batch_size": 4},
+                        callbacks=[], quiet=True)
+    trained = result.model
+    quantized = quantize_nf4(trained)
+    clean = type(model)(model.config)  # the same trained weights in a model no trainer has touched
+    clean.load_state_dict(trained.state_dict())
+    expected = quantize_nf4(clean.eval())
+    ids = tokenizer(["Question: who?\nAnswer:"], return_tensors="pt")
+    with torch.no_grad():
+        got, want, unquantized = (m.eval()(**ids).logits for m in (quantized, expected, trained))
+    assert (got - unquantized).abs().max() > 1e-3  # not the original's outputs
+    torch.testing.assert_close(got, want)

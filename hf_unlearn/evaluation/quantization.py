@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..logprobs import model_device
+from ..model_copy import independent_copy
 
 NF4_BLOCKSIZE = 64
 """Block size of ``BitsAndBytesConfig``'s 4-bit quantization (one absmax scale per 64 weights)."""
@@ -143,11 +144,13 @@ def _modules_to_quantize(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def _merged_copy(model: Any) -> Any:
     if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
         raise ValueError("The model is already quantized; quantize the full-precision (merged) model.")
+    # independent_copy: a model trained by an SFTTrainer subclass carries an instance `forward` bound to itself;
+    # a plain deep copy would run the *unquantized* original (the NF4 re-check would then measure nothing).
     if _is_peft_model(model):
-        return copy.deepcopy(model).merge_and_unload()
+        return independent_copy(model).merge_and_unload()
     if not hasattr(model, "save_pretrained"):
         raise ValueError(f"quantize_nf4 needs a transformers PreTrainedModel, got {type(model).__name__}.")
-    return copy.deepcopy(model)
+    return independent_copy(model)
 
 
 def _roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:

@@ -58,6 +58,7 @@ from ..losses import (
     sequence_log_probs,
     simnpo_loss,
 )
+from ..model_copy import independent_copy
 from ..safe_output import OutputDirError, OutputWriteError, atomic_directory, check_output_dir
 from .unlearning_config import BaseUnlearningConfig, UnlearningConfig
 
@@ -617,10 +618,8 @@ class UnlearningTrainer(SFTTrainer):
                 kwargs["device_map"] = None
             ref = create_model_from_path(model_id, **kwargs)
         else:
-            ref = copy.deepcopy(self.accelerator.unwrap_model(self.model))
-            # SFTTrainer patched `forward` on the instance (fused LM head); the patch's closure calls the forward
-            # bound to the *original* model, so a copy must fall back to its class's forward.
-            ref.__dict__.pop("forward", None)
+            # SFTTrainer patched `forward` on the instance; a plain deep copy would still run the original's weights
+            ref = independent_copy(self.accelerator.unwrap_model(self.model))
         ref.eval()
         ref.requires_grad_(False)
         if self.is_deepspeed_enabled:
