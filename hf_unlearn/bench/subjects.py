@@ -783,10 +783,10 @@ def small_gate(pair: SmallPair, eval_kwargs: dict[str, Any] | None = None, progr
 
     eval_kwargs = dict(eval_kwargs or {})
     cached = Path(pair.target) / "sanity_gate.json"
+    # The reports file is written (just before the gate) with the same eval settings and source, and
+    # gate_reports checks both, so a matching reports file means the cached gate matches too.
     if cached.is_file() and gate_reports(pair, eval_kwargs) is not None:
-        gate = json.loads(cached.read_text())
-        if gate.get("eval_kwargs") == eval_kwargs and gate.get("source") == pair.source:
-            return gate
+        return json.loads(cached.read_text())
     seconds: dict[str, float] = {}
 
     def run(name: str, path: Path, reference: Any = None) -> dict[str, Any]:
