@@ -593,6 +593,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             retain_reference=args.retain_reference, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, max_examples=args.max_examples, output_path=args.output,
             progress=args.verbose, template=args.template,
+            autocast_dtype=None if args.autocast_dtype == "none" else args.autocast_dtype,
         )
     except Exception as err:
         raise RunFailure(say.fail(err), printed=True) from err
@@ -613,9 +614,12 @@ def _bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
         raise UserError(f"Unknown subject {args.subject!r}; choose from tofu_tiny, {', '.join(sorted(SUBJECTS))}.")
     if args.model or args.retain_model or args.split != "forget10":
         raise UserError("--subject builds its own TOFU-small pair (forget10 authors); drop --model/--retain-model/--split.")
-    eval_kwargs = {"max_new_tokens": args.max_new_tokens}
+    eval_kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.max_examples is not None:
         eval_kwargs["max_examples"] = args.max_examples
+    autocast = "bfloat16" if args.eval_autocast is None else args.eval_autocast
+    if autocast != "none":
+        eval_kwargs["autocast_dtype"] = autocast
     results, paths = run_subject_bench(
         args.subject, methods, source=args.data, output_dir=args.output_dir, cache_dir=args.cache_dir,
         build_only=args.build_only, grid=not args.no_grid, eval_kwargs=eval_kwargs,
@@ -653,9 +657,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         pair = _tiny_pair(build_tiny_pair, args.data, args.split, recipe_for(args.size), args.cache_dir)
     out = Path(args.output_dir)
+    eval_kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "max_examples": args.max_examples}
+    if args.eval_autocast not in (None, "none"):
+        eval_kwargs["autocast_dtype"] = args.eval_autocast
     results = run_comparison(
         pair, methods, grid=not args.no_grid, source=args.data, forget_split=args.split,
-        eval_kwargs={"max_new_tokens": args.max_new_tokens, "max_examples": args.max_examples},
+        eval_kwargs=eval_kwargs,
         quantization_check=not args.no_quantization, progress=True, log_dir=out / "logs", verbose=args.verbose,
     )
     name = f"tofu_tiny_{args.split}" if not args.model else f"bench_{args.split}"
@@ -750,6 +757,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                     help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
     ev.add_argument("--max-examples", type=int, default=None)
+    ev.add_argument("--autocast-dtype", choices=["none", "bfloat16", "float16"], default="none",
+                    help="score and generate under torch.autocast with this dtype (weights untouched; recorded in "
+                         "the report, and a retain reference must match it)")
     ev.add_argument("--verbose", action="store_true", help="show the evaluator's progress bars")
     ev.set_defaults(func=cmd_eval)
 
@@ -778,6 +788,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--subject", default=None,
                     help="benchmark subject: tofu_tiny (default) or a pretrained model, smollm2-135m (TOFU-small on "
                          "SmolLM2-135M-Instruct, presets in benchmarks/configs/smollm2-135m.toml)")
+    be.add_argument("--eval-autocast", choices=["none", "bfloat16", "float16"], default=None,
+                    help="evaluate under torch.autocast with this dtype (default: bfloat16 with --subject, as the "
+                         "subject is fine-tuned; none on TOFU-tiny); recorded in the results")
     be.add_argument("--build-only", action="store_true",
                     help="with --subject: build (or reuse) the target / retain reference pair and run its sanity gate")
     be.add_argument("--verbose", action="store_true", help="also print the per-step training logs")

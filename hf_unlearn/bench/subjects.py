@@ -546,7 +546,7 @@ class SmallRecipe:
     forget_offset: int = 0
     retain_authors: int = 8
     epochs: int = 5
-    learning_rate: float = 1e-4
+    learning_rate: float = 3e-4
     batch_size: int = 16
     max_length: int = 256
     warmup_ratio: float = 0.1

@@ -28,6 +28,7 @@ from any supported source, and refused when its recorded provenance differs from
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from .. import __version__
@@ -56,6 +58,7 @@ from ..logprobs import (
     TokenScorer,
     answer_nll,
     answer_token_statistics,
+    model_device,
     multi_answer_nll,
 )
 from . import metrics
@@ -243,6 +246,16 @@ def mia_scores(
     return out
 
 
+AUTOCAST_DTYPES = (None, "bfloat16", "float16")
+
+
+def model_autocast(model: Any, dtype: str | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` on the model's device type with ``dtype`` (a no-op context for ``None``)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(model_device(model).type, dtype=getattr(torch, dtype))
+
+
 def _dtype_name(model: Any) -> str | None:
     dtype = getattr(model, "dtype", None)
     return None if dtype is None else str(dtype).replace("torch.", "")
@@ -286,6 +299,7 @@ def evaluate_tofu(
     model_name: str | None = None,
     template: str | PromptTemplate | None = None,
     membership_inference: bool | None = None,
+    autocast_dtype: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate a causal LM on TOFU and return (and optionally write) the report.
 
@@ -314,6 +328,12 @@ def evaluate_tofu(
             tokenizer's chat template when it has one, else the ``plain`` preset.
         membership_inference: score the forget split against ``holdoutNN`` for the MIA AUCs and privleak:
             ``None`` when the source has that split (else a warning), ``True`` always, ``False`` never.
+        autocast_dtype: ``"bfloat16"`` or ``"float16"`` runs every scoring and generation call under
+            ``torch.autocast(<model's device type>, dtype)``; the weights are left as they are. ``None`` (default)
+            computes in the model's own dtype. open-unlearning evaluates TOFU models loaded in bfloat16; on a CPU
+            with AVX512-BF16, bfloat16 autocast halves SmolLM2-135M's evaluation time (20.6 s against 39.6 s for
+            32 forget rows; average answer NLLs within 0.01 nats). Recorded in the provenance's ``dtype``
+            (e.g. ``"float32+autocast:bfloat16"``), so a retain reference computed otherwise is refused.
 
     Returns:
         A dict with ``forget_quality``, ``ks_statistic``, ``model_utility``, ``forget_rouge_l``,
@@ -346,6 +366,8 @@ def evaluate_tofu(
         )
     if membership_inference not in (None, True, False):
         raise ValueError(f"membership_inference must be None, True or False, got {membership_inference!r}.")
+    if autocast_dtype not in AUTOCAST_DTYPES:
+        raise ValueError(f"autocast_dtype must be one of {AUTOCAST_DTYPES}, got {autocast_dtype!r}.")
     ensure_pad_token(tokenizer)
     template = resolve_template(tokenizer, template)
     data = {spec.name: _cap(load_tofu_rows(spec.config, source), max_examples) for spec in specs}
@@ -376,69 +398,72 @@ def evaluate_tofu(
     holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
     # Everything above runs before the model is touched.
     provenance["dtype"] = _dtype_name(model)
+    if autocast_dtype is not None:
+        provenance["dtype"] = f"{provenance['dtype']}+autocast:{autocast_dtype}"
     limit = model_max_positions(model)
     provenance["max_length"] = limit
     if reference is not None:
         unknown += check_provenance(reference, provenance, ["dtype"])
         warn_unknown_provenance(reference, unknown)
 
-    score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
-    forget_rows = data["forget"]
-    forget_stats = answer_token_statistics(
-        model, tokenizer, [r["question"] for r in forget_rows], [r["answer"] for r in forget_rows],
-        desc="forget: answers", **score,
-    )
-    splits: dict[str, dict[str, Any]] = {}
-    for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
-        splits[spec.name] = evaluate_split(
-            model,
-            tokenizer,
-            data[spec.name],
-            spec,
-            scorer=scorer,
-            generation_kwargs=generation_kwargs,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            template=template,
-            answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
-            progress=progress,
+    with model_autocast(model, autocast_dtype):
+        score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
+        forget_rows = data["forget"]
+        forget_stats = answer_token_statistics(
+            model, tokenizer, [r["question"] for r in forget_rows], [r["answer"] for r in forget_rows],
+            desc="forget: answers", **score,
         )
+        splits: dict[str, dict[str, Any]] = {}
+        for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
+            splits[spec.name] = evaluate_split(
+                model,
+                tokenizer,
+                data[spec.name],
+                spec,
+                scorer=scorer,
+                generation_kwargs=generation_kwargs,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+                template=template,
+                answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
+                progress=progress,
+            )
 
-    # Verbatim memorization of the forget answers (teacher-forced greedy agreement).
-    es = em = None
-    if forget_stats.greedy_correct is not None:
-        es_values = [extraction_strength(g) for g in forget_stats.greedy_correct]
-        em_values = [exact_memorization(g) for g in forget_stats.greedy_correct]
-        es, em = float(np.mean(es_values)), float(np.mean(em_values))
-        splits["forget"]["per_example"]["extraction_strength"] = es_values
-        splits["forget"]["per_example"]["exact_memorization"] = em_values
+        # Verbatim memorization of the forget answers (teacher-forced greedy agreement).
+        es = em = None
+        if forget_stats.greedy_correct is not None:
+            es_values = [extraction_strength(g) for g in forget_stats.greedy_correct]
+            em_values = [exact_memorization(g) for g in forget_stats.greedy_correct]
+            es, em = float(np.mean(es_values)), float(np.mean(em_values))
+            splits["forget"]["per_example"]["extraction_strength"] = es_values
+            splits["forget"]["per_example"]["exact_memorization"] = em_values
 
-    # Membership inference: forget (label 0) vs holdout (label 1), and privleak against the retain model.
-    mia: dict[str, Any] | None = None
-    aucs: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
-    leak: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
-    ref_aucs = (reference.mia_auc if reference is not None else None) or {}
-    if holdout is not None:
-        holdout_stats = answer_token_statistics(
-            model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
-            desc="holdout: answers", **score,
-        )
-        forget_scores = mia_scores(forget_stats, tokenizer)
-        holdout_scores = mia_scores(holdout_stats, tokenizer)
-        for attack in MIA_ATTACKS:
-            if forget_scores[attack] is not None and holdout_scores[attack] is not None:
-                aucs[attack] = mia_auc(forget_scores[attack], holdout_scores[attack])
-                leak[attack] = privleak(aucs[attack], ref_aucs.get(attack))
-        mia = {
-            "holdout_split": HOLDOUT_FOR_FORGET[forget_split],
-            "num_forget": len(forget_rows),
-            "num_holdout": len(holdout),
-            "k": MIN_K_FRACTION,
-            "auc": aucs,
-            "privleak": leak,
-            "reference_auc": {a: ref_aucs.get(a) for a in MIA_ATTACKS},
-            "per_example": {"forget": forget_scores, "holdout": holdout_scores},
-        }
+        # Membership inference: forget (label 0) vs holdout (label 1), and privleak against the retain model.
+        mia: dict[str, Any] | None = None
+        aucs: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
+        leak: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
+        ref_aucs = (reference.mia_auc if reference is not None else None) or {}
+        if holdout is not None:
+            holdout_stats = answer_token_statistics(
+                model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
+                desc="holdout: answers", **score,
+            )
+            forget_scores = mia_scores(forget_stats, tokenizer)
+            holdout_scores = mia_scores(holdout_stats, tokenizer)
+            for attack in MIA_ATTACKS:
+                if forget_scores[attack] is not None and holdout_scores[attack] is not None:
+                    aucs[attack] = mia_auc(forget_scores[attack], holdout_scores[attack])
+                    leak[attack] = privleak(aucs[attack], ref_aucs.get(attack))
+            mia = {
+                "holdout_split": HOLDOUT_FOR_FORGET[forget_split],
+                "num_forget": len(forget_rows),
+                "num_holdout": len(holdout),
+                "k": MIN_K_FRACTION,
+                "auc": aucs,
+                "privleak": leak,
+                "reference_auc": {a: ref_aucs.get(a) for a in MIA_ATTACKS},
+                "per_example": {"forget": forget_scores, "holdout": holdout_scores},
+            }
 
     components = {f"{s}_{stat}": splits[s][stat] for s in UTILITY_SPLITS for stat in UTILITY_STATS}
     forget_ratios = splits["forget"]["per_example"]["truth_ratio"]
