@@ -506,3 +506,44 @@ def test_render_report_defines_every_figure(target_report):
     assert f"| privleak | {report['privleak']:.2f} |" in text
     assert "template: plain" in text and "max_new_tokens: 32" in text
     assert all(line.count(" | ") == 2 for line in table[1:])  # pipes inside definitions are escaped
+
+
+class _AutocastProbe(LogitsProcessor):
+    """Records whether CPU autocast is on while ``generate`` runs."""
+
+    def __init__(self):
+        self.seen: list[bool] = []
+
+    def __call__(self, input_ids, scores):
+        self.seen.append(torch.is_autocast_enabled("cpu"))
+        return scores
+
+
+def test_autocast_reaches_scoring_and_generation(target_model, retain_report):
+    model, tokenizer = target_model
+    with pytest.raises(ValueError, match="autocast_dtype must be one of"):  # before any model call
+        evaluate_tofu(_Untouchable(), tokenizer, autocast_dtype="bf16", **FAST)
+    scored: list[tuple[bool, torch.dtype]] = []
+    base = causal_lm_scorer(model)
+
+    def scorer(input_ids, attention_mask, position_ids, labels):
+        logp = base(input_ids, attention_mask, position_ids, labels)
+        scored.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return logp
+
+    probe = _AutocastProbe()
+    kwargs = dict(FAST, max_examples=2, max_new_tokens=2, membership_inference=False)
+    report = evaluate_tofu(model, tokenizer, scorer=scorer, autocast_dtype="bfloat16",
+                           generation_kwargs={"logits_processor": LogitsProcessorList([probe])}, **kwargs)
+    assert scored and all(on and dtype == torch.bfloat16 for on, dtype in scored)
+    assert probe.seen and all(probe.seen)
+    assert report["provenance"]["dtype"] == "float32+autocast:bfloat16"
+    assert next(model.parameters()).dtype == torch.float32  # the weights are left alone
+    assert not torch.is_autocast_enabled("cpu")  # and autocast is off again afterwards
+    # bf16 autocast changes the figures a little: the answer NLLs are close to, but not the float32 ones
+    plain = evaluate_tofu(model, tokenizer, **kwargs)
+    ours, theirs = (np.array(r["splits"]["forget"]["per_example"]["answer_nll"]) for r in (report, plain))
+    assert np.allclose(ours, theirs, atol=0.1) and not np.array_equal(ours, theirs)
+    # a float32 retain reference does not match a bf16-autocast evaluation
+    with pytest.raises(ValueError, match="dtype 'float32' \\(this evaluation: 'float32\\+autocast:bfloat16'\\)"):
+        evaluate_tofu(model, tokenizer, retain_reference=retain_report, autocast_dtype="bfloat16", **FAST)

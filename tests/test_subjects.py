@@ -376,6 +376,7 @@ def test_bench_subject_build_only_end_to_end_on_a_tiny_gguf(tiny_gguf, tofu_dir,
     assert gate["checks"]["retain_self_forget_quality"]["value"] == 1.0
     assert set(gate["eval_seconds"]) == {"base", "target", "retain reference"}
     assert gate["num_examples"]["forget"] == 3
+    assert gate["eval_kwargs"]["autocast_dtype"] == "bfloat16"  # --subject evaluates under bf16 autocast by default
 
     def fail(*args, **kwargs):
         raise AssertionError("the cached gate should have been reused")
@@ -413,6 +414,7 @@ def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu
     assert payload["subject"]["origin"] == "gguf" and payload["presets"] == "smollm2-135m"
     assert payload["rows"]["grad_ascent"]["settings"]["learning_rate"] == 2e-5  # the TOML preset
     assert payload["rows"]["grad_ascent"]["error"] is None
+    assert payload["eval_kwargs"] == {"max_new_tokens": 4, "max_examples": 3, "autocast_dtype": "bfloat16"}
     gate = payload["sanity_gate"]["checks"]
     assert payload["target"]["forget_quality"] == gate["target_forget_quality"]["value"]
     assert payload["retain_reference"]["forget_quality"] == 1.0
