@@ -528,17 +528,17 @@ class SmallRecipe:
 
     Defaults: 4 forget + 8 retain authors (80 forget rows, 160 retain rows) and 5 epochs of batch 16,
     as in issue 16's probe (5 epochs at 5e-5 gave target forget quality 4.6e-5 against the retain
-    reference; the untouched base scores 0.82), with the peak learning rate doubled to 1e-4 so that
-    the target also *reproduces* the forget answers (the gate's ROUGE-L >= 0.6; the probe did not
-    measure it). That is 75 + 50 optimizer steps.
+    reference; the untouched base scores 0.82), at peak learning rate 3e-4 so that the target also
+    *reproduces* the forget answers (the gate's ROUGE-L >= 0.6). That is 75 + 50 optimizer steps.
 
-    Measured on 2 idle cores with AVX512-BF16 (64 new tokens): fine-tuning took 576 s (target) + 326 s
-    (retain reference), 6.5-7.7 s a step, and the gate's three TOFU evaluations 494 + 531 + 620 s, about
-    42 min in all (the issue's budget: 30). The gate's figures: target forget quality 1.1e-7 (passed),
-    retain reference against itself 1.0 (passed), target model utility 1.34x the base's 0.263
-    (passed), but target forget ROUGE-L **0.497 < 0.6 (failed)**: after 5 epochs (last-epoch mean loss
-    0.75) the target reproduces about half of each forget answer (the retain reference 0.345, the base
-    0.326). More epochs would pass it at the cost of a longer build; not run yet.
+    Why 3e-4: at 1e-4 (the first recipe) the target's last-epoch mean loss was 0.75 and its forget ROUGE-L
+    0.497, failing the gate; at 3e-4 the epoch losses are 2.13, 1.05, 0.43, 0.15, 0.07 and the gate passes.
+    Measured on 2 cores with AVX512-BF16 (64 new tokens, bf16-autocast evaluation): fine-tuning took 372 s
+    (target) + 224 s (retain reference), about 5 s a step, and the gate's three TOFU evaluations 326 s (base)
+    + 288 s (target) + 229 s (retain reference): 24 min in all (the issue's budget: 30). The gate passed:
+    target forget quality 1.6e-8, target forget ROUGE-L 0.941 (retain reference 0.317, base 0.321), retain
+    reference against itself 1.0, target model utility 0.311 = 1.19x the base's 0.261 (the retain reference:
+    0.354; the memorising target gives up some utility).
     """
 
     subject: str = "smollm2-135m"
