@@ -567,6 +567,16 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+AUTOCAST_CHOICES = ["none", "bfloat16", "float16"]
+"""``--autocast-dtype`` / ``--eval-autocast`` values: ``evaluate_tofu``'s ``autocast_dtype`` options, ``none`` for ``None``."""
+
+
+def _autocast_dtype(choice: str | None, default: str | None = None) -> str | None:
+    """``evaluate_tofu``'s ``autocast_dtype`` from a CLI choice (``None``: the option was not given)."""
+    choice = default if choice is None else choice
+    return None if choice in (None, "none") else choice
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from .bench.console import PhaseReporter
     from .evaluation import evaluate_tofu, render_report, save_truth_ratios
@@ -593,7 +603,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             retain_reference=args.retain_reference, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, max_examples=args.max_examples, output_path=args.output,
             progress=args.verbose, template=args.template,
-            autocast_dtype=None if args.autocast_dtype == "none" else args.autocast_dtype,
+            autocast_dtype=_autocast_dtype(args.autocast_dtype),
         )
     except Exception as err:
         raise RunFailure(say.fail(err), printed=True) from err
@@ -617,8 +627,8 @@ def _bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
     eval_kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.max_examples is not None:
         eval_kwargs["max_examples"] = args.max_examples
-    autocast = "bfloat16" if args.eval_autocast is None else args.eval_autocast
-    if autocast != "none":
+    autocast = _autocast_dtype(args.eval_autocast, default="bfloat16")  # the subject is fine-tuned under bf16
+    if autocast is not None:
         eval_kwargs["autocast_dtype"] = autocast
     results, paths = run_subject_bench(
         args.subject, methods, source=args.data, output_dir=args.output_dir, cache_dir=args.cache_dir,
@@ -658,8 +668,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         pair = _tiny_pair(build_tiny_pair, args.data, args.split, recipe_for(args.size), args.cache_dir)
     out = Path(args.output_dir)
     eval_kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "max_examples": args.max_examples}
-    if args.eval_autocast not in (None, "none"):
-        eval_kwargs["autocast_dtype"] = args.eval_autocast
+    autocast = _autocast_dtype(args.eval_autocast)
+    if autocast is not None:
+        eval_kwargs["autocast_dtype"] = autocast
     results = run_comparison(
         pair, methods, grid=not args.no_grid, source=args.data, forget_split=args.split,
         eval_kwargs=eval_kwargs,
@@ -757,7 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                     help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
     ev.add_argument("--max-examples", type=int, default=None)
-    ev.add_argument("--autocast-dtype", choices=["none", "bfloat16", "float16"], default="none",
+    ev.add_argument("--autocast-dtype", choices=AUTOCAST_CHOICES, default="none",
                     help="score and generate under torch.autocast with this dtype (weights untouched; recorded in "
                          "the report, and a retain reference must match it)")
     ev.add_argument("--verbose", action="store_true", help="show the evaluator's progress bars")
@@ -788,7 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--subject", default=None,
                     help="benchmark subject: tofu_tiny (default) or a pretrained model, smollm2-135m (TOFU-small on "
                          "SmolLM2-135M-Instruct, presets in benchmarks/configs/smollm2-135m.toml)")
-    be.add_argument("--eval-autocast", choices=["none", "bfloat16", "float16"], default=None,
+    be.add_argument("--eval-autocast", choices=AUTOCAST_CHOICES, default=None,
                     help="evaluate under torch.autocast with this dtype (default: bfloat16 with --subject, as the "
                          "subject is fine-tuned; none on TOFU-tiny); recorded in the results")
     be.add_argument("--build-only", action="store_true",

@@ -397,18 +397,17 @@ def evaluate_tofu(
                                                                        "template", "tokenizer_sha256")])
     holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
     # Everything above runs before the model is touched.
-    provenance["dtype"] = _dtype_name(model)
-    if autocast_dtype is not None:
-        provenance["dtype"] = f"{provenance['dtype']}+autocast:{autocast_dtype}"
+    dtype = _dtype_name(model)
+    provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
     limit = model_max_positions(model)
     provenance["max_length"] = limit
     if reference is not None:
         unknown += check_provenance(reference, provenance, ["dtype"])
         warn_unknown_provenance(reference, unknown)
 
-    with model_autocast(model, autocast_dtype):
-        score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
-        forget_rows = data["forget"]
+    score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
+    forget_rows = data["forget"]
+    with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
         forget_stats = answer_token_statistics(
             model, tokenizer, [r["question"] for r in forget_rows], [r["answer"] for r in forget_rows],
             desc="forget: answers", **score,
@@ -428,42 +427,42 @@ def evaluate_tofu(
                 answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
                 progress=progress,
             )
+        holdout_stats = None if holdout is None else answer_token_statistics(
+            model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
+            desc="holdout: answers", **score,
+        )
 
-        # Verbatim memorization of the forget answers (teacher-forced greedy agreement).
-        es = em = None
-        if forget_stats.greedy_correct is not None:
-            es_values = [extraction_strength(g) for g in forget_stats.greedy_correct]
-            em_values = [exact_memorization(g) for g in forget_stats.greedy_correct]
-            es, em = float(np.mean(es_values)), float(np.mean(em_values))
-            splits["forget"]["per_example"]["extraction_strength"] = es_values
-            splits["forget"]["per_example"]["exact_memorization"] = em_values
+    # Verbatim memorization of the forget answers (teacher-forced greedy agreement).
+    es = em = None
+    if forget_stats.greedy_correct is not None:
+        es_values = [extraction_strength(g) for g in forget_stats.greedy_correct]
+        em_values = [exact_memorization(g) for g in forget_stats.greedy_correct]
+        es, em = float(np.mean(es_values)), float(np.mean(em_values))
+        splits["forget"]["per_example"]["extraction_strength"] = es_values
+        splits["forget"]["per_example"]["exact_memorization"] = em_values
 
-        # Membership inference: forget (label 0) vs holdout (label 1), and privleak against the retain model.
-        mia: dict[str, Any] | None = None
-        aucs: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
-        leak: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
-        ref_aucs = (reference.mia_auc if reference is not None else None) or {}
-        if holdout is not None:
-            holdout_stats = answer_token_statistics(
-                model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
-                desc="holdout: answers", **score,
-            )
-            forget_scores = mia_scores(forget_stats, tokenizer)
-            holdout_scores = mia_scores(holdout_stats, tokenizer)
-            for attack in MIA_ATTACKS:
-                if forget_scores[attack] is not None and holdout_scores[attack] is not None:
-                    aucs[attack] = mia_auc(forget_scores[attack], holdout_scores[attack])
-                    leak[attack] = privleak(aucs[attack], ref_aucs.get(attack))
-            mia = {
-                "holdout_split": HOLDOUT_FOR_FORGET[forget_split],
-                "num_forget": len(forget_rows),
-                "num_holdout": len(holdout),
-                "k": MIN_K_FRACTION,
-                "auc": aucs,
-                "privleak": leak,
-                "reference_auc": {a: ref_aucs.get(a) for a in MIA_ATTACKS},
-                "per_example": {"forget": forget_scores, "holdout": holdout_scores},
-            }
+    # Membership inference: forget (label 0) vs holdout (label 1), and privleak against the retain model.
+    mia: dict[str, Any] | None = None
+    aucs: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
+    leak: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
+    ref_aucs = (reference.mia_auc if reference is not None else None) or {}
+    if holdout is not None:
+        forget_scores = mia_scores(forget_stats, tokenizer)
+        holdout_scores = mia_scores(holdout_stats, tokenizer)
+        for attack in MIA_ATTACKS:
+            if forget_scores[attack] is not None and holdout_scores[attack] is not None:
+                aucs[attack] = mia_auc(forget_scores[attack], holdout_scores[attack])
+                leak[attack] = privleak(aucs[attack], ref_aucs.get(attack))
+        mia = {
+            "holdout_split": HOLDOUT_FOR_FORGET[forget_split],
+            "num_forget": len(forget_rows),
+            "num_holdout": len(holdout),
+            "k": MIN_K_FRACTION,
+            "auc": aucs,
+            "privleak": leak,
+            "reference_auc": {a: ref_aucs.get(a) for a in MIA_ATTACKS},
+            "per_example": {"forget": forget_scores, "holdout": holdout_scores},
+        }
 
     components = {f"{s}_{stat}": splits[s][stat] for s in UTILITY_SPLITS for stat in UTILITY_STATS}
     forget_ratios = splits["forget"]["per_example"]["truth_ratio"]
