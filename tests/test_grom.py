@@ -182,7 +182,8 @@ def test_auto_layer_selection_scores_match_reference(tiny, sets):
     model, tok = tiny
     forget, retain = sets
     forget, retain = forget[:6], retain[:30]
-    edit = fit_grom(model, tok, forget, retain, GROMConfig(layers="auto", num_layers=1, progress=False))
+    edit = fit_grom(model, tok, forget, retain, GROMConfig(layers="auto", candidate_layers=[0, 1], num_layers=1,
+                                                           progress=False))
     scores = edit.layer_scores
     assert sorted(scores) == [0, 1]
     best = max(scores, key=lambda k: scores[k]["score"])
@@ -290,14 +291,19 @@ def two_module_edit(tiny_pair, sets):
 
 def _assert_same_audit(loaded, edit):
     assert loaded.num_forget_examples == edit.num_forget_examples
-    assert torch.equal(loaded.example_ids, edit.example_ids)
+    assert torch.equal(loaded.example_ids, edit.example_ids)  # integer ids
     for name, p in edit.deltas.items():
-        assert torch.equal(loaded.deltas[name], p)
+        assert torch.equal(loaded.deltas[name], p)  # P as stored in the audit, read back byte for byte
     for i in (0, 3, edit.num_forget_examples - 1):
         want, got = edit.influence(i), loaded.influence(i)
         assert set(got) == set(want)
         for name in want:
-            assert torch.equal(got[name], want[name]), (i, name)
+            # Recomputed from the loaded (contiguous) factors: the BLAS path, hence the last bits, may differ from
+            # the in-memory views'. Measured differences are ~3e-15 of the largest entry (float64, other layouts
+            # and thread counts); 1e-10 leaves five orders of margin and still catches any wrong audit state.
+            scale = float(want[name].abs().max())
+            torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-10 * scale,
+                                       msg=lambda m, where=(i, name): f"influence{where}: {m}")
 
 
 def _fresh(tiny_pair):

@@ -45,11 +45,25 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def find_target_modules(model: Any, targets: Sequence[str]) -> list[TargetModule]:
+def lm_head_is_tied(model: Any) -> bool:
+    """Whether ``model``'s LM head shares its weight with the input embeddings (the same tensor, or
+    ``tie_word_embeddings`` set in its config)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if head is None or embed is None:
+        return False
+    if head.weight is embed.weight or head.weight.data_ptr() == embed.weight.data_ptr():
+        return True
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def find_target_modules(model: Any, targets: Sequence[str], allow_tied_head: bool = False) -> list[TargetModule]:
     """All modules matching ``targets``, validated: linear, writing to the residual stream or the LM head.
 
     Raises a ``ValueError`` naming the linear modules the model has when a target matches nothing, and
-    refuses GPT-2 style ``Conv1D`` modules by name.
+    refuses GPT-2 style ``Conv1D`` modules by name. An LM head tied to the input embeddings is refused unless
+    ``allow_tied_head`` (``GROMConfig.untie_lm_head``: the edit then goes to a separate copy of the head).
     """
     hidden = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -77,10 +91,11 @@ def find_target_modules(model: Any, targets: Sequence[str]) -> list[TargetModule
                     f"stream (hidden_size={hidden}); GROM targets are read through the logit lens, so edit a "
                     "module writing to the residual stream (e.g. 'down_proj') or 'lm_head'."
                 )
-            if is_head and getattr(model.config, "tie_word_embeddings", False):
+            if is_head and not allow_tied_head and lm_head_is_tied(model):
                 raise ValueError(
                     f"{name} is tied to the input embeddings (tie_word_embeddings=True): an edit of it would also "
-                    "change the embeddings. Target 'down_proj' instead."
+                    "change the embeddings. Pass GROMConfig(untie_lm_head=True) to edit a separate copy of the "
+                    "LM head, or target 'down_proj' instead."
                 )
             layer = None if is_head else layer_index(name)
             if not is_head and layer is None:

@@ -3,7 +3,7 @@
 A key is the input ``x`` of an edited ``nn.Linear`` at a position ``t`` whose *next* token is an
 answer token (``labels[t + 1] != -100``, the position that predicts it). Retain keys are never
 kept: they are folded into the uncentred second moment ``X_r X_r^T`` in float64 as batches stream
-by. Forget keys are kept (the audit needs them), together with what the targets need: the gold
+by (keys of optional general rows likewise into ``X_g X_g^T``). Forget keys are kept (the audit needs them), together with what the targets need: the gold
 token, its logit margin and the logit-lens margin gradient. The same forward pass also feeds the
 logit-lens layer attribution, so choosing layers costs no extra pass. Statistics are sums, so
 :meth:`KeyCollector.reduce` all-reduces them across ``torch.distributed`` processes (and gathers
@@ -81,6 +81,8 @@ class KeyCollector:
         self._cache: dict[str, Any] = {}
         self.retain_moment = {t.name: None for t in key_modules}
         self.num_retain = 0
+        self.generic_moment = {t.name: None for t in key_modules}
+        self.num_generic = 0
         self.forget_keys: dict[str, list[torch.Tensor]] = {t.name: [] for t in key_modules}
         self.out_norm_sum = {t.name: 0.0 for t in key_modules}
         self.records: dict[str, list[torch.Tensor]] = {k: [] for k in ("example", "position", "gold", "margin", "w_resid", "w_logit")}
@@ -121,7 +123,10 @@ class KeyCollector:
     @torch.no_grad()
     def run(self, batches: Iterable[dict[str, Any]], role: str, progress: bool = True, total: int | None = None) -> None:
         """Forward every batch (``input_ids``, ``attention_mask``, ``position_ids``, ``labels``, ``example_ids``)
-        and accumulate ``role`` (``"forget"`` or ``"retain"``) statistics."""
+        and accumulate ``role`` (``"forget"``, ``"retain"`` or ``"generic"``) statistics. General rows feed
+        only ``X_g X_g^T``: neither the layer attribution nor the forget records."""
+        if role not in ("forget", "retain", "generic"):
+            raise ValueError(f"role must be 'forget', 'retain' or 'generic', got {role!r}")
         device = self.unembed.device
         for batch in tqdm(batches, desc=f"GROM keys ({role})", disable=not progress, total=total, leave=False):
             labels = batch["labels"].to(device)
@@ -137,6 +142,14 @@ class KeyCollector:
             self._mask = None
             gold = gold_grid[mask]
             hidden = self._cache["__final__"]
+            if role == "generic":
+                self.num_generic += int(gold.numel())
+                for t in self.key_modules:
+                    x = self._cache[t.name][0].to(torch.float64)
+                    m = self.generic_moment[t.name]
+                    self.generic_moment[t.name] = x.T @ x if m is None else m.addmm_(x.T, x)
+                self._cache = {}
+                continue
             self.counts[role] += int(gold.numel())
             if self.attribution_modules:
                 rows = logit_lens_rows(self.norm, hidden, self.unembed, gold)
@@ -178,6 +191,10 @@ class KeyCollector:
             n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=device))
             for n, m in self.retain_moment.items()
         }
+        generic = {
+            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=device))
+            for n, m in self.generic_moment.items()
+        }
         forget_keys = {
             n: torch.cat(v) if v else torch.zeros(0, d_in[n], device=device) for n, v in self.forget_keys.items()
         }
@@ -195,7 +212,8 @@ class KeyCollector:
             needed |= {"margin"} | ({"w_resid"} if self.need_resid else set()) | ({"w_logit"} if self.need_lm else set())
         records = {k: torch.cat(self.records[k]) if self.records[k] else empty[k] for k in sorted(needed)}
         counts = torch.tensor(
-            [self.num_retain, self.counts["forget"], self.counts["retain"]], dtype=torch.float64, device=device
+            [self.num_retain, self.counts["forget"], self.counts["retain"], self.num_generic],
+            dtype=torch.float64, device=device,
         )
         layers = sorted(self.attr["forget"])
         attr = torch.tensor(
@@ -205,7 +223,7 @@ class KeyCollector:
         )
         norms = torch.tensor([self.out_norm_sum[t.name] for t in self.key_modules], dtype=torch.float64, device=device)
         if distributed:
-            for m in moments.values():
+            for m in [*moments.values(), *generic.values()]:
                 torch.distributed.all_reduce(m)
             for x in (counts, attr, norms):
                 torch.distributed.all_reduce(x)
@@ -219,6 +237,8 @@ class KeyCollector:
         return {
             "retain_moment": moments,
             "num_retain": int(counts[0]),
+            "generic_moment": generic,
+            "num_generic": int(counts[3]),
             "forget_keys": forget_keys,
             "records": records,
             "out_norm_sum": {t.name: float(norms[i]) for i, t in enumerate(self.key_modules)},

@@ -9,7 +9,9 @@ reported. All modules share one LoRA rank ``r`` (the largest ``k``); smaller fac
 which leaves ``B @ A`` unchanged.
 
 :func:`save_adapter` writes the adapter through :mod:`hf_unlearn.safe_output` (a new folder is built beside
-the target and swapped in when complete) and refuses non-finite factors before writing.
+the target and swapped in when complete) and refuses non-finite factors before writing. It records the SHA-256
+digest of every file it writes besides the metadata (``adapter_config.json``, ``adapter_model.safetensors``,
+``grom_audit.safetensors``) under ``integrity`` in ``grom_metadata.json``; :func:`verify_integrity` checks them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,52 @@ import torch
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 GROM_METADATA = "grom_metadata.json"
 GROM_AUDIT = "grom_audit.safetensors"
-ADAPTER_FILES = ("adapter_config.json", ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT)
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT)
+INTEGRITY_ALGORITHM = "sha256"
+
+
+class AdapterIntegrityError(ValueError):
+    """A saved GROM adapter whose files are not the ones it was saved with (edited, replaced or missing)."""
+
+
+def file_digests(folder: Path, names: list[str]) -> dict[str, str]:
+    """``{file name: SHA-256}`` of the files ``names`` in ``folder``."""
+    from .provenance import file_sha256
+
+    return {n: file_sha256(folder / n) for n in names}
+
+
+def verify_integrity(folder: Path, metadata: dict[str, Any], what: str) -> None:
+    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from the digests ``metadata`` records.
+
+    Every file listed under ``metadata["integrity"]["files"]`` must exist and have its recorded SHA-256. A
+    metadata without an integrity record is refused too (nothing says the files are the saved ones).
+    """
+    record = metadata.get("integrity")
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict) or not record["files"]:
+        raise AdapterIntegrityError(
+            f"{what}: {GROM_METADATA} records no file digests, so hf-unlearn cannot check that "
+            f"{ADAPTER_WEIGHTS} is the saved edit. Refit and save it again with this hf-unlearn, or pass "
+            "verify_integrity=False to load it unchecked."
+        )
+    if record.get("algorithm", INTEGRITY_ALGORITHM) != INTEGRITY_ALGORITHM:
+        raise AdapterIntegrityError(f"{what}: unknown integrity algorithm {record.get('algorithm')!r} in {GROM_METADATA}.")
+    from .provenance import file_sha256
+
+    for name, want in sorted(record["files"].items()):
+        path = folder / name
+        if not path.is_file():
+            raise AdapterIntegrityError(
+                f"{what}: {name} is missing, but {GROM_METADATA} says it was saved with the adapter. Restore the "
+                "file from the saved adapter (or download the repo again)."
+            )
+        got = file_sha256(path)
+        if got != want:
+            raise AdapterIntegrityError(
+                f"{what}: {name} was modified after it was saved (sha256 {got[:12]} != recorded {str(want)[:12]}). "
+                f"Its weights are not the fitted GROM edit; restore the saved file or refit with fit_grom."
+            )
 
 
 @dataclass
@@ -104,7 +151,8 @@ def save_adapter(
     overwrite: bool = False,
 ) -> Path:
     """Write ``adapter_config.json``, ``adapter_model.safetensors``, ``grom_metadata.json`` (and, with ``audit``,
-    ``grom_audit.safetensors``) into the folder ``path``.
+    ``grom_audit.safetensors``) into the folder ``path``; the metadata gets an ``integrity`` record with the
+    SHA-256 of each other file.
 
     Non-finite factors or audit tensors are refused before anything is written. A missing or empty ``path`` is
     built as a whole beside it and swapped in when complete (:func:`hf_unlearn.safe_output.atomic_directory`).
@@ -118,7 +166,7 @@ def save_adapter(
 
     from safetensors.torch import save_file
 
-    from ..safe_output import OutputDirError, atomic_directory, atomic_write_json
+    from ..safe_output import OutputDirError, atomic_directory, atomic_write_json, output_lock
 
     _check_finite(state_dict, "adapter")
     if audit is not None:
@@ -127,9 +175,12 @@ def save_adapter(
     def write(folder: Path) -> None:
         config.save_pretrained(str(folder))
         save_file(state_dict, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        written = [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
         if audit is not None:
             save_file({k: v.contiguous() for k, v in audit.items()}, str(folder / GROM_AUDIT), metadata={"format": "pt"})
-        atomic_write_json(folder / GROM_METADATA, metadata)
+            written.append(GROM_AUDIT)
+        record = {"algorithm": INTEGRITY_ALGORITHM, "files": file_digests(folder, written)}
+        atomic_write_json(folder / GROM_METADATA, {**metadata, "integrity": record})
 
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -143,17 +194,18 @@ def save_adapter(
         raise OutputDirError(
             f"{path} already holds an adapter ({', '.join(clash)}); pass overwrite=True to replace it."
         )
-    tmp = Path(tempfile.mkdtemp(prefix=".grom-adapter.tmp-", dir=path))
-    try:
-        write(tmp)
-        written = {p.name for p in tmp.iterdir()}
-        for name in ADAPTER_FILES:
-            if name not in written and (path / name).exists():
-                (path / name).unlink()
-        for name in sorted(written):
-            os.replace(tmp / name, path / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with output_lock(path):  # no other process writes into the folder while the files are renamed in
+        tmp = Path(tempfile.mkdtemp(prefix=".grom-adapter.tmp-", dir=path))
+        try:
+            write(tmp)
+            written = {p.name for p in tmp.iterdir()}
+            for name in ADAPTER_FILES:
+                if name not in written and (path / name).exists():
+                    (path / name).unlink()
+            for name in sorted(written):
+                os.replace(tmp / name, path / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

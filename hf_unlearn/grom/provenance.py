@@ -5,11 +5,16 @@ Added to another model's weights, the same ``P`` is meaningless (and plain PEFT 
 the module names and shapes fit). The fingerprint records, for every edited module, its name, shape, dtype and two
 SHA-256 digests of its weight: of the float32 values (exact identity) and of the values rounded to bfloat16 (the
 same base loaded in a lower precision). :func:`check_base` refuses a model that matches neither.
+
+:func:`weight_fingerprint` (one tensor) and :func:`base_fingerprint` / :func:`check_base` (named modules of a
+model) are public so that other artifacts can identify their base by its weights in the same way;
+:func:`file_sha256` is the digest of a saved file that a GROM adapter records for its own files.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import torch
@@ -24,6 +29,15 @@ class BaseModelMismatchError(ValueError):
 def _digest(t: torch.Tensor) -> str:
     arr = t.contiguous().numpy()
     return hashlib.sha256(memoryview(arr).cast("B")).hexdigest()
+
+
+def file_sha256(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    """Hex SHA-256 digest of the bytes of the file at ``path`` (read in chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk_size), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def weight_fingerprint(weight: torch.Tensor) -> dict[str, Any]:

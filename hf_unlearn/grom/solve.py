@@ -5,15 +5,16 @@ Notation (column convention of the paper; tensors here store keys as rows):
 * ``X_f`` (``d_in x s``): forget keys, passed as ``forget_keys = X_f^T`` of shape ``[s, d_in]``;
 * ``D`` (``d_out x s``): targets, passed as ``targets = D^T`` of shape ``[s, d_out]``;
 * ``X_r X_r^T`` (``d_in x d_in``): the uncentred retain second moment over ``r`` retain keys;
-* ``c_f = w_f / s`` and ``c_r = w_r / r`` the per-key weights.
+* ``X_g X_g^T`` (``d_in x d_in``): the same over ``g`` keys of optional general rows (absent when ``g = 0``);
+* ``c_f = w_f / s``, ``c_r = w_r / r`` and ``c_g = w_g / g`` the per-key weights.
 
 The edit ``P`` (``d_out x d_in``, added to ``W`` of ``y = W x``) minimises
 
-    L(P) = c_f ||P X_f - D||_F^2 + c_r ||P X_r||_F^2 + mu ||P||_F^2,
+    L(P) = c_f ||P X_f - D||_F^2 + c_r ||P X_r||_F^2 + c_g ||P X_g||_F^2 + mu ||P||_F^2,
 
 whose normal equations ``P A = c_f D X_f^T`` give
 
-    P* = c_f D X_f^T A^{-1},   A = c_r X_r X_r^T + c_f X_f X_f^T + mu I.
+    P* = c_f D X_f^T A^{-1},   A = c_r X_r X_r^T + c_g X_g X_g^T + c_f X_f X_f^T + mu I.
 """
 
 from __future__ import annotations
@@ -39,8 +40,12 @@ def normal_matrix(
     forget_weight: float,
     retain_weight: float,
     ridge: float,
+    generic_moment: torch.Tensor | None = None,
+    num_generic: int = 0,
+    generic_weight: float = 0.0,
 ) -> torch.Tensor:
-    """``A = (w_r/r) X_r X_r^T + (w_f/s) X_f X_f^T + mu I`` in float64 (the retain term is 0 when ``r = 0``)."""
+    """``A = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I`` in float64 (the retain term is 0
+    when ``r = 0``, the general term when ``g = 0`` or ``generic_moment`` is None)."""
     xf = forget_keys.to(torch.float64)
     s, d = xf.shape
     if s == 0:
@@ -48,6 +53,8 @@ def normal_matrix(
     a = (forget_weight / s) * (xf.T @ xf)
     if num_retain > 0 and retain_weight > 0:
         a = a + (retain_weight / num_retain) * retain_moment.to(torch.float64)
+    if generic_moment is not None and num_generic > 0 and generic_weight > 0:
+        a = a + (generic_weight / num_generic) * generic_moment.to(device=a.device, dtype=torch.float64)
     if ridge:
         a = a + ridge * torch.eye(d, dtype=torch.float64, device=a.device)
     return a
@@ -62,6 +69,12 @@ def suggested_ridge(a: torch.Tensor) -> float:
 def cholesky_or_explain(a: torch.Tensor, ridge: float) -> torch.Tensor:
     """Lower Cholesky factor of ``A``; a ``ValueError`` suggesting a ridge when ``A`` is singular."""
     a = a.to(torch.float64)
+    if not bool(torch.isfinite(a).all()):
+        raise ValueError(
+            f"The GROM normal matrix A ({a.shape[0]}x{a.shape[0]}) has non-finite entries (ridge={ridge}; or "
+            "non-finite keys, e.g. a model in half precision that overflowed). Use a finite ridge >= 0 and a model "
+            "whose forward pass is finite (float32)."
+        )
     singular = False
     if ridge <= 0:
         eig = torch.linalg.eigvalsh(a)
@@ -84,17 +97,22 @@ def solve_grom(
     forget_weight: float = 1.0,
     retain_weight: float = 1.0,
     ridge: float = 1e-2,
+    generic_moment: torch.Tensor | None = None,
+    num_generic: int = 0,
+    generic_weight: float = 0.0,
 ) -> GROMSolution:
     """``P* = (w_f/s) D X_f^T A^{-1}`` by a float64 Cholesky solve of ``A P^T = (w_f/s) X_f D^T``.
 
     ``forget_keys`` is ``X_f^T`` (``[s, d_in]``), ``targets`` is ``D^T`` (``[s, d_out]``), ``retain_moment``
-    is ``X_r X_r^T`` (``[d_in, d_in]``) summed over ``num_retain`` keys.
+    is ``X_r X_r^T`` (``[d_in, d_in]``) summed over ``num_retain`` keys, ``generic_moment`` is ``X_g X_g^T``
+    summed over ``num_generic`` keys of general rows (weight ``generic_weight = w_g``; optional).
     """
     xf = forget_keys.to(torch.float64)
     dt = targets.to(device=xf.device, dtype=torch.float64)
     if dt.shape[0] != xf.shape[0]:
         raise ValueError(f"{xf.shape[0]} forget keys but {dt.shape[0]} targets.")
-    a = normal_matrix(retain_moment.to(xf.device), num_retain, xf, forget_weight, retain_weight, ridge)
+    a = normal_matrix(retain_moment.to(xf.device), num_retain, xf, forget_weight, retain_weight, ridge,
+                      generic_moment, num_generic, generic_weight)
     chol = cholesky_or_explain(a, ridge)
     c_f = forget_weight / xf.shape[0]
     rhs = c_f * (xf.T @ dt)  # (w_f/s) X_f D^T, [d_in, d_out]

@@ -14,8 +14,9 @@ LM head the output already is the logit vector (``U J_t`` is the identity).
   The margin (not ``log p_y``) is used because a memorised token has ``p_y ~ 1`` and a vanishing
   log-probability gradient.
 * **Specificity** (:func:`specificity_weights`): ``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma``
-  with ``p_f, p_r`` the smoothed frequencies of token ``j`` among forget and retain answer tokens: the
-  share of the token's forget frequency not explained by ordinary (retain) use. A token seen only in
+  with ``p_f, p_r`` the smoothed frequencies of token ``j`` among forget and retain answer tokens (by
+  default each the empirical rate mixed with a uniform share, so rates are compared): the share of the
+  token's forget frequency not explained by ordinary (retain) use. A token seen only in
   forget answers gets ``alpha ~ 1``; one at least as common in retain answers (function words, EOS,
   shared templates) gets 0, so its key is asked to leave the output unchanged.
 * **Representation corruption** (:func:`corruption_targets`): ``D_t = alpha_y * c * u``, ``u`` a fixed
@@ -32,9 +33,23 @@ import torch
 
 
 def specificity_weights(
-    forget_counts: torch.Tensor, retain_counts: torch.Tensor, power: float = 1.0, smoothing: float = 0.5
+    forget_counts: torch.Tensor,
+    retain_counts: torch.Tensor,
+    power: float = 1.0,
+    smoothing: float = 0.5,
+    mode: str = "fraction",
 ) -> torch.Tensor:
-    """``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma``, ``p_x(j) = (c_x(j) + beta) / (N_x + beta V)``.
+    """``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma`` for tokens seen in forget answers, 0 for the others.
+
+    ``p_f``, ``p_r`` are the smoothed frequencies of token ``j`` among the ``N_f`` forget and ``N_r`` retain
+    answer tokens (counts ``c_f``, ``c_r`` over a vocabulary of ``V`` tokens), with ``beta = smoothing``:
+
+    * ``mode="fraction"``: ``p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x)``, i.e. the empirical rate
+      ``c_x(j) / N_x`` mixed with the uniform ``1 / V`` at weight ``beta / (1 + beta)``: the smoothing mass is
+      the fraction ``beta`` of the set's own count, so ``alpha`` compares *rates* (multiplying every retain
+      count by the same factor leaves it unchanged) whatever ``V`` is.
+    * ``mode="pseudo_count"``: ``p_x(j) = (c_x(j) + beta) / (N_x + beta V)``; when ``beta V`` is much larger
+      than ``N_x`` this compares raw counts ``(c_r + beta) / (c_f + beta)`` rather than rates.
 
     ``1 - p_r/p_f`` is the share of token ``j``'s forget-set frequency that its retain-set frequency does
     not explain: 1 for a token used only in forget answers, 0 for one at least as common in retain answers.
@@ -42,8 +57,20 @@ def specificity_weights(
     cf = forget_counts.to(torch.float64)
     cr = retain_counts.to(torch.float64)
     vocab = cf.numel()
-    pf = (cf + smoothing) / (cf.sum() + smoothing * vocab).clamp_min(1e-300)
-    pr = (cr + smoothing) / (cr.sum() + smoothing * vocab).clamp_min(1e-300)
+    if mode == "fraction":
+
+        def freq(c: torch.Tensor) -> torch.Tensor:
+            n = c.sum()
+            if float(n) <= 0:  # an empty set: the uniform distribution
+                return torch.full_like(c, 1.0 / vocab)
+            return (c + smoothing * n / vocab) / ((1 + smoothing) * n)
+
+        pf, pr = freq(cf), freq(cr)
+    elif mode == "pseudo_count":
+        pf = (cf + smoothing) / (cf.sum() + smoothing * vocab).clamp_min(1e-300)
+        pr = (cr + smoothing) / (cr.sum() + smoothing * vocab).clamp_min(1e-300)
+    else:
+        raise ValueError(f"specificity smoothing mode must be 'fraction' or 'pseudo_count', got {mode!r}")
     excess = (1 - pr / pf.clamp_min(1e-300)).clamp(0, 1)
     excess = torch.where(cf > 0, excess, torch.zeros_like(excess))
     return excess**power
