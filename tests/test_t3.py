@@ -34,10 +34,10 @@ def random_head(model, layer: int = -1, scale: float = 3.0, seed: int = 0, **con
     """An unfitted head with large random weights, so the tilt visibly changes the distribution."""
     torch.manual_seed(seed)
     clf = T3Classifier(T3ClassifierConfig(rank=4, layer=layer, **config).for_base(model))
-    with torch.no_grad():
-        clf.down.weight.mul_(scale)
-        clf.up.weight.mul_(scale)
-        clf.up.bias.normal_()
+    with torch.no_grad():  # N(0, scale^2 / fan_in) weights, whatever the head's own initialisation
+        for weight in (clf.down.weight, clf.up.weight):
+            weight.normal_(0.0, scale / weight.shape[1] ** 0.5)
+        clf.down.bias.normal_(0.0, scale)  # the bottleneck offset c (the head has no per-token bias)
     return clf.eval()
 
 
@@ -69,7 +69,7 @@ def slow_t3_log_probs(model, clf, seq: torch.Tensor, start: int, temperature: fl
     for t in range(start, len(seq)):
         res = model(seq[None, :t], output_hidden_states=True)
         pool = res.hidden_states[layer][0].float().mean(0)  # causal mean over positions <= t-1
-        g = clf.up.weight.float() @ (clf.down.weight.float() @ pool) + clf.up.bias.float()
+        g = clf.up.weight.float() @ (clf.down.weight.float() @ pool + clf.down.bias.float())  # U (D pool + c)
         base = torch.log_softmax(res.logits[0, -1].float(), -1)
         z = base / temperature + tilt_weight * torch.log(torch.sigmoid(g.double())).float()
         out.append(z[seq[t]] - torch.logsumexp(z, 0))
@@ -282,8 +282,7 @@ def test_fit_caches_answer_positions_only_and_keeps_the_tokenizer(target, synthe
     report = clf.fit_report
     assert (report["n_forget_positions"], report["n_retain_positions"]) == (n_answer(forget), n_answer(retain))
     assert report["cache_seconds"] > 0 and report["train_seconds"] > 0
-    assert report["trainable_parameters"] == 3 * (model.config.hidden_size + model.config.vocab_size) + \
-        model.config.vocab_size
+    assert report["trainable_parameters"] == 3 * (model.config.hidden_size + model.config.vocab_size + 1)
     with pytest.raises(ValueError, match="unknown settings"):
         fit_t3(model, tok, forget, retain, top_k=20, progress=False)
     # A prompt template reaches the tokenization (and is saved with the head).
@@ -314,10 +313,13 @@ def test_t3_raises_forget_nll_far_more_than_retain(target, fitted, synthetic):
         deltas[temperature, weight] = (float(answer_nll(model, tok, fq, fa, scorer=scorer).mean() - base_f),
                                        float(answer_nll(model, tok, rq, ra, scorer=scorer).mean() - base_r))
     print(f"\nT3 tiny: base NLL forget {base_f:.3f} retain {base_r:.3f}; (T, w): (dNLL forget, dNLL retain) {deltas}")
-    d_forget, d_retain = deltas[1.0, 1.0]  # the pure tilt: forget answers much less likely, retain ones kept
-    assert d_forget > 1.0 and abs(d_retain) < 0.1
+    # The pure tilt: forget answers less likely, retain ones kept. (The head is trained on class-balanced batches,
+    # without a per-token prior, and stopped early on held-out BCE: it is less confident than a head fitted to
+    # train accuracy 1, so w = 1 moves the forget NLL by tenths of a nat on this tiny set.)
+    d_forget, d_retain = deltas[1.0, 1.0]
+    assert d_forget > 0.3 and abs(d_retain) < 0.1
     d_forget, d_retain = deltas[2.0, 1.0]  # tempering costs both, the tilt mostly forget
-    assert d_forget > 5 * d_retain > 0
+    assert d_forget > 3 * d_retain > 0
     d_forget, d_retain = deltas[1.0, 3.0]  # a stronger tilt
     assert d_forget > max(math.log(20), 3 * deltas[1.0, 1.0][0] - 1) and abs(d_retain) < 0.1
 
@@ -325,11 +327,12 @@ def test_t3_raises_forget_nll_far_more_than_retain(target, fitted, synthetic):
 # ----------------------------------------------------------------------------- save / load
 def test_save_automodel_and_processor_from_pretrained_round_trip(target, fitted, synthetic, tmp_path):
     model, tok = target
+    defaults = fitted.config.temperature, fitted.config.tilt_weight
     fitted.config.temperature, fitted.config.tilt_weight = 1.5, 2.0
     try:
         fitted.save_pretrained(tmp_path)
     finally:
-        fitted.config.temperature, fitted.config.tilt_weight = 2.0, 1.0
+        fitted.config.temperature, fitted.config.tilt_weight = defaults
     assert (tmp_path / "model.safetensors").is_file() and not list(tmp_path.glob("*.bin"))
     config = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(config, T3ClassifierConfig)
@@ -347,8 +350,13 @@ def test_save_automodel_and_processor_from_pretrained_round_trip(target, fitted,
         assert (a.temperature, a.tilt_weight) == (1.5, 2.0)
         out_a = model.generate(**enc, **kw, logits_processor=LogitsProcessorList([a]))
         out_b = model.generate(**enc, **kw, logits_processor=LogitsProcessorList([b]))
-    assert torch.equal(out_a, out_b)
-    assert all(torch.equal(x[1], y[1]) for x, y in zip(a.steps, b.steps))
+    assert torch.equal(out_a, out_b)  # token ids
+    # The steps' float32 scores: the loaded head's weights equal the fitted one's byte for byte (above), but they
+    # are fresh contiguous copies, so the BLAS path (hence the last bits) may differ; 1e-5 of the largest score
+    # is ~100 float32 roundings.
+    assert len(a.steps) == len(b.steps)
+    for x, y in zip(a.steps, b.steps):
+        torch.testing.assert_close(x[1], y[1], rtol=1e-5, atol=1e-5 * float(y[1][y[1].isfinite()].abs().max()))
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -371,7 +379,7 @@ def test_refusals(target, tiny_retain, synthetic):
     retain_model, _ = tiny_retain
     with pytest.raises(ValueError, match="another base model"):
         T3LogitsProcessor(retain_model, clf)
-    T3LogitsProcessor(retain_model, clf, check_base_name=False).close()
+    T3LogitsProcessor(retain_model, clf, check_base_weights=False).close()  # sizes alone match
     with pytest.raises(ValueError, match="forget set is empty"):
         fit_t3(model, tok, [], synthetic["retain90"], progress=False)
     with pytest.raises(ValueError, match="retain set is empty"):

@@ -1,14 +1,18 @@
 """The T3 guidance head: a rank-h map from the pooled hidden state to one logit per vocabulary entry.
 
-``g_t = U (D pool_t) + b`` with ``D`` (``rank x hidden``, no bias), ``U`` (``vocab x rank``) and
-``b`` (``vocab``); ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates ``P(retain | x, y_<t, v)``. This is
-the authors' ``DataSplitClassifier`` with one hidden layer and the identity activation (their
-default, ``activation_str="id"``), plus a per-token bias ``b``. With ``rank`` 20 it holds
-``20 * (hidden + vocab) + vocab`` parameters (0.03% of an 8B model).
+``g_t = U (D pool_t + c)`` with ``D`` (``rank x hidden``), the bottleneck offset ``c`` (``rank``), ``U``
+(``vocab x rank``) and no per-token bias; ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates
+``P(retain | x, y_<t, v)``. This is the authors' ``DataSplitClassifier`` with one hidden layer and the identity
+activation (their default, ``activation_str="id"``, no bias on the vocabulary layer). ``c`` is not a free
+parameter of the fit: :func:`~hf_unlearn.t3.fit_t3` trains on standardised pooled states and folds the
+standardisation into ``D`` and ``c`` (``c = -D mean``), so a token the fit never saw keeps ``g = U[v] . (D pool +
+c)`` with ``U[v]`` at its initialisation shrunk by weight decay, as in the authors' head. With ``rank`` 20 it holds
+``20 * (hidden + vocab + 1)`` parameters (0.03% of an 8B model).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +33,16 @@ class T3ClassifierOutput(ModelOutput):
     logits: torch.Tensor | None = None
 
 
+def clip_log_f(log_f: torch.Tensor, floor: float | None) -> torch.Tensor:
+    """``max(log f, floor)`` (unchanged when ``floor`` is None)."""
+    return log_f if floor is None else log_f.clamp_min(float(floor))
+
+
 class T3Classifier(PreTrainedModel):
-    """Low-rank guidance head: ``forward(pool) -> g = U (D pool) + b`` over the whole vocabulary.
+    """Low-rank guidance head: ``forward(pool) -> g = U (D pool + c)`` over the whole vocabulary.
 
     :meth:`token_logits` returns ``g[v]`` for one token per pooled state (the fit uses it, so a
-    training step never materialises ``[N, vocab]``); :meth:`log_f` returns ``log sigmoid(g)``.
+    training step never materialises ``[N, vocab]``); :meth:`log_f` returns ``max(log sigmoid(g), floor)``.
     """
 
     config_class = T3ClassifierConfig
@@ -48,40 +57,64 @@ class T3Classifier(PreTrainedModel):
                 "`config.for_base(model)` or fit the head with `fit_t3`."
             )
         hidden, rank, vocab = int(config.hidden_size), int(config.rank), int(config.vocab_size)
-        self.down = nn.Linear(hidden, rank, bias=False)
-        self.up = nn.Linear(rank, vocab, bias=True)
+        self.down = nn.Linear(hidden, rank, bias=True)
+        self.up = nn.Linear(rank, vocab, bias=False)
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
+        """PyTorch's default ``nn.Linear`` initialisation of the weights (the authors' head), a zero offset."""
         if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=1.0 / max(module.in_features, 1) ** 0.5)
+            init.kaiming_uniform_(module.weight, a=5 ** 0.5)
             if module.bias is not None:
                 init.zeros_(module.bias)
 
     def forward(self, pooled_hidden_states: torch.Tensor, **kwargs: Any) -> T3ClassifierOutput:
-        """``g = U (D pool) + b`` for pooled states ``[..., hidden]`` -> ``[..., vocab]`` (the head's dtype)."""
+        """``g = U (D pool + c)`` for pooled states ``[..., hidden]`` -> ``[..., vocab]`` (the head's dtype)."""
         return T3ClassifierOutput(logits=self.up(self.down(pooled_hidden_states.to(self.down.weight.dtype))))
 
     def token_logits(self, pooled_hidden_states: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """``g[v]`` for one token ``v = token_ids[i]`` per pooled state ``i``: ``U[v] . (D pool) + b[v]``."""
+        """``g[v]`` for one token ``v = token_ids[i]`` per pooled state ``i``: ``U[v] . (D pool + c)``."""
         z = self.down(pooled_hidden_states.to(self.down.weight.dtype))
-        ids = token_ids.long()
-        return (z * self.up.weight[ids]).sum(-1) + self.up.bias[ids]
+        return (z * self.up.weight[token_ids.long()]).sum(-1)
 
     def log_f(self, pooled_hidden_states: torch.Tensor) -> torch.Tensor:
-        """``log f = log sigmoid(g)`` over the vocabulary, float32."""
-        return F.logsigmoid(self(pooled_hidden_states).logits.float())
+        """``max(log sigmoid(g), log_f_floor)`` over the vocabulary, float32."""
+        return clip_log_f(F.logsigmoid(self(pooled_hidden_states).logits.float()), self.config.log_f_floor)
 
     def num_trainable_parameters(self) -> int:
-        """Parameters of the head: ``rank * (hidden + vocab) + vocab``."""
+        """Parameters of the head: ``rank * (hidden + vocab + 1)``."""
         return sum(p.numel() for p in self.parameters())
 
-    def check_base(self, model: Any, check_name: bool = True) -> None:
-        """Refuse a base model other than the one the head was fitted on.
+    def non_finite_parameters(self) -> list[str]:
+        """Names of the parameters holding a NaN or an infinity."""
+        return [name for name, p in self.named_parameters() if not bool(torch.isfinite(p).all())]
 
-        Compares hidden size, vocabulary size, architecture, number of layers and (when
-        ``check_name`` and both are known) the name or path and the Hub revision the base was
-        loaded from. Raises ``ValueError`` naming every mismatch.
+    def check_finite(self) -> None:
+        """Refuse (``ValueError``) a head with a non-finite weight."""
+        bad = self.non_finite_parameters()
+        if bad:
+            raise ValueError(
+                f"The T3 head has non-finite weights ({', '.join(bad)}); it would turn every tilted score into "
+                "NaN. Refit it (a lower learning_rate)."
+            )
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        """``PreTrainedModel.save_pretrained`` after checking that every weight is finite (nothing is written
+        otherwise)."""
+        from ..safe_output import output_lock
+
+        self.check_finite()
+        with output_lock(save_directory):  # no other process writes the same folder meanwhile
+            return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def check_base(self, model: Any, check_weights: bool = True) -> None:
+        """Refuse a base model other than the one the head was fitted on (``ValueError``).
+
+        Compares hidden size, vocabulary size, architecture and number of layers, then (``check_weights``,
+        the default) the fingerprint of the base's weights recorded at fit time
+        (:func:`~hf_unlearn.t3.provenance.check_base_weights`): the same weights under another path or name are
+        accepted, other weights under the same name are refused. ``check_weights=False`` skips the fingerprint
+        (for a base the user knows to be the same model held differently, e.g. quantized).
         """
         cfg = self.config
         base = base_text_config(model)
@@ -97,16 +130,14 @@ class T3Classifier(PreTrainedModel):
         n_layers = base_num_layers(model)
         if cfg.base_num_hidden_layers is not None and n_layers is not None and n_layers != cfg.base_num_hidden_layers:
             problems.append(f"{n_layers} layers != {cfg.base_num_hidden_layers}")
-        if check_name:
-            name = str(getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "")
-            if cfg.base_model_name_or_path and name and name != cfg.base_model_name_or_path:
-                problems.append(f"name {name!r} != {cfg.base_model_name_or_path!r}")
-            revision = getattr(model.config, "_commit_hash", None)
-            if cfg.base_model_revision and revision and revision != cfg.base_model_revision:
-                problems.append(f"revision {revision!r} != {cfg.base_model_revision!r}")
         if problems:
-            hint = " (pass check_base_name=False if it is the same model loaded from elsewhere)" if check_name else ""
-            raise ValueError(
-                "This T3 head was fitted on another base model: " + "; ".join(problems) + hint
+            from .provenance import BaseModelMismatchError
+
+            raise BaseModelMismatchError(
+                "This T3 head was fitted on another base model: " + "; ".join(problems)
                 + ". Refit it with `fit_t3` on this model."
             )
+        if check_weights:
+            from .provenance import check_base_weights
+
+            check_base_weights(cfg.base_weights_fingerprint, model)

@@ -2,7 +2,7 @@
 
 At every step the processor returns, over the full vocabulary,
 
-    s_v = log_softmax(scores)_v / T + w * log sigmoid(g_t[v]),    g_t = U (D pool_t) + b
+    s_v = log_softmax(scores)_v / T + w * max(log sigmoid(g_t[v]), floor),    g_t = U (D pool_t + c)
 
 (see :mod:`hf_unlearn.t3.tilt`). It never runs the base model: a forward hook on the base (see
 :class:`~hf_unlearn.t3.hidden.HiddenStateHook`) reads layer ``layer``'s hidden state of the positions
@@ -32,8 +32,11 @@ from .modeling import T3Classifier
 from .tilt import tilted_scores
 
 
-def validate_t3_arguments(temperature: float, tilt_weight: float, allow_temperature_below_one: bool = False) -> None:
-    """Refuse settings outside T3's definition (finite ``T >= 1`` unless explicitly overridden, finite ``w``)."""
+def validate_t3_arguments(
+    temperature: float, tilt_weight: float, allow_temperature_below_one: bool = False, log_f_floor: float | None = None
+) -> None:
+    """Refuse settings outside T3's definition (finite ``T >= 1`` unless explicitly overridden, finite ``w``, a
+    finite negative floor on ``log f`` or none)."""
     if isinstance(temperature, bool) or not math.isfinite(float(temperature)) or float(temperature) <= 0:
         raise ValueError(f"temperature must be a finite positive number, got {temperature!r}.")
     if float(temperature) < 1.0 and not allow_temperature_below_one:
@@ -43,6 +46,10 @@ def validate_t3_arguments(temperature: float, tilt_weight: float, allow_temperat
         )
     if isinstance(tilt_weight, bool) or not math.isfinite(float(tilt_weight)):
         raise ValueError(f"tilt_weight must be a finite number, got {tilt_weight!r}.")
+    if log_f_floor is not None and (
+        isinstance(log_f_floor, bool) or not math.isfinite(float(log_f_floor)) or float(log_f_floor) >= 0
+    ):
+        raise ValueError(f"log_f_floor must be a finite negative number or None, got {log_f_floor!r}.")
 
 
 def _device_of(model: Any) -> torch.device:
@@ -59,9 +66,12 @@ class T3LogitsProcessor(LogitsProcessor):
         model: the frozen base causal LM, the one ``generate`` runs (hooks are registered on it).
         classifier: a :class:`T3Classifier` fitted on ``model`` (another base is refused).
         temperature: ``T`` (default: the head's ``config.temperature``); ``T >= 1``.
-        tilt_weight: ``w`` (default: the head's ``config.tilt_weight``).
+        tilt_weight: ``w`` (default: the head's ``config.tilt_weight``). Greedy decoding depends on ``T * w``
+            only; ``T`` also changes the sampled distribution.
+        log_f_floor: floor on ``log f`` (default: the head's ``config.log_f_floor``; None there: no floor).
         allow_temperature_below_one: explicit override of the ``T >= 1`` check.
-        check_base_name: also compare the base's name/path and revision with the head's record.
+        check_base_weights: compare the base's weights with the fingerprint recorded at fit time (the
+            default); False skips that check (sizes and architecture are always compared).
 
     Works with greedy decoding and sampling (leave ``generate``'s own temperature at 1: T3 tempers
     here; warpers such as top-k/top-p run after it), with batches (left padding is read from the
@@ -77,18 +87,22 @@ class T3LogitsProcessor(LogitsProcessor):
         temperature: float | None = None,
         tilt_weight: float | None = None,
         *,
+        log_f_floor: float | None = None,
         allow_temperature_below_one: bool = False,
-        check_base_name: bool = True,
+        check_base_weights: bool = True,
     ) -> None:
         temperature = classifier.config.temperature if temperature is None else temperature
         tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight
-        validate_t3_arguments(temperature, tilt_weight, allow_temperature_below_one)
-        classifier.check_base(model, check_name=check_base_name)
+        log_f_floor = classifier.config.log_f_floor if log_f_floor is None else log_f_floor
+        validate_t3_arguments(temperature, tilt_weight, allow_temperature_below_one, log_f_floor)
+        classifier.check_finite()
+        classifier.check_base(model, check_weights=check_base_weights)
         self.model = model
         self.classifier = classifier.to(device=_device_of(model), dtype=torch.float32).eval()
-        self._down, self._up, self._bias = classifier.down.weight, classifier.up.weight, classifier.up.bias
+        self._down, self._offset, self._up = classifier.down.weight, classifier.down.bias, classifier.up.weight
         self.temperature = float(temperature)
         self.tilt_weight = float(tilt_weight)
+        self.log_f_floor = None if log_f_floor is None else float(log_f_floor)
         self.layer = int(classifier.config.layer)
         self.vocab_size = int(classifier.config.vocab_size)
         self.max_positions = model_max_positions(model)
@@ -103,16 +117,17 @@ class T3LogitsProcessor(LogitsProcessor):
         *,
         temperature: float | None = None,
         tilt_weight: float | None = None,
+        log_f_floor: float | None = None,
         allow_temperature_below_one: bool = False,
-        check_base_name: bool = True,
+        check_base_weights: bool = True,
         **load_kwargs: Any,
     ) -> T3LogitsProcessor:
         """Load a saved or pushed head (``repo_or_dir``; ``load_kwargs`` go to ``from_pretrained``, e.g.
         ``revision``) and build its processor with the decoding defaults it was saved with."""
         classifier = T3Classifier.from_pretrained(repo_or_dir, **load_kwargs)
         return cls(
-            model, classifier, temperature, tilt_weight,
-            allow_temperature_below_one=allow_temperature_below_one, check_base_name=check_base_name,
+            model, classifier, temperature, tilt_weight, log_f_floor=log_f_floor,
+            allow_temperature_below_one=allow_temperature_below_one, check_base_weights=check_base_weights,
         )
 
     # ------------------------------------------------------------------ hook side
@@ -181,9 +196,9 @@ class T3LogitsProcessor(LogitsProcessor):
             )
         self._ids = input_ids
         pooled = self._sum / self._count.clamp_min(1.0).unsqueeze(-1)
-        # g = U (D pool) + b, called on the weights directly (no module dispatch: this runs every step).
-        guidance = F.linear(F.linear(pooled, self._down), self._up, self._bias)
-        return tilted_scores(scores, guidance, self.temperature, self.tilt_weight).to(scores.dtype)
+        # g = U (D pool + c), called on the weights directly (no module dispatch: this runs every step).
+        guidance = F.linear(F.linear(pooled, self._down, self._offset), self._up)
+        return tilted_scores(scores, guidance, self.temperature, self.tilt_weight, self.log_f_floor).to(scores.dtype)
 
     # ------------------------------------------------------------------ lifetime
     def attach(self) -> None:

@@ -8,7 +8,12 @@ i.e. from the scores ``s_v = log_softmax(logits)_v / T + w * log sigmoid(g_t[v])
 ``_guide_logits``: ``base_log_probs / base_temp + guidance_scale * logsigmoid(classifier_logits)``),
 where ``p`` is the frozen base, ``T`` the temperature (tempering flattens the memorised peaks that a
 tilt alone cannot suppress), ``g_t`` the guidance head's logits and ``w`` the tilt weight. The
-distribution is ``log q = log_softmax(s)``.
+distribution is ``log q = log_softmax(s)``. An optional floor bounds the tilt of one token,
+``s_v = log_softmax(logits)_v / T + w * max(log sigmoid(g_t[v]), floor)`` (the authors' code notes that
+clipping ``log f`` may help stability; they do not clip).
+
+Under greedy decoding ``argmax_v s_v`` is unchanged by scaling ``s`` by ``T > 0``, so ``(T, w)`` and
+``(1, T w)`` choose the same tokens; ``T`` matters for sampling and for teacher-forced log-probabilities.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ import torch.nn.functional as F
 
 
 def tilted_scores(
-    base_logits: torch.Tensor, guidance_logits: torch.Tensor, temperature: float, tilt_weight: float
+    base_logits: torch.Tensor, guidance_logits: torch.Tensor, temperature: float, tilt_weight: float,
+    log_f_floor: float | None = None,
 ) -> torch.Tensor:
-    """``s = log_softmax(base_logits) / T + w * logsigmoid(guidance_logits)`` over the last axis (float32).
+    """``s = log_softmax(base_logits) / T + w * max(logsigmoid(guidance_logits), floor)`` over the last axis
+    (float32; no floor when ``log_f_floor`` is None).
 
     ``base_logits`` may be shifted by any per-row constant (the log-softmax removes it). The scores
     are unnormalised: ``softmax(s)`` is the T3 distribution.
@@ -29,12 +36,19 @@ def tilted_scores(
     if float(temperature) != 1.0:
         s.div_(float(temperature))
     if float(tilt_weight) != 0.0:
-        s.add_(F.logsigmoid(guidance_logits.float()), alpha=float(tilt_weight))
+        log_f = F.logsigmoid(guidance_logits.float())
+        if log_f_floor is not None:
+            log_f = log_f.clamp_min(float(log_f_floor))
+        s.add_(log_f, alpha=float(tilt_weight))
     return s
 
 
 def tilted_log_probs(
-    base_logits: torch.Tensor, guidance_logits: torch.Tensor, temperature: float, tilt_weight: float
+    base_logits: torch.Tensor, guidance_logits: torch.Tensor, temperature: float, tilt_weight: float,
+    log_f_floor: float | None = None,
 ) -> torch.Tensor:
-    """``log q = log_softmax(log_softmax(base_logits) / T + w * logsigmoid(guidance_logits))`` (float32)."""
-    return torch.log_softmax(tilted_scores(base_logits, guidance_logits, temperature, tilt_weight), dim=-1)
+    """``log q = log_softmax(log_softmax(base_logits) / T + w * max(logsigmoid(guidance_logits), floor))``
+    (float32)."""
+    return torch.log_softmax(
+        tilted_scores(base_logits, guidance_logits, temperature, tilt_weight, log_f_floor), dim=-1
+    )
