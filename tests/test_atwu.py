@@ -417,7 +417,7 @@ def test_weighter_gets_gradient_at_step_zero_on_a_memorised_model(tiny_target, s
 
 
 def test_atwu_resume_restores_weighter_and_its_optimizer(tiny_pair, synthetic, tmp_path):
-    """Interrupt after a checkpoint, resume: the weighter (weights, running centre), its Adam state and the model
+    """Interrupt after a checkpoint, resume: the weighter (weights, running mean and variance), its Adam state and the model
     end as in the uninterrupted run."""
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -451,6 +451,7 @@ def test_atwu_resume_restores_weighter_and_its_optimizer(tiny_pair, synthetic, t
     resumed.train(resume_from_checkpoint=True)
     for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
         torch.testing.assert_close(a, b, msg=name)
+    assert {"center", "variance", "num_center_updates"} <= set(full.scorer.state_dict())  # standardisation state
     for key, value in full.scorer.state_dict().items():
         torch.testing.assert_close(resumed.scorer.state_dict()[key], value, msg=key)
     sa, sb = full.scorer_optimizer.state_dict()["state"], resumed.scorer_optimizer.state_dict()["state"]
@@ -466,7 +467,7 @@ def test_atwu_config_fields_have_help_and_are_documented():
 
     base = {f.name for f in dataclasses.fields(BaseUnlearningConfig)}
     own = [f for f in dataclasses.fields(ATWUConfig) if f.name not in base]
-    assert len(own) == 16
+    assert len(own) == 20
     for f in own:
         assert f.metadata.get("help"), f.name
         assert f.default is not dataclasses.MISSING, f.name

@@ -70,7 +70,9 @@ def test_margin_is_restricted_log_odds_and_tau_rho_relation():
         tau = masc_threshold_from_probability(rho)
         assert tau == pytest.approx(math.log(rho / (1 - rho)))
         assert masc_probability_from_threshold(tau) == pytest.approx(rho)
-        assert torch.equal((margins > tau) & mask, (p > rho) & mask)
+        # sigmoid's float32 rounding (vectorised differently per CPU) may flip a margin within 1e-5 of tau
+        clear = (margins - tau).abs() > 1e-5
+        assert torch.equal(((margins > tau) & mask)[clear], ((p > rho) & mask)[clear])
     with pytest.raises(ValueError, match="rho"):
         masc_threshold_from_probability(1.0)
 
@@ -207,6 +209,7 @@ def test_margin_bad_top_k():
 TINY_MASC = dict(
     learning_rate=1e-3, per_device_train_batch_size=4, use_peft=False, forget_weight=1.0,
     continuation_min_prefix_tokens=4, continuation_min_suffix_tokens=4, check_every=2, max_steps=40,
+    retain_weight=0.0, confirm_rule="hoeffding",
 )
 
 
@@ -263,7 +266,14 @@ def test_masc_defaults_are_the_authors_recipe(tmp_path):
     assert (cfg.forget_weight, cfg.margin_probability, cfg.buffer_eta, cfg.top_k, cfg.margin_beta) == (0.05, 0.7, 0.25, 10, 1.0)
     assert (cfg.stop_trigger, cfg.stop_tolerance, cfg.confirm_examples, cfg.confirm_delta) == (0.475, 0.475, 32, 0.05)
     assert (cfg.check_every, cfg.stop_probe_batches, cfg.learning_rate, cfg.num_train_epochs) == (2, 2, 1e-4, 3.0)
-    assert (cfg.per_device_train_batch_size, cfg.retain_weight, cfg.penalty, cfg.hinge) == (2, 0.0, "continuation", "buffered")
+    assert (cfg.per_device_train_batch_size, cfg.penalty, cfg.hinge) == (2, "continuation", "buffered")
+    # the authors' constant learning rate and plain-mean confirmation; the paper's retain KL; a step ceiling
+    assert str(cfg.lr_scheduler_type) in ("constant", "SchedulerType.CONSTANT") and cfg.confirm_rule == "mean"
+    assert (cfg.retain_weight, cfg.max_steps, cfg.epoch_length) == (1.0, 5400, "forget")
+    preset = MASCConfig.authors_tofu_preset(str(tmp_path), report_to="none", learning_rate=3e-4)
+    assert (preset.retain_weight, preset.epoch_length, preset.max_steps, preset.num_train_epochs) == (
+        0.0, "max(forget,retain)", -1, 3.0)
+    assert preset.learning_rate == 3e-4 and preset.confirm_rule == "mean" and preset.forget_weight == 0.05
     assert cfg.tau == pytest.approx(math.log(0.7 / 0.3))
     lora = cfg.get_peft_config()
     assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (16, 32, 0.05)
@@ -285,10 +295,11 @@ def test_masc_probe_matches_slow_recomputation(tiny_target, synthetic, tmp_path)
     assert sum(trainer.probe(trainer.model, "trigger", 0)) / 8 > 0.8  # the target still knows the answers
 
 
-def test_masc_stops_at_first_confirmed_check(tiny_target, synthetic, tmp_path):
+@pytest.mark.parametrize("confirm_rule", ["hoeffding", "mean"])
+def test_masc_stops_at_first_confirmed_check(tiny_target, synthetic, tmp_path, confirm_rule):
     from hf_unlearn.trainers.masc.trainer import STOPPING_FILE
 
-    trainer = _trainer(tiny_target, synthetic, tmp_path)
+    trainer = _trainer(tiny_target, synthetic, tmp_path, confirm_rule=confirm_rule)
     trainer.train()
     args = trainer.args
     step = trainer.stopped_at_step
@@ -309,9 +320,17 @@ def test_masc_stops_at_first_confirmed_check(tiny_target, synthetic, tmp_path):
     mean = sum(rates) / len(rates)
     assert last["confirm_violation_rate"] == pytest.approx(mean, abs=1e-9)
     j = last["confirmation"]
-    delta_j = 6 * args.confirm_delta / (math.pi**2 * (j + 1) ** 2)
-    assert last["hoeffding_bound"] == pytest.approx(mean + math.sqrt(math.log(1 / delta_j) / (2 * len(rates))))
-    assert last["hoeffding_bound"] <= args.stop_tolerance
+    if confirm_rule == "hoeffding":
+        delta_j = 6 * args.confirm_delta / (math.pi**2 * (j + 1) ** 2)
+        bound = mean + math.sqrt(math.log(1 / delta_j) / (2 * len(rates)))
+        assert last["hoeffding_bound"] == pytest.approx(bound) and last["confirm_statistic"] == pytest.approx(bound)
+    else:  # the plain mean, no bound
+        assert "hoeffding_bound" not in last and last["confirm_statistic"] == pytest.approx(mean, abs=1e-9)
+    assert last["confirm_statistic"] <= args.stop_tolerance
+    for h in checks[:-1]:  # earlier armed checks had their statistic above alpha
+        if h["triggered"]:
+            assert h["confirm_statistic"] > args.stop_tolerance
+    assert trainer.stop_reason == "rule"
     logged = [e for e in trainer.state.log_history if "masc/stopped_at_step" in e]
     assert logged and logged[-1]["masc/stopped_at_step"] == step
 
@@ -319,6 +338,7 @@ def test_masc_stops_at_first_confirmed_check(tiny_target, synthetic, tmp_path):
     saved = json.loads((tmp_path / "saved" / STOPPING_FILE).read_text())
     assert (tmp_path / "saved" / "model.safetensors").is_file()
     assert saved["stopped_at_step"] == step and saved["stopped_by_rule"] and not saved["budget_exhausted"]
+    assert saved["stop_reason"] == "rule" and saved["rule"]["confirm_rule"] == confirm_rule
     assert saved["rule"]["alpha"] == args.stop_tolerance and saved["rule"]["top_k"] == args.top_k
     assert len(saved["violation_history"]) == len(history)
 

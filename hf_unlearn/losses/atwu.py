@@ -26,8 +26,16 @@ def _atwu_check_shapes(mask: torch.Tensor, *tensors: torch.Tensor) -> None:
             raise ValueError(f"ATWU per-token tensors must have the mask's shape {tuple(mask.shape)}, got {tuple(t.shape)}.")
 
 
-def satga_plus_exponent(scores: torch.Tensor, beta: float, c: float) -> torch.Tensor:
-    """Saturation exponent of SATGA+: ``a_t = beta * (1 + c * (1 - g_t))``.
+SATGA_SELECTIONS = ("soft", "hard")
+
+
+def satga_plus_exponent(scores: torch.Tensor, beta: float, c: float, selection: str = "soft") -> torch.Tensor:
+    """Saturation exponent of SATGA+: ``a_t = beta * (1 + c * (1 - s_t))``.
+
+    ``selection="soft"`` (default): ``s_t = g_t``. ``selection="hard"``: ``s_t = STE(1[g_t > 0.5])``
+    (:func:`straight_through_indicator`: the hard 0/1 selection in the forward pass, the identity's gradient in
+    the backward pass), so a selected token saturates with exponent ``beta`` and a rejected one with
+    ``beta * (1 + c)`` whatever its exact score.
 
     ``beta > 0`` is the saturation strength of plain saturated gradient ascent: a token the scorer selects
     (``g_t = 1``) is weighted ``p_t^beta``. ``c >= 0`` is the *score contrast*: a rejected token (``g_t = 0``)
@@ -44,14 +52,22 @@ def satga_plus_exponent(scores: torch.Tensor, beta: float, c: float) -> torch.Te
         raise ValueError(f"SATGA+ needs saturation beta > 0, got {beta}.")
     if c < 0:
         raise ValueError(f"SATGA+ needs score contrast c >= 0, got {c}.")
-    return beta * (1.0 + c * (1.0 - scores))
+    if selection not in SATGA_SELECTIONS:
+        raise ValueError(f"SATGA+ selection must be one of {list(SATGA_SELECTIONS)}, got {selection!r}.")
+    s = straight_through_indicator(scores) if selection == "hard" else scores
+    return beta * (1.0 + c * (1.0 - s))
 
 
 SATGA_FORMS = ("gated", "exponent_only")
 
 
 def satga_plus_weight(
-    token_log_probs: torch.Tensor, scores: torch.Tensor, beta: float = 0.2, c: float = 50.0, form: str = "gated"
+    token_log_probs: torch.Tensor,
+    scores: torch.Tensor,
+    beta: float = 0.2,
+    c: float = 50.0,
+    form: str = "gated",
+    selection: str = "soft",
 ) -> torch.Tensor:
     """Per-token weight of SATGA+'s ascent term (the model's probability under stop-gradient).
 
@@ -64,11 +80,13 @@ def satga_plus_weight(
     * ``form="exponent_only"`` (the earlier form): ``w_t = sg(p_t)^{a_t}``. As ``p -> 1`` the weight tends to 1
       for any score (0.998 selected, 0.96 rejected at ``p = 0.99``), so the score cannot protect a memorised token
       until its probability has fallen, and ``dw/dg = -beta c log(p) p^a`` vanishes at the start.
+
+    ``selection`` chooses the score in the exponent (:func:`satga_plus_exponent`); the gate is always ``g_t``.
     """
     if form not in SATGA_FORMS:
         raise ValueError(f"SATGA+ form must be one of {list(SATGA_FORMS)}, got {form!r}.")
     g = _atwu_float(scores)
-    saturation = torch.exp(satga_plus_exponent(g, beta, c) * _atwu_float(token_log_probs).detach())
+    saturation = torch.exp(satga_plus_exponent(g, beta, c, selection) * _atwu_float(token_log_probs).detach())
     return g * saturation if form == "gated" else saturation
 
 
@@ -81,6 +99,7 @@ def satga_plus_loss(
     num_tokens: torch.Tensor | float | None = None,
     form: str = "gated",
     eps: float = 1e-6,
+    selection: str = "soft",
 ) -> torch.Tensor:
     """SATGA+, score-gated saturated gradient ascent (ATWU's default forget loss).
 
@@ -101,12 +120,15 @@ def satga_plus_loss(
     ``form="exponent_only"`` (the earlier SATGA+): ``L = -(1/N) sum mask * sg(p)^a * l``, the score only in the
     exponent (``dL/dg_t = -beta c p_t^a_t l_t^2 / N``).
 
+    ``selection="hard"`` puts the hard selection ``STE(1[g > 0.5])`` in the exponent instead of ``g``
+    (:func:`satga_plus_exponent`).
+
     Minimising ``L`` raises the NLL of the selected tokens (gradient ascent); tokens already forgotten (``p``
     small) stop being pushed (saturation), the sooner the lower their score.
     """
     _atwu_check_shapes(mask, token_log_probs, scores)
     nll = -_atwu_float(token_log_probs)
-    weight = satga_plus_weight(token_log_probs, scores, beta, c, form)
+    weight = satga_plus_weight(token_log_probs, scores, beta, c, form, selection)
     total = (weight * nll * mask).sum()
     if form == "exponent_only":
         return -total / _denominator(num_tokens, mask.sum())

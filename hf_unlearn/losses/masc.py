@@ -189,3 +189,33 @@ def hoeffding_upper_bound(mean: float, n: int, delta: float, check_index: int) -
         raise ValueError(f"check_index (j) counts confirmations from 1, got {check_index}.")
     delta_j = 6.0 * float(delta) / (math.pi**2 * (int(check_index) + 1) ** 2)
     return float(mean) + math.sqrt(math.log(1.0 / delta_j) / (2.0 * int(n))), delta_j
+
+
+MASC_CONFIRM_RULES = ("mean", "hoeffding")
+
+
+def confirmation_statistic(
+    rates: list[float] | torch.Tensor, rule: str, delta: float, check_index: int
+) -> tuple[float, float, float | None]:
+    """The number MASC's confirmation stage compares with ``alpha`` (it stops when it is ``<= alpha``).
+
+    ``rates`` are the per-example violation rates ``r_i`` of the ``n`` confirmation examples,
+    ``mean = (1/n) sum_i r_i``.
+
+    * ``rule="mean"`` (the authors' TOFU run, which does not pass ``--early_stop_confirm_use_ucb``):
+      the statistic is ``mean`` itself.
+    * ``rule="hoeffding"``: the anytime upper bound ``U_j = mean + sqrt(log(1 / delta_j) / (2 n))``,
+      ``delta_j = 6 delta / (pi^2 (j + 1)^2)`` for the ``j``-th confirmation (:func:`hoeffding_upper_bound`).
+
+    Returns ``(statistic, mean, delta_j)``, ``delta_j`` ``None`` for ``"mean"``.
+    """
+    values = [float(r) for r in (rates.tolist() if torch.is_tensor(rates) else rates)]
+    if not values:
+        raise ValueError("The confirmation stage needs at least one example.")
+    mean = sum(values) / len(values)
+    if rule == "mean":
+        return mean, mean, None
+    if rule == "hoeffding":
+        bound, delta_j = hoeffding_upper_bound(mean, len(values), delta, check_index)
+        return bound, mean, delta_j
+    raise ValueError(f"confirm_rule must be one of {list(MASC_CONFIRM_RULES)}, got {rule!r}.")

@@ -1,8 +1,9 @@
 """ATWU (Alternating Token-Weighted Unlearning): unlearning with a learned per-token forget score.
 
-A linear scorer ``g_t = sigmoid(<w, h_t> + b)`` (:class:`~hf_unlearn.trainers.atwu.weighter.ATWUTokenWeighter`) on the
-model's detached last-layer hidden states weights each forget answer token. Model and scorer are updated
-alternately:
+A linear scorer ``g_t = sigmoid(<w, (h_t - mu) / sigma> + b)``
+(:class:`~hf_unlearn.trainers.atwu.weighter.ATWUTokenWeighter`) on the model's detached last-layer hidden states,
+standardised by their running mean and variance, weights each forget answer token. ``scorer_warmup_steps`` scorer
+steps run before the first model step; then model and scorer are updated alternately:
 
 * model step (each optimizer step): ``gamma * L_forget(theta; sg(g)) + alpha * retain``;
 * scorer step (every ``scorer_every`` model steps, just before that model step, on the same forget batch, with the
@@ -13,8 +14,8 @@ alternately:
 ``L_forget`` is SATGA+ (by default its score-gated form, :func:`hf_unlearn.losses.satga_plus_loss`), token-weighted
 NPO or token-weighted SimNPO (:mod:`hf_unlearn.losses.atwu`). The weighter is saved beside the model (the
 ``atwu_weighter/`` subfolder, ``huggingface_hub`` mixin format) by ``save_model`` and in every checkpoint, together
-with its Adam state (``atwu_weighter_optimizer.safetensors``) and running centre (a buffer of the weighter); a resumed
-run reloads all three, so it continues exactly. :meth:`ATWUTrainer.token_scores` returns the per-token scores of any
+with its Adam state (``atwu_weighter_optimizer.safetensors``) and running mean and variance (buffers of the weighter);
+a resumed run reloads all of them, so it continues exactly. :meth:`ATWUTrainer.token_scores` returns the per-token scores of any
 dataset.
 """
 
@@ -70,7 +71,10 @@ class ATWUTrainer(UnlearningTrainer):
         unwrapped = self.accelerator.unwrap_model(self.model)
         hidden = model_hidden_size(unwrapped)
         if scorer is None:  # every token starts at the budget: b = logit(budget), w = 0
-            scorer = ATWUTokenWeighter(hidden, init_bias=math.log(self.args.budget / (1.0 - self.args.budget)))
+            scorer = ATWUTokenWeighter(
+                hidden, init_bias=math.log(self.args.budget / (1.0 - self.args.budget)),
+                standardize=self.args.scorer_standardize,
+            )
         elif scorer.hidden_size != hidden:
             raise ValueError(
                 f"Hidden size mismatch: the given ATWU scorer has hidden size {scorer.hidden_size}, the model {hidden}."
@@ -78,6 +82,7 @@ class ATWUTrainer(UnlearningTrainer):
         self.scorer = scorer.to(self.args.device)
         self.scorer_optimizer = torch.optim.Adam(self.scorer.parameters(), lr=self.args.scorer_lr)
         self._last_scorer_step: int | None = None
+        self._warmup_pending = self.args.scorer_warmup_steps > 0
 
     # ----- configuration -----------------------------------------------------------------------------------------
 
@@ -96,12 +101,14 @@ class ATWUTrainer(UnlearningTrainer):
         denominators: LossDenominators | None = None,
     ) -> torch.Tensor:
         """The configured forget loss (``args.forget_loss``) with token weights ``scores`` (unweighted by gamma).
-        Without ``denominators`` the batch's own token/sequence counts are used."""
+        Without ``denominators`` the batch's own token/sequence counts are used. SATGA+ uses the contrast of
+        :meth:`saturation_c` for the current step and ``args.satga_selection``."""
         args = self.args
         if args.forget_loss == "satga":
             n = denominators.forget_tokens if denominators is not None else None
             return satga_plus_loss(
-                token_log_probs, scores, mask, args.saturation_beta, args.saturation_c, n, form=args.satga_form
+                token_log_probs, scores, mask, args.saturation_beta, self.saturation_c(), n, form=args.satga_form,
+                selection=args.satga_selection,
             )
         n = denominators.forget_sequences if denominators is not None else None
         if args.forget_loss == "npo":
@@ -109,6 +116,15 @@ class ATWUTrainer(UnlearningTrainer):
                 raise ValueError("The weighted NPO forget loss needs the reference model's token log-probabilities.")
             return weighted_npo_loss(token_log_probs, ref_token_log_probs, scores, mask, args.npo_beta, n)
         return weighted_simnpo_loss(token_log_probs, scores, mask, args.simnpo_beta, args.simnpo_delta, n)
+
+    def saturation_c(self, step: int | None = None) -> float:
+        """SATGA+'s contrast at model step ``step`` (default: the current one): ``saturation_c * min(1, (step + 1)
+        / W)`` with ``W = saturation_c_warmup_steps``, or ``saturation_c`` when ``W = 0``."""
+        warmup = self.args.saturation_c_warmup_steps
+        if warmup <= 0:
+            return float(self.args.saturation_c)
+        step = self.state.global_step if step is None else int(step)
+        return float(self.args.saturation_c) * min(1.0, (step + 1) / warmup)
 
     def scorer_step(
         self,
@@ -125,15 +141,20 @@ class ATWUTrainer(UnlearningTrainer):
         lp = token_log_probs.detach()
         ref = ref_token_log_probs.detach() if ref_token_log_probs is not None else None
         self.scorer.train()
-        # centre on this batch's own mean hidden state, so that the budget and entropy pushes (alike for all tokens
-        # at w = 0) leave w alone; the tracked centre used outside the scorer step follows it as a moving average
+        # standardise by this batch's own statistics of the scored hidden states (mean: the budget and entropy
+        # pushes, alike for all tokens at w = 0, then leave w alone); the tracked statistics used outside the scorer
+        # step follow them as moving averages. Two passes (mean, then the mean squared deviation from it), which
+        # float32 computes accurately; over processes each pass is averaged.
         states = self.scorer.scored_states(hidden_states, mask).float()
         center = states.mean(0) if states.shape[0] else self.scorer.center.clone()
         if self.accelerator.num_processes > 1:
             center = self.accelerator.reduce(center, reduction="mean")
-        self.scorer.update_center(center)
+        variance = (states - center).pow(2).mean(0) if states.shape[0] else self.scorer.variance.clone()
+        if self.accelerator.num_processes > 1:
+            variance = self.accelerator.reduce(variance, reduction="mean")
+        self.scorer.update_statistics(center, variance)
         with torch.enable_grad():
-            g = self.scorer.label_scores(hidden_states.detach(), center)
+            g = self.scorer.label_scores(hidden_states.detach(), center, variance)
             forget = self.weighted_forget_loss(lp, g, mask, ref)
             entropy = score_entropy(g, mask)
             budget = budget_penalty(g, mask, args.budget)
@@ -165,7 +186,28 @@ class ATWUTrainer(UnlearningTrainer):
         self._last_scorer_step = step
         return True
 
+    def scorer_warmup(self, model: Any) -> list[dict[str, float]]:
+        """``scorer_warmup_steps`` scorer-only steps (:meth:`scorer_step`, the model frozen and unchanged) on the
+        first forget training batches in order, cycling through the forget set; returns each step's terms. Run
+        once, before the first model step of a run that starts at step 0 (a resumed run skips it)."""
+        args = self.args
+        bs = args.per_device_train_batch_size
+        n = len(self.forget_dataset)
+        terms = []
+        for k in range(args.scorer_warmup_steps):
+            rows = [self.forget_dataset[(k * bs + i) % n] for i in range(bs)]
+            batch = self._prepare_inputs(self.data_collator([{c: r[c] for c in ("input_ids", "labels")} for r in rows]))
+            with torch.no_grad():
+                forget = self.score(model, batch, output_hidden_states=True)
+                ref = self.reference_scores(batch).token_log_probs if args.forget_loss == "npo" else None
+            terms.append(self.scorer_step(forget.token_log_probs, forget.outputs.hidden_states[-1], forget.mask, ref))
+        return terms
+
     def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
+        if self._warmup_pending and self._in_training_step and model.training:
+            self._warmup_pending = False
+            if self.state.global_step == 0:
+                self.scorer_warmup(model)
         forget = self.score(model, inputs, output_hidden_states=True)
         hidden = forget.outputs.hidden_states[-1].detach()
         ref = self.reference_scores(inputs).token_log_probs if self.args.forget_loss == "npo" else None
@@ -192,13 +234,16 @@ class ATWUTrainer(UnlearningTrainer):
         columns = set(rows.column_names)
         if {"input_ids", "labels"} <= columns:
             return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in rows]
-        if {"question", "answer"} <= columns:
-            return [
-                {k: v for k, v in tokenize_qa(self.processing_class, r["question"], r["answer"]).items() if k in ("input_ids", "labels")}
+        template = self.args.prompt_template
+        if {"question", "answer"} <= columns:  # as the training set is tokenized (template, max_length)
+            feats = [
+                tokenize_qa(self.processing_class, r["question"], r["answer"], self.args.max_length, template=template)
                 for r in rows
             ]
+            return [{"input_ids": f["input_ids"], "labels": f["labels"]} for f in feats]
         prepared = self._prepare_dataset(
-            to_trl_format(rows, self.processing_class), self.processing_class, self.args, False, None, "token_scores"
+            to_trl_format(rows, self.processing_class, template), self.processing_class, self.args, False, None,
+            "token_scores",
         )
         return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in prepared]
 
@@ -231,7 +276,7 @@ class ATWUTrainer(UnlearningTrainer):
             save_optimizer_state(self.scorer_optimizer, Path(output_dir) / WEIGHTER_OPTIMIZER_NAME)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """On resume, reload the weighter (its weights and running centre) and its Adam state from ``checkpoint``
+        """On resume, reload the weighter (its weights, running mean and variance) and its Adam state from ``checkpoint``
         with the Trainer's optimizer and scheduler."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:

@@ -1,6 +1,6 @@
 """ATWU's learned token weighter and helpers to judge its scores.
 
-:class:`ATWUTokenWeighter` is the linear probe ``g_t = sigmoid(<w, h - mu> + b)`` on the model's
+:class:`ATWUTokenWeighter` is the linear probe ``g_t = sigmoid(<w, (h - mu) / sigma> + b)`` on the model's
 (detached) last-layer hidden state ``h`` at the position where answer token ``t``'s loss is computed,
 i.e. the state from which the model predicts it (``h_{t-1}``, the same shift as
 :func:`hf_unlearn.logprobs.label_log_probs`). It is a ``huggingface_hub`` ``PyTorchModelHubMixin``
@@ -29,6 +29,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ...data.prompts import PromptTemplate
+
 WEIGHTER_DIR = "atwu_weighter"
 WEIGHTER_OPTIMIZER_NAME = "atwu_weighter_optimizer.safetensors"
 
@@ -53,36 +55,45 @@ class ATWUTokenWeighter(
     tags=["hf-unlearn", "unlearning", "atwu"],
     repo_url="https://github.com/hf-unlearn/hf-unlearn",
 ):
-    """Linear token weighter ``g_t = sigmoid(<w, h_t - mu> + b)``.
+    """Linear token weighter ``g_t = sigmoid(<w, (h_t - mu) / sigma> + b)``, ``sigma = sqrt(var + eps)``.
 
     ``h_t`` is the model's last-layer hidden state, *detached* (the weighter never sends gradient into the model);
-    ``mu`` is a centring vector, the running mean hidden state of the scored tokens (a buffer tracked by
-    :meth:`update_center`, saved with the weights). Subtracting it keeps the family of weighters the same
-    (``<w, mu>`` is a constant absorbed by ``b``) but makes a push that moves all scores alike (the budget penalty)
-    move ``b`` rather than tilt ``w`` towards the most common hidden state, so that ``w`` only learns what tells
-    tokens apart.
+    ``mu`` and ``var`` are the running mean and (per-dimension) variance of the scored tokens' hidden states
+    (buffers ``center`` and ``variance`` tracked by :meth:`update_statistics`, saved with the weights).
+    Subtracting ``mu`` keeps the family of weighters the same (``<w, mu>`` is a constant absorbed by ``b``) but
+    makes a push that moves all scores alike (the budget penalty) move ``b`` rather than tilt ``w`` towards the
+    most common hidden state. Dividing by ``sigma`` (``standardize=True``) gives every hidden dimension unit scale,
+    so that one learning rate fits all of them: a pretrained model's hidden states carry a few dimensions of very
+    large magnitude that otherwise dominate ``<w, h>``. ``standardize=False`` only centres (``sigma = 1``).
 
     Parameters start at ``w = 0``, ``b = init_bias`` (every token scored ``sigmoid(init_bias)``), so training alone
     orders the tokens. Kept in float32 whatever the model's dtype. Saved and loaded with ``huggingface_hub``'s
-    mixin (safetensors); ``hidden_size`` and ``init_bias`` make its ``config.json``.
+    mixin (safetensors); ``hidden_size``, ``init_bias``, ``standardize`` and ``eps`` make its ``config.json``, and
+    the statistics are buffers of ``model.safetensors`` (a weighter saved before ``variance`` existed loads with
+    ``variance = 1``, i.e. centring only).
     """
 
-    def __init__(self, hidden_size: int, init_bias: float = 0.0):
+    def __init__(self, hidden_size: int, init_bias: float = 0.0, standardize: bool = True, eps: float = 1e-5):
         super().__init__()
         if int(hidden_size) < 1:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}.")
+        if not float(eps) > 0:
+            raise ValueError(f"eps must be > 0, got {eps}.")
         self.hidden_size = int(hidden_size)
         self.init_bias = float(init_bias)
+        self.standardize = bool(standardize)
+        self.eps = float(eps)
         self.linear = nn.Linear(self.hidden_size, 1)
         nn.init.zeros_(self.linear.weight)
         nn.init.constant_(self.linear.bias, self.init_bias)
         self.register_buffer("center", torch.zeros(self.hidden_size))
+        self.register_buffer("variance", torch.ones(self.hidden_size))
         self.register_buffer("num_center_updates", torch.zeros((), dtype=torch.long))
 
     @classmethod
-    def for_model(cls, model: Any, init_bias: float = 0.0) -> ATWUTokenWeighter:
+    def for_model(cls, model: Any, init_bias: float = 0.0, standardize: bool = True) -> ATWUTokenWeighter:
         """A fresh weighter sized for ``model``'s hidden states, on ``model``'s device."""
-        weighter = cls(model_hidden_size(model), init_bias=init_bias)
+        weighter = cls(model_hidden_size(model), init_bias=init_bias, standardize=standardize)
         try:
             weighter.to(next(model.parameters()).device)
         except (AttributeError, StopIteration):
@@ -94,27 +105,43 @@ class ATWUTokenWeighter(
         """The direction ``w`` (``[hidden_size]``)."""
         return self.linear.weight[0]
 
-    def logits(self, hidden_states: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
-        """``<w, h - mu> + b`` on detached hidden states ``[..., hidden_size]`` (``mu`` = ``center`` if given,
-        else the tracked buffer)."""
+    def standardized(
+        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The scorer's input ``(h - mu) / sqrt(var + eps)`` (``standardize=False``: ``h - mu``) in float32;
+        ``mu`` / ``var`` are ``center`` / ``variance`` when given, else the tracked buffers."""
         if hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(
                 f"Hidden states of width {hidden_states.shape[-1]} given to a weighter of hidden size {self.hidden_size}."
             )
         mu = self.center if center is None else center
         h = hidden_states.detach().to(self.linear.weight.dtype) - mu
+        if self.standardize:
+            var = self.variance if variance is None else variance
+            h = h * torch.rsqrt(var.to(h.dtype) + self.eps)
+        return h
+
+    def logits(
+        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``<w, (h - mu) / sigma> + b`` on detached hidden states ``[..., hidden_size]`` (:meth:`standardized`)."""
+        h = self.standardized(hidden_states, center, variance)
         with torch.autocast(device_type=h.device.type, enabled=False):  # float32 even inside mixed precision
             return self.linear(h).squeeze(-1)
 
-    def forward(self, hidden_states: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Scores in ``[0, 1]`` of shape ``hidden_states.shape[:-1]``."""
-        return torch.sigmoid(self.logits(hidden_states, center))
+        return torch.sigmoid(self.logits(hidden_states, center, variance))
 
-    def label_scores(self, hidden_states: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
+    def label_scores(
+        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Scores aligned with the labels as :func:`hf_unlearn.logprobs.label_log_probs` is, ``[B, L, H] -> [B, L]``:
         ``out[:, t] = g(h_{t-1})``, the hidden state from which the model predicts ``labels[:, t]`` (where that
         token's loss is computed). ``out[:, 0]`` (no context, never scored) is ``g(h_0)``."""
-        g = self(hidden_states, center)
+        g = self(hidden_states, center, variance)
         return torch.cat([g[:, :1], g[:, :-1]], dim=1)
 
     @staticmethod
@@ -123,15 +150,27 @@ class ATWUTokenWeighter(
         return hidden_states[:, :-1][mask[:, 1:].to(hidden_states.device)].detach()
 
     @torch.no_grad()
-    def update_center(self, batch_mean: torch.Tensor, momentum: float = 0.1) -> None:
-        """Fold ``batch_mean`` (the mean of a batch's scored hidden states, ``[H]``) into the tracked centre
-        (exponential moving average with ``momentum``; the first call sets it)."""
-        mean = batch_mean.detach().to(self.center.dtype)
-        if int(self.num_center_updates) == 0:
-            self.center.copy_(mean)
-        else:
-            self.center.mul_(1.0 - momentum).add_(momentum * mean)
+    def update_statistics(
+        self, batch_mean: torch.Tensor, batch_variance: torch.Tensor | None = None, momentum: float = 0.1
+    ) -> None:
+        """Fold a batch's statistics of its scored hidden states (``batch_mean`` and ``batch_variance``, ``[H]``)
+        into the tracked ones by an exponential moving average with ``momentum``
+        (``mu <- (1 - momentum) mu + momentum * batch_mean``, the same for ``var``); the first call sets them.
+        Without ``batch_variance`` only the centre moves."""
+        first = int(self.num_center_updates) == 0
+        for buffer, value in ((self.center, batch_mean), (self.variance, batch_variance)):
+            if value is None:
+                continue
+            value = value.detach().to(buffer.dtype)
+            if first:
+                buffer.copy_(value)
+            else:
+                buffer.mul_(1.0 - momentum).add_(momentum * value)
         self.num_center_updates += 1
+
+    def update_center(self, batch_mean: torch.Tensor, momentum: float = 0.1) -> None:
+        """:meth:`update_statistics` of the centre alone."""
+        self.update_statistics(batch_mean, None, momentum)
 
     # -- persistence -----------------------------------------------------------------------
     @classmethod
@@ -160,7 +199,7 @@ class ATWUTokenWeighter(
                     f"and {WEIGHTER_DIR}/model.safetensors (or config.json and model.safetensors)."
                 )
             config = json.loads((path / "config.json").read_text())
-            if "hidden_size" not in config or "init_bias" not in config:
+            if not isinstance(config, dict) or "hidden_size" not in config or "init_bias" not in config:
                 raise ValueError(f"{path / 'config.json'} is not an ATWU token weighter config: {sorted(config)}.")
             source: str | os.PathLike = path
         else:
@@ -236,13 +275,16 @@ def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndar
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def answer_token_ids(tokenizer: Any, rows: Iterable[dict[str, Any]]) -> set[int]:
-    """Every token id that occurs in the answers of ``rows`` (tokenized as the trainers do)."""
+def answer_token_ids(
+    tokenizer: Any, rows: Iterable[dict[str, Any]], template: str | PromptTemplate | None = None
+) -> set[int]:
+    """Every token id that occurs in the answers of ``rows``, tokenized as the trainers do
+    (:func:`hf_unlearn.data.tokenize_qa` with ``template``: pass the run's ``prompt_template``)."""
     from ...data.prompts import IGNORE_INDEX, tokenize_qa
 
     ids: set[int] = set()
     for row in rows:
-        labels = tokenize_qa(tokenizer, row["question"], row["answer"])["labels"]
+        labels = tokenize_qa(tokenizer, row["question"], row["answer"], template=template)["labels"]
         ids.update(t for t in labels if t != IGNORE_INDEX)
     return ids
 
@@ -338,9 +380,12 @@ def score_tokens(
     rows: Iterable[dict[str, Any]],
     batch_size: int = 16,
     progress: bool = False,
+    template: str | PromptTemplate | None = None,
+    max_length: int | None = None,
 ) -> list[dict[str, Any]]:
     """Per-token scores of the answers of TOFU rows (``question``/``answer``) under ``model`` and ``scorer``, e.g.
-    a reloaded ATWU output folder; the tokens are those of :func:`hf_unlearn.data.tokenize_qa` (the trainers')."""
+    a reloaded ATWU output folder; the tokens are those of :func:`hf_unlearn.data.tokenize_qa` with ``template``
+    and ``max_length`` (pass the run's ``prompt_template`` and ``max_length`` to score the tokens it trained on)."""
     from ...data.prompts import ensure_pad_token, tokenize_qa
 
     if scorer.hidden_size != model_hidden_size(model):
@@ -348,5 +393,5 @@ def score_tokens(
             f"Hidden size mismatch: the scorer has hidden size {scorer.hidden_size}, the model {model_hidden_size(model)}."
         )
     ensure_pad_token(tokenizer)
-    features = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in rows]
+    features = [tokenize_qa(tokenizer, r["question"], r["answer"], max_length, template=template) for r in rows]
     return score_token_features(model, scorer, features, tokenizer.pad_token_id, tokenizer, batch_size, progress)

@@ -6,11 +6,25 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from transformers.trainer_utils import SchedulerType
+
+from ...losses.masc import MASC_CONFIRM_RULES
 from ..unlearning_config import BaseUnlearningConfig
 
 MASC_HINGES = ("buffered", "plain")
 MASC_PENALTIES = ("continuation", "full")
 MASC_STOP_PROBES = ("train", "heldout")
+MASC_EPOCH_LENGTHS = ("forget", "max(forget,retain)")
+# The step budget (a ceiling): the authors' longest TOFU run, 3 epochs of max(len(retain90), len(forget10)) /
+# batch 2 = 3 x 1,800 steps.
+MASC_DEFAULT_MAX_STEPS = 5400
+# The authors' TOFU script (repro/run_masc_tofu.sh), field by field where it differs from MASCConfig's defaults.
+MASC_AUTHORS_TOFU = {
+    "retain_weight": 0.0,  # --lambda_retain 0.0
+    "epoch_length": "max(forget,retain)",  # an epoch is max(len(retain_loader), len(forget_loader)) steps
+    "max_steps": -1,  # and the budget is 3 such epochs
+    "num_train_epochs": 3.0,
+}
 
 
 @dataclass
@@ -21,25 +35,39 @@ class MASCConfig(BaseUnlearningConfig):
     MASC pushes down the *restricted margin* of forget answer tokens,
     `m_t = beta * z(y_t) - logsumexp_{v in top-k(z) \ y_t} beta * z(v)` (`z` the logits, the `k` rivals chosen
     without gradient from the current model's own logits), below `tau = log(rho / (1 - rho))`, and stops by
-    itself. The defaults are the authors' TOFU recipe (`repro/run_masc_tofu.sh` of
-    FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection): **every number below marked (L2-7B) comes from
-    their Llama-2-7B-chat TOFU forget10 run** (`lambda_fg 0.05`, `rho 0.70`, `eta 0.25`, top-10 self rivals,
-    `beta 1.0`, continuation cut 20-60% with 32/32 minimum prefix/suffix tokens, stop trigger and alpha 0.475 on
-    32 confirmation examples with `delta 0.05`, checks every 2 steps on 2 probe batches, `lr 1e-4`, batch 2,
-    3 epochs, LoRA r 16 / alpha 32 / dropout 0.05 on q,k,v,o, retain term off).
+    itself. Where the defaults come from:
+
+    - **(L2-7B)**: the authors' TOFU recipe (`repro/run_masc_tofu.sh` and `scripts/run_margin_unlearning.py` of
+      FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection), their **Llama-2-7B-chat** TOFU forget10 run:
+      `lambda_fg 0.05`, `rho 0.70`, `eta 0.25`, top-10 self rivals, `beta 1.0`, continuation cut 20-60% with
+      32/32 minimum prefix/suffix tokens, stop trigger and alpha 0.475 on 32 confirmation examples confirmed by
+      their plain mean (the script does not pass `--early_stop_confirm_use_ucb`), checks every 2 steps on 2
+      probe batches, constant `lr 1e-4`, batch 2, LoRA r 16 / alpha 32 / dropout 0.05 on q,k,v,o.
+    - **(paper)**: the paper's objective `KL(pi_0 || pi_theta) + lambda * hinge`, i.e. the retain KL on at weight
+      1 (the authors' TOFU script turns it off: [`MASCConfig.authors_tofu_preset`]).
+    - **(measured)**: the step budget `max_steps`, a ceiling (see the note below), and the effect of the retain
+      KL (see `retain_weight`), on the tiny test model (the small Llama that memorises the synthetic TOFU set).
 
     Loss of a step: `forget_weight * (1/|A|) sum_{t in A} relu(m_t - (tau - eta)) / eta` over the *active*
     positions `A` (the continuation of each forget answer after a random cut, or the whole answer), plus
-    `retain_weight * KL(pi_0 || pi_theta)` on retain answers (off by default). `pi_0` is the disabled LoRA
-    adapter (or a frozen copy of the model without PEFT).
+    `retain_weight * KL(pi_0 || pi_theta)` on retain answers. `pi_0` is the disabled LoRA adapter (or a frozen
+    copy of the model without PEFT).
 
     Stopping rule (`stop_probe="train"`, the authors'): every `check_every` steps, *stage 1* measures the mean
     per-example violation rate (fraction of an example's continuation tokens with `m_t > tau`) over the first
     `stop_probe_batches` batches of forget *training* examples; when it is `<= stop_trigger`, *stage 2* measures
-    it on the first `confirm_examples` forget training examples and stops when the Hoeffding upper bound
-    `mean + sqrt(log(1/delta_j) / (2 n))`, `delta_j = 6 delta / (pi^2 (j + 1)^2)` for the `j`-th confirmation, is
-    `<= stop_tolerance`. `stop_probe="heldout"` is the earlier rule: a held-out slice of the forget set
+    it on the first `confirm_examples` forget training examples and stops when the statistic of `confirm_rule`
+    is `<= stop_tolerance`: their plain mean (`"mean"`, the authors' run) or the anytime Hoeffding upper bound
+    `mean + sqrt(log(1/delta_j) / (2 n))`, `delta_j = 6 delta / (pi^2 (j + 1)^2)` for the `j`-th confirmation
+    (`"hoeffding"`). `stop_probe="heldout"` is the earlier rule: a held-out slice of the forget set
     (`validation_fraction`, never trained on) and a single stage, pooled token violation rate `<= stop_tolerance`.
+    `MASCTrainer(..., calibrate_stop_on=rows)` replaces `stop_trigger` and `stop_tolerance` at step 0 by the
+    starting model's mean per-example violation rate on `rows` (never-seen rows, e.g. holdout authors).
+
+    The run ends when the rule fires; `max_steps` is only a ceiling. A run that reaches it records
+    `stop_reason="budget"` (trainer, `masc_stopping.json`, the log history and the model card) with a warning.
+    The learning rate is constant (`lr_scheduler_type="constant"`, the authors'), so the ceiling does not change
+    the trajectory up to the stop.
 
     Parameters:
         > Parameters that control the margin
@@ -73,14 +101,29 @@ class MASCConfig(BaseUnlearningConfig):
             TOFU-tiny benchmark uses 8). Answers shorter than min prefix + min suffix are penalised whole.
         continuation_min_suffix_tokens (`int`, *optional*, defaults to `32`):
             Answer tokens always penalised after the cut (L2-7B; TOFU-tiny uses 8).
-        retain_weight (`float`, *optional*, defaults to `0.0`):
-            Weight of `KL(pi_0 || pi_theta)` on retain answer tokens (L2-7B: off). With `0` no retain set is used.
+        retain_weight (`float`, *optional*, defaults to `1.0`):
+            Weight of `KL(pi_0 || pi_theta)` on retain answer tokens (paper: 1, the KL term unweighted beside
+            `lambda_fg` times the hinge; L2-7B: 0, [`MASCConfig.authors_tofu_preset`]). With `0` the retain set
+            only counts the epoch (`epoch_length`), if at all. Measured on the tiny test model (LoRA, lr 3e-3,
+            batch 2, 20 forget rows): with weight 1 the rule stopped at step 12 with forget NLL 0.04 -> 1.92 and
+            retain NLL 0.03 -> 0.35; with the authors' preset (weight 0) at step 10 with 0.04 -> 3.11 and
+            0.03 -> 1.47.
+        epoch_length (`str`, *optional*, defaults to `"forget"`):
+            What an epoch is: `"forget"`, one pass over the forget set; `"max(forget,retain)"`, the authors'
+            `max(len(retain_loader), len(forget_loader))` steps, the smaller set cycled over the larger one
+            (needs a retain set even with `retain_weight=0`). Only matters for an epoch budget (`max_steps=-1`)
+            and for how often retain partners are redrawn.
 
         > Parameters that control the stopping rule
 
         stop_probe (`str`, *optional*, defaults to `"train"`):
             `"train"`: the authors' two-stage rule on forget training examples; `"heldout"`: the earlier
             single-stage rule on a held-out slice.
+        confirm_rule (`str`, *optional*, defaults to `"mean"`):
+            Stage-2 statistic compared with `stop_tolerance`: `"mean"`, the plain mean of the confirmation
+            examples' violation rates (L2-7B); `"hoeffding"`, its anytime Hoeffding upper bound (at `n = 32`
+            the first confirmation then needs a mean `<= 0.20` for `alpha = 0.475`, and with fewer examples the
+            bound can exceed `alpha` for good).
         check_every (`int`, *optional*, defaults to `2`):
             Check the rule every `check_every` optimizer steps (L2-7B).
         stop_trigger (`float`, *optional*, defaults to `0.475`):
@@ -92,7 +135,8 @@ class MASCConfig(BaseUnlearningConfig):
             Stage 2 probes the first `confirm_examples` forget training examples (L2-7B; all of them when the
             set is smaller, which widens the bound).
         confirm_delta (`float`, *optional*, defaults to `0.05`):
-            Total failure probability `delta` of the anytime Hoeffding bound (L2-7B), in `(0, 1)`.
+            Total failure probability `delta` of the anytime Hoeffding bound (L2-7B), in `(0, 1)`; used by
+            `confirm_rule="hoeffding"` only.
         stop_tolerance (`float`, *optional*, defaults to `0.475`):
             `alpha` in `(0, 1)`: stop when the bound (`"train"`) or the held-out rate (`"heldout"`) is `<= alpha`
             (L2-7B: 0.475).
@@ -116,14 +160,25 @@ class MASCConfig(BaseUnlearningConfig):
             Modules that get an adapter (L2-7B; Llama names).
 
     > [!NOTE]
-    > Defaults that differ from the base config: `learning_rate` `1e-4`, `num_train_epochs` `3`,
-    > `per_device_train_batch_size` `2` and `weight_decay` `0.0` (L2-7B: plain AdamW at 1e-4 for 3 epochs,
-    > batch 2). The epochs are a budget: the rule normally stops earlier (a warning says when it did not).
+    > Defaults that differ from the base config: `learning_rate` `1e-4` and `lr_scheduler_type` `"constant"`
+    > (L2-7B: plain AdamW at a constant 1e-4), `per_device_train_batch_size` `2` and `weight_decay` `0.0`
+    > (L2-7B), `max_steps` `5400` (a ceiling: the authors' longest TOFU budget, 3 epochs of
+    > `max(len(retain90), len(forget10)) / 2 = 1,800` steps; measured: with every other default the rule
+    > stopped the tiny test model, 20 memorised synthetic forget rows, at step 196, where the Hoeffding
+    > confirmation had not stopped it by step 300), and `num_train_epochs` `3` (L2-7B; used only with
+    > `max_steps=-1`).
     """
 
     # Defaults overridden from the base (the authors' TOFU run)
     learning_rate: float = field(default=1e-4, metadata={"help": "Initial learning rate (authors' TOFU run: 1e-4)."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "Epoch budget (authors' TOFU run: 3)."})
+    lr_scheduler_type: SchedulerType | str = field(
+        default="constant", metadata={"help": "Learning-rate schedule (authors' TOFU run: constant)."}
+    )
+    max_steps: int = field(
+        default=MASC_DEFAULT_MAX_STEPS,
+        metadata={"help": "Step budget, a ceiling: the stopping rule normally ends the run first (-1: epochs)."},
+    )
+    num_train_epochs: float = field(default=3.0, metadata={"help": "Epoch budget when max_steps=-1 (authors: 3)."})
     per_device_train_batch_size: int = field(default=2, metadata={"help": "Batch size per device (authors: 2)."})
     weight_decay: float = field(default=0.0, metadata={"help": "Weight decay for AdamW (authors: 0)."})
 
@@ -157,13 +212,25 @@ class MASCConfig(BaseUnlearningConfig):
     continuation_min_suffix_tokens: int = field(
         default=32, metadata={"help": "Answer tokens always penalised after the cut (Llama-2: 32)."}
     )
-    retain_weight: float = field(default=0.0, metadata={"help": "Weight of KL(pi_0 || pi_theta) on retain tokens."})
+    retain_weight: float = field(
+        default=1.0, metadata={"help": "Weight of KL(pi_0 || pi_theta) on retain tokens (paper: 1; authors' TOFU: 0)."}
+    )
+    epoch_length: str = field(
+        default="forget",
+        metadata={"help": "'forget': an epoch is one pass over the forget set; 'max(forget,retain)': the authors'.",
+                  "choices": list(MASC_EPOCH_LENGTHS)},
+    )
 
     # The stopping rule
     stop_probe: str = field(
         default="train",
         metadata={"help": "'train': two-stage rule on forget training examples; 'heldout': held-out slice, one stage.",
                   "choices": list(MASC_STOP_PROBES)},
+    )
+    confirm_rule: str = field(
+        default="mean",
+        metadata={"help": "Stage-2 statistic: 'mean' (authors' TOFU run) or 'hoeffding' (anytime upper bound).",
+                  "choices": list(MASC_CONFIRM_RULES)},
     )
     check_every: int = field(default=2, metadata={"help": "Check the stopping rule every this many steps."})
     stop_trigger: float = field(default=0.475, metadata={"help": "Stage-1 trigger on the mean violation rate."})
@@ -216,6 +283,10 @@ class MASCConfig(BaseUnlearningConfig):
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
         if not self.retain_weight >= 0:
             raise ValueError(f"retain_weight must be >= 0, got {self.retain_weight}.")
+        if self.epoch_length not in MASC_EPOCH_LENGTHS:
+            raise ValueError(f"epoch_length must be one of {list(MASC_EPOCH_LENGTHS)}, got {self.epoch_length!r}.")
+        if self.confirm_rule not in MASC_CONFIRM_RULES:
+            raise ValueError(f"confirm_rule must be one of {list(MASC_CONFIRM_RULES)}, got {self.confirm_rule!r}.")
         if self.stop_probe not in MASC_STOP_PROBES:
             raise ValueError(f"stop_probe must be one of {list(MASC_STOP_PROBES)}, got {self.stop_probe!r}.")
         if int(self.check_every) < 1:
@@ -230,6 +301,14 @@ class MASCConfig(BaseUnlearningConfig):
         if not 0.0 < self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction}.")
         super().__post_init__()
+
+    @classmethod
+    def authors_tofu_preset(cls, output_dir: str, **overrides: Any) -> MASCConfig:
+        """The authors' TOFU script (L2-7B) as a config: :data:`MASC_AUTHORS_TOFU` (no retain term,
+        ``lambda_retain 0``; their epoch of ``max(forget, retain)`` steps; a budget of 3 such epochs) on top of
+        the defaults (which are already theirs otherwise), then ``overrides``. It needs a retain set, which only
+        counts the epoch."""
+        return cls(output_dir=output_dir, **{**MASC_AUTHORS_TOFU, **overrides})
 
     @property
     def tau(self) -> float:
