@@ -1,7 +1,17 @@
 """TOFU evaluation: per-example statistics, aggregates through the `evaluate` metric modules,
-retain references from any published source, JSON reports and tables, and the 4-bit NF4
-re-check of unlearned models."""
+retain references from any published source, JSON reports and tables, the 4-bit NF4 and 8-bit
+re-checks of unlearned models, and the quantization and relearning attacks."""
 
+from .attacks import (
+    ATTACK_COLUMNS,
+    ATTACK_NAMES,
+    attack_summary,
+    format_attacks,
+    quantization_attack,
+    recovered_fraction,
+    relearning_attack,
+    run_attacks,
+)
 from .generation import DEFAULT_MAX_NEW_TOKENS, generate_answers
 from .memorization import exact_memorization, extraction_strength
 from .metrics import load_metric
@@ -14,7 +24,7 @@ from .privacy import (
     privleak,
     zlib_score,
 )
-from .quantization import quantize_nf4
+from .quantization import quantize_int8, quantize_nf4
 from .reference import RetainReference, check_provenance, load_retain_reference
 from .report import (
     METRIC_DEFINITIONS,
@@ -37,18 +47,22 @@ from .tofu import (
 )
 
 __all__ = [
+    "ATTACK_COLUMNS",
+    "ATTACK_NAMES",
     "COMPONENT_NAMES",
     "DEFAULT_MAX_NEW_TOKENS",
     "METRIC_DEFINITIONS",
     "MIA_ATTACKS",
     "RetainReference",
     "answer_probability",
+    "attack_summary",
     "check_provenance",
     "evaluate_split",
     "evaluate_tofu",
     "evaluation_splits",
     "exact_memorization",
     "extraction_strength",
+    "format_attacks",
     "format_report_table",
     "generate_answers",
     "load_metric",
@@ -63,9 +77,14 @@ __all__ = [
     "mu_rouge",
     "normalized_answer_probability",
     "privleak",
+    "quantization_attack",
+    "quantize_int8",
     "quantize_nf4",
+    "recovered_fraction",
+    "relearning_attack",
     "render_report",
     "rouge_l_recall",
+    "run_attacks",
     "save_truth_ratios",
     "write_json_atomic",
     "zlib_score",

@@ -55,3 +55,55 @@ def forget_quality(predictions: Sequence[float], references: Sequence[float]) ->
 def model_utility(components: Sequence[float]) -> float:
     """``tofu_model_utility``: harmonic mean of the component scores (0 if any is 0)."""
     return float(load_metric("tofu_model_utility").compute(predictions=_floats(components))["model_utility"])
+
+
+def bootstrap_indices(n: int, n_resamples: int, seed: int = 0) -> Any:
+    """``(n_resamples, n)`` row indices drawn uniformly with replacement (``numpy.random.default_rng(seed)``)."""
+    import numpy as np
+
+    if n < 1 or n_resamples < 1:
+        raise ValueError(f"A bootstrap needs at least one row and one resample, got n={n}, n_resamples={n_resamples}.")
+    return np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+
+
+def forget_quality_interval(
+    predictions: Sequence[float],
+    references: Sequence[float],
+    confidence: float = 0.95,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Forget quality with a percentile bootstrap interval over the forget rows.
+
+    Forget quality is ``p = KS_pvalue({tr_i}, {tr_i^ref})`` over the per-question truth ratios of the model
+    (``predictions``) and of the retain reference (``references``), which are paired by question. A resample
+    ``b`` draws row indices ``I_b`` (``len = n``, with replacement) and applies them to both sides:
+    ``p_b = KS_pvalue({tr_i : i in I_b}, {tr_i^ref : i in I_b})``. The interval is the
+    ``(1 - confidence)/2`` and ``(1 + confidence)/2`` quantiles of ``{p_b}`` (numpy's linear interpolation);
+    the KS statistic ``D = sup_x |F_n(x) - F_n^ref(x)|`` is reported for the full sample and as the same
+    quantiles over resamples. Returns ``forget_quality``, ``ks_statistic``, ``forget_quality_low``,
+    ``forget_quality_high``, ``ks_statistic_low``, ``ks_statistic_high``, ``confidence``, ``n_resamples``.
+    """
+    import numpy as np
+    from scipy.stats import ks_2samp
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}.")
+    full = forget_quality(predictions, references)
+    pred, ref = np.asarray(_floats(predictions)), np.asarray(_floats(references))
+    pvalues, stats = [], []
+    for idx in bootstrap_indices(len(pred), n_resamples, seed):
+        result = ks_2samp(pred[idx], ref[idx])
+        pvalues.append(float(result.pvalue))
+        stats.append(float(result.statistic))
+    lo, hi = (1 - confidence) / 2, (1 + confidence) / 2
+    return {
+        "forget_quality": float(full["forget_quality"]),
+        "ks_statistic": float(full["ks_statistic"]),
+        "forget_quality_low": float(np.quantile(pvalues, lo)),
+        "forget_quality_high": float(np.quantile(pvalues, hi)),
+        "ks_statistic_low": float(np.quantile(stats, lo)),
+        "ks_statistic_high": float(np.quantile(stats, hi)),
+        "confidence": confidence,
+        "n_resamples": n_resamples,
+    }

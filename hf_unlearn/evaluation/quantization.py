@@ -15,6 +15,14 @@ Two ways to get the NF4 model, chosen by ``quantize_nf4(..., method=...)``:
   (it asserts ``N must be divisible by block_n`` otherwise), and its generic CPU path computes rows that are not
   whole 64-weight blocks wrongly; on CPU, layers of those shapes fall back to the round trip of their own
   quantized weights (:func:`cpu_packed_kernel_accepts`), so the path works, and is right, on every CPU.
+
+The 8-bit copy (:func:`quantize_int8`) holds LLM.int8()'s weights (Dettmers et al., 2022), the weights
+``BitsAndBytesConfig(load_in_8bit=True)`` stores: each output row ``r`` of a weight is cast to float16 and
+quantized with its own absmax scale, ``s_r = max_j |W_rj|``, ``Q_rj = round(127 W_rj / s_r)`` (int8) and
+``W_hat_rj = Q_rj s_r / 127``. ``method="roundtrip"`` (the default) evaluates those weights in full precision
+(through bitsandbytes' ``int8_vectorwise_quant``/``int8_vectorwise_dequant`` when it is installed, else the same
+formula in torch); ``method="bnb"`` loads real ``Linear8bitLt`` layers, which also quantize the activations
+row-wise at every matmul (columns above ``llm_int8_threshold`` = 6 stay in float16), a further small error.
 """
 
 from __future__ import annotations
@@ -141,7 +149,11 @@ def _modules_to_quantize(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ]
 
 
-def _merged_copy(model: Any) -> Any:
+def merged_copy(model: Any) -> Any:
+    """An independent full-precision copy of ``model`` with any PEFT adapter merged in (``model`` is untouched).
+
+    Refuses a model that is already quantized (``is_loaded_in_4bit`` / ``is_loaded_in_8bit``) or that is not a
+    transformers ``PreTrainedModel``."""
     if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
         raise ValueError("The model is already quantized; quantize the full-precision (merged) model.")
     # independent_copy: a model trained by an SFTTrainer subclass carries an instance `forward` bound to itself;
@@ -149,14 +161,14 @@ def _merged_copy(model: Any) -> Any:
     if _is_peft_model(model):
         return independent_copy(model).merge_and_unload()
     if not hasattr(model, "save_pretrained"):
-        raise ValueError(f"quantize_nf4 needs a transformers PreTrainedModel, got {type(model).__name__}.")
+        raise ValueError(f"Quantizing needs a transformers PreTrainedModel, got {type(model).__name__}.")
     return independent_copy(model)
 
 
 def _roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
     from transformers.pytorch_utils import Conv1D
 
-    quantized = _merged_copy(model).to(device=device, dtype=compute_dtype)
+    quantized = merged_copy(model).to(device=device, dtype=compute_dtype)
     with torch.no_grad():
         for _, module in _modules_to_quantize(quantized):
             if isinstance(module, Conv1D):  # weight is [in, out]; bitsandbytes quantizes its [out, in] transpose
@@ -170,7 +182,7 @@ def _roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.devic
 def _bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    merged = _merged_copy(model)
+    merged = merged_copy(model)
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
     with tempfile.TemporaryDirectory(prefix="hf_unlearn_nf4_") as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
@@ -233,3 +245,101 @@ def quantize_nf4(
     if method == "roundtrip":
         return _roundtrip_model(model, compute_dtype, device)
     return _bnb_model(model, compute_dtype, device)
+
+
+INT8_MAX = 127
+"""LLM.int8()'s code range: weights are stored as ``round(127 W / s_r)`` in ``[-127, 127]``."""
+
+
+def _bitsandbytes_int8() -> Any | None:
+    try:
+        import bitsandbytes.functional as bnb_functional
+    except ImportError:  # pragma: no cover - bitsandbytes is an optional extra
+        return None
+    return bnb_functional
+
+
+def int8_roundtrip(weight: torch.Tensor) -> torch.Tensor:
+    """LLM.int8() quantize-dequantize of ``weight`` (``[out, in]``), as ``Linear8bitLt`` stores it.
+
+    Row-wise absmax over the float16 cast ``V = fp16(W)``: ``s_r = max_j |V_rj|``,
+    ``Q_rj = round(127 V_rj / s_r)`` (int8) and ``W_hat_rj = Q_rj s_r / 127``; a row of zeros stays zero.
+    Computed by bitsandbytes' ``int8_vectorwise_quant``/``int8_vectorwise_dequant`` (what ``Int8Params``
+    calls) when bitsandbytes is installed, else by the same formula in torch. Returned in ``weight``'s dtype.
+    """
+    half = weight.detach().to(torch.float16).contiguous()
+    functional = _bitsandbytes_int8()
+    if functional is not None:
+        quantized, scales, _ = functional.int8_vectorwise_quant(half)
+        out = functional.int8_vectorwise_dequant(quantized, scales).float()
+    else:  # pragma: no cover - exercised only without bitsandbytes
+        scales = half.abs().amax(dim=1).float()
+        quantized = torch.round(half.float() * (INT8_MAX / scales.unsqueeze(-1))).to(torch.int8)
+        out = quantized.float() * scales.unsqueeze(-1) / INT8_MAX
+    out = torch.where(scales.unsqueeze(-1) > 0, out, torch.zeros_like(out))
+    return out.to(weight.dtype)
+
+
+def int8_roundtrip_reference(weight: torch.Tensor) -> torch.Tensor:
+    """Slow pure-torch reference of :func:`int8_roundtrip` (one row at a time), for tests."""
+    rows = weight.detach().to(torch.float16).float()
+    out = torch.zeros_like(rows)
+    for r in range(rows.shape[0]):
+        scale = rows[r].abs().max()
+        if scale == 0:
+            continue
+        codes = torch.round(rows[r] * (INT8_MAX / scale)).clamp(-INT8_MAX, INT8_MAX)
+        out[r] = codes * scale / INT8_MAX
+    return out.to(weight.dtype)
+
+
+def _int8_roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
+    from transformers.pytorch_utils import Conv1D
+
+    quantized = merged_copy(model).to(device=device, dtype=compute_dtype)
+    with torch.no_grad():
+        for _, module in _modules_to_quantize(quantized):
+            if isinstance(module, Conv1D):  # weight is [in, out]; bitsandbytes quantizes its [out, in] transpose
+                module.weight.copy_(int8_roundtrip(module.weight.t()).t())
+            else:
+                module.weight.copy_(int8_roundtrip(module.weight))
+    quantized.eval()
+    return quantized
+
+
+def _int8_bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    merged = merged_copy(model)
+    with tempfile.TemporaryDirectory(prefix="hf_unlearn_int8_") as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        quantized = AutoModelForCausalLM.from_pretrained(
+            tmp, quantization_config=BitsAndBytesConfig(load_in_8bit=True), device_map={"": str(device)},
+            dtype=compute_dtype,
+        )
+    quantized.eval()
+    return quantized
+
+
+def quantize_int8(
+    model: Any,
+    compute_dtype: torch.dtype = torch.float32,
+    device: str | torch.device | None = None,
+    method: Literal["roundtrip", "bnb"] = "roundtrip",
+) -> Any:
+    """An 8-bit LLM.int8() copy of ``model`` (the input is left untouched).
+
+    PEFT adapters are merged into a copy first; every linear layer except the output head (the layers
+    ``BitsAndBytesConfig(load_in_8bit=True)`` converts) gets its row-wise absmax int8 weights
+    (:func:`int8_roundtrip`). ``method="roundtrip"`` (default) evaluates them in ``compute_dtype`` and needs no
+    bitsandbytes kernel; ``method="bnb"`` loads real ``Linear8bitLt`` layers (saved as safetensors, reloaded with
+    that config), which also quantize activations at run time. ``device`` defaults to the model's device.
+    """
+    if method not in ("roundtrip", "bnb"):
+        raise ValueError(f"method must be 'roundtrip' or 'bnb', got {method!r}.")
+    if method == "bnb":
+        _require_bitsandbytes()
+    device = torch.device(device) if device is not None else model_device(model)
+    if method == "roundtrip":
+        return _int8_roundtrip_model(model, compute_dtype, device)
+    return _int8_bnb_model(model, compute_dtype, device)

@@ -15,8 +15,8 @@ never trained on the forget set); privleak compares its membership-inference AUC
 Truth ratios are returned in the metric module's convention ``exp(true_loss - mean(false_losses))`` (TOFU's
 files give the inverse, ``exp(perturbed - paraphrased)``; forget quality, a KS test, is the same either way).
 
-:func:`check_provenance` compares a reference's provenance with an evaluation's and refuses a known mismatch
-(issue #12.6); fields the file cannot tell are named in a warning.
+:func:`check_provenance` compares a reference's provenance with an evaluation's and refuses a known mismatch;
+fields the file cannot tell are named in a warning.
 """
 
 from __future__ import annotations
@@ -321,7 +321,7 @@ def load_retain_reference(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Provenance comparison (issue #12.6)
+# Provenance comparison
 # ---------------------------------------------------------------------------------------------------------------
 
 

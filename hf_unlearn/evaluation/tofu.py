@@ -62,6 +62,7 @@ from ..logprobs import (
     multi_answer_nll,
 )
 from . import metrics
+from .attacks import attack_summary, check_attack_options, parse_attacks, run_attacks
 from .generation import DEFAULT_MAX_NEW_TOKENS, generate_answers
 from .memorization import exact_memorization, extraction_strength
 from .privacy import (
@@ -300,6 +301,7 @@ def evaluate_tofu(
     template: str | PromptTemplate | None = None,
     membership_inference: bool | None = None,
     autocast_dtype: str | None = None,
+    attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a causal LM on TOFU and return (and optionally write) the report.
 
@@ -334,6 +336,15 @@ def evaluate_tofu(
             with AVX512-BF16, bfloat16 autocast halves SmolLM2-135M's evaluation time (20.6 s against 39.6 s for
             32 forget rows; average answer NLLs within 0.01 nats). Recorded in the provenance's ``dtype``
             (e.g. ``"float32+autocast:bfloat16"``), so a retain reference computed otherwise is refused.
+        attacks: attacks that try to bring the forgotten rows back (:mod:`.attacks`), run on copies of the model
+            after the evaluation: ``"quant,relearn"``, a list of names (``quant``: 4-bit NF4 and 8-bit re-measure;
+            ``relearn``: a few fine-tuning steps on 10% of the forget rows, and on retain rows only) or a dict of
+            names to their keyword arguments (e.g. ``{"relearn": {"original": target_model, "steps": 10}}``;
+            ``original`` gives the recovered fractions). They use the forget split's rows, the retain split's rows
+            (benign fine-tuning), this evaluation's template, batch size and ``max_new_tokens``. A model scored by a
+            custom ``scorer`` needs its T3 head among the attack's arguments (``{"quant": {"head": head}}``) so that
+            each attacked copy is scored through it. Adds ``attacks`` (each section) and the flat
+            :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS` figures to the report.
 
     Returns:
         A dict with ``forget_quality``, ``ks_statistic``, ``model_utility``, ``forget_rouge_l``,
@@ -368,6 +379,16 @@ def evaluate_tofu(
         raise ValueError(f"membership_inference must be None, True or False, got {membership_inference!r}.")
     if autocast_dtype not in AUTOCAST_DTYPES:
         raise ValueError(f"autocast_dtype must be one of {AUTOCAST_DTYPES}, got {autocast_dtype!r}.")
+    chosen_attacks = parse_attacks(attacks)
+    check_attack_options(chosen_attacks, template=template, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                         progress=progress)
+    if scorer is not None:
+        headless = [name for name, kwargs in chosen_attacks.items() if kwargs.get("head") is None]
+        if headless:
+            raise ValueError(
+                f"The attacks {headless} score copies of the model, which the given scorer does not score; pass the "
+                "T3 head in their arguments (attacks={'quant': {'head': head}, 'relearn': {'head': head}})."
+            )
     ensure_pad_token(tokenizer)
     template = resolve_template(tokenizer, template)
     data = {spec.name: _cap(load_tofu_rows(spec.config, source), max_examples) for spec in specs}
@@ -505,6 +526,12 @@ def evaluate_tofu(
         },
         "hf_unlearn_version": __version__,
     }
+    if chosen_attacks:
+        common = {"template": template, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                  "progress": progress}
+        report["attacks"] = run_attacks(model, tokenizer, forget_rows, data["retain"], chosen_attacks, **common)
+        report.update(attack_summary(report["attacks"]))
+    report["settings"]["attacks"] = list(chosen_attacks)
     report["wall_time_s"] = time.perf_counter() - start
     if output_path is not None:
         write_json_atomic(report, output_path)
