@@ -9,7 +9,11 @@ Given a causal LM and a JSON Lines file of the records to delete (``question``/`
    that never saw the records (``--retain_model``), or, when none exists, the untouched model, labelled as
    such (it shows how much changed, not how close the result is to never having seen the data);
 3. re-checks the forget behaviour after 4-bit NF4 quantization (a deployed copy is often quantized, and
-   quantization can bring forgotten answers back); T3 leaves the weights alone, so it has no re-check;
+   quantization can bring forgotten answers back); T3 leaves the weights alone, so it has no re-check; then runs
+   the attacks of :mod:`hf_unlearn.evaluation.attacks` (``--attacks``, default ``quant,relearn``): 4-bit and 8-bit
+   copies, and a few fine-tuning steps on 10% of the records (measured on the other 90%) and on retain rows only,
+   each reported with the share of the gap to the original model it brought back (for T3 the base is attacked
+   and its head kept, not refitted);
 4. writes ``deletion_report.json`` and ``deletion_report.md`` (the table below) to ``--output_dir``;
 5. publishes the native artifact (weights, LoRA adapter or T3 head) with a model card and the report to
    ``--repo``, a local folder by default, and with ``--push_to_hub OWNER/NAME`` also to the Hub.
@@ -46,7 +50,8 @@ from hf_unlearn.bench.registry import METHODS, JsonlLogCallback, run_method
 from hf_unlearn.bench.script_args import load_model_and_tokenizer, load_rows
 from hf_unlearn.cli import UserError, check_push_target, parse_method_settings
 from hf_unlearn.data.tofu import read_jsonl
-from hf_unlearn.evaluation import generate_answers, quantize_nf4, rouge_l_recall
+from hf_unlearn.evaluation import generate_answers, quantize_nf4, rouge_l_recall, run_attacks
+from hf_unlearn.evaluation.attacks import check_attack_options, parse_attacks
 from hf_unlearn.logprobs import mean_answer_nll
 from hf_unlearn.safe_output import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir
 
@@ -67,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[
     parser.add_argument("--retain_model", help="a model that never saw the records (the reference)")
     parser.add_argument("--retain_eval_rows", type=int, default=40, help="retain rows scored before/after")
     parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--attacks", default="quant,relearn",
+                        help="attacks that try to bring the records back: quant, relearn, both (default) or none")
+    parser.add_argument("--relearn_steps", type=int, default=10, help="relearning attack: fine-tuning steps")
+    parser.add_argument("--relearn_lr", type=float, default=1e-4,
+                        help="relearning attack: learning rate (use the model's own fine-tuning rate)")
     parser.add_argument("--output_dir", required=True, help="folder for the report and logs")
     parser.add_argument("--repo", help="local folder to publish to (default: <output_dir>/repo)")
     parser.add_argument("--push_to_hub", metavar="REPO_ID", help="also upload the published folder to the Hub")
@@ -100,7 +110,33 @@ def markdown(report: dict[str, Any]) -> str:
     for name, values in rows:
         cells = ["n/a" if values.get(k) is None else format(values[k], f) for k, _, f in COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    attacked = attack_rows(report.get("attacks") or {})
+    if attacked:
+        lines += ["", "| attack | forget NLL | forget ROUGE-L | recovered (NLL) |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in values) + " |"
+                  for name, values in attacked]
     return "\n".join(lines)
+
+
+def attack_rows(attacks: dict[str, Any]) -> list[tuple[str, tuple]]:
+    """(name, (forget NLL, forget ROUGE-L, recovered fraction)) per attack, for the report's second table."""
+    rows = []
+    quant = attacks.get("quantization")
+    if quant:
+        full = quant["full_precision"]
+        rows.append(("no attack (full precision)", (full["forget_nll"], full["forget_rouge_l"], None)))
+        rows += [(f"{e['bits']}-bit {e['scheme']}", (e["forget_nll"], e["forget_rouge_l"], e["recovered_fraction"]))
+                 for e in quant["bits"].values()]
+    relearn = attacks.get("relearning")
+    if relearn:
+        what = f"{relearn['steps']} steps on {relearn['num_attack_rows']} records, measured on {relearn['num_eval_rows']}"
+        rows.append((f"relearning ({what})", (relearn["forget_nll_after"], relearn["forget_rouge_l_after"],
+                                              relearn["recovered_fraction"])))
+        benign = relearn.get("benign")
+        if benign:
+            rows.append((f"benign fine-tune ({relearn['steps']} steps on retain rows)",
+                         (benign["forget_nll_after"], benign["forget_rouge_l_after"], benign["recovered_fraction"])))
+    return rows
 
 
 def model_card(result: Any, args: argparse.Namespace, report: dict[str, Any]) -> str:
@@ -128,6 +164,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise UserError(f"{args.records}: every line must be a JSON object with 'question' and 'answer'.")
     retain = load_rows(args.retain_file, args.retain_split, args.retain_data)
     retain_eval = retain[: args.retain_eval_rows]
+    attacks = parse_attacks(None if args.attacks == "none" else args.attacks)
+    if "relearn" in attacks:
+        if len(records) < 2:
+            raise UserError("The relearning attack needs at least 2 records (one to train on, one to measure); "
+                            "pass --attacks quant or --attacks none.")
+        attacks["relearn"].update(steps=args.relearn_steps, learning_rate=args.relearn_lr)
+    try:
+        check_attack_options(attacks)
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     print(f"1/5 measuring the original model on {len(records)} records and {len(retain_eval)} retain rows")
@@ -151,12 +197,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             after_nf4 = behaviour(quantize_nf4(result.model), tokenizer, records, [], args.max_new_tokens)
         else:
             after_nf4 = {"forget_nll": None, "forget_rouge_l": None, "note": "weights unchanged (T3)"}
+        attack_report = None
+        if attacks:
+            print(f"   attacks: {', '.join(attacks)} (against the original model, reloaded)")
+            original, _ = load_model_and_tokenizer(args.model)
+            head = result.artifact if result.scorer is not None else None  # T3: the base is attacked, head kept
+            attack_report = run_attacks(result.model, tokenizer, records, retain, attacks, original=original,
+                                        head=head, max_new_tokens=args.max_new_tokens, progress=False)
+            del original
         report = {
             "method": args.method, "settings": {k: v for k, v in result.settings.items() if _jsonable(v)},
             "model": args.model, "records_file": str(args.records), "num_records": len(records),
             "num_retain_eval_rows": len(retain_eval), "seconds": result.seconds,
             "weights_changed": result.weights_changed, "before": before, "after": after, "after_nf4": after_nf4,
-            "reference": reference,
+            "reference": reference, "attacks": attack_report,
         }
         print("4/5 writing the report")
         table = markdown(report)

@@ -42,19 +42,21 @@ _import_structure = {
         "ATWUTrainer",
         "ATWUTokenWeighter",
     ],
-    "grom": ["GROMConfig", "GROMEdit", "fit_grom"],
-    "t3": ["T3ClassifierConfig", "T3Classifier", "T3LogitsProcessor", "fit_t3", "t3_scorer"],
-    "evaluation": ["evaluate_tofu"],
+    "grom": ["GROMConfig", "GROMEdit", "GROMPath", "fit_grom", "fit_grom_path"],
+    "t3": ["T3ClassifierConfig", "T3Classifier", "T3LogitsProcessor", "calibrate_t3", "fit_t3", "t3_scorer"],
+    "selection": ["SelectionCallback", "SelectionCriterion", "SelectionRecord"],
+    "evaluation": ["evaluate_tofu", "quantization_attack", "relearning_attack"],
     "data": ["PromptTemplate", "load_tofu"],
     "hub": ["push_unlearned"],
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve lazily
     from .data import PromptTemplate, load_tofu
-    from .evaluation import evaluate_tofu
-    from .grom import GROMConfig, GROMEdit, fit_grom
+    from .evaluation import evaluate_tofu, quantization_attack, relearning_attack
+    from .grom import GROMConfig, GROMEdit, GROMPath, fit_grom, fit_grom_path
     from .hub import push_unlearned
-    from .t3 import T3Classifier, T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
+    from .selection import SelectionCallback, SelectionCriterion, SelectionRecord
+    from .t3 import T3Classifier, T3ClassifierConfig, T3LogitsProcessor, calibrate_t3, fit_t3, t3_scorer
     from .trainers import (
         ATWUConfig,
         ATWUTokenWeighter,

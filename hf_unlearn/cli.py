@@ -9,11 +9,20 @@ changes no global logging or warning state.
 `unlearn` takes the method's own config fields as options, generated from its config dataclass with
 :class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every field).
 
-Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, before any training step: an
-unknown method or option, a value of the wrong type, an output folder that is unsafe or not writable, a
-retain reference that is missing or unreadable, TOFU configs that ``--eval`` needs but the data source
-lacks, an invalid repo id, a missing token when pushing. A failure during a run prints one line naming
-the method, the phase and the log file (exit status 1).
+``--data`` (``unlearn``, ``eval``, ``tiny``, ``bench``) defaults to the folder in ``$HF_UNLEARN_TOFU_DIR`` when
+set, else the Hub dataset ``locuslab/TOFU``.
+
+Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, before any training step and before
+any output folder is created: an unknown method or option, a value of the wrong type or one the method's config
+refuses (for the trainers: a learning rate that is not a finite number > 0, zero or negative epochs,
+``--max_steps 0``, a batch size below 1, ``--max_length`` below 2), an output folder that is unsafe or not
+writable, a model folder without weights or without a tokenizer, a rows file or TOFU config with a missing,
+empty, null or non-string question or answer, forget rows that also occur in the retain rows, a forget prompt
+that leaves no room for an answer token, a prompt template the tokenizer cannot render, a T3 ``--layer`` outside
+the model, a GROM ``--target_modules`` entry the model does not have, a retain reference that is missing,
+unreadable or (with ``--eval``) made on other rows, TOFU configs that ``--eval`` needs but the data source lacks,
+an invalid repo id, a missing token when pushing (:func:`check_run_preconditions` holds the checks that need the
+model). A failure during a run prints one line naming the method, the phase and the log file (exit status 1).
 """
 
 from __future__ import annotations
@@ -251,6 +260,7 @@ def parse_method_settings(method: str, argv: list[str], preset: dict[str, Any] |
     :class:`UserError`.
     """
     parser = config_parser(method)
+    argv = _join_negative_values(list(argv))
     dests = {a.dest for a in parser._actions}
     preset = {k: v for k, v in (preset or {}).items() if k in dests}
     namespace, unknown = parser.parse_known_args(argv)
@@ -286,24 +296,66 @@ def validate_settings(method: str, settings: dict[str, Any], output_dir: str | o
 
 
 # ------------------------------------------------------------------------------------------- preconditions
+#: Files of which a saved model folder holds at least one (weights) / a saved tokenizer at least one.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def _first_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _load_model(name_or_path: str):
+    """The causal LM and its tokenizer from a local folder or a Hub id; one line naming the problem and the fix
+    when the folder does not exist, is not a saved model, holds no weights or no tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not os.path.isdir(name_or_path) and (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1):
+    local = os.path.isdir(name_or_path)
+    if not local and (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1):
         raise UserError(f"Model folder {name_or_path} does not exist.")
+    if local:
+        folder = Path(name_or_path)
+        if not (folder / "config.json").is_file():
+            kind = " (it holds a PEFT adapter, not a model)" if (folder / "adapter_config.json").is_file() else ""
+            raise UserError(
+                f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
+                "model.save_pretrained() (with its tokenizer), or a Hub model id."
+            )
+        if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
+            raise UserError(
+                f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model into it "
+                "with model.save_pretrained(folder), or pass the folder that holds the weights."
+            )
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise UserError(
+                f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save the model's "
+                "tokenizer beside its weights with tokenizer.save_pretrained(folder)."
+            )
+    offline = "" if local else " Without network access, pass a local model folder."
     try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path), AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path)
     except (OSError, ValueError) as err:
         raise UserError(
-            f"Could not load model {name_or_path!r} ({err.__class__.__name__}). Without network access, "
-            "pass a local model folder."
+            f"Could not load the model {name_or_path!r} ({err.__class__.__name__}: {_first_line(err)}).{offline}"
         ) from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError, TypeError) as err:
+        raise UserError(
+            f"Could not load the tokenizer of {name_or_path!r} ({err.__class__.__name__}: {_first_line(err)}); "
+            "save the model's tokenizer beside its weights with tokenizer.save_pretrained(folder)." + offline
+        ) from err
+    return model, tokenizer
 
 
-def check_retain_reference(path: str | None, forget_split: str) -> None:
+def check_retain_reference(path: str | None, forget_split: str, source: str | None = None,
+                           max_examples: int | None = None) -> None:
     """The retain reference loads (our report or saved ratios, open-unlearning's ``TOFU_EVAL.json``, TOFU's
     ``eval_log_forget.json`` or its results folder; :func:`~hf_unlearn.evaluation.load_retain_reference`) and,
-    where it says so, was computed on ``forget_split``."""
+    where it says so, was computed on ``forget_split``. With ``source`` (an evaluation will run): it has one
+    forget truth ratio per evaluated forget row (the first ``max_examples`` rows of ``<forget_split>_perturbed``)
+    and, where it records them, the same row count and rows."""
     if not path:
         return
     from .evaluation import load_retain_reference
@@ -317,6 +369,29 @@ def check_retain_reference(path: str | None, forget_split: str) -> None:
     split = reference.provenance.get("forget_split")
     if split is not None and split != forget_split:
         raise UserError(f"Retain reference {path} was computed on {split!r}, not --forget-split {forget_split}.")
+    if source is None:
+        return
+    from .data import load_tofu_rows
+    from .evaluation.reference import check_provenance, rows_fingerprint
+
+    try:
+        rows = load_tofu_rows(f"{forget_split}_perturbed", source)
+    except (ValueError, FileNotFoundError, OSError):
+        return  # check_eval_configs names the configs that do not load
+    rows = rows if max_examples is None else rows[:max_examples]
+    n_ref = len(reference.forget_truth_ratios)
+    if n_ref != len(rows):
+        hint = " (TOFU's original protocol scores the first 300 rows: --max-examples 300 with `eval`)" if n_ref == 300 else ""
+        raise UserError(
+            f"Retain reference {path} has {n_ref} forget truth ratios but the evaluation scores {len(rows)} forget "
+            f"rows of {forget_split}_perturbed from {source}; evaluate the retain model on the same data, forget "
+            f"split and max_examples{hint}."
+        )
+    try:
+        check_provenance(reference, {"forget_split": forget_split, "num_rows": len(rows),
+                                     "data_sha256": rows_fingerprint(rows)}, ("forget_split", "num_rows", "data_sha256"))
+    except ValueError as err:
+        raise UserError(" ".join(str(err).split())) from None
 
 
 def check_eval_configs(source: str, forget_split: str) -> None:
@@ -352,24 +427,133 @@ def check_push_target(repo_id: str | None, token: str | None) -> str | None:
     return token
 
 
+def _prompt_fits(tokenizer: Any, rows: list[dict[str, Any]], cut: int | None, why: str, template: Any, what: str,
+                 every: bool) -> None:
+    """With ``every``: each row of ``rows`` leaves room for an answer token within ``cut`` tokens (``why`` says
+    where the limit comes from); otherwise at least one does. Raises :class:`UserError` naming the first row that
+    does not (or the set)."""
+    from .data import tokenize_qa
+
+    if cut is None:
+        return
+    fix = "shorten the question" + (" or raise max_length" if why.startswith("max_length") else "")
+    for i, row in enumerate(rows):
+        try:
+            tokenize_qa(tokenizer, row["question"], row["answer"], cut, template=template)
+        except ValueError:
+            if every:
+                n = tokenize_qa(tokenizer, row["question"], row["answer"], None, template=template)["prompt_length"]
+                raise UserError(f"{what} row {i}: its prompt alone is {n} tokens, which leaves no room for an answer "
+                                f"token within {cut} tokens ({why}); {fix}.") from None
+            continue
+        if not every:
+            return
+    if not every:
+        raise UserError(f"No {what} row leaves room for an answer token within {cut} tokens ({why}): the prompts "
+                        f"alone fill it; {fix}s.")
+
+
+def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any, forget: list[dict[str, Any]],
+                            retain: list[dict[str, Any]]) -> None:
+    """What a method would refuse during its run, checked before any work and before any folder is created.
+
+    For every method: the prompt template renders with this tokenizer, and every forget row leaves room for at
+    least one answer token within ``max_length`` (the config's, cut to the model's maximum positions). Trainer
+    methods: the trainer's own setting checks (preset, learning rate, steps), forget/retain overlap unless
+    ``allow_overlap`` (when the objective uses the retain set), and at least one retain row that fits. GROM: no
+    overlap, every ``target_modules`` entry names a module of the model, and the retain rows it reads fit. T3: no
+    overlap, ``layer`` within the model's hidden states, and a retain row that fits.
+    """
+    from .data import model_max_positions, overlapping_examples, resolve_template
+
+    template = getattr(config, "prompt_template", None)
+    try:
+        template = resolve_template(tokenizer, template)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"Invalid {method} setting prompt_template: {' '.join(str(err).split())}") from None
+    max_length, positions = getattr(config, "max_length", None), model_max_positions(model)
+    bounds = [v for v in (max_length, positions) if v is not None]
+    cut = min(bounds) if bounds else None
+    why = f"max_length={max_length}" if cut is not None and cut == max_length else f"the model's {positions} positions"
+    uses_retain, may_overlap = True, False
+    try:
+        if method in TRAINER_CLASSES:
+            from . import trainers
+
+            trainer_cls = getattr(trainers, TRAINER_CLASSES[method])
+            trainer_cls._resolve_args(config, model)  # noqa: SLF001 (the trainer's own checks, without building it)
+            uses_retain = trainer_cls.needs_retain(config)
+            may_overlap = bool(getattr(config, "allow_overlap", False))
+        elif method == "t3":
+            _model_checks(config, model, fallback=config.for_base)
+        elif method == "grom":
+            _check_grom_targets(config, model)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
+    if uses_retain and not may_overlap:
+        shared = overlapping_examples(forget, retain)
+        if shared:
+            allow = " (or pass --allow_overlap)" if method in TRAINER_CLASSES else ""
+            raise UserError(f"{shared} of the {len(forget)} forget rows also occur in the retain rows: {method} would "
+                            f"unlearn and keep them at once; remove them from one side{allow}.")
+    _prompt_fits(tokenizer, forget, cut, why, template, "forget", every=True)
+    sample = None
+    if method == "grom":
+        try:
+            from .grom.model import retain_subsample
+        except ImportError:  # pragma: no cover - GROM without a seeded retain sample: it reads what fits
+            retain_subsample = None
+        if retain_subsample is not None:
+            sample = retain_subsample(len(retain), getattr(config, "retain_sample", None), getattr(config, "seed", 0))
+    if sample is not None:  # GROM cannot leave out a retain row it samples
+        _prompt_fits(tokenizer, [retain[i] for i in sample], cut, why, template, "retain (GROM's sample)", every=True)
+    elif uses_retain:
+        _prompt_fits(tokenizer, retain, cut, why, template, "retain", every=False)
+
+
+def _check_grom_targets(config: Any, model: Any) -> None:
+    """Every ``target_modules`` entry of a GROM config names a module of ``model`` (its full path or its last
+    components); then GROM's own checks against the model (:func:`_model_checks`) where it has them."""
+    names = [n for n, _ in model.named_modules() if n]
+    for target in getattr(config, "target_modules", None) or []:
+        if not any(n == target or n.endswith("." + target) for n in names):
+            import torch
+
+            leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+            raise ValueError(f"target_modules entry {target!r} matches no module of {type(model).__name__}; its "
+                             f"linear modules are named {leaves}.")
+    _model_checks(config, model)
+
+
+def _model_checks(config: Any, model: Any, fallback: Any = None) -> None:
+    """The config's own checks against the loaded model (``check_for(model)`` or ``validate_for(model)``, where
+    the config class has one), else ``fallback(model)``."""
+    for name in ("check_for", "validate_for"):
+        check = getattr(config, name, None)
+        if callable(check):
+            check(model)
+            return
+    if fallback is not None:
+        fallback(model)
+
+
 def _checkpoints(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("checkpoint-*") if p.is_dir()) if folder.is_dir() else []
 
 
 def _load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]:
-    from .data import load_tofu_rows
-    from .data.tofu import read_jsonl
+    """The rows of ``file`` (JSON Lines) or of TOFU config ``split``, checked as they load (one line naming the
+    file or config and the row: a missing field, an empty, blank, null or non-string question or answer)."""
+    from .data import load_tofu_rows, read_qa_file
 
-    if file:
-        if not os.path.isfile(file):
-            raise UserError(f"Rows file {file} does not exist.")
-        rows = read_jsonl(file)
-        bad = [i for i, r in enumerate(rows) if not isinstance(r, dict) or "question" not in r or "answer" not in r]
-        if not rows or bad:
-            raise UserError(f"{file}: every line must be a JSON object with 'question' and 'answer' "
-                            f"({'no rows' if not rows else f'line {bad[0] + 1} is not'}).")
-        return rows
-    return load_tofu_rows(split, source)
+    try:
+        if file:
+            if not os.path.isfile(file):
+                raise UserError(f"Rows file {file} does not exist.")
+            return read_qa_file(file)
+        return load_tofu_rows(split, source)
+    except ValueError as err:
+        raise UserError(" ".join(str(err).split())) from None
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -432,6 +616,45 @@ def _unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
     return 0
 
 
+def _check_selection_flags(args: argparse.Namespace) -> None:
+    """``--select`` needs ``--holdout``; ``--holdout`` / ``--retain-validation`` need ``--select`` (one line, before
+    any work)."""
+    if args.select and not args.holdout:
+        raise UserError("--select needs --holdout SPLIT_OR_FILE: rows of the same kind the model never saw (TOFU's "
+                        "holdout01/05/10, or a JSON Lines file of question/answer rows).")
+    if not args.select and (args.holdout or args.retain_validation):
+        raise UserError("--holdout and --retain-validation apply with --select only.")
+    if args.select and args.selection_steps < 1:
+        raise UserError(f"--selection-steps must be >= 1, got {args.selection_steps}.")
+
+
+def _selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], retain: list[dict[str, Any]],
+                     settings: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """The :class:`~hf_unlearn.selection.SelectionCriterion` of ``--select`` and the retain rows the method sees
+    (without the validation rows when they are split off the retain rows)."""
+    from .data.pairing import overlapping_examples
+    from .selection import SelectionCriterion
+
+    def rows(spec: str) -> list[dict[str, Any]]:
+        return _load_rows(spec, args.data, spec if os.path.isfile(spec) else None)
+
+    holdout = rows(args.holdout)
+    if overlapping_examples(forget, holdout):
+        raise UserError(f"--holdout {args.holdout} shares rows with the forget set; holdout rows must be unseen.")
+    if args.retain_validation:
+        validation = rows(args.retain_validation)
+        if overlapping_examples(validation, retain):
+            raise UserError(f"--retain-validation {args.retain_validation} shares rows with the retain rows the "
+                            "method unlearns with; pass rows it does not see (or omit it to split them off).")
+    else:
+        if len(retain) < 2:
+            raise UserError("--select splits validation rows off the retain rows, but there is only one; pass "
+                            "--retain-validation.")
+        n = max(1, min(100, len(retain) // 10))
+        retain, validation = retain[:-n], retain[-n:]
+    return SelectionCriterion(forget, holdout, validation, template=settings.get("prompt_template")), retain
+
+
 def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     from .bench.console import PhaseReporter, log_event, log_exception
     from .bench.registry import METHODS, JsonlLogCallback, run_method
@@ -447,11 +670,12 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     for flag, value in (("--model", args.model), ("--output", args.output)):
         if not value:
             raise UserError(f"{flag} is required.")
+    _check_selection_flags(args)
     method = args.method
     preset = dict(METHODS[method].demo) if args.preset == "demo" else {}
     settings = parse_method_settings(method, extra, preset)
     out = Path(args.output).expanduser()
-    validate_settings(method, settings, out)
+    config = validate_settings(method, settings, out)
     is_trainer = method in TRAINER_CLASSES
     checkpointing = is_trainer and str(settings.get("save_strategy", "no")).lower().split(".")[-1] != "no"
     inputs = [args.model, args.data if args.data and os.path.isdir(args.data) else None,
@@ -470,13 +694,17 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
             check_output_dir(out, inputs, overwrite=args.overwrite)
     except OutputDirError as err:
         raise UserError(str(err)) from None
-    check_retain_reference(args.retain_reference, args.forget_split)
-    if args.eval:
-        check_eval_configs(args.data, args.forget_split)
-    token = check_push_target(args.push_to_hub, args.hub_token)
     forget = _load_rows(args.forget_split, args.data, args.forget_file)
     retain = _load_rows(RETAIN_FOR_FORGET[args.forget_split], args.data, args.retain_file)
+    criterion, retain = _selection_setup(args, forget, retain, settings) if args.select else (None, retain)
+    check_retain_reference(args.retain_reference, args.forget_split, args.data if args.eval else None)
+    if args.eval:
+        if args.max_new_tokens < 1:
+            raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+        check_eval_configs(args.data, args.forget_split)
+    token = check_push_target(args.push_to_hub, args.hub_token)
     model, tokenizer = _load_model(args.model)
+    check_run_preconditions(method, config, model, tokenizer, forget, retain)
 
     say = PhaseReporter(inline=not args.verbose)
     state: dict[str, Any] = {}
@@ -487,14 +715,23 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
         phase = "training"
         try:
             say.start(method, phase)
-            result = run_method(
-                method, model, tokenizer, forget, retain, work, settings,
-                callbacks=[JsonlLogCallback(log_path, echo=args.verbose)], quiet=True,
-                resume_from_checkpoint=True if args.resume else None,
-            )
+            options = dict(callbacks=[JsonlLogCallback(log_path, echo=args.verbose)], quiet=True,
+                           resume_from_checkpoint=True if args.resume else None)
+            if criterion is None:
+                result = run_method(method, model, tokenizer, forget, retain, work, settings, **options)
+            else:
+                from .bench.registry import Unlearned
+                from .selection import run_with_selection
+
+                result = run_with_selection(run_method, Unlearned, method, model, tokenizer, forget, retain, work,
+                                            settings, criterion, selection_steps=args.selection_steps, **options)
             state["result"] = result
             phase = "training (saving the result)"
             result.save_pretrained(work)
+            if result.info.get("selection"):
+                from .selection import SelectionRecord
+
+                SelectionRecord.from_dict(result.info["selection"]).save(work)
             if result.weights_changed and result.artifact is result.model:
                 tokenizer.save_pretrained(work)
             say.done(f"{result.info['global_step']} steps" if result.info.get("global_step") else "")
@@ -558,7 +795,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
         try:
             commit = result.push_to_hub(
                 args.push_to_hub, report=report, token=token, forget_split=args.forget_split,
-                dataset=args.data, base_model=args.model,
+                dataset=args.data, base_model=args.model, selection=result.info.get("selection"),
                 tokenizer=tokenizer if result.artifact is result.model else None,
             )
         except Exception as err:
@@ -581,8 +818,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .bench.console import PhaseReporter
     from .evaluation import evaluate_tofu, render_report, save_truth_ratios
 
-    check_retain_reference(args.retain_reference, args.forget_split)
+    for name in ("batch_size", "max_new_tokens", "max_examples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
     check_eval_configs(args.data, args.forget_split)
+    check_retain_reference(args.retain_reference, args.forget_split, args.data, args.max_examples)
     for path in (args.output, args.save_truth_ratios):
         if path:
             target = Path(path).expanduser().resolve()
@@ -593,17 +834,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 probe = probe.parent
             if not os.access(probe, os.W_OK | os.X_OK):
                 raise UserError(f"Cannot write {path}: {probe} is not writable.")
+    attacks = _eval_attacks(args)
     model, tokenizer = _load_model(args.model)
+    if args.attack_original:  # the model before unlearning: the attacks' recovered fractions
+        original, _ = _load_model(args.attack_original)
+        for options in attacks.values():
+            options["original"] = original
     name = Path(args.model).name
     say = PhaseReporter(inline=not args.verbose)
-    say.start(name, "evaluation")
+    say.start(name, "evaluation" + (" and attacks" if attacks else ""))
     try:
         report = evaluate_tofu(
             model, tokenizer, source=args.data, forget_split=args.forget_split,
             retain_reference=args.retain_reference, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, max_examples=args.max_examples, output_path=args.output,
             progress=args.verbose, template=args.template,
-            autocast_dtype=_autocast_dtype(args.autocast_dtype),
+            autocast_dtype=_autocast_dtype(args.autocast_dtype), attacks=attacks or None,
         )
     except Exception as err:
         raise RunFailure(say.fail(err), printed=True) from err
@@ -611,7 +857,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.save_truth_ratios:
         save_truth_ratios(report, args.save_truth_ratios)
     print(render_report(report))
+    if report.get("attacks"):
+        from .evaluation import format_attacks
+
+        print(format_attacks(report["attacks"]))
     return 0
+
+
+def _eval_attacks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``evaluate_tofu``'s ``attacks`` from ``--attacks`` / ``--relearn-*``, checked before any model loads."""
+    from .evaluation.attacks import check_attack_options, parse_attacks
+
+    if not args.attacks:
+        if args.attack_original:
+            raise UserError("--attack-original needs --attacks.")
+        return {}
+    try:
+        attacks = parse_attacks(args.attacks)
+        if "relearn" in attacks:
+            attacks["relearn"].update(steps=args.relearn_steps, learning_rate=args.relearn_lr)
+        check_attack_options(attacks)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if args.relearn_lr < 0:
+        raise UserError(f"--relearn-lr must be >= 0, got {args.relearn_lr}.")
+    return attacks
 
 
 def _bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
@@ -634,6 +904,7 @@ def _bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
         args.subject, methods, source=args.data, output_dir=args.output_dir, cache_dir=args.cache_dir,
         build_only=args.build_only, grid=not args.no_grid, eval_kwargs=eval_kwargs,
         quantization_check=not args.no_quantization, progress=True, verbose=args.verbose,
+        attacks=args.attacks,
     )
     if paths is None:
         print(format_gate(results))
@@ -656,6 +927,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UserError(f"Unknown method(s) {unknown}; choose from {', '.join(sorted(METHODS))}.")
+    if args.attacks:
+        from .evaluation.attacks import check_attack_options, parse_attacks
+
+        try:
+            check_attack_options(parse_attacks(args.attacks))
+        except ValueError as err:
+            raise UserError(str(err)) from None
     if args.subject not in (None, "tofu_tiny"):
         return _bench_subject(args, methods)
     if args.build_only:
@@ -675,6 +953,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         pair, methods, grid=not args.no_grid, source=args.data, forget_split=args.split,
         eval_kwargs=eval_kwargs,
         quantization_check=not args.no_quantization, progress=True, log_dir=out / "logs", verbose=args.verbose,
+        attacks=args.attacks,
     )
     name = f"tofu_tiny_{args.split}" if not args.model else f"bench_{args.split}"
     meta = {"source": args.data, "forget_split": args.split, "size": args.size, "mode": "bench",
@@ -701,6 +980,42 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     return 0 if gate["passed"] else 1
 
 
+#: Environment variable naming a local folder of TOFU ``<config>.jsonl`` files: the default of ``--data``.
+TOFU_DIR_ENV = "HF_UNLEARN_TOFU_DIR"
+DATA_HELP = (f"TOFU source: a local folder of <config>.jsonl files, 'synthetic', or a Hub dataset id (default: "
+             f"${TOFU_DIR_ENV} when set, else the Hub dataset locuslab/TOFU)")
+
+
+def default_data_source() -> str:
+    """``--data`` when not given: the folder in ``$HF_UNLEARN_TOFU_DIR`` when set, else the Hub id ``locuslab/TOFU``."""
+    from .data import TOFU_HUB_ID
+
+    folder = os.environ.get(TOFU_DIR_ENV, "").strip()
+    if not folder:
+        return TOFU_HUB_ID
+    if not os.path.isdir(os.path.expanduser(folder)):
+        raise UserError(f"{TOFU_DIR_ENV}={folder} is not a folder; point it at a folder of TOFU <config>.jsonl files, "
+                        "or unset it to use the Hub dataset.")
+    return os.path.expanduser(folder)
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--option -1e-3`` as ``--option=-1e-3``: argparse reads a token such as ``-1e-3`` or ``-inf`` as an option,
+    so the value of a negative number would be missing; joined, it parses and the config can refuse it clearly."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-") and len(token) > 1:
+            try:
+                float(token)
+            except ValueError:
+                pass
+            else:
+                out[-1] = f"{out[-1]}={token}"
+                continue
+        out.append(token)
+    return out
+
+
 RETAIN_REFERENCE_HELP = (
     "the retain model's numbers for forget quality: our report or saved truth ratios, open-unlearning's "
     "TOFU_EVAL.json, or TOFU's eval_log_forget.json (or its results folder)"
@@ -708,7 +1023,7 @@ RETAIN_REFERENCE_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .data import FORGET_SPLITS, TOFU_HUB_ID
+    from .data import FORGET_SPLITS
     from .data.prompts import PROMPT_TEMPLATES
     from .evaluation.generation import DEFAULT_MAX_NEW_TOKENS
     from .evaluation.report import metric_definitions_text
@@ -735,7 +1050,7 @@ def build_parser() -> argparse.ArgumentParser:
     un.add_argument("-h", "--help", action="store_true", help="show this help (with --method: its config options)")
     un.add_argument("--method", help="grom, t3, masc, atwu, grad_ascent, grad_diff, npo or simnpo")
     un.add_argument("--model", help="model folder or Hub id")
-    un.add_argument("--data", default=TOFU_HUB_ID, help=f"Hub id ({TOFU_HUB_ID}), local folder of <config>.jsonl, or 'synthetic'")
+    un.add_argument("--data", default=None, help=DATA_HELP)
     un.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
     un.add_argument("--forget-file", help="JSON Lines file of question/answer rows to forget (instead of --forget-split)")
     un.add_argument("--retain-file", help="JSON Lines file of question/answer rows to keep (instead of the retain split)")
@@ -751,13 +1066,25 @@ def build_parser() -> argparse.ArgumentParser:
     un.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
     un.add_argument("--push-to-hub", metavar="REPO", help="push the result with a model card")
     un.add_argument("--hub-token", help="token for --push-to-hub (default: HF_TOKEN or the saved login)")
+    un.add_argument("--select", action="store_true",
+                    help="choose the method's strength by the reference-free criterion (hf_unlearn.selection): GROM's "
+                         "exact strength path, T3's (T, w) calibration, the best checkpoint of a trainer; needs "
+                         "--holdout; the record is saved as selection_record.json and shown in the model card")
+    un.add_argument("--holdout", metavar="SPLIT_OR_FILE",
+                    help="with --select: rows of the same kind the model never saw (TOFU holdout01/05/10 of --data, "
+                         "or a JSON Lines file of question/answer rows)")
+    un.add_argument("--retain-validation", metavar="SPLIT_OR_FILE",
+                    help="with --select: retain rows not used for unlearning (default: the last 10%%, at most 100, of "
+                         "the retain rows, which the method then does not see)")
+    un.add_argument("--selection-steps", type=int, default=50,
+                    help="with --select, trainer methods: measure the criterion every this many optimizer steps")
     un.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
     un.set_defaults(func=cmd_unlearn, subparser=un)
 
     ev = add("eval", help="TOFU evaluation of a model", epilog=metric_definitions_text(),
              formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("--model", required=True, help="model folder or Hub id")
-    ev.add_argument("--data", default=TOFU_HUB_ID)
+    ev.add_argument("--data", default=None, help=DATA_HELP)
     ev.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
     ev.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
     ev.add_argument("--template", choices=sorted(PROMPT_TEMPLATES), default=None,
@@ -771,11 +1098,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--autocast-dtype", choices=AUTOCAST_CHOICES, default="none",
                     help="score and generate under torch.autocast with this dtype (weights untouched; recorded in "
                          "the report, and a retain reference must match it)")
+    ev.add_argument("--attacks", default=None, metavar="quant,relearn",
+                    help="after the evaluation, try to bring the forget rows back: quant (4-bit NF4 and 8-bit "
+                         "copies), relearn (a few fine-tuning steps on 10%% of the forget rows, and on retain rows)")
+    ev.add_argument("--attack-original", default=None, metavar="MODEL",
+                    help="the model before unlearning (folder or Hub id): report the share of the gap each attack "
+                         "recovered")
+    ev.add_argument("--relearn-steps", type=int, default=10, help="relearning attack: fine-tuning steps (10)")
+    ev.add_argument("--relearn-lr", type=float, default=1e-4,
+                    help="relearning attack: learning rate (1e-4; use the target's fine-tuning rate)")
     ev.add_argument("--verbose", action="store_true", help="show the evaluator's progress bars")
     ev.set_defaults(func=cmd_eval)
 
     tiny = add("tiny", help="build (or reuse) the TOFU-tiny target and retain reference, run the sanity gate")
-    tiny.add_argument("--data", default=None, help="TOFU source (default: ../shared/data/tofu if present, else locuslab/TOFU)")
+    tiny.add_argument("--data", default=None, help=DATA_HELP)
     tiny.add_argument("--split", default="forget10", choices=FORGET_SPLITS)
     tiny.add_argument("--size", default="bench", help="bench, tofu-test or test")
     tiny.add_argument("--max-examples", type=int, default=None)
@@ -784,13 +1120,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     be = add("bench", help="every method side by side on TOFU-tiny (or a given model pair)")
     be.add_argument("--split", default="forget10", choices=FORGET_SPLITS)
-    be.add_argument("--data", default=None, help="TOFU source: Hub id or local folder (default: ../shared/data/tofu if present, else locuslab/TOFU)")
+    be.add_argument("--data", default=None, help=DATA_HELP)
     be.add_argument("--size", default="bench", help="TOFU-tiny size: bench or tofu-test")
     be.add_argument("--model", help="target model (Hub id or folder) instead of TOFU-tiny")
     be.add_argument("--retain-model", help="retain reference model, with --model")
     be.add_argument("--methods", nargs="+")
     be.add_argument("--no-grid", action="store_true", help="one (default) setting per method instead of the grid")
     be.add_argument("--no-quantization", action="store_true")
+    be.add_argument("--attacks", default=None, metavar="quant,relearn",
+                    help="also attack the target, the retain reference and each method's chosen setting: quant (4-bit "
+                         "and 8-bit copies), relearn (10 fine-tuning steps on 10%% of the forget rows, and on retain "
+                         "rows; with --subject at the target's fine-tuning learning rate)")
     be.add_argument("--max-examples", type=int, default=None)
     be.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                     help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS}; recorded in the results)")
@@ -811,19 +1151,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 a run failed, 2 bad input)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+    data_hint = ""
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         if args.command != "unlearn" and extra:
             raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-        if getattr(args, "command", None) in ("bench", "tiny") and args.data is None:
-            local = Path.cwd().parent / "shared" / "data" / "tofu"
-            args.data = str(local) if local.is_dir() else "locuslab/TOFU"
+        if hasattr(args, "data") and not getattr(args, "help", False):
+            given = args.data is not None
+            args.data = args.data if given else default_data_source()
+            if not os.path.isdir(args.data) and not str(args.data).startswith("synthetic"):
+                data_hint = (f"Could not load the TOFU data from the Hub dataset {args.data} ({{cause}}); offline, "
+                             f"pass --data with a local folder of TOFU <config>.jsonl files (or --data synthetic)"
+                             f"{'' if given else ', or set ' + TOFU_DIR_ENV}.")
         restore = quiet_console(getattr(args, "verbose", False))
         try:
             if args.command == "unlearn":
-                return int(cmd_unlearn(args, extra) or 0)
+                from .safe_output import output_lock
+
+                # the output folder is this run's alone from its first check to the end; a second run is refused
+                with output_lock(getattr(args, "output", None) if not getattr(args, "help", False) else None):
+                    return int(cmd_unlearn(args, extra) or 0)
             return int(args.func(args) or 0)
         finally:
             restore()
@@ -834,7 +1183,13 @@ def main(argv: list[str] | None = None) -> int:
         if not err.printed:
             print(f"hf-unlearn: error: {err}", file=sys.stderr)
         return 1
-    except (ValueError, FileNotFoundError, ConnectionError) as err:
+    except ConnectionError as err:
+        message = " ".join(str(err).split())
+        if data_hint:
+            message = data_hint.format(cause=type(err.__cause__ or err).__name__)
+        print(f"hf-unlearn: error: {message}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as err:
         print(f"hf-unlearn: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

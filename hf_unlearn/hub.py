@@ -65,6 +65,16 @@ OPTIONAL_REPORT_METRICS: dict[str, tuple[str, str]] = {
     "mia_min_k": ("mia_auc_min_k", "MIA AUC (min-k 40%), forget vs holdout"),
     "mia_min_k_plus_plus": ("mia_auc_min_k_plus_plus", "MIA AUC (min-k++ 40%), forget vs holdout"),
     "privleak": ("privleak", "Privleak (min-k AUC vs. retain model, %)"),
+    # the attacks of hf_unlearn.evaluation.attacks (evaluate_tofu(..., attacks=...))
+    "attack_nf4_forget_rouge_l": ("rouge_l_recall_nf4_attack", "Forget ROUGE-L recall after 4-bit NF4 quantization"),
+    "attack_int8_forget_rouge_l": ("rouge_l_recall_int8_attack", "Forget ROUGE-L recall after 8-bit quantization"),
+    "attack_nf4_recovered": ("recovered_fraction_nf4_attack", "Forget NLL gap recovered by 4-bit NF4 quantization"),
+    "attack_int8_recovered": ("recovered_fraction_int8_attack", "Forget NLL gap recovered by 8-bit quantization"),
+    "attack_relearn_forget_nll": ("forget_nll_relearn_attack", "Forget answer NLL after a relearning attack"),
+    "attack_relearn_recovered": ("recovered_fraction_relearn_attack",
+                                 "Forget NLL gap recovered by relearning on 10% of the forget rows"),
+    "attack_benign_recovered": ("recovered_fraction_benign_finetune",
+                                "Forget NLL gap recovered by benign fine-tuning on retain rows"),
 }
 
 #: Variables every card template must use (checked before rendering).
@@ -415,6 +425,7 @@ def build_model_card(
     template_path: str | os.PathLike | None = None,
     base_model_aliases: tuple[str, ...] = (),
     extra_tags: tuple[str, ...] = (),
+    selection: Mapping[str, Any] | None = None,
 ):
     """Render the model card of an unlearned artifact.
 
@@ -434,6 +445,8 @@ def build_model_card(
         base_model_aliases: other names of the base model the report may use (e.g. the local
             folder of a base published as ``base_model``).
         extra_tags: further metadata tags (after ``unlearning``, the method, ``tofu`` and the kind).
+        selection: a strength-selection record (:class:`hf_unlearn.selection.SelectionRecord` as a dict), shown
+            as a section of the card body with every candidate's measurements and the decision.
 
     Returns:
         a ``huggingface_hub.ModelCard``.
@@ -511,6 +524,10 @@ def build_model_card(
     card = ModelCard.from_template(card_data, template_path=str(path), **render_kwargs)
     if card.data.to_dict().get("tags") != card_data.tags:
         raise ValueError(f"Model-card template {path} does not write the card metadata block ({{{{ card_data }}}}).")
+    if selection is not None:
+        from .selection import SelectionRecord
+
+        card.text = card.text.rstrip("\n") + "\n\n" + SelectionRecord.from_dict(selection).markdown()
     return card
 
 
@@ -652,6 +669,7 @@ def push_unlearned(
     license: str | None = None,
     commit_message: str | None = None,
     endpoint: str | None = None,
+    selection: Mapping[str, Any] | None = None,
 ):
     """Push an unlearned artifact with its model card (and report) to the Hub in one commit.
 
@@ -661,7 +679,9 @@ def push_unlearned(
     card metrics, a card template missing a field, an artifact saving pickle files.
 
     ``base_model`` overrides the base recorded in the artifact (e.g. the Hub id of a local base);
-    the report must name one of the two. Returns the ``huggingface_hub.CommitInfo``.
+    the report must name one of the two. ``selection`` (default: the record the artifact carries, see
+    :func:`hf_unlearn.selection.selection_record_of`) is shown in the card and uploaded as
+    ``selection_record.json``. Returns the ``huggingface_hub.CommitInfo``.
     """
     _check_repo_id(repo_id)
     token = _resolve_token(token)
@@ -683,16 +703,22 @@ def push_unlearned(
         check_report_matches(report, card_base, forget_split, aliases=aliases)
     if settings is None:
         settings = {} if is_folder else dict(spec.settings(artifact))
+    if selection is None:
+        from .selection import selection_record_of
+
+        selection = selection_record_of(artifact)
     library = "peft" if is_folder and (Path(artifact) / "adapter_config.json").is_file() else None
     library = library or spec.library_for(None if is_folder else artifact)
     card = build_model_card(
         kind, card_base, method, settings, report, forget_split=forget_split, dataset=dataset,
         quantization=quantization, repo_id=repo_id, library_name=library, license=license,
-        base_model_aliases=aliases,
+        base_model_aliases=aliases, selection=selection,
     )
     with tempfile.TemporaryDirectory(prefix="hf-unlearn-push-") as tmp:
         folder = Path(tmp)
         _save_artifact(artifact, folder)
+        if selection is not None:
+            (folder / "selection_record.json").write_text(json.dumps(selection, indent=2, default=str))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder))
         card.save(str(folder / "README.md"))

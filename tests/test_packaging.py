@@ -1,10 +1,15 @@
 """Packaging: the wheel built from setup.cfg + pyproject.toml carries the `evaluate` metric modules, the model-card
-templates and the benchmark configs, and an installed (non-editable) copy finds and uses them."""
+templates and the benchmark configs, and an installed (non-editable) copy finds and uses them; everything the test
+modules import is declared (the package's requirements or its `dev` extra), and every test module imports against
+the installed wheel."""
 
 from __future__ import annotations
 
+import ast
 import configparser
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +39,58 @@ def _mapping(value: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in (line.split("=", 1) for line in _lines(value))}
 
 
+def _canonical(name: str) -> str:
+    """A distribution name normalised as PEP 503 does (``PyYAML`` -> ``pyyaml``, ``rouge_score`` -> ``rouge-score``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_name(requirement: str) -> str:
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    assert match, requirement
+    return _canonical(match.group(1))
+
+
+def _test_modules() -> list[Path]:
+    return sorted((REPO_ROOT / "tests").glob("*.py"))
+
+
+def _imported_top_level_modules(path: Path) -> set[str]:
+    """Top-level names of every absolute ``import`` / ``from ... import`` in ``path`` (module level or inside
+    functions)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_third_party_module_the_tests_import_is_declared():
+    """A module a test file (or conftest / the local Hub server) imports must come from a distribution that
+    setup.cfg names itself, in ``install_requires`` or the ``dev`` extra: one that arrives only as a dependency of
+    a dependency can disappear with that dependency's next release."""
+    config = _setup_cfg()
+    declared = {_requirement_name(r) for r in _lines(config["options"]["install_requires"])}
+    declared |= {_requirement_name(r) for r in _lines(config["options.extras_require"]["dev"])}
+    local = {p.stem for p in _test_modules()} | {"hf_unlearn"}
+    providers = importlib.metadata.packages_distributions()
+    imported: dict[str, set[str]] = {}
+    for path in _test_modules():
+        for name in _imported_top_level_modules(path) - local - set(sys.stdlib_module_names):
+            imported.setdefault(name, set()).add(path.name)
+    assert {"torch", "transformers", "pytest", "yaml"} <= set(imported)  # the scan really sees the imports
+    undeclared = {
+        name: (sorted(files), providers.get(name))
+        for name, files in imported.items()
+        if not {_canonical(d) for d in providers.get(name, [])} & declared
+    }
+    assert not undeclared, f"imported by the tests but not declared in setup.cfg (module: files, providers): {undeclared}"
+    unconditional = [r for r in _lines(config["options"]["install_requires"]) if ";" not in r]
+    for requirement in unconditional + _lines(config["options.extras_require"]["dev"]):  # and installed here
+        importlib.metadata.version(_requirement_name(requirement))
+
+
 def test_declarative_packaging_lists_every_package_and_one_version():
     assert not (REPO_ROOT / "setup.py").exists()
     assert "Apache License" in (REPO_ROOT / "LICENSE").read_text() and "Version 2.0" in (REPO_ROOT / "LICENSE").read_text()
@@ -57,8 +114,32 @@ def test_declarative_packaging_lists_every_package_and_one_version():
             assert requirement in extras["dev"], requirement
 
 
+IMPORT_TEST_MODULES = """
+import importlib, importlib.util, pathlib, sys
+site, tests = sys.argv[1], sys.argv[2]
+# Only the wheel may provide hf_unlearn: drop the editable install's finders (the checkout's copy).
+editable = lambda f: getattr(f, "__module__", "").startswith("__editable__")
+sys.meta_path[:] = [f for f in sys.meta_path if not editable(f)]
+sys.path_hooks[:] = [h for h in sys.path_hooks if not editable(h)]
+sys.path_importer_cache.clear()
+assert importlib.util.find_spec("hf_unlearn").origin.startswith(site)
+sys.path.insert(0, tests)
+for path in sorted(pathlib.Path(tests).glob("*.py")):
+    importlib.import_module(path.stem)
+ours = {n: getattr(m, "__file__", None) for n, m in sys.modules.items() if n.split(".")[0] == "hf_unlearn"}
+outside = {n: f for n, f in ours.items() if f is not None and not f.startswith(site)}
+assert len(ours) > 10 and not outside, outside
+"""
+
+
 @pytest.mark.slow
 def test_installed_wheel_ships_metric_modules_cards_and_configs(tmp_path):
+    """Build the wheel, install it (no dependencies, no index) into its own folder, and use that copy: package
+    data, the console script, the declared ``dev`` extra, and an import of every test module against it.
+
+    The dependencies come from the running environment (CI builds it fresh from ``.[dev]``; the test above
+    checks that the tests import nothing undeclared): an empty virtual environment would have to install torch
+    and the Hugging Face stack again, minutes on every run."""
     # Build from a copy so the shared checkout gets no build/ or *.egg-info folders.
     src = tmp_path / "src"
     for name in SOURCES:
@@ -112,3 +193,17 @@ def test_installed_wheel_ships_metric_modules_cards_and_configs(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     for command in ("demo", "unlearn", "eval", "bench"):
         assert command in result.stdout
+
+    # `pip install "hf-unlearn[dev]"` from this wheel installs what the tests need
+    (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    requires = [line.split(":", 1)[1] for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+                if line.startswith("Requires-Dist:")]
+    dev = {_requirement_name(r) for r in requires if re.search(r"extra\s*==\s*['\"]dev['\"]", r)}
+    assert {_requirement_name(r) for r in _lines(_setup_cfg()["options.extras_require"]["dev"])} == dev
+    assert "pyyaml" in dev
+
+    # every test module imports against the installed copy alone (no bytecode written into the checkout)
+    result = subprocess.run([sys.executable, "-c", IMPORT_TEST_MODULES, str(site), str(REPO_ROOT / "tests")],
+                            cwd=tmp_path, env=dict(env, PYTHONDONTWRITEBYTECODE="1"), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -3,6 +3,8 @@ that bitsandbytes' AVX512-BF16 CPU kernel accepts and refuses, with that kernel'
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -88,6 +90,38 @@ def test_nf4_quantization_merges_peft_adapters(tiny_target, synthetic):
     np.testing.assert_allclose(answer_nll(peft_model, tokenizer, qs, ans, batch_size=6), merged_nll, rtol=1e-5)
 
 
+FORCE_AVX512BF16_ENV = "HF_UNLEARN_FORCE_AVX512BF16"
+"""``1`` / ``0``: every test of this module sees bitsandbytes' ``has_avx512bf16`` forced on / off (CI runs the
+module once with each, so the kernel path this CPU does not take is covered too); unset: the CPU's real flag."""
+
+
+def _forced_avx512bf16() -> bool | None:
+    value = os.environ.get(FORCE_AVX512BF16_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{FORCE_AVX512BF16_ENV} must be 0 or 1, got {value!r}")
+    return None if value == "" else value == "1"
+
+
+@pytest.fixture(autouse=True)
+def _avx512bf16_flag(monkeypatch):
+    """Force the flag ``Linear4bit`` reads when it is built (``support_avx512bf16_for_cpu``), if asked to."""
+    forced = _forced_avx512bf16()
+    if forced is not None:
+        import bitsandbytes.nn.modules as bnb_modules
+
+        monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: forced)
+    return forced
+
+
+def test_forced_avx512bf16_flag_reaches_linear4bit():
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as functional
+
+    forced = _forced_avx512bf16()
+    want = bool(functional.has_avx512bf16()) if forced is None else forced
+    assert bool(bnb.nn.Linear4bit(64, 32, bias=False).support_avx512bf16_for_cpu) == want
+
+
 def _kernel_cases():
     import bitsandbytes.functional as functional
 
@@ -97,7 +131,8 @@ def _kernel_cases():
     cases = [(False, "refused"), (False, "accepted"), (True, "refused")]
     if real:
         cases.append((True, "accepted"))
-    return cases
+    forced = _forced_avx512bf16()
+    return cases if forced is None else [case for case in cases if case[0] == forced]
 
 
 @pytest.mark.parametrize(("avx512bf16", "shapes"), _kernel_cases())

@@ -145,7 +145,10 @@ def test_gguf_dequantized_to_safetensors_gives_identical_logits(tiny_gguf, tmp_p
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in tokenizer(text)["input_ids"]  # a special token, whole
     a, b = _logits(direct, direct_tok, text), _logits(model, tokenizer, text)
     assert a.shape[-1] == len(tokenizer) and torch.isfinite(b).all()
-    assert torch.equal(a, b)
+    # The dequantized weights are saved and read back byte for byte; the logits come from two model objects whose
+    # tensors may lie differently in memory (GGUF loading permutes some), so the BLAS path and the last bits of
+    # the float32 logits may differ: 1e-5 of the largest logit is ~100 float32 roundings.
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
     # The Q4_1 weights really were dequantized (not stored as random float32 noise of another model).
     assert torch.equal(direct.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
 

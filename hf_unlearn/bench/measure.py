@@ -38,19 +38,40 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``), so that the resident
+    memory at the start of a measurement holds only what is still referenced."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: RSS then also counts freed but retained pages
+        pass
+
+
 class PeakMemory:
     """Context manager measuring peak memory over its block.
 
     ``.peak_mb``: the process's resident memory, sampled every ``interval`` seconds (and at entry and
-    exit). ``.peak_gpu_mb``: ``torch.cuda.max_memory_allocated`` over the block when CUDA is available
+    exit). ``.entry_mb``: the resident memory at entry, after :func:`release_freed_memory`;
+    ``.added_mb = peak_mb - entry_mb``: what the block itself added on top of what the process already held
+    (earlier methods' models and evaluations), the figure to compare between methods run in one process.
+    ``.peak_gpu_mb``: ``torch.cuda.max_memory_allocated`` over the block when CUDA is available
     (the allocator's peak is reset at entry), else None.
     """
 
     def __init__(self, interval: float = 0.02):
         self.interval = interval
         self.peak_mb = 0.0
+        self.entry_mb = 0.0
         self.peak_gpu_mb: float | None = None
         self._stop = threading.Event()
+
+    @property
+    def added_mb(self) -> float:
+        return max(self.peak_mb - self.entry_mb, 0.0)
 
     def _sample(self) -> None:
         while not self._stop.is_set():
@@ -60,7 +81,8 @@ class PeakMemory:
     def __enter__(self) -> PeakMemory:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        self.peak_mb = _rss_mb()
+        release_freed_memory()
+        self.entry_mb = self.peak_mb = _rss_mb()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self

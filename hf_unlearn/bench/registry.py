@@ -125,7 +125,9 @@ def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlear
         options = RUN_OPTIONS.get() or {}
         # The settings may override the run defaults (e.g. save_strategy="steps" to checkpoint and resume).
         args = config_cls(**{"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **settings})
-        needs_retain = getattr(trainer_cls, "needs_retain", lambda _: True)(args)  # GradAscent: no retain set
+        # GradAscent's objective has no retain term, but its divergence guard watches a retain set when given one
+        needs_retain = getattr(trainer_cls, "needs_retain", lambda _: True)(args) or getattr(
+            trainer_cls, "watches_retain", lambda _: False)(args)
         trainer = trainer_cls(
             model=model, args=args, train_dataset=_as_dataset(forget),
             retain_dataset=_as_dataset(retain) if needs_retain else None,
@@ -152,7 +154,8 @@ def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlear
             from ..trainers.atwu.weighter import answer_token_ids, forget_specific_auroc
 
             scores = trainer.token_scores(_as_dataset(forget))
-            result.metrics["token_auroc"] = forget_specific_auroc(scores, answer_token_ids(tokenizer, retain))
+            retain_ids = answer_token_ids(tokenizer, retain, template=trainer.args.prompt_template)
+            result.metrics["token_auroc"] = forget_specific_auroc(scores, retain_ids)
         result.info["trainer"] = trainer
         return result
 

@@ -34,6 +34,8 @@ COLUMNS = (
     ("seconds", "wall s", ".2f"),
     ("time_vs_grad_diff", "time / GradDiff", ".3f"),
     ("peak_rss_mb", "peak RSS MB", ".0f"),
+    ("peak_added_mb", "memory added MB", ".0f"),
+    ("memory_vs_forward", "memory / forward pass", ".2f"),
     ("trainable_share", "trainable share", ".2e"),
     ("time_vs_forward", "time / forward pass", ".2f"),
     ("generate_speed_ratio", "generate speed vs plain", ".2f"),
@@ -81,6 +83,53 @@ def markdown_table(results: dict[str, Any]) -> str:
     return table
 
 
+UTILITY_PART_COLUMNS = tuple(
+    (f"{split}_{stat}", f"{title} {stat_title}", ".3f")
+    for split, title in (("retain", "retain"), ("real_authors", "real authors"), ("world_facts", "world facts"))
+    for stat, stat_title in (("prob", "prob"), ("rouge_l", "ROUGE-L"), ("truth_ratio", "truth ratio"))
+)
+
+
+def utility_parts_table(results: dict[str, Any]) -> str:
+    """Model utility's nine components per row (target, retain reference, each method's chosen setting) and
+    whether the row passes the utility bar on the retain side, on the general side, and as one number."""
+    from .runner import utility_bar
+
+    target = results["target"]
+    ordered = [("target", target), ("retain reference", results["retain_reference"])]
+    ordered += [(name, row) for name, row in results["rows"].items() if not row.get("error")]
+    body = []
+    for name, row in ordered:
+        parts = row.get("components") or {}
+        bar = utility_bar(row, target)
+        body.append([name, _fmt(row.get("model_utility"), ".3f"),
+                     *(_fmt(parts.get(key), fmt) for key, _, fmt in UTILITY_PART_COLUMNS),
+                     *("yes" if bar[k] else "no" for k in ("retain", "general", "single"))])
+    header = ["method", "model utility", *(title for _, title, _ in UTILITY_PART_COLUMNS),
+              "retain bar", "general bar", "single bar"]
+    return _table(header, body)
+
+
+def attacks_table(results: dict[str, Any]) -> str | None:
+    """One column per attack figure (:data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`) for every row: the
+    target and the retain reference (the anchors, attacked the same way), then each method's chosen setting;
+    ``None`` when no row was attacked."""
+    from ..evaluation.attacks import ATTACK_COLUMNS
+
+    ordered = [("target", results["target"]), ("retain reference", results["retain_reference"])]
+    ordered += list(results["rows"].items())
+    if not any(row.get("attacks") for _, row in ordered):
+        return None
+    columns = (("forget_rouge_l", "forget ROUGE-L", ".3f"), *((k, t, ".3f") for k, t in ATTACK_COLUMNS))
+    body = []
+    for name, row in ordered:
+        if row.get("attack_error"):
+            body.append([name, f"failed: {row['attack_error'][:80]}"] + [""] * (len(columns) - 1))
+        else:
+            body.append([name, *_cells(row, columns, 80)])
+    return _table(["method", *(title for _, title, _ in columns)], body)
+
+
 def extra_metric_names(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Names of the extra metrics (``row["extra_metrics"]``) that any of ``rows`` reported, first seen first."""
     names: dict[str, None] = {}
@@ -123,6 +172,12 @@ def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) 
     fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
     points = [("target", results["target"]), ("retain reference", results["retain_reference"])]
     points += [(name, row) for name, row in results["rows"].items() if not row.get("error")]
+    others = [r for method, g in results.get("grid", {}).items() for i, r in enumerate(g)
+              if i != results["rows"].get(method, {}).get("chosen_index") and not r.get("error")
+              and r.get("forget_quality") is not None and r.get("model_utility") is not None]
+    if others:  # every candidate measured, the chosen ones drawn over them
+        ax.scatter([r["model_utility"] for r in others], [max(r["forget_quality"], 1e-300) for r in others],
+                   marker=".", s=30, color="lightgrey", label="other candidates", zorder=0)
     placed = []
     for name, row in points:
         fq, mu = row.get("forget_quality"), row.get("model_utility")
@@ -207,17 +262,28 @@ def run_speed_script(parser: Any, run: Any, table: Any, argv: Sequence[str] | No
 def write_results(results: dict[str, Any], out_dir: str | os.PathLike, name: str, meta: dict[str, Any]
                   ) -> dict[str, Path | None]:
     """Write ``<name>.json`` (results + environment + meta), ``<name>.md`` (chosen settings),
-    ``<name>_grid.md`` (every setting) and, when matplotlib is installed, ``<name>.png``."""
+    ``<name>_grid.md`` (every setting), ``<name>_details.md`` (utility parts, attacks) and, when matplotlib is installed, ``<name>.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(results)
     grid_table = grid_markdown_table(results)
+    # <name>_details.md: the nine utility components with the bar on each side, and the attacks
+    details = []
+    if results["target"].get("components"):
+        details.append("Model utility's parts:\n\n" + utility_parts_table(results))
+    attacked = attacks_table(results)
+    if attacked is not None:  # "recovered": the share of the unlearning gap (forget NLL) the attack brought back
+        details.append("Attacks (recovered: share of the forget-NLL gap to the target brought back):\n\n" + attacked)
+    details_text = "\n\n".join(details) or None
     payload = {**meta, "environment": environment_info(), **results, "table_markdown": table,
-               "grid_table_markdown": grid_table}
+               "grid_table_markdown": grid_table, "details_markdown": details_text}
     paths = {"json": out / f"{name}.json", "markdown": out / f"{name}.md", "grid_markdown": out / f"{name}_grid.md"}
     atomic_write_json(paths["json"], payload)
     atomic_write_text(paths["markdown"], table + "\n")
     atomic_write_text(paths["grid_markdown"], grid_table + "\n")
+    if details_text is not None:
+        paths["details_markdown"] = out / f"{name}_details.md"
+        atomic_write_text(paths["details_markdown"], details_text + "\n")
     # the plot needs matplotlib (the `bench` extra); without it the tables and JSON are the whole result
     if importlib.util.find_spec("matplotlib") is not None:
         paths["png"] = plot_tradeoff(results, out / f"{name}.png", f"{name}: forget quality vs model utility")

@@ -35,15 +35,48 @@ SPEED_QUESTIONS = 16  # generation-speed batch: the first forget questions
 SPEED_NEW_TOKENS = 32
 
 
-def choose_setting(grid_rows: Sequence[dict[str, Any]], target_utility: float) -> int | None:
-    """Index of the chosen grid row: highest forget quality with utility >= 90% of the target's.
+RETAIN_BAR_COMPONENTS = ("retain_rouge_l", "retain_prob")
+GENERAL_BAR_COMPONENTS = tuple(f"{split}_{stat}" for split in ("real_authors", "world_facts")
+                               for stat in ("prob", "rouge_l", "truth_ratio"))
 
-    Rows that failed are skipped; when no row keeps enough utility, the highest-utility row.
+
+def utility_bar(row: dict[str, Any], target: dict[str, Any], keep: float = UTILITY_KEEP) -> dict[str, bool]:
+    """Whether ``row`` keeps the target's utility, as one number and on each side separately.
+
+    ``single``: ``model_utility >= keep * target's``. ``retain``: retain ROUGE-L and retain probability each
+    ``>= keep *`` the target's (the rows the forget set must not take with it). ``general``: each of the six
+    real-author and world-fact components (probability, ROUGE-L, truth ratio) ``>= keep *`` the target's (general
+    knowledge). ``split``: ``retain and general``. A figure missing on either side counts as not kept.
     """
+    def kept(value: Any, reference: Any) -> bool:
+        return value is not None and reference is not None and value >= keep * reference
+
+    parts, target_parts = row.get("components") or {}, target.get("components") or {}
+    retain = all(kept(parts.get(k), target_parts.get(k)) for k in RETAIN_BAR_COMPONENTS)
+    general = all(kept(parts.get(k), target_parts.get(k)) for k in GENERAL_BAR_COMPONENTS)
+    return {"single": kept(row.get("model_utility"), target.get("model_utility")), "retain": retain,
+            "general": general, "split": retain and general}
+
+
+def choose_setting(grid_rows: Sequence[dict[str, Any]], target_utility: float,
+                   target_row: dict[str, Any] | None = None, bar: str = "single") -> int | None:
+    """Index of the chosen grid row: highest forget quality among the rows that pass the utility bar.
+
+    ``bar="single"``: model utility >= 90% of the target's (``target_utility``); ``bar="split"``: the retain side
+    and the general side each (see :func:`utility_bar`, which needs ``target_row``). Rows that failed are skipped;
+    when no row passes, the highest-utility row.
+    """
+    if bar not in ("single", "split"):
+        raise ValueError(f"bar must be 'single' or 'split', got {bar!r}.")
+    if bar == "split" and target_row is None:
+        raise ValueError("The split utility bar compares components with the target's: pass target_row.")
     ok = [i for i, r in enumerate(grid_rows) if r.get("error") is None]
     if not ok:
         return None
-    keep = [i for i in ok if (grid_rows[i]["model_utility"] or 0) >= UTILITY_KEEP * target_utility]
+    if bar == "split":
+        keep = [i for i in ok if utility_bar(grid_rows[i], target_row)["split"]]
+    else:
+        keep = [i for i in ok if (grid_rows[i]["model_utility"] or 0) >= UTILITY_KEEP * target_utility]
     if keep:
         return max(keep, key=lambda i: (grid_rows[i]["forget_quality"] or 0, grid_rows[i]["model_utility"]))
     return max(ok, key=lambda i: grid_rows[i]["model_utility"] or 0)
@@ -68,7 +101,9 @@ def _row_from_report(report: dict[str, Any]) -> dict[str, Any]:
     ``None`` where the report lacks it."""
     from ..evaluation.report import METRIC_DEFINITIONS
 
-    return {k: report.get(k) for k in METRIC_DEFINITIONS}
+    row = {k: report.get(k) for k in METRIC_DEFINITIONS}
+    row["components"] = dict(report["components"]) if report.get("components") else None
+    return row
 
 
 def run_one(
@@ -126,7 +161,7 @@ def run_one(
         )
         row.update(_row_from_report(report))
         row.update(
-            seconds=result.seconds, peak_rss_mb=mem.peak_mb, peak_gpu_mb=mem.peak_gpu_mb,
+            seconds=result.seconds, peak_rss_mb=mem.peak_mb, peak_added_mb=mem.added_mb, peak_gpu_mb=mem.peak_gpu_mb,
             trainable_share=result.trainable_share, steps=result.info.get("global_step"),
             info={k: v for k, v in result.info.items() if _jsonable(v)},
         )
@@ -180,6 +215,35 @@ def nf4_check(row: dict[str, Any], result: Any, report: dict[str, Any], tokenize
         n = report["splits"]["forget"]["num_examples"]
         rows = _forget_eval_rows(source, forget_split, n)
         row["forget_rouge_l_nf4"] = quantized_forget_rouge(result.model, tokenizer, rows, eval_kwargs)
+
+
+def attack_check(row: dict[str, Any], model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]],
+                 retain_rows: list[dict[str, Any]], original: Any, attacks: Any, eval_kwargs: dict[str, Any],
+                 head: Any = None) -> None:
+    """Run ``attacks`` (:func:`hf_unlearn.evaluation.attacks.run_attacks`) on ``model`` (a T3 base with its
+    ``head`` kept) against ``original`` (the target); fill the row's attack columns and ``row["attacks"]``."""
+    from ..evaluation.attacks import attack_summary, run_attacks
+
+    common = {"original": original, "head": head, "progress": False,
+              "batch_size": eval_kwargs.get("batch_size", 16)}
+    for key in ("template", "max_new_tokens"):
+        if key in eval_kwargs:
+            common[key] = eval_kwargs[key]
+    section = run_attacks(model, tokenizer, forget_rows, retain_rows, attacks, **common)
+    row.update(attack_summary(section))
+    row["attacks"] = section
+
+
+def _t3_head(result: Any) -> Any:
+    """The T3 head of a decoding-time result (its base is attacked with the head kept); ``None`` for weight edits.
+    Another custom scorer cannot be rebuilt on an attacked copy and is refused."""
+    if result.scorer is None:
+        return None
+    from ..t3 import T3Classifier
+
+    if not isinstance(result.artifact, T3Classifier):
+        raise ValueError(f"The attacks cannot rescore method {result.method!r}: its scorer is not a T3 head's.")
+    return result.artifact
 
 
 def _forget_eval_rows(source: str, forget_split: str, n: int) -> list[dict[str, Any]]:
@@ -266,6 +330,9 @@ def run_comparison(
     verbose: bool = False,
     references: tuple[dict[str, Any], dict[str, Any]] | None = None,
     partial_path: str | os.PathLike | None = None,
+    bar: str = "single",
+    resume: bool = False,
+    attacks: Any = None,
 ) -> dict[str, Any]:
     """Run ``methods`` (their demo setting, or their whole grid when ``grid``) on ``pair.target``.
 
@@ -277,8 +344,16 @@ def run_comparison(
 
     ``references``: the (target, retain reference) TOFU reports when they were already evaluated with
     the same ``eval_kwargs`` (the TOFU-small gate's); otherwise both models are evaluated here.
+    ``resume``: with ``partial_path``, rows that a previous run of the same comparison (same pair, data, evaluation
+    settings and references) finished without error are taken from that file instead of being run again; a
+    partial file of another comparison is refused.
+    ``bar``: how a method's setting is chosen, ``"single"`` (model utility >= 90% of the target's) or
+    ``"split"`` (the retain side and the general side each; see :func:`utility_bar`).
     ``partial_path``: after each method's row, the rows so far are written there (atomically), so that a long
     run stopped midway keeps what it measured.
+    ``attacks``: the quantization and relearning attacks to run (``"quant,relearn"``, a list, or names to options;
+    :mod:`hf_unlearn.evaluation.attacks`) on the target and the retain reference (the anchors) and on each method's
+    chosen setting, each against the target as the model before unlearning; their figures fill the attack columns.
 
     Returns ``{"rows": {name: row}, "grid": {name: [rows]}, "target": row, "retain_reference": row}``
     where each row holds the benchmark columns.
@@ -327,22 +402,44 @@ def run_comparison(
         n = target_report["splits"]["forget"]["num_examples"]
         target_row["forget_rouge_l_nf4"] = quantized_forget_rouge(target_model, tokenizer, _forget_eval_rows(source, forget_split, n), eval_kwargs)
         say.done("target")
-    del target_model
-    plain_forward = None
-    if "grom" in methods:  # GROM's floor: one plain forward pass over forget + retain, in this process
-        from .measure import plain_forward_seconds
+    if attacks:
+        from ..evaluation.attacks import check_attack_options, parse_attacks
 
-        target_model, _ = load_tiny(pair.target)
-        target_model.eval()
-        plain_forward_seconds(target_model, tokenizer, forget_rows[:32])  # warm-up
+        attacks = parse_attacks(attacks)
+        check_attack_options(attacks)
+        n = target_report["splits"]["forget"]["num_examples"]
+        attack_rows = _forget_eval_rows(source, forget_split, n)
+        say.start("references", "attacks")
+        retain_model, _ = load_tiny(pair.retain)
+        for anchor, anchor_model in ((target_row, target_model), (retain_row, retain_model)):
+            attack_check(anchor, anchor_model, tokenizer, attack_rows, retain_rows, target_model, attacks, eval_kwargs)
+        del retain_model
+        say.done("target and retain reference")
+    del target_model
+    # The floors: one plain forward pass over forget + retain, in this process (GROM's time; every method's
+    # memory added on top of the loaded model)
+    from .measure import PeakMemory, plain_forward_seconds
+
+    target_model, _ = load_tiny(pair.target)
+    target_model.eval()
+    plain_forward_seconds(target_model, tokenizer, forget_rows[:32])  # warm-up
+    with PeakMemory() as forward_mem:
         plain_forward = plain_forward_seconds(target_model, tokenizer, forget_rows + retain_rows)
-        del target_model
+    del target_model
     jobs = [(m, s) for m in methods for s in (presets[m]["grid"] if grid else (presets[m]["demo"],))]
     grids: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    run_key = comparison_key(pair, source, forget_split, eval_kwargs, target_row, retain_row, attacks)
+    finished = finished_rows(partial_path, run_key) if resume and partial_path is not None else {}
     counts = {m: sum(1 for j, _ in jobs if j == m) for m in methods}
     for method, settings in jobs:
         label = method if counts[method] == 1 else f"{method} [{len(grids[method]) + 1}/{counts[method]}]"
         log_path = Path(log_dir) / f"{method}.jsonl" if log_dir is not None else None
+        done = finished.get(_job_key(method, settings))
+        if done is not None:
+            grids[method].append(done)
+            say.start(label, "training")
+            say.done("finished earlier (from the partial results)")
+            continue
         row = run_one(method, dict(settings), pair.target, tokenizer, forget_rows, retain_rows, reference,
                       source, forget_split, eval_kwargs, quantization_check=False,
                       reporter=say if progress else None, log_path=log_path, verbose=verbose, label=label)
@@ -350,7 +447,8 @@ def run_comparison(
         # The NF4 re-check is run for a row only when it is the method's chosen setting so far
         # (a later row may still replace it): the table needs it for the chosen row alone.
         result, report = row.pop("_result", None), row.pop("_report", None)
-        now_chosen = choose_setting(grids[method], target_report["model_utility"]) == len(grids[method]) - 1
+        now_chosen = choose_setting(grids[method], target_report["model_utility"], target_row,
+                                    bar=bar) == len(grids[method]) - 1
         if quantization_check and result is not None and now_chosen and result.weights_changed:
             say.start(label, "NF4 re-check")
             try:
@@ -362,29 +460,80 @@ def run_comparison(
                 row["nf4_error"] = f"{type(err).__name__}: {err}"
                 log_exception(log_path, "NF4 re-check", err)
                 say.fail(err, log_path)
+        if attacks and result is not None and now_chosen:
+            say.start(label, "attacks")
+            try:
+                original, _ = load_tiny(pair.target)
+                head = _t3_head(result)
+                attack_check(row, result.model, tokenizer, attack_rows, retain_rows, original, attacks, eval_kwargs,
+                             head=head)
+                del original
+                say.done()
+            except Exception as err:  # the row's other numbers stand
+                from .console import log_exception
+
+                row["attack_error"] = f"{type(err).__name__}: {err}"
+                log_exception(log_path, "attacks", err)
+                say.fail(err, log_path)
         del result, report
         if partial_path is not None:
             from ..safe_output import atomic_write_json
 
             atomic_write_json(partial_path, {
-                "target": target_row, "retain_reference": retain_row,
+                "run_key": run_key, "target": target_row, "retain_reference": retain_row,
                 "grid": {m: [{k: v for k, v in r.items() if _jsonable(v)} for r in g] for m, g in grids.items()},
             })
     rows = {}
     for method, grid_rows in grids.items():
-        idx = choose_setting(grid_rows, target_report["model_utility"])
+        idx = choose_setting(grid_rows, target_report["model_utility"], target_row, bar=bar)
         rows[method] = dict(grid_rows[idx if idx is not None else 0], chosen_index=idx)
     base = rows.get("grad_diff", {}).get("seconds")
     for row in [r for g in grids.values() for r in g] + list(rows.values()):
         row["time_vs_grad_diff"] = (row["seconds"] / base) if base and row.get("seconds") else None
         if row.get("method") == "grom" and plain_forward and row.get("seconds"):
             row["time_vs_forward"] = row["seconds"] / plain_forward
+        if row.get("peak_added_mb") is not None and forward_mem.added_mb > 0:
+            row["memory_vs_forward"] = row["peak_added_mb"] / forward_mem.added_mb
     return {
         "target": target_row, "retain_reference": retain_row, "rows": rows, "grid": grids,
         "sanity_gate": sanity_gate(target_report, retain_report),
         "plain_forward_seconds": plain_forward,
+        "plain_forward_added_mb": forward_mem.added_mb,
         "max_new_tokens": eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
     }
+
+
+def _job_key(method: str, settings: dict[str, Any]) -> str:
+    return json.dumps([method, settings], sort_keys=True, default=str)
+
+
+def comparison_key(pair: Any, source: str, forget_split: str, eval_kwargs: dict[str, Any],
+                   target_row: dict[str, Any], retain_row: dict[str, Any], attacks: Any = None) -> str:
+    """What a comparison's rows depend on besides the method and its settings: the pair, the data, the evaluation
+    settings, the attacks run on each chosen row and the references' figures (SHA-256, 16 hex digits)."""
+    import hashlib
+
+    payload = json.dumps({"target": str(pair.target), "retain": str(pair.retain), "source": str(source),
+                          "forget_split": forget_split, "eval_kwargs": eval_kwargs, "attacks": attacks or None,
+                          "references": [target_row.get("forget_quality"), target_row.get("model_utility"),
+                                         retain_row.get("model_utility")]}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def finished_rows(partial_path: str | os.PathLike, run_key: str) -> dict[str, dict[str, Any]]:
+    """The rows of ``partial_path`` finished without error, by method and settings; ``{}`` when the file does not
+    exist. A file written by a different comparison (another ``run_key``) is refused rather than mixed in."""
+    path = Path(partial_path)
+    if not path.is_file():
+        return {}
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    if saved.get("run_key") != run_key:
+        raise ValueError(
+            f"{path} holds the rows of another comparison (other pair, data, evaluation settings or references); "
+            "remove it or resume the comparison that wrote it."
+        )
+    return {_job_key(r["method"], r.get("settings", {})): r for rows in saved.get("grid", {}).values()
+            for r in rows if r.get("error") is None}
 
 
 def run_subject_bench(
@@ -400,6 +549,9 @@ def run_subject_bench(
     quantization_check: bool = True,
     progress: bool = True,
     verbose: bool = False,
+    resume: bool = False,
+    bar: str = "single",
+    attacks: Any = None,
 ) -> tuple[dict[str, Any], dict[str, Path] | None]:
     """``hf-unlearn bench --subject NAME``: TOFU-small on a pretrained subject (``"smollm2-135m"``).
 
@@ -408,9 +560,16 @@ def run_subject_bench(
     there. Otherwise runs ``methods`` with the subject's presets (``benchmarks/configs/<subject>.toml``,
     one setting per method unless ``grid``) and writes ``<output_dir>/<subject>_tofu.{json,md,png}``
     with the recipe, the gate's figures and the subject's provenance. Returns ``(results or gate, paths)``.
+    ``resume`` takes the rows an interrupted run of the same comparison finished from
+    ``<output_dir>/<subject>_tofu.partial.json``; ``bar`` is the utility bar settings are chosen by
+    (see :func:`run_comparison`). ``attacks`` as in :func:`run_comparison`; the relearning attack's learning
+    rate defaults to the one the target was fine-tuned with (the recipe's).
     """
+    from ..evaluation.attacks import parse_attacks
     from .report import write_results
     from .subjects import build_small_pair, gate_reports, small_gate
+
+    attacks = parse_attacks(attacks)
 
     eval_kwargs = dict(eval_kwargs or {})
     pair = build_small_pair(subject, source, cache_dir=cache_dir, progress=progress)
@@ -418,17 +577,19 @@ def run_subject_bench(
     if build_only:
         return gate, None
     out = Path(output_dir)
+    if "relearn" in attacks and pair.recipe.get("learning_rate"):
+        attacks["relearn"].setdefault("learning_rate", float(pair.recipe["learning_rate"]))
     results = run_comparison(
         pair, methods, grid=grid, source=pair.source, forget_split=pair.forget_split, eval_kwargs=eval_kwargs,
         quantization_check=quantization_check, progress=progress, subject=subject,
         log_dir=out / "logs" / subject, verbose=verbose, references=gate_reports(pair, eval_kwargs),
-        partial_path=out / f"{subject}_tofu.partial.json",
+        partial_path=out / f"{subject}_tofu.partial.json", resume=resume, bar=bar, attacks=attacks,
     )
     results["sanity_gate"] = gate
     meta = {
         "subject": pair.subject, "benchmark": "TOFU-small", "source": source, "tofu_small_source": pair.source,
         "forget_split": pair.forget_split, "recipe": pair.recipe, "mode": "bench", "presets": subject,
         "target": str(pair.target), "retain_reference_model": str(pair.retain), "base_model": str(pair.base),
-        "seed": pair.recipe.get("seed", 0), "eval_kwargs": eval_kwargs,
+        "seed": pair.recipe.get("seed", 0), "eval_kwargs": eval_kwargs, "attacks": attacks,
     }
     return results, write_results(results, out, f"{subject}_tofu", meta)

@@ -12,11 +12,12 @@ builds the model with :mod:`hf_unlearn.bench.subjects`, and the core never impor
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
-from hf_unlearn.data.tofu import read_jsonl
+from hf_unlearn.data.tofu import read_qa_file
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -34,7 +35,9 @@ class ScriptArguments:
         metadata={"help": "Causal LM to unlearn from (folder or Hub id); 'tofu-tiny' builds and caches TOFU-tiny."},
     )
     dataset_name: str = field(
-        default="locuslab/TOFU", metadata={"help": "TOFU source: Hub id, folder of <config>.jsonl, or 'synthetic'."}
+        default_factory=lambda: os.environ.get("HF_UNLEARN_TOFU_DIR", "").strip() or "locuslab/TOFU",
+        metadata={"help": "TOFU source: Hub id, folder of <config>.jsonl, or 'synthetic' (default: "
+                          "$HF_UNLEARN_TOFU_DIR when set, else locuslab/TOFU)."},
     )
     forget_split: str = field(default="forget10", metadata={"help": "TOFU forget split: forget01, forget05, forget10."})
     forget_file: str | None = field(default=None, metadata={"help": "JSON Lines of question/answer rows to forget."})
@@ -63,8 +66,9 @@ def load_model_and_tokenizer(source: ScriptArguments | str) -> tuple[PreTrainedM
 
 
 def load_rows(file: str | None, split: str, source: str) -> list[dict[str, Any]]:
-    """The rows of the JSON Lines ``file`` when given, else those of TOFU config ``split`` from ``source``."""
-    return read_jsonl(file) if file else load_tofu_rows(split, source)
+    """The rows of the JSON Lines ``file`` when given, else those of TOFU config ``split`` from ``source``; either
+    way checked when loaded (an empty, null or non-string question or answer is refused, naming the row)."""
+    return read_qa_file(file) if file else load_tofu_rows(split, source)
 
 
 def qa_dataset(rows: list[dict[str, Any]]) -> Dataset:

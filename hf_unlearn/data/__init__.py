@@ -25,16 +25,18 @@ from .tofu import (
     SYNTHETIC_SOURCE,
     TOFU_CONFIGS,
     TOFU_HUB_ID,
+    check_rows,
     load_tofu,
     load_tofu_rows,
     read_jsonl,
+    read_qa_file,
 )
 
 __all__ = [
     "FORGET_SPLITS", "HOLDOUT_FOR_FORGET", "IGNORE_INDEX", "PROMPT_TEMPLATES", "PromptTemplate",
     "RETAIN_FOR_FORGET", "SYNTHETIC_SOURCE",
-    "TOFU_CONFIGS", "TOFU_HUB_ID", "build_prompt", "collate_qa", "ensure_pad_token", "format_qa",
-    "has_chat_template", "load_tofu", "load_tofu_rows", "overlapping_examples", "read_jsonl",
+    "TOFU_CONFIGS", "TOFU_HUB_ID", "build_prompt", "check_rows", "collate_qa", "ensure_pad_token", "format_qa",
+    "has_chat_template", "load_tofu", "load_tofu_rows", "overlapping_examples", "read_jsonl", "read_qa_file",
     "retain_partner_indices", "synthetic_tofu", "tokenize_qa", "get_template", "model_max_positions",
     "resolve_template", "template_fingerprint", "tokenize_prompt",
 ]

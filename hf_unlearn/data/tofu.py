@@ -1,13 +1,17 @@
 """Loading TOFU-shaped data: from the Hub (`locuslab/TOFU`), a local folder, or the synthetic set.
 
 A row is TOFU-shaped: ``question``, ``answer`` and, in the ``*_perturbed`` configurations used
-for evaluation, ``paraphrased_answer`` and ``perturbed_answer`` (a list). See ``DESIGN.md``.
+for evaluation, ``paraphrased_answer`` and ``perturbed_answer`` (a list). Rows are checked when they are loaded
+(:func:`check_rows`): a row that is not a JSON object, lacks a required field, or holds an empty, blank, null or
+non-string question or answer (or paraphrased/perturbed answer) is refused with a ``ValueError`` naming the source
+and the row, before any method sees it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +40,75 @@ TOFU_CONFIGS: dict[str, tuple[str, ...]] = {
 }
 
 
-def validate_rows(rows: list[dict[str, Any]], config: str, origin: str) -> None:
-    """Raise a ``ValueError`` naming the first row that lacks a field ``config`` requires."""
+#: Fields that hold one text (a non-empty string) and fields that hold a list of texts.
+TEXT_FIELDS = ("question", "answer", "paraphrased_answer", "paraphrased_question")
+TEXT_LIST_FIELDS = ("perturbed_answer",)
+
+
+def _text_problem(value: Any) -> str | None:
+    """Why ``value`` is not a usable text (``None`` when it is a string with a non-blank character)."""
+    if value is None:
+        return "is null"
+    if not isinstance(value, str):
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        article = "an" if type(value).__name__[0] in "aeiou" else "a"
+        return f"is {article} {type(value).__name__} ({shown}), not a string"
+    if not value.strip():
+        return "is empty" if not value else "is blank (whitespace only)"
+    return None
+
+
+def row_problem(row: Any, required: Sequence[str] = ("question", "answer")) -> str | None:
+    """What is wrong with one TOFU-shaped row, or ``None``: it must be a JSON object whose ``required`` fields are
+    present, whose text fields (``question``, ``answer``, ``paraphrased_answer``, ``paraphrased_question``) are
+    non-empty strings and whose ``perturbed_answer`` is a non-empty list of such strings."""
+    if not isinstance(row, dict):
+        return f"the row is {'an' if type(row).__name__[0] in 'aeiou' else 'a'} {type(row).__name__}, not a JSON object"
+    missing = [f for f in required if f not in row]
+    if missing:
+        return f"the row lacks required field(s) {missing} (it has {sorted(row)})"
+    for name in row:
+        if name in TEXT_LIST_FIELDS:
+            values = row[name]
+            if not isinstance(values, list) or not values:
+                shown = repr(values)
+                return f"{name!r} is {shown if len(shown) <= 40 else shown[:37] + '...'}, not a non-empty list of strings"
+            for j, value in enumerate(values):
+                problem = _text_problem(value)
+                if problem:
+                    return f"{name}[{j}] {problem}"
+        elif name in TEXT_FIELDS or name in required:
+            problem = _text_problem(row[name])
+            if problem:
+                return f"{name!r} {problem}"
+    return None
+
+
+def check_rows(
+    rows: Sequence[Any], origin: str, required: Sequence[str] = ("question", "answer"),
+    line_numbers: Sequence[int] | None = None,
+) -> None:
+    """Raise a ``ValueError`` naming ``origin`` and the first bad row (``origin:line`` with ``line_numbers``, else
+    ``Row i of origin``, 0-based): see :func:`row_problem`. Empty, blank, null and non-string questions and answers
+    are refused here, when rows are loaded, so that no method trains or evaluates on them."""
     if not rows:
-        raise ValueError(f"TOFU config {config!r} from {origin} has no rows.")
-    required = TOFU_CONFIGS.get(config, ("question", "answer"))
+        raise ValueError(f"{origin} has no rows.")
     for i, row in enumerate(rows):
-        missing = [f for f in required if f not in row or row[f] is None]
-        if missing:
-            raise ValueError(
-                f"Row {i} of TOFU config {config!r} from {origin} lacks required field(s) {missing}; "
-                f"it has {sorted(row)}."
-            )
+        problem = row_problem(row, required)
+        if problem:
+            where = f"{origin}:{line_numbers[i]}" if line_numbers is not None else f"Row {i} of {origin}"
+            raise ValueError(f"{where}: {problem}; questions and answers must be non-empty strings.")
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read a JSON Lines file into a list of dicts (blank lines skipped)."""
-    rows = []
+def validate_rows(rows: list[dict[str, Any]], config: str, origin: str) -> None:
+    """Raise a ``ValueError`` naming the first row of TOFU config ``config`` that lacks a field the config
+    requires or holds an empty, null or non-string text (:func:`check_rows`)."""
+    check_rows(rows, f"TOFU config {config!r} from {origin}", TOFU_CONFIGS.get(config, ("question", "answer")))
+
+
+def _read_jsonl_lines(path: str | os.PathLike) -> tuple[list[Any], list[int]]:
+    rows, lines = [], []
     with open(path, encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, 1):
             if line.strip():
@@ -60,6 +116,20 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg}).") from None
+                lines.append(line_no)
+    return rows, lines
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read a JSON Lines file into a list of dicts (blank lines skipped)."""
+    return _read_jsonl_lines(path)[0]
+
+
+def read_qa_file(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The question/answer rows of the JSON Lines file ``path``, checked as :func:`check_rows` checks them (a
+    ``ValueError`` names the file and the line of the first bad row)."""
+    rows, lines = _read_jsonl_lines(path)
+    check_rows(rows, str(path), line_numbers=lines)
     return rows
 
 

@@ -14,6 +14,7 @@ Every field has its real default in the dataclass field (no ``None`` filled in l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -71,15 +72,19 @@ class BaseUnlearningConfig(SFTConfig):
         max_retain_loss_ratio (`float` or `None`, *optional*, defaults to `100.0`):
             Divergence guard: training stops with an error as soon as the retain NLL of an optimizer step exceeds
             this multiple of its value at the first step (that starting value is floored at
-            `min_retain_loss_reference`). `None` disables the guard. Only objectives with a retain set are
-            guarded.
+            `min_retain_loss_reference`). `None` disables the guard. An objective without a retain term (GradAscent, MASC with
+            `retain_weight=0`) is guarded when it is given a `retain_dataset`, whose retain NLL it then scores
+            without gradient; without a retain set it is not guarded.
         min_retain_loss_reference (`float`, *optional*, defaults to `0.1`):
             Floor (nats per token) of the starting retain NLL used by the divergence guard, so that a model that
             memorised its retain set (NLL near 0) does not trip the guard through ordinary drift.
 
-    Besides, every trainer refuses before any work a learning rate of `0` and zero epochs or steps, checks that all
-    trainable weights are finite before each checkpoint and before the final save, and warns when a bf16/fp16
-    model is trained with a learning rate so small that most updates round to zero in that precision.
+    The config itself refuses (a `ValueError` when it is built, so before any work) a learning rate that is not a
+    finite number `> 0`; zero, negative or non-finite `num_train_epochs` (unless `max_steps > 0`); `max_steps` of `0`
+    or below `-1`; `per_device_train_batch_size` or `gradient_accumulation_steps` below `1`; and a `max_length`
+    below `2`. Besides, every trainer checks that all trainable weights are finite before each checkpoint and before
+    the final save, and warns when a bf16/fp16 model is trained with a learning rate so small that most updates
+    round to zero in that precision.
 
     > [!NOTE]
     > These parameters have default values different from [`~trl.SFTConfig`]:
@@ -141,6 +146,7 @@ class BaseUnlearningConfig(SFTConfig):
     )
 
     def __post_init__(self):
+        self._check_training_budget()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True
         if self.bf16 is None:
@@ -156,6 +162,36 @@ class BaseUnlearningConfig(SFTConfig):
 
             get_template(self.prompt_template)  # an unknown preset fails here, before any work
         super().__post_init__()
+
+    def _check_training_budget(self) -> None:
+        """Refuse (``ValueError``) settings that would train nothing or could not run: a learning rate that is not
+        a finite number > 0; zero, negative or non-finite epochs (unless ``max_steps > 0``); ``max_steps`` of 0 or
+        below -1; a batch size or accumulation count below 1; a ``max_length`` below 2 (a prompt token and an
+        answer token)."""
+        lr = self.learning_rate
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or not lr > 0:
+            raise ValueError(
+                f"learning_rate={lr} would leave the model unchanged or break it; it must be a finite number > 0."
+            )
+        steps, epochs = self.max_steps, self.num_train_epochs
+        if steps == 0 or steps < -1:
+            raise ValueError(
+                f"max_steps={steps} would train for zero steps; set max_steps > 0, or -1 to train for num_train_epochs."
+            )
+        if not math.isfinite(epochs) or epochs < 0 or (steps < 0 and not epochs > 0):
+            raise ValueError(
+                f"num_train_epochs={epochs} with max_steps={steps} would train for zero steps or never end; set "
+                "num_train_epochs to a finite number > 0, or max_steps > 0."
+            )
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if self.max_length is not None and (isinstance(self.max_length, bool) or self.max_length < 2):
+            raise ValueError(
+                f"max_length={self.max_length} leaves no room for a prompt token and an answer token; use None or "
+                "an integer >= 2 (the model's maximum positions always apply as well)."
+            )
 
 
 @dataclass
@@ -210,11 +246,13 @@ class UnlearningConfig(BaseUnlearningConfig):
             raise ValueError(f"`forget_loss` must be one of {list(FORGET_LOSSES)}, got {self.forget_loss!r}.")
         if self.retain_loss not in RETAIN_LOSSES:
             raise ValueError(f"`retain_loss` must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
-        if not self.beta > 0:
-            raise ValueError(f"`beta` must be > 0, got {self.beta}.")
+        if not 0 < self.beta < math.inf:
+            raise ValueError(f"`beta` must be a finite number > 0, got {self.beta}.")
+        if not math.isfinite(self.delta):
+            raise ValueError(f"`delta` must be finite, got {self.delta}.")
         for name in ("gamma", "alpha"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"`{name}` must be a finite number >= 0, got {getattr(self, name)}.")
         super().__post_init__()
 
 

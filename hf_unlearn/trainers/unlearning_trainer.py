@@ -10,11 +10,16 @@ pairing, the reference model, loss normalisation that is exact under gradient ac
 and the safety rails every method shares:
 
 * outputs are never destroyed or mixed: the output folder is checked before any work
-  (:func:`hf_unlearn.safe_output.check_output_dir`), each checkpoint is written in a hidden staging folder and
-  renamed into place, and the final model is built in a temporary sibling and swapped in
+  (:func:`hf_unlearn.safe_output.check_output_dir`) and locked while :meth:`~UnlearningTrainer.train` runs
+  (:func:`hf_unlearn.safe_output.output_lock`: a second run on it is refused), each checkpoint is written in a
+  hidden staging folder by every process and renamed into place by the main process (:func:`stage_checkpoint`),
+  and the final model is built in a temporary sibling and swapped in
   (:func:`hf_unlearn.safe_output.atomic_directory`);
+* a resume is exact and of the same run: the pairing's epoch is restored with the data position, and a checkpoint
+  whose method, settings or data differ from the resuming trainer's is refused (:func:`run_fingerprint`);
 * no broken model is saved: trainable weights are checked finite before each checkpoint and the final save, and a
-  divergence guard (:class:`RetainDivergenceGuard`) stops a run whose retain NLL explodes;
+  divergence guard (:class:`RetainDivergenceGuard`) stops a run whose retain NLL explodes (objectives without a
+  retain term are watched on a retain batch scored without gradient);
 * no-op settings (learning rate 0, zero epochs or steps) are refused before work, and a bf16/fp16 model trained
   at a learning rate that its precision cannot represent gets a warning;
 * sequences are truncated to the model's maximum positions, and a forget example left without answer tokens is
@@ -26,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import hashlib
 import json
 import math
 import os
@@ -59,7 +65,7 @@ from ..losses import (
     simnpo_loss,
 )
 from ..model_copy import independent_copy
-from ..safe_output import OutputDirError, OutputWriteError, atomic_directory, check_output_dir
+from ..safe_output import OutputDirError, OutputWriteError, atomic_directory, check_output_dir, output_lock
 from .unlearning_config import BaseUnlearningConfig, UnlearningConfig
 
 RETAIN_PREFIX = "retain_"
@@ -68,6 +74,8 @@ MODEL_COLUMNS = ("input_ids", "labels")
 # (TRL writes the run's model card, README.md, into the run folder at every checkpoint)
 RUN_ENTRIES = (f"{PREFIX_CHECKPOINT_DIR}-*", "runs", "logs", "README.md")  # logs: the CLI's per-step JSON Lines
 TRAINER_STATE_NAME = "trainer_state.json"
+# the run's identity (method, settings, data digests) in every checkpoint, checked on resume
+FINGERPRINT_NAME = "unlearning_run.json"
 
 
 class NonFiniteLossError(ValueError):
@@ -80,6 +88,10 @@ class NonFiniteWeightsError(RuntimeError):
 
 class TrainingDivergedError(RuntimeError):
     """The divergence guard fired: the retain NLL exceeded its allowed multiple of the starting value."""
+
+
+class ResumeMismatchError(ValueError):
+    """A checkpoint was written by another method, other settings or other data than the trainer resuming it."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,8 +138,9 @@ class PairedForgetRetainDataset(torch.utils.data.Dataset):
 
     Item ``i`` holds the forget fields (``input_ids``, ``labels``) and the partner's fields prefixed with
     ``retain_``. Partners come from :func:`hf_unlearn.data.retain_partner_indices` (seeded, redrawn each epoch
-    through :meth:`set_epoch`, which the Trainer's dataloader calls), so a forget example meets the same retain
-    example in every process and every run with the same seed.
+    through :meth:`set_epoch`, which :class:`PairingEpochCallback` calls at the start of every epoch, a resumed
+    one included), so a forget example meets the same retain example in every process and every run with the
+    same seed.
     """
 
     def __init__(self, forget: Dataset, retain: Dataset, seed: int = 0, columns: Sequence[str] = MODEL_COLUMNS):
@@ -150,6 +163,23 @@ class PairedForgetRetainDataset(torch.utils.data.Dataset):
         item = {key: forget[key] for key in self.columns}
         item.update({RETAIN_PREFIX + key: retain[key] for key in self.columns})
         return item
+
+
+class PairingEpochCallback(TrainerCallback):
+    """Sets the epoch of a :class:`PairedForgetRetainDataset` at the start of every epoch.
+
+    The Trainer's dataloader forwards ``set_epoch`` to its dataset, but the loader it builds to skip the batches
+    already trained in a resumed epoch (``skip_first_batches``) does not, so a run resumed mid-epoch would draw
+    the rest of that epoch with epoch 0's partners. ``state.epoch`` is ``e + k / steps_in_epoch`` after the
+    ``k``-th batch of epoch ``e`` (restored from the checkpoint on resume), so its integer part is the epoch the
+    loop enters.
+    """
+
+    def __init__(self, dataset: PairedForgetRetainDataset):
+        self.dataset = dataset
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.set_epoch(int(state.epoch or 0))
 
 
 @dataclass
@@ -243,7 +273,9 @@ class RetainDivergenceGuard(TrainerCallback, ExportableState):
     that step's values is compared with the first step's value ``r0`` (the retain NLL of the unchanged model):
     when it exceeds ``max_ratio * max(r0, floor)`` (or is not finite) a :class:`TrainingDivergedError` is raised,
     before the diverged weights can reach a checkpoint. ``r0`` is saved in every checkpoint (``ExportableState``)
-    and restored by the trainer on resume. Objectives without a retain set log no retain NLL and are not guarded.
+    and restored by the trainer on resume. For an objective without a retain term the trainer scores the retain
+    half of each batch without gradient (in eval mode) and feeds that NLL here, when it was given a retain set;
+    without one the run is not guarded.
     """
 
     def __init__(self, max_ratio: float | None = 100.0, floor: float = 0.1, reference: float | None = None):
@@ -331,6 +363,110 @@ def _checkpoint_dirs(folder: Path) -> list[Path]:
     return [p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
 
 
+def stage_checkpoint(
+    run_dir: str | os.PathLike,
+    name: str,
+    write: Callable[[Path], None],
+    is_main_process: bool = True,
+    wait_for_everyone: Callable[[], None] = lambda: None,
+) -> Path:
+    """Write the checkpoint ``run_dir/name`` from every process through one staging folder, atomically.
+
+    1. The main process creates the staging folder ``run_dir/.<name>.staging`` (removing a leftover of a crashed
+       run); every process waits for it.
+    2. Every process calls ``write(staging)``, which writes its own files into ``staging/<name>`` (with several
+       processes: each its RNG state, the main one the weights, optimizer and state); every process waits until
+       all have written.
+    3. The main process renames ``staging/<name>`` into place as ``run_dir/<name>`` and removes the staging
+       folder; every process waits for that, so none goes on before the checkpoint exists.
+
+    A process whose ``write`` fails raises without reaching the next barrier, so the main process never renames
+    an incomplete checkpoint: ``run_dir`` only ever holds complete checkpoints (the hidden staging folder is
+    not one). ``wait_for_everyone`` is the barrier (``accelerator.wait_for_everyone``; a no-op with one process).
+    """
+    run_dir = Path(run_dir)
+    staging = run_dir / f".{name}.staging"
+    if is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    wait_for_everyone()
+    try:
+        write(staging)
+    except BaseException:
+        if is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    wait_for_everyone()
+    if is_main_process:
+        try:
+            if not (staging / name).is_dir():
+                raise OutputWriteError(f"The checkpoint {name} was not written into {staging}.")
+            with atomic_directory(run_dir / name, overwrite=True, lock=False) as tmp:
+                tmp.rmdir()
+                os.replace(staging / name, tmp)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    wait_for_everyone()
+    return run_dir / name
+
+
+# settings that do not change the weights a run produces up to a step (where it writes, how it logs, evaluates,
+# loads data, saves memory, stops on divergence, and how long it runs: a resume may extend a run): a resume may
+# change them
+_UNTRACKED_SETTINGS = frozenset({
+    "max_steps", "num_train_epochs", "output_dir", "overwrite", "overwrite_output_dir", "run_name", "report_to", "project", "push_to_hub",
+    "resume_from_checkpoint", "disable_tqdm", "local_rank", "ddp_timeout", "use_cpu", "skip_memory_metrics",
+    "torch_empty_cache_steps", "debug", "dataset_num_proc", "restore_callback_states_from_checkpoint",
+    "per_device_eval_batch_size", "do_eval", "do_predict", "do_train", "prediction_loss_only", "batch_eval_metrics",
+    "include_for_metrics", "include_num_input_tokens_seen", "metric_for_best_model", "greater_is_better",
+    "load_best_model_at_end", "bf16_full_eval", "fp16_full_eval", "ignore_data_skip", "enable_jit_checkpoint",
+    "max_retain_loss_ratio", "min_retain_loss_reference", "eos_token", "pad_token",
+})
+_UNTRACKED_PREFIXES = (
+    "logging_", "log_", "save_", "eval_", "hub_", "trackio_", "activation_checkpointing", "activation_offloading",
+    "gradient_checkpointing", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+    "dataloader_prefetch_factor", "dataloader_multiprocessing_context",
+)
+
+
+def _tracked_settings(args: TrainingArguments) -> dict[str, Any]:
+    values = {
+        k: v for k, v in args.to_dict().items()
+        if k not in _UNTRACKED_SETTINGS and not k.startswith(_UNTRACKED_PREFIXES)
+    }
+    return json.loads(json.dumps(values, sort_keys=True, default=repr))
+
+
+def _rows_digest(dataset: Any) -> str | None:
+    """SHA-256 of a prepared dataset's model columns (its tokens and labels), ``None`` when it is not a
+    ``datasets.Dataset`` (then it is not checked on resume)."""
+    if not isinstance(dataset, Dataset):
+        return None
+    columns = [c for c in MODEL_COLUMNS if c in dataset.column_names] or list(dataset.column_names)
+    rows = dataset.select_columns(columns).with_format(None)[:]
+    digest = hashlib.sha256()
+    digest.update(json.dumps(rows, sort_keys=True, default=repr).encode("utf-8"))
+    return f"{len(dataset)}:{digest.hexdigest()}"
+
+
+def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between two run fingerprints (:meth:`UnlearningTrainer.run_fingerprint`), one phrase each."""
+    diffs = []
+    if saved.get("method") != current.get("method"):
+        diffs.append(f"method {saved.get('method')} (now {current.get('method')})")
+    old, new = saved.get("settings", {}), current.get("settings", {})
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            diffs.append(f"{key}={old.get(key)!r} (now {new.get(key)!r})")
+    for part in ("forget", "retain"):
+        a, b = saved.get("data", {}).get(part), current.get("data", {}).get(part)
+        if a != b and a is not None and b is not None:
+            diffs.append(f"other {part} rows ({a.split(':')[0]} rows, now {b.split(':')[0]})")
+        elif (a is None) != (b is None):
+            diffs.append(f"{'no' if a is None else 'a'} {part} set (now {'a' if a is None else 'no'} {part} set)")
+    return diffs
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The trainer
 # ---------------------------------------------------------------------------------------------------------------
@@ -357,10 +493,12 @@ class UnlearningTrainer(SFTTrainer):
     (unless ``overwrite=True``; a folder holding checkpoints is left to :meth:`train`, which resumes it or refuses
     it), no-op settings (learning rate 0, zero epochs or steps), a forget example left without answer tokens by truncation, and hyperparameters the
     objective cannot use. While training it stops on a non-finite loss, on non-finite weights before a checkpoint,
-    and when the retain NLL diverges (:class:`RetainDivergenceGuard`). Checkpoints and the final model are written
-    in a temporary folder and renamed into place, so an interrupted or failed write never leaves a half-written
-    result where a complete one is expected; ``train(resume_from_checkpoint=True)`` continues from the latest
-    complete checkpoint and gives the weights of an uninterrupted run.
+    and when the retain NLL diverges (:class:`RetainDivergenceGuard`; an objective without a retain term given a
+    ``retain_dataset`` is watched on it). :meth:`train` holds the output folder's lock, so a second run on the same
+    folder is refused. Checkpoints and the final model are written in a temporary folder and renamed into place,
+    so an interrupted or failed write never leaves a half-written result where a complete one is expected;
+    ``train(resume_from_checkpoint=True)`` continues from the latest complete checkpoint, refuses one written by
+    another method or with other settings or data, and gives the weights of an uninterrupted run.
     """
 
     _tag_names = ["trl", "hf-unlearn", "unlearning"]
@@ -443,6 +581,7 @@ class UnlearningTrainer(SFTTrainer):
                 raise ValueError("No retain example is left after tokenization/truncation (check `max_length`).")
             self.retain_dataset = retain
             self.train_dataset = PairedForgetRetainDataset(self.forget_dataset, retain, seed=self.args.seed)
+            self.add_callback(PairingEpochCallback(self.train_dataset))
         self.data_collator = PairedCollator(self.data_collator)
 
         # Frozen reference model, created only when the objective needs one
@@ -455,6 +594,8 @@ class UnlearningTrainer(SFTTrainer):
         }
         self._step_denominators: LossDenominators | None = None
         self._in_training_step = False
+        self._retain_nll_seen = False
+        self._fingerprint: dict[str, Any] | None = None
 
     # ----- configuration -----------------------------------------------------------------------------------------
 
@@ -530,6 +671,12 @@ class UnlearningTrainer(SFTTrainer):
             cls.needs_retain(args) and getattr(args, "retain_loss", None) == "kl"
         )
 
+    @classmethod
+    def watches_retain(cls, args: BaseUnlearningConfig) -> bool:
+        """Whether a ``retain_dataset`` given to an objective without a retain term is kept to feed the divergence
+        guard (default: when the guard is on, ``max_retain_loss_ratio`` not ``None``)."""
+        return not cls.needs_retain(args) and getattr(args, "max_retain_loss_ratio", None) is not None
+
     def _check_retain(self, retain_dataset: Any, forget: Dataset, args: BaseUnlearningConfig, tokenizer: Any):
         needed = self.needs_retain(args)
         if retain_dataset is None:
@@ -539,7 +686,7 @@ class UnlearningTrainer(SFTTrainer):
                     f"has weight alpha={getattr(args, 'alpha', None)}); pass one, or set `alpha=0` to unlearn without it."
                 )
             return None
-        if not needed:
+        if not needed and not self.watches_retain(args):
             warnings.warn(f"{type(self).__name__} does not use a retain set here; `retain_dataset` is ignored.", stacklevel=3)
             return None
         retain = retain_dataset if isinstance(retain_dataset, Dataset) else Dataset.from_list(list(retain_dataset))
@@ -690,6 +837,7 @@ class UnlearningTrainer(SFTTrainer):
         value = value.detach().float().reshape(()) if torch.is_tensor(value) else torch.tensor(float(value))
         self._unlearning_metrics[mode][name].append(value)
         if name == "retain_nll" and self._in_training_step:
+            self._retain_nll_seen = True
             self.divergence_guard.observe(value)
 
     # ----- the loss hook -----------------------------------------------------------------------------------------
@@ -766,7 +914,10 @@ class UnlearningTrainer(SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # `num_items_in_batch` (forget tokens only) is superseded by the four totals of LossDenominators
+        self._retain_nll_seen = False
         loss = self.compute_unlearning_loss(model, inputs, self._denominators(inputs))
+        if self._in_training_step and not self._retain_nll_seen and RETAIN_PREFIX + "input_ids" in inputs:
+            self._watch_retain(model, inputs)
         if not torch.isfinite(loss.detach()).item():
             step = self.state.global_step + (1 if self._in_training_step else 0)
             raise NonFiniteLossError(
@@ -774,6 +925,21 @@ class UnlearningTrainer(SFTTrainer):
                 "Lower the learning rate, check the data, or (NPO/SimNPO) check `beta`."
             )
         return (loss, None) if return_outputs else loss
+
+    def _watch_retain(self, model: Any, inputs: dict[str, Any]) -> None:
+        """For an objective without a retain term: the retain NLL of the batch's retain half, scored in eval mode
+        without gradient (no dropout, no RNG drawn, no effect on the update), logged as ``retain_nll`` and so fed
+        to the divergence guard."""
+        if self.divergence_guard.max_ratio is None:
+            return
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                retain = self.score(model, inputs, RETAIN_PREFIX)
+        finally:
+            model.train(was_training)
+        self.log_metric("retain_nll", retain.mean_nll)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
@@ -784,42 +950,88 @@ class UnlearningTrainer(SFTTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs):
         """:meth:`transformers.Trainer.train` with the unlearning checks.
 
-        Without ``resume_from_checkpoint``, an output folder holding checkpoints of an earlier run is refused
-        unless ``overwrite=True`` (they are then set aside, and deleted once this run has finished). With it
-        (``True``: the latest complete checkpoint of ``output_dir``), the run continues exactly where the
-        checkpoint left it (same weights, optimizer, scheduler, RNG, data order and divergence-guard reference).
-        A bf16/fp16 model whose learning rate is too small to change most of its weights gets a warning.
+        The whole run holds the lock of ``output_dir`` (:func:`hf_unlearn.safe_output.output_lock`, taken by the
+        main process): while it trains, another run on the same folder is refused before any work, so the
+        checkpoints of two runs never interleave. Without ``resume_from_checkpoint``, an output folder holding
+        checkpoints of an earlier run is refused unless ``overwrite=True`` (they are then set aside, and deleted
+        once this run has finished). With it (``True``: the latest complete checkpoint of ``output_dir``), a
+        checkpoint written by another method, with other settings (learning rate, scheduler, loss, batch size,
+        seed, ...; only the run's length may change) or on other forget/retain rows is refused before any work
+        (:class:`ResumeMismatchError`); otherwise the run continues exactly where the checkpoint left it (same weights, optimizer, scheduler, RNG,
+        data order, retain pairing and divergence-guard reference). A bf16/fp16 model whose learning rate is too
+        small to change most of its weights gets a warning.
         """
-        self._warn_on_vanishing_updates()
         out = Path(self.args.output_dir)
-        stale: Path | None = None
-        if resume_from_checkpoint not in (None, False):
-            checkpoint = get_last_checkpoint(out) if resume_from_checkpoint is True else resume_from_checkpoint
-            if checkpoint is not None:
-                self._restore_guard(Path(checkpoint))
-        elif _checkpoint_dirs(out) and self.args.should_save:
-            if not getattr(self.args, "overwrite", False):
-                raise OutputDirError(
-                    f"Output folder {out} holds checkpoints of an earlier run; pass resume_from_checkpoint=True to "
-                    "continue it, or overwrite=True to start afresh."
-                )
-            stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.stale-", dir=out.parent))
-            for path in _checkpoint_dirs(out):
-                os.replace(path, stale / path.name)
-        self._run_dir_claimed = True
+        with output_lock(out, enabled=self.accelerator.is_main_process and self.args.should_save):
+            if not self._run_dir_claimed and self.args.should_save:  # it may have changed since __init__ checked it
+                self._check_output_dir_before_work(self.args)
+            self._warn_on_vanishing_updates()
+            stale: Path | None = None
+            if resume_from_checkpoint not in (None, False):
+                checkpoint = get_last_checkpoint(out) if resume_from_checkpoint is True and out.is_dir() else (
+                    None if resume_from_checkpoint is True else resume_from_checkpoint)
+                if checkpoint is not None:
+                    self._check_resume(Path(checkpoint))
+                    self._restore_guard(Path(checkpoint))
+            elif _checkpoint_dirs(out) and self.args.should_save:
+                if not getattr(self.args, "overwrite", False):
+                    raise OutputDirError(
+                        f"Output folder {out} holds checkpoints of an earlier run; pass resume_from_checkpoint=True "
+                        "to continue it, or overwrite=True to start afresh."
+                    )
+                stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.stale-", dir=out.parent))
+                for path in _checkpoint_dirs(out):
+                    os.replace(path, stale / path.name)
+            self._run_dir_claimed = True
+            try:
+                result = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+            except BaseException:
+                if stale is not None and not _checkpoint_dirs(out):  # nothing new: put the earlier run back
+                    for path in stale.iterdir():
+                        os.replace(path, out / path.name)
+                    stale.rmdir()
+                elif stale is not None:
+                    warnings.warn(f"The earlier run's checkpoints were set aside in {stale}.", stacklevel=2)
+                raise
+            if stale is not None:
+                shutil.rmtree(stale, ignore_errors=True)
+            return result
+
+    def run_fingerprint(self) -> dict[str, Any]:
+        """What makes a checkpoint of this run resumable by another trainer: the method (the trainer class), the
+        settings that change the weights (every config field except where the run writes, how it logs, evaluates,
+        loads data, saves memory or when its guard stops it) and the SHA-256 of the prepared forget and retain
+        rows (their tokens and labels). Written into every checkpoint as ``unlearning_run.json``. The run's length
+        (``max_steps``, ``num_train_epochs``) is not part of it: a resume may extend a run (the learning-rate
+        schedule then follows the new length from the checkpoint on)."""
+        if self._fingerprint is None:
+            self._fingerprint = {
+                "method": f"{type(self).__module__}.{type(self).__qualname__}",
+                "settings": _tracked_settings(self.args),
+                "data": {"forget": _rows_digest(self.forget_dataset), "retain": _rows_digest(self.retain_dataset)},
+            }
+        return self._fingerprint
+
+    def _check_resume(self, checkpoint: Path) -> None:
+        """Refuse a checkpoint whose run fingerprint differs from this trainer's (before any work)."""
+        saved_file = checkpoint / FINGERPRINT_NAME
+        if not saved_file.is_file():
+            warnings.warn(
+                f"{checkpoint} records no run fingerprint ({FINGERPRINT_NAME}); it cannot be checked to belong to "
+                "this method, these settings and this data.", stacklevel=3,
+            )
+            return
         try:
-            result = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
-        except BaseException:
-            if stale is not None and not _checkpoint_dirs(out):  # nothing new: put the earlier run back
-                for path in stale.iterdir():
-                    os.replace(path, out / path.name)
-                stale.rmdir()
-            elif stale is not None:
-                warnings.warn(f"The earlier run's checkpoints were set aside in {stale}.", stacklevel=2)
-            raise
-        if stale is not None:
-            shutil.rmtree(stale, ignore_errors=True)
-        return result
+            saved = json.loads(saved_file.read_text())
+        except ValueError as exc:
+            raise ResumeMismatchError(f"Cannot resume from {checkpoint}: {saved_file} is not valid JSON ({exc}).") from None
+        diffs = fingerprint_differences(saved, self.run_fingerprint())
+        if diffs:
+            shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+            raise ResumeMismatchError(
+                f"Cannot resume from {checkpoint}: it was written by another run ({shown}). Resume with the "
+                "checkpoint's method, settings and data, or start afresh in another folder (or with overwrite)."
+            )
 
     @property
     def divergence_guard(self) -> RetainDivergenceGuard:
@@ -876,30 +1088,37 @@ class UnlearningTrainer(SFTTrainer):
         return super()._get_output_dir(trial)
 
     def _save_checkpoint(self, model, trial):
-        """Check the weights, then write the checkpoint in a hidden staging folder of the run folder and rename it
-        into place, so that ``resume_from_checkpoint=True`` only ever finds complete checkpoints. (With several
-        processes each writes its own files into the checkpoint, so it is written in place as transformers does.)"""
+        """Check the weights, then write the checkpoint through :func:`stage_checkpoint`: every process writes its
+        files (with several processes: each its RNG state) into one hidden staging folder of the run folder, and
+        after all have written, the main process renames it into place, so that ``resume_from_checkpoint=True``
+        only ever finds complete checkpoints. The run's fingerprint (:meth:`run_fingerprint`) goes with it."""
         self._check_finite_weights("the checkpoint")
-        if self.accelerator.num_processes > 1 or not self.args.should_save:
-            return super()._save_checkpoint(model, trial)
         run_dir = Path(super()._get_output_dir(trial))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{PREFIX_CHECKPOINT_DIR}-staging-", dir=run_dir))
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        self._staging_dir = staging
-        try:
-            super()._save_checkpoint(model, trial)
-            with atomic_directory(run_dir / name, overwrite=True) as tmp:
-                tmp.rmdir()
-                os.replace(staging / name, tmp)
-        finally:
-            self._staging_dir = None
-            shutil.rmtree(staging, ignore_errors=True)
+        is_main = self.args.should_save
+        staged: list[Path] = []
+
+        def write(staging: Path) -> None:
+            self._staging_dir = staging
+            staged.append(staging)
+            try:
+                super(UnlearningTrainer, self)._save_checkpoint(model, trial)
+            finally:
+                self._staging_dir = None
+            if is_main:
+                from ..safe_output import atomic_write_text
+
+                text = json.dumps(self.run_fingerprint(), indent=2, sort_keys=True)  # a setting may be inf
+                atomic_write_text(staging / name / FINGERPRINT_NAME, text + "\n")
+
+        if is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        stage_checkpoint(run_dir, name, write, is_main, self.accelerator.wait_for_everyone)
         for attr in ("best_model_checkpoint",):
             value = getattr(self.state, attr, None)
-            if isinstance(value, str) and value.startswith(str(staging)):
-                setattr(self.state, attr, str(run_dir) + value[len(str(staging)):])
-        if self.args.save_total_limit is not None:
+            if staged and isinstance(value, str) and value.startswith(str(staged[0])):
+                setattr(self.state, attr, str(run_dir) + value[len(str(staged[0])):])
+        if is_main and self.args.save_total_limit is not None:
             from transformers.trainer_utils import rotate_checkpoints
 
             rotate_checkpoints(
