@@ -94,8 +94,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_speed_subject_arguments(parser)
     parser.add_argument("--rank", type=int, default=20)
     parser.add_argument("--layer", type=int, default=-1)
-    parser.add_argument("--fit-steps", type=int, default=300)
-    parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument("--fit-steps", type=int, default=None,
+                        help="cap on the head's optimizer steps (default: none; early stopping decides)")
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--tilt-weight", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 1])

@@ -1,7 +1,7 @@
 """Every method side by side on TOFU-tiny: the same as `hf-unlearn bench` (all its flags apply).
 
-    python benchmarks/tofu_tiny.py --data ../shared/data/tofu                 # forget10, the grid
-    python benchmarks/tofu_tiny.py --data ../shared/data/tofu --split forget05
+    python benchmarks/tofu_tiny.py --data TOFU_DIR                 # forget10, the grid
+    python benchmarks/tofu_tiny.py --data TOFU_DIR --split forget05
     python benchmarks/tofu_tiny.py --model <target> --retain-model <retain-only> --data locuslab/TOFU
 
 Writes benchmarks/results/tofu_tiny_<split>.{json,md,png}.

@@ -5,7 +5,7 @@ text (the target) and the same recipe on the retain authors only (the retain ref
 forget quality). With ``--model`` and ``--retain-model`` it runs the same code on real models,
 e.g. a Llama fine-tuned on TOFU and its retain-only counterpart from the Hub.
 
-    python examples/unlearn_tofu.py --method grom --data ../shared/data/tofu
+    python examples/unlearn_tofu.py --method grom --data TOFU_DIR   # a local folder of TOFU <config>.jsonl files
     python examples/unlearn_tofu.py --method npo --model <finetuned> --retain-model <retain-only> --data locuslab/TOFU
 """
 

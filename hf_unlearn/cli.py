@@ -40,6 +40,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .registry import MethodView, get_method, method_names
+
 DEFAULT_DEMO_DIR = "hf_unlearn_demo"
 
 #: Third-party packages whose log messages, progress bars and warnings the CLI hides.
@@ -52,10 +54,24 @@ CLI_OWNED_FIELDS = frozenset({
     "hidden_size", "vocab_size", "fit_report",
 })
 
-TRAINER_CLASSES = {
-    "grad_ascent": "GradAscentTrainer", "grad_diff": "GradDiffTrainer", "npo": "NPOTrainer",
-    "simnpo": "SimNPOTrainer", "masc": "MASCTrainer", "atwu": "ATWUTrainer",
-}
+#: ``{method: trainer class name}`` of the registered methods trained by a trainer (read from
+#: :mod:`hf_unlearn.registry` on access).
+TRAINER_CLASSES: typing.Mapping[str, str] = MethodView(
+    lambda info: info.trainer_class.rpartition(":")[2].rpartition(".")[2] if info.is_trainer else None, skip_none=True)
+
+
+def method_help() -> str:
+    """The ``--method`` help: the registered methods (:func:`hf_unlearn.registry.method_names`)."""
+    names = method_names()
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+class _UnlearnHelpFormatter(argparse.HelpFormatter):
+    """Writes the ``--method`` help from the registry when the help is shown (the lookup imports the method
+    packages, which the other commands do not need)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return method_help() if action.dest == "method" else super()._get_help_string(action)
 
 
 class UserError(Exception):
@@ -143,20 +159,15 @@ def quiet_console(verbose: bool = False) -> typing.Callable[[], None]:
 
 # ------------------------------------------------------------------------------- config options per method
 def method_config_class(method: str) -> type:
-    """The config dataclass of ``method``: the trainer's ``config_class``, ``GROMConfig`` or ``T3ClassifierConfig``."""
-    if method == "grom":
-        from .grom import GROMConfig
-
-        return GROMConfig
-    if method == "t3":
-        from .t3 import T3ClassifierConfig
-
-        return T3ClassifierConfig
-    if method in TRAINER_CLASSES:
-        from . import trainers
-
-        return getattr(trainers, TRAINER_CLASSES[method]).config_class
-    raise UserError(f"Method {method!r} has no config class the CLI knows.")
+    """The config dataclass of ``method`` as registered (:mod:`hf_unlearn.registry`): the trainer's
+    ``config_class``, ``GROMConfig`` or ``T3ClassifierConfig``."""
+    try:
+        config_class = get_method(method).load_config_class()
+    except KeyError:
+        config_class = None
+    if config_class is None:
+        raise UserError(f"Method {method!r} has no config class the CLI knows.")
+    return config_class
 
 
 def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
@@ -478,9 +489,7 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
     uses_retain, may_overlap = True, False
     try:
         if method in TRAINER_CLASSES:
-            from . import trainers
-
-            trainer_cls = getattr(trainers, TRAINER_CLASSES[method])
+            trainer_cls = get_method(method).load_trainer_class()
             trainer_cls._resolve_args(config, model)  # noqa: SLF001 (the trainer's own checks, without building it)
             uses_retain = trainer_cls.needs_retain(config)
             may_overlap = bool(getattr(config, "allow_overlap", False))
@@ -663,16 +672,17 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
 
     if args.help:
         return _unlearn_help(args.subparser, args.method)
+    names = method_names()
     if not args.method:
-        raise UserError(f"--method is required; choose from {', '.join(sorted(METHODS))}.")
-    if args.method not in METHODS:
-        raise UserError(f"Unknown method {args.method!r}; choose from {', '.join(sorted(METHODS))}.")
+        raise UserError(f"--method is required; choose from {', '.join(sorted(names))}.")
+    if args.method not in names:
+        raise UserError(f"Unknown method {args.method!r}; choose from {', '.join(sorted(names))}.")
     for flag, value in (("--model", args.model), ("--output", args.output)):
         if not value:
             raise UserError(f"{flag} is required.")
     _check_selection_flags(args)
     method = args.method
-    preset = dict(METHODS[method].demo) if args.preset == "demo" else {}
+    preset = dict(METHODS[method].demo) if args.preset == "demo" and method in METHODS else {}
     settings = parse_method_settings(method, extra, preset)
     out = Path(args.output).expanduser()
     config = validate_settings(method, settings, out)
@@ -1043,12 +1053,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
     demo.set_defaults(func=cmd_demo)
 
-    un = add("unlearn", add_help=False, help="unlearn a forget split from a model and save the result",
+    un = add("unlearn", add_help=False, formatter_class=_UnlearnHelpFormatter, help="unlearn a forget split from a model and save the result",
              description="Unlearn a forget split and save the method's native artifact (weights, LoRA adapter or "
                          "T3 head). Every field of the method's config is also an option: "
                          "`hf-unlearn unlearn --method METHOD --help` lists them.")
     un.add_argument("-h", "--help", action="store_true", help="show this help (with --method: its config options)")
-    un.add_argument("--method", help="grom, t3, masc, atwu, grad_ascent, grad_diff, npo or simnpo")
+    un.add_argument("--method", help="the registered methods (hf_unlearn.registry)")
     un.add_argument("--model", help="model folder or Hub id")
     un.add_argument("--data", default=None, help=DATA_HELP)
     un.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hub_cards_dir, metric_path
+from .registry import MethodView, method_for_artifact
 
 __all__ = [
     "ARTIFACT_KINDS",
@@ -80,32 +81,13 @@ OPTIONAL_REPORT_METRICS: dict[str, tuple[str, str]] = {
 #: Variables every card template must use (checked before rendering).
 REQUIRED_TEMPLATE_FIELDS = ("card_data", "method", "forget_split", "repo_id", "base_model")
 
-METHOD_TITLES = {
-    "grom": "GROM (closed-form one-shot edit)",
-    "t3": "T3 (Temper-Then-Tilt)",
-    "masc": "MASC (Margin Self-Correction)",
-    "atwu": "ATWU (Alternating Token-Weighted Unlearning)",
-    "grad_ascent": "Gradient Ascent",
-    "grad_diff": "Gradient Difference",
-    "npo": "NPO (Negative Preference Optimization)",
-    "simnpo": "SimNPO",
-}
+#: ``{method: title}`` of every registered method (read from :mod:`hf_unlearn.registry` on access).
+METHOD_TITLES: Mapping[str, str] = MethodView(lambda info: info.title)
 
-#: The paper of each method (title, arXiv id), cited by every card. GROM has no paper to cite yet.
-METHOD_PAPERS: dict[str, dict[str, str]] = {
-    "grad_ascent": {"title": "Knowledge Unlearning for Mitigating Privacy Risks in Language Models",
-                    "id": "2210.01504"},
-    "grad_diff": {"title": "TOFU: A Task of Fictitious Unlearning for LLMs", "id": "2401.06121"},
-    "npo": {"title": "Negative Preference Optimization: From Catastrophic Collapse to Effective Unlearning",
-            "id": "2404.05868"},
-    "simnpo": {"title": "Simplicity Prevails: Rethinking Negative Preference Optimization for LLM Unlearning",
-               "id": "2410.07163"},
-    "masc": {"title": "Fast Unlearning at Scale via Margin Self-Correction", "id": "2606.02920"},
-    "atwu": {"title": "Learning What to Forget: Improving LLM Unlearning via Learned Token-Level Importance",
-             "id": "2606.06320"},
-    "t3": {"title": "Temper-Then-Tilt: Principled Unlearning for Generative Models through Tempering and "
-                    "Classifier Guidance", "id": "2602.10217"},
-}
+#: The paper of each registered method (``{"title", "id"}``, arXiv id), cited by every card; methods without a
+#: paper to cite (GROM) are left out. Read from :mod:`hf_unlearn.registry` on access.
+METHOD_PAPERS: Mapping[str, dict[str, str]] = MethodView(
+    lambda info: dict(info.paper) if info.paper is not None else None, skip_none=True)
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -533,21 +515,11 @@ def build_model_card(
 
 # ---------------------------------------------------------------------- trainer cards
 def _trainer_method(trainer: Any) -> str:
-    """The method key of an unlearning trainer: its class (most derived first), else its config's objective."""
-    from .trainers import (
-        ATWUTrainer,
-        GradAscentTrainer,
-        GradDiffTrainer,
-        MASCTrainer,
-        NPOTrainer,
-        SimNPOTrainer,
-    )
-
-    by_class = {GradAscentTrainer: "grad_ascent", GradDiffTrainer: "grad_diff", NPOTrainer: "npo",
-                SimNPOTrainer: "simnpo", MASCTrainer: "masc", ATWUTrainer: "atwu"}
-    for cls in type(trainer).__mro__:
-        if cls in by_class:
-            return by_class[cls]
+    """The method key of an unlearning trainer: its class's ``_method`` (most derived first, see
+    :func:`hf_unlearn.registry.method_for_artifact`), else its config's objective."""
+    method = method_for_artifact(trainer)
+    if method is not None:
+        return method
     forget_loss = getattr(trainer.args, "forget_loss", None)
     if forget_loss == "grad_ascent":
         return "grad_ascent" if getattr(trainer.args, "retain_loss", "none") == "none" else "grad_diff"

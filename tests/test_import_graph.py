@@ -138,3 +138,123 @@ def test_subpackage_all_lists_only_public_names(package):
     assert names and len(names) == len(set(names))
     assert not [n for n in names if n.startswith("_")]
     assert not [n for n in names if not hasattr(module, n)]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def top_level_imports(source: str) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements that run when a module is imported: at module level, inside module-level ``if`` /
+    ``try`` / ``with`` blocks and class bodies; not inside functions, nor in ``if TYPE_CHECKING:`` blocks."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
+            elif isinstance(node, ast.If) and _is_type_checking(node.test):
+                visit(node.orelse)
+            else:
+                for name in ("body", "orelse", "finalbody"):
+                    visit([s for s in getattr(node, name, []) if isinstance(s, ast.stmt)])
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(source).body)
+    return found
+
+
+def module_import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """``{module: modules of ``sources`` it imports at import time}`` from ``{module: (source, is_package)}``.
+    ``from X import y`` is an edge to ``X.y`` when that is a module of ``sources``, else to ``X``."""
+    graph: dict[str, set[str]] = {}
+    for module, (source, is_package) in sources.items():
+        package = module if is_package else module.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in top_level_imports(source):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in sources)
+                continue
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in sources:
+                    edges.add(f"{target}.{alias.name}")
+                elif target in sources:
+                    edges.add(target)
+        edges.discard(module)
+        graph[module] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: its strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return cycles
+
+
+def test_cycle_finder_sees_module_level_cycles_only():
+    lazy = {
+        "pkg": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n", True),
+        "pkg.a": ("from . import b\n", False),
+        "pkg.b": ("import os\n\ndef later():\n    from .a import A\n", False),
+    }
+    assert import_cycles(module_import_graph(lazy)) == []
+    assert module_import_graph(lazy)["pkg.a"] == {"pkg.b"}
+    eager = dict(lazy, **{"pkg.b": ("try:\n    from .c import C\nexcept ImportError:\n    C = None\n", False),
+                          "pkg.c": ("class C:\n    from .a import b\n", False)})
+    assert import_cycles(module_import_graph(eager)) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_no_import_cycle_inside_the_package():
+    """No chain of module-level imports among ``hf_unlearn``'s modules leads back to where it started (imports
+    inside functions and ``TYPE_CHECKING`` blocks run later, or never, and are not counted)."""
+    sources = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if "__pycache__" in parts:
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        sources[name] = (path.read_text(), path.name == "__init__.py")
+    graph = module_import_graph(sources)
+    assert "hf_unlearn.registry" in graph["hf_unlearn.hub"]
+    assert "hf_unlearn.registry" in graph["hf_unlearn.trainers"] and "hf_unlearn.trainers.masc" in graph[
+        "hf_unlearn.trainers"]
+    assert import_cycles(graph) == [], f"module-level import cycles: {import_cycles(graph)}"

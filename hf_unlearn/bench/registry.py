@@ -1,12 +1,15 @@
-"""The method registry: one entry per unlearning method, each run the same way.
+"""The benchmark's view of the methods: each registered method run the same way, with its presets.
 
-The CLI (`hf-unlearn unlearn|demo|bench`), `examples/unlearn_tofu.py` and the benchmark all go
-through :func:`run_method`, so every method is applied, timed, saved and evaluated identically.
+The methods are those of the core registry (:mod:`hf_unlearn.registry`: name, entry point, CLI help); this
+module adds how the benchmark runs each kind of entry point and the presets (demo setting, grid) from the
+subject TOML files. The CLI (`hf-unlearn unlearn|demo|bench`), `examples/unlearn_tofu.py` and the benchmark
+all go through :func:`run_method`, so every method is applied, timed, saved and evaluated identically.
 A method's result is an :class:`Unlearned`: the model to evaluate (with, for T3, the scorer and
 the generation arguments that make its distribution), the artifact to save or push, and the
 trainable-parameter count.
 
-Adding a method is one entry in ``METHODS``.
+Adding a method is one :func:`hf_unlearn.registry.register_method` call (and, for the benchmark, its presets
+in the subject TOML files).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+
+from .. import registry as core_registry
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -116,12 +121,13 @@ def _as_dataset(rows: Any) -> Any:
     return datasets.Dataset.from_list([{"question": r["question"], "answer": r["answer"]} for r in rows])
 
 
-def _trainer_runner(trainer_name: str, config_name: str) -> Callable[..., Unlearned]:
-    def run(model, tokenizer, forget, retain, output_dir, settings):
-        from .. import trainers
+def _trainer_runner(trainer_path: str, config_path: str) -> Callable[..., Unlearned]:
+    """The runner of a trainer method: ``trainer_path`` / ``config_path`` are the dotted paths of its trainer
+    class and config (imported when it runs)."""
 
-        trainer_cls = getattr(trainers, trainer_name)
-        config_cls = getattr(trainers, config_name)
+    def run(model, tokenizer, forget, retain, output_dir, settings):
+        trainer_cls = core_registry.resolve(trainer_path)
+        config_cls = core_registry.resolve(config_path)
         options = RUN_OPTIONS.get() or {}
         # The settings may override the run defaults (e.g. save_strategy="steps" to checkpoint and resume).
         args = config_cls(**{"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **settings})
@@ -220,6 +226,36 @@ def register(spec: MethodSpec) -> None:
     METHODS[spec.name] = spec
 
 
+#: How the benchmark runs a fit-function entry point (GROM's and T3's): ``{entry point: runner}``.
+FIT_RUNNERS: dict[str, Callable[..., Unlearned]] = {
+    "hf_unlearn.grom:fit_grom": _run_grom,
+    "hf_unlearn.t3:fit_t3": _run_t3,
+}
+
+
+def runner_for(info: core_registry.MethodInfo) -> Callable[..., Unlearned]:
+    """The runner ``run(model, tokenizer, forget, retain, output_dir, settings) -> Unlearned`` of a registered
+    method: the trainer runner for a trainer method, GROM's / T3's runner for their fit function, else the
+    entry point itself (a runner)."""
+    if info.is_trainer:
+        return _trainer_runner(info.trainer_class, info.config_class)
+    if info.entry_point in FIT_RUNNERS:
+        return FIT_RUNNERS[info.entry_point]
+    return info.load()
+
+
+def method_spec(name: str) -> MethodSpec:
+    """The :class:`MethodSpec` of ``name``: from :data:`METHODS` (with its presets), else, for a method registered
+    with :mod:`hf_unlearn.registry` after this module loaded, one without presets (its config's defaults)."""
+    if name in METHODS:
+        return METHODS[name]
+    try:
+        info = core_registry.get_method(name)
+    except KeyError:
+        raise ValueError(f"Unknown method {name!r}; choose from {sorted(core_registry.method_names())}.") from None
+    return MethodSpec(name, runner_for(info), demo={}, grid=({},), description=info.cli_help)
+
+
 def run_method(
     name: str,
     model: Any,
@@ -237,9 +273,7 @@ def run_method(
 
     ``callbacks``, ``quiet`` and ``resume_from_checkpoint`` apply to the trainer methods (see ``RUN_OPTIONS``).
     """
-    if name not in METHODS:
-        raise ValueError(f"Unknown method {name!r}; choose from {sorted(METHODS)}.")
-    spec = METHODS[name]
+    spec = method_spec(name)
     settings = dict(spec.demo if settings is None else settings)
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -253,20 +287,8 @@ def run_method(
     return result
 
 
-# The runners; each method's demo setting and benchmark grid are data, one TOML file per benchmark
-# subject (``benchmarks/configs/<subject>.toml``, installed as ``hf_unlearn.bench.configs``).
-RUNNERS: dict[str, tuple[Callable[..., Unlearned], str]] = {
-    "grad_ascent": (_trainer_runner("GradAscentTrainer", "GradAscentConfig"), "gradient ascent on the forget NLL"),
-    "grad_diff": (_trainer_runner("GradDiffTrainer", "GradDiffConfig"),
-                  "gradient ascent on forget + descent on retain NLL"),
-    "npo": (_trainer_runner("NPOTrainer", "NPOConfig"), "negative preference optimization (with retain NLL)"),
-    "simnpo": (_trainer_runner("SimNPOTrainer", "SimNPOConfig"), "reference-free NPO with length normalisation"),
-    "masc": (_trainer_runner("MASCTrainer", "MASCConfig"), "margin self-correction with its own stopping rule"),
-    "atwu": (_trainer_runner("ATWUTrainer", "ATWUConfig"),
-             "alternating token-weighted unlearning with a learned token scorer"),
-    "grom": (_run_grom, "closed-form one-shot edit saved as a PEFT LoRA adapter"),
-    "t3": (_run_t3, "temper-then-tilt decoding with a low-rank classifier head"),
-}
+# Each method's demo setting and benchmark grid are data, one TOML file per benchmark subject
+# (``benchmarks/configs/<subject>.toml``, installed as ``hf_unlearn.bench.configs``).
 DEFAULT_SUBJECT = "tofu_tiny"
 
 
@@ -331,12 +353,17 @@ def load_subject_presets(subject: str | os.PathLike = DEFAULT_SUBJECT) -> dict[s
 
 
 def _register_all(subject: str | os.PathLike = DEFAULT_SUBJECT) -> None:
+    """Register every method of the core registry with its presets, in the subject file's order (then the
+    methods it has no table for, with empty presets). Each built-in method must have a table."""
     presets = load_subject_presets(subject)
-    for name, (run, description) in RUNNERS.items():
-        if name not in presets:
+    names = core_registry.method_names()
+    for name in [n for n in presets if n in names] + [n for n in names if n not in presets]:
+        info = core_registry.get_method(name)
+        if name not in presets and info.entry_point.startswith("hf_unlearn."):
             raise ValueError(f"{subject_config_path(subject)} has no [methods.{name}] table.")
-        register(MethodSpec(name, run, demo=presets[name]["demo"], grid=presets[name]["grid"],
-                            description=description))
+        preset = presets.get(name, {"demo": {}, "grid": ({},)})
+        register(MethodSpec(name, runner_for(info), demo=preset["demo"], grid=preset["grid"],
+                            description=info.cli_help))
 
 
 _register_all()

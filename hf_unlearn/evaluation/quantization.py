@@ -165,30 +165,40 @@ def merged_copy(model: Any) -> Any:
     return independent_copy(model)
 
 
-def _roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
+def _roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.device,
+                     roundtrip: Any = None) -> Any:
+    """A merged copy of ``model`` whose quantizable weights went through ``roundtrip`` (default: NF4)."""
     from transformers.pytorch_utils import Conv1D
 
+    roundtrip = roundtrip or nf4_roundtrip
     quantized = merged_copy(model).to(device=device, dtype=compute_dtype)
     with torch.no_grad():
         for _, module in _modules_to_quantize(quantized):
             if isinstance(module, Conv1D):  # weight is [in, out]; bitsandbytes quantizes its [out, in] transpose
-                module.weight.copy_(nf4_roundtrip(module.weight.t()).t())
+                module.weight.copy_(roundtrip(module.weight.t()).t())
             else:
-                module.weight.copy_(nf4_roundtrip(module.weight))
+                module.weight.copy_(roundtrip(module.weight))
     quantized.eval()
     return quantized
 
 
-def _bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+def _load_bnb_copy(model: Any, quantization_config: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
+    """A merged copy of ``model`` saved to a temporary folder and loaded back with ``quantization_config``."""
+    from transformers import AutoModelForCausalLM
 
     merged = merged_copy(model)
-    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
-    with tempfile.TemporaryDirectory(prefix="hf_unlearn_nf4_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="hf_unlearn_quantized_") as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
-        quantized = AutoModelForCausalLM.from_pretrained(
-            tmp, quantization_config=config, device_map={"": str(device)}, dtype=compute_dtype
+        return AutoModelForCausalLM.from_pretrained(
+            tmp, quantization_config=quantization_config, device_map={"": str(device)}, dtype=compute_dtype
         )
+
+
+def _bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+    quantized = _load_bnb_copy(model, config, compute_dtype, device)
     if device.type == "cpu":
         _fallback_unpackable_layers(quantized, compute_dtype)
     quantized.eval()
@@ -293,30 +303,10 @@ def int8_roundtrip_reference(weight: torch.Tensor) -> torch.Tensor:
     return out.to(weight.dtype)
 
 
-def _int8_roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
-    from transformers.pytorch_utils import Conv1D
-
-    quantized = merged_copy(model).to(device=device, dtype=compute_dtype)
-    with torch.no_grad():
-        for _, module in _modules_to_quantize(quantized):
-            if isinstance(module, Conv1D):  # weight is [in, out]; bitsandbytes quantizes its [out, in] transpose
-                module.weight.copy_(int8_roundtrip(module.weight.t()).t())
-            else:
-                module.weight.copy_(int8_roundtrip(module.weight))
-    quantized.eval()
-    return quantized
-
-
 def _int8_bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
-    merged = merged_copy(model)
-    with tempfile.TemporaryDirectory(prefix="hf_unlearn_int8_") as tmp:
-        merged.save_pretrained(tmp, safe_serialization=True)
-        quantized = AutoModelForCausalLM.from_pretrained(
-            tmp, quantization_config=BitsAndBytesConfig(load_in_8bit=True), device_map={"": str(device)},
-            dtype=compute_dtype,
-        )
+    quantized = _load_bnb_copy(model, BitsAndBytesConfig(load_in_8bit=True), compute_dtype, device)
     quantized.eval()
     return quantized
 
@@ -341,5 +331,5 @@ def quantize_int8(
         _require_bitsandbytes()
     device = torch.device(device) if device is not None else model_device(model)
     if method == "roundtrip":
-        return _int8_roundtrip_model(model, compute_dtype, device)
+        return _roundtrip_model(model, compute_dtype, device, roundtrip=int8_roundtrip)
     return _int8_bnb_model(model, compute_dtype, device)

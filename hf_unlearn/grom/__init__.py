@@ -10,6 +10,7 @@ LoRA adapter, with exact per-example influence by the Woodbury identity.
     edit.push_to_hub("me/grom-adapter")                           # one commit
 """
 
+from ..registry import register_class as _register_class
 from .attribution import attribution_scores, find_target_modules, lm_head_is_tied, select_band
 from .config import GROMConfig
 from .model import (
@@ -26,6 +27,8 @@ from .peft_export import AdapterIntegrityError, LoraFactors, lora_factors
 from .provenance import BaseModelMismatchError, base_fingerprint, check_base, file_sha256, weight_fingerprint
 from .solve import GROMSolution, grom_objective, normal_matrix, solve_grom, woodbury_drop
 from .targets import specificity_weights
+
+_register_class(GROMEdit, artifact_kind="grom_adapter", entry_point="hf_unlearn.grom:fit_grom", config_class=GROMConfig)
 
 __all__ = [
     "AdapterIntegrityError", "BaseModelMismatchError", "GROMConfig", "GROMEdit", "GROMSolution", "LoraFactors",

@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -77,6 +77,11 @@ class GROMEdit:
     ``retain_indices`` are the retain rows that were read. ``untied_lm_head`` names the edited LM head when it
     was tied to the input embeddings (``GROMConfig.untie_lm_head``): the edit applies to an untied copy.
     """
+
+    _method: ClassVar[str] = "grom"
+    _title: ClassVar[str] = "GROM (closed-form one-shot edit)"
+    _paper: ClassVar[dict[str, str] | None] = None  # no paper to cite yet
+    _cli_help: ClassVar[str] = "closed-form one-shot edit saved as a PEFT LoRA adapter"
 
     config: GROMConfig
     deltas: dict[str, torch.Tensor]

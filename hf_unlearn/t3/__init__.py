@@ -13,6 +13,7 @@ hidden state of the prefix to one retain-vs-forget logit per vocabulary entry. G
 A head records a fingerprint of its base's weights and refuses any other model (:mod:`hf_unlearn.t3.provenance`).
 """
 
+from ..registry import register_class as _register_class
 from .calibration import calibrate_t3, calibration_grid
 from .config import T3ClassifierConfig
 from .fit import cache_answer_states, fit_t3, validate_t3_fit
@@ -21,6 +22,9 @@ from .modeling import T3Classifier, T3ClassifierOutput
 from .processor import T3LogitsProcessor
 from .scoring import t3_log_probs, t3_scorer
 from .tilt import tilted_log_probs, tilted_scores
+
+_register_class(T3Classifier, artifact_kind="t3_classifier", entry_point="hf_unlearn.t3:fit_t3",
+                config_class=T3ClassifierConfig)
 
 __all__ = [
     "T3Classifier", "T3ClassifierConfig", "T3ClassifierOutput", "T3LogitsProcessor", "cache_answer_states",

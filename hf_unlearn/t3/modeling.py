@@ -47,6 +47,11 @@ class T3Classifier(PreTrainedModel):
 
     config_class = T3ClassifierConfig
     base_model_prefix = "t3"
+    _method = "t3"
+    _title = "T3 (Temper-Then-Tilt)"
+    _paper = {"title": "Temper-Then-Tilt: Principled Unlearning for Generative Models through Tempering and "
+                       "Classifier Guidance", "id": "2602.10217"}
+    _cli_help = "temper-then-tilt decoding with a low-rank classifier head"
     main_input_name = "pooled_hidden_states"
 
     def __init__(self, config: T3ClassifierConfig) -> None:

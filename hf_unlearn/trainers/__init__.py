@@ -32,6 +32,12 @@ from .unlearning_trainer import (
 from .baselines import GradAscentTrainer, GradDiffTrainer, NPOTrainer, SimNPOTrainer
 from .atwu import ATWUConfig, ATWUTokenWeighter, ATWUTrainer
 from .masc import MarginStoppingCallback, MASCConfig, MASCTrainer
+from ..registry import register_class as _register_class
+
+# Each trainer registers its method from its class attributes (_method, _title, _paper, _cli_help).
+for _trainer in (MASCTrainer, ATWUTrainer, GradAscentTrainer, GradDiffTrainer, NPOTrainer, SimNPOTrainer):
+    _register_class(_trainer, artifact_kind="unlearned_model", trainer=True)
+del _trainer
 
 __all__ = [
     "ATWUConfig", "ATWUTokenWeighter", "ATWUTrainer", "BaseUnlearningConfig", "GradAscentConfig", "GradAscentTrainer",

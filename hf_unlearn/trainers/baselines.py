@@ -26,6 +26,11 @@ class GradAscentTrainer(UnlearningTrainer):
     Uses no retain set ([`GradAscentConfig`]: ``forget_loss="grad_ascent"``, ``retain_loss="none"``)."""
 
     _name = "GradAscent"
+    _method = "grad_ascent"
+    _title = "Gradient Ascent"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "Knowledge Unlearning for Mitigating Privacy Risks in Language Models", "id": "2210.01504"}
+    _cli_help = "gradient ascent on the forget NLL"
     _tag_names = [*UnlearningTrainer._tag_names, "grad-ascent"]
     config_class = GradAscentConfig
     preset: ClassVar[dict[str, Any]] = {"forget_loss": "grad_ascent", "retain_loss": "none"}
@@ -36,6 +41,10 @@ class GradDiffTrainer(UnlearningTrainer):
     retain = NLL (default) or ``KL(pi_ref || pi_theta)`` with ``retain_loss="kl"`` ([`GradDiffConfig`])."""
 
     _name = "GradDiff"
+    _method = "grad_diff"
+    _title = "Gradient Difference"
+    _paper: ClassVar[dict[str, str]] = {"title": "TOFU: A Task of Fictitious Unlearning for LLMs", "id": "2401.06121"}
+    _cli_help = "gradient ascent on forget + descent on retain NLL"
     _tag_names = [*UnlearningTrainer._tag_names, "grad-diff"]
     config_class = GradDiffConfig
     preset: ClassVar[dict[str, Any]] = {"forget_loss": "grad_ascent"}
@@ -53,6 +62,12 @@ class NPOTrainer(UnlearningTrainer):
     ``gamma=alpha=1``; ``alpha=0`` gives plain NPO without a retain set."""
 
     _name = "NPO"
+    _method = "npo"
+    _title = "NPO (Negative Preference Optimization)"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "Negative Preference Optimization: From Catastrophic Collapse to Effective Unlearning",
+        "id": "2404.05868"}
+    _cli_help = "negative preference optimization (with retain NLL)"
     _tag_names = [*UnlearningTrainer._tag_names, "npo"]
     config_class = NPOConfig
     preset: ClassVar[dict[str, Any]] = {"forget_loss": "npo"}
@@ -64,6 +79,12 @@ class SimNPOTrainer(UnlearningTrainer):
     follow open-unlearning's TOFU setting: ``beta=4.5``, ``delta=0``, ``gamma=0.125``, ``alpha=1``."""
 
     _name = "SimNPO"
+    _method = "simnpo"
+    _title = "SimNPO"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "Simplicity Prevails: Rethinking Negative Preference Optimization for LLM Unlearning",
+        "id": "2410.07163"}
+    _cli_help = "reference-free NPO with length normalisation"
     _tag_names = [*UnlearningTrainer._tag_names, "simnpo"]
     config_class = SimNPOConfig
     preset: ClassVar[dict[str, Any]] = {"forget_loss": "simnpo"}

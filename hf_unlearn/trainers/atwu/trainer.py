@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from datasets import Dataset
@@ -63,6 +63,12 @@ class ATWUTrainer(UnlearningTrainer):
     """
 
     _name = "ATWU"
+    _method = "atwu"
+    _title = "ATWU (Alternating Token-Weighted Unlearning)"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "Learning What to Forget: Improving LLM Unlearning via Learned Token-Level Importance",
+        "id": "2606.06320"}
+    _cli_help = "alternating token-weighted unlearning with a learned token scorer"
     config_class = ATWUConfig
     _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
 

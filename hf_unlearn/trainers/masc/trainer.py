@@ -28,7 +28,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from accelerate.utils import is_peft_model
@@ -328,6 +328,11 @@ class MASCTrainer(UnlearningTrainer):
 
     _tag_names = ["trl", "hf-unlearn", "unlearning", "masc"]
     _name = "MASC"
+    _method = "masc"
+    _title = "MASC (Margin Self-Correction)"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "Fast Unlearning at Scale via Margin Self-Correction", "id": "2606.02920"}
+    _cli_help = "margin self-correction with its own stopping rule"
     config_class = MASCConfig
 
     def __init__(

@@ -1,0 +1,177 @@
+"""The core method registry: every method's metadata in one place (read from its classes), the CLI's ``--method``,
+the model cards and the benchmark reading it, and a method added by one registration running through
+``hf-unlearn unlearn``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_unlearn import registry
+from hf_unlearn.cli import main
+
+ARXIV_ID = re.compile(r"^\d{4}\.\d{4,5}$")
+
+
+def test_every_method_has_its_metadata_and_the_cli_lists_the_registry():
+    from hf_unlearn.bench.registry import METHODS
+    from hf_unlearn.cli import build_parser, method_help
+    from hf_unlearn.hub import ARTIFACT_KINDS, METHOD_PAPERS, METHOD_TITLES
+
+    names = registry.method_names()
+    assert set(names) == {"grad_ascent", "grad_diff", "npo", "simnpo", "masc", "atwu", "grom", "t3"}
+    for name in names:
+        info = registry.get_method(name)
+        assert info.name == name and info.title.strip() and info.cli_help.strip()
+        assert info.artifact_kind in ARTIFACT_KINDS
+        assert info.paper is None or (info.paper["title"].strip() and ARXIV_ID.match(info.paper["id"]))
+        assert dataclasses.is_dataclass(info.load_config_class())
+        assert callable(info.load())
+        assert METHOD_TITLES[name] == info.title
+    assert [n for n in names if registry.get_method(n).paper is None] == ["grom"]  # no paper to cite yet
+    assert set(METHOD_PAPERS) == set(names) - {"grom"}
+    assert set(METHODS) == set(names)
+    assert {n for n in names if registry.get_method(n).is_trainer} == {
+        "grad_ascent", "grad_diff", "npo", "simnpo", "masc", "atwu"}
+
+    # the --method help of `hf-unlearn unlearn --help` names exactly the registered methods
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    help_text = subparsers.choices["unlearn"].format_help()
+    lines = help_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("--method METHOD"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("-"))
+    listed = " ".join(" ".join(lines[start:end]).split()).removeprefix("--method METHOD ")
+    assert listed == method_help()
+    assert re.split(r", | or ", listed) == list(names)
+
+
+def test_classes_carry_their_method_and_artifacts_map_back():
+    from hf_unlearn.grom import GROMEdit
+    from hf_unlearn.t3 import T3Classifier
+    from hf_unlearn.trainers import MASCTrainer, NPOTrainer, UnlearningTrainer
+
+    class MyNPO(NPOTrainer):
+        pass
+
+    assert registry.method_for_artifact(MyNPO) == "npo"  # most derived registered class in the MRO
+    assert registry.method_for_artifact(MASCTrainer) == "masc"
+    assert registry.method_for_artifact(GROMEdit) == "grom" and registry.method_for_artifact(T3Classifier) == "t3"
+    assert registry.method_for_artifact(UnlearningTrainer) is None
+    assert registry.method_for_artifact(object()) is None
+    assert NPOTrainer._name == "NPO"  # TRL's display name is untouched
+    assert registry.get_method("npo").paper == NPOTrainer._paper
+
+
+def test_register_method_refuses_bad_entries():
+    good = dict(title="Toy", paper=None, artifact_kind="unlearned_model", entry_point="json:dumps", cli_help="toy")
+    with pytest.raises(ValueError, match="lowercase"):
+        registry.register_method("Toy-Method", **good)
+    with pytest.raises(ValueError, match="dotted path"):
+        registry.register_method("toy_bad", **dict(good, entry_point="json.dumps"))
+    with pytest.raises(ValueError, match="paper must be None or a mapping"):
+        registry.register_method("toy_bad", **dict(good, paper={"title": "x"}))
+    with pytest.raises(ValueError, match="cli_help must be a non-empty string"):
+        registry.register_method("toy_bad", **dict(good, cli_help=" "))
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_method("npo", **good)
+    with pytest.raises(KeyError, match="Unknown method 'toy_bad'"):
+        registry.get_method("toy_bad")
+    assert "toy_bad" not in registry.method_names()
+
+
+def test_importing_the_registry_imports_no_torch():
+    code = textwrap.dedent("""
+        import json, sys
+        import hf_unlearn.registry, hf_unlearn.hub
+        from hf_unlearn.cli import build_parser
+        build_parser()
+        print(json.dumps({"torch": "torch" in sys.modules, "trl": "trl" in sys.modules,
+                          "trainers": "hf_unlearn.trainers" in sys.modules}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["trl"] is False and seen["trainers"] is False  # the CLI parser does not load the methods
+
+
+# ------------------------------------------------------------------------- a method added by one registration
+@dataclasses.dataclass
+class ToyConfig:
+    """Settings of the toy method: the marker it writes."""
+
+    marker: str = dataclasses.field(default="toy", metadata={"help": "text written to toy_marker.json"})
+    max_length: int | None = dataclasses.field(default=None, metadata={"help": "prompt + answer token limit"})
+
+
+def run_toy(model, tokenizer, forget, retain, output_dir, settings):
+    """The toy method: leaves the model unchanged and writes a marker beside it."""
+    from hf_unlearn.bench.registry import Unlearned
+
+    config = ToyConfig(**settings)
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(output_dir) / "toy_marker.json").write_text(json.dumps({"marker": config.marker, "forget": len(forget)}))
+    total = sum(p.numel() for p in model.parameters())
+    return Unlearned(method="toy", model=model, artifact=model, settings=dict(settings), trainable_params=0,
+                     total_params=total, weights_changed=False)
+
+
+@pytest.fixture()
+def toy_method():
+    info = registry.register_method(
+        "toy", title="Toy (unchanged model)", paper=None, artifact_kind="unlearned_model",
+        entry_point=f"{__name__}:run_toy", cli_help="saves the model unchanged with a marker",
+        config_class=f"{__name__}:ToyConfig",
+    )
+    yield info
+    registry.unregister_method("toy")
+
+
+def test_a_registered_toy_method_runs_through_the_cli(toy_method, tiny_pair, tmp_path, capsys):
+    assert registry.method_names()[-1] == "toy"
+    from hf_unlearn.cli import method_help
+
+    assert method_help().endswith(" or toy")
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["unlearn", "--method", "toy", "--help"]) == 0
+    assert "--marker MARKER" in buf.getvalue() and "ToyConfig" in buf.getvalue()
+
+    out = tmp_path / "toy-out"
+    code = main(["unlearn", "--method", "toy", "--model", str(tiny_pair.target), "--data", "synthetic",
+                 "--output", str(out), "--marker", "hello"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "toy: unlearned in" in captured.out and str(out) in captured.out
+    marker = json.loads((out / "toy_marker.json").read_text())
+    assert marker["marker"] == "hello" and marker["forget"] > 0
+    saved, original = load_file(out / "model.safetensors"), load_file(Path(tiny_pair.target) / "model.safetensors")
+    assert saved.keys() == original.keys()
+    for key in original:
+        torch.testing.assert_close(saved[key], original[key])
+    events = [json.loads(line) for line in (out / "logs" / "toy.jsonl").read_text().splitlines()]
+    assert any(e.get("event") == "trained" and e.get("settings") == {"marker": "hello"} for e in events), events
+
+    # a bad value of the toy's own config is refused before any work, as for the built-in methods
+    code = main(["unlearn", "--method", "toy", "--model", str(tiny_pair.target), "--data", "synthetic",
+                 "--output", str(tmp_path / "bad"), "--max_length", "many"])
+    err = capsys.readouterr().err
+    assert code == 2 and "hf-unlearn: error: toy:" in err and not (tmp_path / "bad").exists()
+
+
+def test_unregistered_method_is_refused_with_the_registry_names(tmp_path, capsys):
+    assert main(["unlearn", "--method", "toy", "--model", "m", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"hf-unlearn: error: Unknown method 'toy'; choose from {', '.join(sorted(registry.method_names()))}."
