@@ -693,7 +693,9 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         if args.resume:
             if not is_trainer:
-                raise UserError(f"--resume applies to trainer methods ({', '.join(TRAINER_CLASSES)}), not {method}.")
+                trainer_methods = [m for m in METHODS if m in TRAINER_CLASSES]
+                trainer_methods += [m for m in TRAINER_CLASSES if m not in trainer_methods]
+                raise UserError(f"--resume applies to trainer methods ({', '.join(trainer_methods)}), not {method}.")
             if not _checkpoints(out):
                 raise UserError(f"--resume: no checkpoint-* folder in {out} to resume from.")
             check_output_dir(out, inputs, overwrite=True)

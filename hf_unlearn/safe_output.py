@@ -426,11 +426,13 @@ def atomic_directory(
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder, ``fsync`` and a rename."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder, ``fsync`` and a rename. The file gets
+    the mode ``open`` would give it (``0o666`` less the umask), not ``mkstemp``'s ``0o600``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -230,3 +230,18 @@ def test_the_cli_refuses_an_output_in_use_in_one_line(tiny_pair, tmp_path, capsy
         holder.release()
     assert status == 2 and "\n" not in err and f"in use by pid {holder.pid}" in err and str(out) in err
     assert time.monotonic() - started < 30 and not out.exists()  # refused before loading anything
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_atomically_written_files_follow_the_umask(umask, tmp_path):
+    """Result files (JSON, tables, plots) get the mode ``open`` gives, not ``mkstemp``'s owner-only 0o600."""
+    from hf_unlearn.safe_output import atomic_write_bytes, atomic_write_json
+
+    previous = os.umask(umask)
+    try:
+        atomic_write_bytes(tmp_path / "plot.png", b"png")
+        atomic_write_json(tmp_path / "results.json", {"a": 1})
+    finally:
+        os.umask(previous)
+    for name in ("plot.png", "results.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name

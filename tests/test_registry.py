@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from hf_unlearn import registry
 from hf_unlearn.cli import main
+from hf_unlearn.trainers import GradAscentTrainer
 
 ARXIV_ID = re.compile(r"^\d{4}\.\d{4,5}$")
 
@@ -91,19 +92,21 @@ def test_register_method_refuses_bad_entries():
     assert "toy_bad" not in registry.method_names()
 
 
-def test_importing_the_registry_imports_no_torch():
+def test_the_registry_imports_no_torch_and_the_cli_parser_loads_no_method():
+    """Importing the registry and the hub module imports no torch; building the CLI parser (every command, e.g.
+    ``hf-unlearn eval``) loads no method package: ``--method``'s help reads the registry only when shown."""
     code = textwrap.dedent("""
         import json, sys
         import hf_unlearn.registry, hf_unlearn.hub
+        light = "torch" in sys.modules
         from hf_unlearn.cli import build_parser
         build_parser()
-        print(json.dumps({"torch": "torch" in sys.modules, "trl": "trl" in sys.modules,
+        print(json.dumps({"torch": light, "trl": "trl" in sys.modules,
                           "trainers": "hf_unlearn.trainers" in sys.modules}))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["trl"] is False and seen["trainers"] is False  # the CLI parser does not load the methods
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"torch": False, "trl": False, "trainers": False}
 
 
 # ------------------------------------------------------------------------- a method added by one registration
@@ -175,3 +178,41 @@ def test_unregistered_method_is_refused_with_the_registry_names(tmp_path, capsys
     assert main(["unlearn", "--method", "toy", "--model", "m", "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"hf-unlearn: error: Unknown method 'toy'; choose from {', '.join(sorted(registry.method_names()))}."
+
+
+class ToyAscentTrainer(GradAscentTrainer):
+    """Gradient ascent registered as a method of its own."""
+
+    _method = "toy_ascent"
+    _title = "Toy ascent"
+    _paper = None
+    _cli_help = "gradient ascent under another name"
+
+
+def test_a_registered_toy_trainer_trains_through_the_cli(tiny_pair, tmp_path, capsys):
+    """A trainer subclass registered from its class attributes is a trainer method to the CLI (its config's
+    options, trainer checks, checkpoint rules) and names its method in its model card."""
+    from hf_unlearn.hub import _trainer_method
+
+    try:
+        info = registry.register_class(ToyAscentTrainer, artifact_kind="unlearned_model", trainer=True)
+        assert info.is_trainer and info.config_class.endswith(":GradAscentConfig")
+        from hf_unlearn.cli import TRAINER_CLASSES
+
+        assert TRAINER_CLASSES["toy_ascent"] == "ToyAscentTrainer"
+        out = tmp_path / "ascent"
+        code = main(["unlearn", "--method", "toy_ascent", "--model", str(tiny_pair.target), "--data", "synthetic",
+                     "--output", str(out), "--max_steps", "1", "--learning_rate", "1e-3"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        assert "toy_ascent: unlearned in" in captured.out
+        saved, original = load_file(out / "model.safetensors"), load_file(Path(tiny_pair.target) / "model.safetensors")
+        assert any(not torch.allclose(saved[k].float(), original[k].float()) for k in original)  # it trained
+        assert (out / "tokenizer_config.json").is_file()
+        trainer = ToyAscentTrainer.__new__(ToyAscentTrainer)
+        assert _trainer_method(trainer) == "toy_ascent"
+        code = main(["unlearn", "--method", "toy_ascent", "--model", str(tiny_pair.target), "--data", "synthetic",
+                     "--output", str(tmp_path / "bad"), "--learning_rate", "0"])
+        assert code == 2 and "learning" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    finally:
+        registry.unregister_method("toy_ascent")

@@ -10,7 +10,7 @@ TOFU-tiny (a small Llama trained here on the synthetic authors on first use; CPU
 
     python examples/scripts/t3.py \\
         --model_name_or_path tofu-tiny --dataset_name synthetic \\
-        --rank 8 --layer 1 --temperature 2.0 --tilt_weight 1.0 \\
+        --rank 8 --layer 1 --temperature 1.0 --tilt_weight 1.0 \\
         --output_dir outputs/t3-tofu-tiny
 
 A Hub model fine-tuned on TOFU:
