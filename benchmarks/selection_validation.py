@@ -1,0 +1,425 @@
+"""Validation of the reference-free selection criterion against TOFU's forget quality on TOFU-tiny.
+
+For each method with a cheap strength axis, the same candidates are scored twice:
+
+* by :class:`hf_unlearn.selection.SelectionCriterion` (forget rows vs the never-seen ``holdout10`` rows,
+  retain change on retain rows the method did not see), which needs no retain model;
+* by :func:`hf_unlearn.evaluation.evaluate_tofu` against the retain reference's report (TOFU's forget quality
+  and model utility), exactly as ``hf-unlearn bench`` scores a row.
+
+Candidates (ordered weak -> strong, as the rule expects):
+
+* GROM: :func:`hf_unlearn.grom.path.fit_grom_path` from the TOFU-tiny demo setting (``scales`` x
+  ``retain_weights``), measured with :meth:`~hf_unlearn.grom.path.GROMPath.select`;
+* T3: one :func:`hf_unlearn.t3.fit_t3` head (the demo setting) and :func:`hf_unlearn.t3.calibration.calibrate_t3`
+  over a ``(T, w)`` grid;
+* trainers (NPO, GradDiff; ``NAME@LR`` at another learning rate): the demo setting's run with a :class:`hf_unlearn.selection.SelectionCallback`
+  measuring every ``--selection-steps`` optimizer steps; the weights at each measured step are kept and
+  evaluated with TOFU.
+
+Per method the report gives the Spearman rank correlation (``scipy.stats.spearmanr``) between
+``forget_holdout_pvalue`` and TOFU forget quality over the candidates, the candidate the criterion's rule selects
+next to the best candidate by TOFU forget quality among those keeping model utility >= 90% of the target's, and the
+cost ratios ``fit_grom_path / fit_grom`` and ``calibrate_t3 / fit_t3`` measured in this process (median of three
+calls each, after one warm-up fit). The retain validation rows are split off the retain rows as ``hf-unlearn unlearn --select`` does
+(the last ``max(1, min(100, n // 10))``); the methods unlearn with the rest.
+
+    python benchmarks/selection_validation.py --cache-dir .cache/tests \\
+        --output benchmarks/results/tofu_tiny_selection.json
+    python benchmarks/selection_validation.py --methods grom t3 --output runs/selection.json   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+SOURCE = "synthetic"
+FORGET_SPLIT = "forget10"
+UTILITY_KEEP = 0.9
+GROM_SCALES = (0.25, 0.5, 1.0, 2.0)
+GROM_RETAIN_WEIGHTS = (1.0, 10.0, 100.0)
+T3_TEMPERATURES = (1.0, 1.5, 2.0)
+T3_TILT_WEIGHTS = (0.3, 0.5, 1.0, 2.0)
+CRITERION_KEYS = ("forget_holdout_pvalue", "forget_holdout_ks", "mia_auc", "retain_change", "forget_nll",
+                  "holdout_nll", "seconds")
+
+
+def _clean(obj: Any) -> Any:
+    """A JSON-ready copy of ``obj``: tuples become lists, non-finite numbers ``None``."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _tofu_figures(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: report.get(k) for k in ("forget_quality", "model_utility", "forget_rouge_l", "forget_truth_ratio")}
+
+
+class Context:
+    """The pair, the rows, the references and the evaluator settings every method is scored with."""
+
+    def __init__(self, cache_dir: str | None, max_new_tokens: int) -> None:
+        from hf_unlearn.bench.registry import load_subject_presets
+        from hf_unlearn.bench.runner import reference_rows
+        from hf_unlearn.bench.subjects import load_tiny, tiny_models
+        from hf_unlearn.data import HOLDOUT_FOR_FORGET, RETAIN_FOR_FORGET, load_tofu_rows
+
+        self.pair = tiny_models(source=SOURCE, forget_split=FORGET_SPLIT, cache_dir=cache_dir)
+        self.eval_kwargs = {"max_new_tokens": max_new_tokens}
+        self.presets = load_subject_presets("tofu_tiny")
+        self.forget = load_tofu_rows(FORGET_SPLIT, SOURCE)
+        retain = load_tofu_rows(RETAIN_FOR_FORGET[FORGET_SPLIT], SOURCE)
+        n = max(1, min(100, len(retain) // 10))  # as `hf-unlearn unlearn --select` splits them off
+        self.retain, self.retain_validation = retain[:-n], retain[-n:]
+        self.holdout = load_tofu_rows(HOLDOUT_FOR_FORGET[FORGET_SPLIT], SOURCE)
+        self.target_report, self.retain_report = reference_rows(self.pair, SOURCE, FORGET_SPLIT, self.eval_kwargs)
+        self.target_utility = float(self.target_report["model_utility"])
+        _, self.tokenizer = load_tiny(self.pair.target)
+
+    def target(self) -> Any:
+        from hf_unlearn.bench.subjects import load_tiny
+
+        model, _ = load_tiny(self.pair.target)
+        model.eval()
+        return model
+
+    def criterion(self) -> Any:
+        from hf_unlearn.selection import SelectionCriterion
+
+        criterion = SelectionCriterion(self.forget, self.holdout, self.retain_validation)
+        criterion.measure_original(self.target(), self.tokenizer)
+        return criterion
+
+    def tofu(self, model: Any, scorer: Any = None, generation_kwargs: Any = None) -> dict[str, Any]:
+        from hf_unlearn.evaluation import evaluate_tofu
+
+        report = evaluate_tofu(model, self.tokenizer, source=SOURCE, forget_split=FORGET_SPLIT,
+                               retain_reference=self.retain_report, scorer=scorer,
+                               generation_kwargs=generation_kwargs, progress=False, **self.eval_kwargs)
+        return _tofu_figures(report)
+
+
+TIMING_REPEATS = 3
+
+
+def _timed(fn: Any, repeats: int = TIMING_REPEATS) -> tuple[float, Any]:
+    """Median wall seconds of ``repeats`` calls of ``fn()`` and the last call's result."""
+    seconds, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds), out
+
+
+def summarize(name: str, candidates: list[dict[str, Any]], record: Any, target_utility: float) -> dict[str, Any]:
+    """Spearman correlation, the rule's choice and the best candidate by TOFU forget quality at the bar."""
+    from scipy.stats import spearmanr
+
+    pvalues = [c["criterion"]["forget_holdout_pvalue"] for c in candidates]
+    fq = [c["tofu"]["forget_quality"] for c in candidates]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a constant input gives nan, reported as None
+        rho, p = spearmanr(pvalues, fq)
+    bar = UTILITY_KEEP * target_utility
+    keep = [i for i, c in enumerate(candidates) if (c["tofu"]["model_utility"] or 0) >= bar]
+    best = max(keep, key=lambda i: (candidates[i]["tofu"]["forget_quality"] or 0,
+                                    candidates[i]["tofu"]["model_utility"])) if keep else None
+
+    def brief(i: int | None) -> dict[str, Any] | None:
+        if i is None:
+            return None
+        c = candidates[i]
+        return {"index": i, "settings": c["settings"], "forget_quality": c["tofu"]["forget_quality"],
+                "model_utility": c["tofu"]["model_utility"], "forget_rouge_l": c["tofu"]["forget_rouge_l"],
+                "forget_holdout_pvalue": c["criterion"]["forget_holdout_pvalue"],
+                "retain_change": c["criterion"]["retain_change"]}
+
+    return {
+        "method": name, "num_candidates": len(candidates),
+        "spearman_pvalue_vs_forget_quality": None if math.isnan(rho) else float(rho),
+        "spearman_p": None if math.isnan(p) else float(p),
+        "selected": {**brief(record.index), "reason": record.reason, "warning": record.warning},
+        "best_by_forget_quality_at_bar": brief(best), "utility_bar": bar,
+        "num_candidates_at_bar": len(keep), "candidates": candidates,
+    }
+
+
+def run_grom(ctx: Context) -> dict[str, Any]:
+    from hf_unlearn.grom import GROMConfig, fit_grom
+    from hf_unlearn.grom.path import fit_grom_path
+
+    settings = dict(ctx.presets["grom"]["demo"])
+    config = GROMConfig(**{**settings, "progress": False})
+    model = ctx.target()
+    fit_grom(model, ctx.tokenizer, ctx.forget, ctx.retain, config)  # warm-up
+    fit_seconds, _ = _timed(lambda: fit_grom(model, ctx.tokenizer, ctx.forget, ctx.retain, config))
+    path_seconds, path = _timed(lambda: fit_grom_path(model, ctx.tokenizer, ctx.forget, ctx.retain, config,
+                                                      scales=GROM_SCALES, retain_weights=GROM_RETAIN_WEIGHTS))
+    criterion = ctx.criterion()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        select_seconds, _ = _timed(lambda: path.select(criterion, model, ctx.tokenizer))
+    record = path.record
+    candidates = []
+    for i, edit in enumerate(path.edits):
+        edited = copy.deepcopy(model)
+        edit.apply_(edited)
+        edited.eval()
+        candidates.append({"settings": {**path.points[i], "edit_norm": path.norms[i]},
+                           "criterion": {k: record.measurements[i].get(k) for k in CRITERION_KEYS},
+                           "tofu": ctx.tofu(edited)})
+    out = summarize("grom", candidates, record, ctx.target_utility)
+    out["base_settings"] = settings
+    out["timing"] = {"fit_grom_seconds": fit_seconds, "fit_grom_path_seconds": path_seconds,
+                     "path_points": len(path), "path_vs_fit": path_seconds / fit_seconds,
+                     "select_seconds": select_seconds,
+                     "path_and_select_vs_fit": (path_seconds + select_seconds) / fit_seconds}
+    return out
+
+
+def run_t3(ctx: Context) -> dict[str, Any]:
+    from transformers import LogitsProcessorList
+
+    from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
+    from hf_unlearn.t3.calibration import DEFAULT_TEMPERATURES, DEFAULT_TILT_WEIGHTS, calibrate_t3
+
+    settings = dict(ctx.presets["t3"]["demo"])
+    model = ctx.target()
+
+    def fit() -> Any:
+        return fit_t3(model, ctx.tokenizer, ctx.forget, ctx.retain, T3ClassifierConfig(**settings), progress=False)
+
+    fit()  # warm-up
+    fit_seconds, clf = _timed(fit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        criterion = ctx.criterion()
+        default_seconds, _ = _timed(lambda: calibrate_t3(model, ctx.tokenizer, clf, criterion))
+        grid_seconds, record = _timed(lambda: calibrate_t3(model, ctx.tokenizer, clf, criterion,
+                                                           temperatures=T3_TEMPERATURES,
+                                                           tilt_weights=T3_TILT_WEIGHTS))
+    candidates = []
+    for point, measurement in zip(record.candidates, record.measurements):
+        t, w = point["temperature"], point["tilt_weight"]
+        processor = T3LogitsProcessor(model, clf, temperature=t, tilt_weight=w)
+        tofu = ctx.tofu(model, scorer=t3_scorer(model, clf, t, w),
+                        generation_kwargs={"logits_processor": LogitsProcessorList([processor])})
+        candidates.append({"settings": dict(point), "criterion": {k: measurement.get(k) for k in CRITERION_KEYS},
+                           "tofu": tofu})
+    out = summarize("t3", candidates, record, ctx.target_utility)
+    out["base_settings"] = settings
+    n_default = len(DEFAULT_TEMPERATURES) * len(DEFAULT_TILT_WEIGHTS)
+    out["timing"] = {"fit_t3_seconds": fit_seconds, "calibrate_default_grid_seconds": default_seconds,
+                     "default_grid_points": n_default, "calibrate_default_vs_fit": default_seconds / fit_seconds,
+                     "calibrate_grid_seconds": grid_seconds, "grid_points": len(record.candidates),
+                     "calibrate_grid_vs_fit": grid_seconds / fit_seconds}
+    return out
+
+
+def run_trainer(ctx: Context, method: str, selection_steps: int, learning_rate: float | None) -> dict[str, Any]:
+    from transformers import TrainerCallback
+
+    from hf_unlearn.bench.registry import run_method
+    from hf_unlearn.selection import SelectionCallback
+
+    settings = dict(ctx.presets[method]["demo"])
+    if learning_rate is not None:
+        settings["learning_rate"] = learning_rate
+    snapshots: dict[int, dict[str, Any]] = {}
+
+    class Snapshots(TrainerCallback):
+        """The weights at every step the selection callback measures (the same candidates, for TOFU)."""
+
+        def _keep(self, state: Any, model: Any) -> None:
+            snapshots[int(state.global_step)] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self._keep(state, model)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % selection_steps == 0:
+                self._keep(state, model)
+
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            if int(state.global_step) not in snapshots:  # before the selection callback restores the choice
+                self._keep(state, model)
+
+    criterion = ctx.criterion()
+    selection = SelectionCallback(criterion, selection_steps=selection_steps, keep="memory")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=f"selection_{method}_") as work, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        result = run_method(method, ctx.target(), ctx.tokenizer, ctx.forget, ctx.retain, work, settings,
+                            callbacks=[Snapshots(), selection], quiet=True)
+    record = selection.record
+    candidates = []
+    for step, measurement in zip(selection.steps, selection.measurements):
+        model = ctx.target()
+        model.load_state_dict(snapshots[step])
+        model.eval()
+        candidates.append({"settings": {"step": step}, "criterion": {k: measurement.get(k) for k in CRITERION_KEYS},
+                           "tofu": ctx.tofu(model)})
+    out = summarize(method, candidates, record, ctx.target_utility)
+    out["base_settings"] = settings
+    out["timing"] = {"run_seconds_with_selection": result.seconds, "selection_steps": selection_steps,
+                     "criterion_seconds": sum(m.get("seconds") or 0 for m in selection.measurements)}
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The report as markdown: one summary table, then each method's candidates."""
+
+    def f(value: Any, fmt: str = ".3g") -> str:
+        return "n/a" if value is None else format(value, fmt)
+
+    lines = ["# TOFU-tiny: reference-free selection criterion vs TOFU forget quality", "",
+             f"Target: forget quality {f(results['target']['tofu']['forget_quality'])}, model utility "
+             f"{f(results['target']['tofu']['model_utility'], '.3f')} (bar: {f(results['utility_bar'], '.3f')}); "
+             f"retain reference: utility {f(results['retain_reference']['tofu']['model_utility'], '.3f')}, "
+             f"criterion KS p {f(results['retain_reference']['criterion']['forget_holdout_pvalue'])}.", "",
+             "| method | candidates | Spearman (KS p vs FQ) | selected | selected FQ / utility | best at bar "
+             "| best FQ / utility | rule fell back |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in results["methods"].values():
+        sel, best = m["selected"], m["best_by_forget_quality_at_bar"]
+        lines.append(
+            f"| {m['method']} | {m['num_candidates']} | {f(m['spearman_pvalue_vs_forget_quality'], '.2f')} "
+            f"(p {f(m['spearman_p'], '.2g')}) | {sel['index']}: {_settings(sel['settings'])} | "
+            f"{f(sel['forget_quality'])} / {f(sel['model_utility'], '.3f')} | "
+            + (f"{best['index']}: {_settings(best['settings'])} | {f(best['forget_quality'])} / "
+               f"{f(best['model_utility'], '.3f')}" if best else "none | n/a")
+            + f" | {'yes' if sel['warning'] else 'no'} |")
+    timing = results["timing"]
+    lines += ["", "Cost ratios (same process, each after one warm-up call, median of "
+              f"{results['grids']['timing_repeats']} calls): "
+              + "; ".join(f"{k} {v:.2f}" for k, v in timing.items()), ""]
+    for m in results["methods"].values():
+        lines += [f"## {m['method']}", "", f"Base settings: `{json.dumps(m['base_settings'], sort_keys=True)}`", "",
+                  f"Rule: {m['selected']['reason']}", "",
+                  "| # | settings | KS p (forget vs holdout) | MIA AUC | retain change | TOFU forget quality "
+                  "| model utility | forget ROUGE-L |", "|---|---|---|---|---|---|---|---|"]
+        for i, c in enumerate(m["candidates"]):
+            mark = []
+            if i == m["selected"]["index"]:
+                mark.append("selected")
+            if m["best_by_forget_quality_at_bar"] and i == m["best_by_forget_quality_at_bar"]["index"]:
+                mark.append("best at bar")
+            cr, t = c["criterion"], c["tofu"]
+            lines.append(f"| {i}{' (' + ', '.join(mark) + ')' if mark else ''} | {_settings(c['settings'])} | "
+                         f"{f(cr['forget_holdout_pvalue'])} | {f(cr['mia_auc'], '.3f')} | "
+                         f"{f(cr['retain_change'], '+.3f')} | {f(t['forget_quality'])} | "
+                         f"{f(t['model_utility'], '.3f')} | {f(t['forget_rouge_l'], '.3f')} |")
+        lines.append("")
+    lines += ["## Reproduce", "", f"`{results['command']}`", "", "Environment: `"
+              + json.dumps(results["environment"], sort_keys=True) + "`", ""]
+    return "\n".join(lines)
+
+
+def _settings(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in settings.items())
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import sys
+
+    import torch
+
+    from hf_unlearn.bench.report import environment_info
+    from hf_unlearn.safe_output import atomic_write_json, atomic_write_text
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache-dir", default=None, help="TOFU-tiny model cache (default: the package's)")
+    parser.add_argument("--output", default="benchmarks/results/tofu_tiny_selection.json",
+                        help="JSON file; the markdown goes beside it (.md)")
+    parser.add_argument("--methods", nargs="+", default=["grom", "t3", "npo", "npo@3e-4", "grad_diff"],
+                        help="grom, t3, npo, grad_diff; a trainer as NAME@LR runs at that learning rate")
+    parser.add_argument("--selection-steps", type=int, default=3, help="trainers: measure every N optimizer steps")
+    parser.add_argument("--trainer-lr", type=float, default=None, help="trainers: learning rate (default: demo's)")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    def parse_method(spec: str) -> tuple[str, float | None]:
+        name, _, lr = spec.partition("@")
+        if name not in ("grom", "t3", "npo", "grad_diff") or (lr and name in ("grom", "t3")):
+            parser.error(f"unknown method {spec!r}; choose from grom, t3, npo, grad_diff (trainers: NAME@LR)")
+        try:
+            return name, float(lr) if lr else None
+        except ValueError:
+            parser.error(f"bad learning rate in {spec!r}")
+            raise
+
+    specs = [(spec, *parse_method(spec)) for spec in args.methods]
+    out = Path(args.output)
+    if out.suffix != ".json":
+        parser.error("--output must end in .json")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    ctx = Context(args.cache_dir, args.max_new_tokens)
+    anchors = {}
+    for name, path in (("target", ctx.pair.target), ("retain_reference", ctx.pair.retain)):
+        from hf_unlearn.bench.subjects import load_tiny
+
+        model, _ = load_tiny(path)
+        model.eval()
+        report = ctx.target_report if name == "target" else ctx.retain_report
+        anchors[name] = {"tofu": _tofu_figures(report),
+                         "criterion": {k: ctx.criterion().measure(model, ctx.tokenizer).get(k) for k in CRITERION_KEYS}}
+    methods: dict[str, Any] = {}
+    for spec, method, lr in specs:
+        print(f"[selection validation] {spec} ...", flush=True)
+        if method == "grom":
+            methods[spec] = run_grom(ctx)
+        elif method == "t3":
+            methods[spec] = run_t3(ctx)
+        else:
+            methods[spec] = run_trainer(ctx, method, args.selection_steps, lr if lr is not None else args.trainer_lr)
+            methods[spec]["method"] = spec
+    timing = {}
+    if "grom" in methods:
+        timing["fit_grom_path / fit_grom"] = methods["grom"]["timing"]["path_vs_fit"]
+        timing["(fit_grom_path + select) / fit_grom"] = methods["grom"]["timing"]["path_and_select_vs_fit"]
+    if "t3" in methods:
+        timing["calibrate_t3 (default 9-point grid) / fit_t3"] = methods["t3"]["timing"]["calibrate_default_vs_fit"]
+        timing[f"calibrate_t3 ({methods['t3']['timing']['grid_points']}-point grid) / fit_t3"] = (
+            methods["t3"]["timing"]["calibrate_grid_vs_fit"])
+    results = {
+        "benchmark": "TOFU-tiny (synthetic, test size)", "source": SOURCE, "forget_split": FORGET_SPLIT,
+        "target_model": str(ctx.pair.target), "retain_reference_model": str(ctx.pair.retain),
+        "num_rows": {"forget": len(ctx.forget), "retain_used": len(ctx.retain),
+                     "retain_validation": len(ctx.retain_validation), "holdout": len(ctx.holdout)},
+        "eval_kwargs": ctx.eval_kwargs, "utility_bar": UTILITY_KEEP * ctx.target_utility,
+        "rule": ctx.criterion().rule(), **anchors, "methods": methods, "timing": timing,
+        "grids": {"grom_scales": GROM_SCALES, "grom_retain_weights": GROM_RETAIN_WEIGHTS,
+                  "t3_temperatures": T3_TEMPERATURES, "t3_tilt_weights": T3_TILT_WEIGHTS,
+                  "trainer_selection_steps": args.selection_steps, "timing_repeats": TIMING_REPEATS},
+        "command": "python benchmarks/selection_validation.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "wall_seconds": time.perf_counter() - start, "environment": environment_info(),
+    }
+    results = _clean(results)
+    atomic_write_json(out, results)
+    atomic_write_text(out.with_suffix(".md"), markdown(results))
+    print(markdown(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
