@@ -104,18 +104,6 @@ def _check_model(model: Any) -> None:
         raise ValueError(f"The attacks need a transformers PreTrainedModel or a PeftModel, got {type(model).__name__}.")
 
 
-def _skip_base_check(function: Any) -> dict[str, bool]:
-    """The keyword that lets a T3 head run on an attacked (quantized or fine-tuned) copy of its base: that copy's
-    weights differ from the ones the head was fitted on by construction."""
-    import inspect
-
-    parameters = inspect.signature(function).parameters
-    for name in ("check_base_weights", "check_base_name"):
-        if name in parameters:
-            return {name: False}
-    return {}
-
-
 @contextlib.contextmanager
 def _scoring(model: Any, head: Any, attacked: bool) -> Iterator[tuple[Any, dict[str, Any] | None]]:
     """``(scorer, generation_kwargs)`` of ``model``: plain, or T3's (``head`` kept) for this very model. The head's
@@ -125,11 +113,12 @@ def _scoring(model: Any, head: Any, attacked: bool) -> Iterator[tuple[Any, dict[
         return
     from transformers import LogitsProcessorList
 
-    from ..t3 import T3LogitsProcessor, t3_log_probs, t3_scorer
+    from ..t3 import T3LogitsProcessor, t3_scorer
 
-    skip = _skip_base_check(T3LogitsProcessor.__init__) if attacked else {}
-    with T3LogitsProcessor(model, head, **skip) as processor:
-        scorer = t3_scorer(model, head, **(_skip_base_check(t3_log_probs) if attacked else {}))
+    # an attacked (quantized or fine-tuned) copy differs from the weights the head was fitted on by construction
+    check = not attacked
+    with T3LogitsProcessor(model, head, check_base_weights=check) as processor:
+        scorer = t3_scorer(model, head, check_base_weights=check)
         yield scorer, {"logits_processor": LogitsProcessorList([processor])}
 
 
