@@ -304,12 +304,14 @@ class GROMEdit:
     ) -> Any:
         """Upload the saved edit (the :meth:`save_pretrained` folder, a model card rendered by
         :func:`hf_unlearn.hub.build_model_card` when the base is known, and ``report`` as
-        ``unlearning_report.json`` when given) to ``repo_id`` in one commit; returns the ``CommitInfo``.
+        ``unlearning_report.json`` when given) to ``repo_id`` in one commit with
+        :func:`hf_unlearn.hub.push.push_folder`; returns the ``CommitInfo``.
 
         The repo id is validated and the folder fully written before anything is sent.
         """
-        from huggingface_hub import HfApi
         from huggingface_hub.utils import validate_repo_id
+
+        from ..hub.push import push_folder
 
         validate_repo_id(repo_id)
         with tempfile.TemporaryDirectory(prefix="hf-unlearn-grom-push-") as tmp:
@@ -319,19 +321,17 @@ class GROMEdit:
                 from ..safe_output import atomic_write_json
 
                 atomic_write_json(folder / "unlearning_report.json", _jsonable(report))
+            card = None
             if create_card and self.base_model_name_or_path:
-                from ..hub import build_model_card
+                from ..hub.cards import build_model_card
                 from ..selection import selection_record_of
 
                 card = build_model_card(
                     "grom_adapter", self.base_model_name_or_path, "grom", self.config.saved_dict(), report,
                     repo_id=repo_id, library_name="peft", selection=selection_record_of(self),
                 )
-                card.save(str(folder / "README.md"))
-            api = HfApi(endpoint=endpoint, token=token, library_name="hf-unlearn")
-            url = api.create_repo(repo_id, private=private, exist_ok=True)
-            return api.upload_folder(
-                repo_id=url.repo_id, folder_path=str(folder), revision=revision,
+            return push_folder(
+                folder, repo_id, card=card, token=token, endpoint=endpoint, private=private, revision=revision,
                 commit_message=commit_message or f"Upload GROM adapter ({', '.join(self.deltas)})",
             )
 

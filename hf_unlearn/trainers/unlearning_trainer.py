@@ -1169,6 +1169,40 @@ class UnlearningTrainer(SFTTrainer):
         card = trainer_model_card(self, model_name, dataset_name, tags, report=report, forget_split=forget_split)
         atomic_write_text(Path(self.args.output_dir) / "README.md", str(card))
 
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, private: bool | None = None,
+                    **kwargs: Any) -> Any:
+        """Save the model, write its card (``kwargs``, e.g. ``report=``, go to :meth:`create_model_card`) and upload
+        ``args.output_dir`` (without ``checkpoint-*`` and ``_*`` entries) to ``args.hub_model_id`` in one commit
+        with :func:`hf_unlearn.hub.push.push_folder`. The steps and arguments are transformers'
+        ``Trainer.push_to_hub``'s; returns the ``CommitInfo`` (a future of it when not ``blocking``)."""
+        from ..hub.push import push_folder
+
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        model_name = kwargs.pop("model_name", None)
+        if model_name is None and self.args.should_save:
+            hub_id = self.args.hub_model_id
+            model_name = Path(self.args.output_dir).name if hub_id is None else hub_id.split("/")[-1]
+        token = token if token is not None else self.args.hub_token
+        if self.hub_model_id is None:
+            self.init_hf_repo(token=token, private=private)
+        self.save_model(_internal_call=True)  # every process (TPU); only args.should_save writes
+        if not self.is_world_process_zero():
+            return None
+        model_tags = getattr(self.model, "model_tags", None)
+        if model_tags is not None:
+            tags = kwargs.get("tags") or []
+            tags = [tags] if isinstance(tags, str) else list(tags)
+            kwargs["tags"] = tags + [t for t in model_tags if t not in tags]
+        self.create_model_card(model_name=model_name, **kwargs)
+        self._finish_current_push()
+        return push_folder(
+            self.args.output_dir, self.hub_model_id, token=token, private=private,
+            revision=revision if revision is not None else self.args.hub_revision,
+            commit_message=commit_message or "End of training",
+            ignore_patterns=("_*", f"{PREFIX_CHECKPOINT_DIR}-*"), run_as_future=not blocking,
+        )
+
     # ----- end of a run ------------------------------------------------------------------------------------------
 
     def end_training(self) -> None:

@@ -1,0 +1,265 @@
+"""Model cards of unlearned artifacts.
+
+:func:`build_model_card` renders a ``hub_cards/<kind>.md`` template with ``huggingface_hub.ModelCard.from_template``:
+YAML metadata (``base_model``, ``library_name``, ``tags`` [``unlearning``, the method], ``datasets``,
+``model-index`` with forget quality, model utility, forget ROUGE-L and forget truth ratio from the evaluator's
+report, as ``EvalResult`` s) and a body saying which forget split was removed, the method, its title, paper and
+settings, the quantization check and how to load it. The title and paper are arguments (by default read from
+:mod:`hf_unlearn.registry`); this module imports no method module. :func:`trainer_model_card` is the card of the
+unlearning trainers' ``create_model_card`` (so ``trainer.push_to_hub(report=...)`` publishes the evaluator's
+numbers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import hub_cards_dir
+from ..registry import MethodView, method_for_artifact
+from .kinds import ArtifactKind, _kind, _model_base, _model_library
+from .push import _HUB_ID
+from .reports import (
+    _load_report,
+    _metric_results,
+    _quantization_rows,
+    _report_value,
+    check_report_matches,
+)
+
+__all__ = ["METHOD_PAPERS", "METHOD_TITLES", "REQUIRED_TEMPLATE_FIELDS", "build_model_card", "trainer_model_card"]
+
+#: Variables every card template must use (checked before rendering).
+REQUIRED_TEMPLATE_FIELDS = ("card_data", "method", "forget_split", "repo_id", "base_model")
+
+#: ``{method: title}`` of every registered method (read from :mod:`hf_unlearn.registry` on access).
+METHOD_TITLES: Mapping[str, str] = MethodView(lambda info: info.title)
+
+#: The paper of each registered method (``{"title", "id"}``, arXiv id), cited by every card; methods without a
+#: paper to cite (GROM) are left out. Read from :mod:`hf_unlearn.registry` on access.
+METHOD_PAPERS: Mapping[str, dict[str, str]] = MethodView(
+    lambda info: dict(info.paper) if info.paper is not None else None, skip_none=True)
+
+
+def _template_path(kind: ArtifactKind, template_path: str | os.PathLike | None) -> Path:
+    path = Path(template_path) if template_path is not None else Path(hub_cards_dir()) / kind.template
+    if not path.is_file():
+        raise ValueError(f"Model-card template {path} is missing (kind {kind.name!r}).")
+    return path
+
+
+def _check_template(path: Path, variables: Mapping[str, Any]) -> None:
+    """Every required field is used and every used field is provided (StrictUndefined render)."""
+    import jinja2
+    import jinja2.meta
+
+    text = path.read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    try:
+        used = jinja2.meta.find_undeclared_variables(env.parse(text))
+    except jinja2.TemplateSyntaxError as err:
+        raise ValueError(f"Model-card template {path} has a syntax error: {err}") from err
+    absent = [name for name in REQUIRED_TEMPLATE_FIELDS if name not in used]
+    if absent:
+        raise ValueError(f"Model-card template {path} is missing the required field(s) {absent}.")
+    unknown = sorted(name for name in used if name not in variables)
+    if unknown:
+        raise ValueError(f"Model-card template {path} uses {unknown}, which build_model_card does not provide.")
+    try:
+        env.from_string(text).render(**variables)
+    except jinja2.UndefinedError as err:
+        raise ValueError(f"Model-card template {path} uses a missing field: {err.message}.") from err
+
+
+def _hub_id(name: str | None) -> str | None:
+    """``name`` when it can be a Hub repo id (not a local path), else ``None``."""
+    if not name or os.path.exists(name) or not _HUB_ID.match(name):
+        return None
+    return name
+
+
+def build_model_card(
+    kind: str,
+    base_model: str,
+    method: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    report: Mapping[str, Any] | str | os.PathLike | None = None,
+    *,
+    forget_split: str | None = None,
+    dataset: str | None = None,
+    quantization: Mapping[str, Any] | None = None,
+    repo_id: str | None = None,
+    library_name: str | None = None,
+    license: str | None = None,
+    template_path: str | os.PathLike | None = None,
+    base_model_aliases: tuple[str, ...] = (),
+    extra_tags: tuple[str, ...] = (),
+    selection: Mapping[str, Any] | None = None,
+    title: str | None = None,
+    paper: Mapping[str, str] | None = None,
+):
+    """Render the model card of an unlearned artifact.
+
+    Args:
+        kind: a key of :data:`ARTIFACT_KINDS` (``grom_adapter``, ``t3_classifier``, ``unlearned_model``).
+        base_model: the model that was unlearned (Hub id or local path; only a Hub id goes to the metadata).
+        method: unlearning method (fixed for ``grom_adapter``/``t3_classifier``, required otherwise).
+        settings: the method's hyperparameters (shown in the card body).
+        report: the evaluator's report (dict or JSON path); its ``forget_quality``, ``model_utility``,
+            ``forget_rouge_l`` and ``forget_truth_ratio`` go to ``model-index``; its ``quantization``
+            entry is used when ``quantization`` is not given.
+        forget_split: the TOFU split that was forgotten (taken from the report when omitted).
+        dataset: dataset the split comes from (Hub id, local folder or ``"synthetic"``; default:
+            the report's ``source``, else ``locuslab/TOFU``).
+        quantization: result of the 4-bit re-check (metric name -> value, plus e.g. ``method``).
+        repo_id: where the card will live (used in the loading snippet and as model name).
+        base_model_aliases: other names of the base model the report may use (e.g. the local
+            folder of a base published as ``base_model``).
+        extra_tags: further metadata tags (after ``unlearning``, the method, ``tofu`` and the kind).
+        selection: a strength-selection record (:class:`hf_unlearn.selection.SelectionRecord` as a dict), shown
+            as a section of the card body with every candidate's measurements and the decision.
+        title: the method's display name (default: its registered title, else the method name).
+        paper: the method's paper, ``{"title", "id"}`` with an arXiv id (default: its registered paper, if any).
+
+    Returns:
+        a ``huggingface_hub.ModelCard``.
+    """
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    spec = _kind(kind)
+    report = _load_report(report)
+    if method is None:
+        method = spec.method
+    if not method:
+        raise ValueError(f"Artifact kind {kind!r} needs a method name (e.g. {sorted(METHOD_TITLES)}).")
+    if spec.method is not None and method != spec.method:
+        raise ValueError(f"A {kind} artifact is made by method {spec.method!r}, not {method!r}.")
+    if not base_model:
+        raise ValueError("build_model_card needs the base model the artifact was made from.")
+    if forget_split is None and report is not None:
+        forget_split = _report_value(report, "forget_split")
+    if dataset is None:
+        dataset = (_report_value(report, "source") if report is not None else None) or "locuslab/TOFU"
+    if not forget_split:
+        raise ValueError("build_model_card needs the forget split (pass forget_split= or a report that has one).")
+    if report is not None:
+        check_report_matches(report, base_model, forget_split, aliases=base_model_aliases)
+    if settings is not None and not isinstance(settings, Mapping):
+        raise ValueError(f"settings must be a dict, got {type(settings).__name__}.")
+    if quantization is None and report is not None and isinstance(report.get("quantization"), Mapping):
+        quantization = report["quantization"]
+
+    repo_id = repo_id or f"{Path(str(base_model)).name}-{method}-{forget_split}"
+    model_name = repo_id.split("/")[-1]
+    library = library_name or spec.library_for(None)
+    hub_dataset = _hub_id(dataset) if dataset not in ("synthetic",) and "/" in str(dataset) else None
+    results = _metric_results(report) if report is not None else []
+    eval_results = [
+        EvalResult(
+            task_type="text-generation", task_name="Machine unlearning",
+            dataset_type=hub_dataset or "tofu", dataset_name=f"TOFU ({forget_split})",
+            dataset_config=forget_split, dataset_split="train",
+            metric_type=metric_type, metric_name=pretty, metric_value=value,
+        )
+        for _, metric_type, pretty, value in results
+        if value is not None
+    ]
+    card_data = ModelCardData(
+        base_model=_hub_id(str(base_model)),
+        library_name=library,
+        license=license,
+        tags=list(dict.fromkeys(["unlearning", method, "tofu", kind.replace("_", "-"), *extra_tags])),
+        datasets=[hub_dataset] if hub_dataset else None,
+        model_name=model_name if eval_results else None,
+        eval_results=eval_results or None,
+    )
+    variables = dict(
+        card_data.to_dict(),
+        card_data=card_data.to_yaml(),
+        kind=kind,
+        repo_id=repo_id,
+        model_name=model_name,
+        base_model=str(base_model),
+        method=method,
+        method_title=title if title is not None else METHOD_TITLES.get(method, method),
+        paper=dict(paper) if paper is not None else METHOD_PAPERS.get(method),
+        forget_split=forget_split,
+        dataset=str(dataset),
+        settings=dict(settings or {}),
+        results=[{"key": k, "type": t, "name": n, "value": v} for k, t, n, v in results],
+        quantization=_quantization_rows(quantization) if quantization else None,
+        library_name=library,
+        is_peft=library == "peft",
+    )
+    path = _template_path(spec, template_path)
+    _check_template(path, variables)
+    render_kwargs = {k: v for k, v in variables.items() if k != "card_data"}
+    card = ModelCard.from_template(card_data, template_path=str(path), **render_kwargs)
+    if card.data.to_dict().get("tags") != card_data.tags:
+        raise ValueError(f"Model-card template {path} does not write the card metadata block ({{{{ card_data }}}}).")
+    if selection is not None:
+        from ..selection import SelectionRecord
+
+        card.text = card.text.rstrip("\n") + "\n\n" + SelectionRecord.from_dict(selection).markdown()
+    return card
+
+
+# ---------------------------------------------------------------------- trainer cards
+def _trainer_method(trainer: Any) -> str:
+    """The method key of an unlearning trainer: its class's ``_method`` (most derived first, see
+    :func:`hf_unlearn.registry.method_for_artifact`), else its config's objective."""
+    method = method_for_artifact(trainer)
+    if method is not None:
+        return method
+    forget_loss = getattr(trainer.args, "forget_loss", None)
+    if forget_loss == "grad_ascent":
+        return "grad_ascent" if getattr(trainer.args, "retain_loss", "none") == "none" else "grad_diff"
+    return str(forget_loss or "unlearning")
+
+
+def _trainer_settings(args: Any) -> dict[str, Any]:
+    """The method's hyperparameters (the config's own fields, beyond TRL's ``SFTConfig``) and the budget."""
+    import dataclasses
+
+    from trl import SFTConfig
+
+    base = {f.name for f in dataclasses.fields(SFTConfig)}
+    budget = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+              "gradient_accumulation_steps", "seed")
+    own = [f.name for f in dataclasses.fields(args) if f.name not in base and f.repr]
+    settings = {name: getattr(args, name) for name in (*own, *budget)}
+    return {k: v for k, v in settings.items() if v is None or isinstance(v, (str, int, float, bool))}
+
+
+def trainer_model_card(
+    trainer: Any,
+    model_name: str | None = None,
+    dataset_name: str | None = None,
+    tags: str | list[str] | None = None,
+    report: Mapping[str, Any] | str | os.PathLike | None = None,
+    forget_split: str | None = None,
+):
+    """The model card of an unlearning trainer's model (what its ``create_model_card`` writes).
+
+    The method (from the trainer's class) with its paper, the config's method settings and training budget,
+    and, given the evaluator's ``report`` (dict or JSON path), its numbers in ``model-index``; the report
+    must be for this trainer's base model (or its output folder). ``forget_split`` defaults to the report's,
+    else ``dataset_name``. Tags: the trainer's TRL tags plus ``tags``.
+    """
+    report = _load_report(report)
+    model = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else trainer.model
+    base_model = _model_base(model) or "unknown base model"
+    if forget_split is None and report is not None:
+        forget_split = _report_value(report, "forget_split")
+    forget_split = forget_split or dataset_name or "custom forget set"
+    repo_id = trainer.hub_model_id if getattr(trainer, "hub_model_id", None) else None
+    repo_id = repo_id or model_name or Path(trainer.args.output_dir).name
+    extra = [tags] if isinstance(tags, str) else list(tags or [])
+    return build_model_card(
+        "unlearned_model", base_model, _trainer_method(trainer), _trainer_settings(trainer.args), report,
+        forget_split=forget_split, dataset=dataset_name, repo_id=repo_id, library_name=_model_library(model),
+        base_model_aliases=(str(trainer.args.output_dir),), extra_tags=tuple([*trainer._tag_names, *extra]),
+    )
+

@@ -1,0 +1,136 @@
+"""Publishing an unlearned artifact: :func:`push_unlearned` saves it (weights + config + card + report) to a
+temporary folder and uploads it with :func:`hf_unlearn.hub.push.push_folder` in ONE commit; it refuses, before
+anything is uploaded, a missing token, a report computed for another base model or forget split, and an artifact
+that writes pickle files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .cards import build_model_card
+from .kinds import _kind, _read_json, detect_artifact_kind
+from .push import _check_repo_id, _resolve_token, push_folder
+from .reports import _load_report, _report_value, check_report_matches
+
+__all__ = ["push_unlearned"]
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def _save_artifact(artifact: Any, folder: Path) -> None:
+    if isinstance(artifact, (str, os.PathLike)):
+        src = Path(artifact)
+        for path in src.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.name != "README.md":
+                (folder / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, folder / path.relative_to(src))
+    else:
+        artifact.save_pretrained(str(folder))
+    pickled = [p.name for p in folder.rglob("*") if p.suffix in _PICKLE_SUFFIXES]
+    if pickled:
+        raise ValueError(f"Refusing to push pickle files {pickled}: hf-unlearn publishes safetensors only.")
+    if not any(p.suffix == ".safetensors" for p in folder.rglob("*")):
+        raise ValueError(f"The artifact wrote no .safetensors weights to {folder}; nothing to push.")
+
+
+def push_unlearned(
+    artifact: Any,
+    repo_id: str,
+    report: Mapping[str, Any] | str | os.PathLike | None = None,
+    token: str | None = None,
+    private: bool | None = None,
+    *,
+    kind: str | None = None,
+    method: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    forget_split: str | None = None,
+    dataset: str | None = None,
+    base_model: str | None = None,
+    quantization: Mapping[str, Any] | None = None,
+    tokenizer: Any = None,
+    license: str | None = None,
+    commit_message: str | None = None,
+    endpoint: str | None = None,
+    selection: Mapping[str, Any] | None = None,
+):
+    """Push an unlearned artifact with its model card (and report) to the Hub in one commit.
+
+    ``artifact`` is a ``GROMEdit``, a ``T3Classifier`` head, a model or PEFT adapter from a trainer, or
+    a folder where one was saved. Its kind is detected (or pass ``kind=``). Refused before anything
+    is uploaded: no token, a report for another base model or forget split, a report lacking the
+    card metrics, a card template missing a field, an artifact saving pickle files.
+
+    ``base_model`` overrides the base recorded in the artifact (e.g. the Hub id of a local base);
+    the report must name one of the two. ``selection`` (default: the record the artifact carries, see
+    :func:`hf_unlearn.selection.selection_record_of`) is shown in the card and uploaded as
+    ``selection_record.json``. Returns the ``huggingface_hub.CommitInfo``.
+    """
+    _check_repo_id(repo_id)
+    token = _resolve_token(token)
+    kind = kind or detect_artifact_kind(artifact)
+    spec = _kind(kind)
+    report = _load_report(report)
+    is_folder = isinstance(artifact, (str, os.PathLike))
+    if is_folder:
+        recorded = _folder_base(Path(artifact))
+    else:
+        recorded = spec.base_model(artifact)
+    card_base = base_model or recorded
+    if not card_base:
+        raise ValueError(f"Cannot tell which base model this {kind} was made from; pass base_model=.")
+    if forget_split is None and report is not None:
+        forget_split = _report_value(report, "forget_split")
+    aliases = tuple(str(m) for m in (recorded, *_own_names(artifact)) if m)
+    if report is not None:
+        check_report_matches(report, card_base, forget_split, aliases=aliases)
+    if settings is None:
+        settings = {} if is_folder else dict(spec.settings(artifact))
+    if selection is None:
+        from ..selection import selection_record_of
+
+        selection = selection_record_of(artifact)
+    library = "peft" if is_folder and (Path(artifact) / "adapter_config.json").is_file() else None
+    library = library or spec.library_for(None if is_folder else artifact)
+    card = build_model_card(
+        kind, card_base, method, settings, report, forget_split=forget_split, dataset=dataset,
+        quantization=quantization, repo_id=repo_id, library_name=library, license=license,
+        base_model_aliases=aliases, selection=selection,
+    )
+    with tempfile.TemporaryDirectory(prefix="hf-unlearn-push-") as tmp:
+        folder = Path(tmp)
+        _save_artifact(artifact, folder)
+        if selection is not None:
+            (folder / "selection_record.json").write_text(json.dumps(selection, indent=2, default=str))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(folder))
+        if report is not None:
+            (folder / "unlearning_report.json").write_text(json.dumps(report, indent=2, default=str))
+        message = commit_message or f"Upload {kind} ({card.data.tags[1]}, forgot {forget_split})"
+        return push_folder(
+            folder, repo_id, card=card, token=token, endpoint=endpoint, private=private, commit_message=message
+        )
+
+
+def _own_names(artifact: Any) -> tuple[str, ...]:
+    """Names the artifact itself goes by (the folder it was saved to / loaded from)."""
+    if isinstance(artifact, (str, os.PathLike)):
+        return (str(artifact),)
+    names = [getattr(artifact, "name_or_path", None), getattr(getattr(artifact, "config", None), "_name_or_path", None)]
+    return tuple(str(n) for n in names if n)
+
+
+def _folder_base(folder: Path) -> str | None:
+    for name, keys in (("adapter_config.json", ("base_model_name_or_path",)),
+                       ("config.json", ("base_model_name_or_path", "base_model", "_name_or_path"))):
+        data = _read_json(folder / name)
+        for key in keys:
+            if data.get(key):
+                return str(data[key])
+    return None
+
