@@ -493,10 +493,8 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
             trainer_cls._resolve_args(config, model)  # noqa: SLF001 (the trainer's own checks, without building it)
             uses_retain = trainer_cls.needs_retain(config)
             may_overlap = bool(getattr(config, "allow_overlap", False))
-        elif method == "t3":
-            _model_checks(config, model, fallback=config.for_base)
-        elif method == "grom":
-            _check_grom_targets(config, model)
+        elif method in ("t3", "grom"):  # the config's own checks against the loaded model, without running it
+            config.check_for(model)
     except (ValueError, TypeError) as err:
         raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
     if uses_retain and not may_overlap:
@@ -506,44 +504,13 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
             raise UserError(f"{shared} of the {len(forget)} forget rows also occur in the retain rows: {method} would "
                             f"unlearn and keep them at once; remove them from one side{allow}.")
     _prompt_fits(tokenizer, forget, cut, why, template, "forget", every=True)
-    sample = None
-    if method == "grom":
-        try:
-            from .grom.model import retain_subsample
-        except ImportError:  # pragma: no cover - GROM without a seeded retain sample: it reads what fits
-            retain_subsample = None
-        if retain_subsample is not None:
-            sample = retain_subsample(len(retain), getattr(config, "retain_sample", None), getattr(config, "seed", 0))
-    if sample is not None:  # GROM cannot leave out a retain row it samples
+    if method == "grom":  # GROM cannot leave out a retain row it samples
+        from .grom.model import retain_subsample
+
+        sample = retain_subsample(len(retain), config.retain_sample, config.seed)
         _prompt_fits(tokenizer, [retain[i] for i in sample], cut, why, template, "retain (GROM's sample)", every=True)
     elif uses_retain:
         _prompt_fits(tokenizer, retain, cut, why, template, "retain", every=False)
-
-
-def _check_grom_targets(config: Any, model: Any) -> None:
-    """Every ``target_modules`` entry of a GROM config names a module of ``model`` (its full path or its last
-    components); then GROM's own checks against the model (:func:`_model_checks`) where it has them."""
-    names = [n for n, _ in model.named_modules() if n]
-    for target in getattr(config, "target_modules", None) or []:
-        if not any(n == target or n.endswith("." + target) for n in names):
-            import torch
-
-            leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-            raise ValueError(f"target_modules entry {target!r} matches no module of {type(model).__name__}; its "
-                             f"linear modules are named {leaves}.")
-    _model_checks(config, model)
-
-
-def _model_checks(config: Any, model: Any, fallback: Any = None) -> None:
-    """The config's own checks against the loaded model (``check_for(model)`` or ``validate_for(model)``, where
-    the config class has one), else ``fallback(model)``."""
-    for name in ("check_for", "validate_for"):
-        check = getattr(config, name, None)
-        if callable(check):
-            check(model)
-            return
-    if fallback is not None:
-        fallback(model)
 
 
 def _checkpoints(folder: Path) -> list[Path]:
