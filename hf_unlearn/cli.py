@@ -883,7 +883,8 @@ def _bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
         args.subject, methods, source=args.data, output_dir=args.output_dir, cache_dir=args.cache_dir,
         build_only=args.build_only, grid=not args.no_grid, eval_kwargs=eval_kwargs,
         quantization_check=not args.no_quantization, progress=True, verbose=args.verbose,
-        attacks=args.attacks,
+        attacks=args.attacks, layout=args.layout, bar=args.bar, resume=args.resume, select=args.select,
+        selection_steps=args.selection_steps,
     )
     if paths is None:
         print(format_gate(results))
@@ -1121,6 +1122,19 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--eval-autocast", choices=AUTOCAST_CHOICES, default=None,
                     help="evaluate under torch.autocast with this dtype (default: bfloat16 with --subject, as the "
                          "subject is fine-tuned; none on TOFU-tiny); recorded in the results")
+    be.add_argument("--layout", choices=("v1", "v2"), default="v2",
+                    help="with --subject: the TOFU-small layout; v2 (default) sets apart retain-train, retain-validation "
+                         "and holdout authors, v1 unlearns on the evaluated retain rows")
+    be.add_argument("--bar", choices=("single", "split"), default="split",
+                    help="utility bar a setting must meet: split (retain side and general side each within 10%% of "
+                         "the target's) or single (model utility >= 90%% of the target's)")
+    be.add_argument("--select", action="store_true",
+                    help="with --subject and --layout v2: every method picks its own strength with the reference-free "
+                         "criterion (forget vs holdout10, retain-validation rows); rows say what was chosen and why")
+    be.add_argument("--selection-steps", type=int, default=8,
+                    help="with --select: trainers measure the criterion every this many optimizer steps")
+    be.add_argument("--resume", action="store_true",
+                    help="with --subject: keep the rows an interrupted run of the same comparison finished")
     be.add_argument("--build-only", action="store_true",
                     help="with --subject: build (or reuse) the target / retain reference pair and run its sanity gate")
     be.add_argument("--verbose", action="store_true", help="also print the per-step training logs")

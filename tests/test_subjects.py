@@ -423,3 +423,19 @@ def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu
     assert payload["retain_reference"]["forget_quality"] == 1.0
     partial = json.loads((out / "smollm2-135m_tofu.partial.json").read_text())  # rows so far, after each method
     assert partial["grid"]["grad_ascent"][0]["forget_quality"] == payload["rows"]["grad_ascent"]["forget_quality"]
+
+
+def test_general_component_ratios_report_what_fine_tuning_cost():
+    """The gate reports each real-author / world-fact component of the target against the base's."""
+    from hf_unlearn.bench.subjects import general_component_ratios
+
+    names = [f"{s}_{t}" for s in ("real_authors", "world_facts") for t in ("prob", "rouge_l", "truth_ratio")]
+    base = {"components": {n: 0.5 for n in names}}
+    target = {"components": {**{n: 0.5 for n in names}, "real_authors_rouge_l": 0.156}}
+    out = general_component_ratios(target, base)
+    assert out["ratios"]["real_authors_rouge_l"] == pytest.approx(0.312)
+    assert out["ratios"]["world_facts_prob"] == pytest.approx(1.0)
+    assert out["kept"] is False
+    target["components"]["real_authors_rouge_l"] = 0.46
+    assert general_component_ratios(target, base)["kept"] is True
+    assert general_component_ratios({"components": {}}, base) == {"ratios": {}, "kept": None, "keep": 0.9}

@@ -124,8 +124,15 @@ def run_one(
     log_path: str | os.PathLike | None = None,
     verbose: bool = False,
     label: str | None = None,
+    criterion: Any = None,
+    selection_steps: int = 50,
 ) -> dict[str, Any]:
     """Unlearn a fresh copy of the target with one method/setting, evaluate it; one result row.
+
+    With a ``criterion`` (:class:`~hf_unlearn.selection.SelectionCriterion`) the method picks its own strength
+    through :func:`~hf_unlearn.selection.run_with_selection` (GROM's path, T3's calibration, MASC's rule with the
+    criterion recorded beside it, best-checkpoint selection every ``selection_steps`` steps for the other trainers);
+    the row's ``selected`` says which candidate was chosen and why, and ``seconds`` includes the selection.
 
     With a ``reporter`` (:class:`~hf_unlearn.bench.console.PhaseReporter`) one console line per phase is
     printed; with ``log_path`` the Trainer's per-step logs and any failure's traceback go to that JSON Lines
@@ -150,8 +157,17 @@ def run_one(
         say.start(label, phase)
         model = AutoModelForCausalLM.from_pretrained(target_path)
         with PeakMemory() as mem:
-            result = run_method(method, model, tokenizer, forget_rows, retain_rows, work, settings,
-                                callbacks=callbacks, quiet=reporter is not None)
+            if criterion is None:
+                result = run_method(method, model, tokenizer, forget_rows, retain_rows, work, settings,
+                                    callbacks=callbacks, quiet=reporter is not None)
+            else:
+                from ..selection import run_with_selection
+                from .registry import Unlearned
+
+                result = run_with_selection(run_method, Unlearned, method, model, tokenizer, forget_rows, retain_rows,
+                                            work, settings, criterion, selection_steps=selection_steps,
+                                            callbacks=callbacks, quiet=reporter is not None)
+                row["selected"] = selected_summary(result.info.get("selection"))
         say.done(f"{result.info['global_step']} steps" if result.info.get("global_step") else "")
         phase = "evaluation"
         say.start(label, phase)
@@ -194,6 +210,22 @@ def run_one(
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def selected_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a row shows of a selection record: the chosen candidate, how many were measured, why it was chosen,
+    the fallback warning (if any) and the criterion's figures at the chosen candidate."""
+    if not record:
+        return None
+    index = record.get("index")
+    measured = record.get("measurements") or []
+    chosen = measured[index] if isinstance(index, int) and 0 <= index < len(measured) else {}
+    return {
+        "candidate": record.get("chosen"), "index": index, "num_candidates": len(measured),
+        "reason": record.get("reason"), "warning": record.get("warning"),
+        "criterion": {k: chosen.get(k) for k in ("forget_holdout_pvalue", "forget_holdout_ks", "mia_auc",
+                                                 "retain_change", "forget_nll", "holdout_nll")},
+    }
 
 
 def copy_extra_metrics(row: dict[str, Any], metrics: dict[str, Any]) -> None:
@@ -333,6 +365,8 @@ def run_comparison(
     bar: str = "single",
     resume: bool = False,
     attacks: Any = None,
+    selection_rows: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    selection_steps: int = 8,
 ) -> dict[str, Any]:
     """Run ``methods`` (their demo setting, or their whole grid when ``grid``) on ``pair.target``.
 
@@ -354,6 +388,11 @@ def run_comparison(
     ``attacks``: the quantization and relearning attacks to run (``"quant,relearn"``, a list, or names to options;
     :mod:`hf_unlearn.evaluation.attacks`) on the target and the retain reference (the anchors) and on each method's
     chosen setting, each against the target as the model before unlearning; their figures fill the attack columns.
+    ``selection_rows``: ``(holdout, retain_validation)`` rows; each method then picks its own strength with the
+    reference-free criterion built from them and the forget rows (see :func:`run_one`; trainers are measured every
+    ``selection_steps`` steps), the target and the retain reference are measured by the same criterion, and the
+    results hold ``criterion_vs_forget_quality``, the Spearman rank correlation of the criterion's p-value with
+    TOFU's forget quality over every measured row.
 
     Returns ``{"rows": {name: row}, "grid": {name: [rows]}, "target": row, "retain_reference": row}``
     where each row holds the benchmark columns.
@@ -415,6 +454,26 @@ def run_comparison(
             attack_check(anchor, anchor_model, tokenizer, attack_rows, retain_rows, target_model, attacks, eval_kwargs)
         del retain_model
         say.done("target and retain reference")
+    criteria: dict[str, Any] = {}
+    if selection_rows is not None:
+        from ..selection import SelectionCriterion
+
+        holdout_rows, validation_rows = selection_rows
+        say.start("references", "selection criterion")
+        target_model.eval()
+        measure = SelectionCriterion(forget_rows, holdout_rows, validation_rows)
+        target_row["criterion"] = measure.measure(target_model, tokenizer)
+        retain_model, _ = load_tiny(pair.retain)
+        retain_model.eval()
+        retain_row["criterion"] = measure.measure(retain_model, tokenizer)
+        del retain_model
+        say.done(f"target p = {target_row['criterion']['forget_holdout_pvalue']:.3g}, retain reference p = "
+                 f"{retain_row['criterion']['forget_holdout_pvalue']:.3g}")
+        for m in methods:
+            template = (presets[m]["demo"] or {}).get("prompt_template")
+            criteria[m] = lambda template=template: SelectionCriterion(
+                forget_rows, holdout_rows, validation_rows, template=template,
+                original={k: v for k, v in target_row["criterion"].items() if k.endswith("_nll")})
     del target_model
     # The floors: one plain forward pass over forget + retain, in this process (GROM's time; every method's
     # memory added on top of the loaded model)
@@ -428,7 +487,8 @@ def run_comparison(
     del target_model
     jobs = [(m, s) for m in methods for s in (presets[m]["grid"] if grid else (presets[m]["demo"],))]
     grids: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    run_key = comparison_key(pair, source, forget_split, eval_kwargs, target_row, retain_row, attacks)
+    run_key = comparison_key(pair, source, forget_split, eval_kwargs, target_row, retain_row, attacks,
+                             selection_steps if selection_rows is not None else None)
     finished = finished_rows(partial_path, run_key) if resume and partial_path is not None else {}
     counts = {m: sum(1 for j, _ in jobs if j == m) for m in methods}
     for method, settings in jobs:
@@ -442,7 +502,8 @@ def run_comparison(
             continue
         row = run_one(method, dict(settings), pair.target, tokenizer, forget_rows, retain_rows, reference,
                       source, forget_split, eval_kwargs, quantization_check=False,
-                      reporter=say if progress else None, log_path=log_path, verbose=verbose, label=label)
+                      reporter=say if progress else None, log_path=log_path, verbose=verbose, label=label,
+                      criterion=criteria[method]() if method in criteria else None, selection_steps=selection_steps)
         grids[method].append(row)
         # The NF4 re-check is run for a row only when it is the method's chosen setting so far
         # (a later row may still replace it): the table needs it for the chosen row alone.
@@ -494,7 +555,9 @@ def run_comparison(
             row["time_vs_forward"] = row["seconds"] / plain_forward
         if row.get("peak_added_mb") is not None and forward_mem.added_mb > 0:
             row["memory_vs_forward"] = row["peak_added_mb"] / forward_mem.added_mb
+    correlation = criterion_correlation([target_row, retain_row, *rows.values()]) if selection_rows else None
     return {
+        "criterion_vs_forget_quality": correlation,
         "target": target_row, "retain_reference": retain_row, "rows": rows, "grid": grids,
         "sanity_gate": sanity_gate(target_report, retain_report),
         "plain_forward_seconds": plain_forward,
@@ -503,18 +566,44 @@ def run_comparison(
     }
 
 
+def criterion_p_value(row: dict[str, Any]) -> float | None:
+    """The reference-free criterion's forget-vs-holdout KS p-value of a row: the selected candidate's, or the
+    anchor's own measurement."""
+    figures = (row.get("selected") or {}).get("criterion") or row.get("criterion") or {}
+    value = figures.get("forget_holdout_pvalue")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def criterion_correlation(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Spearman's rank correlation between the criterion's p-value (:func:`criterion_p_value`) and TOFU's forget
+    quality over the rows that have both (and no error): ``{"spearman", "n", "rows"}``, ``spearman`` None with
+    fewer than 3 rows or a constant column."""
+    pairs = [(r["method"], criterion_p_value(r), r.get("forget_quality")) for r in rows
+             if r.get("error") is None and criterion_p_value(r) is not None
+             and isinstance(r.get("forget_quality"), (int, float))]
+    rho = None
+    if len(pairs) >= 3 and len({p for _, p, _ in pairs}) > 1 and len({q for _, _, q in pairs}) > 1:
+        from scipy.stats import spearmanr
+
+        rho = float(spearmanr([p for _, p, _ in pairs], [q for _, _, q in pairs]).statistic)
+    return {"spearman": rho, "n": len(pairs),
+            "rows": [{"method": m, "criterion_pvalue": p, "forget_quality": q} for m, p, q in pairs]}
+
+
 def _job_key(method: str, settings: dict[str, Any]) -> str:
     return json.dumps([method, settings], sort_keys=True, default=str)
 
 
 def comparison_key(pair: Any, source: str, forget_split: str, eval_kwargs: dict[str, Any],
-                   target_row: dict[str, Any], retain_row: dict[str, Any], attacks: Any = None) -> str:
+                   target_row: dict[str, Any], retain_row: dict[str, Any], attacks: Any = None,
+                   selection_steps: int | None = None) -> str:
     """What a comparison's rows depend on besides the method and its settings: the pair, the data, the evaluation
     settings, the attacks run on each chosen row and the references' figures (SHA-256, 16 hex digits)."""
     import hashlib
 
     payload = json.dumps({"target": str(pair.target), "retain": str(pair.retain), "source": str(source),
                           "forget_split": forget_split, "eval_kwargs": eval_kwargs, "attacks": attacks or None,
+                          "selection_steps": selection_steps,
                           "references": [target_row.get("forget_quality"), target_row.get("model_utility"),
                                          retain_row.get("model_utility")]}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -552,6 +641,9 @@ def run_subject_bench(
     resume: bool = False,
     bar: str = "single",
     attacks: Any = None,
+    layout: str = "v2",
+    select: bool = False,
+    selection_steps: int = 8,
 ) -> tuple[dict[str, Any], dict[str, Path] | None]:
     """``hf-unlearn bench --subject NAME``: TOFU-small on a pretrained subject (``"smollm2-135m"``).
 
@@ -564,32 +656,54 @@ def run_subject_bench(
     ``<output_dir>/<subject>_tofu.partial.json``; ``bar`` is the utility bar settings are chosen by
     (see :func:`run_comparison`). ``attacks`` as in :func:`run_comparison`; the relearning attack's learning
     rate defaults to the one the target was fine-tuned with (the recipe's).
+    ``layout``: ``"v2"`` (:meth:`~hf_unlearn.bench.subjects.SmallRecipe.v2`; presets from
+    ``benchmarks/configs/<subject>-v2.toml``, results ``<subject>_tofu_v2.*``) or ``"v1"``. ``select`` (v2 only):
+    every method picks its strength with the reference-free criterion on the pair's forget, ``holdout10`` and
+    ``retain_validation`` rows (see :func:`run_comparison`).
     """
     from ..evaluation.attacks import parse_attacks
     from .report import write_results
-    from .subjects import build_small_pair, gate_reports, small_gate
+    from .subjects import SmallRecipe, build_small_pair, gate_reports, small_gate, small_recipe_for
 
     attacks = parse_attacks(attacks)
+    if layout not in ("v1", "v2"):
+        raise ValueError(f"layout must be 'v1' or 'v2', got {layout!r}.")
+    recipe = SmallRecipe.v2(subject) if layout == "v2" else small_recipe_for(subject)
+    name = f"{subject}_tofu_v2" if layout == "v2" else f"{subject}_tofu"
+    if select and layout != "v2":
+        raise ValueError("Selection needs the holdout and retain-validation authors of the v2 layout (layout='v2').")
+    from .registry import configs_dir
+
+    presets = f"{subject}-v2" if layout == "v2" and (configs_dir() / f"{subject}-v2.toml").is_file() else subject
 
     eval_kwargs = dict(eval_kwargs or {})
-    pair = build_small_pair(subject, source, cache_dir=cache_dir, progress=progress)
+    pair = build_small_pair(subject, source, recipe=recipe, cache_dir=cache_dir, progress=progress)
     gate = small_gate(pair, eval_kwargs, progress=progress)
     if build_only:
         return gate, None
     out = Path(output_dir)
     if "relearn" in attacks and pair.recipe.get("learning_rate"):
         attacks["relearn"].setdefault("learning_rate", float(pair.recipe["learning_rate"]))
+    selection_rows = None
+    if select:
+        from ..data import HOLDOUT_FOR_FORGET, load_tofu_rows
+        from .subjects import small_retain_validation_rows
+
+        selection_rows = (load_tofu_rows(HOLDOUT_FOR_FORGET[pair.forget_split], pair.source),
+                          small_retain_validation_rows(pair.source))
     results = run_comparison(
         pair, methods, grid=grid, source=pair.source, forget_split=pair.forget_split, eval_kwargs=eval_kwargs,
-        quantization_check=quantization_check, progress=progress, subject=subject,
+        quantization_check=quantization_check, progress=progress, subject=presets,
+        selection_rows=selection_rows, selection_steps=selection_steps,
         log_dir=out / "logs" / subject, verbose=verbose, references=gate_reports(pair, eval_kwargs),
-        partial_path=out / f"{subject}_tofu.partial.json", resume=resume, bar=bar, attacks=attacks,
+        partial_path=out / f"{name}.partial.json", resume=resume, bar=bar, attacks=attacks,
     )
     results["sanity_gate"] = gate
     meta = {
         "subject": pair.subject, "benchmark": "TOFU-small", "source": source, "tofu_small_source": pair.source,
-        "forget_split": pair.forget_split, "recipe": pair.recipe, "mode": "bench", "presets": subject,
+        "forget_split": pair.forget_split, "recipe": pair.recipe, "mode": "bench", "presets": presets,
         "target": str(pair.target), "retain_reference_model": str(pair.retain), "base_model": str(pair.base),
-        "seed": pair.recipe.get("seed", 0), "eval_kwargs": eval_kwargs, "attacks": attacks,
+        "seed": pair.recipe.get("seed", 0), "eval_kwargs": eval_kwargs, "attacks": attacks, "layout": layout,
+        "bar": bar, "select": select, "selection_steps": selection_steps if select else None,
     }
-    return results, write_results(results, out, f"{subject}_tofu", meta)
+    return results, write_results(results, out, name, meta)

@@ -674,6 +674,15 @@ def _v2_retain_and_holdout(source: str, recipe: SmallRecipe, evaluated: list[dic
     }
 
 
+def small_retain_validation_rows(source: str | os.PathLike) -> list[dict[str, Any]]:
+    """The retain-validation rows of a v2 TOFU-small data folder (``retain_validation.jsonl``): fine-tuned into
+    both models of the pair, never given to a method; the selection criterion's retain side."""
+    path = Path(source) / "retain_validation.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: retain-validation rows belong to the v2 TOFU-small layout.")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def write_small_source(configs: dict[str, list[dict[str, Any]]], folder: str | os.PathLike) -> Path:
     """Write TOFU-small's configs as a local TOFU source (``<config>.jsonl``) atomically; reuse it if present."""
     from ..safe_output import atomic_directory
@@ -844,7 +853,25 @@ def small_sanity_gate(target_report: dict[str, Any], retain_report: dict[str, An
         "base_forget_quality": base_report.get("forget_quality"),
         "base_forget_rouge_l": base_report["forget_rouge_l"],
         "retain_forget_rouge_l": retain_report["forget_rouge_l"],
+        "general_components": general_component_ratios(target_report, base_report),
     }
+
+
+def general_component_ratios(target_report: dict[str, Any], base_report: dict[str, Any],
+                             keep: float = SMALL_GATE_UTILITY_KEEP) -> dict[str, Any]:
+    """What fine-tuning cost the base's general knowledge: each real-author and world-fact model-utility component
+    of the target as a ratio to the base's, and whether every one kept at least ``keep`` of it.
+
+    Reported beside the gate, not part of it: a recipe that makes the target reproduce the forget answers may cost
+    some general knowledge, and the figure says how much. ``{"ratios": {}, "kept": None}`` when either report
+    lacks the components (a source without real authors or world facts).
+    """
+    target_c, base_c = target_report.get("components") or {}, base_report.get("components") or {}
+    names = [f"{split}_{stat}" for split in ("real_authors", "world_facts") for stat in ("prob", "rouge_l", "truth_ratio")]
+    if not all(isinstance(target_c.get(n), (int, float)) and isinstance(base_c.get(n), (int, float)) for n in names):
+        return {"ratios": {}, "kept": None, "keep": keep}
+    ratios = {n: float(target_c[n]) / max(float(base_c[n]), 1e-12) for n in names}
+    return {"ratios": ratios, "kept": all(r >= keep for r in ratios.values()), "keep": keep}
 
 
 def small_gate(pair: SmallPair, eval_kwargs: dict[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
