@@ -9,9 +9,9 @@ For each method with a cheap strength axis, the same candidates are scored twice
 
 Candidates (ordered weak -> strong, as the rule expects):
 
-* GROM: :func:`hf_unlearn.grom.path.fit_grom_path` from the TOFU-tiny demo setting (``scales`` x
-  ``retain_weights``), measured with :meth:`~hf_unlearn.grom.path.GROMPath.select`;
-* T3: one :func:`hf_unlearn.t3.fit_t3` head (the demo setting) and :func:`hf_unlearn.t3.calibration.calibrate_t3`
+* GROM: :func:`hf_unlearn.methods.grom.path.fit_grom_path` from the TOFU-tiny demo setting (``scales`` x
+  ``retain_weights``), measured with :meth:`~hf_unlearn.methods.grom.path.GROMPath.select`;
+* T3: one :func:`hf_unlearn.methods.t3.fit_t3` head (the demo setting) and :func:`hf_unlearn.methods.t3.calibration.calibrate_t3`
   over a ``(T, w)`` grid;
 * trainers (NPO, GradDiff; ``NAME@LR`` at another learning rate): the demo setting's run with a :class:`hf_unlearn.selection.SelectionCallback`
   measuring every ``--selection-steps`` optimizer steps; the weights at each measured step are kept and
@@ -163,8 +163,8 @@ def summarize(name: str, candidates: list[dict[str, Any]], record: Any, target_u
 
 
 def run_grom(ctx: Context) -> dict[str, Any]:
-    from hf_unlearn.grom import GROMConfig, fit_grom
-    from hf_unlearn.grom.path import fit_grom_path
+    from hf_unlearn.methods.grom import GROMConfig, fit_grom
+    from hf_unlearn.methods.grom.path import fit_grom_path
 
     settings = dict(ctx.presets["grom"]["demo"])
     config = GROMConfig(**{**settings, "progress": False})
@@ -198,8 +198,8 @@ def run_grom(ctx: Context) -> dict[str, Any]:
 def run_t3(ctx: Context) -> dict[str, Any]:
     from transformers import LogitsProcessorList
 
-    from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
-    from hf_unlearn.t3.calibration import DEFAULT_TEMPERATURES, DEFAULT_TILT_WEIGHTS, calibrate_t3
+    from hf_unlearn.methods.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_scorer
+    from hf_unlearn.methods.t3.calibration import DEFAULT_TEMPERATURES, DEFAULT_TILT_WEIGHTS, calibrate_t3
 
     settings = dict(ctx.presets["t3"]["demo"])
     model = ctx.target()

@@ -4,7 +4,7 @@ Fits a T3 guidance head on the TOFU-tiny target (synthetic ``forget10`` vs ``ret
 / ``--source`` for a real model and TOFU copy), reporting its fit time in two parts (caching the pooled
 states, training the head), then times greedy generation of ``--max-new-tokens`` tokens (EOS
 suppressed until then, so both runs produce the same number of tokens) for forget and retain
-questions at each batch size, plain and with :class:`~hf_unlearn.t3.T3LogitsProcessor`, in the same
+questions at each batch size, plain and with :class:`~hf_unlearn.methods.t3.T3LogitsProcessor`, in the same
 process (one warm-up each, then plain and T3 alternately ``--repeats`` times; medians). The
 processor reads the hidden states of generate's own forward passes, so the target is >= 0.9x plain.
 Prints a table and writes JSON.
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import hf_unlearn  # noqa: F401
     from hf_unlearn.bench.measure import generation_speed, load_speed_subject
-    from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3
+    from hf_unlearn.methods.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3
 
     torch.manual_seed(args.seed)
     model, tokenizer, forget, retain, device = load_speed_subject(

@@ -46,13 +46,15 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM
 
-from hf_unlearn.bench.registry import METHODS, JsonlLogCallback, run_method
+from hf_unlearn.bench.registry import METHODS
 from hf_unlearn.bench.script_args import load_model_and_tokenizer, load_rows
-from hf_unlearn.cli import UserError, check_push_target, parse_method_settings
 from hf_unlearn.data.tofu import read_jsonl
 from hf_unlearn.evaluation import generate_answers, quantize_nf4, rouge_l_recall, run_attacks
 from hf_unlearn.evaluation.attacks import check_attack_options, parse_attacks
 from hf_unlearn.logprobs import mean_answer_nll
+from hf_unlearn.options import UserError, parse_method_settings
+from hf_unlearn.preconditions import check_push_target
+from hf_unlearn.run import JsonlLogCallback, run_method
 from hf_unlearn.safe_output import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir
 
 COLUMNS = (("forget_nll", "forget NLL", ".3f"), ("forget_rouge_l", "forget ROUGE-L", ".3f"),
@@ -248,7 +250,7 @@ def _jsonable(value: Any) -> bool:
 
 
 if __name__ == "__main__":
-    from hf_unlearn.cli import quiet_console
+    from hf_unlearn.console import quiet_console
 
     quiet_console()  # as the CLI does: no third-party log chatter or progress bars (this process only)
     try:

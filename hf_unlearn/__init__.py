@@ -8,6 +8,10 @@ nor transformers' model code; each exported name is imported from its submodule 
 The T3 classifier head is registered with the transformers Auto classes as soon as they are
 imported (``from transformers import AutoModel``), so ``AutoModel.from_pretrained`` loads a saved
 head without ``trust_remote_code``.
+
+Each method lives in one folder, ``hf_unlearn.methods.<name>`` (see :mod:`hf_unlearn.methods`); the module paths
+it had before (``hf_unlearn.trainers``, ``hf_unlearn.losses``, ``hf_unlearn.grom``, ``hf_unlearn.t3``) still import,
+with a ``DeprecationWarning``, for one release.
 """
 
 # ruff: noqa: F401  (the TYPE_CHECKING imports are re-exports)
@@ -18,16 +22,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._import_utils import _LazyModule, call_after_import
+from ._import_utils import _LazyModule, call_after_import, install_module_aliases
 
 __version__ = "0.1.0"
 
 METRIC_NAMES = ("tofu_truth_ratio", "tofu_forget_quality", "tofu_model_utility", "tofu_privleak")
 
 _import_structure = {
-    "trainers": [
-        "UnlearningConfig",
-        "UnlearningTrainer",
+    "methods.base": ["UnlearningConfig", "UnlearningTrainer"],
+    "methods.baselines": [
         "GradAscentConfig",
         "GradAscentTrainer",
         "GradDiffConfig",
@@ -36,44 +39,46 @@ _import_structure = {
         "NPOTrainer",
         "SimNPOConfig",
         "SimNPOTrainer",
-        "MASCConfig",
-        "MASCTrainer",
-        "ATWUConfig",
-        "ATWUTrainer",
-        "ATWUTokenWeighter",
     ],
-    "grom": ["GROMConfig", "GROMEdit", "GROMPath", "fit_grom", "fit_grom_path"],
-    "t3": ["T3ClassifierConfig", "T3Classifier", "T3LogitsProcessor", "calibrate_t3", "fit_t3", "t3_scorer"],
+    "methods.masc": ["MASCConfig", "MASCTrainer"],
+    "methods.atwu": ["ATWUConfig", "ATWUTrainer", "ATWUTokenWeighter"],
+    "methods.grom": ["GROMConfig", "GROMEdit", "GROMPath", "fit_grom", "fit_grom_path"],
+    "methods.t3": ["T3ClassifierConfig", "T3Classifier", "T3LogitsProcessor", "calibrate_t3", "fit_t3", "t3_scorer"],
     "selection": ["SelectionCallback", "SelectionCriterion", "SelectionRecord"],
-    "evaluation": ["evaluate_tofu", "quantization_attack", "relearning_attack"],
+    "evaluation": ["TOFUReport", "evaluate_tofu", "quantization_attack", "relearning_attack"],
+    "run": ["Unlearned", "run_method", "unlearn"],
     "data": ["PromptTemplate", "load_tofu"],
     "hub": ["push_unlearned"],
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve lazily
     from .data import PromptTemplate, load_tofu
-    from .evaluation import evaluate_tofu, quantization_attack, relearning_attack
-    from .grom import GROMConfig, GROMEdit, GROMPath, fit_grom, fit_grom_path
+    from .evaluation import TOFUReport, evaluate_tofu, quantization_attack, relearning_attack
     from .hub import push_unlearned
-    from .selection import SelectionCallback, SelectionCriterion, SelectionRecord
-    from .t3 import T3Classifier, T3ClassifierConfig, T3LogitsProcessor, calibrate_t3, fit_t3, t3_scorer
-    from .trainers import (
-        ATWUConfig,
-        ATWUTokenWeighter,
-        ATWUTrainer,
+    from .methods.atwu import ATWUConfig, ATWUTokenWeighter, ATWUTrainer
+    from .methods.base import UnlearningConfig, UnlearningTrainer
+    from .methods.baselines import (
         GradAscentConfig,
         GradAscentTrainer,
         GradDiffConfig,
         GradDiffTrainer,
-        MASCConfig,
-        MASCTrainer,
         NPOConfig,
         NPOTrainer,
         SimNPOConfig,
         SimNPOTrainer,
-        UnlearningConfig,
-        UnlearningTrainer,
     )
+    from .methods.grom import GROMConfig, GROMEdit, GROMPath, fit_grom, fit_grom_path
+    from .methods.masc import MASCConfig, MASCTrainer
+    from .methods.t3 import (
+        T3Classifier,
+        T3ClassifierConfig,
+        T3LogitsProcessor,
+        calibrate_t3,
+        fit_t3,
+        t3_scorer,
+    )
+    from .run import Unlearned, run_method, unlearn
+    from .selection import SelectionCallback, SelectionCriterion, SelectionRecord
 
 
 def _artifact_dir(name: str) -> Path:
@@ -109,12 +114,15 @@ def _register_t3() -> None:
     """Register the T3 classifier head with AutoConfig/AutoModel (idempotent)."""
     from transformers import AutoConfig, AutoModel
 
-    from .t3.config import T3ClassifierConfig
-    from .t3.modeling import T3Classifier
+    from .methods.t3.config import T3ClassifierConfig
+    from .methods.t3.modeling import T3Classifier
 
     AutoConfig.register(T3ClassifierConfig.model_type, T3ClassifierConfig, exist_ok=True)
     AutoModel.register(T3ClassifierConfig, T3Classifier, exist_ok=True)
 
+
+# The old module paths (hf_unlearn.trainers, hf_unlearn.grom, ...) answer with the modules at their new paths.
+install_module_aliases()
 
 # The Auto classes import torch: register when transformers imports them (now, if it already has).
 call_after_import("transformers.models.auto.modeling_auto", _register_t3)

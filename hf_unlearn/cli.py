@@ -28,36 +28,48 @@ model). A failure during a run prints one line naming the method, the phase and 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import difflib
-import logging
 import os
 import shutil
 import sys
-import types
 import typing
-import warnings
 from pathlib import Path
 from typing import Any
 
-from .registry import MethodView, get_method, method_names
+from .console import THIRD_PARTY, quiet_console
+from .options import (
+    CLI_OWNED_FIELDS,
+    TRAINER_CLASSES,
+    UserError,
+    config_kwargs,
+    config_parser,
+    join_negative_values,
+    method_config_class,
+    option_fields,
+    options_dataclass,
+    parse_method_settings,
+    validate_settings,
+)
+from .preconditions import (
+    TOKENIZER_FILES,
+    WEIGHT_FILES,
+    check_eval_configs,
+    check_push_target,
+    check_retain_reference,
+    check_run_preconditions,
+    load_model,
+    load_rows,
+)
+from .registry import method_names
+
+__all__ = [
+    "CLI_OWNED_FIELDS", "THIRD_PARTY", "TOKENIZER_FILES", "TRAINER_CLASSES", "WEIGHT_FILES", "RunFailure",
+    "UserError", "build_parser", "check_eval_configs", "check_push_target", "check_retain_reference",
+    "check_run_preconditions", "config_kwargs", "config_parser", "default_data_source", "main", "method_config_class",
+    "method_help", "option_fields", "options_dataclass", "parse_method_settings", "quiet_console",
+    "validate_settings",
+]
 
 DEFAULT_DEMO_DIR = "hf_unlearn_demo"
-
-#: Third-party packages whose log messages, progress bars and warnings the CLI hides.
-THIRD_PARTY = ("transformers", "trl", "peft", "accelerate", "bitsandbytes", "datasets", "huggingface_hub", "torch")
-
-#: Config fields the CLI sets itself (``--output``, ``--resume``, ``--push-to-hub``) or that describe the base
-#: model and are filled in from it: never options.
-CLI_OWNED_FIELDS = frozenset({
-    "output_dir", "resume_from_checkpoint", "push_to_hub", "hub_token", "overwrite_output_dir", "overwrite",
-    "hidden_size", "vocab_size", "fit_report",
-})
-
-#: ``{method: trainer class name}`` of the registered methods trained by a trainer (read from
-#: :mod:`hf_unlearn.registry` on access).
-TRAINER_CLASSES: typing.Mapping[str, str] = MethodView(
-    lambda info: info.trainer_class.rpartition(":")[2].rpartition(".")[2] if info.is_trainer else None, skip_none=True)
 
 
 def method_help() -> str:
@@ -72,10 +84,6 @@ class _UnlearnHelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return method_help() if action.dest == "method" else super()._get_help_string(action)
-
-
-class UserError(Exception):
-    """A mistake in the command line or its inputs: reported as one line, exit status 2."""
 
 
 class RunFailure(Exception):
@@ -95,441 +103,8 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-# ---------------------------------------------------------------------------------------------- console
-class _DropMessages(logging.Filter):
-    def __init__(self, *fragments: str):
-        super().__init__()
-        self.fragments = fragments
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(f in record.getMessage() for f in self.fragments)
-
-
-def quiet_console(verbose: bool = False) -> typing.Callable[[], None]:
-    """Silence third-party noise for a CLI run (called by :func:`main`, never on import); returns a function that
-    restores the previous state (``main`` calls it when the command ends).
-
-    Hides: library log messages below ERROR and progress bars of transformers, datasets and huggingface_hub;
-    bitsandbytes' notice that its optional CPU kernel package is missing; deprecation and user warnings
-    whose origin is inside a third-party package. Warnings raised from hf_unlearn's own code stay visible.
-    With ``verbose`` the library log messages are kept at WARNING.
-    """
-    import datasets
-    import transformers
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-    level = logging.WARNING if verbose else logging.ERROR
-    saved_levels = {name: logging.getLogger(name).level for name in THIRD_PARTY}
-    saved_filters = list(warnings.filters)
-    saved = (transformers.utils.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
-             datasets.utils.logging.get_verbosity(), datasets.is_progress_bar_enabled(), are_progress_bars_disabled())
-    drop = _DropMessages("Failed to load CPU gemm_4bit_forward")
-    for name in THIRD_PARTY:
-        logging.getLogger(name).setLevel(level)
-    for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops"):
-        logging.getLogger(name).addFilter(drop)
-    pattern = r"^(" + "|".join(THIRD_PARTY) + r")(\.|$)"
-    for category in (FutureWarning, DeprecationWarning, UserWarning):
-        warnings.filterwarnings("ignore", category=category, module=pattern)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    transformers.utils.logging.set_verbosity(level)
-    transformers.utils.logging.disable_progress_bar()
-    datasets.utils.logging.set_verbosity(level)
-    datasets.disable_progress_bars()
-    disable_progress_bars()
-
-    def restore() -> None:
-        for name, old in saved_levels.items():
-            logging.getLogger(name).setLevel(old)
-        for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops"):
-            logging.getLogger(name).removeFilter(drop)
-        warnings.filters[:] = saved_filters
-        warnings._filters_mutated()  # noqa: SLF001 (what warnings.catch_warnings does on exit)
-        transformers.utils.logging.set_verbosity(saved[0])
-        if saved[1]:
-            transformers.utils.logging.enable_progress_bar()
-        datasets.utils.logging.set_verbosity(saved[2])
-        if saved[3]:
-            datasets.enable_progress_bars()
-        if not saved[4]:
-            enable_progress_bars()
-
-    return restore
-
-
-# ------------------------------------------------------------------------------- config options per method
-def method_config_class(method: str) -> type:
-    """The config dataclass of ``method`` as registered (:mod:`hf_unlearn.registry`): the trainer's
-    ``config_class``, ``GROMConfig`` or ``T3ClassifierConfig``."""
-    try:
-        config_class = get_method(method).load_config_class()
-    except KeyError:
-        config_class = None
-    if config_class is None:
-        raise UserError(f"Method {method!r} has no config class the CLI knows.")
-    return config_class
-
-
-def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
-    """Resolved annotations of the fields ``names`` of ``cls`` (string annotations evaluated one by one)."""
-    try:
-        hints = typing.get_type_hints(cls)
-        return {n: hints[n] for n in names}
-    except Exception:  # a config base annotates a name its module does not import: resolve only our fields
-        namespace = {**vars(sys.modules[cls.__module__])}
-        for klass in cls.__mro__:
-            namespace = {**vars(sys.modules[klass.__module__]), **namespace}
-        out = {}
-        for f in dataclasses.fields(cls):
-            if f.name in names:
-                out[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
-        return out
-
-
-def option_fields(config_class: type) -> list[dataclasses.Field]:
-    """The fields of ``config_class`` that become options: every init field except those the CLI owns and,
-    for a ``PreTrainedConfig``, the generic fields every transformers config has."""
-    if not dataclasses.is_dataclass(config_class):
-        raise UserError(f"{config_class.__name__} is not a dataclass; cannot build its options.")
-    skip = set(CLI_OWNED_FIELDS)
-    try:
-        from transformers import PreTrainedConfig
-
-        if issubclass(config_class, PreTrainedConfig) and dataclasses.is_dataclass(PreTrainedConfig):
-            skip |= {f.name for f in dataclasses.fields(PreTrainedConfig)}
-    except ImportError:  # pragma: no cover
-        pass
-    return [f for f in dataclasses.fields(config_class)
-            if f.init and f.name not in skip and not f.name.startswith("base_") and not f.name.startswith("_")]
-
-
-def _is_list_type(hint: Any) -> bool:
-    args = [a for a in typing.get_args(hint) if a not in (type(None), str)] if typing.get_args(hint) else [hint]
-    if typing.get_origin(hint) is list:
-        return True
-    return typing.get_origin(hint) in (typing.Union, types.UnionType) and any(typing.get_origin(a) is list for a in args)
-
-
-def options_dataclass(config_class: type) -> type:
-    """A plain dataclass with the :func:`option_fields` of ``config_class`` (resolved types, same defaults and
-    help): what :class:`~transformers.HfArgumentParser` turns into options. Configs whose own annotations it
-    cannot resolve (a ``PreTrainedConfig`` such as ``T3ClassifierConfig``) parse through this too; build the
-    config with ``config_class(**dataclasses.asdict(options))``."""
-    selected = option_fields(config_class)
-    hints = _resolved_hints(config_class, [f.name for f in selected])
-    spec = []
-    unset: set[str] = set()
-    for f in selected:
-        kwargs: dict[str, Any] = {"metadata": dict(f.metadata)}
-        if _is_list_type(hints.get(f.name)) and f.default is not dataclasses.MISSING and not isinstance(
-                f.default, (list, type(None))):
-            # A list option whose default is not a list (GROM's layers="auto"): argparse would convert the default
-            # with the element type, so the option defaults to None, which config_kwargs() leaves out.
-            kwargs["default"] = None
-            kwargs["metadata"]["help"] = f"{f.metadata.get('help', '')} (default when not given: {f.default!r})"
-            unset.add(f.name)
-        elif f.default is not dataclasses.MISSING:
-            kwargs["default"] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            kwargs["default_factory"] = f.default_factory
-        else:
-            kwargs["default"] = None
-        spec.append((f.name, hints.get(f.name, f.type), dataclasses.field(**kwargs)))
-    return dataclasses.make_dataclass(f"{config_class.__name__}Options", spec,
-                                      namespace={"_default_when_none": frozenset(unset)})
-
-
-def config_kwargs(options: Any) -> dict[str, Any]:
-    """The keyword arguments for the config from an :func:`options_dataclass` instance: every field, except
-    an option left at None that stands for a non-list default (which the config then applies itself)."""
-    skip = getattr(options, "_default_when_none", frozenset())
-    return {k: v for k, v in dataclasses.asdict(options).items() if not (k in skip and v is None)}
-
-
-def config_parser(method: str, config_class: type | None = None) -> argparse.ArgumentParser:
-    """An :class:`~transformers.HfArgumentParser` with one option per field of the method's config."""
-    from transformers import HfArgumentParser
-
-    config_class = config_class or method_config_class(method)
-
-    class _Parser(HfArgumentParser):
-        def error(self, message: str) -> typing.NoReturn:
-            raise UserError(f"{method}: {message}")
-
-    parser = _Parser(options_dataclass(config_class), prog=f"hf-unlearn unlearn --method {method}",
-                     allow_abbrev=False, add_help=False,
-                     description=f"Options of {config_class.__name__} (the config of method {method!r}).")
-    parser.config_class = config_class
-    return parser
-
-
-def parse_method_settings(method: str, argv: list[str], preset: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Method settings from ``argv`` (``--field value`` options of the method's config).
-
-    Returns the ``preset`` (if any) updated with every option given on the command line (even one equal to the
-    config's default), so the settings record exactly what was chosen. Unknown options and wrong types raise
-    :class:`UserError`.
-    """
-    parser = config_parser(method)
-    argv = _join_negative_values(list(argv))
-    dests = {a.dest for a in parser._actions}
-    preset = {k: v for k, v in (preset or {}).items() if k in dests}
-    namespace, unknown = parser.parse_known_args(argv)
-    if unknown:
-        flags = [u for u in unknown if u.startswith("-")] or unknown
-        names = [opt for a in parser._actions for opt in a.option_strings]
-        hint = difflib.get_close_matches(flags[0].split("=", 1)[0], names, n=1)
-        suggestion = f" (did you mean {hint[0]}?)" if hint else ""
-        raise UserError(
-            f"Unknown option {flags[0]} for method {method!r}{suggestion}; "
-            f"`hf-unlearn unlearn --method {method} --help` lists its {parser.config_class.__name__} fields."
-        )
-    given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
-    chosen = {a.dest for a in parser._actions if given.intersection(a.option_strings)}
-    values = vars(namespace)
-    return {**preset, **{k: values[k] for k in chosen}}
-
-
-def validate_settings(method: str, settings: dict[str, Any], output_dir: str | os.PathLike) -> Any:
-    """Build the method's config from ``settings`` so that a bad value fails now (one line), not mid-run."""
-    config_class = method_config_class(method)
-    kwargs = dict(settings)
-    if method in TRAINER_CLASSES:
-        kwargs = {"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **kwargs}
-    elif method == "t3":
-        kwargs = {k: v for k, v in kwargs.items() if k not in ("top_k",)}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return config_class(**kwargs)
-    except (ValueError, TypeError) as err:
-        raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
-
-
-# ------------------------------------------------------------------------------------------- preconditions
-#: Files of which a saved model folder holds at least one (weights) / a saved tokenizer at least one.
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
-
-
-def _first_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _load_model(name_or_path: str):
-    """The causal LM and its tokenizer from a local folder or a Hub id; one line naming the problem and the fix
-    when the folder does not exist, is not a saved model, holds no weights or no tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    local = os.path.isdir(name_or_path)
-    if not local and (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1):
-        raise UserError(f"Model folder {name_or_path} does not exist.")
-    if local:
-        folder = Path(name_or_path)
-        if not (folder / "config.json").is_file():
-            kind = " (it holds a PEFT adapter, not a model)" if (folder / "adapter_config.json").is_file() else ""
-            raise UserError(
-                f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
-                "model.save_pretrained() (with its tokenizer), or a Hub model id."
-            )
-        if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
-            raise UserError(
-                f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model into it "
-                "with model.save_pretrained(folder), or pass the folder that holds the weights."
-            )
-        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-            raise UserError(
-                f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save the model's "
-                "tokenizer beside its weights with tokenizer.save_pretrained(folder)."
-            )
-    offline = "" if local else " Without network access, pass a local model folder."
-    try:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path)
-    except (OSError, ValueError) as err:
-        raise UserError(
-            f"Could not load the model {name_or_path!r} ({err.__class__.__name__}: {_first_line(err)}).{offline}"
-        ) from err
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError, TypeError) as err:
-        raise UserError(
-            f"Could not load the tokenizer of {name_or_path!r} ({err.__class__.__name__}: {_first_line(err)}); "
-            "save the model's tokenizer beside its weights with tokenizer.save_pretrained(folder)." + offline
-        ) from err
-    return model, tokenizer
-
-
-def check_retain_reference(path: str | None, forget_split: str, source: str | None = None,
-                           max_examples: int | None = None) -> None:
-    """The retain reference loads (our report or saved ratios, open-unlearning's ``TOFU_EVAL.json``, TOFU's
-    ``eval_log_forget.json`` or its results folder; :func:`~hf_unlearn.evaluation.load_retain_reference`) and,
-    where it says so, was computed on ``forget_split``. With ``source`` (an evaluation will run): it has one
-    forget truth ratio per evaluated forget row (the first ``max_examples`` rows of ``<forget_split>_perturbed``)
-    and, where it records them, the same row count and rows."""
-    if not path:
-        return
-    from .evaluation import load_retain_reference
-
-    if not os.path.exists(path):
-        raise UserError(f"Retain reference {path} does not exist.")
-    try:
-        reference = load_retain_reference(path)
-    except (ValueError, OSError) as err:
-        raise UserError(f"Retain reference {path} cannot be used: {err}") from None
-    split = reference.provenance.get("forget_split")
-    if split is not None and split != forget_split:
-        raise UserError(f"Retain reference {path} was computed on {split!r}, not --forget-split {forget_split}.")
-    if source is None:
-        return
-    from .data import load_tofu_rows
-    from .evaluation.reference import check_provenance, rows_fingerprint
-
-    try:
-        rows = load_tofu_rows(f"{forget_split}_perturbed", source)
-    except (ValueError, FileNotFoundError, OSError):
-        return  # check_eval_configs names the configs that do not load
-    rows = rows if max_examples is None else rows[:max_examples]
-    n_ref = len(reference.forget_truth_ratios)
-    if n_ref != len(rows):
-        hint = " (TOFU's original protocol scores the first 300 rows: --max-examples 300 with `eval`)" if n_ref == 300 else ""
-        raise UserError(
-            f"Retain reference {path} has {n_ref} forget truth ratios but the evaluation scores {len(rows)} forget "
-            f"rows of {forget_split}_perturbed from {source}; evaluate the retain model on the same data, forget "
-            f"split and max_examples{hint}."
-        )
-    try:
-        check_provenance(reference, {"forget_split": forget_split, "num_rows": len(rows),
-                                     "data_sha256": rows_fingerprint(rows)}, ("forget_split", "num_rows", "data_sha256"))
-    except ValueError as err:
-        raise UserError(" ".join(str(err).split())) from None
-
-
-def check_eval_configs(source: str, forget_split: str) -> None:
-    """Every TOFU config the evaluator reads (``*_perturbed``, ``real_authors*``, ``world_facts*``) loads."""
-    from .data import load_tofu_rows
-    from .evaluation.tofu import evaluation_splits
-
-    missing = []
-    for spec in evaluation_splits(forget_split):
-        try:
-            load_tofu_rows(spec.config, source)
-        except (ValueError, FileNotFoundError, ConnectionError, OSError) as err:
-            missing.append(f"{spec.config} ({type(err).__name__})")
-    if missing:
-        raise UserError(f"The TOFU evaluation needs configs that cannot be loaded from data source {source}: "
-                        f"{', '.join(missing)}.")
-
-
-def check_push_target(repo_id: str | None, token: str | None) -> str | None:
-    """``repo_id`` passes huggingface_hub's validator and a token exists; returns the token."""
-    if not repo_id:
-        return None
-    from huggingface_hub import get_token
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as err:
-        raise UserError(f"Invalid repo id {repo_id!r} for --push-to-hub: {' '.join(str(err).split())}") from None
-    token = token or get_token()
-    if not token:
-        raise UserError("--push-to-hub needs a token: pass --hub-token, set HF_TOKEN or run `hf auth login`.")
-    return token
-
-
-def _prompt_fits(tokenizer: Any, rows: list[dict[str, Any]], cut: int | None, why: str, template: Any, what: str,
-                 every: bool) -> None:
-    """With ``every``: each row of ``rows`` leaves room for an answer token within ``cut`` tokens (``why`` says
-    where the limit comes from); otherwise at least one does. Raises :class:`UserError` naming the first row that
-    does not (or the set)."""
-    from .data import tokenize_qa
-
-    if cut is None:
-        return
-    fix = "shorten the question" + (" or raise max_length" if why.startswith("max_length") else "")
-    for i, row in enumerate(rows):
-        try:
-            tokenize_qa(tokenizer, row["question"], row["answer"], cut, template=template)
-        except ValueError:
-            if every:
-                n = tokenize_qa(tokenizer, row["question"], row["answer"], None, template=template)["prompt_length"]
-                raise UserError(f"{what} row {i}: its prompt alone is {n} tokens, which leaves no room for an answer "
-                                f"token within {cut} tokens ({why}); {fix}.") from None
-            continue
-        if not every:
-            return
-    if not every:
-        raise UserError(f"No {what} row leaves room for an answer token within {cut} tokens ({why}): the prompts "
-                        f"alone fill it; {fix}s.")
-
-
-def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any, forget: list[dict[str, Any]],
-                            retain: list[dict[str, Any]]) -> None:
-    """What a method would refuse during its run, checked before any work and before any folder is created.
-
-    For every method: the prompt template renders with this tokenizer, and every forget row leaves room for at
-    least one answer token within ``max_length`` (the config's, cut to the model's maximum positions). Trainer
-    methods: the trainer's own setting checks (preset, learning rate, steps), forget/retain overlap unless
-    ``allow_overlap`` (when the objective uses the retain set), and at least one retain row that fits. GROM: no
-    overlap, every ``target_modules`` entry names a module of the model, and the retain rows it reads fit. T3: no
-    overlap, ``layer`` within the model's hidden states, and a retain row that fits.
-    """
-    from .data import model_max_positions, overlapping_examples, resolve_template
-
-    template = getattr(config, "prompt_template", None)
-    try:
-        template = resolve_template(tokenizer, template)
-    except (ValueError, TypeError) as err:
-        raise UserError(f"Invalid {method} setting prompt_template: {' '.join(str(err).split())}") from None
-    max_length, positions = getattr(config, "max_length", None), model_max_positions(model)
-    bounds = [v for v in (max_length, positions) if v is not None]
-    cut = min(bounds) if bounds else None
-    why = f"max_length={max_length}" if cut is not None and cut == max_length else f"the model's {positions} positions"
-    uses_retain, may_overlap = True, False
-    try:
-        if method in TRAINER_CLASSES:
-            trainer_cls = get_method(method).load_trainer_class()
-            trainer_cls._resolve_args(config, model)  # noqa: SLF001 (the trainer's own checks, without building it)
-            uses_retain = trainer_cls.needs_retain(config)
-            may_overlap = bool(getattr(config, "allow_overlap", False))
-        elif method in ("t3", "grom"):  # the config's own checks against the loaded model, without running it
-            config.check_for(model)
-    except (ValueError, TypeError) as err:
-        raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
-    if uses_retain and not may_overlap:
-        shared = overlapping_examples(forget, retain)
-        if shared:
-            allow = " (or pass --allow_overlap)" if method in TRAINER_CLASSES else ""
-            raise UserError(f"{shared} of the {len(forget)} forget rows also occur in the retain rows: {method} would "
-                            f"unlearn and keep them at once; remove them from one side{allow}.")
-    _prompt_fits(tokenizer, forget, cut, why, template, "forget", every=True)
-    if method == "grom":  # GROM cannot leave out a retain row it samples
-        from .grom.model import retain_subsample
-
-        sample = retain_subsample(len(retain), config.retain_sample, config.seed)
-        _prompt_fits(tokenizer, [retain[i] for i in sample], cut, why, template, "retain (GROM's sample)", every=True)
-    elif uses_retain:
-        _prompt_fits(tokenizer, retain, cut, why, template, "retain", every=False)
-
-
 def _checkpoints(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("checkpoint-*") if p.is_dir()) if folder.is_dir() else []
-
-
-def _load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]:
-    """The rows of ``file`` (JSON Lines) or of TOFU config ``split``, checked as they load (one line naming the
-    file or config and the row: a missing field, an empty, blank, null or non-string question or answer)."""
-    from .data import load_tofu_rows, read_qa_file
-
-    try:
-        if file:
-            if not os.path.isfile(file):
-                raise UserError(f"Rows file {file} does not exist.")
-            return read_qa_file(file)
-        return load_tofu_rows(split, source)
-    except ValueError as err:
-        raise UserError(" ".join(str(err).split())) from None
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -560,7 +135,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _tiny_pair(build, source, split, recipe, cache_dir):
-    from .bench.console import PhaseReporter
+    from .console import PhaseReporter
 
     say = PhaseReporter()
     say.start("tiny models", "preparing")
@@ -575,15 +150,13 @@ def _report_failures(results: dict[str, Any], log_dir: Path) -> int:
 
 
 def _unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
-    from .bench.registry import METHODS
-
     print(parser.format_help())
     if method:
         print(config_parser(method).format_help())
     else:
         print("Method options: every field of the method's config is an option. List them with\n"
               "  hf-unlearn unlearn --method METHOD --help\n")
-        for name in METHODS:
+        for name in method_names():
             try:
                 cls = method_config_class(name)
             except UserError:
@@ -612,7 +185,7 @@ def _selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], ret
     from .selection import SelectionCriterion
 
     def rows(spec: str) -> list[dict[str, Any]]:
-        return _load_rows(spec, args.data, spec if os.path.isfile(spec) else None)
+        return load_rows(spec, args.data, spec if os.path.isfile(spec) else None)
 
     holdout = rows(args.holdout)
     if overlapping_examples(forget, holdout):
@@ -631,10 +204,18 @@ def _selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], ret
     return SelectionCriterion(forget, holdout, validation, template=settings.get("prompt_template")), retain
 
 
+def _demo_preset(method: str) -> dict[str, Any]:
+    """``unlearn --preset demo``: the method's TOFU-tiny demo setting, which the benchmark's subject file holds
+    (``benchmarks/configs/tofu_tiny.toml``); ``{}`` for a method it has no table for."""
+    from .bench.registry import METHODS
+
+    return dict(METHODS[method].demo) if method in METHODS else {}
+
+
 def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
-    from .bench.console import PhaseReporter, log_event, log_exception
-    from .bench.registry import METHODS, JsonlLogCallback, run_method
+    from .console import PhaseReporter, log_exception
     from .data import RETAIN_FOR_FORGET
+    from .run import nf4_forget_rouge, unlearn
     from .safe_output import OutputDirError, atomic_directory, check_output_dir
 
     if args.help:
@@ -649,7 +230,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
             raise UserError(f"{flag} is required.")
     _check_selection_flags(args)
     method = args.method
-    preset = dict(METHODS[method].demo) if args.preset == "demo" and method in METHODS else {}
+    preset = _demo_preset(method) if args.preset == "demo" else {}
     settings = parse_method_settings(method, extra, preset)
     out = Path(args.output).expanduser()
     config = validate_settings(method, settings, out)
@@ -660,9 +241,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         if args.resume:
             if not is_trainer:
-                trainer_methods = [m for m in METHODS if m in TRAINER_CLASSES]
-                trainer_methods += [m for m in TRAINER_CLASSES if m not in trainer_methods]
-                raise UserError(f"--resume applies to trainer methods ({', '.join(trainer_methods)}), not {method}.")
+                raise UserError(f"--resume applies to trainer methods ({', '.join(TRAINER_CLASSES)}), not {method}.")
             if not _checkpoints(out):
                 raise UserError(f"--resume: no checkpoint-* folder in {out} to resume from.")
             check_output_dir(out, inputs, overwrite=True)
@@ -673,8 +252,8 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
             check_output_dir(out, inputs, overwrite=args.overwrite)
     except OutputDirError as err:
         raise UserError(str(err)) from None
-    forget = _load_rows(args.forget_split, args.data, args.forget_file)
-    retain = _load_rows(RETAIN_FOR_FORGET[args.forget_split], args.data, args.retain_file)
+    forget = load_rows(args.forget_split, args.data, args.forget_file)
+    retain = load_rows(RETAIN_FOR_FORGET[args.forget_split], args.data, args.retain_file)
     criterion, retain = _selection_setup(args, forget, retain, settings) if args.select else (None, retain)
     check_retain_reference(args.retain_reference, args.forget_split, args.data if args.eval else None)
     if args.eval:
@@ -682,7 +261,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
             raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
         check_eval_configs(args.data, args.forget_split)
     token = check_push_target(args.push_to_hub, args.hub_token)
-    model, tokenizer = _load_model(args.model)
+    model, tokenizer = load_model(args.model)
     check_run_preconditions(method, config, model, tokenizer, forget, retain)
 
     say = PhaseReporter(inline=not args.verbose)
@@ -692,29 +271,18 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
         log_path = work / "logs" / f"{method}.jsonl"
         state["log"] = log_path
         phase = "training"
+
+        def entered(name: str) -> None:
+            nonlocal phase
+            phase = name
+
         try:
             say.start(method, phase)
-            options = dict(callbacks=[JsonlLogCallback(log_path, echo=args.verbose)], quiet=True,
-                           resume_from_checkpoint=True if args.resume else None)
-            if criterion is None:
-                result = run_method(method, model, tokenizer, forget, retain, work, settings, **options)
-            else:
-                from .bench.registry import Unlearned
-                from .selection import run_with_selection
-
-                result = run_with_selection(run_method, Unlearned, method, model, tokenizer, forget, retain, work,
-                                            settings, criterion, selection_steps=args.selection_steps, **options)
+            result = unlearn(method, model, tokenizer, forget, retain, work, settings, log_path=log_path,
+                             echo_logs=args.verbose, quiet=True, resume_from_checkpoint=True if args.resume else None,
+                             criterion=criterion, selection_steps=args.selection_steps, on_phase=entered)
             state["result"] = result
-            phase = "training (saving the result)"
-            result.save_pretrained(work)
-            if result.info.get("selection"):
-                from .selection import SelectionRecord
-
-                SelectionRecord.from_dict(result.info["selection"]).save(work)
-            if result.weights_changed and result.artifact is result.model:
-                tokenizer.save_pretrained(work)
             say.done(f"{result.info['global_step']} steps" if result.info.get("global_step") else "")
-            log_event(log_path, "trained", method=method, seconds=result.seconds, settings=settings)
             if args.eval:
                 from .evaluation import evaluate_tofu
 
@@ -729,15 +297,15 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
                 )
                 say.done()
                 if args.nf4_check and result.weights_changed:
-                    from .bench.runner import nf4_check
+                    from .data import load_tofu_rows
 
                     phase = "NF4 re-check"
                     say.start(method, phase)
-                    row: dict[str, Any] = {}
-                    nf4_check(row, result, state["report"], tokenizer, args.data, args.forget_split,
-                              {"max_new_tokens": args.max_new_tokens})
-                    state["report"]["forget_rouge_l_nf4"] = row.get("forget_rouge_l_nf4")
-                    say.done(f"forget ROUGE-L {row.get('forget_rouge_l_nf4'):.3f}")
+                    n = state["report"]["splits"]["forget"]["num_examples"]
+                    rows = load_tofu_rows(f"{args.forget_split}_perturbed", args.data)[:n]
+                    nf4_rouge = nf4_forget_rouge(result.model, tokenizer, rows, {"max_new_tokens": args.max_new_tokens})
+                    state["report"]["forget_rouge_l_nf4"] = nf4_rouge
+                    say.done(f"forget ROUGE-L {nf4_rouge:.3f}")
         except Exception as err:
             log_exception(log_path, phase, err)
             state["failure"] = (phase, err)
@@ -794,7 +362,7 @@ def _autocast_dtype(choice: str | None, default: str | None = None) -> str | Non
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .bench.console import PhaseReporter
+    from .console import PhaseReporter
     from .evaluation import evaluate_tofu, render_report, save_truth_ratios
 
     for name in ("batch_size", "max_new_tokens", "max_examples"):
@@ -814,9 +382,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if not os.access(probe, os.W_OK | os.X_OK):
                 raise UserError(f"Cannot write {path}: {probe} is not writable.")
     attacks = _eval_attacks(args)
-    model, tokenizer = _load_model(args.model)
+    model, tokenizer = load_model(args.model)
     if args.attack_original:  # the model before unlearning: the attacks' recovered fractions
-        original, _ = _load_model(args.attack_original)
+        original, _ = load_model(args.attack_original)
         for options in attacks.values():
             options["original"] = original
     name = Path(args.model).name
@@ -836,10 +404,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.save_truth_ratios:
         save_truth_ratios(report, args.save_truth_ratios)
     print(render_report(report))
-    if report.get("attacks"):
+    if report.attacks:
         from .evaluation import format_attacks
 
-        print(format_attacks(report["attacks"]))
+        print(format_attacks(report.attacks))
     return 0
 
 
@@ -876,7 +444,9 @@ def _bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
     eval_kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.max_examples is not None:
         eval_kwargs["max_examples"] = args.max_examples
-    autocast = _autocast_dtype(args.eval_autocast, default="bfloat16")  # the subject is fine-tuned under bf16
+    from .bench.subjects import default_eval_autocast
+
+    autocast = _autocast_dtype(args.eval_autocast, default=default_eval_autocast())
     if autocast is not None:
         eval_kwargs["autocast_dtype"] = autocast
     results, paths = run_subject_bench(
@@ -977,23 +547,6 @@ def default_data_source() -> str:
         raise UserError(f"{TOFU_DIR_ENV}={folder} is not a folder; point it at a folder of TOFU <config>.jsonl files, "
                         "or unset it to use the Hub dataset.")
     return os.path.expanduser(folder)
-
-
-def _join_negative_values(argv: list[str]) -> list[str]:
-    """``--option -1e-3`` as ``--option=-1e-3``: argparse reads a token such as ``-1e-3`` or ``-inf`` as an option,
-    so the value of a negative number would be missing; joined, it parses and the config can refuse it clearly."""
-    out: list[str] = []
-    for token in argv:
-        if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-") and len(token) > 1:
-            try:
-                float(token)
-            except ValueError:
-                pass
-            else:
-                out[-1] = f"{out[-1]}={token}"
-                continue
-        out.append(token)
-    return out
 
 
 RETAIN_REFERENCE_HELP = (
@@ -1120,8 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="benchmark subject: tofu_tiny (default) or a pretrained model, smollm2-135m (TOFU-small on "
                          "SmolLM2-135M-Instruct, presets in benchmarks/configs/smollm2-135m.toml)")
     be.add_argument("--eval-autocast", choices=AUTOCAST_CHOICES, default=None,
-                    help="evaluate under torch.autocast with this dtype (default: bfloat16 with --subject, as the "
-                         "subject is fine-tuned; none on TOFU-tiny); recorded in the results")
+                    help="evaluate under torch.autocast with this dtype (default with --subject: bfloat16 where bf16 is "
+                         "native, a bf16 GPU or a CPU with AVX512-BF16/AMX, else none; none on TOFU-tiny); recorded "
+                         "in the results")
     be.add_argument("--layout", choices=("v1", "v2"), default="v2",
                     help="with --subject: the TOFU-small layout; v2 (default) sets apart retain-train, retain-validation "
                          "and holdout authors, v1 unlearns on the evaluated retain rows")
@@ -1144,7 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 a run failed, 2 bad input)."""
-    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+    argv = join_negative_values(list(sys.argv[1:] if argv is None else argv))
     data_hint = ""
     try:
         parser = build_parser()

@@ -32,16 +32,28 @@ from .data.prompts import (
 TokenScorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def answer_mask(labels: torch.Tensor) -> torch.Tensor:
+    """The definition of a scored token: boolean ``[B, L]``, true at the label positions that are scored.
+
+    ``mask[b, t] = (labels[b, t] != -100) and t >= 1``: prompt and padding positions carry the label ``-100``,
+    and position 0 has no context, so it is never scored. :func:`label_log_probs`, the statistics below and every
+    loss (:mod:`hf_unlearn.methods.base.losses`) score exactly these positions.
+    """
+    mask = labels != IGNORE_INDEX
+    mask[:, 0] = False
+    return mask
+
+
 def label_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token ``log softmax(logits)[label]`` aligned with ``labels`` (next-token shift inside).
 
     ``logits`` is ``[B, L, V]`` as returned by a causal LM for ``input_ids`` ``[B, L]``;
-    the result is ``[B, L]`` with ``out[:, t] = log p(labels[:, t] | tokens < t)`` and 0 where the
-    label is ``-100`` (and at ``t = 0``, which has no context).
+    the result is ``[B, L]`` with ``out[:, t] = log p(labels[:, t] | tokens < t)`` on the positions of
+    :func:`answer_mask` and 0 elsewhere (a ``-100`` label, and ``t = 0``, which has no context).
     """
     shifted = logits[:, :-1, :].float()
     targets = labels[:, 1:]
-    valid = targets != IGNORE_INDEX
+    valid = answer_mask(labels)[:, 1:]
     safe = targets.masked_fill(~valid, 0)
     picked = shifted.gather(-1, safe.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(shifted, dim=-1)
     out = torch.zeros(labels.shape, dtype=picked.dtype, device=picked.device)
@@ -158,8 +170,7 @@ def answer_log_likelihoods(
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, padding_side)
             batch = {k: v.to(device) for k, v in batch.items()}
             lp = scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
-            mask = batch["labels"] != IGNORE_INDEX
-            mask[:, 0] = False
+            mask = answer_mask(batch["labels"])
             sums[idx] = lp.double().sum(-1).cpu().numpy()
             counts[idx] = mask.sum(-1).cpu().numpy()
     finally:
@@ -204,7 +215,7 @@ def vocab_statistics(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int
     labelled positions only, ``chunk_size`` positions at a time (memory ``chunk_size x vocab``).
     """
     targets = labels[:, 1:]
-    valid = targets != IGNORE_INDEX
+    valid = answer_mask(labels)[:, 1:]
     rows = logits[:, :-1, :][valid]  # [N, V], the answer positions only
     picked = targets[valid]
     parts: dict[str, list[torch.Tensor]] = {"log_prob": [], "greedy_correct": [], "mean": [], "var": []}
@@ -264,8 +275,7 @@ def answer_token_statistics(
         for idx in _batches(features, batch_size, progress, desc):
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, "right")
             batch = {k: v.to(device) for k, v in batch.items()}
-            mask = batch["labels"] != IGNORE_INDEX
-            mask[:, 0] = False
+            mask = answer_mask(batch["labels"])
             if scorer is None:
                 logits = model(
                     input_ids=batch["input_ids"],

@@ -2,10 +2,9 @@
 
 Core and light: this module imports only the standard library. It holds metadata (strings) and dotted paths
 (``"package.module:attribute"``) that are imported only when used, so importing it, or ``hf_unlearn``, imports
-no torch. Each method registers itself once, in the ``__init__`` of its package (``hf_unlearn.trainers`` for the
-baselines, MASC and ATWU, ``hf_unlearn.grom``, ``hf_unlearn.t3``), from the class attributes its trainer or
-artifact carries (``_method``, ``_title``, ``_paper``, ``_cli_help``, as TRL's trainers carry ``_name`` and
-``_paper``)::
+no torch. Each method registers itself once, in the ``__init__`` of its folder ``hf_unlearn.methods.<name>``
+(``baselines``, ``masc``, ``atwu``, ``grom``, ``t3``), from the class attributes its trainer or artifact carries
+(``_method``, ``_title``, ``_paper``, ``_cli_help``, as TRL's trainers carry ``_name`` and ``_paper``)::
 
     from hf_unlearn.registry import get_method, method_names
     method_names()                  # ('grom', 't3', 'masc', 'atwu', 'grad_ascent', ...)
@@ -32,7 +31,10 @@ __all__ = [
 
 #: Packages whose ``__init__`` registers the built-in methods; imported by the first lookup. Their order is
 #: the order of :func:`method_names` (then any method registered elsewhere, in registration order).
-BUILTIN_PACKAGES = ("hf_unlearn.grom", "hf_unlearn.t3", "hf_unlearn.trainers")
+BUILTIN_PACKAGES = (
+    "hf_unlearn.methods.grom", "hf_unlearn.methods.t3", "hf_unlearn.methods.masc", "hf_unlearn.methods.atwu",
+    "hf_unlearn.methods.baselines",
+)
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -120,7 +122,7 @@ def register_method(
     ``entry_point`` is the dotted path ``"package.module:attribute"`` of how to run the method: for a method
     trained by a trainer, the trainer class (give ``trainer_class`` too); for GROM and T3 their fit function;
     for any other method a runner ``run(model, tokenizer, forget, retain, output_dir, settings)`` returning a
-    :class:`hf_unlearn.bench.registry.Unlearned`, which is what ``hf-unlearn unlearn --method NAME`` calls.
+    :class:`hf_unlearn.run.Unlearned`, which is what ``hf-unlearn unlearn --method NAME`` calls.
     ``config_class`` (dotted path of a dataclass) gives the command line its options and validates settings.
 
     Registering the same information again is a no-op; a different method under a taken name raises

@@ -331,7 +331,7 @@ class SelectionCriterion:
         ``retain_change`` and ``seconds``.
 
         ``scorer`` is a :data:`hf_unlearn.logprobs.TokenScorer` (default: the model's own log-probabilities;
-        T3's :func:`hf_unlearn.t3.t3_scorer` for a tilted candidate). Without ``original`` figures, the first call
+        T3's :func:`hf_unlearn.methods.t3.t3_scorer` for a tilted candidate). Without ``original`` figures, the first call
         takes its model as the original (its ``retain_change`` is 0).
         """
         from .logprobs import causal_lm_scorer
@@ -610,9 +610,9 @@ def run_with_selection(
     """Run ``method`` with its strength chosen by ``criterion``; returns the method runner's result with
     ``info["selection"]`` (the record as a dict).
 
-    * ``grom``: :func:`hf_unlearn.grom.path.fit_grom_path` (one fit, 9 exact points) and
-      :meth:`~hf_unlearn.grom.path.GROMPath.select`; the chosen edit is merged as the plain GROM runner does.
-    * ``t3``: the head is fitted once by ``run_method``, then :func:`hf_unlearn.t3.calibration.calibrate_t3`
+    * ``grom``: :func:`hf_unlearn.methods.grom.path.fit_grom_path` (one fit, 9 exact points) and
+      :meth:`~hf_unlearn.methods.grom.path.GROMPath.select`; the chosen edit is merged as the plain GROM runner does.
+    * ``t3``: the head is fitted once by ``run_method``, then :func:`hf_unlearn.methods.t3.calibration.calibrate_t3`
       writes the chosen ``(T, w)`` into it; the scorer and the logits processor are rebuilt with them.
     * trainers: a :class:`SelectionCallback` joins ``run_options["callbacks"]`` and restores the chosen step's
       weights (MASC keeps its own stopping rule; the criterion is recorded beside it and nothing is restored).
@@ -634,8 +634,8 @@ def _run_selected(
     keep: str, run_options: dict[str, Any],
 ) -> Any:
     if method == "grom":
-        from .grom import GROMConfig
-        from .grom.path import fit_grom_path
+        from .methods.grom import GROMConfig
+        from .methods.grom.path import fit_grom_path
 
         path = fit_grom_path(model, tokenizer, forget, retain, GROMConfig(**{"progress": False, **settings}))
         edit = path.select(criterion, model, tokenizer)
@@ -655,8 +655,8 @@ def _run_selected(
     if method == "t3":
         from transformers import LogitsProcessorList
 
-        from .t3 import T3LogitsProcessor, t3_scorer
-        from .t3.calibration import calibrate_t3
+        from .methods.t3 import T3LogitsProcessor, t3_scorer
+        from .methods.t3.calibration import calibrate_t3
 
         result = run_method(method, model, tokenizer, forget, retain, output_dir, settings, **run_options)
         head = result.artifact

@@ -212,7 +212,7 @@ def test_relearning_on_a_tenth_of_the_forget_rows_recovers_the_rest(tiny_pair, t
 
 
 def test_attacks_on_a_t3_result_keep_the_head(tiny_target, synthetic):
-    from hf_unlearn.t3 import T3Classifier, T3ClassifierConfig, t3_scorer
+    from hf_unlearn.methods.t3 import T3Classifier, T3ClassifierConfig, t3_scorer
 
     model, tokenizer = tiny_target
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hf_unlearn.losses import (
+from hf_unlearn.methods.atwu.loss import (
     budget_penalty,
     satga_plus_loss,
     satga_plus_weight,
@@ -176,7 +176,7 @@ def test_entropy_and_budget_penalty():
 
 
 def test_weighter_forward_save_load_and_hidden_size_check(tmp_path):
-    from hf_unlearn.trainers import ATWUTokenWeighter
+    from hf_unlearn.methods.atwu import ATWUTokenWeighter
 
     torch.manual_seed(0)
     weighter = ATWUTokenWeighter(8)
@@ -206,7 +206,7 @@ def test_weighter_forward_save_load_and_hidden_size_check(tmp_path):
 
 
 def test_optimizer_state_round_trip(tmp_path):
-    from hf_unlearn.trainers.atwu.weighter import (
+    from hf_unlearn.methods.atwu.weighter import (
         ATWUTokenWeighter,
         load_optimizer_state,
         save_optimizer_state,
@@ -230,7 +230,7 @@ def test_optimizer_state_round_trip(tmp_path):
 
 
 def test_auroc_helper_matches_pairwise_definition():
-    from hf_unlearn.trainers.atwu.weighter import auroc, forget_specific_auroc
+    from hf_unlearn.methods.atwu.weighter import auroc, forget_specific_auroc
 
     gen = torch.Generator().manual_seed(3)
     s = torch.randint(0, 5, (40,), generator=gen).double().tolist()  # ties on purpose
@@ -251,7 +251,7 @@ def test_auroc_helper_matches_pairwise_definition():
 
 
 def _config(tmp_path, **kwargs):
-    from hf_unlearn.trainers import ATWUConfig
+    from hf_unlearn.methods.atwu import ATWUConfig
 
     base = dict(
         output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", gradient_checkpointing=False,
@@ -283,7 +283,7 @@ def test_other_bad_config_values(tmp_path):
         _config(tmp_path, satga_form="gate")
     cfg = _config(tmp_path)
     assert (cfg.npo_beta, cfg.simnpo_beta, cfg.satga_form) == (0.1, 4.5, "gated")
-    for ignored in ("beta", "delta", "forget_weight"):  # no inherited fields ATWU ignores
+    for ignored in ("beta", "delta"):  # no inherited fields ATWU ignores (forget_weight is its own)
         assert not hasattr(cfg, ignored)
 
 
@@ -295,7 +295,7 @@ def test_other_bad_config_values(tmp_path):
 def _trainer(tiny_target, synthetic, tmp_path, **kwargs):
     from datasets import Dataset
 
-    from hf_unlearn.trainers import ATWUTrainer
+    from hf_unlearn.methods.atwu import ATWUTrainer
 
     model, tok = tiny_target
     forget = Dataset.from_list([{"question": r["question"], "answer": r["answer"]} for r in synthetic["forget10"]])
@@ -328,7 +328,7 @@ def test_model_step_and_scorer_step_are_isolated(tiny_target, synthetic, tmp_pat
 
 
 def test_scorer_hidden_size_mismatch_is_refused(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.trainers import ATWUTokenWeighter
+    from hf_unlearn.methods.atwu import ATWUTokenWeighter
 
     with pytest.raises(ValueError, match="Hidden size mismatch"):
         _trainer(tiny_target, synthetic, tmp_path, scorer=ATWUTokenWeighter(32))
@@ -337,8 +337,8 @@ def test_scorer_hidden_size_mismatch_is_refused(tiny_target, synthetic, tmp_path
 def test_atwu_learns_forget_specific_tokens_and_reloads(tiny_target, synthetic, tmp_path):
     from hf_unlearn.bench.subjects import load_tiny
     from hf_unlearn.logprobs import answer_nll
-    from hf_unlearn.trainers import ATWUTokenWeighter
-    from hf_unlearn.trainers.atwu.weighter import answer_token_ids, forget_specific_auroc, score_tokens
+    from hf_unlearn.methods.atwu import ATWUTokenWeighter
+    from hf_unlearn.methods.atwu.weighter import answer_token_ids, forget_specific_auroc, score_tokens
 
     torch.manual_seed(0)
     trainer = _trainer(tiny_target, synthetic, tmp_path)
@@ -423,7 +423,7 @@ def test_atwu_resume_restores_weighter_and_its_optimizer(tiny_pair, synthetic, t
     from transformers import TrainerCallback
 
     from hf_unlearn.bench.subjects import load_tiny
-    from hf_unlearn.trainers import ATWUTrainer
+    from hf_unlearn.methods.atwu import ATWUTrainer
 
     class Interrupt(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -463,11 +463,12 @@ def test_atwu_resume_restores_weighter_and_its_optimizer(tiny_pair, synthetic, t
 def test_atwu_config_fields_have_help_and_are_documented():
     import dataclasses
 
-    from hf_unlearn.trainers import ATWUConfig, BaseUnlearningConfig
+    from hf_unlearn.methods.atwu import ATWUConfig
+    from hf_unlearn.methods.base import BaseUnlearningConfig
 
     base = {f.name for f in dataclasses.fields(BaseUnlearningConfig)}
     own = [f for f in dataclasses.fields(ATWUConfig) if f.name not in base]
-    assert len(own) == 20
+    assert len(own) == 22  # with the deprecated names gamma / alpha
     for f in own:
         assert f.metadata.get("help"), f.name
         assert f.default is not dataclasses.MISSING, f.name

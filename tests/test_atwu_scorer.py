@@ -17,7 +17,7 @@ def _scaled_states(seed=0, shape=(3, 6, 8)):
 
 
 def test_weighter_standardisation_state_is_saved_and_restored(tmp_path):
-    from hf_unlearn.trainers import ATWUTokenWeighter
+    from hf_unlearn.methods.atwu import ATWUTokenWeighter
 
     torch.manual_seed(0)
     weighter = ATWUTokenWeighter(8, init_bias=-1.0)
@@ -55,7 +55,7 @@ def test_weighter_standardisation_state_is_saved_and_restored(tmp_path):
 def test_weighter_saved_without_a_variance_loads_as_centring_only(tmp_path):
     from safetensors.torch import save_file
 
-    from hf_unlearn.trainers import ATWUTokenWeighter
+    from hf_unlearn.methods.atwu import ATWUTokenWeighter
 
     old = ATWUTokenWeighter(8)
     old.update_center(torch.arange(8.0))
@@ -103,7 +103,7 @@ def test_scorer_warmup_trains_only_the_scorer_before_the_first_model_step(tiny_t
 
 
 def test_satga_hard_selection_and_c_schedule(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.losses.atwu import satga_plus_exponent, satga_plus_loss
+    from hf_unlearn.methods.atwu.loss import satga_plus_exponent, satga_plus_loss
 
     g = torch.tensor([0.1, 0.49, 0.51, 0.9], requires_grad=True)
     a = satga_plus_exponent(g, 0.2, 50.0, selection="hard")

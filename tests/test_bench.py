@@ -94,7 +94,7 @@ def test_extra_metrics_reach_the_row_json_and_grid_table():
     # the headline table keeps its fixed columns
     main = markdown_table(results).splitlines()
     assert main[0].count("|") == len(COLUMNS) + 2
-    assert re.search(r"\| atwu \| 0.5 \| 0.600 \|", main[4])
+    assert re.search(r"\| atwu \| 0.5 \| n/a \| n/a \| 0.600 \|", main[4])  # no truth ratios: no interval
 
 
 def test_print_and_save_writes_the_json(tmp_path, capsys):

@@ -20,7 +20,7 @@ from hf_unlearn.cli import main, parse_method_settings
 @pytest.fixture()
 def no_training(monkeypatch):
     """Any call of the method runner fails the test: the precondition must fire before training."""
-    import hf_unlearn.bench.registry as registry
+    import hf_unlearn.run as registry
 
     calls = []
 

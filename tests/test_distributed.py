@@ -27,7 +27,8 @@ WORKER = textwrap.dedent(
     def run(model_path, out_path, batch_size):
         from hf_unlearn.data import synthetic_tofu
         from hf_unlearn.bench.subjects import load_tiny
-        from hf_unlearn.trainers import NPOTrainer, UnlearningConfig
+        from hf_unlearn.methods.base import UnlearningConfig
+        from hf_unlearn.methods.baselines import NPOTrainer
 
         datasets.disable_progress_bars()
         torch.set_num_threads(1)

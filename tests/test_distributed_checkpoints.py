@@ -39,7 +39,7 @@ WORKER = textwrap.dedent(
     def run(model_path, out_dir, phase):
         from hf_unlearn.bench.subjects import load_tiny
         from hf_unlearn.data import synthetic_tofu
-        from hf_unlearn.trainers import GradDiffConfig, GradDiffTrainer
+        from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer
 
         datasets.disable_progress_bars()
         torch.set_num_threads(1)

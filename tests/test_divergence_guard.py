@@ -18,8 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 from hf_unlearn.bench.subjects import load_tiny
-from hf_unlearn.trainers import GradAscentConfig, GradAscentTrainer, TrainingDivergedError
-from hf_unlearn.trainers.unlearning_trainer import stage_checkpoint
+from hf_unlearn.methods.base import TrainingDivergedError
+from hf_unlearn.methods.base.checkpoints import stage_checkpoint
+from hf_unlearn.methods.baselines import GradAscentConfig, GradAscentTrainer
 
 datasets.disable_progress_bars()
 

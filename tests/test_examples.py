@@ -68,7 +68,7 @@ def _load_and_score(method: str, out: Path, target: Path, forget_rows) -> float:
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(target), str(out))
         return mean_answer_nll(model, tokenizer, forget_rows)
     if method == "t3":
-        from hf_unlearn.t3 import T3Classifier, t3_scorer
+        from hf_unlearn.methods.t3 import T3Classifier, t3_scorer
 
         assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
         head = T3Classifier.from_pretrained(out)
@@ -94,17 +94,12 @@ def test_example_script_unlearns(method, tiny_pair, tmp_path, monkeypatch, forge
 @pytest.mark.parametrize("method", sorted(RUNS))
 def test_example_docstring_commands_parse(method, monkeypatch):
     """The copy-paste commands in each script's docstring name only options its parser accepts."""
-    from transformers import HfArgumentParser
-
     path = SCRIPTS / f"{method}.py"
     namespace = runpy.run_path(str(path), run_name="example_under_test")
     doc = namespace["__doc__"]
     commands = re.findall(r"python examples/scripts/\S+\.py((?:.*\\\n)*.*)", doc)
     assert len(commands) >= 2, doc  # TOFU-tiny and a Hub model
-    classes = [v for k, v in namespace.items() if isinstance(v, type) and k in (
-        "ScriptArguments", "OutputArguments", "T3Options", "GROMOptions", "GradDiffConfig", "NPOConfig",
-        "MASCConfig", "ATWUConfig")]
-    parser = HfArgumentParser(classes)
+    parser = namespace["make_parser"]()
     for command in commands:
         args = shlex.split(command.replace("\\\n", " "))
         _, unknown = parser.parse_known_args(args)

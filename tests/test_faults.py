@@ -30,7 +30,7 @@ import datasets
 import pytest
 import torch
 
-from hf_unlearn.trainers import UnlearningConfig
+from hf_unlearn.methods.base import UnlearningConfig
 
 datasets.disable_progress_bars()
 
@@ -97,8 +97,8 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 def test_output_dir_overlapping_the_model_or_not_empty_is_refused_before_work(model_dir, fault_rows, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hf_unlearn.methods.baselines import GradDiffTrainer
     from hf_unlearn.safe_output import OutputDirError
-    from hf_unlearn.trainers import GradDiffTrainer
 
     forget, retain = fault_rows
     before = _snapshot(model_dir)
@@ -138,8 +138,8 @@ def test_output_dir_overlapping_the_model_or_not_empty_is_refused_before_work(mo
 
 
 def test_checkpoints_of_an_earlier_run_are_resumed_or_replaced_never_mixed(tiny_target, fault_rows, tmp_path):
+    from hf_unlearn.methods.baselines import GradDiffTrainer
     from hf_unlearn.safe_output import OutputDirError
-    from hf_unlearn.trainers import GradDiffTrainer
 
     model, tok = tiny_target
     forget, retain = fault_rows
@@ -164,8 +164,8 @@ def test_a_failed_save_leaves_the_previous_output_intact(failure, tiny_target, f
     import errno
     import os
 
+    from hf_unlearn.methods.baselines import GradDiffTrainer
     from hf_unlearn.safe_output import OutputWriteError
-    from hf_unlearn.trainers import GradDiffTrainer
 
     model, tok = tiny_target
     forget, retain = fault_rows
@@ -210,7 +210,8 @@ def test_non_finite_weights_never_reach_disk(tiny_target, fault_rows, tmp_path):
     from transformers import TrainerCallback
     from transformers.trainer_utils import get_last_checkpoint
 
-    from hf_unlearn.trainers import GradDiffTrainer, NonFiniteWeightsError
+    from hf_unlearn.methods.base import NonFiniteWeightsError
+    from hf_unlearn.methods.baselines import GradDiffTrainer
 
     model, tok = tiny_target
     forget, retain = fault_rows
@@ -248,12 +249,13 @@ def test_divergence_guard_stops_the_run_before_a_diverged_checkpoint(tiny_target
 
     from transformers.trainer_utils import get_last_checkpoint
 
-    from hf_unlearn.trainers import GradDiffConfig, GradDiffTrainer, TrainingDivergedError
+    from hf_unlearn.methods.base import TrainingDivergedError
+    from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer
 
     model, tok = tiny_target
     forget, retain = fault_rows
     # a forget-dominated objective at a high learning rate drags the retain NLL up quickly
-    args = fault_config(tmp_path, cls=GradDiffConfig, alpha=0.01, learning_rate=3e-3, max_steps=30, save_steps=1,
+    args = fault_config(tmp_path, cls=GradDiffConfig, retain_weight=0.01, learning_rate=3e-3, max_steps=30, save_steps=1,
                         save_strategy="steps", max_retain_loss_ratio=3.0, min_retain_loss_reference=0.01)
     trainer = GradDiffTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
     with pytest.raises(TrainingDivergedError) as info:
@@ -270,7 +272,7 @@ def test_divergence_guard_stops_the_run_before_a_diverged_checkpoint(tiny_target
 
     # the same run without the guard goes on past that step; the default guard leaves ordinary runs alone
     unguarded, _ = __import__("hf_unlearn.bench.subjects", fromlist=["load_tiny"]).load_tiny(model.name_or_path)
-    free = fault_config(tmp_path, cls=GradDiffConfig, alpha=0.01, learning_rate=3e-3, max_steps=step, save_strategy="no",
+    free = fault_config(tmp_path, cls=GradDiffConfig, retain_weight=0.01, learning_rate=3e-3, max_steps=step, save_strategy="no",
                         max_retain_loss_ratio=None, output_dir=str(tmp_path / "free"))
     GradDiffTrainer(unguarded, free, train_dataset=forget, retain_dataset=retain, processing_class=tok).train()
 
@@ -279,7 +281,7 @@ def test_divergence_guard_stops_the_run_before_a_diverged_checkpoint(tiny_target
 def test_no_op_settings_are_refused_before_work(bad, model_dir, fault_rows, tmp_path, monkeypatch):
     import transformers
 
-    from hf_unlearn.trainers import GradDiffTrainer
+    from hf_unlearn.methods.baselines import GradDiffTrainer
 
     forget, retain = fault_rows
 
@@ -293,8 +295,8 @@ def test_no_op_settings_are_refused_before_work(bad, model_dir, fault_rows, tmp_
 
 
 def test_low_precision_weights_warn_when_updates_round_to_zero(tiny_target, fault_rows, tmp_path):
-    from hf_unlearn.trainers import GradDiffTrainer
-    from hf_unlearn.trainers.unlearning_trainer import fraction_of_vanishing_updates
+    from hf_unlearn.methods.base.guards import fraction_of_vanishing_updates
+    from hf_unlearn.methods.baselines import GradDiffTrainer
 
     # slow reference on known values: bf16 spacing at 1.0 is 2**-7, at 2.0 2**-6; 1e-4 and 0 move by 1e-3
     weights = torch.nn.Linear(2, 2, bias=False).to(torch.bfloat16)
@@ -327,7 +329,13 @@ def test_low_precision_weights_warn_when_updates_round_to_zero(tiny_target, faul
 def test_grom_adapter_on_a_mismatched_base_is_refused(tiny_target, tiny_retain, fault_rows, tmp_path):
     from peft import PeftModel
 
-    from hf_unlearn.grom import BaseModelMismatchError, GROMConfig, GROMEdit, fit_grom, load_grom_adapter
+    from hf_unlearn.methods.grom import (
+        BaseModelMismatchError,
+        GROMConfig,
+        GROMEdit,
+        fit_grom,
+        load_grom_adapter,
+    )
 
     model, tok = tiny_target
     forget, retain = fault_rows
@@ -389,11 +397,11 @@ class _StepCounter(__import__("transformers").TrainerCallback):
 def test_interrupt_then_resume_equals_uninterrupted(method, tiny_pair, synthetic, tmp_path):
     """An uninterrupted run of 5 steps vs. a run killed after step 3 (its latest checkpoint is step 2) and resumed
     in a fresh trainer on a freshly loaded model: the final weights are identical (same seed, CPU, one thread)."""
-    from hf_unlearn import trainers
+    import hf_unlearn
     from hf_unlearn.bench.subjects import load_tiny
 
     trainer_name, config_name, extra = RESUMABLE[method]
-    trainer_cls, config_cls = getattr(trainers, trainer_name), getattr(trainers, config_name)
+    trainer_cls, config_cls = getattr(hf_unlearn, trainer_name), getattr(hf_unlearn, config_name)
     forget, retain = list(synthetic["forget10"][:10]), list(synthetic["retain90"][:16])
 
     def make(out: Path, callbacks=()):
@@ -433,7 +441,7 @@ def test_interrupt_then_resume_equals_uninterrupted(method, tiny_pair, synthetic
 
 def test_trainer_truncates_to_the_models_positions(tmp_path):
     from hf_unlearn.data import tokenize_qa
-    from hf_unlearn.trainers import GradDiffTrainer
+    from hf_unlearn.methods.baselines import GradDiffTrainer
 
     model, tok = short_gpt2(n_positions=64)
     words = [f"w{i}" for i in range(60)]
@@ -536,7 +544,7 @@ def test_t3_truncation_to_the_base_positions():
     from transformers import LogitsProcessorList
 
     from hf_unlearn.data import tokenize_qa
-    from hf_unlearn.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_log_probs
+    from hf_unlearn.methods.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_log_probs
 
     model, tok = short_gpt2(64)
     model.eval()

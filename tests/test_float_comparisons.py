@@ -15,8 +15,8 @@ import pytest
 import torch
 from test_grom import _assert_same_audit
 
-from hf_unlearn.grom import GROMConfig, fit_grom
-from hf_unlearn.grom.solve import GROMSolution
+from hf_unlearn.methods.grom import GROMConfig, fit_grom
+from hf_unlearn.methods.grom.solve import GROMSolution
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from hf_unlearn.grom import GROMConfig, fit_grom, grom_objective, lora_factors, solve_grom, woodbury_drop
-from hf_unlearn.grom.solve import normal_matrix
 from hf_unlearn.logprobs import answer_nll
+from hf_unlearn.methods.grom import (
+    GROMConfig,
+    fit_grom,
+    grom_objective,
+    lora_factors,
+    solve_grom,
+    woodbury_drop,
+)
+from hf_unlearn.methods.grom.solve import normal_matrix
 
 # Hyperparameters that give a strong, specific effect on the tiny memorizing model (see the report).
 STRONG = dict(target_modules="lm_head", forget_weight=10.0, suppression_margin=30.0, ridge=1e-2, progress=False)
@@ -263,7 +270,7 @@ def test_gpt2_conv1d_refused_by_name():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
-    from hf_unlearn.grom import find_target_modules
+    from hf_unlearn.methods.grom import find_target_modules
 
     with pytest.raises(ValueError, match="Conv1D"):
         find_target_modules(gpt2, ["c_proj"])
@@ -326,7 +333,7 @@ def test_save_and_from_pretrained_restore_the_audit(tiny_pair, two_module_edit, 
     assert "batch_size" not in meta["config"] and "progress" not in meta["config"]  # runtime settings not saved
     assert set(meta["base_fingerprint"]["modules"]) == set(edit.deltas)
 
-    from hf_unlearn.grom import GROMEdit
+    from hf_unlearn.methods.grom import GROMEdit
 
     loaded = GROMEdit.from_pretrained(out, model=model)
     assert loaded.config.saved_dict() == edit.config.saved_dict()
@@ -372,7 +379,7 @@ def test_save_refuses_overwrite_and_non_finite(two_module_edit, tmp_path):
         "adapter_config.json", "adapter_model.safetensors", "grom_audit.safetensors", "grom_metadata.json", "logs"]
     shutil.rmtree(run_dir)
 
-    from hf_unlearn.grom import GROMEdit
+    from hf_unlearn.methods.grom import GROMEdit
 
     slim = GROMEdit.from_pretrained(out)
     for name, p in two_module_edit.deltas.items():  # P from the LoRA factors B @ A
@@ -386,7 +393,7 @@ def test_save_refuses_overwrite_and_non_finite(two_module_edit, tmp_path):
 
 def test_load_grom_adapter_checks_the_base(tiny_pair, two_module_edit, tmp_path):
     from hf_unlearn.bench.subjects import load_tiny
-    from hf_unlearn.grom import BaseModelMismatchError, load_grom_adapter
+    from hf_unlearn.methods.grom import BaseModelMismatchError, load_grom_adapter
 
     two_module_edit.save_pretrained(tmp_path / "a")
     base, tok = load_tiny(tiny_pair.target)
@@ -412,7 +419,7 @@ def test_load_grom_adapter_checks_the_base(tiny_pair, two_module_edit, tmp_path)
 def test_push_to_hub_one_commit_and_pull_back(hub, tiny_pair, two_module_edit):
     from peft import PeftModel
 
-    from hf_unlearn.grom import GROMEdit
+    from hf_unlearn.methods.grom import GROMEdit
 
     model, tok = _fresh(tiny_pair)
     report = {"forget_quality": 0.5, "model_utility": 0.4, "forget_rouge_l": 0.3, "forget_truth_ratio": 0.6,
@@ -440,7 +447,7 @@ def test_push_to_hub_one_commit_and_pull_back(hub, tiny_pair, two_module_edit):
 
 
 def test_default_retain_subsample_is_deterministic():
-    from hf_unlearn.grom import retain_subsample
+    from hf_unlearn.methods.grom import retain_subsample
 
     k = GROMConfig().retain_sample
     assert k == 256
@@ -477,7 +484,7 @@ def _module_inputs(model, tok, rows, module):
 
 
 def test_retain_sample_solve_satisfies_its_objective(tiny, sets):
-    from hf_unlearn.grom import retain_subsample
+    from hf_unlearn.methods.grom import retain_subsample
 
     model, tok = tiny
     forget, retain = sets
@@ -529,7 +536,7 @@ def _short_gpt2(n_positions=64):
 
 
 def test_gpt2_answers_longer_than_n_positions_are_cut():
-    from hf_unlearn.grom import model_max_positions
+    from hf_unlearn.methods.grom import model_max_positions
 
     model, tok = _short_gpt2(64)
     assert model_max_positions(model) == 64
@@ -555,7 +562,7 @@ def test_gpt2_answers_longer_than_n_positions_are_cut():
 def test_config_fields_documented_and_band_defaults():
     from dataclasses import fields
 
-    from hf_unlearn.grom.config import RUNTIME_FIELDS
+    from hf_unlearn.methods.grom.config import RUNTIME_FIELDS
 
     for f in fields(GROMConfig):
         assert f.metadata.get("help"), f.name
@@ -573,8 +580,8 @@ def test_config_fields_documented_and_band_defaults():
 def test_two_pass_auto_equals_one_pass_and_deep_models_take_two(tiny, sets):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_unlearn.grom import find_target_modules
-    from hf_unlearn.grom.model import _one_pass_affordable
+    from hf_unlearn.methods.grom import find_target_modules
+    from hf_unlearn.methods.grom.model import _one_pass_affordable
 
     model, tok = tiny
     forget, retain = sets

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hf_unlearn.grom import GROMConfig, fit_grom, specificity_weights
+from hf_unlearn.methods.grom import GROMConfig, fit_grom, specificity_weights
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_auto_band_lies_in_the_last_third_of_a_six_layer_model(tok, rows):
 def test_untied_lm_head_edit_leaves_input_embeddings_unchanged(tok, rows, tmp_path):
     from peft import PeftModel
 
-    from hf_unlearn.grom import load_grom_adapter
+    from hf_unlearn.methods.grom import load_grom_adapter
 
     forget, retain = rows
     model = _llama(tok, 2, tied=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from hf_unlearn.grom import GROMConfig, fit_grom
+from hf_unlearn.methods.grom import GROMConfig, fit_grom
 
 WORKER = textwrap.dedent(
     """
@@ -20,7 +20,7 @@ WORKER = textwrap.dedent(
     from safetensors.torch import save_file
 
     from hf_unlearn.data import synthetic_tofu
-    from hf_unlearn.grom import GROMConfig, fit_grom
+    from hf_unlearn.methods.grom import GROMConfig, fit_grom
     from hf_unlearn.bench.subjects import load_tiny
 
     dist.init_process_group("gloo")

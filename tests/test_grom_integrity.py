@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from hf_unlearn.grom import AdapterIntegrityError, GROMConfig, GROMEdit, fit_grom, load_grom_adapter
+from hf_unlearn.methods.grom import AdapterIntegrityError, GROMConfig, GROMEdit, fit_grom, load_grom_adapter
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def _rerecord_digest(folder, name):
 
 
 def test_digests_recorded_and_clean_adapter_loads(tiny_pair, tiny_edit, tmp_path):
-    from hf_unlearn.grom import file_sha256
+    from hf_unlearn.methods.grom import file_sha256
 
     out = tmp_path / "a"
     tiny_edit.save_pretrained(out)
@@ -176,7 +176,7 @@ class _CountForwards:
 
 
 def test_bad_rows_and_unknown_modules_are_refused_before_any_forward_pass(tiny_pair, synthetic):
-    from hf_unlearn.grom import check_grom_inputs
+    from hf_unlearn.methods.grom import check_grom_inputs
 
     model, tok = _fresh(tiny_pair)
     forget, retain = synthetic["forget10"][:4], synthetic["retain90"][:20]
@@ -213,7 +213,7 @@ def test_bad_rows_and_unknown_modules_are_refused_before_any_forward_pass(tiny_p
 
 
 def test_weight_fingerprint_is_public_and_value_based():
-    from hf_unlearn.grom import weight_fingerprint
+    from hf_unlearn.methods.grom import weight_fingerprint
 
     w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     fp = weight_fingerprint(w)

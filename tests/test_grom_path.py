@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from hf_unlearn.grom import GROMConfig, GROMEdit, fit_grom
-from hf_unlearn.grom.path import fit_grom_path, grom_path_from_edit
+from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom
+from hf_unlearn.methods.grom.path import fit_grom_path, grom_path_from_edit
 
 BASE = dict(target_modules="lm_head", forget_weight=10.0, suppression_margin=30.0, retain_weight=1.0, ridge=1e-2,
             progress=False)
@@ -71,7 +71,7 @@ def test_scale_points_are_exact_multiples_and_the_order_is_by_edit_size(path):
 
 def test_path_point_audit_is_consistent(path):
     """influence() of a path point equals a re-solve without the example (the audit state is the point's own)."""
-    from hf_unlearn.grom.solve import solve_grom
+    from hf_unlearn.methods.grom.solve import solve_grom
 
     edit = path.edits[path.points.index({"scale": 2.0, "retain_weight": 10.0, "ridge": 1e-3})]
     name = next(iter(edit.solutions))
@@ -99,7 +99,7 @@ def test_from_edit_refuses_bad_grids(tiny, sets, path):
 
 
 def test_fit_grom_path_refuses_a_bad_grid_before_any_forward_pass(tiny, sets, monkeypatch):
-    import hf_unlearn.grom.path as path_module
+    import hf_unlearn.methods.grom.path as path_module
 
     model, tok = tiny
     monkeypatch.setattr(path_module, "fit_grom", lambda *a, **k: pytest.fail("keys were collected"))

@@ -158,9 +158,9 @@ def test_grom_adapter_and_t3_head_round_trip(hub, tiny_target, synthetic):
     from peft import PeftModel
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from hf_unlearn.grom import GROMConfig, fit_grom
     from hf_unlearn.hub import detect_artifact_kind, push_unlearned
-    from hf_unlearn.t3 import T3Classifier, T3ClassifierConfig, fit_t3, t3_log_probs
+    from hf_unlearn.methods.grom import GROMConfig, fit_grom
+    from hf_unlearn.methods.t3 import T3Classifier, T3ClassifierConfig, fit_t3, t3_log_probs
 
     model, tokenizer = tiny_target
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -200,7 +200,7 @@ def test_grom_adapter_and_t3_head_round_trip(hub, tiny_target, synthetic):
     # The pulled head rebuilds an identical processor (its decoding defaults included): same steps, same tokens.
     from transformers import LogitsProcessorList
 
-    from hf_unlearn.t3 import T3LogitsProcessor
+    from hf_unlearn.methods.t3 import T3LogitsProcessor
 
     enc = tokenizer(["Question: Who wrote the book?\nAnswer:", "Question: Where?\nAnswer:"], return_tensors="pt",
                     padding=True)

@@ -1,5 +1,6 @@
-"""The import graph: the library core never imports the benchmark harness, and the lazy top level imports
-neither torch nor transformers' model code until a name is used."""
+"""The import graph: the library core never imports the benchmark harness (the command line only in its
+``demo``/``bench``/``tiny`` commands), the deletion-request example does not import the command line, and the
+lazy top level imports neither torch nor transformers' model code until a name is used."""
 
 from __future__ import annotations
 
@@ -56,31 +57,104 @@ def test_scanner_finds_relative_local_and_aliased_imports():
         import os
         from . import bench
         from ..bench.registry import METHODS
-        from .grom import fit_grom
+        from .methods.grom import fit_grom
 
         def later():
             import hf_unlearn.bench.runner as runner
             from .bench import report
     """)
     found = imported_modules(source, "hf_unlearn.hub", is_package=False)
-    assert {"os", "hf_unlearn.bench", "hf_unlearn.grom", "hf_unlearn.bench.runner", "hf_unlearn.bench.report"} <= found
+    assert {"os", "hf_unlearn.bench", "hf_unlearn.methods.grom", "hf_unlearn.bench.runner", "hf_unlearn.bench.report"} <= found
     assert "bench.registry" in {n.split("hf_unlearn.", 1)[-1] for n in imported_modules(
-        "from ..bench.registry import METHODS", "hf_unlearn.t3.fit", is_package=False)}
-    assert imported_modules("from .. import bench", "hf_unlearn.trainers", is_package=True) >= {"hf_unlearn.bench"}
+        "from ...bench.registry import METHODS", "hf_unlearn.methods.t3.fit", is_package=False)}
+    assert imported_modules("from .. import bench", "hf_unlearn.methods", is_package=True) >= {"hf_unlearn.bench"}
     assert imported_modules("from .bench import x", "hf_unlearn", is_package=True) >= {"hf_unlearn.bench.x"}
 
 
+#: The command-line functions that may import the benchmark harness: the ``demo``, ``bench`` and ``tiny`` commands
+#: (with the helper of ``bench --subject``), and ``unlearn --preset demo``, whose setting lives in the benchmark's
+#: subject file.
+CLI_BENCH_FUNCTIONS = frozenset({"cmd_demo", "cmd_bench", "_bench_subject", "cmd_tiny", "_demo_preset"})
+
+
+def bench_imports(source: str, module: str, is_package: bool, allowed_functions: frozenset[str] = frozenset()
+                  ) -> dict[str, list[str]]:
+    """``{where: [hf_unlearn.bench modules]}`` for every import of the benchmark harness in ``source``, at any depth
+    (module level, function-local, ``TYPE_CHECKING``); ``where`` is the enclosing top-level function or class, or
+    ``<module>``. Imports inside the top-level functions named in ``allowed_functions`` are left out."""
+    found: dict[str, list[str]] = {}
+    for node in ast.parse(source).body:
+        where = node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else "<module>"
+        if where in allowed_functions and not isinstance(node, ast.ClassDef):
+            continue
+        bench = sorted(m for m in imported_modules(ast.unparse(node), module, is_package) if _is_bench(m))
+        if bench:
+            found.setdefault(where, []).extend(bench)
+    return found
+
+
+def test_bench_scan_sees_function_level_imports_and_only_the_named_exceptions():
+    source = textwrap.dedent("""
+        from .registry import get_method
+
+        def cmd_demo():
+            from .bench.runner import run_comparison
+
+        def cmd_unlearn():
+            if True:
+                from .bench import registry
+
+        class Command:
+            def run(self):
+                import hf_unlearn.bench.console
+    """)
+    found = bench_imports(source, "hf_unlearn.cli", False, frozenset({"cmd_demo"}))
+    assert set(found) == {"cmd_unlearn", "Command"}
+    assert "hf_unlearn.bench.registry" in found["cmd_unlearn"] and found["Command"] == ["hf_unlearn.bench.console"]
+    assert set(bench_imports(source, "hf_unlearn.cli", False)) == {"cmd_demo", "cmd_unlearn", "Command"}
+
+
 def test_core_never_imports_the_benchmark_harness():
+    """No module of ``hf_unlearn`` outside ``hf_unlearn/bench`` imports ``hf_unlearn.bench``, at any depth; in the
+    command line only the functions of :data:`CLI_BENCH_FUNCTIONS` do (and each of them does, or the list is
+    stale)."""
     modules = core_modules()
-    assert {"hf_unlearn", "hf_unlearn.hub", "hf_unlearn.trainers.unlearning_trainer", "hf_unlearn.cli"} <= set(modules)
+    assert {"hf_unlearn", "hf_unlearn.hub", "hf_unlearn.methods.base.trainer", "hf_unlearn.cli",
+            "hf_unlearn.run", "hf_unlearn.console"} <= set(modules)
     offending = {}
     for name, path in modules.items():
-        if name == "hf_unlearn.cli":  # the command line is the harness's front end, not the library core
-            continue
-        bench = sorted(m for m in imported_modules(path.read_text(), name, path.name == "__init__.py") if _is_bench(m))
-        if bench:
-            offending[name] = bench
+        allowed = CLI_BENCH_FUNCTIONS if name == "hf_unlearn.cli" else frozenset()
+        found = bench_imports(path.read_text(), name, path.name == "__init__.py", allowed)
+        if found:
+            offending[name] = found
     assert not offending, f"the core imports the benchmark harness: {offending}"
+    cli = modules["hf_unlearn.cli"]
+    in_cli = bench_imports(cli.read_text(), "hf_unlearn.cli", False)
+    assert set(in_cli) == CLI_BENCH_FUNCTIONS, sorted(set(in_cli) ^ CLI_BENCH_FUNCTIONS)
+
+
+def test_the_cli_unlearn_command_imports_no_benchmark_module_when_it_runs(tmp_path):
+    """``hf-unlearn unlearn --help`` and a run refused at the model load no ``hf_unlearn.bench`` module (the static
+    scan above, seen at run time)."""
+    out = _run(f"""
+        import json, sys
+        from hf_unlearn.cli import main
+        codes = [main(["unlearn", "--method", "grom", "--help"]),
+                 main(["unlearn", "--method", "npo", "--model", {str(tmp_path / "no-model")!r},
+                       "--output", {str(tmp_path / "out")!r}, "--data", "synthetic"])]
+        bench = sorted(m for m in sys.modules if m.startswith("hf_unlearn.bench"))
+        print(json.dumps({{"codes": codes, "bench": bench}}))
+    """)
+    assert out["codes"] == [0, 2] and out["bench"] == []
+
+
+def test_deletion_request_example_does_not_import_the_cli():
+    """``examples/deletion_request.py`` is built on the library (:mod:`hf_unlearn.run`, :mod:`hf_unlearn.options`,
+    :mod:`hf_unlearn.preconditions`), not on the command line's module."""
+    path = PACKAGE.parent / "examples" / "deletion_request.py"
+    imported = imported_modules(path.read_text(), "deletion_request", is_package=False)
+    assert "hf_unlearn.run" in imported
+    assert not [m for m in imported if m == "hf_unlearn.cli" or m.startswith("hf_unlearn.cli.")], sorted(imported)
 
 
 def _run(code: str) -> dict:
@@ -109,8 +183,8 @@ def test_import_is_lazy_names_resolve_on_use_and_t3_auto_registers(tmp_path):
                            "trainer": trainer.__module__}}))
     """)
     assert out["before"] == [] and out["after_metric"] is False
-    assert out["head"] == "hf_unlearn.t3.modeling.T3Classifier"
-    assert out["trainer"] == "hf_unlearn.trainers.baselines"
+    assert out["head"] == "hf_unlearn.methods.t3.modeling.T3Classifier"
+    assert out["trainer"] == "hf_unlearn.methods.baselines.trainer"
     public = set(out["all"])
     assert {"UnlearningConfig", "GradAscentTrainer", "GradDiffTrainer", "NPOTrainer", "SimNPOTrainer", "MASCConfig",
             "MASCTrainer", "ATWUConfig", "ATWUTrainer", "GROMConfig", "GROMEdit", "fit_grom", "T3Classifier",
@@ -129,7 +203,8 @@ def test_every_exported_name_resolves():
         hf_unlearn.not_a_name  # noqa: B018
 
 
-@pytest.mark.parametrize("package", ["data", "evaluation", "grom", "t3", "trainers", "losses"])
+@pytest.mark.parametrize("package", ["data", "evaluation", "methods.base", "methods.baselines", "methods.masc",
+                                     "methods.atwu", "methods.grom", "methods.t3"])
 def test_subpackage_all_lists_only_public_names(package):
     import importlib
 
@@ -255,6 +330,6 @@ def test_no_import_cycle_inside_the_package():
         sources[name] = (path.read_text(), path.name == "__init__.py")
     graph = module_import_graph(sources)
     assert "hf_unlearn.registry" in graph["hf_unlearn.hub"]
-    assert "hf_unlearn.registry" in graph["hf_unlearn.trainers"] and "hf_unlearn.trainers.masc" in graph[
-        "hf_unlearn.trainers"]
+    assert "hf_unlearn.registry" in graph["hf_unlearn.methods.masc"] and "hf_unlearn.methods.masc.trainer" in graph[
+        "hf_unlearn.methods.masc"]
     assert import_cycles(graph) == [], f"module-level import cycles: {import_cycles(graph)}"

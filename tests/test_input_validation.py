@@ -23,7 +23,7 @@ from hf_unlearn.cli import main
 def runs(monkeypatch):
     """The method runner records its calls and trains nothing (exit status 1 when a run reaches it): a refusal
     must come before it, and a valid input must reach it."""
-    import hf_unlearn.bench.registry as registry
+    import hf_unlearn.run as registry
 
     calls: list[dict] = []
 
@@ -306,12 +306,14 @@ def test_real_and_synthetic_tofu_rows_pass_the_row_checks(tofu_dir):
     ({"num_train_epochs": float("inf")}, "num_train_epochs"), ({"max_steps": -2}, "max_steps"),
     ({"per_device_train_batch_size": 0}, "per_device_train_batch_size"),
     ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps"),
-    ({"max_length": 1}, "max_length"), ({"gamma": float("inf")}, "gamma"), ({"beta": float("inf")}, "beta"),
+    ({"max_length": 1}, "max_length"), ({"forget_weight": float("inf")}, "forget_weight"), ({"beta": float("inf")}, "beta"),
 ])
 def test_unlearning_config_refuses_values_when_built(bad, fragment, tmp_path):
-    from hf_unlearn.trainers import ATWUConfig, GradDiffConfig, MASCConfig, NPOConfig
+    from hf_unlearn.methods.atwu import ATWUConfig
+    from hf_unlearn.methods.baselines import GradDiffConfig, NPOConfig
+    from hf_unlearn.methods.masc import MASCConfig
 
-    classes = (GradDiffConfig, NPOConfig) if fragment in ("gamma", "beta") else (GradDiffConfig, MASCConfig, ATWUConfig)
+    classes = (GradDiffConfig, NPOConfig) if fragment in ("forget_weight", "beta") else (GradDiffConfig, MASCConfig, ATWUConfig)
     for cls in classes:
         with pytest.raises(ValueError, match=fragment):
             cls(output_dir=str(tmp_path / "out"), report_to="none", **bad)

@@ -1,4 +1,4 @@
-"""Baseline losses of hf_unlearn.losses against slow per-example references on random tensors."""
+"""Baseline losses of hf_unlearn.methods.baselines.loss against slow per-example references on random tensors."""
 
 from __future__ import annotations
 
@@ -8,16 +8,8 @@ import pytest
 import torch
 
 from hf_unlearn.logprobs import label_log_probs
-from hf_unlearn.losses import (
-    answer_mask,
-    grad_ascent_loss,
-    grad_diff_loss,
-    kl_retain_loss,
-    nll_loss,
-    npo_loss,
-    sequence_log_probs,
-    simnpo_loss,
-)
+from hf_unlearn.methods.base.losses import answer_mask, kl_retain_loss, nll_loss, sequence_log_probs
+from hf_unlearn.methods.baselines.loss import grad_ascent_loss, grad_diff_loss, npo_loss, simnpo_loss
 
 
 def _random_batch(seed: int = 0, batch: int = 5, length: int = 9, vocab: int = 11):

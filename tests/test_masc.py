@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from hf_unlearn.losses import (
+from hf_unlearn.methods.masc.loss import (
     buffered_hinge_loss,
     continuation_mask,
     hoeffding_upper_bound,
@@ -214,7 +214,7 @@ TINY_MASC = dict(
 
 
 def _config(tmp_path, **overrides):
-    from hf_unlearn.trainers import MASCConfig
+    from hf_unlearn.methods.masc import MASCConfig
 
     kwargs = dict(
         output_dir=str(tmp_path / "masc"), report_to="none", save_strategy="no", gradient_checkpointing=False,
@@ -226,7 +226,7 @@ def _config(tmp_path, **overrides):
 
 
 def _trainer(tiny_target, synthetic, tmp_path, **overrides):
-    from hf_unlearn.trainers import MASCTrainer
+    from hf_unlearn.methods.masc import MASCTrainer
 
     model, tok = tiny_target
     return MASCTrainer(model, _config(tmp_path, **overrides), train_dataset=synthetic["forget10"], processing_class=tok)
@@ -236,7 +236,7 @@ def _slow_probe_rates(trainer, model, rows, stage, step):
     """Recompute a probe from scratch: tokenize_qa + one forward per example + slow margin + slow continuation,
     with the same seeded cut ratios the trainer draws (one ratio per example, batch by batch)."""
     from hf_unlearn.data import tokenize_qa
-    from hf_unlearn.trainers.masc.trainer import _seeded
+    from hf_unlearn.methods.masc.trainer import _seeded
 
     args = trainer.args
     gen = _seeded(args.seed, step, {"trigger": 1, "confirm": 2}[stage])
@@ -260,7 +260,7 @@ def _slow_probe_rates(trainer, model, rows, stage, step):
 
 
 def test_masc_defaults_are_the_authors_recipe(tmp_path):
-    from hf_unlearn.trainers import MASCConfig
+    from hf_unlearn.methods.masc import MASCConfig
 
     cfg = MASCConfig(output_dir=str(tmp_path), report_to="none")
     assert (cfg.forget_weight, cfg.margin_probability, cfg.buffer_eta, cfg.top_k, cfg.margin_beta) == (0.05, 0.7, 0.25, 10, 1.0)
@@ -297,7 +297,7 @@ def test_masc_probe_matches_slow_recomputation(tiny_target, synthetic, tmp_path)
 
 @pytest.mark.parametrize("confirm_rule", ["hoeffding", "mean"])
 def test_masc_stops_at_first_confirmed_check(tiny_target, synthetic, tmp_path, confirm_rule):
-    from hf_unlearn.trainers.masc.trainer import STOPPING_FILE
+    from hf_unlearn.methods.masc.trainer import STOPPING_FILE
 
     trainer = _trainer(tiny_target, synthetic, tmp_path, confirm_rule=confirm_rule)
     trainer.train()
@@ -366,7 +366,7 @@ def test_masc_triggered_but_unconfirmed_does_not_stop(tiny_target, synthetic, tm
 
 
 def test_masc_loss_is_weighted_buffered_hinge_on_the_continuation(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.trainers.masc.trainer import ACTIVE_MASK_KEY
+    from hf_unlearn.methods.masc.trainer import ACTIVE_MASK_KEY
 
     trainer = _trainer(tiny_target, synthetic, tmp_path, forget_weight=0.05)
     model = trainer.model
@@ -408,7 +408,7 @@ def _interrupt_at(step):
 def test_masc_resume_restores_the_rule_and_the_weights(tiny_pair, synthetic, tmp_path):
     """Interrupt after a checkpoint, resume, and get the uninterrupted run's rule state and weights."""
     from hf_unlearn.bench.subjects import load_tiny
-    from hf_unlearn.trainers import MASCTrainer
+    from hf_unlearn.methods.masc import MASCTrainer
 
     common = dict(save_strategy="steps", save_steps=4, max_steps=8, stop_tolerance=0.01, stop_trigger=0.999,
                   learning_rate=3e-4)
@@ -455,7 +455,7 @@ def test_masc_heldout_variant_keeps_the_earlier_rule(tiny_target, synthetic, tmp
 def test_masc_uses_lora_by_default_with_the_disabled_adapter_as_reference(tiny_target, synthetic, tmp_path):
     from accelerate.utils import is_peft_model
 
-    from hf_unlearn.trainers import MASCTrainer
+    from hf_unlearn.methods.masc import MASCTrainer
 
     model, tok = tiny_target
     trainer = MASCTrainer(model, _config(tmp_path, use_peft=True, retain_weight=1.0), train_dataset=synthetic["forget10"],
@@ -488,14 +488,14 @@ def test_masc_uses_lora_by_default_with_the_disabled_adapter_as_reference(tiny_t
     ],
 )
 def test_masc_config_bad_input(kwargs, match):
-    from hf_unlearn.trainers import MASCConfig
+    from hf_unlearn.methods.masc import MASCConfig
 
     with pytest.raises(ValueError, match=match):
         MASCConfig(output_dir="unused", report_to="none", **kwargs)
 
 
 def test_masc_trainer_bad_input(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.trainers import MASCTrainer
+    from hf_unlearn.methods.masc import MASCTrainer
 
     model, tok = tiny_target
     forget = synthetic["forget10"]
@@ -508,7 +508,7 @@ def test_masc_trainer_bad_input(tiny_target, synthetic, tmp_path):
     with pytest.raises(ValueError, match="at least 2"):
         MASCTrainer(model, _config(tmp_path, stop_probe="heldout"), train_dataset=forget[:1], processing_class=tok)
     with pytest.raises(TypeError, match="MASCConfig"):
-        from hf_unlearn.trainers import UnlearningConfig
+        from hf_unlearn.methods.base import UnlearningConfig
 
         MASCTrainer(model, UnlearningConfig(output_dir=str(tmp_path), report_to="none"), train_dataset=forget,
                     processing_class=tok)
@@ -517,7 +517,8 @@ def test_masc_trainer_bad_input(tiny_target, synthetic, tmp_path):
 def test_masc_config_fields_have_help_and_are_documented():
     import dataclasses
 
-    from hf_unlearn.trainers import BaseUnlearningConfig, MASCConfig
+    from hf_unlearn.methods.base import BaseUnlearningConfig
+    from hf_unlearn.methods.masc import MASCConfig
 
     base = {f.name for f in dataclasses.fields(BaseUnlearningConfig)}
     own = [f for f in dataclasses.fields(MASCConfig) if f.name not in base]

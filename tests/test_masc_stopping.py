@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_masc import _config, _slow_continuation, _slow_margin
 
-from hf_unlearn.losses.masc import confirmation_statistic, sample_cut_ratios
+from hf_unlearn.methods.masc.loss import confirmation_statistic, sample_cut_ratios
 
 # The tiny memorising model fine-tuned in full with the paper's objective (retain KL at weight 1, the default) and
 # the authors' constant learning rate and plain-mean confirmation: measured to stop by the rule at step 18.
@@ -22,7 +22,7 @@ STOPPING = dict(
 
 
 def _trainer(tiny_target, synthetic, tmp_path, calibrate_stop_on=None, **overrides):
-    from hf_unlearn.trainers import MASCTrainer
+    from hf_unlearn.methods.masc import MASCTrainer
 
     model, tok = tiny_target
     args = _config(tmp_path, **{**STOPPING, **overrides})
@@ -87,7 +87,7 @@ def test_masc_calibrates_trigger_and_tolerance_on_never_seen_rows(tiny_target, s
     # slow recomputation at step 0 (before any update): tokenize_qa + slow margin + slow continuation, with the
     # cut ratios the probe draws for stage "calibrate" batch by batch
     from hf_unlearn.data import tokenize_qa
-    from hf_unlearn.trainers.masc.trainer import _seeded
+    from hf_unlearn.methods.masc.trainer import _seeded
 
     gen = _seeded(args.seed, 0, 4)
     bs = args.per_device_eval_batch_size
@@ -133,7 +133,7 @@ def test_masc_calibration_rows_must_be_never_seen(tiny_target, synthetic, tmp_pa
 def test_masc_authors_epoch_length_cycles_the_forget_set_over_the_retain_set(tiny_target, synthetic, tmp_path):
     from collections import Counter
 
-    from hf_unlearn.trainers import MASCTrainer
+    from hf_unlearn.methods.masc import MASCTrainer
 
     model, tok = tiny_target
     forget, retain = synthetic["forget10"], synthetic["retain90"]

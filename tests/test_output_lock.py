@@ -174,7 +174,7 @@ def test_output_folders_follow_the_umask(umask, tmp_path):
 
 
 def test_a_trainer_run_is_refused_while_another_process_writes_its_folder(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.trainers import GradDiffConfig, GradDiffTrainer
+    from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer
 
     model, tok = tiny_target
     forget, retain = list(synthetic["forget10"][:4]), list(synthetic["retain90"][:8])

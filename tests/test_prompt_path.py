@@ -41,7 +41,7 @@ class _Recorder:
 
 @pytest.mark.parametrize("stop_probe", ["train", "heldout"])
 def test_masc_probes_read_the_loss_tokens(tiny_target, synthetic, tmp_path, stop_probe):
-    from hf_unlearn.trainers import MASCConfig, MASCTrainer
+    from hf_unlearn.methods.masc import MASCConfig, MASCTrainer
 
     model, tok = tiny_target
     forget = list(synthetic["forget10"])
@@ -76,7 +76,7 @@ def test_masc_probes_read_the_loss_tokens(tiny_target, synthetic, tmp_path, stop
     else:  # the held-out slice is never trained on: its probe reads what the loss would, the templated tokens
         from datasets import Dataset
 
-        from hf_unlearn.trainers.masc.trainer import split_validation
+        from hf_unlearn.methods.masc.trainer import split_validation
 
         _, held = split_validation(Dataset.from_list(forget), args.validation_fraction, args.seed)
         assert len(held) == 2 and recorder.seen["heldout"] == _sequences(tok, held, TEMPLATE)
@@ -84,8 +84,8 @@ def test_masc_probes_read_the_loss_tokens(tiny_target, synthetic, tmp_path, stop
 
 
 def test_atwu_weighter_reads_the_loss_tokens(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.trainers import ATWUConfig, ATWUTrainer
-    from hf_unlearn.trainers.atwu.weighter import answer_token_ids, score_tokens
+    from hf_unlearn.methods.atwu import ATWUConfig, ATWUTrainer
+    from hf_unlearn.methods.atwu.weighter import answer_token_ids, score_tokens
 
     model, tok = tiny_target
     forget, retain = list(synthetic["forget10"]), list(synthetic["retain90"])

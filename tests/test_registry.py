@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from hf_unlearn import registry
 from hf_unlearn.cli import main
-from hf_unlearn.trainers import GradAscentTrainer
+from hf_unlearn.methods.baselines import GradAscentTrainer
 
 ARXIV_ID = re.compile(r"^\d{4}\.\d{4,5}$")
 
@@ -59,9 +59,11 @@ def test_every_method_has_its_metadata_and_the_cli_lists_the_registry():
 
 
 def test_classes_carry_their_method_and_artifacts_map_back():
-    from hf_unlearn.grom import GROMEdit
-    from hf_unlearn.t3 import T3Classifier
-    from hf_unlearn.trainers import MASCTrainer, NPOTrainer, UnlearningTrainer
+    from hf_unlearn.methods.base import UnlearningTrainer
+    from hf_unlearn.methods.baselines import NPOTrainer
+    from hf_unlearn.methods.grom import GROMEdit
+    from hf_unlearn.methods.masc import MASCTrainer
+    from hf_unlearn.methods.t3 import T3Classifier
 
     class MyNPO(NPOTrainer):
         pass
@@ -102,11 +104,11 @@ def test_the_registry_imports_no_torch_and_the_cli_parser_loads_no_method():
         from hf_unlearn.cli import build_parser
         build_parser()
         print(json.dumps({"torch": light, "trl": "trl" in sys.modules,
-                          "trainers": "hf_unlearn.trainers" in sys.modules}))
+                          "methods": any(m.startswith("hf_unlearn.methods.") for m in sys.modules)}))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"torch": False, "trl": False, "trainers": False}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"torch": False, "trl": False, "methods": False}
 
 
 # ------------------------------------------------------------------------- a method added by one registration

@@ -15,8 +15,8 @@ import torch
 from transformers import TrainerCallback
 
 from hf_unlearn.bench.subjects import load_tiny
-from hf_unlearn.trainers import GradDiffConfig, GradDiffTrainer, NPOTrainer
-from hf_unlearn.trainers.unlearning_trainer import FINGERPRINT_NAME, ResumeMismatchError
+from hf_unlearn.methods.base.checkpoints import FINGERPRINT_NAME, ResumeMismatchError
+from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer, NPOTrainer
 
 datasets.disable_progress_bars()
 
@@ -136,7 +136,7 @@ def test_resume_of_another_method_settings_or_data_is_refused_before_work(tiny_p
     assert "per_device_train_batch_size=4 (now 2)" in resume(per_device_train_batch_size=2)
     assert "seed=0 (now 1)" in resume(seed=1)
     assert "weight_decay=0.01 (now 0.0)" in resume(weight_decay=0.0)
-    assert "method hf_unlearn.trainers.baselines.GradDiffTrainer (now hf_unlearn.trainers.baselines.NPOTrainer)" in (
+    assert "method hf_unlearn.methods.baselines.trainer.GradDiffTrainer (now hf_unlearn.methods.baselines.trainer.NPOTrainer)" in (
         resume(cls=NPOTrainer))
     assert "other retain rows" in resume(retain_rows=retain[::-1])
     assert "other forget rows" in resume(forget_rows=forget[:9])

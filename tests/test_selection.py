@@ -182,7 +182,7 @@ def _trainer(tiny_pair, synthetic, out, callbacks, **more):
     from datasets import Dataset
 
     from hf_unlearn.bench.subjects import load_tiny
-    from hf_unlearn.trainers import GradAscentConfig, GradAscentTrainer
+    from hf_unlearn.methods.baselines import GradAscentConfig, GradAscentTrainer
 
     model, tok = load_tiny(tiny_pair.target)
     forget = Dataset.from_list([{"question": r["question"], "answer": r["answer"]} for r in synthetic["forget10"]])
@@ -270,7 +270,7 @@ def test_callback_rebuilt_from_state_finds_the_live_criterion(synthetic):
 
 # --------------------------------------------------------------------------------------------- the CLI
 def test_cli_select_without_holdout_says_what_is_missing_before_any_work(tiny_pair, tmp_path, capsys, monkeypatch):
-    import hf_unlearn.bench.registry as registry
+    import hf_unlearn.run as registry
     from hf_unlearn.cli import main
 
     monkeypatch.setattr(registry, "run_method", lambda *a, **k: pytest.fail("training started"))
@@ -286,7 +286,7 @@ def test_cli_select_without_holdout_says_what_is_missing_before_any_work(tiny_pa
 
 def test_cli_grom_select_saves_the_chosen_edit_and_its_record(tiny_pair, tmp_path, capsys):
     from hf_unlearn.cli import main
-    from hf_unlearn.grom import GROMEdit
+    from hf_unlearn.methods.grom import GROMEdit
 
     out = tmp_path / "grom"
     code = main(["unlearn", "--method", "grom", "--model", str(tiny_pair.target), "--data", "synthetic",

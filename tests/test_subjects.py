@@ -24,6 +24,7 @@ from hf_unlearn.bench.subjects import (  # noqa: E402
     SubjectSpec,
     SubjectUnavailableError,
     installed_gguf,
+    pretrained,  # the module resolve_subject looks its helpers up in (patched there)
     resolve_subject,
 )
 
@@ -159,7 +160,7 @@ def test_second_resolve_reuses_the_cache(tiny_gguf, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the cached folder should have been reused")
 
-    monkeypatch.setattr(subjects, "dequantize_gguf", fail)
+    monkeypatch.setattr(pretrained, "dequantize_gguf", fail)
     second = resolve_subject("smollm2-135m", cache_dir=tmp_path, gguf_path=tiny_gguf)
     assert second.path == first.path
 
@@ -181,8 +182,8 @@ def test_gguf_found_inside_an_installed_package_without_importing_it(tiny_gguf, 
 
 
 def test_neither_hub_nor_package_fails_naming_the_install_commands(tmp_path, monkeypatch):
-    monkeypatch.setattr(subjects, "_hub_snapshot", lambda hub_id, local_only: None)
-    monkeypatch.setattr(subjects, "installed_gguf", lambda spec: None)
+    monkeypatch.setattr(pretrained, "_hub_snapshot", lambda hub_id, local_only: None)
+    monkeypatch.setattr(pretrained, "installed_gguf", lambda spec: None)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SubjectUnavailableError) as err:
         resolve_subject("smollm2-135m", cache_dir=tmp_path)
@@ -270,6 +271,45 @@ def test_build_small_pair_on_a_tiny_gguf(tiny_gguf, tofu_dir, tmp_path):
     assert tuning.retain == pair.retain and tuning.target != pair.target and tuning.source != pair.source
 
 
+def test_build_small_pair_resolves_auto_bf16_per_cpu(tiny_gguf, tofu_dir, tmp_path, monkeypatch):
+    """bf16_autocast="auto": float32 fine-tuning where the CPU lacks native bf16, bf16 autocast where it has it;
+    the resolved value is recorded in the pair and names its cache folders, so the two pairs never share one."""
+    from hf_unlearn.bench.subjects import CPU_BF16_ENV, SmallRecipe, build_small_pair, tofu_small
+
+    real_fine_tune = tofu_small.fine_tune_qa
+    seen: list[bool] = []
+
+    def observed_fine_tune(model, *args, **kwargs):
+        hook = model.register_forward_pre_hook(lambda module, inputs: seen.append(torch.is_autocast_enabled("cpu")))
+        try:
+            return real_fine_tune(model, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(tofu_small, "fine_tune_qa", observed_fine_tune)
+    recipe = SmallRecipe(forget_authors=1, retain_authors=1, epochs=1, learning_rate=1e-3, batch_size=20, max_length=640)
+    assert recipe.bf16_autocast == "auto"
+    pairs = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv(CPU_BF16_ENV, env)
+        seen.clear()
+        pair = build_small_pair("smollm2-135m", str(tofu_dir), recipe, cache_dir=tmp_path, progress=False,
+                                gguf_path=tiny_gguf)
+        native = env == "1"
+        assert seen and set(seen) == {native}  # every training forward ran under autocast exactly when native
+        assert pair.recipe["bf16_autocast"] is native
+        for folder in (pair.target, pair.retain):
+            assert json.loads((folder / "tofu_small.json").read_text())["recipe"]["bf16_autocast"] is native
+        pairs[native] = pair
+    assert pairs[True].target != pairs[False].target and pairs[True].retain != pairs[False].retain
+    assert pairs[True].source == pairs[False].source  # the data do not depend on the precision
+    # An explicit choice overrides the CPU and finds the pair of the same resolved value in the cache.
+    seen.clear()
+    explicit = build_small_pair("smollm2-135m", str(tofu_dir), replace(recipe, bf16_autocast=False), cache_dir=tmp_path,
+                                progress=False, gguf_path=tiny_gguf)
+    assert (explicit.target, explicit.retain) == (pairs[False].target, pairs[False].retain) and not seen
+
+
 def test_fine_tune_qa_trains_answers_only(tiny_gguf, tmp_path):
     """The loss is on answer tokens only: with every answer token masked out nothing would be learned,
     so the check is that the prompt's own next-token NLL does not move the way the answer's does."""
@@ -321,10 +361,10 @@ def test_small_sanity_gate_thresholds():
 def test_smollm2_presets_one_valid_setting_per_method(tmp_path):
     """benchmarks/configs/smollm2-135m.toml: every registered method has one preset, and each preset
     builds its method's config class (an unknown or misspelled field would raise here, not mid-bench)."""
-    from hf_unlearn import trainers
+    import hf_unlearn
     from hf_unlearn.bench.registry import METHODS, load_subject_presets
-    from hf_unlearn.grom import GROMConfig
-    from hf_unlearn.t3 import T3ClassifierConfig
+    from hf_unlearn.methods.grom import GROMConfig
+    from hf_unlearn.methods.t3 import T3ClassifierConfig
 
     presets = load_subject_presets("smollm2-135m")
     assert set(presets) == set(METHODS)
@@ -334,7 +374,7 @@ def test_smollm2_presets_one_valid_setting_per_method(tmp_path):
         assert preset["grid"] == (preset["demo"],), method
         settings = dict(preset["demo"])
         if method in config_names:
-            config = getattr(trainers, config_names[method])(output_dir=str(tmp_path / method), report_to="none",
+            config = getattr(hf_unlearn, config_names[method])(output_dir=str(tmp_path / method), report_to="none",
                                                              **settings)
             assert config.learning_rate == settings["learning_rate"]
         elif method == "grom":
@@ -359,16 +399,18 @@ def test_bench_subject_option_refuses_bad_input_before_work(capsys):
 def test_bench_subject_build_only_end_to_end_on_a_tiny_gguf(tiny_gguf, tofu_dir, tmp_path, monkeypatch, capsys):
     """`hf-unlearn bench --subject smollm2-135m --build-only` wired through: subject -> pair -> gate JSON
     (with the recipe), and a second run reuses the cached gate without evaluating again."""
+    monkeypatch.setenv(subjects.CPU_BF16_ENV, "0")  # float32 fine-tuning and evaluation, on any CPU
     from hf_unlearn import evaluation
     from hf_unlearn.bench.subjects import SmallRecipe
     from hf_unlearn.cli import main
 
-    monkeypatch.setattr(subjects, "_hub_snapshot", lambda hub_id, local_only: None)
-    monkeypatch.setattr(subjects, "installed_gguf", lambda spec: tiny_gguf)
+    monkeypatch.setattr(pretrained, "_hub_snapshot", lambda hub_id, local_only: None)
+    monkeypatch.setattr(pretrained, "installed_gguf", lambda spec: tiny_gguf)
+    # the runner imports small_recipe_for from the package when it runs: patched there
     monkeypatch.setattr(subjects, "small_recipe_for", lambda name: SmallRecipe(
         subject=name, forget_authors=1, retain_authors=1, epochs=1, learning_rate=1e-3, batch_size=10, max_length=640))
-    argv = ["bench", "--subject", "smollm2-135m", "--build-only", "--data", str(tofu_dir), "--cache-dir", str(tmp_path),
-            "--max-examples", "3", "--max-new-tokens", "4"]
+    argv = ["bench", "--subject", "smollm2-135m", "--layout", "v1", "--build-only", "--data", str(tofu_dir),
+            "--cache-dir", str(tmp_path), "--max-examples", "3", "--max-new-tokens", "4"]
     status = main(argv)
     out = capsys.readouterr().out
     assert status in (0, 1) and "TOFU-small sanity gate: " in out and "base " in out
@@ -379,7 +421,7 @@ def test_bench_subject_build_only_end_to_end_on_a_tiny_gguf(tiny_gguf, tofu_dir,
     assert gate["checks"]["retain_self_forget_quality"]["value"] == 1.0
     assert set(gate["eval_seconds"]) == {"base", "target", "retain reference"}
     assert gate["num_examples"]["forget"] == 3
-    assert gate["eval_kwargs"]["autocast_dtype"] == "bfloat16"  # --subject evaluates under bf16 autocast by default
+    assert "autocast_dtype" not in gate["eval_kwargs"]  # bf16 is not native here (HF_UNLEARN_CPU_BF16=0): float32
 
     def fail(*args, **kwargs):
         raise AssertionError("the cached gate should have been reused")
@@ -391,11 +433,13 @@ def test_bench_subject_build_only_end_to_end_on_a_tiny_gguf(tiny_gguf, tofu_dir,
 def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu_dir, tmp_path, monkeypatch):
     """The full `bench --subject` path on a tiny GGUF with one method: results land in
     <output>/smollm2-135m_tofu.{json,md,png} with the recipe, the TOFU-small gate and the subject."""
+    monkeypatch.setenv(subjects.CPU_BF16_ENV, "0")  # float32 fine-tuning and evaluation, on any CPU
     from hf_unlearn.bench.subjects import SmallRecipe
     from hf_unlearn.cli import main
 
-    monkeypatch.setattr(subjects, "_hub_snapshot", lambda hub_id, local_only: None)
-    monkeypatch.setattr(subjects, "installed_gguf", lambda spec: tiny_gguf)
+    monkeypatch.setattr(pretrained, "_hub_snapshot", lambda hub_id, local_only: None)
+    monkeypatch.setattr(pretrained, "installed_gguf", lambda spec: tiny_gguf)
+    # the runner imports small_recipe_for from the package when it runs: patched there
     monkeypatch.setattr(subjects, "small_recipe_for", lambda name: SmallRecipe(
         subject=name, forget_authors=1, retain_authors=1, epochs=1, learning_rate=1e-3, batch_size=10, max_length=640))
     from hf_unlearn.bench import runner
@@ -405,8 +449,8 @@ def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu
 
     monkeypatch.setattr(runner, "reference_rows", fail)  # the gate evaluated both; the bench must not again
     out = tmp_path / "results"
-    status = main(["bench", "--subject", "smollm2-135m", "--methods", "grad_ascent", "--data", str(tofu_dir),
-                   "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "--max-examples", "3",
+    status = main(["bench", "--subject", "smollm2-135m", "--layout", "v1", "--methods", "grad_ascent",
+                   "--data", str(tofu_dir), "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "--max-examples", "3",
                    "--max-new-tokens", "4", "--no-quantization"])
     assert status == 0
     assert {p.name for p in out.glob("smollm2-135m_tofu*")} >= {"smollm2-135m_tofu.json", "smollm2-135m_tofu.md",
@@ -417,7 +461,7 @@ def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu
     assert payload["subject"]["origin"] == "gguf" and payload["presets"] == "smollm2-135m"
     assert payload["rows"]["grad_ascent"]["settings"]["learning_rate"] == 2e-5  # the TOML preset
     assert payload["rows"]["grad_ascent"]["error"] is None
-    assert payload["eval_kwargs"] == {"max_new_tokens": 4, "max_examples": 3, "autocast_dtype": "bfloat16"}
+    assert payload["eval_kwargs"] == {"max_new_tokens": 4, "max_examples": 3}  # float32: bf16 is not native here
     gate = payload["sanity_gate"]["checks"]
     assert payload["target"]["forget_quality"] == gate["target_forget_quality"]["value"]
     assert payload["retain_reference"]["forget_quality"] == 1.0
@@ -439,3 +483,10 @@ def test_general_component_ratios_report_what_fine_tuning_cost():
     target["components"]["real_authors_rouge_l"] = 0.46
     assert general_component_ratios(target, base)["kept"] is True
     assert general_component_ratios({"components": {}}, base) == {"ratios": {}, "kept": None, "keep": 0.9}
+
+
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_subject_evaluation_autocasts_to_bf16_only_where_it_is_native(native, monkeypatch):
+    monkeypatch.setenv(subjects.CPU_BF16_ENV, native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert subjects.default_eval_autocast() == ("bfloat16" if native == "1" else None)

@@ -15,7 +15,7 @@ import hf_unlearn  # noqa: F401  (registers the T3 classes with the Auto classes
 from hf_unlearn.bench.subjects import TinyRecipe, build_tiny_llama, load_tiny
 from hf_unlearn.data import build_prompt, collate_qa, tokenize_qa
 from hf_unlearn.logprobs import answer_nll, label_log_probs
-from hf_unlearn.t3 import (
+from hf_unlearn.methods.t3 import (
     T3Classifier,
     T3ClassifierConfig,
     T3LogitsProcessor,
@@ -26,7 +26,7 @@ from hf_unlearn.t3 import (
     tilted_log_probs,
     tilted_scores,
 )
-from hf_unlearn.t3.hidden import layer_hidden
+from hf_unlearn.methods.t3.hidden import layer_hidden
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -286,7 +286,7 @@ def test_fit_caches_answer_positions_only_and_keeps_the_tokenizer(target, synthe
     with pytest.raises(ValueError, match="unknown settings"):
         fit_t3(model, tok, forget, retain, top_k=20, progress=False)
     # A prompt template reaches the tokenization (and is saved with the head).
-    from hf_unlearn.t3.fit import tokenize_examples
+    from hf_unlearn.methods.t3.fit import tokenize_examples
 
     feats, _ = tokenize_examples(tok, forget, None, "tofu-llama2")
     assert feats[0]["input_ids"] == tokenize_qa(tok, forget[0]["question"], forget[0]["answer"],

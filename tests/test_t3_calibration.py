@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from hf_unlearn.methods.t3 import T3Classifier, T3ClassifierConfig, fit_t3, t3_scorer
+from hf_unlearn.methods.t3.calibration import calibrate_t3, calibration_grid
 from hf_unlearn.selection import SelectionCriterion, select_candidate
-from hf_unlearn.t3 import T3Classifier, T3ClassifierConfig, fit_t3, t3_scorer
-from hf_unlearn.t3.calibration import calibrate_t3, calibration_grid
 
 TEMPERATURES, TILT_WEIGHTS = (1.0, 2.0), (0.5, 1.0)
 

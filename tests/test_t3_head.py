@@ -11,10 +11,10 @@ import torch
 from test_t3 import left_pad, prompt_ids, qa_batch, random_head
 from transformers import LogitsProcessorList
 
-import hf_unlearn.t3.fit as t3_fit
+import hf_unlearn.methods.t3.fit as t3_fit
 from hf_unlearn.bench.subjects import load_tiny
 from hf_unlearn.logprobs import label_log_probs
-from hf_unlearn.t3 import (
+from hf_unlearn.methods.t3 import (
     T3Classifier,
     T3ClassifierConfig,
     T3LogitsProcessor,
@@ -22,7 +22,7 @@ from hf_unlearn.t3 import (
     t3_log_probs,
     tilted_scores,
 )
-from hf_unlearn.t3.fit import balanced_batches
+from hf_unlearn.methods.t3.fit import balanced_batches
 
 
 @pytest.fixture(scope="module")

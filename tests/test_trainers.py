@@ -11,14 +11,13 @@ import torch
 
 from hf_unlearn.data import retain_partner_indices, tokenize_qa
 from hf_unlearn.logprobs import answer_nll, label_log_probs
-from hf_unlearn.trainers import (
+from hf_unlearn.methods.base import BaseUnlearningConfig, NonFiniteLossError, UnlearningConfig
+from hf_unlearn.methods.baselines import (
     GradAscentTrainer,
     GradDiffTrainer,
-    NonFiniteLossError,
     NPOTrainer,
     SimNPOConfig,
     SimNPOTrainer,
-    UnlearningConfig,
 )
 
 datasets.disable_progress_bars()
@@ -104,13 +103,13 @@ def test_per_method_defaults_do_not_change_the_callers_config(tiny_target, synth
     npo = NPOTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
     simnpo = SimNPOTrainer(model, _config(tmp_path, cls=SimNPOConfig), train_dataset=forget, retain_dataset=retain,
                            processing_class=tok)
-    assert (npo.args.forget_loss, npo.args.beta, npo.args.gamma, npo.args.alpha) == ("npo", 0.1, 1.0, 1.0)
-    assert (simnpo.args.forget_loss, simnpo.args.beta, simnpo.args.gamma, simnpo.args.alpha) == ("simnpo", 4.5, 0.125, 1.0)
-    assert args.forget_loss == "grad_ascent" and (args.beta, args.gamma) == (0.1, 1.0)  # the caller's config unchanged
+    assert (npo.args.forget_loss, npo.args.beta, npo.args.forget_weight, npo.args.retain_weight) == ("npo", 0.1, 1.0, 1.0)
+    assert (simnpo.args.forget_loss, simnpo.args.beta, simnpo.args.forget_weight, simnpo.args.retain_weight) == ("simnpo", 4.5, 0.125, 1.0)
+    assert args.forget_loss == "grad_ascent" and (args.beta, args.forget_weight) == (0.1, 1.0)  # the caller's config unchanged
     # a plain UnlearningConfig keeps its own values in a preset trainer, with a warning naming the preset's defaults
     with pytest.warns(UserWarning, match=r"beta=0.1 \(SimNPOConfig: 4.5\)"):
         plain = SimNPOTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
-    assert (plain.args.forget_loss, plain.args.beta, plain.args.gamma) == ("simnpo", 0.1, 1.0)
+    assert (plain.args.forget_loss, plain.args.beta, plain.args.forget_weight) == ("simnpo", 0.1, 1.0)
     assert simnpo.ref_model is None and npo.ref_model is not None and npo.ref_model is not npo.model
     assert not npo.ref_model.training and not any(p.requires_grad for p in npo.ref_model.parameters())
 
@@ -153,7 +152,7 @@ def test_npo_reference_is_the_frozen_initial_model_and_loss_starts_at_2_log2_ove
     model, tok = tiny_target
     initial, _ = load_tiny(tiny_pair.target)
     forget = synthetic["forget10"]
-    trainer = NPOTrainer(model, _config(tmp_path, max_steps=3, alpha=0.0, beta=0.5), train_dataset=forget,
+    trainer = NPOTrainer(model, _config(tmp_path, max_steps=3, retain_weight=0.0, beta=0.5), train_dataset=forget,
                          processing_class=tok)
     batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]))
     trainer.model.eval()
@@ -254,7 +253,7 @@ def test_bad_input_is_refused_before_training(tiny_target, synthetic, tmp_path):
     with pytest.warns(UserWarning, match="`retain_dataset` is ignored"):
         GradAscentTrainer(model, _config(tmp_path, max_retain_loss_ratio=None), train_dataset=forget,
                           retain_dataset=retain, processing_class=tok)
-    for bad in ({"beta": 0.0}, {"beta": -1.0}, {"alpha": -0.5}, {"retain_loss": "l2"}):
+    for bad in ({"beta": 0.0}, {"beta": -1.0}, {"retain_weight": -0.5}, {"retain_loss": "l2"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             _config(tmp_path, **bad)
     with pytest.raises(ValueError, match="packing"):
@@ -285,23 +284,24 @@ def test_nan_loss_stops_training_naming_the_step(tiny_target, synthetic, tmp_pat
     ("GradAscent", {"forget_loss": "grad_ascent", "retain_loss": "none"}),
     ("GradDiff", {"forget_loss": "grad_ascent", "retain_loss": "kl"}),
     ("NPO", {"forget_loss": "npo", "retain_loss": "nll"}),
-    ("SimNPO", {"forget_loss": "simnpo", "retain_loss": "nll", "beta": 4.5, "gamma": 0.125}),
+    ("SimNPO", {"forget_loss": "simnpo", "retain_loss": "nll", "beta": 4.5, "forget_weight": 0.125}),
 ])
 def test_preset_trainers_are_the_unlearning_trainer_with_their_fields(preset_name, fields, tiny_target, synthetic,
                                                                       tmp_path):
     """Each preset trainer with its own config gives the loss of the generic UnlearningTrainer with the same
     objective fields, and the preset config's defaults are exactly those fields."""
-    from hf_unlearn import trainers
-    from hf_unlearn.losses import grad_ascent_loss, nll_loss
+    import hf_unlearn
+    from hf_unlearn.methods.base.losses import nll_loss
+    from hf_unlearn.methods.baselines.loss import grad_ascent_loss
 
     model, tok = tiny_target
     forget, retain = synthetic["forget10"][:8], synthetic["retain90"][:8]
-    preset_cls = getattr(trainers, f"{preset_name}Trainer")
-    preset_config = getattr(trainers, f"{preset_name}Config")
+    preset_cls = getattr(hf_unlearn, f"{preset_name}Trainer")
+    preset_config = getattr(hf_unlearn, f"{preset_name}Config")
     extra = {"retain_loss": "kl"} if preset_name == "GradDiff" else {}
     preset = preset_cls(model, _config(tmp_path, cls=preset_config, **extra), train_dataset=forget,
                         retain_dataset=retain, processing_class=tok)
-    generic = trainers.UnlearningTrainer(model, _config(tmp_path, **fields), train_dataset=forget,
+    generic = hf_unlearn.UnlearningTrainer(model, _config(tmp_path, **fields), train_dataset=forget,
                                          retain_dataset=retain, processing_class=tok)
     assert {k: getattr(preset.args, k) for k in fields} == fields
     assert type(generic.args) is UnlearningConfig and generic.needs_retain(generic.args) == (fields["retain_loss"] != "none")
@@ -350,28 +350,29 @@ def test_configs_are_written_as_trl_writes_them():
 
     from trl import SFTConfig
 
-    from hf_unlearn import trainers
+    import hf_unlearn
+    from hf_unlearn.methods.base.config import RENAMED_WEIGHTS
 
     sft = {f.name for f in dataclasses.fields(SFTConfig)}
-    for cls in (trainers.BaseUnlearningConfig, trainers.UnlearningConfig):
+    for cls in (BaseUnlearningConfig, hf_unlearn.UnlearningConfig):
         for f in dataclasses.fields(cls):
             if f.name in sft or f.name not in cls.__dict__.get("__annotations__", {}):
                 continue
             assert "help" in f.metadata and f"{f.name} (`" in cls.__doc__, f.name
             assert f.default is not dataclasses.MISSING, f.name
-            if f.name not in ("prompt_template",):
+            if f.name not in ("prompt_template", *RENAMED_WEIGHTS):  # the deprecated names default to None
                 assert f.default is not None, f.name
 
     def differing(cls):
-        base = {f.name: f.default for f in dataclasses.fields(trainers.UnlearningConfig)}
+        base = {f.name: f.default for f in dataclasses.fields(hf_unlearn.UnlearningConfig)}
         return {f.name: f.default for f in dataclasses.fields(cls) if f.default != base[f.name]}
 
-    assert differing(trainers.GradAscentConfig) == {"retain_loss": "none"}
-    assert differing(trainers.GradDiffConfig) == {}
-    assert differing(trainers.NPOConfig) == {"forget_loss": "npo"}
-    assert differing(trainers.SimNPOConfig) == {"forget_loss": "simnpo", "beta": 4.5, "gamma": 0.125}
+    assert differing(hf_unlearn.GradAscentConfig) == {"retain_loss": "none"}
+    assert differing(hf_unlearn.GradDiffConfig) == {}
+    assert differing(hf_unlearn.NPOConfig) == {"forget_loss": "npo"}
+    assert differing(hf_unlearn.SimNPOConfig) == {"forget_loss": "simnpo", "beta": 4.5, "forget_weight": 0.125}
     for name in ("GradAscent", "GradDiff", "NPO", "SimNPO"):
-        trainer_cls, config_cls = getattr(trainers, f"{name}Trainer"), getattr(trainers, f"{name}Config")
+        trainer_cls, config_cls = getattr(hf_unlearn, f"{name}Trainer"), getattr(hf_unlearn, f"{name}Config")
         assert trainer_cls.config_class is config_cls
         defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
         assert all(defaults[k] == v for k, v in trainer_cls.preset.items())  # the preset is its config's default
@@ -381,7 +382,7 @@ def test_bf16_on_a_cpu_only_machine_is_cpu_autocast_with_float32_master_weights(
                                                                                 monkeypatch):
     """`bf16=True` without an accelerator: transformers would refuse it unless `use_cpu`; the config sets it, and
     training runs under CPU bf16 autocast while the weights stay float32 and move."""
-    from hf_unlearn.trainers import unlearning_config
+    from hf_unlearn.methods.base import config as unlearning_config
 
     monkeypatch.setattr(unlearning_config, "_accelerator_present", lambda: False)
     config = _config(tmp_path, bf16=True)

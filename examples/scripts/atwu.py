@@ -21,28 +21,41 @@ A Hub model fine-tuned on TOFU (GPU):
 
 Your own records: ``--forget_file delete_me.jsonl`` (and optionally ``--retain_file keep.jsonl``), JSON Lines
 with ``question`` and ``answer``.
+
+The script runs what ``hf-unlearn unlearn --method atwu`` runs, and given the same options both write the
+same folder: the same checks before any work, then :func:`hf_unlearn.run.unlearn`; the folder is swapped
+in when complete and holds ``logs/atwu.jsonl`` (the training logs) beside the result.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers import HfArgumentParser
 
-from hf_unlearn.bench.script_args import ScriptArguments, load_forget_retain, load_model_and_tokenizer
-from hf_unlearn.trainers import ATWUConfig, ATWUTrainer
+from hf_unlearn.bench.script_args import (
+    OutputArguments,
+    ScriptArguments,
+    method_parser,
+    parse_script_args,
+    run_script,
+)
+from hf_unlearn.run import Unlearned
+
+METHOD = "atwu"
 
 
-def main(script_args: ScriptArguments, training_args: ATWUConfig) -> None:
-    model, tokenizer = load_model_and_tokenizer(script_args)
-    # the retain rows only when the objective has a retain term (alpha > 0)
-    needs_retain = ATWUTrainer.needs_retain(training_args)
-    forget, retain = load_forget_retain(script_args, needs_retain, as_dataset=True)
-    trainer = ATWUTrainer(
-        model=model, args=training_args, train_dataset=forget, retain_dataset=retain, processing_class=tokenizer
-    )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
+def make_parser() -> HfArgumentParser:
+    """The script's options: :class:`ScriptArguments`, :class:`OutputArguments` and every field of the method's
+    config."""
+    return method_parser(METHOD)
+
+
+def main(script_args: ScriptArguments, output_args: OutputArguments, settings: dict[str, Any]) -> Unlearned:
+    result = run_script(METHOD, script_args, output_args, settings)
+    print(f"atwu: unlearned in {result.seconds:.1f}s, saved to {output_args.output_dir}")
+    return result
 
 
 if __name__ == "__main__":
-    parser = HfArgumentParser((ScriptArguments, ATWUConfig))
-    main(*parser.parse_args_into_dataclasses())
+    main(*parse_script_args(METHOD))

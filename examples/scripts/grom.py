@@ -23,46 +23,41 @@ A Hub model fine-tuned on TOFU:
 
 Your own records: ``--forget_file delete_me.jsonl`` (and optionally ``--retain_file keep.jsonl``), JSON Lines
 with ``question`` and ``answer``.
+
+The script runs what ``hf-unlearn unlearn --method grom`` runs, and given the same options both write the
+same folder: the same checks before any work, then :func:`hf_unlearn.run.unlearn`; the folder is swapped
+in when complete and holds ``logs/grom.jsonl`` (the training logs) beside the result.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import HfArgumentParser
 
 from hf_unlearn.bench.script_args import (
+    OutputArguments,
     ScriptArguments,
-    load_forget_retain,
-    load_model_and_tokenizer,
-    model_path,
+    method_parser,
+    parse_script_args,
+    run_script,
 )
-from hf_unlearn.cli import config_kwargs, options_dataclass
-from hf_unlearn.grom import GROMConfig, fit_grom
-from hf_unlearn.safe_output import check_output_dir
+from hf_unlearn.run import Unlearned
 
-# GROMConfig's options as a plain dataclass that HfArgumentParser reads with every default intact (it drops the
-# default of a field typed `str | list[int]`, such as `layers="auto"`, when given the config itself).
-GROMOptions = options_dataclass(GROMConfig)
+METHOD = "grom"
 
 
-@dataclass
-class OutputArguments:
-    output_dir: str = field(default="outputs/grom", metadata={"help": "Folder for the adapter (refused if not empty)."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder (swapped in when done)."})
+def make_parser() -> HfArgumentParser:
+    """The script's options: :class:`ScriptArguments`, :class:`OutputArguments` and every field of the method's
+    config."""
+    return method_parser(METHOD)
 
 
-def main(script_args: ScriptArguments, grom_options, output_args: OutputArguments) -> None:
-    grom_config = GROMConfig(**config_kwargs(grom_options))
-    path = model_path(script_args)
-    check_output_dir(output_args.output_dir, inputs=[path], overwrite=output_args.overwrite)
-    model, tokenizer = load_model_and_tokenizer(path)
-    forget, retain = load_forget_retain(script_args)
-    edit = fit_grom(model, tokenizer, forget, retain, grom_config)
-    edit.save_pretrained(output_args.output_dir, overwrite=output_args.overwrite)
-    print(f"GROM edit of {sorted(edit.solutions)} saved to {output_args.output_dir}")
+def main(script_args: ScriptArguments, output_args: OutputArguments, settings: dict[str, Any]) -> Unlearned:
+    result = run_script(METHOD, script_args, output_args, settings)
+    print(f"GROM edit of {sorted(result.artifact.solutions)} saved to {output_args.output_dir}")
+    return result
 
 
 if __name__ == "__main__":
-    parser = HfArgumentParser((ScriptArguments, GROMOptions, OutputArguments))
-    main(*parser.parse_args_into_dataclasses())
+    main(*parse_script_args(METHOD))

@@ -22,51 +22,45 @@ A Hub model fine-tuned on TOFU:
 
 Your own records: ``--forget_file delete_me.jsonl`` (and optionally ``--retain_file keep.jsonl``), JSON Lines
 with ``question`` and ``answer``.
+
+The script runs what ``hf-unlearn unlearn --method t3`` runs, and given the same options both write the
+same folder: the same checks before any work, then :func:`hf_unlearn.run.unlearn`; the folder is swapped
+in when complete and holds ``logs/t3.jsonl`` (the training logs) beside the result.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import HfArgumentParser
 
 from hf_unlearn.bench.script_args import (
+    OutputArguments,
     ScriptArguments,
-    load_forget_retain,
-    load_model_and_tokenizer,
-    model_path,
+    method_parser,
+    parse_script_args,
+    run_script,
 )
-from hf_unlearn.cli import config_kwargs, options_dataclass
-from hf_unlearn.safe_output import atomic_directory, check_output_dir
-from hf_unlearn.t3 import T3ClassifierConfig, fit_t3
+from hf_unlearn.run import Unlearned
 
-# T3ClassifierConfig is a transformers config; its options (every field but the base-model fields that the
-# fit fills in) come as a plain dataclass that HfArgumentParser can read.
-T3Options = options_dataclass(T3ClassifierConfig)
+METHOD = "t3"
 
 
-@dataclass
-class OutputArguments:
-    output_dir: str = field(default="outputs/t3", metadata={"help": "Folder for the T3 head (refused if not empty)."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder (swapped in when done)."})
+def make_parser() -> HfArgumentParser:
+    """The script's options: :class:`ScriptArguments`, :class:`OutputArguments` and every field of the method's
+    config."""
+    return method_parser(METHOD)
 
 
-def main(script_args: ScriptArguments, t3_options, output_args: OutputArguments) -> None:
-    path = model_path(script_args)
-    check_output_dir(output_args.output_dir, inputs=[path], overwrite=output_args.overwrite)
-    model, tokenizer = load_model_and_tokenizer(path)
-    forget, retain = load_forget_retain(script_args)
-    config = T3ClassifierConfig(**config_kwargs(t3_options))
-    head = fit_t3(model, tokenizer, forget, retain, config)
-    with atomic_directory(output_args.output_dir, overwrite=output_args.overwrite) as tmp:
-        head.save_pretrained(tmp)
+def main(script_args: ScriptArguments, output_args: OutputArguments, settings: dict[str, Any]) -> Unlearned:
+    result = run_script(METHOD, script_args, output_args, settings)
     print(f"T3 head saved to {output_args.output_dir}")
     # Decoding with it (the base model stays as it is):
-    #   from hf_unlearn.t3 import T3LogitsProcessor
+    #   from hf_unlearn.methods.t3 import T3LogitsProcessor
     #   processor = T3LogitsProcessor.from_pretrained(model, output_dir)
     #   model.generate(**inputs, logits_processor=[processor], do_sample=True)
+    return result
 
 
 if __name__ == "__main__":
-    parser = HfArgumentParser((ScriptArguments, T3Options, OutputArguments))
-    main(*parser.parse_args_into_dataclasses())
+    main(*parse_script_args(METHOD))

@@ -27,6 +27,8 @@ from .runner import UTILITY_KEEP
 
 COLUMNS = (
     ("forget_quality", "forget quality", ".3g"),
+    ("forget_quality_low", "FQ 95% low", ".2g"),
+    ("forget_quality_high", "FQ 95% high", ".2g"),
     ("model_utility", "model utility", ".3f"),
     ("forget_rouge_l", "forget ROUGE-L", ".3f"),
     ("forget_truth_ratio", "forget truth ratio", ".3f"),
@@ -40,7 +42,7 @@ COLUMNS = (
     ("time_vs_forward", "time / forward pass", ".2f"),
     ("generate_speed_ratio", "generate speed vs plain", ".2f"),
 )
-GRID_COLUMNS = COLUMNS[:4] + (
+GRID_COLUMNS = (COLUMNS[0], *COLUMNS[3:6]) + (
     ("forget_nll", "forget NLL", ".3f"),
     ("retain_nll", "retain NLL", ".3f"),
     ("steps", "steps", "d"),
@@ -128,6 +130,47 @@ def attacks_table(results: dict[str, Any]) -> str | None:
         else:
             body.append([name, *_cells(row, columns, 80)])
     return _table(["method", *(title for _, title, _ in columns)], body)
+
+
+def _interval(row: dict[str, Any]) -> str:
+    ci = row.get("forget_quality_interval") or {}
+    if ci.get("forget_quality_low") is None:
+        return "n/a"
+    return f"{ci['forget_quality_low']:.2g} - {ci['forget_quality_high']:.2g}"
+
+
+def selection_table(results: dict[str, Any]) -> str | None:
+    """One row per method run with selection: the chosen candidate, how many were measured, the criterion at the
+    chosen one (forget-vs-holdout KS p-value, Min-K% AUC, retain change in nats/token), whether the rule fell back,
+    TOFU's forget quality with its bootstrap 95% interval; then the criterion's rank correlation with forget
+    quality. ``None`` when no row was selected."""
+    rows = [(name, row) for name, row in results["rows"].items() if row.get("selected")]
+    if not rows:
+        return None
+
+    def num(value: Any, fmt: str) -> str:
+        return _fmt(value if isinstance(value, (int, float)) else None, fmt)
+
+    body = []
+    for name, row in rows:
+        sel = row["selected"]
+        crit = sel.get("criterion") or {}
+        candidate = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                              for k, v in (sel.get("candidate") or {}).items())
+        body.append([name, candidate or "n/a", str(sel.get("num_candidates", "n/a")),
+                     num(crit.get("forget_holdout_pvalue"), ".3g"), num(crit.get("mia_auc"), ".3f"),
+                     num(crit.get("retain_change"), "+.3f"), "yes" if sel.get("warning") else "no",
+                     _fmt(row.get("forget_quality"), ".3g"), _interval(row)])
+    header = ["method", "chosen", "candidates", "criterion p (forget vs holdout)", "Min-K% AUC",
+              "retain change (nats/token)", "rule fell back", "forget quality", "forget quality 95% interval"]
+    text = _table(header, body)
+    corr = results.get("criterion_vs_forget_quality") or {}
+    if corr:
+        rho = corr.get("spearman")
+        text += (f"\n\nSpearman rank correlation of the criterion's p-value with TOFU's forget quality over "
+                 f"{corr.get('n', 0)} rows (target, retain reference and every selected row): "
+                 f"{'n/a' if rho is None else format(rho, '.2f')}.")
+    return text
 
 
 def extra_metric_names(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -271,6 +314,9 @@ def write_results(results: dict[str, Any], out_dir: str | os.PathLike, name: str
     details = []
     if results["target"].get("components"):
         details.append("Model utility's parts:\n\n" + utility_parts_table(results))
+    selected = selection_table(results)
+    if selected is not None:
+        details.append("Selection (each method's own choice of strength, reference-free):\n\n" + selected)
     attacked = attacks_table(results)
     if attacked is not None:  # "recovered": the share of the unlearning gap (forget NLL) the attack brought back
         details.append("Attacks (recovered: share of the forget-NLL gap to the target brought back):\n\n" + attacked)

@@ -176,6 +176,8 @@ def run_one(
             scorer=result.scorer, generation_kwargs=result.generation_kwargs, progress=False, **eval_kwargs,
         )
         row.update(_row_from_report(report))
+        row["forget_quality_interval"] = forget_quality_interval_of(report, reference)
+        row.update(_interval_columns(row["forget_quality_interval"]))
         row.update(
             seconds=result.seconds, peak_rss_mb=mem.peak_mb, peak_added_mb=mem.added_mb, peak_gpu_mb=mem.peak_gpu_mb,
             trainable_share=result.trainable_share, steps=result.info.get("global_step"),
@@ -210,6 +212,23 @@ def run_one(
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def forget_quality_interval_of(report: dict[str, Any], reference: dict[str, Any]) -> dict[str, float] | None:
+    """The bootstrap 95% interval of a report's forget quality against the retain reference's truth ratios
+    (:func:`hf_unlearn.evaluation.metrics.forget_quality_interval`, resampling forget rows); ``None`` when either
+    side lacks its per-question truth ratios or they are not paired (different lengths)."""
+    from ..evaluation.metrics import forget_quality_interval
+
+    mine, theirs = report.get("forget_truth_ratios"), (reference or {}).get("forget_truth_ratios")
+    if not mine or not theirs or len(mine) != len(theirs):
+        return None
+    return forget_quality_interval(mine, theirs)
+
+
+def _interval_columns(interval: dict[str, float] | None) -> dict[str, float | None]:
+    return {"forget_quality_low": (interval or {}).get("forget_quality_low"),
+            "forget_quality_high": (interval or {}).get("forget_quality_high")}
 
 
 def selected_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -271,7 +290,7 @@ def _t3_head(result: Any) -> Any:
     Another custom scorer cannot be rebuilt on an attacked copy and is refused."""
     if result.scorer is None:
         return None
-    from ..t3 import T3Classifier
+    from ..methods.t3 import T3Classifier
 
     if not isinstance(result.artifact, T3Classifier):
         raise ValueError(f"The attacks cannot rescore method {result.method!r}: its scorer is not a T3 head's.")
@@ -421,6 +440,8 @@ def run_comparison(
         missing = [m for m in methods if m not in presets]
         if missing:
             raise ValueError(f"Benchmark subject {subject!r} has no settings for {missing}.")
+    presets = {m: {"demo": resolve_auto_precision(p["demo"]), "grid": tuple(resolve_auto_precision(g) for g in p["grid"])}
+               for m, p in presets.items()}
     tokenizer = AutoTokenizer.from_pretrained(pair.target)  # the weights are loaded per method
     forget_rows = load_tofu_rows(forget_split, source)
     retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)
@@ -431,7 +452,9 @@ def run_comparison(
     else:
         target_report, retain_report = references
     reference = retain_report
-    target_row = {"method": "target", **_row_from_report(target_report), "error": None}
+    target_row = {"method": "target", **_row_from_report(target_report), "error": None,
+                  "forget_quality_interval": forget_quality_interval_of(target_report, retain_report)}
+    target_row.update(_interval_columns(target_row["forget_quality_interval"]))
     retain_row = {"method": "retain reference", **_row_from_report(retain_report), "error": None}
     target_model, _ = load_tiny(pair.target)
     target_row["forget_nll"] = mean_answer_nll(target_model, tokenizer, forget_rows)
@@ -564,6 +587,19 @@ def run_comparison(
         "plain_forward_added_mb": forward_mem.added_mb,
         "max_new_tokens": eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
     }
+
+
+def resolve_auto_precision(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with ``bf16 = "auto"`` resolved: bf16 autocast (float32 master weights) when a bf16-capable
+    CUDA device is present or the CPU computes bf16 natively (:func:`~hf_unlearn.bench.subjects.cpu_has_native_bf16`),
+    float32 otherwise. Other values are left as they are."""
+    if settings.get("bf16") != "auto":
+        return dict(settings)
+    import torch
+
+    from .subjects import resolve_bf16_autocast
+
+    return {**settings, "bf16": resolve_bf16_autocast("auto", "cuda" if torch.cuda.is_available() else "cpu")}
 
 
 def criterion_p_value(row: dict[str, Any]) -> float | None:

@@ -1,6 +1,6 @@
 """TOFU evaluation: per-example statistics, aggregates through the `evaluate` metric modules,
-retain references from any published source, JSON reports and tables, the 4-bit NF4 and 8-bit
-re-checks of unlearned models, and the quantization and relearning attacks."""
+retain references from any published source, the typed report (TOFUReport), its JSON and tables,
+the 4-bit NF4 and 8-bit re-checks of unlearned models, and the quantization and relearning attacks."""
 
 from .attacks import (
     ATTACK_COLUMNS,
@@ -28,6 +28,7 @@ from .quantization import quantize_int8, quantize_nf4
 from .reference import RetainReference, check_provenance, load_retain_reference
 from .report import (
     METRIC_DEFINITIONS,
+    TOFUReport,
     format_report_table,
     load_truth_ratios,
     metric_definitions_text,
@@ -54,6 +55,7 @@ __all__ = [
     "METRIC_DEFINITIONS",
     "MIA_ATTACKS",
     "RetainReference",
+    "TOFUReport",
     "answer_probability",
     "attack_summary",
     "check_provenance",

@@ -113,7 +113,7 @@ def _scoring(model: Any, head: Any, attacked: bool) -> Iterator[tuple[Any, dict[
         return
     from transformers import LogitsProcessorList
 
-    from ..t3 import T3LogitsProcessor, t3_scorer
+    from ..methods.t3 import T3LogitsProcessor, t3_scorer
 
     # an attacked (quantized or fine-tuned) copy differs from the weights the head was fitted on by construction
     check = not attacked
@@ -227,7 +227,7 @@ def quantization_attack(
         forget: rows with ``question`` and ``answer``.
         bits: bit widths to try, from ``(4, 8)``.
         original: the model before unlearning; adds the recovered fractions (module docstring).
-        head: a :class:`~hf_unlearn.t3.T3Classifier` fitted on ``model``: the quantized base is scored and decoded
+        head: a :class:`~hf_unlearn.methods.t3.T3Classifier` fitted on ``model``: the quantized base is scored and decoded
             through it (kept, not refitted).
         criterion: optional object with ``measure(model, tokenizer, scorer=None) -> dict``; its dict is added to
             every measured model's figures.

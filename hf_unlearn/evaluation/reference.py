@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from .report import TOFUReport
+
 UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
 UTILITY_STATS = ("prob", "rouge_l", "truth_ratio")
 COMPONENT_NAMES = tuple(f"{split}_{stat}" for split in UTILITY_SPLITS for stat in UTILITY_STATS)
@@ -152,27 +154,40 @@ def _by_index(mapping: Mapping[str, Any], origin: str) -> list[Any]:
     return [mapping[k] for k in keys]
 
 
-def _from_ours(data: Mapping[str, Any], origin: str) -> RetainReference:
-    values = data.get("forget_truth_ratios")
+def _from_parts(values: Any, components: Any, mia: Any, provenance: Any, top: Mapping[str, Any],
+                origin: str) -> RetainReference:
     if not isinstance(values, (list, tuple, np.ndarray)) or len(values) == 0:
         raise ValueError(f"{origin} has no non-empty 'forget_truth_ratios' list.")
     ratios = _ratios(values, origin)
-    components = data.get("components")
     if isinstance(components, Mapping) and all(k in components for k in COMPONENT_NAMES):
         components = {k: float(components[k]) for k in COMPONENT_NAMES}
     else:
         components = None
-    mia = data.get("mia")
     auc = None
     if isinstance(mia, Mapping) and isinstance(mia.get("auc"), Mapping):
         auc = {k: float(v) for k, v in mia["auc"].items() if v is not None}
-    provenance = dict(data.get("provenance") or {})
-    for key in ("source", "forget_split", "model_name"):  # top-level fields are authoritative
-        if data.get(key) is not None:
-            provenance[key] = data[key]
+    provenance = dict(provenance or {})
+    for key, value in top.items():  # top-level fields are authoritative
+        if value is not None:
+            provenance[key] = value
     provenance["format"] = "hf_unlearn"
     provenance["num_rows"] = int(ratios.size)
     return RetainReference(ratios, components, provenance, auc or None)
+
+
+_TOP_LEVEL = ("source", "forget_split", "model_name")
+
+
+def _from_ours(data: Mapping[str, Any], origin: str) -> RetainReference:
+    """A retain reference from our report's dict form or a file of :func:`~hf_unlearn.evaluation.save_truth_ratios`."""
+    return _from_parts(data.get("forget_truth_ratios"), data.get("components"), data.get("mia"),
+                       data.get("provenance"), {k: data.get(k) for k in _TOP_LEVEL}, origin)
+
+
+def _from_report(report: TOFUReport) -> RetainReference:
+    """A retain reference from a :class:`~hf_unlearn.evaluation.TOFUReport`."""
+    return _from_parts(report.forget_truth_ratios, report.components, report.mia, report.provenance,
+                       {k: getattr(report, k) for k in _TOP_LEVEL}, report.model_name or "the report")
 
 
 def _agg(value: Any) -> float | None:
@@ -288,9 +303,9 @@ def load_retain_reference(
 ) -> RetainReference:
     """Read a retain reference from any of the supported sources (see the module docstring).
 
-    ``path`` is a JSON file, a folder holding one (``TOFU_EVAL.json`` or TOFU's results), a report dict, or a
-    :class:`RetainReference` (returned as is). The provenance records ``format`` and ``path`` and whatever the
-    source says about how it was made.
+    ``path`` is a JSON file, a folder holding one (``TOFU_EVAL.json`` or TOFU's results), a
+    :class:`~hf_unlearn.evaluation.TOFUReport` or a report dict, or a :class:`RetainReference` (returned as is).
+    The provenance records ``format`` and ``path`` and whatever the source says about how it was made.
 
     Raises:
         FileNotFoundError: no such file, or a folder without a known result file.
@@ -299,11 +314,13 @@ def load_retain_reference(
     """
     if isinstance(path, RetainReference):
         return path
+    if isinstance(path, TOFUReport):
+        return _from_report(path)
     if isinstance(path, Mapping):
         return _from_mapping(path, str(path.get("model_name") or "the report"))
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(
-            "retain_reference must be a path (file or folder), a report dict or a RetainReference; "
+            "retain_reference must be a path (file or folder), a TOFUReport, a report dict or a RetainReference; "
             f"got {type(path).__name__}."
         )
     p = Path(path)

@@ -1,15 +1,20 @@
-"""TOFU reports on disk and on screen: atomic JSON, saved retain-reference truth ratios, tables.
+"""TOFU reports: the typed report, on disk and on screen (atomic JSON, saved retain-reference truth ratios, tables).
 
-:data:`METRIC_DEFINITIONS` defines every figure of a report (the CLI's ``--help`` and
-:func:`render_report` print them); :func:`format_report_table` compares several reports side by side.
+:class:`TOFUReport` is what :func:`~hf_unlearn.evaluation.evaluate_tofu` returns: every figure a typed attribute,
+:meth:`~TOFUReport.to_dict` / :meth:`~TOFUReport.from_dict` its JSON form. :data:`METRIC_DEFINITIONS` defines every
+figure of a report (the CLI's ``--help`` and :func:`render_report` print them); :func:`format_report_table`
+compares several reports side by side.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +28,27 @@ def write_json_atomic(obj: Any, path: str | os.PathLike) -> Path:
     return atomic_write_json(path, obj)
 
 
-def save_truth_ratios(report: Mapping[str, Any], path: str | os.PathLike) -> Path:
+def save_truth_ratios(report: TOFUReport | Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Save a report's per-example forget truth ratios (a retain reference) as JSON.
 
     The file is what ``evaluate_tofu(..., retain_reference=path)`` reads, so a retain model is
     evaluated once. It records the forget split, source, model name and the report's provenance (prompt
     template, tokenizer, rows, dtype) for checking, the nine model-utility components and the
-    membership-inference AUCs (privleak's reference).
+    membership-inference AUCs (privleak's reference). ``report`` is a :class:`TOFUReport` or its dict form.
     """
+    report = as_report(report)
     ratios = checked_truth_ratios(report, "the report")
-    mia = report.get("mia")
+    mia = report.mia
     payload = {
         "format": TRUTH_RATIOS_FORMAT,
-        "model_name": report.get("model_name"),
-        "source": report.get("source"),
-        "forget_split": report.get("forget_split"),
+        "model_name": report.model_name,
+        "source": report.source,
+        "forget_split": report.forget_split,
         "num_examples": len(ratios),
         "forget_truth_ratios": ratios,
-        "components": report.get("components"),
+        "components": report.components,
         "mia": {"auc": mia.get("auc")} if isinstance(mia, Mapping) else None,
-        "provenance": report.get("provenance"),
+        "provenance": report.provenance,
     }
     return write_json_atomic(payload, path)
 
@@ -154,24 +160,24 @@ REPORT_ROWS = (
 )
 
 
-def _cell(report: Mapping[str, Any], key: str, fmt: str) -> str:
-    value = report.get(key)
-    if value is None:
-        value = report.get("components", {}).get(key)
+def _cell(report: TOFUReport, key: str, fmt: str) -> str:
+    value = report.figure(key)
     if value is None:
         return "n/a"
     return format(float(value), fmt)
 
 
-def format_report_table(reports: Mapping[str, Mapping[str, Any]]) -> str:
-    """A markdown table with one row per named report (name -> report of ``evaluate_tofu``)."""
+def format_report_table(reports: Mapping[str, TOFUReport | Mapping[str, Any]]) -> str:
+    """A markdown table with one row per named report (name -> :class:`TOFUReport` of ``evaluate_tofu``, or its
+    dict form)."""
     if not reports:
         raise ValueError("format_report_table needs at least one report.")
+    typed = {name: as_report(rep) for name, rep in reports.items()}
     header = "| model | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
     rule = "|---|" + "---:|" * len(TABLE_COLUMNS)
     rows = [
         f"| {name} | " + " | ".join(_cell(rep, key, fmt) for key, _, fmt in TABLE_COLUMNS) + " |"
-        for name, rep in reports.items()
+        for name, rep in typed.items()
     ]
     return "\n".join([header, rule, *rows])
 
@@ -186,15 +192,17 @@ def metric_definitions_text(width: int = 100) -> str:
     return "\n".join(lines)
 
 
-def render_report(report: Mapping[str, Any]) -> str:
-    """One report of ``evaluate_tofu`` as a markdown table: figure, value and definition, every figure.
+def render_report(report: TOFUReport | Mapping[str, Any]) -> str:
+    """One report of ``evaluate_tofu`` (a :class:`TOFUReport` or its dict form) as a markdown table: figure,
+    value and definition, every figure.
 
     Figures the report lacks (no retain reference, no holdout split, a custom scorer) show ``n/a``. A header
     line names the model, data, forget split, prompt template, max_examples and max_new_tokens, and the
     retain reference's source.
     """
-    settings = report.get("settings") or {}
-    ref = report.get("retain_reference")
+    report = as_report(report)
+    settings = report.settings or {}
+    ref = report.retain_reference
     ref_text = "none (forget quality n/a, privleak against AUC 0.5)"
     if isinstance(ref, Mapping):
         prov = ref.get("provenance") or {}
@@ -202,7 +210,7 @@ def render_report(report: Mapping[str, Any]) -> str:
     elif ref:
         ref_text = str(ref)
     head = (
-        f"model: {report.get('model_name')} | data: {report.get('source')} {report.get('forget_split')} | "
+        f"model: {report.model_name} | data: {report.source} {report.forget_split} | "
         f"template: {settings.get('template')} | max_examples: {settings.get('max_examples')} | "
         f"max_new_tokens: {settings.get('max_new_tokens')} | retain reference: {ref_text}"
     )
@@ -211,3 +219,274 @@ def render_report(report: Mapping[str, Any]) -> str:
         title, definition = METRIC_DEFINITIONS[key]
         rows.append(f"| {title} | {_cell(report, key, fmt)} | {definition.replace('|', chr(92) + '|')} |")
     return "\n".join([head, "", *rows])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The typed report of evaluate_tofu
+# ---------------------------------------------------------------------------------------------------------------
+
+#: The flat attack figures of a report (:data:`hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' keys), present with
+#: the ``attacks`` section when attacks ran.
+ATTACK_FIELDS = (
+    "attack_nf4_forget_rouge_l", "attack_int8_forget_rouge_l", "attack_nf4_recovered", "attack_int8_recovered",
+    "attack_relearn_forget_nll", "attack_relearn_recovered", "attack_benign_recovered",
+)
+
+# Fields of TOFUReport that are not report keys.
+_NOT_KEYS = ("extra", "_omitted")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class TOFUReport(Mapping):
+    """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure as a typed attribute.
+
+    Read figures as attributes (``report.forget_quality``, ``report.components["retain_prob"]``); that is the
+    supported way. :meth:`to_dict` gives the report as the JSON-ready dict that is written to disk
+    (``json.dumps(report.to_dict())``), and :meth:`from_dict` reads such a dict back, also one saved by an
+    older version, which lacks some optional figures (they stay ``None`` and stay absent from :meth:`to_dict`).
+    Keys of a dict that are no field are kept in :attr:`extra` and written back by :meth:`to_dict`.
+
+    For one release a report is also a read-only ``Mapping`` over :meth:`to_dict` (``report["model_utility"]``,
+    ``report.get(...)``, ``in``, ``keys()``, ``items()``, ``dict(report)``), and ``report[key] = value`` sets the
+    field ``key`` (any other key goes to :attr:`extra`), so code written for the dict keeps working. A report
+    equals any mapping with the same items. ``json.dumps`` needs :meth:`to_dict`. :meth:`to_dict` and the
+    ``Mapping`` view share the nested dicts and lists with the report (``copy.deepcopy`` gives an independent
+    copy). :data:`~hf_unlearn.evaluation.METRIC_DEFINITIONS` defines every figure.
+
+    Attributes:
+        model_name: the evaluated model (its ``name_or_path`` unless ``model_name=`` was given).
+        source: the TOFU data it was evaluated on: a Hub id, a local folder or ``"synthetic"``.
+        forget_split: ``forget01``, ``forget05`` or ``forget10``.
+        retain_reference: the retain reference's summary (``provenance``, ``num_rows``, ``model_utility``,
+            ``mia_auc``; see :meth:`~hf_unlearn.evaluation.RetainReference.summary`), ``None`` without one.
+            Reports of older versions hold its name as a string.
+        forget_quality: p-value of the KS test of the forget truth ratios against the retain reference's;
+            ``None`` without a retain reference.
+        ks_statistic: the KS statistic ``D = sup_x |F_model(x) - F_retain(x)|``; ``None`` without a retain
+            reference.
+        model_utility: harmonic mean of the nine :attr:`components` (0 if any is 0).
+        forget_rouge_l: mean ROUGE-L recall of the greedy answers against the gold forget answers.
+        forget_truth_ratio: mean of ``min(tr, 1/tr)`` over the forget questions.
+        forget_prob: mean ``exp(-avg NLL)`` of the forget answers.
+        retain_rouge_l, retain_prob, retain_truth_ratio: the retain split's components (also in
+            :attr:`components`); the truth ratio is the mean of ``max(0, 1 - tr)``.
+        mu_rouge: harmonic mean of the retain, real-authors and world-facts ROUGE-L recalls.
+        extraction_strength: mean ``1 - k*/n`` over the forget answers (teacher-forced greedy agreement);
+            ``None`` under a custom scorer.
+        exact_memorization: mean fraction of forget-answer tokens equal to the teacher-forced greedy prediction;
+            ``None`` under a custom scorer.
+        mia_loss, mia_zlib, mia_min_k, mia_min_k_plus_plus: ROC AUCs of the membership-inference attacks, forget
+            (0) against ``holdoutNN`` (1); ``None`` without the holdout split (Min-K%++ also under a custom
+            scorer).
+        privleak: ``(score - ref) / ref * 100`` of the Min-K% AUC against the retain model's; ``None`` without
+            the holdout split.
+        components: the nine model-utility components ``{split}_{prob,rouge_l,truth_ratio}`` for ``retain``,
+            ``real_authors`` and ``world_facts``, in :data:`~hf_unlearn.evaluation.COMPONENT_NAMES` order.
+        forget_truth_ratios: the per-question forget truth ratios ``exp(loss(paraphrased) - mean loss(perturbed))``
+            in row order (what a retain reference is made of).
+        mia: the membership-inference details (holdout split, counts, ``k``, ``auc``, ``privleak``,
+            ``reference_auc``, per-example scores), ``None`` without the holdout split.
+        num_examples: rows scored per split (``forget``, ``retain``, ``real_authors``, ``world_facts``).
+        splits: per split, its aggregates (``prob``, ``rouge_l``, ``truth_ratio``, its aggregator,
+            ``num_examples``, ``num_truncated``) and ``per_example`` values (NLLs, probabilities, truth ratios,
+            ROUGE-L, generations; on forget also extraction strength and exact memorization).
+        provenance: how the figures were made (source, forget split, rows and their hash, prompt template,
+            tokenizer and its hash, dtype, max length); a retain reference made otherwise is refused.
+        settings: the evaluation's settings (batch size, max_new_tokens, max_examples, template, max length,
+            truncated rows per split, custom scorer, generation_kwargs names, membership inference, attacks).
+        hf_unlearn_version: the package version that wrote the report.
+        attacks: each attack's section (:func:`~hf_unlearn.evaluation.run_attacks`) when attacks ran, else ``None``
+            (and then absent, with the flat attack figures, from :meth:`to_dict`).
+        attack_nf4_forget_rouge_l, attack_int8_forget_rouge_l: forget ROUGE-L of the 4-bit NF4 / 8-bit copy.
+        attack_nf4_recovered, attack_int8_recovered: the forget NLL gap recovered by quantization.
+        attack_relearn_forget_nll: held-out forget answer NLL after the relearning attack.
+        attack_relearn_recovered, attack_benign_recovered: the forget NLL gap recovered by relearning on forget
+            rows and by benign fine-tuning on retain rows.
+        wall_time_s: seconds the evaluation took (attacks included).
+        extra: keys of the report that are no field (written by other code or other versions), kept as they are.
+    """
+
+    model_name: str
+    source: str
+    forget_split: str
+    retain_reference: dict[str, Any] | str | None = None
+    forget_quality: float | None
+    ks_statistic: float | None
+    model_utility: float
+    forget_rouge_l: float
+    forget_truth_ratio: float
+    forget_prob: float
+    retain_rouge_l: float
+    retain_prob: float
+    retain_truth_ratio: float
+    mu_rouge: float | None = None
+    extraction_strength: float | None = None
+    exact_memorization: float | None = None
+    mia_loss: float | None = None
+    mia_zlib: float | None = None
+    mia_min_k: float | None = None
+    mia_min_k_plus_plus: float | None = None
+    privleak: float | None = None
+    components: dict[str, float]
+    forget_truth_ratios: list[float]
+    mia: dict[str, Any] | None = None
+    num_examples: dict[str, int] | None = None
+    splits: dict[str, dict[str, Any]] | None = None
+    provenance: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+    hf_unlearn_version: str | None = None
+    attacks: dict[str, Any] | None = None
+    attack_nf4_forget_rouge_l: float | None = None
+    attack_int8_forget_rouge_l: float | None = None
+    attack_nf4_recovered: float | None = None
+    attack_int8_recovered: float | None = None
+    attack_relearn_forget_nll: float | None = None
+    attack_relearn_recovered: float | None = None
+    attack_benign_recovered: float | None = None
+    wall_time_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # Optional keys the source dict lacked (from_dict); None: only the attack keys, absent when no attack ran.
+    _omitted: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("float", "float | None"):
+                if not (_is_number(value) or (value is None and f.type == "float | None")):
+                    raise ValueError(f"TOFUReport.{f.name} must be a number{' or None' if 'None' in f.type else ''}, "
+                                     f"got {value!r}.")
+        for name, kind, noun in (("components", Mapping, "dict"), ("forget_truth_ratios", (list, tuple), "list"),
+                                 ("extra", dict, "dict")):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"TOFUReport.{name} must be a {noun}, got {type(getattr(self, name)).__name__}.")
+
+    # -- the dict form ------------------------------------------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The report keys that are fields, in the order :meth:`to_dict` writes them."""
+        return tuple(f.name for f in fields(cls) if f.name not in _NOT_KEYS)
+
+    @classmethod
+    def required_fields(cls) -> tuple[str, ...]:
+        """The keys every report has (those of the first released reports); the others are optional."""
+        return tuple(f.name for f in fields(cls)
+                     if f.name not in _NOT_KEYS and f.default is MISSING and f.default_factory is MISSING)
+
+    @classmethod
+    def missing_fields(cls, data: Mapping[str, Any]) -> list[str]:
+        """The required keys ``data`` lacks (empty for a complete report)."""
+        return [name for name in cls.required_fields() if name not in data]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TOFUReport:
+        """A report from its dict form (:meth:`to_dict`, or a report JSON of this or an older version).
+
+        Keys that are no field go to :attr:`extra`; optional keys the dict lacks stay absent from :meth:`to_dict`,
+        so ``TOFUReport.from_dict(d).to_dict() == d``. The nested values are shared with ``data``.
+
+        Raises:
+            ValueError: ``data`` is not a mapping, lacks a required key, or holds a figure that is not a number.
+        """
+        if isinstance(data, TOFUReport):
+            return dataclasses.replace(data, extra=dict(data.extra))
+        if not isinstance(data, Mapping):
+            raise ValueError(f"A TOFU report must be a dict, got {type(data).__name__}.")
+        missing = cls.missing_fields(data)
+        if missing:
+            raise ValueError(
+                f"The report lacks the required field(s) {missing}; a TOFU report of evaluate_tofu has "
+                f"{list(cls.required_fields())}."
+            )
+        names = cls.field_names()
+        return cls(
+            **{k: data[k] for k in names if k in data},
+            extra={k: v for k, v in data.items() if k not in names},
+            _omitted=frozenset(k for k in names if k not in data),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TOFUReport:
+        """Read a report JSON (as :meth:`save` or ``evaluate_tofu(..., output_path=)`` write it)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"Report file {path} does not exist.")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"Report file {path} is not valid JSON ({err.msg}).") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`to_dict` as JSON to ``path`` atomically (never half-written)."""
+        return write_json_atomic(self.to_dict(), path)
+
+    def _absent(self, name: str) -> bool:
+        if getattr(self, name) is not None:
+            return False
+        if self._omitted is None:
+            return self.attacks is None and (name == "attacks" or name in ATTACK_FIELDS)
+        return name in self._omitted
+
+    def _keys(self) -> list[str]:
+        return [n for n in _FIELD_ORDER if not self._absent(n)] + list(self.extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict: every field's key (the optional ones the report lacks left out), in
+        ``evaluate_tofu``'s order, then :attr:`extra`'s keys. Nested values are shared, not copied."""
+        return {k: self[k] for k in self._keys()}
+
+    def has(self, key: str) -> bool:
+        """Whether the report holds ``key`` (a field it has, even ``None``, or an :attr:`extra` key)."""
+        return (key in _FIELD_NAMES and not self._absent(key)) or key in self.extra
+
+    def figure(self, key: str) -> float | None:
+        """A figure by name: a field (:data:`METRIC_DEFINITIONS`' keys, the attack figures), else one of the nine
+        :attr:`components`, else an :attr:`extra` figure; ``None`` when the report lacks it."""
+        if key in _FIELD_NAMES:
+            value = getattr(self, key)
+        else:
+            value = self.extra.get(key)
+        if value is None and isinstance(self.components, Mapping):
+            value = self.components.get(key)
+        return value
+
+    # -- the Mapping view (for one release: code written for the dict) -----------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        if key in _FIELD_NAMES:
+            if not self._absent(key):
+                return getattr(self, key)
+        elif key in self.extra:
+            return self.extra[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        """``report[key] = value``: sets the field ``key``, or adds ``key`` to :attr:`extra`."""
+        if key in _FIELD_NAMES:
+            setattr(self, key, value)
+            if self._omitted is not None and key in self._omitted:
+                self._omitted = self._omitted - {key}
+        else:
+            self.extra[key] = value
+
+    def __repr__(self) -> str:
+        shown = ("model_name", "source", "forget_split", "forget_quality", "model_utility", "forget_rouge_l")
+        return f"TOFUReport({', '.join(f'{k}={getattr(self, k)!r}' for k in shown)}, ...)"
+
+
+_FIELD_ORDER = TOFUReport.field_names()
+_FIELD_NAMES = frozenset(_FIELD_ORDER)
+
+
+def as_report(report: TOFUReport | Mapping[str, Any]) -> TOFUReport:
+    """``report`` as a :class:`TOFUReport`: returned as is, or read from its dict form (:meth:`TOFUReport.from_dict`)."""
+    return report if isinstance(report, TOFUReport) else TOFUReport.from_dict(report)

@@ -86,7 +86,7 @@ from .reference import (
     tokenizer_fingerprint,
     warn_unknown_provenance,
 )
-from .report import write_json_atomic
+from .report import TOFUReport, write_json_atomic
 from .rouge import mu_rouge, rouge_l_recall
 
 
@@ -302,7 +302,7 @@ def evaluate_tofu(
     membership_inference: bool | None = None,
     autocast_dtype: str | None = None,
     attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] | None] | None = None,
-) -> dict[str, Any]:
+) -> TOFUReport:
     """Evaluate a causal LM on TOFU and return (and optionally write) the report.
 
     Args:
@@ -347,14 +347,15 @@ def evaluate_tofu(
             :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS` figures to the report.
 
     Returns:
-        A dict with ``forget_quality``, ``ks_statistic``, ``model_utility``, ``forget_rouge_l``,
-        ``forget_truth_ratio``, ``forget_prob``, ``components`` (the nine model-utility scores),
-        ``mu_rouge``, ``extraction_strength``, ``exact_memorization``, ``mia_loss``, ``mia_zlib``,
+        A :class:`~hf_unlearn.evaluation.TOFUReport`: ``forget_quality``, ``ks_statistic``, ``model_utility``,
+        ``forget_rouge_l``, ``forget_truth_ratio``, ``forget_prob``, ``components`` (the nine model-utility
+        scores), ``mu_rouge``, ``extraction_strength``, ``exact_memorization``, ``mia_loss``, ``mia_zlib``,
         ``mia_min_k``, ``mia_min_k_plus_plus`` (AUCs), ``privleak``, ``mia`` (details), ``forget_truth_ratios``,
         ``num_examples`` (per split), ``splits`` (per-split aggregates and per-example values), ``source``,
         ``forget_split``, ``model_name``, ``retain_reference`` (its summary or ``None``), ``provenance``,
-        ``settings``, ``wall_time_s`` and ``hf_unlearn_version``. :data:`~hf_unlearn.evaluation.METRIC_DEFINITIONS`
-        defines every figure.
+        ``settings``, ``wall_time_s``, ``hf_unlearn_version`` and, with ``attacks``, the attack section and
+        figures, as attributes; ``report.to_dict()`` is the JSON written to ``output_path``.
+        :data:`~hf_unlearn.evaluation.METRIC_DEFINITIONS` defines every figure.
 
     Raises:
         ValueError: bad arguments, an unknown split or template, rows lacking fields, empty splits, a tokenizer
@@ -488,32 +489,37 @@ def evaluate_tofu(
     components = {f"{s}_{stat}": splits[s][stat] for s in UTILITY_SPLITS for stat in UTILITY_STATS}
     forget_ratios = splits["forget"]["per_example"]["truth_ratio"]
     fq = metrics.forget_quality(forget_ratios, reference.forget_truth_ratios) if reference is not None else None
-    report: dict[str, Any] = {
-        "model_name": model_name or _model_name(model),
-        "source": source,
-        "forget_split": forget_split,
-        "retain_reference": None if reference is None else reference.summary(),
-        "forget_quality": None if fq is None else float(fq["forget_quality"]),
-        "ks_statistic": None if fq is None else float(fq["ks_statistic"]),
-        "model_utility": metrics.model_utility([components[k] for k in COMPONENT_NAMES]),
-        "forget_rouge_l": splits["forget"]["rouge_l"],
-        "forget_truth_ratio": splits["forget"]["truth_ratio"],
-        "forget_prob": splits["forget"]["prob"],
-        **{k: components[k] for k in ("retain_rouge_l", "retain_prob", "retain_truth_ratio")},
-        "mu_rouge": mu_rouge(
+    report = TOFUReport(
+        model_name=model_name or _model_name(model),
+        source=source,
+        forget_split=forget_split,
+        retain_reference=None if reference is None else reference.summary(),
+        forget_quality=None if fq is None else float(fq["forget_quality"]),
+        ks_statistic=None if fq is None else float(fq["ks_statistic"]),
+        model_utility=metrics.model_utility([components[k] for k in COMPONENT_NAMES]),
+        forget_rouge_l=splits["forget"]["rouge_l"],
+        forget_truth_ratio=splits["forget"]["truth_ratio"],
+        forget_prob=splits["forget"]["prob"],
+        retain_rouge_l=components["retain_rouge_l"],
+        retain_prob=components["retain_prob"],
+        retain_truth_ratio=components["retain_truth_ratio"],
+        mu_rouge=mu_rouge(
             components["retain_rouge_l"], components["real_authors_rouge_l"], components["world_facts_rouge_l"]
         ),
-        "extraction_strength": es,
-        "exact_memorization": em,
-        **{f"mia_{attack}": aucs[attack] for attack in MIA_ATTACKS},
-        "privleak": leak["min_k"],
-        "components": components,
-        "forget_truth_ratios": forget_ratios,
-        "mia": mia,
-        "num_examples": {name: s["num_examples"] for name, s in splits.items()},
-        "splits": splits,
-        "provenance": provenance,
-        "settings": {
+        extraction_strength=es,
+        exact_memorization=em,
+        mia_loss=aucs["loss"],
+        mia_zlib=aucs["zlib"],
+        mia_min_k=aucs["min_k"],
+        mia_min_k_plus_plus=aucs["min_k_plus_plus"],
+        privleak=leak["min_k"],
+        components=components,
+        forget_truth_ratios=forget_ratios,
+        mia=mia,
+        num_examples={name: s["num_examples"] for name, s in splits.items()},
+        splits=splits,
+        provenance=provenance,
+        settings={
             "batch_size": batch_size,
             "max_new_tokens": max_new_tokens,
             "max_examples": max_examples,
@@ -524,15 +530,16 @@ def evaluate_tofu(
             "generation_kwargs": sorted(generation_kwargs or {}),
             "membership_inference": mia is not None,
         },
-        "hf_unlearn_version": __version__,
-    }
+        hf_unlearn_version=__version__,
+    )
     if chosen_attacks:
         common = {"template": template, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
                   "progress": progress}
-        report["attacks"] = run_attacks(model, tokenizer, forget_rows, data["retain"], chosen_attacks, **common)
-        report.update(attack_summary(report["attacks"]))
-    report["settings"]["attacks"] = list(chosen_attacks)
-    report["wall_time_s"] = time.perf_counter() - start
+        report.attacks = run_attacks(model, tokenizer, forget_rows, data["retain"], chosen_attacks, **common)
+        for key, value in attack_summary(report.attacks).items():
+            report[key] = value  # the ATTACK_FIELDS
+    report.settings["attacks"] = list(chosen_attacks)
+    report.wall_time_s = time.perf_counter() - start
     if output_path is not None:
-        write_json_atomic(report, output_path)
+        write_json_atomic(report.to_dict(), output_path)
     return report

@@ -8,7 +8,8 @@
 - :mod:`~hf_unlearn.hub.publish`: :func:`push_unlearned` saves an artifact (weights + config + card + report) to
   a temporary folder and pushes it; it refuses, before anything is uploaded, a missing token and a report
   computed for another base model or forget split.
-- :mod:`~hf_unlearn.hub.reports`: the card metrics of a report and :func:`check_report_matches`.
+- :mod:`~hf_unlearn.hub.reports`: the card metrics of a report (a :class:`~hf_unlearn.evaluation.TOFUReport` or a
+  dict), :func:`check_report_matches` and :func:`report_dict` (the JSON published with an artifact).
 - :mod:`~hf_unlearn.hub.kinds`: :data:`ARTIFACT_KINDS`; adding one is one :func:`register_artifact_kind` call.
 - :mod:`~hf_unlearn.hub.spaces`: :func:`push_metric_space` publishes an ``evaluate_metrics/<name>`` module as a
   Gradio Space so ``evaluate.load("<owner>/<name>")`` loads it from that Hub.
@@ -39,6 +40,7 @@ from .reports import (  # noqa: F401
     _load_report,
     _report_value,
     check_report_matches,
+    report_dict,
 )
 from .spaces import push_metric_space
 
@@ -54,5 +56,6 @@ __all__ = [
     "push_metric_space",
     "push_unlearned",
     "register_artifact_kind",
+    "report_dict",
     "trainer_model_card",
 ]

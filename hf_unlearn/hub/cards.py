@@ -25,6 +25,7 @@ from .reports import (
     _load_report,
     _metric_results,
     _quantization_rows,
+    _report_entry,
     _report_value,
     check_report_matches,
 )
@@ -107,7 +108,8 @@ def build_model_card(
         base_model: the model that was unlearned (Hub id or local path; only a Hub id goes to the metadata).
         method: unlearning method (fixed for ``grom_adapter``/``t3_classifier``, required otherwise).
         settings: the method's hyperparameters (shown in the card body).
-        report: the evaluator's report (dict or JSON path); its ``forget_quality``, ``model_utility``,
+        report: the evaluator's report (a :class:`~hf_unlearn.evaluation.TOFUReport`, its dict form, a JSON path
+            or any mapping with the card metrics); its ``forget_quality``, ``model_utility``,
             ``forget_rouge_l`` and ``forget_truth_ratio`` go to ``model-index``; its ``quantization``
             entry is used when ``quantization`` is not given.
         forget_split: the TOFU split that was forgotten (taken from the report when omitted).
@@ -148,8 +150,8 @@ def build_model_card(
         check_report_matches(report, base_model, forget_split, aliases=base_model_aliases)
     if settings is not None and not isinstance(settings, Mapping):
         raise ValueError(f"settings must be a dict, got {type(settings).__name__}.")
-    if quantization is None and report is not None and isinstance(report.get("quantization"), Mapping):
-        quantization = report["quantization"]
+    if quantization is None and report is not None and isinstance(_report_entry(report, "quantization"), Mapping):
+        quantization = _report_entry(report, "quantization")
 
     repo_id = repo_id or f"{Path(str(base_model)).name}-{method}-{forget_split}"
     model_name = repo_id.split("/")[-1]

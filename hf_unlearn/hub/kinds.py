@@ -37,13 +37,13 @@ def _model_base(artifact: Any) -> str | None:
 
 
 def _grom_classes() -> tuple[type, ...]:
-    from ..grom.model import GROMEdit
+    from ..methods.grom.model import GROMEdit
 
     return (GROMEdit,)
 
 
 def _t3_classes() -> tuple[type, ...]:
-    from ..t3.modeling import T3Classifier
+    from ..methods.t3.modeling import T3Classifier
 
     return (T3Classifier,)
 
@@ -78,13 +78,13 @@ def _read_json(path: Path) -> dict:
 
 
 def _folder_is_grom(folder: Path) -> bool:
-    from ..grom.peft_export import GROM_METADATA
+    from ..methods.grom.peft_export import GROM_METADATA
 
     return (folder / "adapter_config.json").is_file() and (folder / GROM_METADATA).is_file()
 
 
 def _folder_is_t3(folder: Path) -> bool:
-    from ..t3.config import T3ClassifierConfig
+    from ..methods.t3.config import T3ClassifierConfig
 
     return _read_json(folder / "config.json").get("model_type") == T3ClassifierConfig.model_type
 

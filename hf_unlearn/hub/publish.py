@@ -16,7 +16,7 @@ from typing import Any
 from .cards import build_model_card
 from .kinds import _kind, _read_json, detect_artifact_kind
 from .push import _check_repo_id, _resolve_token, push_folder
-from .reports import _load_report, _report_value, check_report_matches
+from .reports import _load_report, _report_value, check_report_matches, report_dict
 
 __all__ = ["push_unlearned"]
 
@@ -110,7 +110,7 @@ def push_unlearned(
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder))
         if report is not None:
-            (folder / "unlearning_report.json").write_text(json.dumps(report, indent=2, default=str))
+            (folder / "unlearning_report.json").write_text(json.dumps(report_dict(report), indent=2, default=str))
         message = commit_message or f"Upload {kind} ({card.data.tags[1]}, forgot {forget_split})"
         return push_folder(
             folder, repo_id, card=card, token=token, endpoint=endpoint, private=private, commit_message=message

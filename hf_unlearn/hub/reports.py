@@ -1,5 +1,11 @@
 """Evaluator reports as model cards read them: loading, the card metrics, and the check that a report belongs to
-the artifact it is published with (same base model, same forget split)."""
+the artifact it is published with (same base model, same forget split).
+
+A report is a :class:`~hf_unlearn.evaluation.TOFUReport` (what ``evaluate_tofu`` returns), its dict form or a JSON
+file of it, which :func:`_load_report` reads into a ``TOFUReport``, or any other mapping with the card metrics (a
+partial report, figures under a ``meta``/``metadata``/``config`` section), which is read by key. The evaluation
+package is imported only when a report is given, so importing this module imports no torch.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,12 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["OPTIONAL_REPORT_METRICS", "REPORT_METRICS", "check_report_matches"]
+if TYPE_CHECKING:
+    from ..evaluation.report import TOFUReport
+
+__all__ = ["OPTIONAL_REPORT_METRICS", "REPORT_METRICS", "check_report_matches", "report_dict"]
 
 #: Report keys written to the card's ``model-index``: key -> (metric type, pretty name).
 REPORT_METRICS: dict[str, tuple[str, str]] = {
@@ -45,7 +54,21 @@ OPTIONAL_REPORT_METRICS: dict[str, tuple[str, str]] = {
 _REPORT_SECTIONS = ("meta", "metadata", "config")
 
 
-def _report_value(report: Mapping[str, Any], *names: str) -> Any:
+def _report_class() -> type[TOFUReport]:
+    from ..evaluation.report import TOFUReport
+
+    return TOFUReport
+
+
+def _report_value(report: TOFUReport | Mapping[str, Any], *names: str) -> Any:
+    """The first of ``names`` the report has a value for (top level first, then its ``meta``/``metadata``/``config``
+    sections); ``None`` when it has none. A ``TOFUReport`` is read by attribute, then its ``extra`` keys."""
+    if isinstance(report, _report_class()):
+        for name in names:
+            value = _report_entry(report, name)
+            if value is not None:
+                return value
+        report = report.extra  # its meta/metadata/config sections, if any
     for name in names:
         if report.get(name) is not None:
             return report[name]
@@ -66,9 +89,16 @@ def _same_model(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
 
 
-def _load_report(report: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any] | None:
+def _load_report(
+    report: TOFUReport | Mapping[str, Any] | str | os.PathLike | None,
+) -> TOFUReport | dict[str, Any] | None:
+    """A report as the cards read it: a ``TOFUReport`` as is; a whole report (dict or JSON file) as a ``TOFUReport``
+    (:meth:`~hf_unlearn.evaluation.TOFUReport.from_dict`); any other mapping as a dict."""
     if report is None:
         return None
+    report_class = _report_class()
+    if isinstance(report, report_class):
+        return report
     if isinstance(report, (str, os.PathLike)):
         path = Path(report)
         if not path.is_file():
@@ -78,17 +108,35 @@ def _load_report(report: Mapping[str, Any] | str | os.PathLike | None) -> dict[s
         except json.JSONDecodeError as err:
             raise ValueError(f"Report file {path} is not valid JSON: {err}") from err
     if not isinstance(report, Mapping):
-        raise ValueError(f"A report must be a dict or a JSON file, got {type(report).__name__}.")
+        raise ValueError(f"A report must be a TOFUReport, a dict or a JSON file, got {type(report).__name__}.")
+    if not report_class.missing_fields(report):
+        return report_class.from_dict(report)
     return dict(report)
 
 
-def _has_key(report: Mapping[str, Any], key: str) -> bool:
+def report_dict(report: TOFUReport | Mapping[str, Any]) -> dict[str, Any]:
+    """The report as the JSON-ready dict published as ``unlearning_report.json`` (``to_dict()`` of a ``TOFUReport``)."""
+    to_dict = getattr(report, "to_dict", None)
+    return to_dict() if callable(to_dict) else dict(report)
+
+
+def _report_entry(report: TOFUReport | Mapping[str, Any], key: str) -> Any:
+    """The report's top-level ``key`` (for a ``TOFUReport``: the field, else its ``extra`` key), ``None`` if absent."""
+    if isinstance(report, _report_class()):
+        return getattr(report, key) if key in report.field_names() else report.extra.get(key)
+    return report.get(key)
+
+
+def _has_key(report: TOFUReport | Mapping[str, Any], key: str) -> bool:
+    if isinstance(report, _report_class()):
+        return report.has(key) or any(isinstance(report.extra.get(s), Mapping) and key in report.extra[s]
+                                      for s in _REPORT_SECTIONS)
     return key in report or any(
         isinstance(report.get(section), Mapping) and key in report[section] for section in _REPORT_SECTIONS
     )
 
 
-def _metric_results(report: Mapping[str, Any]) -> list[tuple[str, str, str, float | None]]:
+def _metric_results(report: TOFUReport | Mapping[str, Any]) -> list[tuple[str, str, str, float | None]]:
     """(report key, metric type, pretty name, value) for the four card metrics of a report.
 
     A metric the evaluator could not compute is ``None`` (forget quality without a retain
@@ -117,7 +165,7 @@ def _metric_results(report: Mapping[str, Any]) -> list[tuple[str, str, str, floa
 
 
 def check_report_matches(
-    report: Mapping[str, Any], base_model: str | None, forget_split: str | None, *, aliases: tuple[str, ...] = ()
+    report: TOFUReport | Mapping[str, Any], base_model: str | None, forget_split: str | None, *, aliases: tuple[str, ...] = ()
 ) -> None:
     """Refuse a report computed for another model or forget split than the artifact's.
 

@@ -1,0 +1,294 @@
+"""ATWU (Alternating Token-Weighted Unlearning): unlearning with a learned per-token forget score.
+
+A linear scorer ``g_t = sigmoid(<w, (h_t - mu) / sigma> + b)``
+(:class:`~hf_unlearn.methods.atwu.weighter.ATWUTokenWeighter`) on the model's detached last-layer hidden states,
+standardised by their running mean and variance, weights each forget answer token. ``scorer_warmup_steps`` scorer
+steps run before the first model step; then model and scorer are updated alternately:
+
+* model step (each optimizer step): ``forget_weight * L_forget(theta; sg(g)) + retain_weight * retain``;
+* scorer step (every ``scorer_every`` model steps, just before that model step, on the same forget batch, with the
+  model frozen: the model's token log-probabilities and hidden states enter detached), with its own Adam optimizer:
+  ``L_forget(g; sg(theta)) + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_t > 0.5]) - budget)^2
+  + scorer_l2 * ||w||^2``.
+
+``L_forget`` is SATGA+ (by default its score-gated form, :func:`hf_unlearn.methods.atwu.loss.satga_plus_loss`), token-weighted
+NPO or token-weighted SimNPO (:mod:`hf_unlearn.methods.atwu.loss`). The weighter is saved beside the model (the
+``atwu_weighter/`` subfolder, ``huggingface_hub`` mixin format) by ``save_model`` and in every checkpoint, together
+with its Adam state (``atwu_weighter_optimizer.safetensors``) and running mean and variance (buffers of the weighter);
+a resumed run reloads all of them, so it continues exactly. :meth:`ATWUTrainer.token_scores` returns the per-token scores of any
+dataset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from datasets import Dataset
+
+from ...data.prompts import tokenize_qa
+from ..base.losses import LossDenominators
+from ..base.pairing import to_trl_format
+from ..base.trainer import UnlearningTrainer
+from .config import ATWUConfig
+from .loss import budget_penalty, satga_plus_loss, score_entropy, weighted_npo_loss, weighted_simnpo_loss
+from .weighter import (
+    WEIGHTER_DIR,
+    WEIGHTER_OPTIMIZER_NAME,
+    ATWUTokenWeighter,
+    load_optimizer_state,
+    model_hidden_size,
+    save_optimizer_state,
+    score_token_features,
+)
+
+
+class ATWUTrainer(UnlearningTrainer):
+    """Alternating Token-Weighted Unlearning on the shared :class:`UnlearningTrainer`.
+
+    Takes the base trainer's arguments plus ``scorer`` (an :class:`ATWUTokenWeighter` to start from, e.g. one
+    reloaded with ``ATWUTokenWeighter.from_pretrained``; default: a fresh one, every token scored ``budget``). ``args`` must
+    be an :class:`ATWUConfig` (other training arguments are converted, ATWU fields at their defaults).
+
+    Logged with the loss: ``model_loss`` (the model step's total), ``forget_loss``, ``forget_nll``, ``retain_nll``,
+    ``mean_score`` / ``selected_fraction`` (scores of the forget tokens in the model step), and on scorer steps
+    ``scorer_loss``, ``scorer_forget_loss``, ``score_entropy``, ``budget_penalty``.
+    """
+
+    _name = "ATWU"
+    _method = "atwu"
+    _title = "ATWU (Alternating Token-Weighted Unlearning)"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "Learning What to Forget: Improving LLM Unlearning via Learned Token-Level Importance",
+        "id": "2606.06320"}
+    _cli_help = "alternating token-weighted unlearning with a learned token scorer"
+    config_class = ATWUConfig
+    _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
+
+    def __init__(self, model: Any, args: ATWUConfig | None = None, *more: Any, scorer: ATWUTokenWeighter | None = None, **kwargs: Any):
+        super().__init__(model, args, *more, **kwargs)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        hidden = model_hidden_size(unwrapped)
+        if scorer is None:  # every token starts at the budget: b = logit(budget), w = 0
+            scorer = ATWUTokenWeighter(
+                hidden, init_bias=math.log(self.args.budget / (1.0 - self.args.budget)),
+                standardize=self.args.scorer_standardize,
+            )
+        elif scorer.hidden_size != hidden:
+            raise ValueError(
+                f"Hidden size mismatch: the given ATWU scorer has hidden size {scorer.hidden_size}, the model {hidden}."
+            )
+        self.scorer = scorer.to(self.args.device)
+        self.scorer_optimizer = torch.optim.Adam(self.scorer.parameters(), lr=self.args.scorer_lr)
+        self._last_scorer_step: int | None = None
+        self._warmup_pending = self.args.scorer_warmup_steps > 0
+
+    # ----- configuration -----------------------------------------------------------------------------------------
+
+    @classmethod
+    def needs_reference_model(cls, args: ATWUConfig) -> bool:
+        return getattr(args, "forget_loss", None) == "npo" or super().needs_reference_model(args)
+
+    # ----- losses -------------------------------------------------------------------------------------------------
+
+    def weighted_forget_loss(
+        self,
+        token_log_probs: torch.Tensor,
+        scores: torch.Tensor,
+        mask: torch.Tensor,
+        ref_token_log_probs: torch.Tensor | None = None,
+        denominators: LossDenominators | None = None,
+    ) -> torch.Tensor:
+        """The configured forget loss (``args.forget_loss``) with token weights ``scores`` (unweighted by forget_weight).
+        Without ``denominators`` the batch's own token/sequence counts are used. SATGA+ uses the contrast of
+        :meth:`saturation_c` for the current step and ``args.satga_selection``."""
+        args = self.args
+        if args.forget_loss == "satga":
+            n = denominators.forget_tokens if denominators is not None else None
+            return satga_plus_loss(
+                token_log_probs, scores, mask, args.saturation_beta, self.saturation_c(), n, form=args.satga_form,
+                selection=args.satga_selection,
+            )
+        n = denominators.forget_sequences if denominators is not None else None
+        if args.forget_loss == "npo":
+            if ref_token_log_probs is None:
+                raise ValueError("The weighted NPO forget loss needs the reference model's token log-probabilities.")
+            return weighted_npo_loss(token_log_probs, ref_token_log_probs, scores, mask, args.npo_beta, n)
+        return weighted_simnpo_loss(token_log_probs, scores, mask, args.simnpo_beta, args.simnpo_delta, n)
+
+    def saturation_c(self, step: int | None = None) -> float:
+        """SATGA+'s contrast at model step ``step`` (default: the current one): ``saturation_c * min(1, (step + 1)
+        / W)`` with ``W = saturation_c_warmup_steps``, or ``saturation_c`` when ``W = 0``."""
+        warmup = self.args.saturation_c_warmup_steps
+        if warmup <= 0:
+            return float(self.args.saturation_c)
+        step = self.state.global_step if step is None else int(step)
+        return float(self.args.saturation_c) * min(1.0, (step + 1) / warmup)
+
+    def scorer_step(
+        self,
+        token_log_probs: torch.Tensor,
+        hidden_states: torch.Tensor,
+        mask: torch.Tensor,
+        ref_token_log_probs: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """One update of the scorer with the model frozen: the model's outputs enter detached, so only ``w`` and
+        ``b`` receive gradient. Minimises ``L_forget(g) + entropy_weight * H(g) + budget_weight * budget_penalty(g)
+        + scorer_l2 * ||w||^2`` on this batch (means over its own answer tokens) with the scorer's optimizer, and
+        returns (and logs) its terms."""
+        args = self.args
+        lp = token_log_probs.detach()
+        ref = ref_token_log_probs.detach() if ref_token_log_probs is not None else None
+        self.scorer.train()
+        # standardise by this batch's own statistics of the scored hidden states (mean: the budget and entropy
+        # pushes, alike for all tokens at w = 0, then leave w alone); the tracked statistics used outside the scorer
+        # step follow them as moving averages. Two passes (mean, then the mean squared deviation from it), which
+        # float32 computes accurately; over processes each pass is averaged.
+        states = self.scorer.scored_states(hidden_states, mask).float()
+        center = states.mean(0) if states.shape[0] else self.scorer.center.clone()
+        if self.accelerator.num_processes > 1:
+            center = self.accelerator.reduce(center, reduction="mean")
+        variance = (states - center).pow(2).mean(0) if states.shape[0] else self.scorer.variance.clone()
+        if self.accelerator.num_processes > 1:
+            variance = self.accelerator.reduce(variance, reduction="mean")
+        self.scorer.update_statistics(center, variance)
+        with torch.enable_grad():
+            g = self.scorer.label_scores(hidden_states.detach(), center, variance)
+            forget = self.weighted_forget_loss(lp, g, mask, ref)
+            entropy = score_entropy(g, mask)
+            budget = budget_penalty(g, mask, args.budget)
+            loss = forget + args.entropy_weight * entropy + args.budget_weight * budget
+            if args.scorer_l2 > 0:
+                loss = loss + args.scorer_l2 * self.scorer.weight.pow(2).sum()
+            self.scorer_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        if self.accelerator.num_processes > 1:  # one scorer for all processes: average its gradient like DDP does
+            for p in self.scorer.parameters():
+                p.grad = self.accelerator.reduce(p.grad, reduction="mean")
+        self.scorer_optimizer.step()
+        terms = {
+            "scorer_loss": loss.detach(),
+            "scorer_forget_loss": forget.detach(),
+            "score_entropy": entropy.detach(),
+            "budget_penalty": budget.detach(),
+        }
+        for name, value in terms.items():
+            self.log_metric(name, value)
+        return {k: float(v) for k, v in terms.items()}
+
+    def _scorer_due(self, model: Any) -> bool:
+        if not (self._in_training_step and model.training):
+            return False
+        step = self.state.global_step
+        if step % self.args.scorer_every != 0 or self._last_scorer_step == step:
+            return False
+        self._last_scorer_step = step
+        return True
+
+    def scorer_warmup(self, model: Any) -> list[dict[str, float]]:
+        """``scorer_warmup_steps`` scorer-only steps (:meth:`scorer_step`, the model frozen and unchanged) on the
+        first forget training batches in order, cycling through the forget set; returns each step's terms. Run
+        once, before the first model step of a run that starts at step 0 (a resumed run skips it)."""
+        args = self.args
+        bs = args.per_device_train_batch_size
+        n = len(self.forget_dataset)
+        terms = []
+        for k in range(args.scorer_warmup_steps):
+            rows = [self.forget_dataset[(k * bs + i) % n] for i in range(bs)]
+            batch = self._prepare_inputs(self.data_collator([{c: r[c] for c in ("input_ids", "labels")} for r in rows]))
+            with torch.no_grad():
+                forget = self.score(model, batch, output_hidden_states=True)
+                ref = self.reference_scores(batch).token_log_probs if args.forget_loss == "npo" else None
+            terms.append(self.scorer_step(forget.token_log_probs, forget.outputs.hidden_states[-1], forget.mask, ref))
+        return terms
+
+    def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
+        if self._warmup_pending and self._in_training_step and model.training:
+            self._warmup_pending = False
+            if self.state.global_step == 0:
+                self.scorer_warmup(model)
+        forget = self.score(model, inputs, output_hidden_states=True)
+        hidden = forget.outputs.hidden_states[-1].detach()
+        ref = self.reference_scores(inputs).token_log_probs if self.args.forget_loss == "npo" else None
+        if self._scorer_due(model):
+            self.scorer_step(forget.token_log_probs, hidden, forget.mask, ref)
+        with torch.no_grad():
+            scores = self.scorer.label_scores(hidden)
+        forget_loss = self.weighted_forget_loss(forget.token_log_probs, scores, forget.mask, ref, denominators)
+        loss = self.args.forget_weight * forget_loss
+        if self.args.retain_weight > 0:
+            loss = loss + self.args.retain_weight * self.retain_term(model, inputs, denominators)
+        selected = scores[forget.mask]
+        self.log_metric("forget_nll", forget.mean_nll)
+        self.log_metric("forget_loss", forget_loss)
+        self.log_metric("model_loss", loss)
+        self.log_metric("mean_score", selected.mean() if selected.numel() else 0.0)
+        self.log_metric("selected_fraction", (selected > 0.5).float().mean() if selected.numel() else 0.0)
+        return loss
+
+    # ----- scores and saving ---------------------------------------------------------------------------------------
+
+    def _token_features(self, dataset: Dataset | Sequence[dict[str, Any]]) -> list[dict[str, list[int]]]:
+        rows = dataset if isinstance(dataset, Dataset) else Dataset.from_list(list(dataset))
+        columns = set(rows.column_names)
+        if {"input_ids", "labels"} <= columns:
+            return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in rows]
+        template = self.args.prompt_template
+        if {"question", "answer"} <= columns:  # as the training set is tokenized (template, max_length)
+            feats = [
+                tokenize_qa(self.processing_class, r["question"], r["answer"], self.args.max_length, template=template)
+                for r in rows
+            ]
+            return [{"input_ids": f["input_ids"], "labels": f["labels"]} for f in feats]
+        prepared = self._prepare_dataset(
+            to_trl_format(rows, self.processing_class, template), self.processing_class, self.args, False, None,
+            "token_scores",
+        )
+        return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in prepared]
+
+    def token_scores(
+        self, dataset: Dataset | Sequence[dict[str, Any]], batch_size: int | None = None, progress: bool = False
+    ) -> list[dict[str, Any]]:
+        """Per example, its answer tokens and their current scores in ``[0, 1]``.
+
+        ``dataset``: TOFU rows (``question``/``answer``), TRL prompt/completion or conversational rows, or tokenized
+        rows (``input_ids``/``labels``). Returns one ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per
+        example, in order (``token_nll`` is the model's NLL of each token, for comparison).
+        """
+        features = self._token_features(dataset)
+        model = self.accelerator.unwrap_model(self.model)
+        pad = self.processing_class.pad_token_id
+        bs = batch_size or self.args.per_device_eval_batch_size
+        return score_token_features(model, self.scorer, features, pad, self.processing_class, bs, progress)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Write the weights (as the Trainer does) and the token weighter beside them (``atwu_weighter/``), into the
+        folder being built (the base trainer swaps it in only once complete; checkpoints included)."""
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            self.scorer.save_pretrained(Path(output_dir if output_dir is not None else self.args.output_dir) / WEIGHTER_DIR)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """The Trainer's optimizer and scheduler, plus the weighter's Adam state, in each checkpoint."""
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:
+            save_optimizer_state(self.scorer_optimizer, Path(output_dir) / WEIGHTER_OPTIMIZER_NAME)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """On resume, reload the weighter (its weights, running mean and variance) and its Adam state from ``checkpoint``
+        with the Trainer's optimizer and scheduler."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        folder = Path(checkpoint)
+        if not (folder / WEIGHTER_DIR).is_dir() or not (folder / WEIGHTER_OPTIMIZER_NAME).is_file():
+            raise FileNotFoundError(
+                f"Checkpoint {checkpoint} has no ATWU token weighter ({WEIGHTER_DIR}/, {WEIGHTER_OPTIMIZER_NAME}); "
+                "it was not written by ATWUTrainer, so the run cannot be resumed exactly."
+            )
+        saved = ATWUTokenWeighter.from_pretrained(folder / WEIGHTER_DIR, hidden_size=self.scorer.hidden_size)
+        self.scorer.load_state_dict(saved.state_dict())
+        load_optimizer_state(self.scorer_optimizer, folder / WEIGHTER_OPTIMIZER_NAME)

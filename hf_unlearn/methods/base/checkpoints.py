@@ -1,0 +1,177 @@
+"""Checkpoints of an unlearning run: the staged, atomic write of a checkpoint from every process, and the run
+fingerprint (method, settings, data digests) that a resume is checked against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from transformers import TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..._import_utils import current_name
+from ...safe_output import OutputWriteError, atomic_directory
+from .config import RENAMED_WEIGHTS
+from .pairing import MODEL_COLUMNS
+
+__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "TRAINER_STATE_NAME", "ResumeMismatchError",
+           "fingerprint_differences", "stage_checkpoint"]
+
+# entries of a run folder that belong to the run, not to the final model: kept when the final model is swapped in
+# (TRL writes the run's model card, README.md, into the run folder at every checkpoint)
+RUN_ENTRIES = (f"{PREFIX_CHECKPOINT_DIR}-*", "runs", "logs", "README.md")  # logs: the CLI's per-step JSON Lines
+TRAINER_STATE_NAME = "trainer_state.json"
+# the run's identity (method, settings, data digests) in every checkpoint, checked on resume
+FINGERPRINT_NAME = "unlearning_run.json"
+
+
+class ResumeMismatchError(ValueError):
+    """A checkpoint was written by another method, other settings or other data than the trainer resuming it."""
+
+
+def _checkpoint_dirs(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+
+
+def stage_checkpoint(
+    run_dir: str | os.PathLike,
+    name: str,
+    write: Callable[[Path], None],
+    is_main_process: bool = True,
+    wait_for_everyone: Callable[[], None] = lambda: None,
+) -> Path:
+    """Write the checkpoint ``run_dir/name`` from every process through one staging folder, atomically.
+
+    1. The main process creates the staging folder ``run_dir/.<name>.staging`` (removing a leftover of a crashed
+       run); every process waits for it.
+    2. Every process calls ``write(staging)``, which writes its own files into ``staging/<name>`` (with several
+       processes: each its RNG state, the main one the weights, optimizer and state); every process waits until
+       all have written.
+    3. The main process renames ``staging/<name>`` into place as ``run_dir/<name>`` and removes the staging
+       folder; every process waits for that, so none goes on before the checkpoint exists.
+
+    A process whose ``write`` fails raises without reaching the next barrier, so the main process never renames
+    an incomplete checkpoint: ``run_dir`` only ever holds complete checkpoints (the hidden staging folder is
+    not one). ``wait_for_everyone`` is the barrier (``accelerator.wait_for_everyone``; a no-op with one process).
+    """
+    run_dir = Path(run_dir)
+    staging = run_dir / f".{name}.staging"
+    if is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    wait_for_everyone()
+    try:
+        write(staging)
+    except BaseException:
+        if is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    wait_for_everyone()
+    if is_main_process:
+        try:
+            if not (staging / name).is_dir():
+                raise OutputWriteError(f"The checkpoint {name} was not written into {staging}.")
+            with atomic_directory(run_dir / name, overwrite=True, lock=False) as tmp:
+                tmp.rmdir()
+                os.replace(staging / name, tmp)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    wait_for_everyone()
+    return run_dir / name
+
+
+# settings that do not change the weights a run produces up to a step (where it writes, how it logs, evaluates,
+# loads data, saves memory, stops on divergence, and how long it runs: a resume may extend a run): a resume may
+# change them
+_UNTRACKED_SETTINGS = frozenset({
+    "max_steps", "num_train_epochs", "output_dir", "overwrite", "overwrite_output_dir", "run_name", "report_to", "project", "push_to_hub",
+    "resume_from_checkpoint", "disable_tqdm", "local_rank", "ddp_timeout", "use_cpu", "skip_memory_metrics",
+    "torch_empty_cache_steps", "debug", "dataset_num_proc", "restore_callback_states_from_checkpoint",
+    "per_device_eval_batch_size", "do_eval", "do_predict", "do_train", "prediction_loss_only", "batch_eval_metrics",
+    "include_for_metrics", "include_num_input_tokens_seen", "metric_for_best_model", "greater_is_better",
+    "load_best_model_at_end", "bf16_full_eval", "fp16_full_eval", "ignore_data_skip", "enable_jit_checkpoint",
+    "max_retain_loss_ratio", "min_retain_loss_reference", "eos_token", "pad_token",
+})
+_UNTRACKED_PREFIXES = (
+    "logging_", "log_", "save_", "eval_", "hub_", "trackio_", "activation_checkpointing", "activation_offloading",
+    "gradient_checkpointing", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+    "dataloader_prefetch_factor", "dataloader_multiprocessing_context",
+)
+
+
+def _tracked_settings(args: TrainingArguments) -> dict[str, Any]:
+    values = {
+        k: v for k, v in args.to_dict().items()
+        if k not in _UNTRACKED_SETTINGS and not k.startswith(_UNTRACKED_PREFIXES)
+    }
+    return json.loads(json.dumps(values, sort_keys=True, default=repr))
+
+
+def _rows_digest(dataset: Any) -> str | None:
+    """SHA-256 of a prepared dataset's model columns (its tokens and labels), ``None`` when it is not a
+    ``datasets.Dataset`` (then it is not checked on resume)."""
+    if not isinstance(dataset, Dataset):
+        return None
+    columns = [c for c in MODEL_COLUMNS if c in dataset.column_names] or list(dataset.column_names)
+    rows = dataset.select_columns(columns).with_format(None)[:]
+    digest = hashlib.sha256()
+    digest.update(json.dumps(rows, sort_keys=True, default=repr).encode("utf-8"))
+    return f"{len(dataset)}:{digest.hexdigest()}"
+
+
+def _class_path(path: Any) -> Any:
+    """A trainer class's ``module.qualname`` as it is named now: a checkpoint written before the methods moved to
+    ``hf_unlearn.methods`` names its trainer by its old module path (:data:`hf_unlearn._import_utils.MODULE_ALIASES`),
+    which is resolved to the class it names and that class's current path."""
+    if not isinstance(path, str):
+        return path
+    new = current_name(path)
+    if new == path:
+        return path
+    module, _, name = new.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return new
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _current_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings under the current names of the forget/retain weights: a checkpoint written before the rename
+    records ``gamma`` / ``alpha`` (:data:`~hf_unlearn.methods.base.config.RENAMED_WEIGHTS`); the deprecated names
+    themselves (always ``None`` once a config is built) are left out."""
+    out = dict(settings)
+    for old_name, new_name in RENAMED_WEIGHTS.items():
+        if old_name in out and out[old_name] is None:
+            del out[old_name]
+        elif old_name in out and new_name not in out:
+            out[new_name] = out.pop(old_name)
+    return out
+
+
+def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between two run fingerprints (:meth:`UnlearningTrainer.run_fingerprint`), one phrase each."""
+    diffs = []
+    if _class_path(saved.get("method")) != _class_path(current.get("method")):
+        diffs.append(f"method {saved.get('method')} (now {current.get('method')})")
+    old, new = _current_settings(saved.get("settings", {})), _current_settings(current.get("settings", {}))
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            diffs.append(f"{key}={old.get(key)!r} (now {new.get(key)!r})")
+    for part in ("forget", "retain"):
+        a, b = saved.get("data", {}).get(part), current.get("data", {}).get(part)
+        if a != b and a is not None and b is not None:
+            diffs.append(f"other {part} rows ({a.split(':')[0]} rows, now {b.split(':')[0]})")
+        elif (a is None) != (b is None):
+            diffs.append(f"{'no' if a is None else 'a'} {part} set (now {'a' if a is None else 'no'} {part} set)")
+    return diffs

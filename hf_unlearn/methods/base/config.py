@@ -1,0 +1,288 @@
+"""Configuration of the unlearning trainers, written as TRL writes its configs.
+
+* :class:`BaseUnlearningConfig` (a `trl.SFTConfig`) holds what every unlearning method uses: the forget/retain data
+  handling, the prompt template, the output-safety switch and the guards that stop a broken run. MASC and ATWU
+  subclass it and add only their own fields.
+* :class:`UnlearningConfig` adds the objective of the baselines, chosen by two fields: ``forget_loss``
+  (``"grad_ascent"``, ``"npo"``, ``"simnpo"``) and ``retain_loss`` (``"none"``, ``"nll"``, ``"kl"``), with the
+  weights ``forget_weight`` / ``retain_weight`` and the NPO/SimNPO parameters ``beta`` / ``delta``.
+  It is the config of the generic :class:`~hf_unlearn.methods.base.UnlearningTrainer`; the presets of the baseline
+  trainers (:class:`GradAscentConfig`, ...) are in :mod:`hf_unlearn.methods.baselines.config`.
+
+Every field has its real default in the dataclass field (no ``None`` filled in later).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from trl import SFTConfig
+
+__all__ = ["FORGET_LOSSES", "RETAIN_LOSSES", "RENAMED_WEIGHTS", "BaseUnlearningConfig", "UnlearningConfig"]
+
+FORGET_LOSSES = ("grad_ascent", "npo", "simnpo")
+RETAIN_LOSSES = ("none", "nll", "kl")
+#: the earlier names of the forget/retain weights, still accepted (with a DeprecationWarning): {old: new}
+RENAMED_WEIGHTS = {"gamma": "forget_weight", "alpha": "retain_weight"}
+
+
+def deprecated_weight_field(new: str):
+    """The field of a deprecated name of ``new`` (``gamma`` / ``alpha``): ``None`` unless given, then moved to
+    ``new`` by :func:`take_renamed_weights`. Not shown in cards (``repr=False``)."""
+    return field(default=None, repr=False, metadata={"help": f"Deprecated name of `{new}`."})
+
+
+def take_renamed_weights(config) -> None:
+    """Move a value given under a deprecated weight name (:data:`RENAMED_WEIGHTS`) to its new name, with a
+    ``DeprecationWarning``; the old attribute is left ``None``."""
+    for old, new in RENAMED_WEIGHTS.items():
+        value = getattr(config, old, None)
+        if value is not None:
+            warnings.warn(f"`{old}` is deprecated; use `{new}` (got {old}={value!r}).", DeprecationWarning,
+                          stacklevel=4)
+            setattr(config, new, value)
+            setattr(config, old, None)
+
+
+def _bf16_available() -> bool:
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def _accelerator_present() -> bool:
+    """A CUDA, XPU or MPS device is visible (transformers then trains there, not on the CPU)."""
+    xpu = getattr(torch, "xpu", None)
+    mps = getattr(torch.backends, "mps", None)
+    return bool(torch.cuda.is_available() or (xpu is not None and xpu.is_available())
+                or (mps is not None and mps.is_available()))
+
+
+@dataclass
+class BaseUnlearningConfig(SFTConfig):
+    r"""
+    Configuration shared by every unlearning trainer ([`UnlearningTrainer`] and its subclasses, MASC and ATWU
+    included).
+
+    Everything in [`~trl.SFTConfig`] (and so [`~transformers.TrainingArguments`]) applies; the parameters below are
+    the ones unlearning adds. The training set of the trainer is the *forget* set; the *retain* set is passed to the
+    trainer as `retain_dataset`, and each forget example is paired with one retain example per step (partners
+    redrawn each epoch from `seed`).
+
+    Parameters:
+        > Parameters that control the data
+
+        allow_overlap (`bool`, *optional*, defaults to `False`):
+            Forget and retain sets sharing examples is an error by default; with `True` it is a warning with the
+            number of shared examples.
+        prompt_template (`str` or `None`, *optional*, defaults to `None`):
+            Name of a prompt template preset of [`hf_unlearn.data.PROMPT_TEMPLATES`] used to turn TOFU rows
+            (`question`/`answer`) into prompt and completion. `None`: the tokenizer's chat template when it has
+            one, else `"Question: {question}\nAnswer:"` (the evaluator's default, so training and evaluation see the
+            same tokens).
+
+        > Parameters that control the safety of outputs
+
+        overwrite (`bool`, *optional*, defaults to `False`):
+            A non-empty `output_dir` is refused before any work unless `True`. Even then the final model is built
+            in a temporary sibling folder and swapped in only when completely written, so a failed save leaves the
+            previous content intact. An `output_dir` equal to, inside, or containing the input model folder is
+            always refused.
+
+        > Parameters that stop a broken run
+
+        max_retain_loss_ratio (`float` or `None`, *optional*, defaults to `100.0`):
+            Divergence guard: training stops with an error as soon as the retain NLL of an optimizer step exceeds
+            this multiple of its value at the first step (that starting value is floored at
+            `min_retain_loss_reference`). `None` disables the guard. An objective without a retain term (GradAscent, MASC with
+            `retain_weight=0`) is guarded when it is given a `retain_dataset`, whose retain NLL it then scores
+            without gradient; without a retain set it is not guarded.
+        min_retain_loss_reference (`float`, *optional*, defaults to `0.1`):
+            Floor (nats per token) of the starting retain NLL used by the divergence guard, so that a model that
+            memorised its retain set (NLL near 0) does not trip the guard through ordinary drift.
+
+    The config itself refuses (a `ValueError` when it is built, so before any work) a learning rate that is not a
+    finite number `> 0`; zero, negative or non-finite `num_train_epochs` (unless `max_steps > 0`); `max_steps` of `0`
+    or below `-1`; `per_device_train_batch_size` or `gradient_accumulation_steps` below `1`; and a `max_length`
+    below `2`. Besides, every trainer checks that all trainable weights are finite before each checkpoint and before
+    the final save, and warns when a bf16/fp16 model is trained with a learning rate so small that most updates
+    round to zero in that precision.
+
+    > [!NOTE]
+    > These parameters have default values different from [`~trl.SFTConfig`]:
+    > - `learning_rate`: Defaults to `1e-5` instead of `2e-5` (TOFU's unlearning rate).
+    > - `num_train_epochs`: Defaults to `10` instead of `3` (TOFU's unlearning budget: fixed epochs, no early stop).
+    > - `weight_decay`: Defaults to `0.01` instead of `0.0`.
+    > - `bf16`: Defaults to `True` only when a bf16-capable GPU is present (instead of always), since CPU bf16
+    >   autocast is slow and coarsens the log-likelihood differences the unlearning losses act on.
+    >   `bf16=True` on a machine with no accelerator means CPU autocast (float32 master weights) and sets
+    >   `use_cpu=True`, which transformers otherwise demands; on a CPU with AVX512-BF16 it is the faster choice.
+    """
+
+    # Parameters whose default values are overridden from SFTConfig
+    learning_rate: float = field(default=1e-5, metadata={"help": "The initial learning rate for AdamW."})
+    num_train_epochs: float = field(default=10.0, metadata={"help": "Total number of training epochs to perform."})
+    weight_decay: float = field(default=0.01, metadata={"help": "Weight decay for AdamW."})
+    # TRL sets the deprecated `gradient_checkpointing` alias to True, which makes transformers warn on every config;
+    # here both default to None and __post_init__ gives TRL's default (True) under the current name, so only a
+    # user who passes the deprecated alias sees the deprecation warning (and the alias still takes effect).
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Recompute activations in the backward pass to save memory. Default: True (TRL's)."},
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers v5)."}
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata={"help": "Whether to use bf16 mixed precision. Defaults to True only on a bf16-capable GPU."},
+    )
+
+    # Parameters that control the data
+    allow_overlap: bool = field(
+        default=False,
+        metadata={"help": "Allow forget and retain sets to share examples (warn instead of raising)."},
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Prompt template preset for TOFU rows (see hf_unlearn.data.PROMPT_TEMPLATES); default: the "
+            "tokenizer's chat template if any, else 'Question: {question}\\nAnswer:'."
+        },
+    )
+
+    # Parameters that control the safety of outputs
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "Replace a non-empty output_dir (the new result is swapped in only when complete)."},
+    )
+
+    # Parameters that stop a broken run
+    max_retain_loss_ratio: float | None = field(
+        default=100.0,
+        metadata={"help": "Stop when the retain NLL exceeds this multiple of its first-step value (None: off)."},
+    )
+    min_retain_loss_reference: float = field(
+        default=0.1,
+        metadata={"help": "Floor of the first-step retain NLL used by the divergence guard (nats per token)."},
+    )
+
+    def __post_init__(self):
+        self._check_training_budget()
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
+        if self.bf16 is None:
+            self.bf16 = (not self.fp16) and _bf16_available()
+        if self.bf16 and not self.use_cpu and not _accelerator_present():
+            self.use_cpu = True  # CPU bf16 autocast; transformers refuses bf16 without a GPU unless told use_cpu
+        if self.max_retain_loss_ratio is not None and not self.max_retain_loss_ratio > 1:
+            raise ValueError(f"`max_retain_loss_ratio` must be > 1 (or None to disable), got {self.max_retain_loss_ratio}.")
+        if not self.min_retain_loss_reference > 0:
+            raise ValueError(f"`min_retain_loss_reference` must be > 0, got {self.min_retain_loss_reference}.")
+        if self.prompt_template is not None:
+            from ...data.prompts import get_template
+
+            get_template(self.prompt_template)  # an unknown preset fails here, before any work
+        super().__post_init__()
+
+    def _check_training_budget(self) -> None:
+        """Refuse (``ValueError``) settings that would train nothing or could not run: a learning rate that is not
+        a finite number > 0; zero, negative or non-finite epochs (unless ``max_steps > 0``); ``max_steps`` of 0 or
+        below -1; a batch size or accumulation count below 1; a ``max_length`` below 2 (a prompt token and an
+        answer token)."""
+        lr = self.learning_rate
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or not lr > 0:
+            raise ValueError(
+                f"learning_rate={lr} would leave the model unchanged or break it; it must be a finite number > 0."
+            )
+        steps, epochs = self.max_steps, self.num_train_epochs
+        if steps == 0 or steps < -1:
+            raise ValueError(
+                f"max_steps={steps} would train for zero steps; set max_steps > 0, or -1 to train for num_train_epochs."
+            )
+        if not math.isfinite(epochs) or epochs < 0 or (steps < 0 and not epochs > 0):
+            raise ValueError(
+                f"num_train_epochs={epochs} with max_steps={steps} would train for zero steps or never end; set "
+                "num_train_epochs to a finite number > 0, or max_steps > 0."
+            )
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if self.max_length is not None and (isinstance(self.max_length, bool) or self.max_length < 2):
+            raise ValueError(
+                f"max_length={self.max_length} leaves no room for a prompt token and an answer token; use None or "
+                "an integer >= 2 (the model's maximum positions always apply as well)."
+            )
+
+
+@dataclass
+class UnlearningConfig(BaseUnlearningConfig):
+    r"""
+    Configuration of the baseline objective of [`UnlearningTrainer`]:
+    `loss = forget_weight * forget_term + retain_weight * retain_term` (open-unlearning's `gamma` and `alpha`).
+
+    The baseline trainers are presets of it: [`GradAscentTrainer`] ([`GradAscentConfig`]), [`GradDiffTrainer`]
+    ([`GradDiffConfig`], the defaults below), [`NPOTrainer`] ([`NPOConfig`]) and [`SimNPOTrainer`]
+    ([`SimNPOConfig`]). Everything in [`BaseUnlearningConfig`] applies as well.
+
+    Parameters:
+        > Parameters that control the objective
+
+        forget_loss (`str`, *optional*, defaults to `"grad_ascent"`):
+            Forget term: `"grad_ascent"` (minus the forget NLL), `"npo"` (Negative Preference Optimization against
+            the frozen initial model, Zhang et al. 2024) or `"simnpo"` (reference-free, length-normalised NPO, Fan
+            et al. 2024).
+        retain_loss (`str`, *optional*, defaults to `"nll"`):
+            Retain term: `"none"` (no retain set), `"nll"` (negative log-likelihood of the retain answers) or `"kl"`
+            (per-token `KL(pi_ref || pi_theta)` on the retain answers against the frozen initial model).
+        beta (`float`, *optional*, defaults to `0.1`):
+            Inverse temperature of NPO and SimNPO, `> 0` (NPO paper: `0.1`; SimNPO's preset uses `4.5`).
+        delta (`float`, *optional*, defaults to `0.0`):
+            SimNPO reward margin (the paper's `gamma`), outside `beta`:
+            `-(2/beta) * logsigmoid(-beta * log p(y|x) / |y| - delta)`.
+        forget_weight (`float`, *optional*, defaults to `1.0`):
+            Weight of the forget term, `>= 0` (SimNPO's preset uses `0.125`). The deprecated name `gamma` is
+            accepted.
+        retain_weight (`float`, *optional*, defaults to `1.0`):
+            Weight of the retain term, `>= 0`. With `retain_weight=0` (or `retain_loss="none"`) the retain set is
+            not needed. The deprecated name `alpha` is accepted.
+        gamma (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated name of `forget_weight` (a value given here moves there, with a `DeprecationWarning`).
+        alpha (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated name of `retain_weight` (a value given here moves there, with a `DeprecationWarning`).
+    """
+
+    forget_loss: str = field(
+        default="grad_ascent",
+        metadata={"help": "Forget term: 'grad_ascent', 'npo' or 'simnpo'.", "choices": list(FORGET_LOSSES)},
+    )
+    retain_loss: str = field(
+        default="nll",
+        metadata={
+            "help": "Retain term: 'none', 'nll' or 'kl' (KL(pi_ref || pi_theta) per token).",
+            "choices": list(RETAIN_LOSSES),
+        },
+    )
+    beta: float = field(default=0.1, metadata={"help": "Inverse temperature of NPO/SimNPO (> 0)."})
+    delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin (outside beta)."})
+    forget_weight: float = field(default=1.0, metadata={"help": "Weight of the forget term (>= 0)."})
+    retain_weight: float = field(default=1.0, metadata={"help": "Weight of the retain term (>= 0)."})
+    gamma: float | None = deprecated_weight_field("forget_weight")
+    alpha: float | None = deprecated_weight_field("retain_weight")
+
+    def __post_init__(self):
+        if self.forget_loss not in FORGET_LOSSES:
+            raise ValueError(f"`forget_loss` must be one of {list(FORGET_LOSSES)}, got {self.forget_loss!r}.")
+        if self.retain_loss not in RETAIN_LOSSES:
+            raise ValueError(f"`retain_loss` must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
+        if not 0 < self.beta < math.inf:
+            raise ValueError(f"`beta` must be a finite number > 0, got {self.beta}.")
+        if not math.isfinite(self.delta):
+            raise ValueError(f"`delta` must be finite, got {self.delta}.")
+        take_renamed_weights(self)
+        for name in ("forget_weight", "retain_weight"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"`{name}` must be a finite number >= 0, got {getattr(self, name)}.")
+        super().__post_init__()

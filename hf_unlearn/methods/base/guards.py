@@ -1,0 +1,115 @@
+"""The guards every unlearning run has: the divergence guard on the retain NLL, the finite-weight and
+vanishing-update checks, and the errors they raise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+__all__ = ["NonFiniteLossError", "NonFiniteWeightsError", "RetainDivergenceGuard", "TrainingDivergedError",
+           "fraction_of_vanishing_updates", "non_finite_parameters"]
+
+
+class NonFiniteLossError(ValueError):
+    """The unlearning loss became NaN or infinite; training stops at that step."""
+
+
+class NonFiniteWeightsError(RuntimeError):
+    """A trainable weight is NaN or infinite; nothing is saved and training stops."""
+
+
+class TrainingDivergedError(RuntimeError):
+    """The divergence guard fired: the retain NLL exceeded its allowed multiple of the starting value."""
+
+
+
+class RetainDivergenceGuard(TrainerCallback, ExportableState):
+    """Stops training when the retain NLL explodes.
+
+    The trainer hands it every retain NLL it logs (:meth:`observe`); at the end of each optimizer step the mean of
+    that step's values is compared with the first step's value ``r0`` (the retain NLL of the unchanged model):
+    when it exceeds ``max_ratio * max(r0, floor)`` (or is not finite) a :class:`TrainingDivergedError` is raised,
+    before the diverged weights can reach a checkpoint. ``r0`` is saved in every checkpoint (``ExportableState``)
+    and restored by the trainer on resume. For an objective without a retain term the trainer scores the retain
+    half of each batch without gradient (in eval mode) and feeds that NLL here, when it was given a retain set;
+    without one the run is not guarded.
+    """
+
+    def __init__(self, max_ratio: float | None = 100.0, floor: float = 0.1, reference: float | None = None):
+        self.max_ratio = max_ratio
+        self.floor = floor
+        self.reference = reference
+        self._values: list[torch.Tensor] = []
+        # averages a step's local value over processes (the trainer sets it), so every process decides alike
+        self.reduce: Callable[[torch.Tensor], float] = float
+
+    def state(self) -> dict[str, Any]:
+        return {"args": {"max_ratio": self.max_ratio, "floor": self.floor}, "attributes": {"reference": self.reference}}
+
+    def observe(self, value: torch.Tensor) -> None:
+        """Record one retain NLL (a micro-batch's) of the current optimizer step."""
+        self._values.append(value.detach().float().reshape(()).cpu())
+
+    def limit(self) -> float | None:
+        """The retain NLL above which training stops (``None`` before the first step or when disabled)."""
+        if self.max_ratio is None or self.reference is None:
+            return None
+        return self.max_ratio * max(self.reference, self.floor)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self._values:
+            return
+        value = self.reduce(torch.stack(self._values).mean())
+        self._values.clear()
+        if self.max_ratio is None:
+            return
+        if self.reference is None:
+            if math.isfinite(value):
+                self.reference = value
+            return
+        limit = self.limit()
+        if not value <= limit:
+            raise TrainingDivergedError(
+                f"Training diverged at step {state.global_step}: the retain NLL is {value:.4g}, above "
+                f"max_retain_loss_ratio={self.max_ratio:g} x its starting value {self.reference:.4g} "
+                f"(limit {limit:.4g}). Nothing was saved from this step; lower the learning rate or raise "
+                "`max_retain_loss_ratio` (None disables the guard)."
+            )
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._values.clear()
+
+
+def non_finite_parameters(model: torch.nn.Module, trainable_only: bool = True) -> list[str]:
+    """Names of the (trainable) parameters of ``model`` holding a NaN or an infinity."""
+    return [
+        name for name, p in model.named_parameters()
+        if (p.requires_grad or not trainable_only) and p.numel() and not bool(torch.isfinite(p.detach()).all())
+    ]
+
+
+def fraction_of_vanishing_updates(model: torch.nn.Module, learning_rate: float, max_elements: int = 1 << 16) -> float:
+    """Fraction of the trainable weights ``w`` that an update of size ``learning_rate`` (Adam's typical step)
+    cannot change in their own dtype: ``round(w + lr) == w`` and ``round(w - lr) == w`` (the step is below half a
+    unit in the last place of ``w``). Only bf16/fp16 weights can vanish here; fp32/fp64 ones count as changing.
+    At most ``max_elements`` elements per tensor are inspected (an even stride through it)."""
+    vanishing = total = 0
+    for p in model.parameters():
+        if not p.requires_grad or not p.numel():
+            continue
+        flat = p.detach().reshape(-1)
+        if flat.numel() > max_elements:
+            flat = flat[:: flat.numel() // max_elements + 1]
+        total += flat.numel()
+        if p.dtype in (torch.bfloat16, torch.float16):
+            wide = flat.double()
+            up, down = (wide + learning_rate).to(p.dtype), (wide - learning_rate).to(p.dtype)
+            vanishing += int(((up == flat) & (down == flat)).sum())
+    return vanishing / total if total else 0.0
+

@@ -1,0 +1,119 @@
+"""Forget/retain pairing: TOFU rows tokenized for TRL, each forget example paired with a retain example, and the
+collator that keeps the two halves of a batch apart (the retain half's keys carry the ``retain_`` prefix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from ...data import retain_partner_indices, tokenize_qa
+
+RETAIN_PREFIX = "retain_"
+MODEL_COLUMNS = ("input_ids", "labels")
+
+__all__ = ["MODEL_COLUMNS", "RETAIN_PREFIX", "PairedCollator", "PairedForgetRetainDataset", "PairingEpochCallback",
+           "to_trl_format"]
+
+
+def _is_tofu_rows(dataset: Dataset) -> bool:
+    columns = set(dataset.column_names)
+    return {"question", "answer"} <= columns and not columns & {"prompt", "messages", "text", "input_ids"}
+
+
+def to_trl_format(
+    dataset: Dataset | Sequence[dict[str, Any]], tokenizer: Any, template: Any = None
+) -> Dataset:
+    """TOFU-shaped rows (``question``/``answer``) tokenized for TRL; other formats pass through.
+
+    Each TOFU row becomes ``{"input_ids", "labels"}`` from :func:`hf_unlearn.data.tokenize_qa` with ``template``
+    (a preset name, a :class:`~hf_unlearn.data.PromptTemplate` or ``None`` for the default: the tokenizer's chat
+    template when it has one, else ``"Question: {question}\\nAnswer:"``), so the tokens and the answer-only labels
+    are exactly the ones the evaluator scores. TRL keeps pre-tokenized rows as they are (it only truncates them to
+    ``max_length``). TRL prompt/completion, conversational and text rows pass through unchanged.
+    """
+    if not isinstance(dataset, Dataset):
+        dataset = Dataset.from_list(list(dataset))
+    if not _is_tofu_rows(dataset):
+        return dataset
+    rows = []
+    for row in dataset:
+        encoded = tokenize_qa(tokenizer, row["question"], row["answer"], template=template)
+        rows.append({"input_ids": list(encoded["input_ids"]), "labels": list(encoded["labels"])})
+    return Dataset.from_list(rows)
+
+
+def _identity_keys(dataset: Dataset) -> tuple[str, ...] | None:
+    columns = set(dataset.column_names)
+    for keys in (("question", "answer"), ("prompt", "completion"), ("messages",), ("text",), ("input_ids",)):
+        if set(keys) <= columns:
+            return keys
+    return None
+
+class PairedForgetRetainDataset(torch.utils.data.Dataset):
+    """Forget example ``i`` together with its retain partner for the current epoch.
+
+    Item ``i`` holds the forget fields (``input_ids``, ``labels``) and the partner's fields prefixed with
+    ``retain_``. Partners come from :func:`hf_unlearn.data.retain_partner_indices` (seeded, redrawn each epoch
+    through :meth:`set_epoch`, which :class:`PairingEpochCallback` calls at the start of every epoch, a resumed
+    one included), so a forget example meets the same retain example in every process and every run with the
+    same seed.
+    """
+
+    def __init__(self, forget: Dataset, retain: Dataset, seed: int = 0, columns: Sequence[str] = MODEL_COLUMNS):
+        self.forget = forget
+        self.retain = retain
+        self.seed = seed
+        self.columns = tuple(columns)
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.partners = retain_partner_indices(len(self.forget), len(self.retain), self.seed, self.epoch)
+
+    def __len__(self) -> int:
+        return len(self.forget)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        forget = self.forget[int(index)]
+        retain = self.retain[self.partners[int(index)]]
+        item = {key: forget[key] for key in self.columns}
+        item.update({RETAIN_PREFIX + key: retain[key] for key in self.columns})
+        return item
+
+
+class PairingEpochCallback(TrainerCallback):
+    """Sets the epoch of a :class:`PairedForgetRetainDataset` at the start of every epoch.
+
+    The Trainer's dataloader forwards ``set_epoch`` to its dataset, but the loader it builds to skip the batches
+    already trained in a resumed epoch (``skip_first_batches``) does not, so a run resumed mid-epoch would draw
+    the rest of that epoch with epoch 0's partners. ``state.epoch`` is ``e + k / steps_in_epoch`` after the
+    ``k``-th batch of epoch ``e`` (restored from the checkpoint on resume), so its integer part is the epoch the
+    loop enters.
+    """
+
+    def __init__(self, dataset: PairedForgetRetainDataset):
+        self.dataset = dataset
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.set_epoch(int(state.epoch or 0))
+
+
+@dataclass
+class PairedCollator:
+    """Collates forget fields with ``base`` and ``retain_``-prefixed fields separately with ``base`` again."""
+
+    base: Callable[[list[dict[str, Any]]], dict[str, Any]]
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        forget = [{k: v for k, v in f.items() if not k.startswith(RETAIN_PREFIX)} for f in features]
+        batch = dict(self.base(forget))
+        if any(k.startswith(RETAIN_PREFIX) for k in features[0]):
+            retain = [{k[len(RETAIN_PREFIX):]: v for k, v in f.items() if k.startswith(RETAIN_PREFIX)} for f in features]
+            batch.update({RETAIN_PREFIX + k: v for k, v in self.base(retain).items()})
+        return batch

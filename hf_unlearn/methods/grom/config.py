@@ -1,0 +1,372 @@
+"""GROM configuration: every knob of the closed-form one-shot unlearning edit, validated up front."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+OBJECTIVES = ("token_suppression", "representation_corruption")
+SMOOTHING_MODES = ("fraction", "pseudo_count")
+
+#: Fields that only change how the fit runs (speed, memory, display), never the edit it computes: they are not
+#: written into a saved adapter (PEFT keeps ``inference_mode`` and similar settings apart in the same way).
+RUNTIME_FIELDS = ("batch_size", "max_stat_memory_gb", "progress")
+
+#: Values of fields that a saved adapter may lack because it predates them, where the edit it holds was computed
+#: with a value other than today's default.
+LEGACY_VALUES = {"specificity_smoothing_mode": "pseudo_count"}
+
+
+@dataclass
+class GROMConfig:
+    r"""Configuration of :func:`hf_unlearn.methods.grom.fit_grom`.
+
+    The edit of a linear module ``y = W x`` is ``W + P`` with
+
+        P* = (w_f/s) D X_f^T A^{-1},
+        A  = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I,
+
+    the minimiser of ``(w_f/s)||P X_f - D||^2 + (w_r/r)||P X_r||^2 + (w_g/g)||P X_g||^2 + mu ||P||^2`` where
+    ``X_f`` (``d_in x s``) holds the module inputs (keys) at the ``s`` forget answer positions, ``X_r``
+    (``d_in x r``) those at the ``r`` retain answer positions, ``X_g`` (``d_in x g``) those of the optional
+    general rows (``fit_grom(..., generic_retain=rows)``; the term is absent without them) and ``D``
+    (``d_out x s``) the desired output changes (targets).
+
+    Where each default comes from. *From the method's description*: a closed-form edit of residual writers
+    (``target_modules="down_proj"``), a contiguous band of *late* layers chosen by attribution
+    (``candidate_layers=None``: the last third of the layers), the margin-suppression objective with
+    specificity weights, the ridge-regularised normal equations. *Measured here* (TOFU-tiny, a 2-layer model
+    that memorises its synthetic authors, and SmolLM2-135M: 30 layers, hidden 576, MLP width 1536,
+    vocabulary 49,152, tied embeddings):
+
+    * ``target_modules="down_proj"``: the MLP down-projections write into the residual stream and exist in
+      every Llama/Qwen/Mistral block. The LM head is the stronger and more specific target on TOFU-tiny (its
+      logit targets are exact); models with tied embeddings (SmolLM2, most small pretrained LMs) can edit it
+      only with ``untie_lm_head=True``, which edits a separate copy of the head.
+    * ``layers="auto"``, ``candidate_layers=None``, ``num_layers=None``: logit-lens attribution picks a
+      contiguous band of ``ceil(L / 10)`` layers (1 of TOFU-tiny's 2, 3 of SmolLM2's 30) among the last
+      ``ceil(L / 3)`` (the late layers: TOFU-tiny's layer 1, SmolLM2's layers 20-29). The targets are
+      first-order through the final norm and unembedding, so every block after the band is ignored: an
+      attribution free to scan all 30 layers of SmolLM2-135M picked layers 5-7 on TOFU ``forget10`` authors
+      5-8 (forget quality 1.4e-3 at model utility 0.017), where ``layers=[25, 26, 27]`` gave forget quality
+      0.56 at utility 0.193. The band width shares the drop (each of ``k`` edited modules takes ``1/k``).
+    * ``suppression_margin=30``, ``forget_weight=10``, ``retain_weight=1``, ``ridge=1e-2`` (target strength):
+      tuned on TOFU-tiny, where with ``target_modules="lm_head"`` they raise the forget answer NLL by about
+      +2.5 nats/token while the retain NLL moves by about +0.14; a ``down_proj`` edit there is less specific.
+      Each is scale-free: ``kappa`` is in nats of the logit margin whatever the vocabulary, and ``w_f``,
+      ``w_r``, ``w_g`` weigh *mean* squared errors per key, independent of how many keys are read. On
+      SmolLM2-135M ``A``'s diagonal averaged 3.7, so ``mu = 1e-2`` is a light regulariser (about 0.3% of it);
+      there ``retain_weight=10`` with the late band gave forget quality 0.013 at utility 0.237. Raise
+      ``retain_weight`` (or lower ``suppression_margin``) for a gentler, more specific edit.
+    * ``generic_retain_weight=1``: not tuned; the general rows weigh as much as the retain rows (each term is a
+      mean over its own keys).
+    * ``specificity_smoothing=0.5``, ``specificity_smoothing_mode="fraction"``: each token distribution is
+      its empirical rate mixed with the uniform one, ``beta`` being the smoothing mass as a fraction of the
+      set's own token count, so forget and retain *rates* are compared whatever the vocabulary size. The
+      ``"pseudo_count"`` mode adds ``beta`` to every one of the ``V`` counts; with SmolLM2's 49,152 tokens its
+      mass ``beta V`` (24,576) exceeded the 3,105 forget tokens of ``forget10``, so it compared raw counts.
+    * ``retain_sample=256`` rows for ``X_r X_r^T``: the default sample of TOFU ``retain90`` has 9,555 answer
+      tokens (retain keys) with SmolLM2's tokenizer, over 6 times the 1536 input dimensions of its
+      down-projection, so ``X_r X_r^T`` is well determined; TOFU-tiny's 180 synthetic retain rows are all read.
+
+    Fields in :data:`RUNTIME_FIELDS` (``batch_size``, ``max_stat_memory_gb``, ``progress``) only change how the
+    fit runs; :meth:`saved_dict` leaves them out of a saved adapter.
+
+    Parameters (each field's ``metadata["help"]`` has the full text):
+        target_modules (`str | list[str]`, defaults to `"down_proj"`): linear modules to edit (residual writers or
+            the LM head).
+        layers (`str | list[int]`, defaults to `"auto"`): layer indices, or logit-lens attribution.
+        candidate_layers (`list[int] | None`, defaults to `None`): layers `layers="auto"` may choose from;
+            `None` = the last `ceil(L / 3)`.
+        num_layers (`int | None`, defaults to `None`): width of the auto band; `None` = `ceil(L / 10)`.
+        objective (`str`, defaults to `"token_suppression"`): or `"representation_corruption"`.
+        forget_weight (`float`, defaults to `10.0`): `w_f`.
+        retain_weight (`float`, defaults to `1.0`): `w_r`.
+        generic_retain_weight (`float`, defaults to `1.0`): `w_g`, weight of the general rows' keys.
+        ridge (`float`, defaults to `1e-2`): `mu`.
+        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export (truncated SVD, error reported).
+        suppression_margin (`float`, defaults to `30.0`): `kappa`, nats below the best competitors.
+        specificity_power (`float`, defaults to `1.0`): `gamma`.
+        specificity_smoothing (`float`, defaults to `0.5`): `beta`.
+        specificity_smoothing_mode (`str`, defaults to `"fraction"`): or `"pseudo_count"`.
+        corruption_norm (`float`, defaults to `1.0`): `c`, target norm over the mean output norm.
+        untie_lm_head (`bool`, defaults to `False`): edit a separate copy of a tied LM head.
+        retain_sample (`int | None`, defaults to `256`): retain rows read for `X_r X_r^T` (`None`: all).
+        seed (`int`, defaults to `0`): seed of the retain sample and of the corruption direction.
+        max_length (`int | None`, defaults to `None`): extra truncation (the model's positions always apply).
+        prompt_template (`str | None`, defaults to `None`): prompt preset name of `hf_unlearn.data.prompts`.
+        batch_size (`int`, defaults to `16`): runtime; examples per forward pass.
+        max_stat_memory_gb (`float`, defaults to `4.0`): runtime; one pass or attribution + key passes.
+        progress (`bool`, defaults to `True`): runtime; progress bars.
+    """
+
+    target_modules: str | list[str] = field(
+        default="down_proj",
+        metadata={"help": "Name (or list of names) of the linear modules to edit, matched as the last component(s) "
+                  "of the module path: 'down_proj' (the MLP down-projection of Llama/Qwen/Mistral blocks), "
+                  "'lm_head', or a full path such as 'model.layers.1.mlp.down_proj'. Edited modules must write to "
+                  "the residual stream (d_out == hidden_size) or be an untied LM head, so that their targets can be "
+                  "read through the final norm and unembedding."},
+    )
+    layers: str | list[int] = field(
+        default="auto",
+        metadata={"help": "'auto' (logit-lens attribution S_l = F_l - R_l, see hf_unlearn.methods.grom.attribution) or an "
+                  "explicit list of layer indices; applies to layered modules (the LM head is not layered and is "
+                  "always edited when targeted)."},
+    )
+    candidate_layers: list[int] | None = field(
+        default=None,
+        metadata={"help": "Layers among which layers='auto' chooses its band; None means the last ceil(L / 3) "
+                  "layers holding a target module (the method's late layers: layer 1 of a 2-layer model, 4-5 of a "
+                  "6-layer one, 20-29 of a 30-layer one). Only valid with layers='auto'."},
+    )
+    num_layers: int | None = field(
+        default=None,
+        metadata={"help": "Width of the contiguous band of layers chosen by layers='auto'; None means "
+                  "ceil(num_hidden_layers / 10) (1 layer of a 2-layer model, 3 of a 30-layer one)."},
+    )
+    objective: str = field(
+        default="token_suppression",
+        metadata={"help": "'token_suppression' (lower the logit margin of each forget answer token, weighted by "
+                  "its specificity) or 'representation_corruption' (push the module output along a fixed random "
+                  "direction, for multiple-choice style knowledge); see hf_unlearn.methods.grom.targets."},
+    )
+    forget_weight: float = field(
+        default=10.0,
+        metadata={"help": "w_f > 0: weight of the forget fit term, divided by the number s of forget keys."},
+    )
+    retain_weight: float = field(
+        default=1.0,
+        metadata={"help": "w_r >= 0: weight of the retain preservation term, divided by the number r of retain keys."},
+    )
+    generic_retain_weight: float = field(
+        default=1.0,
+        metadata={"help": "w_g >= 0: weight of the preservation term of the general rows passed as "
+                  "fit_grom(..., generic_retain=rows) (rows of general knowledge, e.g. the model's own answers to "
+                  "general questions), divided by their number g of keys: (w_g/g) X_g X_g^T joins A. Unused "
+                  "without such rows."},
+    )
+    ridge: float = field(
+        default=1e-2,
+        metadata={"help": "mu >= 0: Tikhonov term. 0 is allowed only when A is non-singular (many more retain keys "
+                  "than input dimensions); a singular A raises a ValueError suggesting a value."},
+    )
+    max_rank: int | None = field(
+        default=None,
+        metadata={"help": "None (exact export) or the largest LoRA rank of the PEFT adapter; an edit of higher rank "
+                  "is truncated by SVD and the relative Frobenius error is reported (and written in the adapter "
+                  "metadata)."},
+    )
+    suppression_margin: float = field(
+        default=30.0,
+        metadata={"help": "kappa: token suppression asks each forget token's logit margin "
+                  "z_y - logsumexp_{v != y} z_v (read through the logit lens) to fall to -kappa: the requested drop "
+                  "is alpha_y * max(0, margin + kappa) nats, shared evenly between the edited modules."},
+    )
+    specificity_power: float = field(
+        default=1.0,
+        metadata={"help": "gamma: the specificity of token j is alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma "
+                  "with p_f, p_r its smoothed frequency among forget and retain answer tokens. 0 gives every token "
+                  "seen in forget answers weight 1; larger values concentrate the edit on forget-specific tokens."},
+    )
+    specificity_smoothing: float = field(
+        default=0.5,
+        metadata={"help": "beta >= 0: smoothing of the token frequencies p_f, p_r; its meaning is set by "
+                  "specificity_smoothing_mode."},
+    )
+    specificity_smoothing_mode: str = field(
+        default="fraction",
+        metadata={"help": "'fraction': p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x), the empirical rate "
+                  "mixed with the uniform distribution over the V vocabulary tokens, the smoothing mass being the "
+                  "fraction beta of the set's own token count N_x (scale-free). 'pseudo_count': "
+                  "p_x(j) = (c_x(j) + beta) / (N_x + beta V), beta added to every count (its mass beta V can "
+                  "dwarf N_x on a large vocabulary)."},
+    )
+    corruption_norm: float = field(
+        default=1.0,
+        metadata={"help": "Representation corruption: norm of the target D_t = alpha_y * c * u (u a fixed random "
+                  "unit direction of the module's output space) as a multiple c of the mean norm of the module's "
+                  "outputs on the forget keys."},
+    )
+    untie_lm_head: bool = field(
+        default=False,
+        metadata={"help": "Allow 'lm_head' in target_modules on a model with tied input/output embeddings: the edit "
+                  "is applied to a separate copy of the LM head (to_peft, apply_ and load_grom_adapter untie the "
+                  "model first), so the input embeddings stay unchanged. The adapter records it. Plain "
+                  "PeftModel.from_pretrained leaves the embeddings unchanged while the LoRA is unmerged, but "
+                  "merge_and_unload adds the edit to the shared matrix and so to the input embeddings as well: call "
+                  "hf_unlearn.methods.grom.untie_lm_head(model) first."},
+    )
+    retain_sample: int | None = field(
+        default=256,
+        metadata={"help": "Number of retain rows (examples) read for the retain second moment X_r X_r^T (and the "
+                  "retain side of the layer attribution): a uniform sample without replacement drawn with `seed`, "
+                  "so the same seed reads the same rows. None, or a retain set no larger than this, reads every "
+                  "retain row."},
+    )
+    seed: int = field(
+        default=0,
+        metadata={"help": "Seed of the retain row sample and of the random corruption direction."},
+    )
+    max_length: int | None = field(
+        default=None,
+        metadata={"help": "Optional truncation of tokenized examples (prompt kept, answer cut). Examples are always "
+                  "cut to the model's maximum positions (max_position_embeddings / n_positions); a prompt that "
+                  "alone reaches that limit is refused."},
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "Name of a prompt preset of hf_unlearn.data.prompts (PROMPT_TEMPLATES), passed as "
+                  "template= when tokenizing questions and answers; None uses the tokenizer's chat template, or "
+                  "the plain 'Question: ...\\nAnswer:' format without one. Use the template the evaluator uses."},
+    )
+    batch_size: int = field(
+        default=16,
+        metadata={"help": "Runtime: examples per forward pass when collecting keys (not saved with the adapter)."},
+    )
+    max_stat_memory_gb: float = field(
+        default=4.0,
+        metadata={"help": "Runtime: with layers='auto', statistics of every candidate layer are accumulated in the "
+                  "same forward pass that scores the layers when they fit in this budget (one pass over the data); "
+                  "otherwise an attribution pass is followed by a key pass over the selected layers only."},
+    )
+    progress: bool = field(
+        default=True,
+        metadata={"help": "Runtime: show tqdm progress bars."},
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_modules, str):
+            self.target_modules = [self.target_modules]
+        self.target_modules = list(self.target_modules)
+        if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
+            raise ValueError(f"target_modules must be a non-empty name or list of names, got {self.target_modules!r}")
+        if isinstance(self.layers, str):
+            if self.layers != "auto":
+                raise ValueError(f"layers must be 'auto' or a list of layer indices, got {self.layers!r}")
+        else:
+            self.layers = _index_list("layers", self.layers)
+        if self.candidate_layers is not None:
+            if self.layers != "auto":
+                raise ValueError(
+                    "candidate_layers only applies to layers='auto' (it bounds the auto search); with an explicit "
+                    f"layers={self.layers} list, drop candidate_layers."
+                )
+            self.candidate_layers = _index_list("candidate_layers", self.candidate_layers)
+        if self.num_layers is not None and (not _is_int(self.num_layers) or self.num_layers < 1):
+            raise ValueError(f"num_layers must be None (a tenth of the depth) or an integer >= 1, got {self.num_layers!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        _check_real("forget_weight", self.forget_weight, "w_f, a finite number > 0", strict=True)
+        _check_real("retain_weight", self.retain_weight, "w_r, a finite number >= 0")
+        _check_real("generic_retain_weight", self.generic_retain_weight, "w_g, a finite number >= 0")
+        _check_real("ridge", self.ridge, "mu, a finite number >= 0 (a negative ridge can make A indefinite)")
+        _check_real("suppression_margin", self.suppression_margin, "kappa, a finite number of nats >= 0")
+        _check_real("specificity_power", self.specificity_power, "gamma, a finite number >= 0")
+        _check_real("specificity_smoothing", self.specificity_smoothing, "beta, a finite number >= 0")
+        _check_real("corruption_norm", self.corruption_norm, "c, a finite number > 0", strict=True)
+        _check_real("max_stat_memory_gb", self.max_stat_memory_gb, "a finite number of GiB >= 0")
+        if self.specificity_smoothing_mode not in SMOOTHING_MODES:
+            raise ValueError(
+                f"specificity_smoothing_mode must be one of {SMOOTHING_MODES}, got {self.specificity_smoothing_mode!r}"
+            )
+        if not isinstance(self.untie_lm_head, bool):
+            raise ValueError(f"untie_lm_head must be True or False, got {self.untie_lm_head!r}")
+        if self.max_rank is not None and (not _is_int(self.max_rank) or self.max_rank < 1):
+            raise ValueError(f"max_rank must be None or an integer >= 1, got {self.max_rank!r}")
+        if self.retain_sample is not None and (not _is_int(self.retain_sample) or self.retain_sample < 1):
+            raise ValueError(f"retain_sample must be None (every retain row) or an integer >= 1, got {self.retain_sample!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if self.max_length is not None and (not _is_int(self.max_length) or self.max_length < 2):
+            raise ValueError(f"max_length must be None or an integer >= 2, got {self.max_length!r}")
+        if self.prompt_template is not None:
+            if not isinstance(self.prompt_template, str):
+                raise ValueError(
+                    f"prompt_template must be None or a preset name, got {type(self.prompt_template).__name__}"
+                )
+            from ...data.prompts import get_template
+
+            get_template(self.prompt_template)  # an unknown preset name is refused here, before any work
+
+    def check_for(self, model: Any) -> None:
+        """The checks that need the model, without running it: every ``target_modules`` entry names a suitable
+        linear module (residual writer, or an LM head, tied only with ``untie_lm_head``), and ``layers`` /
+        ``candidate_layers`` hold such modules. Raises a ValueError naming the problem; ``fit_grom`` runs the same
+        checks (and those of its rows, :func:`hf_unlearn.methods.grom.check_grom_inputs`) before its first forward pass."""
+        from .model import select_targets
+
+        select_targets(model, self)
+
+    def candidates(self, available: list[int]) -> list[int]:
+        """Layers ``layers="auto"`` searches among ``available`` (the sorted layer indices holding a target module):
+        ``candidate_layers`` when set (each must be available), else the last ``ceil(len(available) / 3)``."""
+        available = sorted(available)
+        if self.candidate_layers is None:
+            return available[len(available) - math.ceil(len(available) / 3):]
+        missing = [i for i in self.candidate_layers if i not in available]
+        if missing:
+            raise ValueError(
+                f"candidate_layers {missing} have no {self.target_modules} module; available layers: {available}"
+            )
+        return list(self.candidate_layers)
+
+    def band_width(self, num_hidden_layers: int) -> int:
+        """Layers in the auto-selected band: ``num_layers``, or ``ceil(num_hidden_layers / 10)`` when it is None."""
+        if self.num_layers is not None:
+            return self.num_layers
+        return max(1, math.ceil(num_hidden_layers / 10))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy of every field (runtime ones included)."""
+        return asdict(self)
+
+    def saved_dict(self) -> dict[str, Any]:
+        """The fields that determine the edit (what a saved adapter records): :meth:`to_dict` minus
+        :data:`RUNTIME_FIELDS`."""
+        return {k: v for k, v in asdict(self).items() if k not in RUNTIME_FIELDS}
+
+    @classmethod
+    def from_saved(cls, values: dict[str, Any], **runtime: Any) -> GROMConfig:
+        """Rebuild a config from :meth:`saved_dict` output (unknown keys are refused), with runtime overrides. A
+        field missing from an older save takes the value that save was computed with (:data:`LEGACY_VALUES`), else
+        its default."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Saved GROM config has unknown fields {unknown}; written by a newer hf-unlearn?")
+        kwargs = {k: v for k, v in values.items() if k not in RUNTIME_FIELDS}
+        for name, value in LEGACY_VALUES.items():  # an older save computed its edit with these values
+            kwargs.setdefault(name, value)
+        kwargs.update(runtime)
+        return cls(**kwargs)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _index_list(name: str, values: Any) -> list[int]:
+    """A sorted, de-duplicated list of non-negative layer indices, or a ValueError naming ``name``."""
+    try:
+        items = list(values)
+    except TypeError:
+        items = None
+    if not items or not all(_is_int(i) and i >= 0 for i in items):
+        raise ValueError(f"{name} must be 'auto' or a non-empty list of layer indices >= 0, got {values!r}"
+                         if name == "layers" else
+                         f"{name} must be None or a non-empty list of layer indices >= 0, got {values!r}")
+    return sorted({int(i) for i in items})
+
+
+def _check_real(name: str, value: Any, valid: str, strict: bool = False) -> None:
+    """Refuse ``value`` unless it is a finite real number ``>= 0`` (``> 0`` when ``strict``); the message names the
+    field and its valid range (``inf``/``nan``/negatives included)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > 0 if strict else value >= 0)
+    if not ok:
+        raise ValueError(f"GROMConfig.{name} must be {valid}; got {value!r}.")

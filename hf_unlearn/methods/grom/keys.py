@@ -1,0 +1,266 @@
+"""Key collection: forward hooks on the edited modules' inputs at answer-predicting positions.
+
+A key is the input ``x`` of an edited ``nn.Linear`` at a position ``t`` whose *next* token is an
+answer token (``labels[t + 1] != -100``, the position that predicts it). Retain keys are never
+kept: they are folded into the uncentred second moment ``X_r X_r^T`` in float64 as batches stream
+by (keys of optional general rows likewise into ``X_g X_g^T``). Forget keys are kept (the audit needs them), together with what the targets need: the gold
+token, its logit margin and the logit-lens margin gradient. The same forward pass also feeds the
+logit-lens layer attribution, so choosing layers costs no extra pass. Statistics are sums, so
+:meth:`KeyCollector.reduce` all-reduces them across ``torch.distributed`` processes (and gathers
+the forget records, ordered by example), making an N-process result equal to the 1-process one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ...data.prompts import IGNORE_INDEX
+from .attribution import TargetModule, direct_contributions
+from .targets import logit_lens_rows, margin_and_competitors, margin_gradient_logits, margin_gradient_residual
+
+
+def answer_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask ``[B, L]`` of positions predicting an answer token and the gold next tokens ``[B, L]``."""
+    mask = torch.zeros_like(labels, dtype=torch.bool)
+    gold = torch.zeros_like(labels)
+    mask[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+    gold[:, :-1] = labels[:, 1:].clamp_min(0)
+    return mask, gold
+
+
+def _dist() -> tuple[bool, int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return True, torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return False, 0, 1
+
+
+def _all_gather_rows(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate a ``[n_p, ...]`` tensor of each process along dim 0 (rank order), sizes may differ."""
+    world = torch.distributed.get_world_size()
+    n = torch.tensor([t.shape[0]], device=t.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    torch.distributed.all_gather(sizes, n)
+    width = int(max(s.item() for s in sizes))
+    padded = t.new_zeros((width, *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    chunks = [torch.zeros_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(chunks, padded.contiguous())
+    return torch.cat([c[: int(s.item())] for c, s in zip(chunks, sizes)])
+
+
+class KeyCollector:
+    """Hooks ``modules`` (and the final norm) and accumulates GROM statistics over forget and retain batches.
+
+    ``key_modules``: modules whose keys are collected (forget keys kept, retain keys reduced to
+    ``X_r X_r^T``); ``attribution_modules``: residual-writing modules whose direct gold-logit
+    contribution is summed for layer attribution. ``suppression`` says whether the forget records need
+    the margin gradients (token suppression).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        key_modules: list[TargetModule],
+        attribution_modules: list[TargetModule],
+        *,
+        suppression: bool,
+    ) -> None:
+        self.model = model
+        self.key_modules = key_modules
+        self.attribution_modules = attribution_modules
+        self.suppression = suppression
+        self.norm = _final_norm(model)
+        self.unembed = model.get_output_embeddings().weight
+        self.need_lm = any(t.is_lm_head for t in key_modules)
+        self.need_resid = any(not t.is_lm_head for t in key_modules)
+        self._mask: torch.Tensor | None = None
+        self._cache: dict[str, Any] = {}
+        self.retain_moment = {t.name: None for t in key_modules}
+        self.num_retain = 0
+        self.generic_moment = {t.name: None for t in key_modules}
+        self.num_generic = 0
+        self.forget_keys: dict[str, list[torch.Tensor]] = {t.name: [] for t in key_modules}
+        self.out_norm_sum = {t.name: 0.0 for t in key_modules}
+        self.records: dict[str, list[torch.Tensor]] = {k: [] for k in ("example", "position", "gold", "margin", "w_resid", "w_logit")}
+        self.attr = {"forget": {t.layer: 0.0 for t in attribution_modules}, "retain": {t.layer: 0.0 for t in attribution_modules}}
+        self.counts = {"forget": 0, "retain": 0}
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def _hook(self, name: str, want_out: bool):
+        def hook(module, args, output):
+            if self._mask is None:  # calls outside the model's forward (e.g. the norm's VJP)
+                return
+            x = args[0]
+            self._cache[name] = (x[self._mask], output[self._mask] if want_out else None)
+
+        return hook
+
+    def _norm_hook(self, module, args, output):
+        if self._mask is None:
+            return
+        self._cache["__final__"] = args[0][self._mask]
+
+    def __enter__(self) -> KeyCollector:
+        self._handles = []
+        attr_names = {t.name for t in self.attribution_modules}
+        for t in {t.name: t for t in self.key_modules + self.attribution_modules}.values():
+            # outputs are needed for attribution, and (their norms) for representation corruption
+            want_out = t.name in attr_names or not self.suppression
+            self._handles.append(t.module.register_forward_hook(self._hook(t.name, want_out)))
+        self._handles.append(self.norm.register_forward_hook(self._norm_hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._cache = {}
+
+    # -- passes ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, batches: Iterable[dict[str, Any]], role: str, progress: bool = True, total: int | None = None) -> None:
+        """Forward every batch (``input_ids``, ``attention_mask``, ``position_ids``, ``labels``, ``example_ids``)
+        and accumulate ``role`` (``"forget"``, ``"retain"`` or ``"generic"``) statistics. General rows feed
+        only ``X_g X_g^T``: neither the layer attribution nor the forget records."""
+        if role not in ("forget", "retain", "generic"):
+            raise ValueError(f"role must be 'forget', 'retain' or 'generic', got {role!r}")
+        device = self.unembed.device
+        for batch in tqdm(batches, desc=f"GROM keys ({role})", disable=not progress, total=total, leave=False):
+            labels = batch["labels"].to(device)
+            mask, gold_grid = answer_positions(labels)
+            if not bool(mask.any()):
+                continue
+            self._mask = mask
+            out = self.model(
+                input_ids=batch["input_ids"].to(device),
+                attention_mask=batch["attention_mask"].to(device),
+                position_ids=batch["position_ids"].to(device),
+            )
+            self._mask = None
+            gold = gold_grid[mask]
+            hidden = self._cache["__final__"]
+            if role == "generic":
+                self.num_generic += int(gold.numel())
+                for t in self.key_modules:
+                    x = self._cache[t.name][0].to(torch.float64)
+                    m = self.generic_moment[t.name]
+                    self.generic_moment[t.name] = x.T @ x if m is None else m.addmm_(x.T, x)
+                self._cache = {}
+                continue
+            self.counts[role] += int(gold.numel())
+            if self.attribution_modules:
+                rows = logit_lens_rows(self.norm, hidden, self.unembed, gold)
+                for t in self.attribution_modules:
+                    self.attr[role][t.layer] += float(direct_contributions(self._cache[t.name][1], rows).double().sum())
+            if role == "retain":
+                self.num_retain += int(gold.numel())
+                for t in self.key_modules:
+                    x = self._cache[t.name][0].to(torch.float64)
+                    m = self.retain_moment[t.name]
+                    self.retain_moment[t.name] = x.T @ x if m is None else m.addmm_(x.T, x)
+                continue
+            ex = torch.as_tensor(batch["example_ids"], device=device)[:, None].expand_as(mask)[mask]
+            pos = torch.arange(mask.shape[1], device=device)[None, :].expand_as(mask)[mask]
+            self.records["example"].append(ex)
+            self.records["position"].append(pos)
+            self.records["gold"].append(gold)
+            for t in self.key_modules:
+                x, o = self._cache[t.name]
+                self.forget_keys[t.name].append(x.float())
+                if o is not None:
+                    self.out_norm_sum[t.name] += float(o.float().norm(dim=-1).double().sum())
+            if self.suppression:
+                margin, q = margin_and_competitors(out.logits[mask], gold)
+                self.records["margin"].append(margin)
+                if self.need_resid:
+                    self.records["w_resid"].append(margin_gradient_residual(self.norm, hidden, self.unembed, gold, q))
+                if self.need_lm:
+                    self.records["w_logit"].append(margin_gradient_logits(gold, q))
+            self._cache = {}
+
+    # -- reduction -------------------------------------------------------------------------------
+    def finalize(self) -> dict[str, Any]:
+        """Concatenate, reduce across processes, and order forget records by (example, position)."""
+        distributed, _, _ = _dist()
+        d_in = {t.name: t.module.in_features for t in self.key_modules}
+        device = self.unembed.device
+        moments = {
+            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=device))
+            for n, m in self.retain_moment.items()
+        }
+        generic = {
+            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=device))
+            for n, m in self.generic_moment.items()
+        }
+        forget_keys = {
+            n: torch.cat(v) if v else torch.zeros(0, d_in[n], device=device) for n, v in self.forget_keys.items()
+        }
+        hidden, vocab = self.unembed.shape[1], self.unembed.shape[0]
+        empty = {
+            "example": torch.zeros(0, dtype=torch.long, device=device),
+            "position": torch.zeros(0, dtype=torch.long, device=device),
+            "gold": torch.zeros(0, dtype=torch.long, device=device),
+            "margin": torch.zeros(0, device=device),
+            "w_resid": torch.zeros(0, hidden, device=device),
+            "w_logit": torch.zeros(0, vocab, device=device),
+        }
+        needed = {"example", "position", "gold"}
+        if self.suppression:
+            needed |= {"margin"} | ({"w_resid"} if self.need_resid else set()) | ({"w_logit"} if self.need_lm else set())
+        records = {k: torch.cat(self.records[k]) if self.records[k] else empty[k] for k in sorted(needed)}
+        counts = torch.tensor(
+            [self.num_retain, self.counts["forget"], self.counts["retain"], self.num_generic],
+            dtype=torch.float64, device=device,
+        )
+        layers = sorted(self.attr["forget"])
+        attr = torch.tensor(
+            [self.attr["forget"][i] for i in layers] + [self.attr["retain"][i] for i in layers],
+            dtype=torch.float64,
+            device=device,
+        )
+        norms = torch.tensor([self.out_norm_sum[t.name] for t in self.key_modules], dtype=torch.float64, device=device)
+        if distributed:
+            for m in [*moments.values(), *generic.values()]:
+                torch.distributed.all_reduce(m)
+            for x in (counts, attr, norms):
+                torch.distributed.all_reduce(x)
+            forget_keys = {n: _all_gather_rows(v.contiguous()) for n, v in forget_keys.items()}
+            records = {k: _all_gather_rows(v.contiguous()) for k, v in records.items()}
+        if records["example"].numel():
+            order = torch.argsort(records["example"] * 1_000_000 + records["position"], stable=True)
+            records = {k: v[order] for k, v in records.items()}
+            forget_keys = {n: v[order] for n, v in forget_keys.items()}
+        n_layers = len(layers)
+        return {
+            "retain_moment": moments,
+            "num_retain": int(counts[0]),
+            "generic_moment": generic,
+            "num_generic": int(counts[3]),
+            "forget_keys": forget_keys,
+            "records": records,
+            "out_norm_sum": {t.name: float(norms[i]) for i, t in enumerate(self.key_modules)},
+            "attribution": {
+                "forget": {layer: float(attr[i]) for i, layer in enumerate(layers)},
+                "retain": {layer: float(attr[n_layers + i]) for i, layer in enumerate(layers)},
+                "forget_count": int(counts[1]),
+                "retain_count": int(counts[2]),
+            },
+        }
+
+
+def _final_norm(model: Any) -> torch.nn.Module:
+    """The norm applied to the last residual stream before the LM head (``model.model.norm`` for Llama-style
+    decoders, ``transformer.ln_f`` for GPT-2 style)."""
+    base = getattr(model, "base_model", None) or getattr(model, "model", None)
+    for attr in ("norm", "final_layernorm", "ln_f", "final_layer_norm"):
+        for owner in (base, getattr(base, "model", None), getattr(model, "transformer", None)):
+            mod = getattr(owner, attr, None) if owner is not None else None
+            if isinstance(mod, torch.nn.Module):
+                return mod
+    raise ValueError(
+        f"Cannot find the final norm of {type(model).__name__} (looked for .norm / .final_layernorm / .ln_f); "
+        "GROM reads targets through it (logit lens)."
+    )

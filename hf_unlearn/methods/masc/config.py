@@ -1,0 +1,341 @@
+"""Configuration of the MASC (Margin Self-Correction) trainer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers.trainer_utils import SchedulerType
+
+from ..base.config import BaseUnlearningConfig
+from .loss import MASC_CONFIRM_RULES
+
+MASC_HINGES = ("buffered", "plain")
+MASC_PENALTIES = ("continuation", "full")
+MASC_STOP_PROBES = ("train", "heldout")
+MASC_EPOCH_LENGTHS = ("forget", "max(forget,retain)")
+# The step budget (a ceiling): the authors' longest TOFU run, 3 epochs of max(len(retain90), len(forget10)) /
+# batch 2 = 3 x 1,800 steps.
+MASC_DEFAULT_MAX_STEPS = 5400
+# The authors' TOFU script (repro/run_masc_tofu.sh), field by field where it differs from MASCConfig's defaults.
+MASC_AUTHORS_TOFU = {
+    "retain_weight": 0.0,  # --lambda_retain 0.0
+    "epoch_length": "max(forget,retain)",  # an epoch is max(len(retain_loader), len(forget_loader)) steps
+    "max_steps": -1,  # and the budget is 3 such epochs
+    "num_train_epochs": 3.0,
+}
+
+
+@dataclass
+class MASCConfig(BaseUnlearningConfig):
+    r"""
+    Configuration class for the [`MASCTrainer`].
+
+    MASC pushes down the *restricted margin* of forget answer tokens,
+    `m_t = beta * z(y_t) - logsumexp_{v in top-k(z) \ y_t} beta * z(v)` (`z` the logits, the `k` rivals chosen
+    without gradient from the current model's own logits), below `tau = log(rho / (1 - rho))`, and stops by
+    itself. Where the defaults come from:
+
+    - **(L2-7B)**: the authors' TOFU recipe (`repro/run_masc_tofu.sh` and `scripts/run_margin_unlearning.py` of
+      FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection), their **Llama-2-7B-chat** TOFU forget10 run:
+      `lambda_fg 0.05`, `rho 0.70`, `eta 0.25`, top-10 self rivals, `beta 1.0`, continuation cut 20-60% with
+      32/32 minimum prefix/suffix tokens, stop trigger and alpha 0.475 on 32 confirmation examples confirmed by
+      their plain mean (the script does not pass `--early_stop_confirm_use_ucb`), checks every 2 steps on 2
+      probe batches, constant `lr 1e-4`, batch 2, LoRA r 16 / alpha 32 / dropout 0.05 on q,k,v,o.
+    - **(paper)**: the paper's objective `KL(pi_0 || pi_theta) + lambda * hinge`, i.e. the retain KL on at weight
+      1 (the authors' TOFU script turns it off: [`MASCConfig.authors_tofu_preset`]).
+    - **(measured)**: the step budget `max_steps`, a ceiling (see the note below), and the effect of the retain
+      KL (see `retain_weight`), on the tiny test model (the small Llama that memorises the synthetic TOFU set).
+
+    Loss of a step: `forget_weight * (1/|A|) sum_{t in A} relu(m_t - (tau - eta)) / eta` over the *active*
+    positions `A` (the continuation of each forget answer after a random cut, or the whole answer), plus
+    `retain_weight * KL(pi_0 || pi_theta)` on retain answers. `pi_0` is the disabled LoRA adapter (or a frozen
+    copy of the model without PEFT).
+
+    Stopping rule (`stop_probe="train"`, the authors'): every `check_every` steps, *stage 1* measures the mean
+    per-example violation rate (fraction of an example's continuation tokens with `m_t > tau`) over the first
+    `stop_probe_batches` batches of forget *training* examples; when it is `<= stop_trigger`, *stage 2* measures
+    it on the first `confirm_examples` forget training examples and stops when the statistic of `confirm_rule`
+    is `<= stop_tolerance`: their plain mean (`"mean"`, the authors' run) or the anytime Hoeffding upper bound
+    `mean + sqrt(log(1/delta_j) / (2 n))`, `delta_j = 6 delta / (pi^2 (j + 1)^2)` for the `j`-th confirmation
+    (`"hoeffding"`). `stop_probe="heldout"` is the earlier rule: a held-out slice of the forget set
+    (`validation_fraction`, never trained on) and a single stage, pooled token violation rate `<= stop_tolerance`.
+    `MASCTrainer(..., calibrate_stop_on=rows)` replaces `stop_trigger` and `stop_tolerance` at step 0 by the
+    starting model's mean per-example violation rate on `rows` (never-seen rows, e.g. holdout authors).
+
+    The run ends when the rule fires; `max_steps` is only a ceiling. A run that reaches it records
+    `stop_reason="budget"` (trainer, `masc_stopping.json`, the log history and the model card) with a warning.
+    The learning rate is constant (`lr_scheduler_type="constant"`, the authors'), so the ceiling does not change
+    the trajectory up to the stop.
+
+    Parameters:
+        > Parameters that control the margin
+
+        top_k (`int`, *optional*, defaults to `10`):
+            Number of rival tokens `k` (L2-7B), in `[1, vocab_size - 1]`.
+        margin_beta (`float`, *optional*, defaults to `1.0`):
+            Inverse temperature `beta` of the margin (L2-7B), `> 0`.
+        margin_probability (`float`, *optional*, defaults to `0.7`):
+            Threshold as a restricted probability `rho` in `(0, 1)` (L2-7B); `tau = log(rho / (1 - rho))`.
+        margin_threshold (`float`, *optional*):
+            Threshold `tau` given directly; when set it replaces `margin_probability`.
+
+        > Parameters that control the loss
+
+        forget_weight (`float`, *optional*, defaults to `0.05`):
+            Weight `lambda_fg` of the forget (hinge) term (L2-7B), `> 0`.
+        hinge (`str`, *optional*, defaults to `"buffered"`):
+            `"buffered"`: `relu(m_t - (tau - eta)) / eta` (L2-7B); `"plain"`: the earlier `relu(m_t - tau)`.
+        buffer_eta (`float`, *optional*, defaults to `0.25`):
+            Buffer `eta > 0` of the buffered hinge (L2-7B).
+        penalty (`str`, *optional*, defaults to `"continuation"`):
+            `"continuation"`: only the answer suffix after a random cut counts (L2-7B), in the loss and in the
+            stopping statistic; `"full"`: the whole answer.
+        continuation_cut_min_ratio (`float`, *optional*, defaults to `0.2`):
+            Lower end of the uniform cut ratio (L2-7B).
+        continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
+            Upper end of the uniform cut ratio (L2-7B).
+        continuation_min_prefix_tokens (`int`, *optional*, defaults to `32`):
+            Answer tokens always left before the cut (L2-7B, Llama-2 tokens; scale it to the tokenizer: the
+            TOFU-tiny benchmark uses 8). Answers shorter than min prefix + min suffix are penalised whole.
+        continuation_min_suffix_tokens (`int`, *optional*, defaults to `32`):
+            Answer tokens always penalised after the cut (L2-7B; TOFU-tiny uses 8).
+        retain_weight (`float`, *optional*, defaults to `1.0`):
+            Weight of `KL(pi_0 || pi_theta)` on retain answer tokens (paper: 1, the KL term unweighted beside
+            `lambda_fg` times the hinge; L2-7B: 0, [`MASCConfig.authors_tofu_preset`]). With `0` the retain set
+            only counts the epoch (`epoch_length`), if at all. Measured on the tiny test model (LoRA, lr 3e-3,
+            batch 2, 20 forget rows): with weight 1 the rule stopped at step 12 with forget NLL 0.04 -> 1.92 and
+            retain NLL 0.03 -> 0.35; with the authors' preset (weight 0) at step 10 with 0.04 -> 3.11 and
+            0.03 -> 1.47.
+        epoch_length (`str`, *optional*, defaults to `"forget"`):
+            What an epoch is: `"forget"`, one pass over the forget set; `"max(forget,retain)"`, the authors'
+            `max(len(retain_loader), len(forget_loader))` steps, the smaller set cycled over the larger one
+            (needs a retain set even with `retain_weight=0`). Only matters for an epoch budget (`max_steps=-1`)
+            and for how often retain partners are redrawn.
+
+        > Parameters that control the stopping rule
+
+        stop_probe (`str`, *optional*, defaults to `"train"`):
+            `"train"`: the authors' two-stage rule on forget training examples; `"heldout"`: the earlier
+            single-stage rule on a held-out slice.
+        confirm_rule (`str`, *optional*, defaults to `"mean"`):
+            Stage-2 statistic compared with `stop_tolerance`: `"mean"`, the plain mean of the confirmation
+            examples' violation rates (L2-7B); `"hoeffding"`, its anytime Hoeffding upper bound (at `n = 32`
+            the first confirmation then needs a mean `<= 0.20` for `alpha = 0.475`, and with fewer examples the
+            bound can exceed `alpha` for good).
+        check_every (`int`, *optional*, defaults to `2`):
+            Check the rule every `check_every` optimizer steps (L2-7B).
+        stop_trigger (`float`, *optional*, defaults to `0.475`):
+            Stage 1 arms the confirmation when the probe's mean per-example violation rate is `<=` this (L2-7B).
+        stop_probe_batches (`int`, *optional*, defaults to `2`):
+            Stage 1 probes the first `stop_probe_batches * per_device_train_batch_size` forget training examples
+            (L2-7B: 2 batches of 2).
+        confirm_examples (`int`, *optional*, defaults to `32`):
+            Stage 2 probes the first `confirm_examples` forget training examples (L2-7B; all of them when the
+            set is smaller, which widens the bound).
+        confirm_delta (`float`, *optional*, defaults to `0.05`):
+            Total failure probability `delta` of the anytime Hoeffding bound (L2-7B), in `(0, 1)`; used by
+            `confirm_rule="hoeffding"` only.
+        stop_tolerance (`float`, *optional*, defaults to `0.475`):
+            `alpha` in `(0, 1)`: stop when the bound (`"train"`) or the held-out rate (`"heldout"`) is `<= alpha`
+            (L2-7B: 0.475).
+        validation_fraction (`float`, *optional*, defaults to `0.1`):
+            `stop_probe="heldout"` only: fraction of the forget set held out (never trained on).
+        min_validation_positions (`int`, *optional*, defaults to `20`):
+            `stop_probe="heldout"` only: the held-out slice needs `max(min_validation_positions,
+            ceil(1 / alpha))` answer positions.
+
+        > Parameters that control LoRA (as TRL's `ModelConfig`; used when the trainer gets no `peft_config`)
+
+        use_peft (`bool`, *optional*, defaults to `True`):
+            Train a LoRA adapter (L2-7B); the reference `pi_0` is then the model with the adapter disabled.
+        lora_r (`int`, *optional*, defaults to `16`):
+            LoRA rank (L2-7B).
+        lora_alpha (`int`, *optional*, defaults to `32`):
+            LoRA alpha (L2-7B).
+        lora_dropout (`float`, *optional*, defaults to `0.05`):
+            LoRA dropout (L2-7B).
+        lora_target_modules (`list[str]`, *optional*, defaults to `["q_proj", "k_proj", "v_proj", "o_proj"]`):
+            Modules that get an adapter (L2-7B; Llama names).
+
+    > [!NOTE]
+    > Defaults that differ from the base config: `learning_rate` `1e-4` and `lr_scheduler_type` `"constant"`
+    > (L2-7B: plain AdamW at a constant 1e-4), `per_device_train_batch_size` `2` and `weight_decay` `0.0`
+    > (L2-7B), `max_steps` `5400` (a ceiling: the authors' longest TOFU budget, 3 epochs of
+    > `max(len(retain90), len(forget10)) / 2 = 1,800` steps; measured: with every other default the rule
+    > stopped the tiny test model, 20 memorised synthetic forget rows, at step 196, where the Hoeffding
+    > confirmation had not stopped it by step 300), and `num_train_epochs` `3` (L2-7B; used only with
+    > `max_steps=-1`).
+    """
+
+    # Defaults overridden from the base (the authors' TOFU run)
+    learning_rate: float = field(default=1e-4, metadata={"help": "Initial learning rate (authors' TOFU run: 1e-4)."})
+    lr_scheduler_type: SchedulerType | str = field(
+        default="constant", metadata={"help": "Learning-rate schedule (authors' TOFU run: constant)."}
+    )
+    max_steps: int = field(
+        default=MASC_DEFAULT_MAX_STEPS,
+        metadata={"help": "Step budget, a ceiling: the stopping rule normally ends the run first (-1: epochs)."},
+    )
+    num_train_epochs: float = field(default=3.0, metadata={"help": "Epoch budget when max_steps=-1 (authors: 3)."})
+    per_device_train_batch_size: int = field(default=2, metadata={"help": "Batch size per device (authors: 2)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "Weight decay for AdamW (authors: 0)."})
+
+    # The margin
+    top_k: int = field(default=10, metadata={"help": "Number k of rival tokens in the restricted margin."})
+    margin_beta: float = field(default=1.0, metadata={"help": "Inverse temperature beta inside the margin."})
+    margin_probability: float | None = field(
+        default=0.7, metadata={"help": "Threshold as restricted probability rho; tau = log(rho / (1 - rho))."}
+    )
+    margin_threshold: float | None = field(
+        default=None, metadata={"help": "Threshold tau given directly (replaces margin_probability when set)."}
+    )
+
+    # The loss
+    forget_weight: float = field(default=0.05, metadata={"help": "Weight lambda_fg of the forget hinge term."})
+    hinge: str = field(
+        default="buffered",
+        metadata={"help": "'buffered': relu(m - (tau - eta)) / eta; 'plain': relu(m - tau).", "choices": list(MASC_HINGES)},
+    )
+    buffer_eta: float = field(default=0.25, metadata={"help": "Buffer eta of the buffered hinge (> 0)."})
+    penalty: str = field(
+        default="continuation",
+        metadata={"help": "'continuation': loss on the answer suffix after a random cut; 'full': whole answer.",
+                  "choices": list(MASC_PENALTIES)},
+    )
+    continuation_cut_min_ratio: float = field(default=0.2, metadata={"help": "Lower end of the random cut ratio."})
+    continuation_cut_max_ratio: float = field(default=0.6, metadata={"help": "Upper end of the random cut ratio."})
+    continuation_min_prefix_tokens: int = field(
+        default=32, metadata={"help": "Answer tokens always kept before the cut (Llama-2: 32; scale to the tokenizer)."}
+    )
+    continuation_min_suffix_tokens: int = field(
+        default=32, metadata={"help": "Answer tokens always penalised after the cut (Llama-2: 32)."}
+    )
+    retain_weight: float = field(
+        default=1.0, metadata={"help": "Weight of KL(pi_0 || pi_theta) on retain tokens (paper: 1; authors' TOFU: 0)."}
+    )
+    epoch_length: str = field(
+        default="forget",
+        metadata={"help": "'forget': an epoch is one pass over the forget set; 'max(forget,retain)': the authors'.",
+                  "choices": list(MASC_EPOCH_LENGTHS)},
+    )
+
+    # The stopping rule
+    stop_probe: str = field(
+        default="train",
+        metadata={"help": "'train': two-stage rule on forget training examples; 'heldout': held-out slice, one stage.",
+                  "choices": list(MASC_STOP_PROBES)},
+    )
+    confirm_rule: str = field(
+        default="mean",
+        metadata={"help": "Stage-2 statistic: 'mean' (authors' TOFU run) or 'hoeffding' (anytime upper bound).",
+                  "choices": list(MASC_CONFIRM_RULES)},
+    )
+    check_every: int = field(default=2, metadata={"help": "Check the stopping rule every this many steps."})
+    stop_trigger: float = field(default=0.475, metadata={"help": "Stage-1 trigger on the mean violation rate."})
+    stop_probe_batches: int = field(default=2, metadata={"help": "Stage-1 probe size in training batches."})
+    confirm_examples: int = field(default=32, metadata={"help": "Stage-2 probe size in forget training examples."})
+    confirm_delta: float = field(default=0.05, metadata={"help": "Failure probability delta of the Hoeffding bound."})
+    stop_tolerance: float = field(default=0.475, metadata={"help": "alpha: stop when the bound (or rate) is <= alpha."})
+    validation_fraction: float = field(
+        default=0.1, metadata={"help": "stop_probe='heldout': fraction of the forget set held out."}
+    )
+    min_validation_positions: int = field(
+        default=20, metadata={"help": "stop_probe='heldout': minimum held-out answer positions."}
+    )
+
+    # LoRA (TRL ModelConfig names)
+    use_peft: bool = field(default=True, metadata={"help": "Train a LoRA adapter (used when no peft_config is given)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | None = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata={"help": "Modules that get a LoRA adapter."},
+    )
+
+    def __post_init__(self) -> None:
+        if int(self.top_k) < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}.")
+        if not self.margin_beta > 0:
+            raise ValueError(f"margin_beta must be > 0, got {self.margin_beta}.")
+        if self.margin_threshold is None:
+            if self.margin_probability is None or not 0.0 < self.margin_probability < 1.0:
+                raise ValueError(f"margin_probability (rho) must lie in (0, 1), got {self.margin_probability}.")
+        elif not math.isfinite(self.margin_threshold):
+            raise ValueError(f"margin_threshold (tau) must be finite, got {self.margin_threshold}.")
+        if not self.forget_weight > 0:
+            raise ValueError(f"forget_weight (lambda_fg) must be > 0, got {self.forget_weight}.")
+        if self.hinge not in MASC_HINGES:
+            raise ValueError(f"hinge must be one of {list(MASC_HINGES)}, got {self.hinge!r}.")
+        if not self.buffer_eta > 0:
+            raise ValueError(f"buffer_eta must be > 0, got {self.buffer_eta}.")
+        if self.penalty not in MASC_PENALTIES:
+            raise ValueError(f"penalty must be one of {list(MASC_PENALTIES)}, got {self.penalty!r}.")
+        if not 0.0 <= self.continuation_cut_min_ratio <= self.continuation_cut_max_ratio <= 1.0:
+            raise ValueError(
+                "continuation cut ratios need 0 <= continuation_cut_min_ratio <= continuation_cut_max_ratio <= 1, got "
+                f"{self.continuation_cut_min_ratio} and {self.continuation_cut_max_ratio}."
+            )
+        for name in ("continuation_min_prefix_tokens", "continuation_min_suffix_tokens"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if not self.retain_weight >= 0:
+            raise ValueError(f"retain_weight must be >= 0, got {self.retain_weight}.")
+        if self.epoch_length not in MASC_EPOCH_LENGTHS:
+            raise ValueError(f"epoch_length must be one of {list(MASC_EPOCH_LENGTHS)}, got {self.epoch_length!r}.")
+        if self.confirm_rule not in MASC_CONFIRM_RULES:
+            raise ValueError(f"confirm_rule must be one of {list(MASC_CONFIRM_RULES)}, got {self.confirm_rule!r}.")
+        if self.stop_probe not in MASC_STOP_PROBES:
+            raise ValueError(f"stop_probe must be one of {list(MASC_STOP_PROBES)}, got {self.stop_probe!r}.")
+        if int(self.check_every) < 1:
+            raise ValueError(f"check_every must be >= 1, got {self.check_every}.")
+        for name in ("stop_trigger", "stop_tolerance", "confirm_delta"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                label = {"stop_tolerance": "stop_tolerance (alpha)"}.get(name, name)
+                raise ValueError(f"{label} must lie in (0, 1), got {getattr(self, name)}.")
+        for name in ("stop_probe_batches", "confirm_examples", "min_validation_positions"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction}.")
+        super().__post_init__()
+
+    @classmethod
+    def authors_tofu_preset(cls, output_dir: str, **overrides: Any) -> MASCConfig:
+        """The authors' TOFU script (L2-7B) as a config: :data:`MASC_AUTHORS_TOFU` (no retain term,
+        ``lambda_retain 0``; their epoch of ``max(forget, retain)`` steps; a budget of 3 such epochs) on top of
+        the defaults (which are already theirs otherwise), then ``overrides``. It needs a retain set, which only
+        counts the epoch."""
+        return cls(output_dir=output_dir, **{**MASC_AUTHORS_TOFU, **overrides})
+
+    @property
+    def tau(self) -> float:
+        """The margin threshold `tau`: `margin_threshold`, else `log(rho / (1 - rho))`."""
+        if self.margin_threshold is not None:
+            return float(self.margin_threshold)
+        return math.log(self.margin_probability / (1.0 - self.margin_probability))
+
+    @property
+    def rho(self) -> float:
+        """The restricted-probability form of the threshold, `sigmoid(tau)`."""
+        return 1.0 / (1.0 + math.exp(-self.tau))
+
+    @property
+    def min_validation_size(self) -> int:
+        """`stop_probe="heldout"`: answer positions needed, `max(min_validation_positions, ceil(1 / alpha))`."""
+        return max(int(self.min_validation_positions), math.ceil(1.0 / self.stop_tolerance - 1e-9))
+
+    def get_peft_config(self) -> Any:
+        """The `peft.LoraConfig` of the `lora_*` fields (as TRL's `get_peft_config(model_args)`), or `None`
+        when `use_peft` is false."""
+        if not self.use_peft:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=int(self.lora_r), lora_alpha=int(self.lora_alpha), lora_dropout=float(self.lora_dropout),
+            target_modules=list(self.lora_target_modules) if self.lora_target_modules else None,
+            bias="none", task_type="CAUSAL_LM",
+        )

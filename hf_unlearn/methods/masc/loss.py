@@ -1,0 +1,221 @@
+"""MASC: Margin Self-Correction (restricted margin, hinges, continuation mask, violation rates, Hoeffding bound).
+
+The authors' recipe (Fast-LLM-Unlearning-MarginSelfCorrection, TOFU run): restricted margin over the model's own
+top-``k`` rivals, ``tau = log(rho / (1 - rho))``, the buffered hinge :func:`buffered_hinge_loss` on the
+continuation of each forget answer (:func:`continuation_mask`), and a stop when the per-example violation rate
+(:func:`per_example_violation_rates`) clears a trigger and its Hoeffding upper bound
+(:func:`hoeffding_upper_bound`) is at most ``alpha``. :func:`margin_hinge_loss` is the earlier plain hinge.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..base.losses import _denominator, answer_mask
+
+
+def masc_threshold_from_probability(rho: float) -> float:
+    """MASC margin threshold ``tau`` equivalent to a restricted probability ``rho``: ``tau = log(rho / (1 - rho))``.
+
+    The restricted margin (:func:`restricted_margin`) compares the target with its ``k`` strongest rivals
+    ``S_k``. With ``p_r(y) = exp(b z_y) / (exp(b z_y) + sum_{v in S_k} exp(b z_v))`` the target's probability under
+    the softmax restricted to ``{y} U S_k``, the margin is its log-odds ``m = log(p_r / (1 - p_r))``, so
+    ``m > tau`` exactly when ``p_r > rho``.
+    """
+    import math
+
+    rho = float(rho)
+    if not 0.0 < rho < 1.0:
+        raise ValueError(f"margin_probability (rho) must lie in (0, 1), got {rho}.")
+    return math.log(rho / (1.0 - rho))
+
+
+def masc_probability_from_threshold(tau: float) -> float:
+    """Inverse of :func:`masc_threshold_from_probability`: ``rho = sigmoid(tau) = 1 / (1 + exp(-tau))``."""
+    import math
+
+    return 1.0 / (1.0 + math.exp(-float(tau)))
+
+
+def restricted_margin(
+    logits: torch.Tensor, labels: torch.Tensor, top_k: int, beta: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MASC restricted margin at every answer position.
+
+    ``m_t = b * z(y_t | c_t) - logsumexp_{v in S_k(c_t)} b * z(v | c_t)``
+
+    with ``z`` the logits, ``b = beta`` and ``S_k(c_t)`` the ``k`` highest-logit tokens other than the target
+    ``y_t``, *selected without gradient* (the gradient still flows through their logits). The margin is
+    shift-invariant in ``z``, so logits and log-probabilities give the same value.
+
+    Alignment as in :func:`~hf_unlearn.logprobs.label_log_probs`: ``logits`` ``[B, L, V]`` come from ``input_ids``
+    ``[B, L]`` and ``out[:, t]`` is the margin of ``labels[:, t]`` predicted from tokens ``< t``. Returns
+    ``(margins [B, L] float32, mask [B, L] bool)`` with ``mask = answer_mask(labels)`` and margins 0 outside it.
+    ``top_k`` must be in ``[1, V - 1]`` and ``beta > 0``.
+    """
+    vocab = logits.shape[-1]
+    if not 1 <= int(top_k) <= vocab - 1:
+        raise ValueError(f"top_k must be in [1, vocab_size - 1] = [1, {vocab - 1}], got {top_k}.")
+    if not beta > 0:
+        raise ValueError(f"margin_beta must be > 0, got {beta}.")
+    z = logits[:, :-1, :].float() * beta
+    mask = answer_mask(labels)
+    valid = mask[:, 1:]
+    safe = labels[:, 1:].masked_fill(~valid, 0).unsqueeze(-1)
+    with torch.no_grad():
+        rivals = z.detach().scatter(-1, safe, float("-inf")).topk(int(top_k), dim=-1).indices
+    target_z = z.gather(-1, safe).squeeze(-1)
+    rival_lse = torch.logsumexp(z.gather(-1, rivals), dim=-1)
+    margins = torch.zeros(labels.shape, dtype=z.dtype, device=z.device)
+    margins[:, 1:] = (target_z - rival_lse) * valid
+    return margins, mask
+
+
+def margin_hinge_loss(
+    margins: torch.Tensor, mask: torch.Tensor, tau: float, num_tokens: torch.Tensor | float | None = None
+) -> torch.Tensor:
+    """MASC self-correction loss on forget answer tokens.
+
+    ``L_MASC = (1/N) * sum_{b,t} mask_{b,t} * max(0, m_{b,t} - tau)`` with ``N = num_tokens`` (default: the answer
+    tokens of the batch). Active only while ``m_t > tau``: a corrected position (``m_t <= tau``) contributes
+    neither loss nor gradient, so the loss vanishes as the forget set is corrected (MASC's ``hinge="plain"``).
+    """
+    per_token = torch.relu(margins - tau) * mask
+    return per_token.sum() / _denominator(num_tokens, mask.sum())
+
+
+def masc_violation_counts(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> tuple[int, int]:
+    """``(|{t in T : m_t > tau}|, |T|)`` over the answer positions ``T`` (``mask``), to accumulate over batches."""
+    mask = mask.bool()
+    return int(((margins > tau) & mask).sum()), int(mask.sum())
+
+
+def violation_rate(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> float:
+    """MASC violation rate ``|{t in T : m_t > tau}| / |T|``: the fraction of answer positions not yet corrected."""
+    violations, positions = masc_violation_counts(margins, mask, tau)
+    if positions == 0:
+        raise ValueError("violation_rate needs at least one answer position (the mask is empty).")
+    return violations / positions
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The authors' recipe: buffered hinge on the continuation, per-example violation rate, Hoeffding confirmation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def buffered_hinge_loss(
+    margins: torch.Tensor,
+    mask: torch.Tensor,
+    tau: float,
+    eta: float,
+    num_tokens: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """MASC buffered hinge (the authors' surrogate of the violation indicator ``1[m_t > tau]``).
+
+    ``L = (1/N) * sum_{b,t} mask_{b,t} * relu(m_{b,t} - (tau - eta)) / eta`` with ``N = num_tokens`` (default:
+    the active tokens ``mask.sum()``, i.e. the mean over active tokens).
+
+    The buffer ``eta > 0`` keeps pushing a position until its margin is ``eta`` *below* the threshold, and the
+    division by ``eta`` makes the surrogate ``>= 1`` wherever ``m_t > tau``, so the mean upper-bounds the
+    violation rate of the active tokens. ``mask`` is the *active* mask: the continuation of each answer
+    (:func:`continuation_mask`) or the whole answer (``penalty="full"``).
+    """
+    if not eta > 0:
+        raise ValueError(f"The MASC buffer eta must be > 0, got {eta}.")
+    per_token = torch.relu(margins - (float(tau) - float(eta))) / float(eta) * mask
+    return per_token.sum() / _denominator(num_tokens, mask.sum())
+
+
+def sample_cut_ratios(
+    batch_size: int, low: float = 0.2, high: float = 0.6, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """``[B]`` float64 cut ratios drawn uniformly from ``[low, high]`` (the continuation penalty's random cut)."""
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"Continuation cut ratios need 0 <= low <= high <= 1, got low={low}, high={high}.")
+    u = torch.rand(int(batch_size), generator=generator, dtype=torch.float64)
+    return low + u * (high - low)
+
+
+def continuation_mask(
+    mask: torch.Tensor, cut_ratios: torch.Tensor, min_prefix_tokens: int = 32, min_suffix_tokens: int = 32
+) -> torch.Tensor:
+    """MASC continuation penalty: the answer positions *after* a cut, per example.
+
+    For example ``b`` with ``n_b = mask[b].sum()`` answer positions (in order) and cut ratio ``r_b``:
+
+    * if ``n_b < min_prefix_tokens + min_suffix_tokens`` the whole answer is kept (too short to split);
+    * else ``c_b = clamp(floor(r_b * n_b), min_prefix_tokens, n_b - min_suffix_tokens)`` and the answer positions
+      of rank ``>= c_b`` (0-based, in order) are kept: at least ``min_prefix_tokens`` prefix tokens are left
+      untouched and at least ``min_suffix_tokens`` are penalised.
+
+    Returns a ``[B, L]`` boolean mask, a subset of ``mask``. The authors' TOFU run (Llama-2-7B) uses ratios in
+    ``[0.2, 0.6]`` and 32/32 minimum prefix/suffix tokens.
+    """
+    mask = mask.bool()
+    n = mask.sum(-1)
+    rank = mask.long().cumsum(-1) - 1
+    ratios = cut_ratios.to(device=mask.device, dtype=torch.float64)
+    cut = torch.floor(ratios * n.double()).long()
+    cut = torch.minimum(cut, n - int(min_suffix_tokens)).clamp(min=int(min_prefix_tokens))
+    cut = torch.where(n < int(min_prefix_tokens) + int(min_suffix_tokens), torch.zeros_like(cut), cut)
+    return mask & (rank >= cut.unsqueeze(-1))
+
+
+def per_example_violation_rates(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
+    """``[B]`` per-example violation rates ``|{t in A_b : m_t > tau}| / |A_b|`` over each example's active
+    positions ``A_b`` (``mask``); an example without active positions counts as 0, as in the authors' probe.
+    MASC's stopping statistic is their mean over the probed examples."""
+    mask = mask.bool()
+    count = mask.sum(-1)
+    violations = ((margins > tau) & mask).sum(-1)
+    return torch.where(count > 0, violations.double() / count.clamp(min=1).double(), torch.zeros_like(count).double())
+
+
+def hoeffding_upper_bound(mean: float, n: int, delta: float, check_index: int) -> tuple[float, float]:
+    """Anytime Hoeffding upper confidence bound of MASC's confirmation stage.
+
+    ``U_j = mean + sqrt(log(1 / delta_j) / (2 n))`` with ``delta_j = 6 delta / (pi^2 (j + 1)^2)`` for the
+    ``j``-th confirmation (``j >= 1``), so that ``sum_j delta_j < delta`` and the stopping decision holds with
+    probability ``>= 1 - delta`` over all checks (a union bound). ``mean`` is the mean of ``n`` per-example
+    violation rates in ``[0, 1]``. Returns ``(U_j, delta_j)``.
+    """
+    import math
+
+    if int(n) < 1:
+        raise ValueError(f"The Hoeffding bound needs at least one example, got n={n}.")
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}.")
+    if int(check_index) < 1:
+        raise ValueError(f"check_index (j) counts confirmations from 1, got {check_index}.")
+    delta_j = 6.0 * float(delta) / (math.pi**2 * (int(check_index) + 1) ** 2)
+    return float(mean) + math.sqrt(math.log(1.0 / delta_j) / (2.0 * int(n))), delta_j
+
+
+MASC_CONFIRM_RULES = ("mean", "hoeffding")
+
+
+def confirmation_statistic(
+    rates: list[float] | torch.Tensor, rule: str, delta: float, check_index: int
+) -> tuple[float, float, float | None]:
+    """The number MASC's confirmation stage compares with ``alpha`` (it stops when it is ``<= alpha``).
+
+    ``rates`` are the per-example violation rates ``r_i`` of the ``n`` confirmation examples,
+    ``mean = (1/n) sum_i r_i``.
+
+    * ``rule="mean"`` (the authors' TOFU run, which does not pass ``--early_stop_confirm_use_ucb``):
+      the statistic is ``mean`` itself.
+    * ``rule="hoeffding"``: the anytime upper bound ``U_j = mean + sqrt(log(1 / delta_j) / (2 n))``,
+      ``delta_j = 6 delta / (pi^2 (j + 1)^2)`` for the ``j``-th confirmation (:func:`hoeffding_upper_bound`).
+
+    Returns ``(statistic, mean, delta_j)``, ``delta_j`` ``None`` for ``"mean"``.
+    """
+    values = [float(r) for r in (rates.tolist() if torch.is_tensor(rates) else rates)]
+    if not values:
+        raise ValueError("The confirmation stage needs at least one example.")
+    mean = sum(values) / len(values)
+    if rule == "mean":
+        return mean, mean, None
+    if rule == "hoeffding":
+        bound, delta_j = hoeffding_upper_bound(mean, len(values), delta, check_index)
+        return bound, mean, delta_j
+    raise ValueError(f"confirm_rule must be one of {list(MASC_CONFIRM_RULES)}, got {rule!r}.")

@@ -1,0 +1,33 @@
+"""T3 (Temper-Then-Tilt): inference-time unlearning with a frozen base model and a guidance head.
+
+Decode from ``softmax(log p(v | x, y_<t) / T + w log f(x, y_<t, v))`` over the full vocabulary, where
+``f = sigmoid(U (D pool_t + c))`` is a rank-h head (h = 20, no per-token bias) mapping the causal mean-pooled
+hidden state of the prefix to one retain-vs-forget logit per vocabulary entry. Greedy decoding depends on
+``T * w`` only; ``T`` also changes sampling and teacher-forced scores::
+
+    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(rank=20, tilt_weight=0.5))
+    with T3LogitsProcessor(model, clf) as t3:      # reads generate's own hidden states via a hook
+        out = model.generate(**inputs, logits_processor=LogitsProcessorList([t3]))
+    lp = t3_log_probs(model, clf, input_ids, labels, attention_mask)   # exact tilted log-probs
+
+A head records a fingerprint of its base's weights and refuses any other model (:mod:`hf_unlearn.methods.t3.provenance`).
+"""
+
+from ...registry import register_class as _register_class
+from .calibration import calibrate_t3, calibration_grid
+from .config import T3ClassifierConfig
+from .fit import cache_answer_states, fit_t3, validate_t3_fit
+from .hidden import causal_mean_pool
+from .modeling import T3Classifier, T3ClassifierOutput
+from .processor import T3LogitsProcessor
+from .scoring import t3_log_probs, t3_scorer
+from .tilt import tilted_log_probs, tilted_scores
+
+_register_class(T3Classifier, artifact_kind="t3_classifier", entry_point="hf_unlearn.methods.t3:fit_t3",
+                config_class=T3ClassifierConfig)
+
+__all__ = [
+    "T3Classifier", "T3ClassifierConfig", "T3ClassifierOutput", "T3LogitsProcessor", "cache_answer_states",
+    "causal_mean_pool", "fit_t3", "t3_log_probs", "t3_scorer", "tilted_log_probs", "tilted_scores",
+    "validate_t3_fit", "calibrate_t3", "calibration_grid",
+]

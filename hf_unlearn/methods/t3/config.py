@@ -1,0 +1,246 @@
+"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``).
+
+The config holds three groups of fields, all saved with the head:
+
+* the head itself: ``rank``, ``layer``, ``pooling``;
+* the base model it was fitted on (sizes, architecture, the name it was loaded from, and a fingerprint of its
+  weights), so that a head is never silently applied to another base;
+* the decoding defaults ``temperature``, ``tilt_weight`` and ``log_f_floor`` that
+  :meth:`~hf_unlearn.methods.t3.T3LogitsProcessor.from_pretrained` rebuilds the processor with, and the fit
+  settings of :func:`~hf_unlearn.methods.t3.fit_t3` (epochs, batches, learning rate, early stopping, ...) together
+  with the ``fit_report`` of the fit that produced the weights.
+
+Every float setting must be finite (and the learning rate and temperature positive); a template name must be a
+preset; both are refused when the config is built. :meth:`T3ClassifierConfig.check_for` checks what needs the
+base model (the layer index) before any work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import field
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+POOLINGS = ("mean",)
+
+
+def base_text_config(model: Any) -> Any:
+    """The decoder config of a causal LM (``get_text_config(decoder=True)`` when it has one)."""
+    config = model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def base_num_layers(model: Any) -> int | None:
+    """Number of decoder layers of ``model`` (``num_hidden_layers`` / ``n_layer``), or None."""
+    base = base_text_config(model)
+    for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        value = getattr(base, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return not isinstance(value, bool) and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+@strict
+class T3ClassifierConfig(PreTrainedConfig):
+    r"""Configuration of :class:`~hf_unlearn.methods.t3.T3Classifier` and of :func:`~hf_unlearn.methods.t3.fit_t3`.
+
+    The head maps the causal mean-pooled hidden state ``pool_t`` of the frozen base to one logit per
+    vocabulary entry, ``g_t = U (D pool_t + c)`` (``D``: hidden -> ``rank``, ``c``: the bottleneck offset that
+    centres the pooled states, ``U``: ``rank`` -> vocab, no per-token bias), and
+    ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates ``P(retain | x, y_<t, v)``. T3 decodes from
+
+        softmax(log p(v | x, y_<t) / T + w * max(log f(x, y_<t, v), floor))
+
+    with ``T = temperature``, ``w = tilt_weight`` and ``floor = log_f_floor`` (no floor when None).
+
+    **T and w.** Under greedy decoding only the ordering of the scores matters, and multiplying them by
+    ``T > 0`` keeps it: ``argmax_v(log p / T + w log f) = argmax_v(log p + T w log f)``, so ``(T, w)`` and
+    ``(1, T w)`` pick the same tokens. ``T`` changes everything that reads the distribution itself rather than
+    its argmax: sampling (``q ∝ p^(1/T) f^w`` is flatter than ``p f^(T w)``) and the teacher-forced scores
+    (answer probabilities, truth ratios, forget quality), where ``T > 1`` lowers the probability of every
+    answer, retained ones included. The default ``T = 1`` is the authors' (``base_temp=1``); ``w = 1`` is the
+    authors' ``guidance_scale`` default, and is meant to be chosen by calibration for a given model.
+
+    **Where the defaults come from.** The authors' (locuslab/open-unlearning T3: ``DataSplitClassifier`` and its
+    trainer): the architecture (one linear bottleneck, identity activation, no bias on the vocabulary layer,
+    PyTorch's default initialisation of both layers), ``rank = 20``, the last layer's hidden states, causal mean
+    pooling, ``epochs = 100`` and batches of 32 forget plus 32 randomly drawn retain examples, T = 1, w = 1,
+    and no floor on ``log f`` (their code only notes that clipping it may help stability). hf-unlearn's own
+    choices, not measured against alternatives: ``learning_rate`` 1e-2 and ``weight_decay`` 1e-3 (AdamW on
+    standardised states), the hold-out share 0.1, early stopping after 5 epochs without a lower held-out BCE,
+    and the cache batch size.
+    """
+
+    model_type = "t3_classifier"
+
+    rank: int = field(default=20, metadata={"help": "Width h of the low-rank bottleneck (hidden -> h -> vocabulary); "
+                                                    "authors' 20."})
+    layer: int = field(
+        default=-1,
+        metadata={"help": "Index into the base's `output_hidden_states` (0 = embeddings, -1 = last layer after the "
+                          "final norm; the authors' default)."},
+    )
+    pooling: str = field(
+        default="mean",
+        metadata={"help": "'mean': causal mean of the layer's hidden states over every non-padding position <= t "
+                          "(prompt and answer prefix alike), as the authors' implementation pools."},
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={"help": "Decoding default T: the base log-probabilities are divided by T (T >= 1; authors' 1). "
+                          "Greedy tokens depend only on T * tilt_weight; T also flattens sampling and the "
+                          "teacher-forced scores."},
+    )
+    tilt_weight: float = field(
+        default=1.0, metadata={"help": "Decoding default w: weight of log f in the tilted scores (authors' 1)."}
+    )
+    log_f_floor: float | None = field(
+        default=None,
+        metadata={"help": "Optional floor (< 0) on log f in the tilted scores: max(log f, floor) bounds how far "
+                          "one token can be pushed down (None: no floor, as the authors)."},
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "Name of a prompt template preset (hf_unlearn.data.prompts.PROMPT_TEMPLATES) the forget and "
+                          "retain examples are formatted with when fitting, passed as `template=` to tokenize_qa "
+                          "(None: the tokenizer's chat template, else the plain 'Question: ...' prompt). Generate and "
+                          "evaluate with the same template."},
+    )
+    # --- fit settings (fit_t3) ---
+    epochs: int = field(
+        default=100, metadata={"help": "Passes over the forget training examples (authors' 100); early stopping "
+                                       "may end the fit sooner."}
+    )
+    steps: int | None = field(
+        default=None, metadata={"help": "Optional cap on the number of AdamW steps (None: `epochs` epochs)."}
+    )
+    forget_batch_size: int = field(
+        default=32, metadata={"help": "Forget examples per AdamW step (authors' 32). Each step adds as many "
+                                      "retain examples, drawn at random: every batch is class-balanced."}
+    )
+    learning_rate: float = field(default=1e-2, metadata={"help": "AdamW learning rate of the head (hf-unlearn's)."})
+    weight_decay: float = field(default=1e-3, metadata={"help": "AdamW weight decay of the head (hf-unlearn's)."})
+    class_balance: bool = field(
+        default=False,
+        metadata={"help": "Weigh the forget and the retain positions of each batch equally in the BCE (batches "
+                          "already hold as many forget as retain examples; see fit_t3)."},
+    )
+    holdout_fraction: float = field(
+        default=0.1,
+        metadata={"help": "Share of forget and of retain examples held out (0: none): their BCE stops the fit early "
+                          "and their accuracy is reported."},
+    )
+    early_stopping_patience: int | None = field(
+        default=5,
+        metadata={"help": "Stop after this many epochs without a lower held-out BCE and keep the best epoch's head "
+                          "(None: train every epoch; also when nothing is held out)."},
+    )
+    batch_size: int = field(default=16, metadata={"help": "Examples per forward pass of the frozen base when caching."})
+    max_length: int | None = field(
+        default=None,
+        metadata={"help": "Truncate prompt + answer to this many tokens (always also to the base's maximum "
+                          "positions)."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of the hold-out split, the initialisation and the batches."})
+    # --- the base the head was fitted on (filled in by for_base / fit_t3) ---
+    hidden_size: int | None = field(default=None, metadata={"help": "Hidden size of the base."})
+    vocab_size: int | None = field(default=None, metadata={"help": "Vocabulary size of the base (the head's output)."})
+    base_model_name_or_path: str = field(
+        default="", metadata={"help": "Name or path the base was loaded from (informational; the base is checked by "
+                                      "its weights)."}
+    )
+    base_model_revision: str | None = field(default=None, metadata={"help": "Hub commit of the base, when known."})
+    base_model_type: str | None = field(default=None, metadata={"help": "`model_type` of the base."})
+    base_num_hidden_layers: int | None = field(default=None, metadata={"help": "Number of decoder layers of the base."})
+    base_weights_fingerprint: dict | None = field(
+        default=None,
+        metadata={"help": "SHA-256 digests of the base's weights (see hf_unlearn.methods.t3.provenance), checked whenever "
+                          "the head is attached to a model."},
+    )
+    fit_report: dict | None = field(default=None, metadata={"help": "Statistics of the fit (informational)."})
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        self._check_fields()
+        super().__post_init__(**kwargs)
+
+    def _check_fields(self) -> None:
+        """Reject values the head or its fit cannot implement (``ValueError``)."""
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"T3ClassifierConfig.pooling must be one of {POOLINGS}, got {self.pooling!r}.")
+        for name in ("rank", "epochs", "forget_batch_size", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"T3ClassifierConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("steps", "early_stopping_patience"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
+                raise ValueError(f"T3ClassifierConfig.{name} must be >= 1 or None, got {getattr(self, name)}.")
+        if self.hidden_size is not None and int(self.hidden_size) < 1:
+            raise ValueError(f"T3ClassifierConfig.hidden_size must be >= 1, got {self.hidden_size}.")
+        for name in ("temperature", "learning_rate"):
+            value = getattr(self, name)
+            if not _finite(value) or float(value) <= 0:
+                raise ValueError(f"T3ClassifierConfig.{name} must be a finite positive number, got {value!r}.")
+        for name in ("tilt_weight", "weight_decay", "holdout_fraction"):
+            if not _finite(getattr(self, name)):
+                raise ValueError(f"T3ClassifierConfig.{name} must be a finite number, got {getattr(self, name)!r}.")
+        if float(self.weight_decay) < 0:
+            raise ValueError(f"T3ClassifierConfig.weight_decay must be >= 0, got {self.weight_decay}.")
+        if not 0 <= float(self.holdout_fraction) < 1:
+            raise ValueError(f"T3ClassifierConfig.holdout_fraction must be in [0, 1), got {self.holdout_fraction}.")
+        if self.log_f_floor is not None and (not _finite(self.log_f_floor) or float(self.log_f_floor) >= 0):
+            raise ValueError(
+                f"T3ClassifierConfig.log_f_floor must be a finite negative number or None, got {self.log_f_floor!r} "
+                "(log f <= 0, so a floor >= 0 would erase the tilt)."
+            )
+        if self.max_length is not None and int(self.max_length) < 2:
+            raise ValueError(f"T3ClassifierConfig.max_length must be >= 2, got {self.max_length}.")
+        if self.prompt_template is not None:
+            from ...data.prompts import get_template
+
+            try:
+                get_template(self.prompt_template)
+            except ValueError as err:
+                raise ValueError(f"T3ClassifierConfig.prompt_template: {err}") from None
+
+    def check_for(self, model: Any) -> None:
+        """Refuse (``ValueError``) settings that do not fit ``model``, before any work: a ``layer`` outside its
+        ``output_hidden_states`` (``-(n + 1) .. n`` for ``n`` decoder layers). Field values themselves are
+        checked when the config is built."""
+        n_layers = base_num_layers(model)
+        if n_layers is not None and not -(n_layers + 1) <= int(self.layer) <= n_layers:
+            raise ValueError(
+                f"layer={self.layer} is out of range for a base with {n_layers} layers "
+                f"(output_hidden_states has {n_layers + 1} entries: use -{n_layers + 1}..{n_layers})."
+            )
+
+    def for_base(self, model: Any, fingerprint: dict[str, Any] | None = None) -> T3ClassifierConfig:
+        """A copy of this config bound to ``model`` (a causal LM): sizes, name, revision, architecture and the
+        fingerprint of its weights (``fingerprint``, or computed here by
+        :func:`~hf_unlearn.methods.t3.provenance.base_weights_fingerprint`)."""
+        from .provenance import base_weights_fingerprint
+
+        self.check_for(model)
+        base = base_text_config(model)
+        data = self.to_dict()
+        for key in ("model_type", "transformers_version", "architectures"):
+            data.pop(key, None)
+        hidden = getattr(base, "hidden_size", None) or getattr(base, "n_embd", None)
+        data.update(
+            hidden_size=int(hidden),
+            vocab_size=int(base.vocab_size),
+            base_model_name_or_path=str(getattr(model, "name_or_path", "") or model.config._name_or_path or ""),
+            base_model_revision=getattr(model.config, "_commit_hash", None) or self.base_model_revision,
+            base_model_type=getattr(base, "model_type", None),
+            base_num_hidden_layers=base_num_layers(model),
+            base_weights_fingerprint=fingerprint if fingerprint is not None else base_weights_fingerprint(model),
+        )
+        return T3ClassifierConfig(**data)

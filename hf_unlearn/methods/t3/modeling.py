@@ -1,0 +1,148 @@
+"""The T3 guidance head: a rank-h map from the pooled hidden state to one logit per vocabulary entry.
+
+``g_t = U (D pool_t + c)`` with ``D`` (``rank x hidden``), the bottleneck offset ``c`` (``rank``), ``U``
+(``vocab x rank``) and no per-token bias; ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates
+``P(retain | x, y_<t, v)``. This is the authors' ``DataSplitClassifier`` with one hidden layer and the identity
+activation (their default, ``activation_str="id"``, no bias on the vocabulary layer). ``c`` is not a free
+parameter of the fit: :func:`~hf_unlearn.methods.t3.fit_t3` trains on standardised pooled states and folds the
+standardisation into ``D`` and ``c`` (``c = -D mean``), so a token the fit never saw keeps ``g = U[v] . (D pool +
+c)`` with ``U[v]`` at its initialisation shrunk by weight decay, as in the authors' head. With ``rank`` 20 it holds
+``20 * (hidden + vocab + 1)`` parameters (0.03% of an 8B model).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+from .config import T3ClassifierConfig, base_num_layers, base_text_config
+
+
+@dataclass
+class T3ClassifierOutput(ModelOutput):
+    """Output of :class:`T3Classifier`: the guidance ``logits`` ``g_t`` (``[..., vocab]``)."""
+
+    logits: torch.Tensor | None = None
+
+
+def clip_log_f(log_f: torch.Tensor, floor: float | None) -> torch.Tensor:
+    """``max(log f, floor)`` (unchanged when ``floor`` is None)."""
+    return log_f if floor is None else log_f.clamp_min(float(floor))
+
+
+class T3Classifier(PreTrainedModel):
+    """Low-rank guidance head: ``forward(pool) -> g = U (D pool + c)`` over the whole vocabulary.
+
+    :meth:`token_logits` returns ``g[v]`` for one token per pooled state (the fit uses it, so a
+    training step never materialises ``[N, vocab]``); :meth:`log_f` returns ``max(log sigmoid(g), floor)``.
+    """
+
+    config_class = T3ClassifierConfig
+    base_model_prefix = "t3"
+    _method = "t3"
+    _title = "T3 (Temper-Then-Tilt)"
+    _paper = {"title": "Temper-Then-Tilt: Principled Unlearning for Generative Models through Tempering and "
+                       "Classifier Guidance", "id": "2602.10217"}
+    _cli_help = "temper-then-tilt decoding with a low-rank classifier head"
+    main_input_name = "pooled_hidden_states"
+
+    def __init__(self, config: T3ClassifierConfig) -> None:
+        super().__init__(config)
+        if config.hidden_size is None or config.vocab_size is None:
+            raise ValueError(
+                "T3ClassifierConfig.hidden_size / vocab_size are unset: build the config with "
+                "`config.for_base(model)` or fit the head with `fit_t3`."
+            )
+        hidden, rank, vocab = int(config.hidden_size), int(config.rank), int(config.vocab_size)
+        self.down = nn.Linear(hidden, rank, bias=True)
+        self.up = nn.Linear(rank, vocab, bias=False)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """PyTorch's default ``nn.Linear`` initialisation of the weights (the authors' head), a zero offset."""
+        if isinstance(module, nn.Linear):
+            init.kaiming_uniform_(module.weight, a=5 ** 0.5)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+
+    def forward(self, pooled_hidden_states: torch.Tensor, **kwargs: Any) -> T3ClassifierOutput:
+        """``g = U (D pool + c)`` for pooled states ``[..., hidden]`` -> ``[..., vocab]`` (the head's dtype)."""
+        return T3ClassifierOutput(logits=self.up(self.down(pooled_hidden_states.to(self.down.weight.dtype))))
+
+    def token_logits(self, pooled_hidden_states: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """``g[v]`` for one token ``v = token_ids[i]`` per pooled state ``i``: ``U[v] . (D pool + c)``."""
+        z = self.down(pooled_hidden_states.to(self.down.weight.dtype))
+        return (z * self.up.weight[token_ids.long()]).sum(-1)
+
+    def log_f(self, pooled_hidden_states: torch.Tensor) -> torch.Tensor:
+        """``max(log sigmoid(g), log_f_floor)`` over the vocabulary, float32."""
+        return clip_log_f(F.logsigmoid(self(pooled_hidden_states).logits.float()), self.config.log_f_floor)
+
+    def num_trainable_parameters(self) -> int:
+        """Parameters of the head: ``rank * (hidden + vocab + 1)``."""
+        return sum(p.numel() for p in self.parameters())
+
+    def non_finite_parameters(self) -> list[str]:
+        """Names of the parameters holding a NaN or an infinity."""
+        return [name for name, p in self.named_parameters() if not bool(torch.isfinite(p).all())]
+
+    def check_finite(self) -> None:
+        """Refuse (``ValueError``) a head with a non-finite weight."""
+        bad = self.non_finite_parameters()
+        if bad:
+            raise ValueError(
+                f"The T3 head has non-finite weights ({', '.join(bad)}); it would turn every tilted score into "
+                "NaN. Refit it (a lower learning_rate)."
+            )
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        """``PreTrainedModel.save_pretrained`` after checking that every weight is finite (nothing is written
+        otherwise)."""
+        from ...safe_output import output_lock
+
+        self.check_finite()
+        with output_lock(save_directory):  # no other process writes the same folder meanwhile
+            return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def check_base(self, model: Any, check_weights: bool = True) -> None:
+        """Refuse a base model other than the one the head was fitted on (``ValueError``).
+
+        Compares hidden size, vocabulary size, architecture and number of layers, then (``check_weights``,
+        the default) the fingerprint of the base's weights recorded at fit time
+        (:func:`~hf_unlearn.methods.t3.provenance.check_base_weights`): the same weights under another path or name are
+        accepted, other weights under the same name are refused. ``check_weights=False`` skips the fingerprint
+        (for a base the user knows to be the same model held differently, e.g. quantized).
+        """
+        cfg = self.config
+        base = base_text_config(model)
+        problems = []
+        hidden = getattr(base, "hidden_size", None) or getattr(base, "n_embd", None)
+        if cfg.hidden_size is not None and hidden is not None and int(hidden) != int(cfg.hidden_size):
+            problems.append(f"hidden size {hidden} != {cfg.hidden_size}")
+        if cfg.vocab_size is not None and int(base.vocab_size) != int(cfg.vocab_size):
+            problems.append(f"vocabulary size {base.vocab_size} != {cfg.vocab_size}")
+        base_type = getattr(base, "model_type", None)
+        if cfg.base_model_type and base_type and base_type != cfg.base_model_type:
+            problems.append(f"model type {base_type!r} != {cfg.base_model_type!r}")
+        n_layers = base_num_layers(model)
+        if cfg.base_num_hidden_layers is not None and n_layers is not None and n_layers != cfg.base_num_hidden_layers:
+            problems.append(f"{n_layers} layers != {cfg.base_num_hidden_layers}")
+        if problems:
+            from .provenance import BaseModelMismatchError
+
+            raise BaseModelMismatchError(
+                "This T3 head was fitted on another base model: " + "; ".join(problems)
+                + ". Refit it with `fit_t3` on this model."
+            )
+        if check_weights:
+            from .provenance import check_base_weights
+
+            check_base_weights(cfg.base_weights_fingerprint, model)

@@ -1,0 +1,213 @@
+"""A method's config dataclass as command-line options, and the checks of the settings given that way.
+
+Every init field of a method's config (a trainer's ``TrainingArguments`` subclass, ``GROMConfig``,
+``T3ClassifierConfig``) becomes an ``--field value`` option, through :class:`transformers.HfArgumentParser`,
+except those the command line sets itself (:data:`CLI_OWNED_FIELDS`) and those a ``PreTrainedConfig`` fills in
+from the base model. ``hf-unlearn unlearn``, the per-method scripts in ``examples/scripts`` and
+``examples/deletion_request.py`` read a method's options this way::
+
+    settings = parse_method_settings("npo", ["--beta", "0.2"])   # {'beta': 0.2}: only what was given
+    config = validate_settings("npo", settings, "outputs/npo")    # the config, or UserError (one line)
+
+A bad option or value raises :class:`UserError`, a one-line message for the command line (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import sys
+import types
+import typing
+import warnings
+from typing import Any
+
+from .registry import MethodView, get_method
+
+__all__ = [
+    "CLI_OWNED_FIELDS", "TRAINER_CLASSES", "UserError", "config_kwargs", "config_parser", "join_negative_values",
+    "method_config_class", "option_fields", "options_dataclass", "parse_method_settings", "validate_settings",
+]
+
+#: Config fields the CLI sets itself (``--output``, ``--resume``, ``--push-to-hub``) or that describe the base
+#: model and are filled in from it: never options.
+CLI_OWNED_FIELDS = frozenset({
+    "output_dir", "resume_from_checkpoint", "push_to_hub", "hub_token", "overwrite_output_dir", "overwrite",
+    "hidden_size", "vocab_size", "fit_report",
+})
+
+#: ``{method: trainer class name}`` of the registered methods trained by a trainer (read from
+#: :mod:`hf_unlearn.registry` on access).
+TRAINER_CLASSES: typing.Mapping[str, str] = MethodView(
+    lambda info: info.trainer_class.rpartition(":")[2].rpartition(".")[2] if info.is_trainer else None, skip_none=True)
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported as one line, exit status 2."""
+
+
+def method_config_class(method: str) -> type:
+    """The config dataclass of ``method`` as registered (:mod:`hf_unlearn.registry`): the trainer's
+    ``config_class``, ``GROMConfig`` or ``T3ClassifierConfig``."""
+    try:
+        config_class = get_method(method).load_config_class()
+    except KeyError:
+        config_class = None
+    if config_class is None:
+        raise UserError(f"Method {method!r} has no config class the CLI knows.")
+    return config_class
+
+
+def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
+    """Resolved annotations of the fields ``names`` of ``cls`` (string annotations evaluated one by one)."""
+    try:
+        hints = typing.get_type_hints(cls)
+        return {n: hints[n] for n in names}
+    except Exception:  # a config base annotates a name its module does not import: resolve only our fields
+        namespace = {**vars(sys.modules[cls.__module__])}
+        for klass in cls.__mro__:
+            namespace = {**vars(sys.modules[klass.__module__]), **namespace}
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name in names:
+                out[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
+        return out
+
+
+def option_fields(config_class: type) -> list[dataclasses.Field]:
+    """The fields of ``config_class`` that become options: every init field except those the CLI owns and,
+    for a ``PreTrainedConfig``, the generic fields every transformers config has."""
+    if not dataclasses.is_dataclass(config_class):
+        raise UserError(f"{config_class.__name__} is not a dataclass; cannot build its options.")
+    skip = set(CLI_OWNED_FIELDS)
+    try:
+        from transformers import PreTrainedConfig
+
+        if issubclass(config_class, PreTrainedConfig) and dataclasses.is_dataclass(PreTrainedConfig):
+            skip |= {f.name for f in dataclasses.fields(PreTrainedConfig)}
+    except ImportError:  # pragma: no cover
+        pass
+    return [f for f in dataclasses.fields(config_class)
+            if f.init and f.name not in skip and not f.name.startswith("base_") and not f.name.startswith("_")]
+
+
+def _is_list_type(hint: Any) -> bool:
+    args = [a for a in typing.get_args(hint) if a not in (type(None), str)] if typing.get_args(hint) else [hint]
+    if typing.get_origin(hint) is list:
+        return True
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and any(typing.get_origin(a) is list for a in args)
+
+
+def options_dataclass(config_class: type) -> type:
+    """A plain dataclass with the :func:`option_fields` of ``config_class`` (resolved types, same defaults and
+    help): what :class:`~transformers.HfArgumentParser` turns into options. Configs whose own annotations it
+    cannot resolve (a ``PreTrainedConfig`` such as ``T3ClassifierConfig``) parse through this too; build the
+    config with ``config_class(**dataclasses.asdict(options))``."""
+    selected = option_fields(config_class)
+    hints = _resolved_hints(config_class, [f.name for f in selected])
+    spec = []
+    unset: set[str] = set()
+    for f in selected:
+        kwargs: dict[str, Any] = {"metadata": dict(f.metadata)}
+        if _is_list_type(hints.get(f.name)) and f.default is not dataclasses.MISSING and not isinstance(
+                f.default, (list, type(None))):
+            # A list option whose default is not a list (GROM's layers="auto"): argparse would convert the default
+            # with the element type, so the option defaults to None, which config_kwargs() leaves out.
+            kwargs["default"] = None
+            kwargs["metadata"]["help"] = f"{f.metadata.get('help', '')} (default when not given: {f.default!r})"
+            unset.add(f.name)
+        elif f.default is not dataclasses.MISSING:
+            kwargs["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kwargs["default_factory"] = f.default_factory
+        else:
+            kwargs["default"] = None
+        spec.append((f.name, hints.get(f.name, f.type), dataclasses.field(**kwargs)))
+    return dataclasses.make_dataclass(f"{config_class.__name__}Options", spec,
+                                      namespace={"_default_when_none": frozenset(unset)})
+
+
+def config_kwargs(options: Any) -> dict[str, Any]:
+    """The keyword arguments for the config from an :func:`options_dataclass` instance: every field, except
+    an option left at None that stands for a non-list default (which the config then applies itself)."""
+    skip = getattr(options, "_default_when_none", frozenset())
+    return {k: v for k, v in dataclasses.asdict(options).items() if not (k in skip and v is None)}
+
+
+def config_parser(method: str, config_class: type | None = None) -> argparse.ArgumentParser:
+    """An :class:`~transformers.HfArgumentParser` with one option per field of the method's config."""
+    from transformers import HfArgumentParser
+
+    config_class = config_class or method_config_class(method)
+
+    class _Parser(HfArgumentParser):
+        def error(self, message: str) -> typing.NoReturn:
+            raise UserError(f"{method}: {message}")
+
+    parser = _Parser(options_dataclass(config_class), prog=f"hf-unlearn unlearn --method {method}",
+                     allow_abbrev=False, add_help=False,
+                     description=f"Options of {config_class.__name__} (the config of method {method!r}).")
+    parser.config_class = config_class
+    return parser
+
+
+def parse_method_settings(method: str, argv: list[str], preset: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Method settings from ``argv`` (``--field value`` options of the method's config).
+
+    Returns the ``preset`` (if any) updated with every option given on the command line (even one equal to the
+    config's default), so the settings record exactly what was chosen. Unknown options and wrong types raise
+    :class:`UserError`.
+    """
+    parser = config_parser(method)
+    argv = join_negative_values(list(argv))
+    dests = {a.dest for a in parser._actions}
+    preset = {k: v for k, v in (preset or {}).items() if k in dests}
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flags = [u for u in unknown if u.startswith("-")] or unknown
+        names = [opt for a in parser._actions for opt in a.option_strings]
+        hint = difflib.get_close_matches(flags[0].split("=", 1)[0], names, n=1)
+        suggestion = f" (did you mean {hint[0]}?)" if hint else ""
+        raise UserError(
+            f"Unknown option {flags[0]} for method {method!r}{suggestion}; "
+            f"`hf-unlearn unlearn --method {method} --help` lists its {parser.config_class.__name__} fields."
+        )
+    given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    chosen = {a.dest for a in parser._actions if given.intersection(a.option_strings)}
+    values = vars(namespace)
+    return {**preset, **{k: values[k] for k in chosen}}
+
+
+def validate_settings(method: str, settings: dict[str, Any], output_dir: str | os.PathLike) -> Any:
+    """Build the method's config from ``settings`` so that a bad value fails now (one line), not mid-run."""
+    config_class = method_config_class(method)
+    kwargs = dict(settings)
+    if method in TRAINER_CLASSES:
+        kwargs = {"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **kwargs}
+    elif method == "t3":
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("top_k",)}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return config_class(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``--option -1e-3`` as ``--option=-1e-3``: argparse reads a token such as ``-1e-3`` or ``-inf`` as an option,
+    so the value of a negative number would be missing; joined, it parses and the config can refuse it clearly."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-") and len(token) > 1:
+            try:
+                float(token)
+            except ValueError:
+                pass
+            else:
+                out[-1] = f"{out[-1]}={token}"
+                continue
+        out.append(token)
+    return out

@@ -1,0 +1,103 @@
+"""The benchmark with selection: every method picks its own strength with the reference-free criterion, the
+rows say what was chosen and why, the anchors are measured by the same criterion, and the criterion is
+correlated with TOFU's forget quality."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hf_unlearn.bench.runner import criterion_correlation, criterion_p_value, selected_summary
+
+
+def test_criterion_correlation_is_spearman_over_rows_with_both_figures():
+    rows = [
+        {"method": "a", "error": None, "forget_quality": 1e-6, "criterion": {"forget_holdout_pvalue": 0.01}},
+        {"method": "b", "error": None, "forget_quality": 1e-3, "selected": {"criterion": {"forget_holdout_pvalue": 0.2}}},
+        {"method": "c", "error": None, "forget_quality": 1e-1, "selected": {"criterion": {"forget_holdout_pvalue": 0.1}}},
+        {"method": "d", "error": None, "forget_quality": 0.5, "selected": {"criterion": {"forget_holdout_pvalue": 0.9}}},
+        {"method": "failed", "error": "boom", "forget_quality": 0.9, "criterion": {"forget_holdout_pvalue": 0.0}},
+        {"method": "no criterion", "error": None, "forget_quality": 0.9},
+    ]
+    out = criterion_correlation(rows)
+    assert out["n"] == 4 and [r["method"] for r in out["rows"]] == ["a", "b", "c", "d"]
+    # ranks of p: 1, 3, 2, 4; ranks of FQ: 1, 2, 3, 4 -> rho = 1 - 6 * (0 + 1 + 1 + 0) / (4 * 15) = 0.8
+    assert out["spearman"] == pytest.approx(0.8)
+    assert criterion_correlation(rows[:2])["spearman"] is None  # fewer than 3 rows
+    assert criterion_p_value(rows[1]) == 0.2 and criterion_p_value(rows[5]) is None
+
+
+def test_selected_summary_names_the_chosen_candidate_and_its_criterion():
+    record = {"index": 1, "chosen": {"step": 8}, "reason": "why", "warning": None,
+              "measurements": [{"forget_holdout_pvalue": 0.0}, {"forget_holdout_pvalue": 0.3, "retain_change": 0.02}]}
+    out = selected_summary(record)
+    assert out["candidate"] == {"step": 8} and out["num_candidates"] == 2 and out["reason"] == "why"
+    assert out["criterion"]["forget_holdout_pvalue"] == 0.3 and out["criterion"]["retain_change"] == 0.02
+    assert selected_summary(None) is None
+
+
+@pytest.mark.slow
+def test_comparison_with_selection_records_each_methods_choice(tiny_pair, tmp_path):
+    from hf_unlearn.bench.runner import run_comparison
+    from hf_unlearn.data import load_tofu_rows
+
+    holdout = load_tofu_rows("holdout10", "synthetic")
+    validation = load_tofu_rows("retain_perturbed", "synthetic")[:10]
+    results = run_comparison(
+        tiny_pair, ["grom", "grad_diff"], grid=False, source="synthetic", forget_split="forget10",
+        eval_kwargs={"max_new_tokens": 8, "max_examples": 12}, quantization_check=False, progress=False,
+        selection_rows=(holdout, validation), selection_steps=2, partial_path=tmp_path / "partial.json",
+    )
+    for anchor in ("target", "retain_reference"):
+        assert 0.0 <= results[anchor]["criterion"]["forget_holdout_pvalue"] <= 1.0
+    grom, grad_diff = results["rows"]["grom"], results["rows"]["grad_diff"]
+    assert grom["error"] is None and grad_diff["error"] is None
+    assert grom["selected"]["num_candidates"] == 9 and "scale" in grom["selected"]["candidate"]
+    assert grad_diff["selected"]["num_candidates"] >= 2 and "step" in grad_diff["selected"]["candidate"]
+    assert grom["selected"]["reason"] and grad_diff["selected"]["reason"]
+    corr = results["criterion_vs_forget_quality"]
+    assert corr["n"] == 4
+    assert corr["spearman"] is None or math.isfinite(corr["spearman"])
+    for row in (results["target"], grom, grad_diff):  # the bootstrap interval holds the point estimate
+        ci = row["forget_quality_interval"]
+        assert ci["forget_quality_low"] <= row["forget_quality"] * (1 + 1e-9) + 1e-300
+        assert row["forget_quality_high"] == ci["forget_quality_high"] >= ci["forget_quality_low"]
+    from hf_unlearn.bench.report import write_results
+
+    paths = write_results(results, tmp_path / "out", "sel", {"subject": "tofu_tiny"})
+    details = paths["details_markdown"].read_text()
+    assert "Selection (each method's own choice" in details and "Spearman rank correlation" in details
+    assert "| grom | " in details and "| grad_diff | step=" in details
+    # a comparison without selection is another comparison: its partial file is not mixed in
+    with pytest.raises(ValueError, match="another comparison"):
+        run_comparison(tiny_pair, ["grom"], grid=False, source="synthetic", forget_split="forget10",
+                       eval_kwargs={"max_new_tokens": 8, "max_examples": 12}, quantization_check=False,
+                       progress=False, partial_path=tmp_path / "partial.json", resume=True)
+
+
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_v2_presets_build_every_methods_config_with_bf16_resolved(native, monkeypatch, tmp_path):
+    """benchmarks/configs/smollm2-135m-v2.toml: one preset per method, bf16 = "auto" resolved by the CPU (overridden
+    here both ways), and each preset builds its method's config (a misspelled field raises here, not mid-bench)."""
+    import hf_unlearn
+    from hf_unlearn.bench.registry import METHODS, load_subject_presets
+    from hf_unlearn.bench.runner import resolve_auto_precision
+
+    monkeypatch.setenv("HF_UNLEARN_CPU_BF16", native)
+    presets = load_subject_presets("smollm2-135m-v2")
+    assert set(presets) == set(METHODS)
+    config_names = {"grad_ascent": "GradAscentConfig", "grad_diff": "GradDiffConfig", "npo": "NPOConfig",
+                    "simnpo": "SimNPOConfig", "masc": "MASCConfig", "atwu": "ATWUConfig"}
+    for method, preset in presets.items():
+        settings = resolve_auto_precision(preset["demo"])
+        if method in config_names:
+            assert settings["bf16"] is (native == "1")
+            config = getattr(hf_unlearn, config_names[method])(output_dir=str(tmp_path / method), report_to="none",
+                                                             **{**settings, "bf16": False})
+            assert config.max_steps == (600 if method == "masc" else 40)
+        elif method == "grom":
+            hf_unlearn.GROMConfig(**settings)
+        else:
+            hf_unlearn.T3ClassifierConfig(**settings)
+    assert resolve_auto_precision({"bf16": True, "x": 1}) == {"bf16": True, "x": 1}

@@ -1,0 +1,286 @@
+"""The one-folder-per-method layout: the old module paths give the same module objects as the new ones (with a
+DeprecationWarning), the baseline trainers train exactly their pure loss function, and the scored positions have
+one definition."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import warnings
+
+import pytest
+import torch
+
+from hf_unlearn._import_utils import DEPRECATED_PACKAGES, MODULE_ALIASES, current_name
+
+# Every module path the methods had before they moved to hf_unlearn.methods.
+OLD_MODULES = (
+    "hf_unlearn.trainers", "hf_unlearn.trainers.unlearning_config", "hf_unlearn.trainers.unlearning_trainer",
+    "hf_unlearn.trainers.baselines", "hf_unlearn.trainers.masc", "hf_unlearn.trainers.masc.config",
+    "hf_unlearn.trainers.masc.trainer", "hf_unlearn.trainers.atwu", "hf_unlearn.trainers.atwu.config",
+    "hf_unlearn.trainers.atwu.trainer", "hf_unlearn.trainers.atwu.weighter",
+    "hf_unlearn.losses", "hf_unlearn.losses.common", "hf_unlearn.losses.baselines", "hf_unlearn.losses.masc",
+    "hf_unlearn.losses.atwu",
+    "hf_unlearn.grom", *(f"hf_unlearn.grom.{m}" for m in (
+        "attribution", "config", "keys", "model", "path", "peft_export", "provenance", "solve", "targets")),
+    "hf_unlearn.t3", *(f"hf_unlearn.t3.{m}" for m in (
+        "calibration", "config", "fit", "hidden", "modeling", "processor", "provenance", "scoring", "tilt")),
+)
+
+
+def _forget_old_paths() -> None:
+    """Drop the old paths from ``sys.modules`` (only those: the modules at the new paths stay loaded)."""
+    for name in [*MODULE_ALIASES, *DEPRECATED_PACKAGES]:
+        sys.modules.pop(name, None)
+
+
+def test_every_old_module_path_is_mapped():
+    assert set(OLD_MODULES) == set(MODULE_ALIASES) | set(DEPRECATED_PACKAGES)
+    for new in MODULE_ALIASES.values():
+        assert new.startswith("hf_unlearn.methods."), new
+
+
+@pytest.mark.parametrize("old", sorted(MODULE_ALIASES))
+def test_an_old_path_is_the_new_module_and_warns(old):
+    new = MODULE_ALIASES[old]
+    module = importlib.import_module(new)
+    _forget_old_paths()
+    with pytest.warns(DeprecationWarning, match=f"`{old}` has moved to `{new}`"):
+        aliased = importlib.import_module(old)
+    assert aliased is module
+    assert module.__spec__.name == new  # the module keeps its own spec
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second import is the cached module, silently
+        assert importlib.import_module(old) is module
+
+
+def test_old_umbrella_packages_forward_every_name_to_the_same_object():
+    _forget_old_paths()
+    with pytest.warns(DeprecationWarning, match="hf_unlearn.trainers"):
+        from hf_unlearn.trainers import MASCTrainer, NPOTrainer, UnlearningTrainer
+    with pytest.warns(DeprecationWarning, match="hf_unlearn.losses"):
+        from hf_unlearn.losses import answer_mask, buffered_hinge_loss, grad_diff_loss, satga_plus_loss
+    from hf_unlearn.methods.atwu.loss import satga_plus_loss as new_satga
+    from hf_unlearn.methods.base import UnlearningTrainer as NewBase
+    from hf_unlearn.methods.baselines import NPOTrainer as NewNPO
+    from hf_unlearn.methods.baselines.loss import grad_diff_loss as new_grad_diff
+    from hf_unlearn.methods.masc import MASCTrainer as NewMASC
+    from hf_unlearn.methods.masc.loss import buffered_hinge_loss as new_hinge
+
+    assert (NPOTrainer, MASCTrainer, UnlearningTrainer) == (NewNPO, NewMASC, NewBase)
+    assert issubclass(NPOTrainer, NewBase) and issubclass(NewMASC, UnlearningTrainer)
+    assert (grad_diff_loss, buffered_hinge_loss, satga_plus_loss) == (new_grad_diff, new_hinge, new_satga)
+    import hf_unlearn.logprobs
+
+    assert answer_mask is hf_unlearn.logprobs.answer_mask
+    for old, exports in DEPRECATED_PACKAGES.items():
+        package = importlib.import_module(old)
+        assert sorted(package.__all__) == sorted(exports)
+        for name, new in exports.items():
+            assert getattr(package, name) is getattr(importlib.import_module(new), name), (old, name)
+    import hf_unlearn.trainers
+
+    import hf_unlearn.methods.masc
+
+    assert hf_unlearn.trainers.masc is hf_unlearn.methods.masc
+    with pytest.raises(AttributeError):
+        hf_unlearn.trainers.not_a_name  # noqa: B018
+
+
+def test_old_subpackage_attribute_of_the_top_level_warns_and_is_the_new_package():
+    import hf_unlearn
+    import hf_unlearn.methods.grom
+
+    _forget_old_paths()
+    vars(hf_unlearn).pop("grom", None)
+    with pytest.warns(DeprecationWarning, match="hf_unlearn.methods.grom"):
+        assert hf_unlearn.grom is hf_unlearn.methods.grom
+
+
+def test_registry_entry_points_name_the_new_paths():
+    from hf_unlearn.registry import BUILTIN_PACKAGES, get_method, method_names
+
+    assert method_names()[:8] == ("grom", "t3", "masc", "atwu", "grad_ascent", "grad_diff", "npo", "simnpo")
+    for name in method_names()[:8]:
+        info = get_method(name)
+        module = info.entry_point.partition(":")[0]
+        assert any(module == p or module.startswith(p + ".") for p in BUILTIN_PACKAGES), info.entry_point
+        assert info.load() is not None
+
+
+def test_a_checkpoint_naming_its_trainer_by_the_old_path_is_the_same_method():
+    from hf_unlearn.methods.base.checkpoints import fingerprint_differences
+
+    def fp(method: str) -> dict:
+        return {"method": method, "settings": {"learning_rate": 1e-4}, "data": {"forget": "2:ab", "retain": None}}
+
+    new_npo = "hf_unlearn.methods.baselines.trainer.NPOTrainer"
+    assert current_name("hf_unlearn.trainers.baselines.NPOTrainer") == new_npo
+    assert fingerprint_differences(fp("hf_unlearn.trainers.baselines.NPOTrainer"), fp(new_npo)) == []
+    assert fingerprint_differences(fp("hf_unlearn.trainers.unlearning_trainer.UnlearningTrainer"),
+                                   fp("hf_unlearn.methods.base.trainer.UnlearningTrainer")) == []
+    assert fingerprint_differences(fp("hf_unlearn.trainers.masc.trainer.MASCTrainer"),
+                                   fp("hf_unlearn.methods.masc.trainer.MASCTrainer")) == []
+    diffs = fingerprint_differences(fp("hf_unlearn.trainers.baselines.SimNPOTrainer"), fp(new_npo))
+    assert len(diffs) == 1 and diffs[0].startswith("method ")
+
+
+# ----- the baseline trainers train their pure loss function -------------------------------------------------
+
+
+def _trainer_and_batch(cls_name: str, tmp_path, tiny_target, synthetic, **fields):
+    import hf_unlearn.methods.baselines as baselines
+
+    model, tok = tiny_target
+    config = getattr(baselines, f"{cls_name}Config")(
+        output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", gradient_checkpointing=False,
+        disable_tqdm=True, per_device_train_batch_size=4, max_steps=1, seed=0, learning_rate=1e-4, **fields)
+    trainer = getattr(baselines, f"{cls_name}Trainer")(
+        model, config, train_dataset=synthetic["forget10"][:6], retain_dataset=synthetic["retain90"][:6],
+        processing_class=tok)
+    batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]))
+    return trainer, model, batch
+
+
+def _scores(model, batch, prefix=""):
+    from hf_unlearn.logprobs import answer_mask, label_log_probs
+
+    logits = model(input_ids=batch[prefix + "input_ids"], attention_mask=batch[prefix + "attention_mask"]).logits
+    labels = batch[prefix + "labels"]
+    return logits, label_log_probs(logits, labels), answer_mask(labels)
+
+
+@pytest.mark.parametrize("cls_name,fields", [
+    ("GradAscent", {"forget_weight": 0.7}),
+    ("GradDiff", {"forget_weight": 0.7, "retain_weight": 1.3}),
+    ("GradDiff", {"forget_weight": 0.7, "retain_weight": 1.3, "retain_loss": "kl"}),
+    ("NPO", {"forget_weight": 0.6, "retain_weight": 1.4, "beta": 0.3}),
+    ("SimNPO", {"forget_weight": 0.5, "retain_weight": 1.2, "beta": 2.5, "delta": 0.4}),
+])
+def test_baseline_trainer_loss_is_its_pure_loss_function(cls_name, fields, tiny_target, synthetic, tmp_path):
+    """The loss a baseline trainer computes on a batch equals ``baseline_loss`` (and, for GradDiff,
+    ``grad_diff_loss``) on scores computed here from plain forward passes."""
+    from hf_unlearn.methods.base.losses import kl_retain_loss, nll_loss, sequence_log_probs
+    from hf_unlearn.methods.baselines.loss import baseline_loss, grad_diff_loss
+
+    trainer, model, batch = _trainer_and_batch(cls_name, tmp_path, tiny_target, synthetic, **fields)
+    args = trainer.args
+    model.eval()
+    with torch.no_grad():
+        got = trainer.compute_loss(model, batch)
+        logits, token_lp, mask = _scores(model, batch)
+        retain = None
+        if args.retain_loss != "none":
+            r_logits, r_lp, r_mask = _scores(model, batch, "retain_")
+            if args.retain_loss == "kl":
+                ref_logits = _scores(trainer.ref_model, batch, "retain_")[0]
+                retain = kl_retain_loss(r_logits, ref_logits, batch["retain_labels"])
+            else:
+                retain = nll_loss(r_lp, r_mask)
+        ref = None
+        if args.forget_loss == "npo":
+            _, ref_lp, ref_mask = _scores(trainer.ref_model, batch)
+            ref = sequence_log_probs(ref_lp, ref_mask)
+        expected = baseline_loss(args.forget_loss, token_lp, mask, retain, ref_log_probs=ref, beta=args.beta,
+                                 delta=args.delta, forget_weight=args.forget_weight,
+                                 retain_weight=args.retain_weight)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    if cls_name == "GradDiff":
+        torch.testing.assert_close(got, grad_diff_loss(token_lp, mask, retain, args.forget_weight, args.retain_weight),
+                                   rtol=1e-5, atol=1e-6)
+    if cls_name == "GradAscent":  # the weight is in it: -gamma * mean forget NLL
+        torch.testing.assert_close(got, args.forget_weight * (token_lp * mask).sum() / mask.sum(), rtol=1e-5, atol=1e-6)
+
+
+def test_baseline_loss_formula_by_hand():
+    from hf_unlearn.methods.baselines.loss import baseline_loss
+
+    token_lp = torch.tensor([[0.0, -1.0, -2.0, 0.0], [0.0, -0.5, -0.5, -1.0]])
+    mask = torch.tensor([[False, True, True, False], [False, True, True, True]])
+    retain = torch.tensor(0.8)
+    seq = torch.tensor([-3.0, -2.0])
+    ga = baseline_loss("grad_ascent", token_lp, mask, retain, forget_weight=0.5, retain_weight=2.0)
+    torch.testing.assert_close(ga, torch.tensor(0.5 * (-5.0 / 5) + 2.0 * 0.8))
+    ref = torch.tensor([-2.0, -2.5])
+    npo = baseline_loss("npo", token_lp, mask, None, ref_log_probs=ref, beta=0.5, forget_weight=1.0)
+    per = -(2 / 0.5) * torch.nn.functional.logsigmoid(-0.5 * (seq - ref))
+    torch.testing.assert_close(npo, per.mean())
+    simnpo = baseline_loss("simnpo", token_lp, mask, retain, beta=2.0, delta=0.3, forget_weight=0.25, retain_weight=1.0)
+    per = -(2 / 2.0) * torch.nn.functional.logsigmoid(-2.0 * seq / torch.tensor([2.0, 3.0]) - 0.3)
+    torch.testing.assert_close(simnpo, 0.25 * per.mean() + 0.8)
+    with pytest.raises(ValueError, match="ref_log_probs"):
+        baseline_loss("npo", token_lp, mask)
+    with pytest.raises(ValueError, match="Unknown baseline forget loss"):
+        baseline_loss("kl", token_lp, mask)
+
+
+# ----- one naming of the forget/retain weights ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config_name", ["UnlearningConfig", "SimNPOConfig", "ATWUConfig"])
+def test_forget_and_retain_weights_have_one_name_and_the_old_ones_still_work(config_name, tmp_path):
+    import hf_unlearn
+    from hf_unlearn.methods.base.checkpoints import fingerprint_differences
+    from hf_unlearn.methods.masc import MASCConfig
+
+    cls = getattr(hf_unlearn, config_name)
+    common = {"output_dir": str(tmp_path), "report_to": "none"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new names: no warning
+        new = cls(forget_weight=0.3, retain_weight=0.6, **common)
+    with pytest.warns(DeprecationWarning, match="`gamma` is deprecated; use `forget_weight`"):
+        old = cls(gamma=0.3, **common)
+    with pytest.warns(DeprecationWarning, match="`alpha` is deprecated; use `retain_weight`"):
+        old = cls(gamma=0.3, alpha=0.6, **common)
+    assert (old.forget_weight, old.retain_weight) == (new.forget_weight, new.retain_weight) == (0.3, 0.6)
+    assert old.gamma is None and old.alpha is None
+    with pytest.raises(ValueError, match="retain_weight"), pytest.warns(DeprecationWarning):
+        cls(alpha=-1.0, **common)
+    assert {f.name for f in dataclasses.fields(MASCConfig)} >= {"forget_weight", "retain_weight"}
+    # a checkpoint written under the old names is the same run
+    settings = {k: v for k, v in new.to_dict().items() if k not in ("gamma", "alpha")}
+    before = dict(settings, gamma=settings.pop("forget_weight"), alpha=settings.pop("retain_weight"))
+    fp = {"method": "m", "data": {}}
+    assert fingerprint_differences({**fp, "settings": before}, {**fp, "settings": new.to_dict()}) == []
+    changed = dict(before, gamma=0.4)
+    assert fingerprint_differences({**fp, "settings": changed}, {**fp, "settings": new.to_dict()}) == [
+        "forget_weight=0.4 (now 0.3)"]
+
+
+# ----- one definition of a scored token -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_label_log_probs_and_the_answer_mask_score_the_same_positions(padding_side, tiny_target, tofu_dir):
+    """On real TOFU rows padded into one batch (prompt tokens and padding carry -100), the positions that
+    ``label_log_probs`` scores are exactly ``answer_mask``'s, and each scored value is the model's
+    log-probability of the label given the tokens before it."""
+    from hf_unlearn.data.prompts import collate_qa, tokenize_qa
+    from hf_unlearn.data.tofu import load_tofu_rows
+    from hf_unlearn.logprobs import answer_mask, label_log_probs, vocab_statistics
+    from hf_unlearn.methods.base import losses
+
+    assert losses.answer_mask is answer_mask
+    model, tok = tiny_target
+    rows = load_tofu_rows("forget01", str(tofu_dir))[:4]
+    features = [tokenize_qa(tok, r["question"], r["answer"]) for r in rows]
+    assert len({len(f["input_ids"]) for f in features}) > 1  # padding happens
+    batch = collate_qa(features, tok.pad_token_id, padding_side)
+    labels = batch["labels"]
+    mask = answer_mask(labels)
+    assert mask.dtype == torch.bool and not mask[:, 0].any()
+    assert (labels[mask] != -100).all() and (labels[:, 1:] != -100).sum() == mask.sum()
+    prompt_or_pad = labels == -100
+    assert prompt_or_pad.any(-1).all() and not mask[prompt_or_pad].any()
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits
+    lp = label_log_probs(logits, labels)
+    assert (lp[~mask] == 0).all() and (lp[mask] < 0).all()
+    b, t = mask.nonzero()[0].tolist()
+    manual = torch.log_softmax(logits[b, t - 1].float(), -1)[labels[b, t]]
+    torch.testing.assert_close(lp[b, t], manual)
+    stats = vocab_statistics(logits, labels)
+    torch.testing.assert_close(stats["log_prob"], lp, rtol=1e-5, atol=1e-6)

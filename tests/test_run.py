@@ -1,0 +1,103 @@
+"""hf_unlearn.run: seeding and run options are explicit arguments; unlearn() saves what a run produced; the
+benchmark's registry keeps its presets on top of the same function."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_unlearn import registry
+from hf_unlearn.run import Unlearned, run_method, unlearn
+
+CALLS: list[dict] = []
+
+
+class _Artifact:
+    """Stands in for a saved artifact: writes one file."""
+
+    def save_pretrained(self, path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "artifact.json").write_text(json.dumps({"saved": True}))
+
+
+def run_toy(model, tokenizer, forget, retain, output_dir, settings):
+    """A runner without run options: records what it was given and one draw of the global torch generator."""
+    CALLS.append({"settings": dict(settings), "draw": torch.rand(1).item(), "output_dir": str(output_dir)})
+    return Unlearned(method="", model=model, artifact=_Artifact(), settings=dict(settings), trainable_params=0,
+                     total_params=1, weights_changed=False)
+
+
+def run_toy_with_options(model, tokenizer, forget, retain, output_dir, settings, *, callbacks=(), quiet=False,
+                         resume_from_checkpoint=None):
+    CALLS.append({"callbacks": list(callbacks), "quiet": quiet, "resume": resume_from_checkpoint})
+    return run_toy(model, tokenizer, forget, retain, output_dir, settings)
+
+
+run_toy_with_options.takes_run_options = True
+
+
+@pytest.fixture()
+def toy():
+    import hf_unlearn.bench.registry  # noqa: F401  (loaded first: its table of the built-in methods has no toy)
+
+    CALLS.clear()
+    for name, entry in (("toyrun", "run_toy"), ("toyopts", "run_toy_with_options")):
+        registry.register_method(name, title="Toy", paper=None, artifact_kind="unlearned_model",
+                                 entry_point=f"{__name__}:{entry}", cli_help="toy runner")
+    yield CALLS
+    registry.unregister_method("toyrun")
+    registry.unregister_method("toyopts")
+
+
+def test_seed_is_an_explicit_argument(toy):
+    run_method("toyrun", None, None, [], [], "out", {}, seed=7)
+    run_method("toyrun", None, None, [], [], "out", {}, seed=7)
+    expected = torch.Generator().manual_seed(7)
+    assert toy[0]["draw"] == toy[1]["draw"] == torch.rand(1, generator=expected).item()
+    run_method("toyrun", None, None, [], [], "out", {})  # the default seed, 0
+    assert toy[2]["draw"] == torch.rand(1, generator=torch.Generator().manual_seed(0)).item()
+    torch.manual_seed(7)
+    torch.rand(1)
+    run_method("toyrun", None, None, [], [], "out", {}, seed=None)  # left as it is: the generator's next draw
+    assert toy[3]["draw"] != toy[0]["draw"]
+
+
+def test_run_options_reach_the_runner_that_takes_them_only(toy):
+    marker = object()
+    result = run_method("toyopts", None, None, [], [], "out", {"a": 1}, callbacks=[marker], quiet=True,
+                        resume_from_checkpoint=True)
+    assert toy[0] == {"callbacks": [marker], "quiet": True, "resume": True}
+    assert toy[1]["settings"] == {"a": 1} and result.method == "toyopts" and result.seconds >= 0
+    run_method("toyrun", None, None, [], [], "out", None, callbacks=[marker], quiet=True)
+    assert toy[2]["settings"] == {}  # no settings: the config's defaults; the runner got six arguments only
+
+
+def test_unlearn_saves_the_result_and_logs_it(toy, tmp_path):
+    phases = []
+    log = tmp_path / "out" / "logs" / "toyrun.jsonl"
+    result = unlearn("toyrun", None, None, [], [], tmp_path / "out", {"b": 2}, log_path=log, on_phase=phases.append)
+    assert phases == ["training", "training (saving the result)"]
+    assert json.loads((tmp_path / "out" / "artifact.json").read_text()) == {"saved": True}
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["trained"] and records[0]["settings"] == {"b": 2}
+    assert records[0]["seconds"] == pytest.approx(result.seconds)
+
+
+def test_the_benchmark_registry_keeps_its_presets_on_the_same_function(toy):
+    import hf_unlearn.bench.registry as bench
+    import hf_unlearn.run as core
+
+    assert bench.Unlearned is core.Unlearned and bench.JsonlLogCallback is core.JsonlLogCallback
+    assert not hasattr(bench, "RUN_OPTIONS")
+    spec = bench.MethodSpec("toyrun", run_toy, demo={"preset": 3}, grid=({},), description="toy")
+    bench.register(spec)
+    try:
+        bench.run_method("toyrun", None, None, [], [], "out")  # no settings: the demo preset
+        bench.run_method("toyrun", None, None, [], [], "out", {"given": 1}, seed=5)
+    finally:
+        bench.METHODS.pop("toyrun")
+    assert toy[0]["settings"] == {"preset": 3} and toy[1]["settings"] == {"given": 1}
+    assert toy[1]["draw"] == torch.rand(1, generator=torch.Generator().manual_seed(5)).item()
