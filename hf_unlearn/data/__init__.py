@@ -1,6 +1,7 @@
-"""TOFU-shaped data: loading (Hub id, local folder or synthetic), prompts, tokenization, pairing."""
+"""TOFU-shaped data: loading (Hub id, local folder or synthetic), prompts, tokenization (prepare_qa), pairing."""
 
 from .pairing import overlapping_examples, retain_partner_indices
+from .prepare import TRUNCATIONS, PromptTooLongError, prepare_qa
 from .prompts import (
     IGNORE_INDEX,
     PROMPT_TEMPLATES,
@@ -38,5 +39,5 @@ __all__ = [
     "TOFU_CONFIGS", "TOFU_HUB_ID", "build_prompt", "check_rows", "collate_qa", "ensure_pad_token", "format_qa",
     "has_chat_template", "load_tofu", "load_tofu_rows", "overlapping_examples", "read_jsonl", "read_qa_file",
     "retain_partner_indices", "synthetic_tofu", "tokenize_qa", "get_template", "model_max_positions",
-    "resolve_template", "template_fingerprint", "tokenize_prompt",
+    "resolve_template", "template_fingerprint", "tokenize_prompt", "prepare_qa", "PromptTooLongError", "TRUNCATIONS",
 ]

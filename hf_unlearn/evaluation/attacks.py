@@ -42,13 +42,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..data.prepare import PromptTooLongError, prepare_qa
 from ..data.prompts import (
     IGNORE_INDEX,
     PromptTemplate,
     collate_qa,
     ensure_pad_token,
     resolve_template,
-    tokenize_qa,
 )
 from ..logprobs import answer_nll as _answer_nll
 from ..logprobs import causal_lm_scorer, effective_max_length, model_device
@@ -327,8 +327,11 @@ def _fine_tune(
     random.Random(seed).shuffle(order)
     per_step = min(batch_size, len(order))
     used = sorted({order[i % len(order)] for i in range(min(len(order), steps * per_step))})
-    features = {i: tokenize_qa(tokenizer, rows[i]["question"], rows[i]["answer"], max_length=limit, template=template)
-                for i in used}  # only the rows the steps reach
+    try:  # only the rows the steps reach
+        prepared = prepare_qa([rows[i] for i in used], tokenizer, template=template, max_length=limit, validate=False)
+    except PromptTooLongError as err:  # tokenize_qa's own message
+        raise ValueError(err.reason) from err.__cause__
+    features = dict(zip(used, prepared))
     device = model_device(model)
     model.requires_grad_(True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)

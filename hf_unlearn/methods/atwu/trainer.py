@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 from datasets import Dataset
 
-from ...data.prompts import tokenize_qa
+from ...data.prepare import PromptTooLongError, prepare_qa
 from ..base.losses import LossDenominators
 from ..base.pairing import to_trl_format
 from ..base.trainer import UnlearningTrainer
@@ -238,10 +238,12 @@ class ATWUTrainer(UnlearningTrainer):
             return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in rows]
         template = self.args.prompt_template
         if {"question", "answer"} <= columns:  # as the training set is tokenized (template, max_length)
-            feats = [
-                tokenize_qa(self.processing_class, r["question"], r["answer"], self.args.max_length, template=template)
-                for r in rows
-            ]
+            try:
+                feats = prepare_qa(
+                    rows, self.processing_class, template=template, max_length=self.args.max_length, validate=False
+                )
+            except PromptTooLongError as err:  # tokenize_qa's own message, as the training set's
+                raise ValueError(err.reason) from err.__cause__
             return [{"input_ids": f["input_ids"], "labels": f["labels"]} for f in feats]
         prepared = self._prepare_dataset(
             to_trl_format(rows, self.processing_class, template), self.processing_class, self.args, False, None,

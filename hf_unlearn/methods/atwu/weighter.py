@@ -280,12 +280,12 @@ def answer_token_ids(
 ) -> set[int]:
     """Every token id that occurs in the answers of ``rows``, tokenized as the trainers do
     (:func:`hf_unlearn.data.tokenize_qa` with ``template``: pass the run's ``prompt_template``)."""
-    from ...data.prompts import IGNORE_INDEX, tokenize_qa
+    from ...data.prepare import prepare_qa
+    from ...data.prompts import IGNORE_INDEX
 
     ids: set[int] = set()
-    for row in rows:
-        labels = tokenize_qa(tokenizer, row["question"], row["answer"], template=template)["labels"]
-        ids.update(t for t in labels if t != IGNORE_INDEX)
+    for f in prepare_qa(rows, tokenizer, template=template, validate=False):
+        ids.update(t for t in f["labels"] if t != IGNORE_INDEX)
     return ids
 
 
@@ -385,12 +385,16 @@ def score_tokens(
     """Per-token scores of the answers of TOFU rows (``question``/``answer``) under ``model`` and ``scorer``, e.g.
     a reloaded ATWU output folder; the tokens are those of :func:`hf_unlearn.data.tokenize_qa` with ``template``
     and ``max_length`` (pass the run's ``prompt_template`` and ``max_length`` to score the tokens it trained on)."""
-    from ...data.prompts import ensure_pad_token, tokenize_qa
+    from ...data.prepare import PromptTooLongError, prepare_qa
+    from ...data.prompts import ensure_pad_token
 
     if scorer.hidden_size != model_hidden_size(model):
         raise ValueError(
             f"Hidden size mismatch: the scorer has hidden size {scorer.hidden_size}, the model {model_hidden_size(model)}."
         )
     ensure_pad_token(tokenizer)
-    features = [tokenize_qa(tokenizer, r["question"], r["answer"], max_length, template=template) for r in rows]
+    try:
+        features = prepare_qa(rows, tokenizer, template=template, max_length=max_length, validate=False)
+    except PromptTooLongError as err:  # tokenize_qa's own message
+        raise ValueError(err.reason) from err.__cause__
     return score_token_features(model, scorer, features, tokenizer.pad_token_id, tokenizer, batch_size, progress)

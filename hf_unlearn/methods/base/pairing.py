@@ -12,7 +12,7 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from ...data import retain_partner_indices, tokenize_qa
+from ...data import prepare_qa, retain_partner_indices
 
 RETAIN_PREFIX = "retain_"
 MODEL_COLUMNS = ("input_ids", "labels")
@@ -31,7 +31,7 @@ def to_trl_format(
 ) -> Dataset:
     """TOFU-shaped rows (``question``/``answer``) tokenized for TRL; other formats pass through.
 
-    Each TOFU row becomes ``{"input_ids", "labels"}`` from :func:`hf_unlearn.data.tokenize_qa` with ``template``
+    Each TOFU row becomes ``{"input_ids", "labels"}`` from :func:`hf_unlearn.data.prepare_qa` with ``template``
     (a preset name, a :class:`~hf_unlearn.data.PromptTemplate` or ``None`` for the default: the tokenizer's chat
     template when it has one, else ``"Question: {question}\\nAnswer:"``), so the tokens and the answer-only labels
     are exactly the ones the evaluator scores. TRL keeps pre-tokenized rows as they are (it only truncates them to
@@ -41,10 +41,10 @@ def to_trl_format(
         dataset = Dataset.from_list(list(dataset))
     if not _is_tofu_rows(dataset):
         return dataset
-    rows = []
-    for row in dataset:
-        encoded = tokenize_qa(tokenizer, row["question"], row["answer"], template=template)
-        rows.append({"input_ids": list(encoded["input_ids"]), "labels": list(encoded["labels"])})
+    rows = [
+        {"input_ids": list(f["input_ids"]), "labels": list(f["labels"])}
+        for f in prepare_qa(dataset, tokenizer, template=template, validate=False)
+    ]
     return Dataset.from_list(rows)
 
 

@@ -42,7 +42,8 @@ from typing import Any, ClassVar
 import torch
 
 from ...data.pairing import overlapping_examples
-from ...data.prompts import IGNORE_INDEX, collate_qa, ensure_pad_token, model_max_positions, tokenize_qa
+from ...data.prepare import PromptTooLongError, prepare_qa
+from ...data.prompts import IGNORE_INDEX, collate_qa, ensure_pad_token, model_max_positions
 from .attribution import TargetModule, attribution_scores, find_target_modules, lm_head_is_tied, select_band
 from .config import GROMConfig
 from .keys import KeyCollector, _dist
@@ -536,18 +537,20 @@ def _tokenize_rows(
     tokenizer: Any, rows: list[dict[str, Any]], max_length: int | None, limit: int | None,
     template: str | None, what: str,
 ) -> list[dict[str, Any]]:
-    """``tokenize_qa`` of every row through ``template``, cut to ``min(max_length, limit)`` tokens (prompt kept,
-    answer cut); a prompt leaving no room for an answer token is refused, naming the example."""
+    """:func:`~hf_unlearn.data.prepare_qa` of every row through ``template``, cut to ``min(max_length, limit)``
+    tokens (prompt kept, answer cut); a prompt leaving no room for an answer token is refused, naming the
+    example."""
     bounds = [v for v in (max_length, limit) if v is not None]
     cut = min(bounds) if bounds else None
     why = "the model's maximum positions" if cut is not None and cut == limit else "GROMConfig.max_length"
-    feats = []
-    for i, r in enumerate(rows):
-        try:
-            feats.append(tokenize_qa(tokenizer, r["question"], r["answer"], cut, template=template))
-        except ValueError as err:
-            raise ValueError(f"{what} example {i}: {err} (GROM cuts every example to {cut} tokens, {why}).") from err
-    return feats
+    try:
+        return prepare_qa(rows, tokenizer, template=template, max_length=cut, truncation="answer")
+    except PromptTooLongError as err:
+        raise ValueError(
+            f"{what} example {err.index}: {err.reason} (GROM cuts every example to {cut} tokens, {why})."
+        ) from err.__cause__
+    except ValueError as err:  # the template (e.g. 'chat' without a chat template), refused at the first example
+        raise ValueError(f"{what} example 0: {err} (GROM cuts every example to {cut} tokens, {why}).") from err
 
 
 def _rows(data: Any, what: str, allow_empty: bool = False) -> list[dict[str, Any]]:

@@ -50,7 +50,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ...data.pairing import overlapping_examples
-from ...data.prompts import IGNORE_INDEX, collate_qa, tokenize_qa
+from ...data.prepare import prepare_qa
+from ...data.prompts import IGNORE_INDEX, collate_qa
 from .config import T3ClassifierConfig
 from .hidden import causal_mean_pool, layer_hidden, model_max_positions
 from .modeling import T3Classifier
@@ -72,13 +73,11 @@ def _tokenize(
 ) -> tuple[list[dict[str, Any] | None], int, list[tuple[int, int]]]:
     """``(features, number truncated, [(row, prompt tokens)] of rows left without an answer token)``."""
     out: list[dict[str, Any] | None] = []
-    truncated = 0
     full: list[tuple[int, int]] = []
-    for i, r in enumerate(rows):
-        f = tokenize_qa(tokenizer, r["question"], r["answer"], template=template)
-        if limit is not None and len(f["input_ids"]) > limit:
-            truncated += 1
-            f = {k: (v[:limit] if isinstance(v, list) else v) for k, v in f.items()}
+    feats, truncated = prepare_qa(
+        rows, tokenizer, template=template, max_length=limit, truncation="end", validate=False, return_truncated=True
+    )
+    for i, f in enumerate(feats):
         if any(lab != IGNORE_INDEX for lab in f["labels"][1:]):
             out.append(f)
         else:
