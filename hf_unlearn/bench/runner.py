@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+from ..run import nf4_forget_rouge
 
 UTILITY_KEEP = 0.9  # the chosen setting keeps model utility >= 90% of the target's
 SPEED_QUESTIONS = 16  # generation-speed batch: the first forget questions
@@ -80,19 +81,6 @@ def choose_setting(grid_rows: Sequence[dict[str, Any]], target_utility: float,
     if keep:
         return max(keep, key=lambda i: (grid_rows[i]["forget_quality"] or 0, grid_rows[i]["model_utility"]))
     return max(ok, key=lambda i: grid_rows[i]["model_utility"] or 0)
-
-
-def quantized_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]], eval_kwargs: dict[str, Any]) -> float:
-    """Forget ROUGE-L recall of greedy answers from the NF4-quantized copy of ``model``."""
-    from ..evaluation import generate_answers, quantize_nf4, rouge_l_recall
-
-    quantized = quantize_nf4(model)
-    answers = generate_answers(
-        quantized, tokenizer, [r["question"] for r in forget_rows],
-        batch_size=eval_kwargs.get("batch_size", 16), max_new_tokens=eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
-    )
-    scores = rouge_l_recall(answers, [r["answer"] for r in forget_rows])
-    return float(sum(scores) / len(scores))
 
 
 def _row_from_report(report: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +253,7 @@ def nf4_check(row: dict[str, Any], result: Any, report: dict[str, Any], tokenize
     if result.weights_changed:
         n = report["splits"]["forget"]["num_examples"]
         rows = _forget_eval_rows(source, forget_split, n)
-        row["forget_rouge_l_nf4"] = quantized_forget_rouge(result.model, tokenizer, rows, eval_kwargs)
+        row["forget_rouge_l_nf4"] = nf4_forget_rouge(result.model, tokenizer, rows, eval_kwargs)
 
 
 def attack_check(row: dict[str, Any], model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]],
@@ -462,7 +450,7 @@ def run_comparison(
     if quantization_check:
         say.start("references", "NF4 re-check")
         n = target_report["splits"]["forget"]["num_examples"]
-        target_row["forget_rouge_l_nf4"] = quantized_forget_rouge(target_model, tokenizer, _forget_eval_rows(source, forget_split, n), eval_kwargs)
+        target_row["forget_rouge_l_nf4"] = nf4_forget_rouge(target_model, tokenizer, _forget_eval_rows(source, forget_split, n), eval_kwargs)
         say.done("target")
     if attacks:
         from ..evaluation.attacks import check_attack_options, parse_attacks
@@ -595,11 +583,9 @@ def resolve_auto_precision(settings: dict[str, Any]) -> dict[str, Any]:
     float32 otherwise. Other values are left as they are."""
     if settings.get("bf16") != "auto":
         return dict(settings)
-    import torch
+    from .subjects import bf16_is_native
 
-    from .subjects import resolve_bf16_autocast
-
-    return {**settings, "bf16": resolve_bf16_autocast("auto", "cuda" if torch.cuda.is_available() else "cpu")}
+    return {**settings, "bf16": bf16_is_native()}
 
 
 def criterion_p_value(row: dict[str, Any]) -> float | None:

@@ -19,7 +19,13 @@ inside this package that is its module (``pretrained.installed_gguf``), not this
 from __future__ import annotations
 
 from .cache import default_cache_dir
-from .precision import CPU_BF16_ENV, cpu_has_native_bf16, default_eval_autocast, resolve_bf16_autocast
+from .precision import (
+    CPU_BF16_ENV,
+    bf16_is_native,
+    cpu_has_native_bf16,
+    default_eval_autocast,
+    resolve_bf16_autocast,
+)
 from .pretrained import (
     SUBJECTS,
     Subject,
@@ -108,6 +114,7 @@ __all__ = [
     "recipe_for",
     "resolve_bf16_autocast",
     "default_eval_autocast",
+    "bf16_is_native",
     "resolve_subject",
     "small_fine_tune_retain_rows",
     "small_gate",

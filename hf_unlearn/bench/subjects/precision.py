@@ -91,9 +91,13 @@ def resolve_bf16_autocast(setting: bool | str, device: str | torch.device = "cpu
     return False
 
 
+def bf16_is_native() -> bool:
+    """Whether bf16 is native where this process computes: the CUDA device when one is available, else the CPU
+    (:func:`resolve_bf16_autocast` of ``"auto"`` on that device)."""
+    return resolve_bf16_autocast("auto", "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def default_eval_autocast() -> str | None:
     """``bench --subject``'s evaluation autocast when ``--eval-autocast`` is not given: ``"bfloat16"`` where bf16 is
-    native (a bf16 CUDA device, or a CPU with AVX512-BF16 / AMX: emulated bf16 autocast is many times slower than
-    float32), else ``None`` (float32)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return "bfloat16" if resolve_bf16_autocast("auto", device) else None
+    native (:func:`bf16_is_native`: emulated bf16 autocast is many times slower than float32), else ``None``."""
+    return "bfloat16" if bf16_is_native() else None
