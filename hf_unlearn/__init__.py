@@ -26,7 +26,10 @@ from ._import_utils import _LazyModule, call_after_import, install_module_aliase
 
 __version__ = "0.1.0"
 
-METRIC_NAMES = ("tofu_truth_ratio", "tofu_forget_quality", "tofu_model_utility", "tofu_privleak")
+METRIC_NAMES = (
+    "tofu_truth_ratio", "tofu_forget_quality", "tofu_model_utility", "tofu_privleak",
+    "muse_verbmem", "muse_knowmem", "muse_privleak",
+)
 
 _import_structure = {
     "methods.base": ["UnlearningConfig", "UnlearningTrainer"],
@@ -39,9 +42,23 @@ _import_structure = {
         "NPOTrainer",
         "SimNPOConfig",
         "SimNPOTrainer",
+        "WGAConfig",
+        "WGATrainer",
+        "SatImpConfig",
+        "SatImpTrainer",
+        "CEUConfig",
+        "CEUTrainer",
+        "UNDIALConfig",
+        "UNDIALTrainer",
+        "DPOConfig",
+        "DPOTrainer",
+        "IdkDPOConfig",
+        "IdkDPOTrainer",
     ],
     "methods.masc": ["MASCConfig", "MASCTrainer"],
     "methods.atwu": ["ATWUConfig", "ATWUTrainer", "ATWUTokenWeighter"],
+    "methods.rmu": ["RMUConfig", "RMUTrainer"],
+    "methods.pdu": ["PDUConfig", "PDUTrainer"],
     "methods.grom": ["GROMConfig", "GROMEdit", "GROMPath", "fit_grom", "fit_grom_path"],
     "methods.t3": ["T3ClassifierConfig", "T3Classifier", "T3LogitsProcessor", "calibrate_t3", "fit_t3", "t3_scorer"],
     "selection": ["SelectionCallback", "SelectionCriterion", "SelectionRecord"],
@@ -58,17 +75,31 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve l
     from .methods.atwu import ATWUConfig, ATWUTokenWeighter, ATWUTrainer
     from .methods.base import UnlearningConfig, UnlearningTrainer
     from .methods.baselines import (
+        CEUConfig,
+        CEUTrainer,
+        DPOConfig,
+        DPOTrainer,
         GradAscentConfig,
         GradAscentTrainer,
         GradDiffConfig,
         GradDiffTrainer,
+        IdkDPOConfig,
+        IdkDPOTrainer,
         NPOConfig,
         NPOTrainer,
+        SatImpConfig,
+        SatImpTrainer,
         SimNPOConfig,
         SimNPOTrainer,
+        UNDIALConfig,
+        UNDIALTrainer,
+        WGAConfig,
+        WGATrainer,
     )
     from .methods.grom import GROMConfig, GROMEdit, GROMPath, fit_grom, fit_grom_path
     from .methods.masc import MASCConfig, MASCTrainer
+    from .methods.pdu import PDUConfig, PDUTrainer
+    from .methods.rmu import RMUConfig, RMUTrainer
     from .methods.t3 import (
         T3Classifier,
         T3ClassifierConfig,

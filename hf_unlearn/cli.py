@@ -15,9 +15,11 @@ set, else the Hub dataset ``locuslab/TOFU``.
 Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, before any training step and before
 any output folder is created: an unknown method or option, a value of the wrong type or one the method's config
 refuses (for the trainers: a learning rate that is not a finite number > 0, zero or negative epochs,
-``--max_steps 0``, a batch size below 1, ``--max_length`` below 2), an output folder that is unsafe or not
-writable, a model folder without weights or without a tokenizer, a rows file or TOFU config with a missing,
-empty, null or non-string question or answer, forget rows that also occur in the retain rows, a forget prompt
+``--max_steps 0``, a batch size below 1, ``--max_length`` below 2, any NaN or infinite value, a value outside
+its range, ``trust_remote_code``), an output folder that is unsafe or not writable, a model path that does not
+exist, a model folder without weights or without a tokenizer, or with pickle-only, damaged, non-finite or
+mismatched weights (:mod:`hf_unlearn.model_files`), a rows file or TOFU config with a missing, empty, null,
+non-string or not valid Unicode question or answer, forget rows that also occur in the retain rows, a forget prompt
 that leaves no room for an answer token, a prompt template the tokenizer cannot render, a T3 ``--layer`` outside
 the model, a GROM ``--target_modules`` entry the model does not have, a retain reference that is missing,
 unreadable or (with ``--eval``) made on other rows, TOFU configs that ``--eval`` needs but the data source lacks,
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import typing
 from pathlib import Path
@@ -53,11 +54,13 @@ from .preconditions import (
     TOKENIZER_FILES,
     WEIGHT_FILES,
     check_eval_configs,
+    check_output_parent,
     check_push_target,
     check_retain_reference,
     check_run_preconditions,
     load_model,
     load_rows,
+    rows_from_spec,
 )
 from .registry import method_names
 
@@ -165,14 +168,24 @@ def _unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
     return 0
 
 
+def _groups_option(value: str) -> str | int:
+    """``--groups``: ``rows``, ``tofu_authors`` or a whole number of consecutive rows per group (>= 1)."""
+    if value in ("rows", "tofu_authors"):
+        return value
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"expected rows, tofu_authors or a whole number >= 1, got {value!r}")
+
+
 def _check_selection_flags(args: argparse.Namespace) -> None:
     """``--select`` needs ``--holdout``; ``--holdout`` / ``--retain-validation`` need ``--select`` (one line, before
     any work)."""
     if args.select and not args.holdout:
         raise UserError("--select needs --holdout SPLIT_OR_FILE: rows of the same kind the model never saw (TOFU's "
                         "holdout01/05/10, or a JSON Lines file of question/answer rows).")
-    if not args.select and (args.holdout or args.retain_validation):
-        raise UserError("--holdout and --retain-validation apply with --select only.")
+    if not args.select and (args.holdout or args.retain_validation or args.reference_model
+                            or args.groups != "rows"):
+        raise UserError("--holdout, --retain-validation, --groups and --reference-model apply with --select only.")
     if args.select and args.selection_steps < 1:
         raise UserError(f"--selection-steps must be >= 1, got {args.selection_steps}.")
 
@@ -184,14 +197,14 @@ def _selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], ret
     from .data.pairing import overlapping_examples
     from .selection import SelectionCriterion
 
-    def rows(spec: str) -> list[dict[str, Any]]:
-        return load_rows(spec, args.data, spec if os.path.isfile(spec) else None)
+    def rows(spec: str, flag: str = "--holdout") -> list[dict[str, Any]]:
+        return rows_from_spec(spec, args.data, flag)
 
     holdout = rows(args.holdout)
     if overlapping_examples(forget, holdout):
         raise UserError(f"--holdout {args.holdout} shares rows with the forget set; holdout rows must be unseen.")
     if args.retain_validation:
-        validation = rows(args.retain_validation)
+        validation = rows(args.retain_validation, "--retain-validation")
         if overlapping_examples(validation, retain):
             raise UserError(f"--retain-validation {args.retain_validation} shares rows with the retain rows the "
                             "method unlearns with; pass rows it does not see (or omit it to split them off).")
@@ -201,7 +214,15 @@ def _selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], ret
                             "--retain-validation.")
         n = max(1, min(100, len(retain) // 10))
         retain, validation = retain[:-n], retain[-n:]
-    return SelectionCriterion(forget, holdout, validation, template=settings.get("prompt_template")), retain
+    reference_model = reference_tokenizer = None
+    if args.reference_model:
+        reference_model, reference_tokenizer = load_model(args.reference_model)
+    criterion = SelectionCriterion(
+        forget, holdout, validation, template=settings.get("prompt_template"),
+        groups=None if args.groups == "rows" else args.groups,
+        reference_model=reference_model, reference_tokenizer=reference_tokenizer,
+    )
+    return criterion, retain
 
 
 def _demo_preset(method: str) -> dict[str, Any]:
@@ -216,7 +237,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     from .console import PhaseReporter, log_exception
     from .data import RETAIN_FOR_FORGET
     from .run import nf4_forget_rouge, unlearn
-    from .safe_output import OutputDirError, atomic_directory, check_output_dir
+    from .safe_output import FAILED_SUFFIX, OutputDirError, atomic_directory, check_output_dir, keep_failed
 
     if args.help:
         return _unlearn_help(args.subparser, args.method)
@@ -249,7 +270,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
             if checkpointing and args.overwrite and out.is_dir() and any(out.iterdir()):
                 raise UserError(f"With save_strategy={settings['save_strategy']} the run writes its checkpoints "
                                 f"into {out}; choose an empty folder, or --resume a run that stopped.")
-            check_output_dir(out, inputs, overwrite=args.overwrite)
+            check_output_dir(out, inputs, overwrite=args.overwrite, siblings=(FAILED_SUFFIX,))
     except OutputDirError as err:
         raise UserError(str(err)) from None
     forget = load_rows(args.forget_split, args.data, args.forget_file)
@@ -316,13 +337,12 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
             out.mkdir(parents=True, exist_ok=True)
             run(out)
         else:
-            with atomic_directory(out, overwrite=args.overwrite) as work:
+            with atomic_directory(out, overwrite=args.overwrite, all_ranks=True) as work:
                 try:
                     run(work)
                 except BaseException:
-                    kept = out.parent / f"{out.name}.failed"  # keep the log (and anything written) to inspect
-                    shutil.rmtree(kept, ignore_errors=True)
-                    os.replace(work, kept)
+                    # keep the log (and anything written) to inspect, under a name nothing else has
+                    kept = keep_failed(work, out)
                     state["log"] = kept / "logs" / f"{method}.jsonl"
                     raise
     except Exception as err:
@@ -361,26 +381,66 @@ def _autocast_dtype(choice: str | None, default: str | None = None) -> str | Non
     return None if choice in (None, "none") else choice
 
 
+def _muse_retain_reference(value: str | None) -> float | str | None:
+    """``eval --benchmark muse --retain-reference``: an AUC (a number) or the path of a retain model's MUSE report."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    if not os.path.isfile(value):
+        raise UserError(f"--retain-reference {value}: neither an AUC nor a MUSE report file.")
+    return value
+
+
+def cmd_eval_muse(args: argparse.Namespace) -> int:
+    """``eval --benchmark muse``: :func:`hf_unlearn.evaluation.evaluate_muse` on ``--data`` (a MUSE-News folder or
+    Hub id), its report printed and written to ``--output``."""
+    from .console import PhaseReporter
+    from .evaluation import MUSE_HUB_ID, evaluate_muse, render_muse_report
+
+    unused = [flag for flag, value in (("--attacks", args.attacks), ("--save-truth-ratios", args.save_truth_ratios),
+                                       ("--template", args.template), ("--attack-original", args.attack_original))
+              if value]
+    if args.forget_split != "forget10" or args.autocast_dtype not in (None, "none"):
+        unused.append("--forget-split/--autocast-dtype")
+    if unused:
+        raise UserError(f"{', '.join(unused)}: TOFU options, not used by --benchmark muse.")
+    for name in ("batch_size", "max_examples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    reference = _muse_retain_reference(args.retain_reference)
+    _check_eval_report_paths(args)
+    source = args.data or MUSE_HUB_ID
+    model, tokenizer = load_model(args.model)
+    say = PhaseReporter(inline=not args.verbose)
+    say.start(Path(args.model).name, "MUSE evaluation")
+    try:
+        report = evaluate_muse(model, tokenizer, source=source, retain_reference=reference,
+                               max_examples=args.max_examples, batch_size=args.batch_size, progress=args.verbose,
+                               output_path=args.output)
+    except Exception as err:
+        raise RunFailure(say.fail(err), printed=True) from err
+    say.done()
+    print(render_muse_report(report))
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from .console import PhaseReporter
     from .evaluation import evaluate_tofu, render_report, save_truth_ratios
 
+    if getattr(args, "benchmark", "tofu") == "muse":
+        return cmd_eval_muse(args)
     for name in ("batch_size", "max_new_tokens", "max_examples"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
     check_eval_configs(args.data, args.forget_split)
     check_retain_reference(args.retain_reference, args.forget_split, args.data, args.max_examples)
-    for path in (args.output, args.save_truth_ratios):
-        if path:
-            target = Path(path).expanduser().resolve()
-            if target.is_dir():
-                raise UserError(f"{path} is a folder; give a file path for the JSON.")
-            probe = target.parent
-            while not probe.exists():
-                probe = probe.parent
-            if not os.access(probe, os.W_OK | os.X_OK):
-                raise UserError(f"Cannot write {path}: {probe} is not writable.")
+    _check_eval_report_paths(args)
     attacks = _eval_attacks(args)
     model, tokenizer = load_model(args.model)
     if args.attack_original:  # the model before unlearning: the attacks' recovered fractions
@@ -409,6 +469,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         print(format_attacks(report.attacks))
     return 0
+
+
+def _check_eval_report_paths(args: argparse.Namespace) -> None:
+    """``eval --output`` / ``--save-truth-ratios``: file paths outside every input (the model folder, the model
+    before unlearning, a data folder, the retain reference), no link, no folder, writable, and not the same file
+    (:func:`hf_unlearn.safe_output.check_report_path`); one line before any model loads."""
+    from .safe_output import OutputDirError, check_report_path
+
+    inputs = [args.model, args.attack_original, args.retain_reference,
+              args.data if args.data and os.path.isdir(args.data) else None]
+    targets = []
+    for path in (args.output, args.save_truth_ratios):
+        if path:
+            try:
+                targets.append(check_report_path(path, inputs))
+            except OutputDirError as err:
+                raise UserError(str(err)) from None
+    if len(targets) == 2 and targets[0] == targets[1]:
+        raise UserError(f"--output and --save-truth-ratios name the same file {targets[0]}; give two paths.")
 
 
 def _eval_attacks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -609,14 +688,25 @@ def build_parser() -> argparse.ArgumentParser:
     un.add_argument("--retain-validation", metavar="SPLIT_OR_FILE",
                     help="with --select: retain rows not used for unlearning (default: the last 10%%, at most 100, of "
                          "the retain rows, which the method then does not see)")
+    un.add_argument("--groups", type=_groups_option, default="rows", metavar="rows|tofu_authors|N",
+                    help="with --select: how rows are grouped for the forget-vs-holdout test: every row its own group "
+                         "(default), TOFU's authors (20 consecutive rows each), or N consecutive rows each")
+    un.add_argument("--reference-model", metavar="PATH_OR_ID",
+                    help="with --select: a model that saw neither the forget nor the holdout rows, e.g. the pretrained "
+                         "base before fine-tuning; each row's NLL under it is subtracted, so authors of different "
+                         "difficulty compare fairly (measured once)")
     un.add_argument("--selection-steps", type=int, default=50,
                     help="with --select, trainer methods: measure the criterion every this many optimizer steps")
     un.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
     un.set_defaults(func=cmd_unlearn, subparser=un)
 
-    ev = add("eval", help="TOFU evaluation of a model", epilog=metric_definitions_text(),
+    ev = add("eval", help="TOFU (or MUSE) evaluation of a model", epilog=metric_definitions_text(),
              formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("--model", required=True, help="model folder or Hub id")
+    ev.add_argument("--benchmark", choices=("tofu", "muse"), default="tofu",
+                    help="tofu (default), or muse: MUSE-News VerbMem, KnowMem and PrivLeak (--data: a folder laid out "
+                         "like MUSE-News or a Hub id, default muse-bench/MUSE-News; --retain-reference: a retain "
+                         "model's MUSE report or its AUC; MUSE's own 128/32 new tokens)")
     ev.add_argument("--data", default=None, help=DATA_HELP)
     ev.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
     ev.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
@@ -705,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv)
         if args.command != "unlearn" and extra:
             raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-        if hasattr(args, "data") and not getattr(args, "help", False):
+        if hasattr(args, "data") and not getattr(args, "help", False) and getattr(args, "benchmark", None) != "muse":
             given = args.data is not None
             args.data = args.data if given else default_data_source()
             if not os.path.isdir(args.data) and not str(args.data).startswith("synthetic"):
@@ -717,6 +807,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "unlearn":
                 from .safe_output import output_lock
 
+                if not getattr(args, "help", False):
+                    check_output_parent(getattr(args, "output", None))  # `--output afile/sub`: name the file
                 # the output folder is this run's alone from its first check to the end; a second run is refused
                 with output_lock(getattr(args, "output", None) if not getattr(args, "help", False) else None):
                     return int(cmd_unlearn(args, extra) or 0)

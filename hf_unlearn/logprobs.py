@@ -261,6 +261,28 @@ def answer_token_statistics(
     """
     ensure_pad_token(tokenizer)
     features, truncated = _features(model, tokenizer, questions, answers, max_length, template)
+    return feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
+                                    progress=progress, desc=desc, num_truncated=truncated)
+
+
+@torch.no_grad()
+def feature_token_statistics(
+    model: Any,
+    tokenizer: Any,
+    features: Sequence[Mapping[str, Any]],
+    *,
+    scorer: TokenScorer | None = None,
+    batch_size: int = 16,
+    progress: bool = False,
+    desc: str = "scoring tokens",
+    num_truncated: int = 0,
+) -> AnswerTokenStatistics:
+    """:class:`AnswerTokenStatistics` of tokenized examples (``input_ids`` and ``labels``; the scored tokens
+    are those of :func:`answer_mask`), the pass behind :func:`answer_token_statistics` and
+    :func:`document_token_statistics`."""
+    ensure_pad_token(tokenizer)
+    features = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in features]
+    truncated = num_truncated
     device = model_device(model)
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
@@ -307,6 +329,34 @@ def answer_token_statistics(
         vocab_var=variances if full else None,
         num_truncated=truncated,
     )
+
+
+def document_token_statistics(
+    model: Any,
+    tokenizer: Any,
+    documents: Any,
+    *,
+    max_length: int | None = None,
+    scorer: TokenScorer | None = None,
+    batch_size: int = 16,
+    progress: bool = False,
+    desc: str = "scoring document chunks",
+) -> AnswerTokenStatistics:
+    """Per-token statistics of every token of every chunk of ``documents`` (anything
+    :func:`hf_unlearn.data.load_documents` reads), one entry per chunk.
+
+    The chunks are those of :func:`hf_unlearn.data.chunk_documents` with ``max_length`` capped by the model's
+    maximum positions (2048 when neither is set); the scored tokens are every token but the chunk's first
+    (no context), so ``avg_nll[i]`` is chunk ``i``'s average NLL over all its tokens.
+    """
+    from .data.documents import chunk_documents, chunk_length
+
+    limit = effective_max_length(model, max_length)
+    features = chunk_documents(documents, tokenizer, chunk_length(None, limit))
+    if not features:
+        raise ValueError("The documents make no chunk of two tokens or more: nothing to score.")
+    return feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
+                                    progress=progress, desc=desc)
 
 
 def answer_nll(model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], **kwargs) -> np.ndarray:

@@ -1,8 +1,10 @@
 """What a run would refuse, checked before any work and before any output folder is created.
 
 Each check ends with one :class:`~hf_unlearn.options.UserError` line naming the problem and the fix: a model
-folder without weights or tokenizer (:func:`load_model`), a rows file or TOFU config with a bad row
-(:func:`load_rows`), a retain reference that is missing or made on other rows (:func:`check_retain_reference`),
+path that does not exist, a folder without safetensors weights or tokenizer, a damaged weight file, weights that
+do not fit the config or hold NaN (:func:`load_model`, with :mod:`hf_unlearn.model_files`), a rows file or TOFU
+config with a bad row (:func:`load_rows`, :func:`rows_from_spec`), an output path below a file
+(:func:`check_output_parent`), a retain reference that is missing or made on other rows (:func:`check_retain_reference`),
 TOFU configs the evaluator needs but the data source lacks (:func:`check_eval_configs`), an invalid repo id or a
 missing token (:func:`check_push_target`), and what the method itself would refuse with this model and these
 rows (:func:`check_run_preconditions`). ``hf-unlearn unlearn`` / ``eval`` and the per-method scripts run them.
@@ -19,7 +21,7 @@ from .registry import get_method
 
 __all__ = [
     "TOKENIZER_FILES", "WEIGHT_FILES", "check_eval_configs", "check_push_target", "check_retain_reference",
-    "check_run_preconditions", "load_model", "load_rows", "prompt_fits",
+    "check_output_parent", "check_run_preconditions", "load_model", "load_rows", "prompt_fits", "rows_from_spec",
 ]
 
 #: Files of which a saved model folder holds at least one (weights) / a saved tokenizer at least one.
@@ -32,39 +34,91 @@ def _first_line(err: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def _missing_model_folder(name_or_path: str) -> str | None:
+    """Why ``name_or_path``, which is not a local folder, is a local path that does not exist rather than a Hub
+    model id (a one-line message), or ``None`` when it can be a Hub id."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if os.path.exists(name_or_path):
+        return f"{name_or_path} is a file, not a model folder; pass the folder that holds config.json and the weights."
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
+        return f"Model folder {name_or_path} does not exist."
+    first = name_or_path.split("/", 1)[0]
+    if "/" in name_or_path and os.path.isdir(first):
+        return (f"Model folder {name_or_path} does not exist ({first}/ is a local folder, so this is a local path, "
+                "not a Hub model id).")
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        return f"Model folder {name_or_path} does not exist, and it is not a valid Hub model id either."
+    return None
+
+
+def _check_model_folder(name_or_path: str) -> None:
+    """The local folder ``name_or_path`` holds a saved model: ``config.json``, readable safetensors weights
+    (:func:`~hf_unlearn.model_files.check_weight_files`; pickle weights alone are refused) and a tokenizer."""
+    from .model_files import check_weight_files
+
+    folder = Path(name_or_path)
+    if not (folder / "config.json").is_file():
+        kind = " (it holds a PEFT adapter, not a model)" if (folder / "adapter_config.json").is_file() else ""
+        raise UserError(
+            f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
+            "model.save_pretrained() (with its tokenizer), or a Hub model id."
+        )
+    if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
+        raise UserError(
+            f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model into it "
+            "with model.save_pretrained(folder), or pass the folder that holds the weights."
+        )
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(
+            f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save the model's "
+            "tokenizer beside its weights with tokenizer.save_pretrained(folder)."
+        )
+    try:
+        check_weight_files(folder)
+    except (ValueError, OSError) as err:
+        raise UserError(" ".join(str(err).split())) from None
+
+
 def load_model(name_or_path: str) -> tuple[Any, Any]:
-    """The causal LM and its tokenizer from a local folder or a Hub id; one line naming the problem and the fix
-    when the folder does not exist, is not a saved model, holds no weights or no tokenizer."""
+    """The causal LM and its tokenizer from a local folder or a Hub id, refused in one line naming the problem
+    and the fix, before any work, when: the folder does not exist (a local path is never looked up on the Hub),
+    is not a saved model, holds no weights, only pickle weights (``pytorch_model.bin``: safetensors only),
+    an empty, truncated or unreadable safetensors file, or no tokenizer; the weights lack one the model has
+    (it would be initialised at random), hold one it does not have, or have another shape than ``config.json``
+    says (tied weights such as an ``lm_head`` tied to the embeddings are not missing); a weight holds NaN or an
+    infinity. Never runs code shipped with a model (no ``trust_remote_code``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .model_files import first_non_finite, loading_problems
+
     local = os.path.isdir(name_or_path)
-    if not local and (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1):
-        raise UserError(f"Model folder {name_or_path} does not exist.")
-    if local:
-        folder = Path(name_or_path)
-        if not (folder / "config.json").is_file():
-            kind = " (it holds a PEFT adapter, not a model)" if (folder / "adapter_config.json").is_file() else ""
-            raise UserError(
-                f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
-                "model.save_pretrained() (with its tokenizer), or a Hub model id."
-            )
-        if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
-            raise UserError(
-                f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model into it "
-                "with model.save_pretrained(folder), or pass the folder that holds the weights."
-            )
-        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-            raise UserError(
-                f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save the model's "
-                "tokenizer beside its weights with tokenizer.save_pretrained(folder)."
-            )
+    if not local:
+        problem = _missing_model_folder(name_or_path)
+        if problem:
+            raise UserError(problem)
+    else:
+        _check_model_folder(name_or_path)
     offline = "" if local else " Without network access, pass a local model folder."
+    where = "" if local else f": there is no local folder {name_or_path} in {os.getcwd()}, and as a Hub model id it"
     try:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path)
-    except (OSError, ValueError) as err:
-        raise UserError(
-            f"Could not load the model {name_or_path!r} ({err.__class__.__name__}: {_first_line(err)}).{offline}"
-        ) from err
+        model, info = AutoModelForCausalLM.from_pretrained(
+            name_or_path, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
+    except (OSError, ValueError, RuntimeError) as err:
+        cause = f"{err.__class__.__name__}: {_first_line(err)}"
+        raise UserError(f"Could not load the model {name_or_path!r}{where} failed to load ({cause}).{offline}"
+                        if where else f"Could not load the model {name_or_path!r} ({cause}).") from err
+    problems = loading_problems(info)
+    if problems:
+        raise UserError(f"The weights of {name_or_path} do not fit the model its config.json describes: {problems}; "
+                        "pass the folder the model was saved into with model.save_pretrained(), with its own "
+                        "config.json.")
+    bad = first_non_finite(model)
+    if bad is not None:
+        raise UserError(f"The weights of {name_or_path} hold NaN or infinite values (first: {bad}); a model with "
+                        "non-finite weights cannot be unlearned: restore the weights it was saved with.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError, TypeError) as err:
@@ -186,7 +240,9 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
     For every method: the prompt template renders with this tokenizer, and every forget row leaves room for at
     least one answer token within ``max_length`` (the config's, cut to the model's maximum positions). Trainer
     methods: the trainer's own setting checks (preset, learning rate, steps), forget/retain overlap unless
-    ``allow_overlap`` (when the objective uses the retain set), and at least one retain row that fits. GROM: no
+    ``allow_overlap`` (when the objective uses the retain set), at least one retain row that fits, and what the
+    trainer needs of each forget row besides its question and answer (its ``check_forget_rows``, when it has one:
+    a preferred answer, say). GROM: no
     overlap, every ``target_modules`` entry names a module of the model, and the retain rows it reads fit. T3: no
     overlap, ``layer`` within the model's hidden states, and a retain row that fits.
     """
@@ -212,6 +268,12 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
             config.check_for(model)
     except (ValueError, TypeError) as err:
         raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
+    check_rows = getattr(trainer_cls, "check_forget_rows", None) if method in TRAINER_CLASSES else None
+    if check_rows is not None:  # what the trainer needs of each forget row besides its question and answer
+        try:
+            check_rows(forget, config)
+        except ValueError as err:
+            raise UserError(f"{method}: {' '.join(str(err).split())}") from None
     if uses_retain and not may_overlap:
         shared = overlapping_examples(forget, retain)
         if shared:
@@ -228,16 +290,70 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
         prompt_fits(tokenizer, retain, cut, why, template, "retain", every=False)
 
 
+def _check_rows_file(file: str) -> None:
+    """``file`` is an existing regular file (not a folder, a device such as ``/dev/null``, a pipe or a socket)."""
+    import stat
+
+    if not os.path.lexists(file):
+        raise UserError(f"Rows file {file} does not exist.")
+    if os.path.isdir(file):
+        raise UserError(f"Rows file {file} is a folder; pass a JSON Lines file of question/answer rows (one JSON "
+                        "object per line).")
+    try:
+        mode = os.stat(file).st_mode
+    except OSError as err:
+        raise UserError(f"Rows file {file} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"Rows file {file} is not a regular file (a device, pipe or socket); pass a JSON Lines file "
+                        "of question/answer rows.")
+
+
 def load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]:
     """The rows of ``file`` (JSON Lines) or of TOFU config ``split``, checked as they load (one line naming the
-    file or config and the row: a missing field, an empty, blank, null or non-string question or answer)."""
+    file or config and the row: a line that is not UTF-8 or not JSON, a missing field, an empty, blank, null,
+    non-string or not valid Unicode question or answer; a ``file`` that is missing, a folder or not a regular
+    file)."""
     from .data import load_tofu_rows, read_qa_file
 
     try:
         if file:
-            if not os.path.isfile(file):
-                raise UserError(f"Rows file {file} does not exist.")
+            _check_rows_file(file)
             return read_qa_file(file)
         return load_tofu_rows(split, source)
+    except UserError:
+        raise
     except ValueError as err:
         raise UserError(" ".join(str(err).split())) from None
+    except OSError as err:
+        if not file:
+            raise
+        raise UserError(f"Rows file {file} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
+
+
+def rows_from_spec(spec: str, source: str, flag: str) -> list[dict[str, Any]]:
+    """The rows an option such as ``--holdout SPLIT_OR_FILE`` names (:func:`load_rows`): a JSON Lines file when
+    ``spec`` exists, contains a path separator or ends in ``.json`` / ``.jsonl``, else TOFU config ``spec`` of
+    ``source``. One line names the option and the cause (a missing file is not reported as an unknown config)."""
+    from .data import TOFU_CONFIGS
+
+    is_file = os.path.lexists(spec) or "/" in spec or os.sep in spec or spec.endswith((".json", ".jsonl"))
+    if not is_file and spec not in TOFU_CONFIGS:
+        raise UserError(f"{flag} {spec}: no such file, and not a TOFU config (holdout01/05/10, retain90, ...; known: "
+                        f"{', '.join(sorted(TOFU_CONFIGS))}).")
+    try:
+        return load_rows(spec, source, spec if is_file else None)
+    except UserError as err:
+        raise UserError(f"{flag} {spec}: {err}") from None
+
+
+def check_output_parent(output: str | os.PathLike | None) -> None:
+    """The nearest existing path above ``output`` is a folder: ``--output afile/sub`` is refused naming ``afile``
+    as a file (before the lock file beside ``output`` is created)."""
+    if not output:
+        return
+    path = Path(output).expanduser().absolute()
+    for parent in path.parents:  # nearest first
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise UserError(f"Output folder {output} cannot be written: {parent} is a file, not a folder.")
+            return

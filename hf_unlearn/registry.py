@@ -3,8 +3,9 @@
 Core and light: this module imports only the standard library. It holds metadata (strings) and dotted paths
 (``"package.module:attribute"``) that are imported only when used, so importing it, or ``hf_unlearn``, imports
 no torch. Each method registers itself once, in the ``__init__`` of its folder ``hf_unlearn.methods.<name>``
-(``baselines``, ``masc``, ``atwu``, ``grom``, ``t3``), from the class attributes its trainer or artifact carries
-(``_method``, ``_title``, ``_paper``, ``_cli_help``, as TRL's trainers carry ``_name`` and ``_paper``)::
+(``baselines``, ``masc``, ``atwu``, ``grom``, ``t3``, ``rmu``, ``pdu``), from the class attributes its trainer or
+artifact carries (``_method``, ``_title``, ``_paper``, ``_cli_help``, as TRL's trainers carry ``_name`` and
+``_paper``)::
 
     from hf_unlearn.registry import get_method, method_names
     method_names()                  # ('grom', 't3', 'masc', 'atwu', 'grad_ascent', ...)
@@ -33,7 +34,7 @@ __all__ = [
 #: the order of :func:`method_names` (then any method registered elsewhere, in registration order).
 BUILTIN_PACKAGES = (
     "hf_unlearn.methods.grom", "hf_unlearn.methods.t3", "hf_unlearn.methods.masc", "hf_unlearn.methods.atwu",
-    "hf_unlearn.methods.baselines",
+    "hf_unlearn.methods.baselines", "hf_unlearn.methods.rmu", "hf_unlearn.methods.pdu",
 )
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")

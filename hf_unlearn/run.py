@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from . import registry
+from .locking import _is_secondary_rank
 
-__all__ = ["JsonlLogCallback", "Unlearned", "nf4_forget_rouge", "run_method", "runner_for", "unlearn"]
+__all__ = ["JsonlLogCallback", "Unlearned", "check_inputs", "check_rows_given", "nf4_forget_rouge", "run_method",
+           "runner_for", "unlearn"]
 
 #: The seed :func:`run_method` sets (``torch.manual_seed``) before a method runs, unless told otherwise.
 DEFAULT_SEED = 0
@@ -68,7 +70,7 @@ class Unlearned:
         trainer = self.info.get("trainer")
         if trainer is not None:
             trainer.save_model(str(path))
-        else:
+        elif not _is_secondary_rank():  # one writer per launch
             self.artifact.save_pretrained(path)
 
     def push_to_hub(self, repo_id: str, report: Any = None, **kwargs: Any) -> Any:
@@ -105,12 +107,16 @@ def _num_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _as_dataset(rows: Any) -> Any:
+def _as_dataset(rows: Any, columns: Sequence[str] = ()) -> Any:
+    """Rows as a ``datasets.Dataset`` of their ``question``, ``answer`` and ``columns`` (``None`` where a row has
+    none of a column); a dataset as it is."""
     import datasets
 
     if isinstance(rows, datasets.Dataset):
         return rows
-    return datasets.Dataset.from_list([{"question": r["question"], "answer": r["answer"]} for r in rows])
+    extra = [c for c in columns if c not in ("question", "answer")]
+    return datasets.Dataset.from_list(
+        [{"question": r["question"], "answer": r["answer"], **{c: r.get(c) for c in extra}} for r in rows])
 
 
 def _trainer_runner(trainer_path: str, config_path: str) -> Callable[..., Unlearned]:
@@ -128,8 +134,10 @@ def _trainer_runner(trainer_path: str, config_path: str) -> Callable[..., Unlear
         # GradAscent's objective has no retain term, but its divergence guard watches a retain set when given one
         needs_retain = getattr(trainer_cls, "needs_retain", lambda _: True)(args) or getattr(
             trainer_cls, "watches_retain", lambda _: False)(args)
+        # a trainer that reads more of a forget row than its question and answer names those columns
+        forget_columns = getattr(trainer_cls, "forget_columns", lambda _: ())(args)
         trainer = trainer_cls(
-            model=model, args=args, train_dataset=_as_dataset(forget),
+            model=model, args=args, train_dataset=_as_dataset(forget, forget_columns),
             retain_dataset=_as_dataset(retain) if needs_retain else None,
             processing_class=tokenizer, callbacks=list(callbacks) or None,
         )
@@ -221,6 +229,51 @@ def runner_for(info: registry.MethodInfo) -> Callable[..., Unlearned]:
     return entry
 
 
+def check_rows_given(rows: Any, what: str) -> bool:
+    """Question/answer ``rows`` (a list of dicts or a ``datasets.Dataset``) are checked as the command line checks
+    the rows it loads (:func:`~hf_unlearn.data.check_rows`): a ``ValueError`` names the first row whose question or
+    answer is missing, empty, null, not a string or not valid Unicode. Returns whether ``rows`` were such rows;
+    ``None``, other iterables and rows of another kind (documents) are left to the method."""
+    from .data import check_rows
+
+    if rows is None:
+        return False
+    columns = getattr(rows, "column_names", None)
+    if columns is not None:  # a datasets.Dataset
+        if not {"question", "answer"} & set(columns):
+            return False
+        items = list(rows)
+    elif isinstance(rows, Sequence) and not isinstance(rows, (str, bytes)):
+        items = list(rows)
+        if not any(isinstance(r, Mapping) and ("question" in r or "answer" in r) for r in items):
+            return False
+    else:
+        return False
+    check_rows(items, f"the {what} rows")
+    return True
+
+
+def check_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: Any, output_dir: str | os.PathLike,
+                 settings: dict[str, Any] | None = None) -> None:
+    """What ``hf-unlearn unlearn`` refuses before any work, for the Python API (a ``ValueError`` with the same
+    one-line message): bad rows (:func:`check_rows_given`), settings the method's config refuses
+    (:func:`~hf_unlearn.options.validate_settings`), and, with question/answer forget and retain rows and a loaded
+    model, what the method would refuse with them (:func:`~hf_unlearn.preconditions.check_run_preconditions`:
+    forget/retain overlap, prompts that leave no room for an answer, settings that do not fit the model)."""
+    from .options import UserError, validate_settings
+    from .preconditions import check_run_preconditions
+
+    qa_rows = check_rows_given(forget, "forget") & check_rows_given(retain, "retain")
+    if not registry.get_method(method).config_class:
+        return  # a registered runner without a config checks its own settings
+    try:
+        config = validate_settings(method, dict(settings or {}), output_dir)
+        if qa_rows and hasattr(model, "config") and tokenizer is not None:
+            check_run_preconditions(method, config, model, tokenizer, list(forget), list(retain))
+    except UserError as err:
+        raise ValueError(str(err)) from None
+
+
 def run_method(
     name: str,
     model: Any,
@@ -242,12 +295,15 @@ def run_method(
     ``seed`` is set with ``torch.manual_seed`` first (``None``: left as it is). ``callbacks`` (extra
     ``TrainerCallback``s, e.g. a :class:`JsonlLogCallback`), ``quiet`` (no Trainer progress bar or log printing)
     and ``resume_from_checkpoint`` apply to the trainer methods. ``runner`` replaces the registry's runner
-    (:func:`runner_for`), for a caller that keeps its own.
+    (:func:`runner_for`), for a caller that keeps its own. Question/answer rows are checked first
+    (:func:`check_rows_given`: a ``ValueError`` naming the first bad row).
     """
     import torch
 
     run = runner or runner_for(registry.get_method(name))
     settings = dict(settings or {})
+    check_rows_given(forget, "forget")
+    check_rows_given(retain, "retain")
     if seed is not None:
         torch.manual_seed(seed)
     start = time.perf_counter()
@@ -289,10 +345,15 @@ def unlearn(
     (:class:`~hf_unlearn.selection.SelectionCriterion`) the method picks its own strength
     (:func:`~hf_unlearn.selection.run_with_selection`, measured every ``selection_steps`` optimizer steps for the
     trainers). ``on_phase`` is told ``"training"`` and then ``"training (saving the result)"`` as they begin.
+
+    Before any work, what the command line refuses is refused here too, as a ``ValueError`` with the same
+    message (:func:`check_inputs`): a bad row, a setting the method's config refuses, forget rows that occur in
+    the retain rows, a prompt that leaves no room for an answer token.
     """
     from .console import log_event
 
     folder = Path(output_dir)
+    check_inputs(method, model, tokenizer, forget, retain, folder, settings)
     if on_phase is not None:
         on_phase("training")
     callbacks = [JsonlLogCallback(log_path, echo=echo_logs)] if log_path is not None else []
@@ -307,14 +368,15 @@ def unlearn(
                                     dict(settings or {}), criterion, selection_steps=selection_steps, **options)
     if on_phase is not None:
         on_phase("training (saving the result)")
-    result.save_pretrained(folder)
-    if result.info.get("selection"):
+    result.save_pretrained(folder)  # a trainer's save_model writes from the main process of a launch
+    main = not _is_secondary_rank()  # under torchrun / accelerate launch every process shares ``folder``
+    if main and result.info.get("selection"):
         from .selection import SelectionRecord
 
         SelectionRecord.from_dict(result.info["selection"]).save(folder)
-    if result.weights_changed and result.artifact is result.model:
+    if main and result.weights_changed and result.artifact is result.model:
         tokenizer.save_pretrained(folder)
-    if log_path is not None:
+    if main and log_path is not None:
         log_event(log_path, "trained", method=method, seconds=result.seconds, settings=dict(settings or {}))
     return result
 

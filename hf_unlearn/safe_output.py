@@ -7,14 +7,15 @@ A user points hf-unlearn at their only copy of a model, so nothing here may dest
 * :func:`atomic_directory` builds a whole result folder in a temporary sibling and swaps it in only when the
   ``with`` block finished without an exception; on any failure (full disk, read-only folder, an exception in the
   caller's code) the previous output is left exactly as it was and the temporary folder is removed.
-* :func:`output_lock` holds an exclusive lock on an output folder (the lock file ``<folder>.lock`` beside it,
-  naming the holder's pid, host and start time) while a run writes it: a second process that wants to write the
-  same folder is refused before any work with one line naming the holder (:class:`OutputLockedError`).
-  :func:`check_output_dir` refuses a folder that another live process holds, and :func:`atomic_directory` holds
-  the lock while it builds and swaps. The lock is an ``flock`` on the lock file, so the kernel releases it when
-  its process dies; the file of a dead holder is taken over with a warning naming it. Locks are re-entrant
-  within a process, and the non-zero ranks of a ``torch.distributed`` launch (environment variable ``RANK``)
-  neither take nor check them (their main process does).
+* :func:`output_lock` (:mod:`hf_unlearn.locking`) holds an exclusive lock on an output folder (the lock file
+  ``<folder>.lock`` beside it, naming the holder's pid, host and start time) while a run writes it: a second
+  process that wants to write the same folder is refused before any work with one line naming the holder
+  (:class:`OutputLockedError`). :func:`check_output_dir` refuses a folder that another live process holds, and
+  :func:`atomic_directory` holds the lock while it builds and swaps. The lock file is never opened through a link;
+  a dead holder's lock is taken over, and the temporary folders it left beside the output are removed.
+* :func:`check_report_path` refuses, before any work, a report path inside an input (the model being
+  evaluated), a link, or a folder; :func:`keep_failed` moves a failed run's own work folder beside the output
+  under a name no other folder has, replacing nothing.
 * :func:`atomic_write_text`, :func:`atomic_write_bytes` and :func:`atomic_write_json` write one file through a
   temporary file in the same folder, ``fsync`` and ``os.replace``.
 
@@ -29,15 +30,27 @@ import datetime
 import json
 import os
 import shutil
-import socket
-import sys
 import tempfile
 import threading
-import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .locking import (
+    LOCK_SUFFIX,
+    OutputDirError,
+    OutputLockedError,
+    OutputWriteError,
+    _all_ranks_ok,
+    _is_secondary_rank,
+    _locked_message,
+    _share_from_main,
+    _wait_for_all_ranks,
+    _world_size,
+    lock_holder,
+    lock_path,
+    output_lock,
+)
 
 __all__ = [
     "OutputDirError",
@@ -48,26 +61,15 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "check_output_dir",
+    "check_report_path",
+    "keep_failed",
     "lock_path",
     "lock_holder",
     "output_lock",
 ]
 
-LOCK_SUFFIX = ".lock"
-
-
-class OutputDirError(ValueError):
-    """An output folder that hf-unlearn refuses to write (raised before any work starts)."""
-
-
-class OutputWriteError(OSError):
-    """Writing a result failed (full disk, read-only folder, ...); the previous output was left unchanged. Its
-    message is one line naming the folder and the reason."""
-
-
-class OutputLockedError(OutputDirError):
-    """Another live process holds the output folder's lock (raised before any work starts). Its message is one line
-    naming the holder."""
+#: The suffix of the folder beside an output where the CLI keeps a failed run's work (:func:`keep_failed`).
+FAILED_SUFFIX = ".failed"
 
 
 def _resolved(path: str | os.PathLike) -> Path:
@@ -99,193 +101,6 @@ def _make_temp_dir(prefix: str, parent: Path) -> Path:
     return folder
 
 
-# ----- the output lock ------------------------------------------------------------------------------------------
-
-
-def lock_path(output_dir: str | os.PathLike) -> Path:
-    """The lock file of an output folder: ``<folder>.lock`` beside it."""
-    out = _resolved(output_dir)
-    return out.parent / f"{out.name}{LOCK_SUFFIX}"
-
-
-def _is_secondary_rank() -> bool:
-    """A non-zero rank of a ``torch.distributed`` launch: its main process (rank 0) locks and checks for it."""
-    try:
-        return int(os.environ.get("RANK", "0")) != 0
-    except ValueError:
-        return False
-
-
-@dataclass
-class _Held:
-    fd: int
-    count: int
-    created: list[Path]
-
-
-_HELD: dict[Path, _Held] = {}
-_HELD_LOCK = threading.RLock()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def _read_holder(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-        holder = json.loads(text) if text.strip() else {}
-    except (OSError, ValueError):
-        return {}
-    return holder if isinstance(holder, dict) else {}
-
-
-def _describe(holder: dict[str, Any]) -> str:
-    if not holder:
-        return "another process (its lock file is being written)"
-    what = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-    if holder.get("started"):
-        what += f" since {holder['started']}"
-    if holder.get("command"):
-        what += f" ({holder['command']})"
-    return what
-
-
-def _locked_message(path: Path, holder: dict[str, Any]) -> str:
-    folder = path.parent / path.name[: -len(LOCK_SUFFIX)]
-    return (
-        f"Output folder {folder} is in use by {_describe(holder)}; wait for that run to finish or choose another "
-        f"output folder (lock file {path})."
-    )
-
-
-def _flock(fd: int) -> bool:
-    """Try to take an exclusive, non-blocking ``flock``; ``False`` when another open file description holds it."""
-    import fcntl
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except (BlockingIOError, PermissionError):
-        return False
-    return True
-
-
-def lock_holder(output_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The holder (``pid``, ``host``, ``started``, ``command``) of the lock of ``output_dir`` when a live process
-    other than this one holds it, else ``None``. Creates nothing."""
-    path = lock_path(output_dir)
-    with _HELD_LOCK:
-        if path in _HELD:
-            return None
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:  # no lock file (or none this process could take: output_lock then says why)
-            return None
-        try:
-            if _flock(fd):
-                return None  # a left-over file of a dead holder: free (closing the descriptor releases the flock)
-            return _read_holder(path)
-        finally:
-            os.close(fd)
-
-
-def _acquire(path: Path) -> _Held:
-    created: list[Path] = []
-    probe = path.parent
-    while not probe.exists():
-        created.append(probe)
-        probe = probe.parent
-    while True:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except FileNotFoundError:  # the parent was removed meanwhile: try again
-            continue
-        except OSError as exc:
-            reason = (exc.strerror or str(exc)).replace("\n", " ")
-            raise OutputDirError(
-                f"Output folder {path.parent / path.name[: -len(LOCK_SUFFIX)]} cannot be written: its lock file "
-                f"{path} cannot be created ({reason})."
-            ) from exc
-        if not _flock(fd):
-            holder = _read_holder(path)
-            os.close(fd)
-            raise OutputLockedError(_locked_message(path, holder))
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the holder released (and removed) the file between our open and our lock: take the new one
-    previous = _read_holder(path)
-    if previous.get("pid") is not None:
-        alive = previous.get("host") == socket.gethostname() and _pid_alive(int(previous["pid"]))
-        state = "is no longer running" if not alive else "no longer holds it"
-        warnings.warn(f"Took over the stale lock {path} of {_describe(previous)}, which {state}.", stacklevel=4)
-    holder = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv)[:200],
-    }
-    data = (json.dumps(holder) + "\n").encode("utf-8")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
-    os.fsync(fd)
-    return _Held(fd, 1, created)
-
-
-def _release(path: Path, held: _Held) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)  # while still holding the flock, so that nobody locks a file that is about to vanish
-    os.close(held.fd)
-    for folder in held.created:  # parents this lock created, when nothing else was put there
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-
-
-@contextlib.contextmanager
-def output_lock(output_dir: str | os.PathLike | None, enabled: bool | None = None) -> Iterator[Path | None]:
-    """Hold the exclusive lock of ``output_dir`` for the ``with`` block; yield the lock file's path.
-
-    Raises :class:`OutputLockedError` (one line naming the holder's pid, host, start time and command) when
-    another live process holds it. Re-entrant within a process. The lock file ``<output_dir>.lock`` lives beside
-    the folder (its parent is created when missing, and removed again on release when the lock put it there) and
-    is removed on release; a lock file left by a process that died is taken over with a warning.
-    ``output_dir=None`` or ``enabled=False`` does nothing; ``enabled=None`` locks unless this process is a
-    non-zero rank of a ``torch.distributed`` launch.
-    """
-    if output_dir is None or enabled is False or (enabled is None and _is_secondary_rank()):
-        yield None
-        return
-    path = lock_path(output_dir)
-    with _HELD_LOCK:
-        held = _HELD.get(path)
-        if held is not None:
-            held.count += 1
-        else:
-            held = _HELD[path] = _acquire(path)
-    try:
-        yield path
-    finally:
-        with _HELD_LOCK:
-            held.count -= 1
-            if held.count == 0:
-                del _HELD[path]
-                _release(path, held)
-
-
 def _folder_state(path: Path) -> tuple[int, int, bool] | None:
     """``(device, inode, non-empty)`` of ``path`` (a non-folder counts as non-empty), ``None`` when missing."""
     try:
@@ -314,13 +129,15 @@ def check_output_dir(
     output_dir: str | os.PathLike,
     inputs: Iterable[str | os.PathLike | None] = (),
     overwrite: bool = False,
+    siblings: Iterable[str] = (),
 ) -> Path:
     """Validate ``output_dir`` before any work; return it resolved.
 
     Raises :class:`OutputDirError` when the folder
 
     * equals, lies inside, or contains any existing local folder in ``inputs`` (a model or data folder; Hub ids
-      that are not local paths are ignored),
+      that are not local paths are ignored); its lock file ``<folder>.lock`` and each ``<folder><suffix>`` of
+      ``siblings`` (paths beside it that the run may write, e.g. the CLI's ``.failed``) are checked the same way,
     * exists and is not empty while ``overwrite`` is false,
     * exists and is not a folder,
     * cannot be created/written (its nearest existing ancestor is not writable),
@@ -331,18 +148,19 @@ def check_output_dir(
     holder = None if _is_secondary_rank() else lock_holder(out)
     if holder is not None:
         raise OutputLockedError(_locked_message(lock_path(out), holder))
-    for item in inputs:
-        if item is None:
-            continue
-        src = Path(item).expanduser()
-        if not src.exists():
-            continue
-        src = src.resolve()
+    beside = [out.parent / f"{out.name}{suffix}" for suffix in (LOCK_SUFFIX, *siblings)]
+    for src in _local_inputs(inputs):
         if _is_within(out, src) or _is_within(src, out):
             raise OutputDirError(
                 f"Output folder {out} overlaps the input {src}; choose a folder outside the model folder so "
                 "the input can never be overwritten."
             )
+        for path in beside:
+            if _is_within(src, path):
+                raise OutputDirError(
+                    f"The input {src} lies where the run on output folder {out} writes {path}; rename that input "
+                    "or choose another output folder."
+                )
     if out.exists():
         if not out.is_dir():
             raise OutputDirError(f"Output path {out} exists and is not a folder.")
@@ -361,9 +179,83 @@ def check_output_dir(
     return out
 
 
+def _local_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
+    """The resolved paths of the ``inputs`` that exist locally (a Hub id that is no local path is skipped)."""
+    found = []
+    for item in inputs:
+        if item is None or str(item) == "":
+            continue
+        src = Path(item).expanduser()
+        if src.exists():
+            found.append(src.resolve())
+    return found
+
+
+def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
+    """Validate a report file path before any work; return it absolute (its folder resolved, its name kept).
+
+    Raises :class:`OutputDirError` when the path equals or lies inside an existing local path of ``inputs`` (the
+    model folder being evaluated, a data folder, a reference file), is a symbolic link or a folder, or cannot be
+    written (its nearest existing folder is not writable). Reports are then written with :func:`atomic_write_json`,
+    which replaces the file by a rename and so never writes through a link.
+    """
+    given = Path(path).expanduser()
+    if not given.name or given.name in (".", ".."):
+        raise OutputDirError(f"Report path {path} names a folder; give a file path for the JSON.")
+    target = given.parent.resolve() / given.name
+    if target.is_symlink():
+        raise OutputDirError(f"Report path {path} is a symbolic link; give a plain file path (hf-unlearn never "
+                             "writes through a link).")
+    if target.is_dir():
+        raise OutputDirError(f"Report path {path} is a folder; give a file path for the JSON.")
+    for src in _local_inputs(inputs):
+        if _is_within(target, src):
+            raise OutputDirError(
+                f"Report path {path} lies inside the input {src}; write the report outside the model folder so "
+                "none of its files can be replaced."
+            )
+    probe = target.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputDirError(f"Report path {path} cannot be written: {probe} is not a writable folder.")
+    return target
+
+
+def keep_failed(work: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
+    """Move ``work`` (a failed run's own temporary folder) beside ``output_dir`` to inspect; return where it went.
+
+    The name is ``<output_dir>.failed``, or ``<output_dir>.failed-<time>-<pid>[-n]`` when that one is taken: the
+    new name is claimed with an exclusive ``mkdir`` and ``work`` is renamed onto that empty folder, so no existing
+    file or folder is ever replaced or deleted. Raises :class:`OutputWriteError` when no name can be claimed.
+    """
+    out = _resolved(output_dir)
+    if _is_secondary_rank():  # the main process of a distributed launch moves the shared work folder
+        return Path(work)
+    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+    names = [f"{out.name}{FAILED_SUFFIX}"]
+    names += [f"{out.name}{FAILED_SUFFIX}-{stamp}-{os.getpid()}" + (f"-{i}" if i else "") for i in range(20)]
+    for name in names:
+        kept = out.parent / name
+        try:
+            os.mkdir(kept)
+        except FileExistsError:
+            continue
+        try:
+            os.rename(work, kept)  # onto the empty folder this call just made
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(kept)
+            continue
+        return kept
+    raise OutputWriteError(f"The failed run's work folder {work} could not be moved beside {out}; it was left as "
+                           "it is.")
+
+
 @contextlib.contextmanager
 def atomic_directory(
-    final_dir: str | os.PathLike, overwrite: bool = False, keep: Iterable[str] = (), lock: bool = True
+    final_dir: str | os.PathLike, overwrite: bool = False, keep: Iterable[str] = (), lock: bool = True,
+    all_ranks: bool = False,
 ) -> Iterator[Path]:
     """Build a folder in a temporary sibling and swap it in as ``final_dir`` only on success.
 
@@ -383,7 +275,18 @@ def atomic_directory(
     ``keep`` lists glob patterns of entries of the previous folder that are not part of the result and move into
     the new folder after the swap (a training run's ``checkpoint-*`` folders when its final model is saved into
     the run folder); an entry the new folder already has is not moved.
+
+    ``all_ranks=True`` says that every process of a ``torch.distributed`` launch enters the block together (the
+    command line and the example scripts under ``torchrun`` / ``accelerate launch``): rank 0 locks, checks and
+    creates the temporary folder and shares its path, so every process writes into the same folder; at the end
+    the processes agree (one exchange of a flag) whether all of them finished the block, rank 0 then swaps the
+    folder in (or removes it when any process failed, which then raises on every process) and the others wait
+    at a barrier until it has. Outside a launch it is the one-process behaviour.
     """
+    if all_ranks and _world_size() > 1:
+        with _atomic_directory_all_ranks(final_dir, overwrite, tuple(keep), lock) as tmp:
+            yield tmp
+        return
     keep = tuple(keep)
     final = _resolved(final_dir)
     with output_lock(final, enabled=None if lock else False):
@@ -391,7 +294,7 @@ def atomic_directory(
         if before is not None and before[2] and not overwrite:
             raise OutputDirError(f"Output folder {final} is not empty; pass overwrite=True (CLI: --overwrite).")
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _make_temp_dir(f".{final.name}.tmp-", final.parent)
+        tmp = _make_temp_dir(f".{final.name}.tmp-{os.getpid()}-", final.parent)
         try:
             yield tmp
         except BaseException:
@@ -423,6 +326,55 @@ def atomic_directory(
                     if not (final / entry.name).exists():
                         os.replace(entry, final / entry.name)
             shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _atomic_directory_all_ranks(final_dir: str | os.PathLike, overwrite: bool, keep: tuple[str, ...],
+                                lock: bool) -> Iterator[Path]:
+    """:func:`atomic_directory` entered by every process of a launch: rank 0 owns the folder, all share it."""
+    final = _resolved(final_dir)
+    main = not _is_secondary_rank()
+    owner = atomic_directory(final, overwrite=overwrite, keep=keep, lock=lock) if main else None
+    failure: BaseException | None = None
+    tmp: Path | None = None
+    if owner is not None:
+        try:
+            tmp = owner.__enter__()
+        except Exception as exc:  # told to the others before it is raised here
+            failure = exc
+    shared = _share_from_main(str(tmp) if tmp is not None else None)
+    if failure is not None:
+        raise failure
+    if shared is None:
+        raise OutputDirError(f"The main process of this launch could not prepare the output folder {final}; see "
+                             "its error.")
+    tmp = Path(shared)
+    try:
+        yield tmp
+    except BaseException as exc:
+        _all_ranks_ok(False)
+        if owner is not None:
+            owner.__exit__(type(exc), exc, exc.__traceback__)  # removes the temporary folder
+        raise
+    if not _all_ranks_ok(True):
+        if owner is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(BaseException):
+                owner.__exit__(OutputWriteError, OutputWriteError("another process failed"), None)
+        raise OutputWriteError(f"Another process of this launch failed while the result for {final} was being "
+                               f"built; {final} was left as it was.")
+    error = None
+    if owner is not None:
+        try:
+            owner.__exit__(None, None, None)  # the swap
+        except Exception as exc:
+            failure, error = exc, str(exc).replace("\n", " ")
+    error = _share_from_main(error)
+    if failure is not None:
+        raise failure
+    if error is not None:
+        raise OutputWriteError(f"The main process of this launch could not swap in {final}: {error}")
+    _wait_for_all_ranks()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

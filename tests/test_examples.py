@@ -30,6 +30,15 @@ RUNS = {
              "--weight_decay", "0.0"],
     "grom": ["--target_modules", "lm_head", "--forget_weight", "10", "--suppression_margin", "30"],
     "t3": ["--rank", "8", "--layer", "1", "--steps", "100"],
+    "wga": ["--learning_rate", "5e-4", "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
+    "satimp": ["--learning_rate", "2e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
+    "ceu": ["--learning_rate", "2e-4", "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
+    "undial": ["--learning_rate", "5e-4", "--retain_weight", "1.0", "--num_train_epochs", "3",
+               "--per_device_train_batch_size", "8"],
+    "idk_dpo": ["--learning_rate", "2e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
+    "rmu": ["--layer", "1", "--learning_rate", "1e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
+    "pdu": ["--retain_loss_eps", "0.1", "--retain_weight", "10", "--dual_warmup_epochs", "1", "--learning_rate", "1e-3",
+            "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
 }
 TRAINER_FLAGS = ["--report_to", "none", "--save_strategy", "no", "--logging_steps", "1000", "--seed", "0"]
 

@@ -227,6 +227,9 @@ METRIC_INPUTS = {
     "tofu_forget_quality": dict(predictions=[0.2, 0.5, 0.9, 0.4, 0.7], references=[0.3, 0.6, 0.8, 0.45, 0.75]),
     "tofu_model_utility": dict(predictions=[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]),
     "tofu_privleak": dict(predictions=[0.9, 0.2, 0.7, 0.4, 0.6], references=[0, 1, 0, 1, 1], reference_auc=0.5),
+    "muse_verbmem": dict(predictions=["the cat sat on the mat", "a b c"], references=["the cat sat on a mat", "c b a"]),
+    "muse_knowmem": dict(predictions=["1472\n\nQuestion: x", "Paris"], references=["1472", "in Paris"]),
+    "muse_privleak": dict(predictions=[0.9, 0.2, 0.7, 0.4, 0.6], references=[0, 1, 0, 1, 1]),
 }
 
 

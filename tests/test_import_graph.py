@@ -204,7 +204,8 @@ def test_every_exported_name_resolves():
 
 
 @pytest.mark.parametrize("package", ["data", "evaluation", "methods.base", "methods.baselines", "methods.masc",
-                                     "methods.atwu", "methods.grom", "methods.t3"])
+                                     "methods.atwu", "methods.grom", "methods.t3", "methods.rmu",
+                                     "methods.pdu"])
 def test_subpackage_all_lists_only_public_names(package):
     import importlib
 

@@ -204,10 +204,11 @@ def test_margin_bad_top_k():
 # Trainer
 # ---------------------------------------------------------------------------------------------------------------
 
-# Fast settings on the tiny memorizing model: the authors' rule (two stages, continuation) with a step size that
-# lets the tiny model forget within a few dozen steps; full fine-tuning keeps the tests quick.
+# Fast settings on the tiny memorizing model: the authors' rule (two stages, continuation; the Llama-2-7B
+# recipe's thresholds) with a step size that lets the tiny model forget within a few dozen steps; full
+# fine-tuning keeps the tests quick.
 TINY_MASC = dict(
-    learning_rate=1e-3, per_device_train_batch_size=4, use_peft=False, forget_weight=1.0,
+    recipe="llama2-7b", learning_rate=1e-3, per_device_train_batch_size=4, use_peft=False, forget_weight=1.0,
     continuation_min_prefix_tokens=4, continuation_min_suffix_tokens=4, check_every=2, max_steps=40,
     retain_weight=0.0, confirm_rule="hoeffding",
 )
@@ -262,14 +263,14 @@ def _slow_probe_rates(trainer, model, rows, stage, step):
 def test_masc_defaults_are_the_authors_recipe(tmp_path):
     from hf_unlearn.methods.masc import MASCConfig
 
-    cfg = MASCConfig(output_dir=str(tmp_path), report_to="none")
+    cfg = MASCConfig(output_dir=str(tmp_path), report_to="none", recipe="llama2-7b")
     assert (cfg.forget_weight, cfg.margin_probability, cfg.buffer_eta, cfg.top_k, cfg.margin_beta) == (0.05, 0.7, 0.25, 10, 1.0)
     assert (cfg.stop_trigger, cfg.stop_tolerance, cfg.confirm_examples, cfg.confirm_delta) == (0.475, 0.475, 32, 0.05)
     assert (cfg.check_every, cfg.stop_probe_batches, cfg.learning_rate, cfg.num_train_epochs) == (2, 2, 1e-4, 3.0)
     assert (cfg.per_device_train_batch_size, cfg.penalty, cfg.hinge) == (2, "continuation", "buffered")
-    # the authors' constant learning rate and plain-mean confirmation; the paper's retain KL; a step ceiling
+    # the authors' constant learning rate and plain-mean confirmation; their Llama run's lambda_retain 0; a ceiling
     assert str(cfg.lr_scheduler_type) in ("constant", "SchedulerType.CONSTANT") and cfg.confirm_rule == "mean"
-    assert (cfg.retain_weight, cfg.max_steps, cfg.epoch_length) == (1.0, 5400, "forget")
+    assert (cfg.retain_weight, cfg.max_steps, cfg.epoch_length) == (0.0, 5400, "forget")
     preset = MASCConfig.authors_tofu_preset(str(tmp_path), report_to="none", learning_rate=3e-4)
     assert (preset.retain_weight, preset.epoch_length, preset.max_steps, preset.num_train_epochs) == (
         0.0, "max(forget,retain)", -1, 3.0)

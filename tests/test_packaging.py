@@ -157,7 +157,8 @@ def test_installed_wheel_ships_metric_modules_cards_and_configs(tmp_path):
     for metric in METRIC_NAMES:
         assert f"hf_unlearn/evaluate_metrics/{metric}/{metric}.py" in names
         assert f"hf_unlearn/evaluate_metrics/{metric}/README.md" in names
-    assert {"hf_unlearn/hub_cards/unlearned_model.md", "hf_unlearn/bench/configs/tofu_tiny.toml"} <= names
+    assert {"hf_unlearn/hub_cards/unlearned_model.md", "hf_unlearn/bench/configs/tofu_tiny.toml",
+            "hf_unlearn/data/idk_answers.txt"} <= names
     assert any(n.endswith("licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 

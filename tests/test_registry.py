@@ -32,7 +32,8 @@ def test_every_method_has_its_metadata_and_the_cli_lists_the_registry():
     from hf_unlearn.hub import ARTIFACT_KINDS, METHOD_PAPERS, METHOD_TITLES
 
     names = registry.method_names()
-    assert set(names) == {"grad_ascent", "grad_diff", "npo", "simnpo", "masc", "atwu", "grom", "t3"}
+    assert set(names) == {"grad_ascent", "grad_diff", "npo", "simnpo", "masc", "atwu", "grom", "t3",
+                          "wga", "satimp", "ceu", "undial", "dpo", "idk_dpo", "rmu", "pdu"}
     for name in names:
         info = registry.get_method(name)
         assert info.name == name and info.title.strip() and info.cli_help.strip()
@@ -45,7 +46,8 @@ def test_every_method_has_its_metadata_and_the_cli_lists_the_registry():
     assert set(METHOD_PAPERS) == set(names) - {"grom"}
     assert set(METHODS) == set(names)
     assert {n for n in names if registry.get_method(n).is_trainer} == {
-        "grad_ascent", "grad_diff", "npo", "simnpo", "masc", "atwu"}
+        "grad_ascent", "grad_diff", "npo", "simnpo", "masc", "atwu", "wga", "satimp", "ceu", "undial", "dpo", "idk_dpo",
+        "rmu", "pdu"}
 
     # the --method help of `hf-unlearn unlearn --help` names exactly the registered methods
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))

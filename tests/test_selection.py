@@ -44,7 +44,7 @@ def test_shifted_distributions_give_small_p_and_auc_that_names_the_direction():
         assert stats["forget_holdout_ks"] == pytest.approx(1.0)
         assert abs(stats["mia_auc"] - auc_side) < 0.05, stats
     near = forget_holdout_statistics(_token_lps(rng, 30, 2.5), holdout)
-    assert near["forget_holdout_pvalue"] > 0.05
+    assert near["forget_holdout_ks_pvalue"] > 0.05 and abs(near["shift_gap"]) < 0.2
 
 
 def test_non_finite_log_probs_count_as_distinguishable():
@@ -54,19 +54,26 @@ def test_non_finite_log_probs_count_as_distinguishable():
 
 
 # --------------------------------------------------------------------------------------------- the rule
-def _m(p, change):
-    return {"forget_holdout_pvalue": p, "retain_change": change}
+def _m(gap, change, p=0.5):
+    return {"shift_gap": gap, "forget_holdout_pvalue": p, "retain_change": change}
 
 
 def test_rule_respects_the_retain_tolerance():
-    ms = [_m(0.01, 0.0), _m(0.3, 0.05), _m(0.9, 0.5), _m(0.6, 0.08)]
+    ms = [_m(-2.0, 0.0), _m(-0.4, 0.05), _m(0.0, 0.5), _m(0.1, 0.08)]
     index, reason, warning = select_candidate(ms, retain_tolerance=0.1, holdout_level=0.05)
-    assert index == 3 and warning is None and "0.6" in reason  # 0.9 is out of tolerance
+    assert index == 3 and warning is None and "+0.1" in reason  # gap 0 is out of tolerance
     assert select_candidate(ms, retain_tolerance=1.0)[0] == 2
 
 
+def test_rule_counts_an_overshoot_like_an_undershoot():
+    ms = [_m(-2.0, 0.0), _m(-0.3, 0.01), _m(0.2, 0.02), _m(1.5, 0.03)]
+    assert select_candidate(ms)[0] == 2  # |+0.2| < |-0.3|: the closest, not the strongest nor the weakest
+    ms[2]["shift_gap"] = -0.3  # equally close: the weaker
+    assert select_candidate(ms)[0] == 1
+
+
 def test_rule_ties_go_to_the_weaker_candidate():
-    ms = [_m(0.2, 0.0), _m(1.0, 0.01), _m(1.0, 0.02), _m(1.0, 0.03)]
+    ms = [_m(-1.0, 0.0), _m(0.1, 0.01), _m(-0.1, 0.02), _m(0.1, 0.03)]
     assert select_candidate(ms)[0] == 1
     criterion = SelectionCriterion([{"question": "q", "answer": "a"}], [{"question": "q2", "answer": "b"}],
                                    [{"question": "q3", "answer": "c"}])
@@ -75,26 +82,31 @@ def test_rule_ties_go_to_the_weaker_candidate():
         assert criterion.select(ms) == (1, select_candidate(ms)[1])
 
 
-def test_rule_when_none_reaches_the_holdout_level_takes_the_strongest_within_tolerance():
-    ms = [_m(1e-6, 0.0), _m(1e-3, 0.02), _m(0.04, 0.5), _m(1e-4, 0.09), _m(0.01, 0.2)]
+def test_rule_warns_when_the_closest_candidate_stays_distinguishable():
+    ms = [_m(-3.0, 0.0, 1e-9), _m(-1.0, 0.02, 1e-4), _m(-0.1, 0.5, 0.9), _m(-0.6, 0.09, 0.01), _m(0.9, 0.2, 0.02)]
     index, reason, warning = select_candidate(ms)
-    assert index == 3 and warning == reason and "holdout level" in warning
+    assert index == 3 and "closest" in reason and "stays distinguishable" in warning and "0.01" in warning
     criterion = SelectionCriterion([{"question": "q", "answer": "a"}], [{"question": "q2", "answer": "b"}],
                                    [{"question": "q3", "answer": "c"}])
-    with pytest.warns(UserWarning, match="strongest candidate within the tolerance"):
+    with pytest.warns(UserWarning, match="stays distinguishable"):
         assert criterion.select(ms)[0] == 3
 
 
 def test_rule_when_nothing_is_within_tolerance_takes_the_smallest_retain_change():
-    ms = [_m(0.9, 0.4), _m(0.5, 0.3), _m(0.2, float("nan")), _m(0.9, 0.3)]
+    ms = [_m(0.0, 0.4), _m(0.1, 0.3), _m(0.0, float("nan")), _m(0.0, 0.3)]
     index, _, warning = select_candidate(ms, retain_tolerance=0.1)
     assert index == 1 and "smallest retain change" in warning
+
+
+def test_rule_never_chooses_a_candidate_without_a_finite_gap_over_one_with_it():
+    ms = [_m(None, 0.0, 0.0), _m(-2.5, 0.01, 1e-6), _m(float("inf"), 0.02, 0.0)]
+    assert select_candidate(ms)[0] == 1
 
 
 def test_record_round_trips_and_renders(tmp_path):
     criterion = SelectionCriterion([{"question": "q", "answer": "a"}], [{"question": "q2", "answer": "b"}],
                                    [{"question": "q3", "answer": "c"}], original={"retain_validation_nll": 1.0})
-    ms = [{**_m(0.01, 0.0), "mia_auc": 0.9}, {**_m(0.7, 0.04), "mia_auc": float("nan")}]
+    ms = [{**_m(-2.0, 0.0, 0.01), "mia_auc": 0.9}, {**_m(0.05, 0.04, 0.7), "mia_auc": float("nan")}]
     record = criterion.decide([{"scale": 0.5}, {"scale": 1.0}], ms)
     path = record.save(tmp_path)
     data = json.loads(path.read_text())
@@ -102,17 +114,17 @@ def test_record_round_trips_and_renders(tmp_path):
     loaded = SelectionRecord.load(tmp_path)
     assert loaded.index == 1 and loaded.candidates == record.candidates and loaded.rule["retain_tolerance"] == 0.1
     text = record.markdown()
-    assert "| **1** | 1 |" in text and "0.7" in text and "Strength selection" in text
+    assert "| **1** | 1 | 0.05 | 0.7 |" in text and "Strength selection" in text and "closest" in text
 
 
 def test_criterion_refuses_bad_settings():
-    rows = [{"question": "q", "answer": "a"}]
+    rows, other = [{"question": "q", "answer": "a"}], [{"question": "q2", "answer": "b"}]
     with pytest.raises(ValueError, match="holdout"):
         SelectionCriterion(rows, [], rows)
     with pytest.raises(ValueError, match="retain_tolerance"):
-        SelectionCriterion(rows, rows, rows, retain_tolerance=-1)
+        SelectionCriterion(rows, other, rows, retain_tolerance=-1)
     with pytest.raises(ValueError, match="holdout_level"):
-        SelectionCriterion(rows, rows, rows, holdout_level=0)
+        SelectionCriterion(rows, other, rows, holdout_level=0)
 
 
 # ------------------------------------------------------------------------------- on a real tiny model
@@ -131,8 +143,19 @@ def test_measure_on_the_tiny_target(tiny, synthetic):
     assert first["retain_change"] == 0.0 and first["generic_change"] == 0.0
     assert first["forget_nll"] < 0.5 < first["holdout_nll"]  # the target memorises the forget authors
     assert first["forget_holdout_pvalue"] < 1e-3 and first["mia_auc"] > 0.9
-    same = SelectionCriterion(forget, forget, retain[:20]).measure(model, tok)
-    assert same["forget_holdout_pvalue"] == pytest.approx(1.0) and same["mia_auc"] == pytest.approx(0.5)
+    assert first["shift_gap"] < -1.0  # no reference model: the shift is the NLL itself
+    # measure() is the four row sets scored, then measure_from_log_probs on them
+    from hf_unlearn.logprobs import causal_lm_scorer
+
+    scorer = causal_lm_scorer(model)
+    arrays = [criterion._score(model, tok, rows, scorer) for rows in
+              (criterion.forget, criterion.holdout, criterion.retain_validation, criterion.generic)]
+    again = criterion.measure_from_log_probs(*arrays)
+    assert again == pytest.approx({k: v for k, v in first.items() if k != "seconds"})
+    with pytest.raises(ValueError, match="holdout: 19 log-probability arrays for 20 rows"):
+        criterion.measure_from_log_probs(arrays[0], arrays[1][:-1], *arrays[2:])
+    with pytest.raises(ValueError, match="generic"):
+        criterion.measure_from_log_probs(*arrays[:3])
     with torch.no_grad():  # a damaged model: the retain change is measured against the cached original
         w = model.lm_head.weight
         saved = w.clone()
@@ -148,10 +171,10 @@ def test_measure_on_the_tiny_target(tiny, synthetic):
 
 # ---------------------------------------------------------------------------------------- the callback
 class _ScriptedCriterion(SelectionCriterion):
-    """The real measurement, with the p-value and retain change replaced by a script keyed by training step, so
+    """The real measurement, with the shift gap and retain change replaced by a script keyed by training step, so
     the test knows which step the rule must choose; it also records the weights it saw at each step."""
 
-    script = {0: (1e-5, 0.0), 2: (0.3, 0.02), 4: (0.9, 0.05), 6: (0.4, 0.08), 8: (0.95, 0.7)}
+    script = {0: (-3.0, 0.0), 2: (-0.8, 0.02), 4: (-0.05, 0.05), 6: (0.6, 0.08), 8: (0.0, 0.7)}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -160,7 +183,7 @@ class _ScriptedCriterion(SelectionCriterion):
 
     def measure(self, model, tokenizer, scorer=None):
         out = super().measure(model, tokenizer, scorer)
-        out["forget_holdout_pvalue"], out["retain_change"] = self.script[self.step]
+        out["shift_gap"], out["retain_change"] = self.script[self.step]
         self.seen[self.step] = model.lm_head.weight.detach().clone()
         return out
 
@@ -204,7 +227,7 @@ def test_callback_restores_the_best_weights(tiny_pair, synthetic, tmp_path, keep
     trainer = _trainer(tiny_pair, synthetic, tmp_path / "out", [_step_spy(criterion), callback])
     trainer.train()
     assert callback.steps == [0, 2, 4, 6, 8]
-    # step 8 has the best p but is out of tolerance; step 4 is the most indistinguishable within it
+    # step 8 has the smallest gap but is out of tolerance; step 4 is the closest within it
     assert callback.record.index == 2 and callback.record.chosen == {"step": 4} and callback.best_step == 4
     final = trainer.model.lm_head.weight.detach()
     torch.testing.assert_close(final, criterion.seen[4])
@@ -307,7 +330,10 @@ def test_cli_select_for_t3_and_a_trainer(tiny_pair, tmp_path, capsys):
     assert main(["unlearn", "--method", "t3", "--output", str(tmp_path / "t3"), *common, "--steps", "30"]) == 0
     config = json.loads((tmp_path / "t3" / "config.json").read_text())
     record = SelectionRecord.load(tmp_path / "t3")
-    assert len(record.candidates) == 9 and config["calibration"]["index"] == record.index
+    from hf_unlearn.methods.t3.calibration import DEFAULT_TEMPERATURES, DEFAULT_TILT_WEIGHTS
+
+    grid = len(DEFAULT_TEMPERATURES) * len(DEFAULT_TILT_WEIGHTS)
+    assert len(record.candidates) == grid and config["calibration"]["index"] == record.index
     assert (config["temperature"], config["tilt_weight"]) == (record.chosen["temperature"], record.chosen["tilt_weight"])
 
     assert main(["unlearn", "--method", "grad_ascent", "--output", str(tmp_path / "ga"), *common, "--max_steps", "4",
@@ -315,3 +341,32 @@ def test_cli_select_for_t3_and_a_trainer(tiny_pair, tmp_path, capsys):
     record = SelectionRecord.load(tmp_path / "ga")
     assert record.candidates == [{"step": 0}, {"step": 2}, {"step": 4}]
     assert record.measurements[0]["retain_change"] == 0.0  # step 0 is the original model
+
+
+def test_cli_select_takes_author_groups_and_a_reference_model(tiny_pair, tmp_path, capsys):
+    """``--groups tofu_authors`` and ``--reference-model`` reach the criterion: the record names both, and each
+    measurement's NLL shift is the row NLL minus the reference model's (so it differs from the plain NLL)."""
+    from hf_unlearn.cli import main
+
+    out = tmp_path / "grom"
+    code = main(["unlearn", "--method", "grom", "--model", str(tiny_pair.target), "--data", "synthetic",
+                 "--output", str(out), "--select", "--holdout", "holdout10", "--target_modules", "lm_head",
+                 "--groups", "5", "--reference-model", str(tiny_pair.retain)])
+    assert code == 0, capsys.readouterr().err
+    record = SelectionRecord.load(out)
+    assert record.rule["groups"] == "blocks of 5 rows" and record.rule["reference"] == "reference model"
+    first = record.measurements[0]
+    assert abs(first["forget_shift"] - first["forget_nll"]) > 1e-3
+
+
+def test_cli_groups_and_reference_need_select(tiny_pair, tmp_path, capsys):
+    from hf_unlearn.cli import main
+
+    out = tmp_path / "out"
+    base = ["unlearn", "--method", "grom", "--model", str(tiny_pair.target), "--data", "synthetic", "--output", str(out)]
+    assert main(base + ["--select", "--holdout", "holdout10", "--groups", "0"]) == 2
+    assert "--groups" in capsys.readouterr().err and not out.exists()
+    for extra in (["--groups", "tofu_authors"], ["--reference-model", str(tiny_pair.retain)]):
+        assert main(base + extra) == 2
+        assert "apply with --select only" in capsys.readouterr().err
+        assert not out.exists()

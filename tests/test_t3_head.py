@@ -35,6 +35,7 @@ def test_defaults_are_the_authors():
     config = T3ClassifierConfig()
     assert (config.temperature, config.tilt_weight, config.log_f_floor) == (1.0, 1.0, None)
     assert (config.rank, config.layer, config.epochs, config.forget_batch_size) == (20, -1, 100, 32)
+    assert (config.lr_schedule, config.warmup_epochs, config.early_stopping_patience) == ("linear", 25.0, None)
 
 
 def test_head_has_no_per_token_bias_and_u_starts_at_the_default_initialisation(target, synthetic):
@@ -88,10 +89,10 @@ def test_fit_trains_on_balanced_batches_of_whole_examples(target, synthetic, mon
                  early_stopping_patience=None, progress=False)
     assert len(seen) == 3 == clf.fit_report["epochs_run"]
     for forget_train, retain_train, batches in seen:
-        assert len(forget_train) == 8 and len(retain_train) == 32  # 20% of each class held out
-        assert all(i < 10 for i in forget_train) and all(i >= 10 for i in retain_train)
-        assert [len(f) for f, _ in batches] == [4, 4] and all(len(f) == len(r) for f, r in batches)
-    assert clf.fit_report["steps_run"] == 6
+        assert forget_train == list(range(10)) and len(retain_train) == 32  # every forget row; 20% of retain held out
+        assert all(i >= 10 for i in retain_train)
+        assert [len(f) for f, _ in batches] == [4, 4, 2] and all(len(f) == len(r) for f, r in batches)
+    assert clf.fit_report["steps_run"] == 9
 
 
 def _synthetic_cache(seed: int = 0):
@@ -115,7 +116,7 @@ def test_early_stopping_stops_when_the_heldout_bce_rises():
 
     def train(**settings):
         config = T3ClassifierConfig(hidden_size=8, vocab_size=16, rank=4, epochs=60, forget_batch_size=4,
-                                    learning_rate=5e-2, weight_decay=0.0, **settings)
+                                    learning_rate=5e-2, weight_decay=0.0, lr_schedule="constant", **settings)
         clf = T3Classifier(config)
         record = t3_fit._train_head(clf, x, tokens, y, owners, list(range(8)), list(range(8, 16)), held, config,
                                     progress=False)

@@ -71,13 +71,30 @@ def _cells(row: dict[str, Any], columns: Sequence[tuple[str, str, str]], error_w
     return [_fmt(row.get(key), fmt) for key, _, fmt in columns]
 
 
+def step_ceiling_notes(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per row whose run ended at its step ceiling rather than by its own stopping rule (MASC's
+    ``stop_reason == "budget"``)."""
+    notes = []
+    for name, row in rows.items():
+        info = row.get("info") or {}
+        if not row.get("error") and info.get("stop_reason") == "budget":
+            steps = info.get("global_step", row.get("steps"))
+            notes.append(f"{name} reached its step ceiling ({steps} steps) without its own stop: its rule never "
+                         "confirmed, so the row is the budget's model, not the rule's.")
+    return notes
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     """The benchmark table: reference rows first, then one row per method (its chosen setting). When answers were
-    generated with fewer new tokens than TOFU's 200 (the demo), a line under the table says so."""
+    generated with fewer new tokens than TOFU's 200 (the demo), a line under the table says so; so does a line per
+    method that reached its step ceiling without its own stop (:func:`step_ceiling_notes`)."""
     ordered = [("target", results["target"]), ("retain reference", results["retain_reference"])]
     ordered += list(results["rows"].items())
     body = [[name, *_cells(row, COLUMNS, 80)] for name, row in ordered]
     table = _table(["method", *(title for _, title, _ in COLUMNS)], body)
+    notes = step_ceiling_notes(results["rows"])
+    if notes:
+        table += "\n\n" + "\n".join(notes)
     tokens = results.get("max_new_tokens")
     if tokens is not None and tokens < DEFAULT_MAX_NEW_TOKENS:
         table += (f"\n\nForget ROUGE-L from greedy answers of at most {tokens} new tokens (TOFU generates up to "
@@ -93,22 +110,28 @@ UTILITY_PART_COLUMNS = tuple(
 
 
 def utility_parts_table(results: dict[str, Any]) -> str:
-    """Model utility's nine components per row (target, retain reference, each method's chosen setting) and
-    whether the row passes the utility bar on the retain side, on the general side, and as one number."""
-    from .runner import utility_bar
+    """Model utility's nine components per row (target, retain reference, each method's chosen setting), each
+    side's harmonic mean as a fraction of the target's, and whether the row passes the utility bar on the retain
+    side, on the general side (each side's fraction >= 0.9), and as one number."""
+    from .runner import side_utilities, utility_bar
 
     target = results["target"]
+    target_sides = side_utilities(target)
     ordered = [("target", target), ("retain reference", results["retain_reference"])]
     ordered += [(name, row) for name, row in results["rows"].items() if not row.get("error")]
     body = []
     for name, row in ordered:
         parts = row.get("components") or {}
         bar = utility_bar(row, target)
+        sides = side_utilities(row)
+        ratios = [sides[k] / target_sides[k] if sides[k] is not None and target_sides[k] else None
+                  for k in ("retain", "general")]
         body.append([name, _fmt(row.get("model_utility"), ".3f"),
                      *(_fmt(parts.get(key), fmt) for key, _, fmt in UTILITY_PART_COLUMNS),
+                     *(_fmt(r, ".3f") for r in ratios),
                      *("yes" if bar[k] else "no" for k in ("retain", "general", "single"))])
     header = ["method", "model utility", *(title for _, title, _ in UTILITY_PART_COLUMNS),
-              "retain bar", "general bar", "single bar"]
+              "retain side / target", "general side / target", "retain bar", "general bar", "single bar"]
     return _table(header, body)
 
 
@@ -141,7 +164,8 @@ def _interval(row: dict[str, Any]) -> str:
 
 def selection_table(results: dict[str, Any]) -> str | None:
     """One row per method run with selection: the chosen candidate, how many were measured, the criterion at the
-    chosen one (forget-vs-holdout KS p-value, Min-K% AUC, retain change in nats/token), whether the rule fell back,
+    chosen one (forget-minus-holdout NLL shift gap, the group test's p-value, Min-K% AUC, retain change in
+    nats/token), whether the choice carries a warning,
     TOFU's forget quality with its bootstrap 95% interval; then the criterion's rank correlation with forget
     quality. ``None`` when no row was selected."""
     rows = [(name, row) for name, row in results["rows"].items() if row.get("selected")]
@@ -158,12 +182,19 @@ def selection_table(results: dict[str, Any]) -> str | None:
         candidate = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                               for k, v in (sel.get("candidate") or {}).items())
         body.append([name, candidate or "n/a", str(sel.get("num_candidates", "n/a")),
-                     num(crit.get("forget_holdout_pvalue"), ".3g"), num(crit.get("mia_auc"), ".3f"),
+                     num(crit.get("shift_gap"), "+.3f"), num(crit.get("forget_holdout_pvalue"), ".3g"),
+                     num(crit.get("mia_auc"), ".3f"),
                      num(crit.get("retain_change"), "+.3f"), "yes" if sel.get("warning") else "no",
                      _fmt(row.get("forget_quality"), ".3g"), _interval(row)])
-    header = ["method", "chosen", "candidates", "criterion p (forget vs holdout)", "Min-K% AUC",
-              "retain change (nats/token)", "rule fell back", "forget quality", "forget quality 95% interval"]
+    header = ["method", "chosen", "candidates", "NLL shift gap (forget - holdout)", "criterion p (group test)",
+              "Min-K% AUC", "retain change (nats/token)", "warning", "forget quality", "forget quality 95% interval"]
     text = _table(header, body)
+    anchors = [(name, (results.get(key) or {}).get("criterion") or {})
+               for name, key in (("target", "target"), ("retain reference", "retain_reference"))]
+    if any(crit for _, crit in anchors):
+        text += "\n\nThe criterion on the anchors: " + "; ".join(
+            f"{name} NLL shift gap {num(crit.get('shift_gap'), '+.3f')}, p {num(crit.get('forget_holdout_pvalue'), '.3g')}"
+            for name, crit in anchors) + " (the rule's level: p >= 0.05)."
     corr = results.get("criterion_vs_forget_quality") or {}
     if corr:
         rho = corr.get("spearman")

@@ -41,20 +41,44 @@ GENERAL_BAR_COMPONENTS = tuple(f"{split}_{stat}" for split in ("real_authors", "
                                for stat in ("prob", "rouge_l", "truth_ratio"))
 
 
+def _harmonic_mean(values: Sequence[Any]) -> float | None:
+    """``n / sum_i 1/v_i`` of the values (0 when one is 0, as TOFU's model utility); ``None`` when one is missing
+    or negative."""
+    if any(v is None or not isinstance(v, (int, float)) or v != v or v < 0 for v in values):
+        return None
+    return 0.0 if any(v == 0 for v in values) else len(values) / sum(1.0 / v for v in values)
+
+
+def side_utilities(row: dict[str, Any]) -> dict[str, float | None]:
+    """The harmonic mean of a row's retain-side components (:data:`RETAIN_BAR_COMPONENTS`) and of its
+    general-side components (:data:`GENERAL_BAR_COMPONENTS`): ``{"retain", "general"}``."""
+    parts = row.get("components") or {}
+    return {"retain": _harmonic_mean([parts.get(k) for k in RETAIN_BAR_COMPONENTS]),
+            "general": _harmonic_mean([parts.get(k) for k in GENERAL_BAR_COMPONENTS])}
+
+
 def utility_bar(row: dict[str, Any], target: dict[str, Any], keep: float = UTILITY_KEEP) -> dict[str, bool]:
     """Whether ``row`` keeps the target's utility, as one number and on each side separately.
 
-    ``single``: ``model_utility >= keep * target's``. ``retain``: retain ROUGE-L and retain probability each
-    ``>= keep *`` the target's (the rows the forget set must not take with it). ``general``: each of the six
-    real-author and world-fact components (probability, ROUGE-L, truth ratio) ``>= keep *`` the target's (general
-    knowledge). ``split``: ``retain and general``. A figure missing on either side counts as not kept.
+    ``single``: ``model_utility >= keep * target's``. ``retain``: the harmonic mean of retain ROUGE-L and retain
+    probability ``>= keep *`` the target's (the rows the forget set must not take with it). ``general``: the
+    harmonic mean of the six real-author and world-fact components (probability, ROUGE-L, truth ratio)
+    ``>= keep *`` the target's (general knowledge). ``split``: ``retain and general``. A figure missing on
+    either side counts as not kept.
+
+    Why a side's harmonic mean and not each component: a component near 0.1 (real-author ROUGE-L of a small model:
+    0.107 for a model fine-tuned without the forget set against the target's 0.122, over 100 questions) moves by
+    more than 10% by noise, so a per-component bar fails the very model unlearning aims at. In the side's
+    harmonic mean ``n / sum_i 1/v_i`` (TOFU's model utility is the same mean over all nine) that component's 12%
+    drop moves the general side by about 5%, while a side that collapses (one component near 0, or every one
+    down by more than 10%) still fails.
     """
     def kept(value: Any, reference: Any) -> bool:
         return value is not None and reference is not None and value >= keep * reference
 
-    parts, target_parts = row.get("components") or {}, target.get("components") or {}
-    retain = all(kept(parts.get(k), target_parts.get(k)) for k in RETAIN_BAR_COMPONENTS)
-    general = all(kept(parts.get(k), target_parts.get(k)) for k in GENERAL_BAR_COMPONENTS)
+    sides, target_sides = side_utilities(row), side_utilities(target)
+    retain = kept(sides["retain"], target_sides["retain"])
+    general = kept(sides["general"], target_sides["general"])
     return {"single": kept(row.get("model_utility"), target.get("model_utility")), "retain": retain,
             "general": general, "split": retain and general}
 
@@ -230,8 +254,9 @@ def selected_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         "candidate": record.get("chosen"), "index": index, "num_candidates": len(measured),
         "reason": record.get("reason"), "warning": record.get("warning"),
-        "criterion": {k: chosen.get(k) for k in ("forget_holdout_pvalue", "forget_holdout_ks", "mia_auc",
-                                                 "retain_change", "forget_nll", "holdout_nll")},
+        "criterion": {k: chosen.get(k) for k in ("shift_gap", "forget_holdout_pvalue", "forget_holdout_ks_pvalue",
+                                                 "forget_holdout_ks", "mia_auc", "retain_change", "forget_nll",
+                                                 "holdout_nll")},
     }
 
 
@@ -289,6 +314,24 @@ def _forget_eval_rows(source: str, forget_split: str, n: int) -> list[dict[str, 
     from ..data import load_tofu_rows
 
     return load_tofu_rows(f"{forget_split}_perturbed", source)[:n]
+
+
+def forget_rows_with_other_answers(forget_split: str, source: str) -> list[dict[str, Any]]:
+    """The rows of TOFU config ``forget_split`` from ``source``, each with the other answers TOFU keeps for it in
+    ``<forget_split>_perturbed`` (``paraphrased_answer``, ``perturbed_answer``) when that config holds the same
+    question/answer rows in the same order; else the plain rows. A method whose config names such a column as an
+    answer to train towards reads it; every other method reads only ``question`` and ``answer``."""
+    from ..data import load_tofu_rows
+
+    rows = load_tofu_rows(forget_split, source)
+    try:
+        perturbed = load_tofu_rows(f"{forget_split}_perturbed", source)
+    except (ValueError, FileNotFoundError, OSError):
+        return rows
+    if [(r["question"], r["answer"]) for r in perturbed] != [(r["question"], r["answer"]) for r in rows]:
+        return rows
+    keep = ("paraphrased_answer", "perturbed_answer")
+    return [{**row, **{k: other[k] for k in keep if k in other}} for row, other in zip(rows, perturbed)]
 
 
 def _jsonable(value: Any) -> bool:
@@ -397,7 +440,9 @@ def run_comparison(
     chosen setting, each against the target as the model before unlearning; their figures fill the attack columns.
     ``selection_rows``: ``(holdout, retain_validation)`` rows; each method then picks its own strength with the
     reference-free criterion built from them and the forget rows (see :func:`run_one`; trainers are measured every
-    ``selection_steps`` steps), the target and the retain reference are measured by the same criterion, and the
+    ``selection_steps`` steps; the criterion's author groups and the pair's pretrained base as its reference model
+    come from :func:`selection_criterion_options`), the target and the retain reference are measured by the same
+    criterion, and the
     results hold ``criterion_vs_forget_quality``, the Spearman rank correlation of the criterion's p-value with
     TOFU's forget quality over every measured row.
 
@@ -431,7 +476,7 @@ def run_comparison(
     presets = {m: {"demo": resolve_auto_precision(p["demo"]), "grid": tuple(resolve_auto_precision(g) for g in p["grid"])}
                for m, p in presets.items()}
     tokenizer = AutoTokenizer.from_pretrained(pair.target)  # the weights are loaded per method
-    forget_rows = load_tofu_rows(forget_split, source)
+    forget_rows = forget_rows_with_other_answers(forget_split, source)
     retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)
     if references is None:
         say.start("references", "evaluation")
@@ -472,7 +517,9 @@ def run_comparison(
         holdout_rows, validation_rows = selection_rows
         say.start("references", "selection criterion")
         target_model.eval()
-        measure = SelectionCriterion(forget_rows, holdout_rows, validation_rows)
+        templates = {None, *((presets[m]["demo"] or {}).get("prompt_template") for m in methods)}
+        options = selection_criterion_options(pair, forget_rows, holdout_rows, validation_rows, tokenizer, templates)
+        measure = SelectionCriterion(forget_rows, holdout_rows, validation_rows, **options[None])
         target_row["criterion"] = measure.measure(target_model, tokenizer)
         retain_model, _ = load_tiny(pair.retain)
         retain_model.eval()
@@ -483,7 +530,7 @@ def run_comparison(
         for m in methods:
             template = (presets[m]["demo"] or {}).get("prompt_template")
             criteria[m] = lambda template=template: SelectionCriterion(
-                forget_rows, holdout_rows, validation_rows, template=template,
+                forget_rows, holdout_rows, validation_rows, template=template, **options[template],
                 original={k: v for k, v in target_row["criterion"].items() if k.endswith("_nll")})
     del target_model
     # The floors: one plain forward pass over forget + retain, in this process (GROM's time; every method's
@@ -586,6 +633,34 @@ def resolve_auto_precision(settings: dict[str, Any]) -> dict[str, Any]:
     from .subjects import bf16_is_native
 
     return {**settings, "bf16": bf16_is_native()}
+
+
+def selection_criterion_options(
+    pair: Any, forget_rows: list[dict[str, Any]], holdout_rows: list[dict[str, Any]],
+    validation_rows: list[dict[str, Any]], tokenizer: Any, templates: set[str | None],
+) -> dict[str | None, dict[str, Any]]:
+    """The selection criterion's ``groups`` and ``reference_nll`` per prompt template, for a pair with a
+    pretrained ``base`` (TOFU-small: real TOFU authors): ``groups="tofu_authors"`` when the forget and the holdout
+    rows are whole authors (20 rows each, at least two a side), and the base's per-row NLLs on the forget and
+    holdout rows, measured once per template, as the criterion's reference. A pair without a base (TOFU-tiny,
+    trained from scratch on synthetic authors) gets neither."""
+    from ..selection import TOFU_AUTHOR_ROWS, SelectionCriterion
+
+    base = getattr(pair, "base", None)
+    if base is None:
+        return {t: {} for t in templates}
+    whole = all(len(r) % TOFU_AUTHOR_ROWS == 0 and len(r) >= 2 * TOFU_AUTHOR_ROWS for r in (forget_rows, holdout_rows))
+    groups = "tofu_authors" if whole else None
+    options: dict[str | None, dict[str, Any]] = {t: {"groups": groups} for t in templates}
+    from .subjects import load_tiny
+
+    model, _ = load_tiny(base)
+    for template in templates:
+        options[template]["reference_nll"] = SelectionCriterion(
+            forget_rows, holdout_rows, validation_rows, template=template, groups=groups,
+            reference_model=model, reference_tokenizer=tokenizer).reference_nll
+    del model
+    return options
 
 
 def criterion_p_value(row: dict[str, Any]) -> float | None:

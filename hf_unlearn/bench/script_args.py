@@ -127,7 +127,7 @@ def run_script(method: str, script_args: ScriptArguments, output_args: OutputArg
         out.mkdir(parents=True, exist_ok=True)
         return unlearn(method, model, tokenizer, forget, retain, out, settings,
                        log_path=out / "logs" / f"{method}.jsonl", **options)
-    with atomic_directory(out, overwrite=output_args.overwrite) as work:
+    with atomic_directory(out, overwrite=output_args.overwrite, all_ranks=True) as work:
         return unlearn(method, model, tokenizer, forget, retain, work, settings,
                        log_path=work / "logs" / f"{method}.jsonl", **options)
 
@@ -146,11 +146,13 @@ def model_path(script_args: ScriptArguments) -> str:
 
 def load_model_and_tokenizer(source: ScriptArguments | str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The causal LM and its tokenizer, from the script arguments (resolved with :func:`model_path`) or from
-    a path that :func:`model_path` already returned."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    a path that :func:`model_path` already returned, checked as ``hf-unlearn unlearn`` checks them
+    (:func:`hf_unlearn.preconditions.load_model`: a ``UserError`` line for a missing path, damaged or pickle-only
+    weights, weights that do not fit the config, NaN weights)."""
+    from hf_unlearn.preconditions import load_model
 
     path = source if isinstance(source, str) else model_path(source)
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return load_model(path)
 
 
 def load_rows(file: str | None, split: str, source: str) -> list[dict[str, Any]]:

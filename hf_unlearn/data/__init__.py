@@ -1,5 +1,15 @@
-"""TOFU-shaped data: loading (Hub id, local folder or synthetic), prompts, tokenization (prepare_qa), pairing."""
+"""TOFU-shaped data: loading (Hub id, local folder or synthetic), prompts, tokenization (prepare_qa), pairing;
+documents (plain texts) cut into training chunks (chunk_documents)."""
 
+from .documents import (
+    DEFAULT_CHUNK_LENGTH,
+    DOCUMENT_SEPARATOR,
+    chunk_documents,
+    chunk_token_ids,
+    documents_dataset,
+    is_documents,
+    load_documents,
+)
 from .pairing import overlapping_examples, retain_partner_indices
 from .prepare import TRUNCATIONS, PromptTooLongError, prepare_qa
 from .prompts import (
@@ -40,4 +50,6 @@ __all__ = [
     "has_chat_template", "load_tofu", "load_tofu_rows", "overlapping_examples", "read_jsonl", "read_qa_file",
     "retain_partner_indices", "synthetic_tofu", "tokenize_qa", "get_template", "model_max_positions",
     "resolve_template", "template_fingerprint", "tokenize_prompt", "prepare_qa", "PromptTooLongError", "TRUNCATIONS",
+    "DEFAULT_CHUNK_LENGTH", "DOCUMENT_SEPARATOR", "chunk_documents", "chunk_token_ids", "documents_dataset",
+    "is_documents", "load_documents",
 ]

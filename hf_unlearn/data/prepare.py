@@ -53,6 +53,11 @@ def _check_row(i: int, row: Any) -> None:
     for k in ("question", "answer"):
         if not isinstance(row[k], str):
             raise ValueError(f"row {i}: {k!r} must be a string, got {type(row[k]).__name__} ({row[k]!r:.40}).")
+        try:
+            row[k].encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"row {i}: {k!r} holds a lone surrogate ({row[k][err.start]!r} at character {err.start}), "
+                             "which is not valid Unicode text.") from None
 
 
 def prepare_qa(

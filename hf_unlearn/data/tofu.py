@@ -2,9 +2,10 @@
 
 A row is TOFU-shaped: ``question``, ``answer`` and, in the ``*_perturbed`` configurations used
 for evaluation, ``paraphrased_answer`` and ``perturbed_answer`` (a list). Rows are checked when they are loaded
-(:func:`check_rows`): a row that is not a JSON object, lacks a required field, or holds an empty, blank, null or
-non-string question or answer (or paraphrased/perturbed answer) is refused with a ``ValueError`` naming the source
-and the row, before any method sees it.
+(:func:`check_rows`): a row that is not a JSON object, lacks a required field, or holds an empty, blank, null,
+non-string or not valid Unicode (a lone surrogate) question or answer (or paraphrased/perturbed answer) is refused
+with a ``ValueError`` naming the source and the row, before any method sees it; so is a line of a JSON Lines file
+that is not UTF-8 text or not JSON.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def _text_problem(value: Any) -> str | None:
         return f"is {article} {type(value).__name__} ({shown}), not a string"
     if not value.strip():
         return "is empty" if not value else "is blank (whitespace only)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:  # JSON's "\ud800" escapes decode to a lone surrogate, which no tokenizer takes
+        return f"holds a lone surrogate ({value[err.start]!r} at character {err.start}), which is not valid Unicode text"
     return None
 
 
@@ -108,9 +113,18 @@ def validate_rows(rows: list[dict[str, Any]], config: str, origin: str) -> None:
 
 
 def _read_jsonl_lines(path: str | os.PathLike) -> tuple[list[Any], list[int]]:
+    """The JSON values of the non-blank lines of ``path`` and their line numbers; a ``ValueError`` names the file and
+    the line that is not UTF-8 text or not valid JSON."""
     rows, lines = [], []
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for line_no, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1}); "
+                                 "save the file as UTF-8.") from None
+            if line_no == 1 and line.startswith("\ufeff"):
+                line = line[1:]  # a UTF-8 byte order mark
             if line.strip():
                 try:
                     rows.append(json.loads(line))

@@ -1,6 +1,7 @@
 """TOFU evaluation: per-example statistics, aggregates through the `evaluate` metric modules,
 retain references from any published source, the typed report (TOFUReport), its JSON and tables,
-the 4-bit NF4 and 8-bit re-checks of unlearned models, and the quantization and relearning attacks."""
+the 4-bit NF4 and 8-bit re-checks of unlearned models, and the quantization and relearning attacks; the MUSE
+evaluation (VerbMem, KnowMem, PrivLeak) and its typed report (MUSEReport)."""
 
 from .attacks import (
     ATTACK_COLUMNS,
@@ -15,6 +16,16 @@ from .attacks import (
 from .generation import DEFAULT_MAX_NEW_TOKENS, generate_answers
 from .memorization import exact_memorization, extraction_strength
 from .metrics import load_metric
+from .muse import (
+    MUSE_CRITERIA,
+    MUSE_HUB_ID,
+    NEWS_RETRAIN_AUC,
+    build_knowmem_prompt,
+    evaluate_muse,
+    load_muse_part,
+    text_min_k_scores,
+)
+from .muse_report import MUSE_METRIC_DEFINITIONS, MUSEReport, is_muse_report, render_muse_report
 from .privacy import (
     MIA_ATTACKS,
     loss_score,
@@ -54,20 +65,29 @@ __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "METRIC_DEFINITIONS",
     "MIA_ATTACKS",
+    "MUSE_CRITERIA",
+    "MUSE_HUB_ID",
+    "MUSE_METRIC_DEFINITIONS",
+    "MUSEReport",
+    "NEWS_RETRAIN_AUC",
     "RetainReference",
     "TOFUReport",
     "answer_probability",
     "attack_summary",
+    "build_knowmem_prompt",
     "check_provenance",
+    "evaluate_muse",
     "evaluate_split",
     "evaluate_tofu",
     "evaluation_splits",
     "exact_memorization",
     "extraction_strength",
     "format_attacks",
+    "is_muse_report",
     "format_report_table",
     "generate_answers",
     "load_metric",
+    "load_muse_part",
     "load_retain_reference",
     "load_truth_ratios",
     "loss_score",
@@ -84,10 +104,12 @@ __all__ = [
     "quantize_nf4",
     "recovered_fraction",
     "relearning_attack",
+    "render_muse_report",
     "render_report",
     "rouge_l_recall",
     "run_attacks",
     "save_truth_ratios",
+    "text_min_k_scores",
     "write_json_atomic",
     "zlib_score",
 ]

@@ -33,6 +33,7 @@ The figures, over the forget rows ``F`` an attack measures (``F`` minus the atta
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..data.documents import as_documents, chunk_length, document_heads
 from ..data.prepare import PromptTooLongError, prepare_qa
 from ..data.prompts import (
     IGNORE_INDEX,
@@ -51,7 +53,7 @@ from ..data.prompts import (
     resolve_template,
 )
 from ..logprobs import answer_nll as _answer_nll
-from ..logprobs import causal_lm_scorer, effective_max_length, model_device
+from ..logprobs import causal_lm_scorer, effective_max_length, feature_token_statistics, model_device
 from .generation import generate_answers
 from .rouge import rouge_l_recall
 
@@ -80,11 +82,13 @@ RELEARN_THREAT_MODEL = (
 
 
 def _check_rows(rows: Sequence[Mapping[str, Any]], name: str, minimum: int = 1) -> list[Mapping[str, Any]]:
-    rows = list(rows)
+    """Question/answer rows as given, or documents (:func:`hf_unlearn.data.documents.as_documents`) as ``{"text"}`` rows."""
+    docs = as_documents(rows)
+    rows = [{"text": d} for d in docs] if docs is not None else list(rows)
     if len(rows) < minimum:
         raise ValueError(f"{name} needs at least {minimum} row(s), got {len(rows)}.")
     for i, row in enumerate(rows):
-        if not isinstance(row, Mapping) or "question" not in row or "answer" not in row:
+        if docs is None and (not isinstance(row, Mapping) or "question" not in row or "answer" not in row):
             raise ValueError(f"{name} row {i} needs 'question' and 'answer' fields.")
     return rows
 
@@ -137,7 +141,20 @@ def _measure(
     desc: str,
     attacked: bool = False,
 ) -> dict[str, Any]:
-    """Forget NLL, forget ROUGE-L (when ``rouge``) and the criterion's dict of one model on ``rows``."""
+    """Forget NLL, forget ROUGE-L (when ``rouge``) and the criterion's dict of one model on ``rows``.
+
+    For documents (``{"text"}`` rows) the forget NLL is the mean over documents of the average NLL of every token
+    of each document's first chunk (:func:`_document_features`); ROUGE-L is ``None`` (there is no question to
+    answer)."""
+    if _are_documents(rows):
+        features = _document_features(model, tokenizer, rows)
+        with _scoring(model, head, attacked) as (scorer, _):
+            stats = feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
+                                             progress=progress, desc=f"{desc}: documents")
+            out = {"forget_nll": float(np.mean(stats.avg_nll)), "forget_rouge_l": None}
+            if criterion is not None:
+                out["criterion"] = dict(criterion.measure(model, tokenizer, scorer=scorer))
+        return out
     questions = [r["question"] for r in rows]
     answers = [r["answer"] for r in rows]
     with _scoring(model, head, attacked) as (scorer, generation_kwargs):
@@ -152,6 +169,16 @@ def _measure(
         if criterion is not None:
             out["criterion"] = dict(criterion.measure(model, tokenizer, scorer=scorer))
     return out
+
+
+def _are_documents(rows: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(rows) and "text" in rows[0]
+
+
+def _document_features(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each document's first chunk, loss on every token: its first ``min(max positions, 2048)`` tokens
+    (:func:`hf_unlearn.data.documents.document_heads`)."""
+    return document_heads([r["text"] for r in rows], tokenizer, chunk_length(None, effective_max_length(model)))[0]
 
 
 def recovered_fraction(unlearned: float | None, attacked: float | None, original: float | None) -> float | None:
@@ -224,7 +251,9 @@ def quantization_attack(
 
     Args:
         model: the unlearned causal LM, a ``PeftModel`` (merged on the copy) or, with ``head``, a T3 base.
-        forget: rows with ``question`` and ``answer``.
+        forget: rows with ``question`` and ``answer``, or documents (a list of strings, a path, a ``text``
+            dataset): then ``forget_nll`` is the mean over documents of each one's average NLL over every token of
+            its first chunk, and ROUGE-L is ``None``.
         bits: bit widths to try, from ``(4, 8)``.
         original: the model before unlearning; adds the recovered fractions (module docstring).
         head: a :class:`~hf_unlearn.methods.t3.T3Classifier` fitted on ``model``: the quantized base is scored and decoded
@@ -328,7 +357,11 @@ def _fine_tune(
     per_step = min(batch_size, len(order))
     used = sorted({order[i % len(order)] for i in range(min(len(order), steps * per_step))})
     try:  # only the rows the steps reach
-        prepared = prepare_qa([rows[i] for i in used], tokenizer, template=template, max_length=limit, validate=False)
+        if _are_documents(rows):  # documents: each one's first chunk, loss on every token
+            prepared = _document_features(model, tokenizer, [rows[i] for i in used])
+        else:
+            prepared = prepare_qa([rows[i] for i in used], tokenizer, template=template, max_length=limit,
+                                  validate=False)
     except PromptTooLongError as err:  # tokenize_qa's own message
         raise ValueError(err.reason) from err.__cause__
     features = dict(zip(used, prepared))
@@ -394,6 +427,10 @@ def relearning_attack(
 
     (a) *targeted relearning* on the attack rows (the top-level figures);
     (b) *benign fine-tuning* on ``retain`` rows only, when ``retain`` is given (``"benign"``).
+
+    ``forget`` and ``retain`` may be documents (a list of strings, a path, a ``text`` dataset): the split is then
+    over documents, the fine-tune minimises the NLL of every token of each document's first chunk, and the
+    re-measured figure is the forget documents' NLL (ROUGE-L ``None``).
 
     Each fine-tune is ``steps`` AdamW steps (no weight decay, constant ``learning_rate``, gradients clipped to norm
     ``max_grad_norm`` as the transformers ``Trainer`` does by default) on batches of ``min(batch_size, rows)`` rows,
@@ -522,8 +559,10 @@ def parse_attacks(attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] 
 
 
 def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any) -> None:
-    """Refuse, before any model call, options an attack does not take and what it would refuse later: bit widths
-    other than 4 and 8, NF4 without bitsandbytes, a ``share`` outside (0, 1), negative ``steps``."""
+    """Refuse, before any model call, options an attack does not take, what it would refuse later and what would
+    make it a no-op: bit widths other than 4 and 8, NF4 without bitsandbytes, a ``share`` outside (0, 1),
+    ``steps`` below 1, a ``learning_rate`` that is not a finite number > 0. (:func:`relearning_attack` called
+    directly still takes ``steps=0`` or ``learning_rate=0``, a null control.)"""
     import importlib.util
     import inspect
 
@@ -549,6 +588,12 @@ def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any)
             steps = merged.get("steps", 10)
             if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
                 raise ValueError(f"steps must be a non-negative integer, got {steps!r}.")
+            if steps == 0:
+                raise ValueError("steps=0: a relearning attack of no steps changes nothing and reports nothing; "
+                                 "use steps >= 1 (10 by default).")
+            lr = merged.get("learning_rate", DEFAULT_RELEARN_LR)
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or not lr > 0:
+                raise ValueError(f"learning_rate must be a finite number > 0 for the relearning attack, got {lr!r}.")
 
 
 def run_attacks(

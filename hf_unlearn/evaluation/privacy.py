@@ -96,3 +96,50 @@ def privleak(auc: float, reference_auc: float | None = None) -> float:
     if not (math.isfinite(ref) and ref > 0):
         raise ValueError(f"privleak needs a reference AUC below 1, got {ref_auc!r}.")
     return float(((1.0 - float(auc)) - ref) / ref * 100.0)
+
+
+def group_mean_shift_test(
+    forget_values: Sequence[float], holdout_values: Sequence[float],
+    forget_groups: Sequence[object], holdout_groups: Sequence[object],
+) -> dict[str, float | int]:
+    """Welch's two-sided t-test between the *group means* of per-row values (a cluster-level test: rows of one
+    group, e.g. one author's questions, are not independent draws).
+
+    With ``G_F`` forget groups and ``G_H`` holdout groups, ``m_g`` the mean of the values in group ``g``,
+    ``M_F, M_H`` and ``s_F^2, s_H^2`` the mean and the sample variance (``ddof=1``) of the group means of each
+    side:
+
+        gap = M_F - M_H,   se = sqrt(s_F^2 / G_F + s_H^2 / G_H),   t = gap / se,
+        df  = se^4 / ((s_F^2/G_F)^2 / (G_F - 1) + (s_H^2/G_H)^2 / (G_H - 1)),   p = 2 P(T_df > |t|).
+
+    Every row its own group gives Welch's test on the rows. ``se = 0`` gives ``p = 1`` when ``gap = 0`` and 0
+    otherwise. Returns ``gap``, ``se``, ``t``, ``df``, ``pvalue``, ``forget_groups`` and ``holdout_groups``.
+    Needs at least two groups on each side.
+    """
+    from scipy.stats import t as student_t
+
+    def group_means(values: Sequence[float], groups: Sequence[object], side: str) -> np.ndarray:
+        values = np.asarray(values, dtype=np.float64)
+        if len(values) != len(groups):
+            raise ValueError(f"{side}: {len(values)} values but {len(groups)} group labels.")
+        labels = list(dict.fromkeys(groups))
+        if len(labels) < 2:
+            raise ValueError(f"A group-mean test needs at least two {side} groups, got {len(labels)}.")
+        index = {label: i for i, label in enumerate(labels)}
+        codes = np.array([index[g] for g in groups])
+        return np.bincount(codes, weights=values) / np.bincount(codes)
+
+    mf = group_means(forget_values, forget_groups, "forget")
+    mh = group_means(holdout_values, holdout_groups, "holdout")
+    gap = float(mf.mean() - mh.mean())
+    vf, vh = float(mf.var(ddof=1)) / mf.size, float(mh.var(ddof=1)) / mh.size
+    se = math.sqrt(vf + vh)
+    out = {"gap": gap, "se": se, "forget_groups": int(mf.size), "holdout_groups": int(mh.size)}
+    if not math.isfinite(gap):
+        return {**out, "t": math.nan, "df": math.nan, "pvalue": 0.0}
+    if se == 0:
+        return {**out, "t": 0.0 if gap == 0 else math.copysign(math.inf, gap), "df": math.nan,
+                "pvalue": 1.0 if gap == 0 else 0.0}
+    df = se**4 / ((vf**2 / (mf.size - 1) if vf else 0.0) + (vh**2 / (mh.size - 1) if vh else 0.0))
+    t = gap / se
+    return {**out, "t": t, "df": df, "pvalue": float(2 * student_t.sf(abs(t), df))}

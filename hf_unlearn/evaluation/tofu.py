@@ -324,7 +324,9 @@ def evaluate_tofu(
         max_examples: keep only the first ``max_examples`` rows of each split (TOFU's original protocol scores
             300 rows, open-unlearning all of them: ``None``). Recorded in the report.
         progress: show progress bars.
-        output_path: if given, the report is written there as JSON (atomically).
+        output_path: if given, the report is written there as JSON (atomically). A path inside the model's own
+            folder (its ``name_or_path``), the tokenizer's or a local ``source`` folder, a link or a folder is
+            refused before any work (:func:`hf_unlearn.safe_output.check_report_path`).
         model_name: name recorded in the report (default: the model's ``name_or_path``).
         template: prompt template (preset name or :class:`~hf_unlearn.data.PromptTemplate`); ``None`` is the
             tokenizer's chat template when it has one, else the ``plain`` preset.
@@ -358,12 +360,16 @@ def evaluate_tofu(
         :data:`~hf_unlearn.evaluation.METRIC_DEFINITIONS` defines every figure.
 
     Raises:
-        ValueError: bad arguments, an unknown split or template, rows lacking fields, empty splits, a tokenizer
-            with neither pad nor EOS token, or a retain reference whose number of truth ratios or recorded
-            provenance (forget split, rows, prompt template, tokenizer, dtype) differs from this evaluation's;
-            all before any model call.
+        ValueError: bad arguments, an unsafe ``output_path``, an unknown split or template, rows lacking fields,
+            empty splits, a tokenizer with neither pad nor EOS token, or a retain reference whose number of truth
+            ratios or recorded provenance (forget split, rows, prompt template, tokenizer, dtype) differs from this
+            evaluation's; all before any model call.
     """
     start = time.perf_counter()
+    if output_path is not None:
+        from ..safe_output import check_report_path
+
+        check_report_path(output_path, [_model_name(model), getattr(tokenizer, "name_or_path", None), source])
     specs = evaluation_splits(forget_split)
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
         if not isinstance(value, int) or value < 1:

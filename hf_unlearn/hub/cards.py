@@ -3,16 +3,18 @@
 :func:`build_model_card` renders a ``hub_cards/<kind>.md`` template with ``huggingface_hub.ModelCard.from_template``:
 YAML metadata (``base_model``, ``library_name``, ``tags`` [``unlearning``, the method], ``datasets``,
 ``model-index`` with forget quality, model utility, forget ROUGE-L and forget truth ratio from the evaluator's
-report, as ``EvalResult`` s) and a body saying which forget split was removed, the method, its title, paper and
-settings, the quantization check and how to load it. The title and paper are arguments (by default read from
-:mod:`hf_unlearn.registry`); this module imports no method module. :func:`trainer_model_card` is the card of the
-unlearning trainers' ``create_model_card`` (so ``trainer.push_to_hub(report=...)`` publishes the evaluator's
-numbers).
+report, as ``EvalResult`` s, or MUSE's VerbMem, KnowMem and PrivLeak from a MUSE report) and a body saying which
+forget split was removed, the method, its title, paper and settings, the quantization check and how to load it.
+The title and paper are arguments (by default read from :mod:`hf_unlearn.registry`); this module imports no
+method module. :func:`trainer_model_card` is the card of the unlearning trainers' ``create_model_card`` (so
+``trainer.push_to_hub(report=...)`` publishes the evaluator's numbers).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,30 @@ def _check_template(path: Path, variables: Mapping[str, Any]) -> None:
         raise ValueError(f"Model-card template {path} uses a missing field: {err.message}.") from err
 
 
+#: Characters no card field may carry into the body: line breaks and other control characters (a field could
+#: otherwise start a new YAML block or markdown section).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _check_card_name(value: Any, what: str) -> str:
+    """``value`` (``base_model``, ``repo_id``) as a Hub repo id or a local model name for the card: refused
+    (``ValueError``) when it holds a line break or another control character, a backtick or a double quote
+    (the card shows it in code and in Python string literals)."""
+    text = str(value)
+    if _CONTROL.search(text) or "`" in text or '"' in text:
+        raise ValueError(f"{what}={text!r} is not a Hub repo id or a local model name: it holds a line break, a "
+                         "control character, a backtick or a double quote, which a model card cannot show as written.")
+    return text
+
+
+def _inline(value: Any, cell: bool = False) -> str:
+    """``value`` as text on one line of the card body: every run of whitespace (line breaks included) becomes one
+    space, other control characters are dropped, backticks become ``'`` (the card shows values in code spans) and,
+    in a table ``cell``, ``|`` is escaped."""
+    text = _CONTROL.sub("", " ".join(str(value).split())).replace("`", "'")
+    return text.replace("|", "\\|") if cell else text
+
+
 def _hub_id(name: str | None) -> str | None:
     """``name`` when it can be a Hub repo id (not a local path), else ``None``."""
     if not name or os.path.exists(name) or not _HUB_ID.match(name):
@@ -111,7 +137,9 @@ def build_model_card(
         report: the evaluator's report (a :class:`~hf_unlearn.evaluation.TOFUReport`, its dict form, a JSON path
             or any mapping with the card metrics); its ``forget_quality``, ``model_utility``,
             ``forget_rouge_l`` and ``forget_truth_ratio`` go to ``model-index``; its ``quantization``
-            entry is used when ``quantization`` is not given.
+            entry is used when ``quantization`` is not given. A :class:`~hf_unlearn.evaluation.MUSEReport` (or its
+            dict or JSON file) puts MUSE's four criteria in ``model-index`` and the evaluation section instead
+            (forget split ``"forget"`` unless given).
         forget_split: the TOFU split that was forgotten (taken from the report when omitted).
         dataset: dataset the split comes from (Hub id, local folder or ``"synthetic"``; default:
             the report's ``source``, else ``locuslab/TOFU``).
@@ -131,7 +159,8 @@ def build_model_card(
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     spec = _kind(kind)
-    report = _load_report(report)
+    muse = _muse_report(report)  # a MUSE report: MUSE figures in model-index and the evaluation section
+    report = _load_report(muse.to_dict() if muse is not None else report)
     if method is None:
         method = spec.method
     if not method:
@@ -140,8 +169,11 @@ def build_model_card(
         raise ValueError(f"A {kind} artifact is made by method {spec.method!r}, not {method!r}.")
     if not base_model:
         raise ValueError("build_model_card needs the base model the artifact was made from.")
+    base_model = _check_card_name(base_model, "base_model")
+    if repo_id is not None:
+        repo_id = _check_card_name(repo_id, "repo_id")
     if forget_split is None and report is not None:
-        forget_split = _report_value(report, "forget_split")
+        forget_split = _report_value(report, "forget_split") or ("forget" if muse is not None else None)
     if dataset is None:
         dataset = (_report_value(report, "source") if report is not None else None) or "locuslab/TOFU"
     if not forget_split:
@@ -153,15 +185,22 @@ def build_model_card(
     if quantization is None and report is not None and isinstance(_report_entry(report, "quantization"), Mapping):
         quantization = _report_entry(report, "quantization")
 
-    repo_id = repo_id or f"{Path(str(base_model)).name}-{method}-{forget_split}"
+    repo_id = repo_id or _inline(f"{Path(str(base_model)).name}-{method}-{forget_split}").replace('"', "'")
     model_name = repo_id.split("/")[-1]
     library = library_name or spec.library_for(None)
     hub_dataset = _hub_id(dataset) if dataset not in ("synthetic",) and "/" in str(dataset) else None
-    results = _metric_results(report) if report is not None else []
+    if muse is not None:
+        from ..evaluation.muse_report import muse_card_results
+
+        results = muse_card_results(muse)
+    else:
+        results = _metric_results(report) if report is not None else []
+    benchmark = "muse" if muse is not None else "tofu"
     eval_results = [
         EvalResult(
             task_type="text-generation", task_name="Machine unlearning",
-            dataset_type=hub_dataset or "tofu", dataset_name=f"TOFU ({forget_split})",
+            dataset_type=hub_dataset or benchmark,
+            dataset_name=f"{'MUSE-News' if muse is not None else 'TOFU'} ({forget_split})",
             dataset_config=forget_split, dataset_split="train",
             metric_type=metric_type, metric_name=pretty, metric_value=value,
         )
@@ -172,7 +211,7 @@ def build_model_card(
         base_model=_hub_id(str(base_model)),
         library_name=library,
         license=license,
-        tags=list(dict.fromkeys(["unlearning", method, "tofu", kind.replace("_", "-"), *extra_tags])),
+        tags=list(dict.fromkeys(["unlearning", method, benchmark, kind.replace("_", "-"), *extra_tags])),
         datasets=[hub_dataset] if hub_dataset else None,
         model_name=model_name if eval_results else None,
         eval_results=eval_results or None,
@@ -184,14 +223,15 @@ def build_model_card(
         repo_id=repo_id,
         model_name=model_name,
         base_model=str(base_model),
-        method=method,
-        method_title=title if title is not None else METHOD_TITLES.get(method, method),
-        paper=dict(paper) if paper is not None else METHOD_PAPERS.get(method),
-        forget_split=forget_split,
-        dataset=str(dataset),
-        settings=dict(settings or {}),
+        method=_inline(method),
+        method_title=_inline(title if title is not None else METHOD_TITLES.get(method, method)),
+        paper=_paper(paper if paper is not None else METHOD_PAPERS.get(method)),
+        forget_split=_inline(forget_split),
+        dataset=_inline(dataset),
+        settings={_inline(k, cell=True): _inline(v, cell=True) for k, v in (settings or {}).items()},
         results=[{"key": k, "type": t, "name": n, "value": v} for k, t, n, v in results],
-        quantization=_quantization_rows(quantization) if quantization else None,
+        quantization={_inline(k, cell=True): _inline(v, cell=True) for k, v in _quantization_rows(quantization).items()}
+        if quantization else None,
         library_name=library,
         is_peft=library == "peft",
     )
@@ -201,11 +241,45 @@ def build_model_card(
     card = ModelCard.from_template(card_data, template_path=str(path), **render_kwargs)
     if card.data.to_dict().get("tags") != card_data.tags:
         raise ValueError(f"Model-card template {path} does not write the card metadata block ({{{{ card_data }}}}).")
+    if muse is not None:
+        card.text = _with_muse_section(card.text, results, forget_split)
     if selection is not None:
         from ..selection import SelectionRecord
 
         card.text = card.text.rstrip("\n") + "\n\n" + SelectionRecord.from_dict(selection).markdown()
     return card
+
+
+def _muse_report(report: Any) -> Any:
+    """``report`` as a :class:`~hf_unlearn.evaluation.MUSEReport` when it is one (the object, its dict form or a
+    JSON file of it), else ``None``."""
+    from ..evaluation.muse_report import MUSEReport, is_muse_report
+
+    if isinstance(report, (str, os.PathLike)) and Path(report).is_file():
+        try:
+            report = json.loads(Path(report).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None  # _load_report names the problem
+    if is_muse_report(report):
+        return report if isinstance(report, MUSEReport) else MUSEReport.from_dict(report)
+    return None
+
+
+def _with_muse_section(text: str, results: list, forget_split: str) -> str:
+    """The card body with its TOFU evaluation section (up to the next heading) replaced by the MUSE one, or the
+    MUSE section appended when the template has no such section."""
+    from ..evaluation.muse_report import muse_card_section
+
+    section = muse_card_section(results, forget_split)
+    pattern = re.compile(r"^## Evaluation \(TOFU[^\n]*\n.*?(?=^#|\Z)", re.S | re.M)
+    if pattern.search(text):
+        return pattern.sub(lambda _: section + "\n", text, count=1)
+    return text.rstrip("\n") + "\n\n" + section
+
+
+def _paper(paper: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The ``{"title", "id"}`` of a method's paper with both fields as one line of text (:func:`_inline`)."""
+    return None if paper is None else {k: _inline(v) for k, v in dict(paper).items()}
 
 
 # ---------------------------------------------------------------------- trainer cards
@@ -250,11 +324,12 @@ def trainer_model_card(
     must be for this trainer's base model (or its output folder). ``forget_split`` defaults to the report's,
     else ``dataset_name``. Tags: the trainer's TRL tags plus ``tags``.
     """
-    report = _load_report(report)
+    muse = _muse_report(report)
+    report = muse.to_dict() if muse is not None else _load_report(report)
     model = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else trainer.model
     base_model = _model_base(model) or "unknown base model"
     if forget_split is None and report is not None:
-        forget_split = _report_value(report, "forget_split")
+        forget_split = _report_value(report, "forget_split") or ("forget" if muse is not None else None)
     forget_split = forget_split or dataset_name or "custom forget set"
     repo_id = trainer.hub_model_id if getattr(trainer, "hub_model_id", None) else None
     repo_id = repo_id or model_name or Path(trainer.args.output_dir).name

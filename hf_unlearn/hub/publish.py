@@ -105,6 +105,7 @@ def push_unlearned(
     with tempfile.TemporaryDirectory(prefix="hf-unlearn-push-") as tmp:
         folder = Path(tmp)
         _save_artifact(artifact, folder)
+        _record_integrity(card, folder)
         if selection is not None:
             (folder / "selection_record.json").write_text(json.dumps(selection, indent=2, default=str))
         if tokenizer is not None:
@@ -115,6 +116,16 @@ def push_unlearned(
         return push_folder(
             folder, repo_id, card=card, token=token, endpoint=endpoint, private=private, commit_message=message
         )
+
+
+def _record_integrity(card: Any, folder: Path) -> None:
+    """The card's front matter gets ``hf_unlearn_integrity: {manifest, sha256}``, the digest of the artifact's
+    integrity record (a GROM adapter's ``grom_metadata.json``, a T3 head's ``t3_integrity.json``) to pin with
+    ``expected_sha256=`` when loading; an artifact without such a record (a trainer's model) gets none."""
+    from ..methods.grom.peft_export import GROM_METADATA, record_integrity
+    from ..methods.t3.provenance import T3_INTEGRITY
+
+    record_integrity(card, folder, (GROM_METADATA, T3_INTEGRITY))
 
 
 def _own_names(artifact: Any) -> tuple[str, ...]:

@@ -7,9 +7,12 @@ Every method keeps its whole definition in ``hf_unlearn/methods/<name>/``:
                 ``trainer.py``, ``pairing.py`` (forget/retain pairing and collation), ``guards.py`` (divergence
                 guard, finite-weight checks and their errors), ``checkpoints.py`` (staged atomic checkpoints, run
                 fingerprints), ``losses.py`` (the loss pieces every method shares)
-``baselines/``  GradAscent, GradDiff, NPO, SimNPO: ``config.py`` (their presets), ``loss.py``, ``trainer.py``
+``baselines/``  GradAscent, GradDiff, NPO, SimNPO, WGA, SatImp, CE-U, UNDIAL, DPO, IdkDPO: ``config.py`` (their
+                configs), ``loss.py``, ``token_loss.py``, ``trainer.py``, ``token_trainer.py``, ``dpo.py``
 ``masc/``       MASC: ``config.py``, ``loss.py``, ``trainer.py`` (with its margin stopping rule)
 ``atwu/``       ATWU: ``config.py``, ``loss.py``, ``trainer.py``, ``weighter.py`` (the learned token weighter)
+``rmu/``        RMU: ``config.py``, ``loss.py``, ``trainer.py`` (with its seeded control vector in checkpoints)
+``pdu/``        PDU: ``config.py``, ``loss.py``, ``trainer.py`` (with its dual variable in checkpoints)
 ``grom/``       GROM, a closed-form edit: ``config.py``, ``solve.py`` (its objective and solution), ``model.py``
                 (``fit_grom``, ``GROMEdit``), ...
 ``t3/``         T3, inference-time: ``config.py``, ``tilt.py`` (its formulas), ``fit.py``, ``processor.py``, ...

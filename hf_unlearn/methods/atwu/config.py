@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..base.config import RETAIN_LOSSES, BaseUnlearningConfig, deprecated_weight_field, take_renamed_weights
+from ..base.config import (
+    RETAIN_LOSSES,
+    BaseUnlearningConfig,
+    deprecated_weight_field,
+    refuse_no_forget_term,
+    take_renamed_weights,
+)
 from .loss import SATGA_FORMS, SATGA_SELECTIONS
 
 ATWU_FORGET_LOSSES = ("satga", "npo", "simnpo")
@@ -73,7 +79,7 @@ class ATWUConfig(BaseUnlearningConfig):
         simnpo_delta (`float`, *optional*, defaults to `0.0`):
             Reward margin of the weighted SimNPO forget loss.
         forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term in the model step, `>= 0` (the deprecated name `gamma` is accepted).
+            Weight of the forget term in the model step, `> 0` (the deprecated name `gamma` is accepted).
 
         > Parameters that control the retain term
 
@@ -134,7 +140,7 @@ class ATWUConfig(BaseUnlearningConfig):
     npo_beta: float = field(default=0.1, metadata={"help": "Inverse temperature of the weighted NPO loss (> 0)."})
     simnpo_beta: float = field(default=4.5, metadata={"help": "Inverse temperature of the weighted SimNPO loss (> 0)."})
     simnpo_delta: float = field(default=0.0, metadata={"help": "Reward margin of the weighted SimNPO loss."})
-    forget_weight: float = field(default=1.0, metadata={"help": "Weight of the forget term (>= 0)."})
+    forget_weight: float = field(default=1.0, metadata={"help": "Weight of the forget term (> 0)."})
     retain_loss: str = field(
         default="nll",
         metadata={"help": "Retain term: 'nll', 'kl' (KL(pi_ref || pi_theta)) or 'none'.", "choices": list(RETAIN_LOSSES)},
@@ -191,4 +197,5 @@ class ATWUConfig(BaseUnlearningConfig):
         for name in ("saturation_beta", "npo_beta", "simnpo_beta"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
-        super().__post_init__()
+        refuse_no_forget_term(self.forget_weight, self.retain_weight)
+        super().__post_init__()  # also every float finite (NaN / inf weights, rates and betas refused)

@@ -14,14 +14,19 @@ Every field has its real default in the dataclass field (no ``None`` filled in l
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from trl import SFTConfig
 
-__all__ = ["FORGET_LOSSES", "RETAIN_LOSSES", "RENAMED_WEIGHTS", "BaseUnlearningConfig", "UnlearningConfig"]
+__all__ = ["FORGET_LOSSES", "RETAIN_LOSSES", "RENAMED_WEIGHTS", "TRAINING_RANGES", "BaseUnlearningConfig",
+           "UnlearningConfig", "check_numeric_fields", "in_range", "refuse_no_forget_term"]
 
 FORGET_LOSSES = ("grad_ascent", "npo", "simnpo")
 RETAIN_LOSSES = ("none", "nll", "kl")
@@ -45,6 +50,89 @@ def take_renamed_weights(config) -> None:
                           stacklevel=4)
             setattr(config, new, value)
             setattr(config, old, None)
+
+
+#: Ranges of the numeric fields a trainer config inherits from ``TrainingArguments``: ``{field: rule}`` or
+#: ``{field: (rule, why)}``, a rule being ``"> 0"``, ``">= 0"`` or an interval such as ``"[0, 1)"``. A method's
+#: config adds its own in a class attribute ``numeric_ranges`` (or a field's ``metadata["range"]``); see
+#: :func:`check_numeric_fields`.
+TRAINING_RANGES: dict[str, str | tuple[str, str]] = {
+    "weight_decay": (">= 0", "a negative decay pushes every weight away from zero"),
+    "adam_beta1": ("[0, 1)", "AdamW's moment decay rates are fractions below 1"),
+    "adam_beta2": ("[0, 1)", "AdamW's moment decay rates are fractions below 1"),
+    "adam_epsilon": ("> 0", "it keeps AdamW's update finite where a second moment is zero"),
+    "max_grad_norm": (">= 0", "0 turns clipping off; a negative norm would turn it off unannounced"),
+    "label_smoothing_factor": "[0, 1)",
+    "warmup_steps": ">= 0",
+    "logging_steps": "> 0",
+    "save_steps": ("> 0", "a checkpoint every 0 steps is none at all"),
+    "eval_steps": "> 0",
+    "eval_delay": ">= 0",
+    "neftune_noise_alpha": ">= 0",
+}
+
+
+def _parse_range(rule: str) -> tuple[float, float, bool, bool]:
+    """``(low, high, low_open, high_open)`` of ``"> a"``, ``">= a"``, ``"< b"``, ``"<= b"`` or an interval
+    ``"[a, b)"`` (brackets closed, parentheses open; ``inf`` allowed)."""
+    rule = rule.strip()
+    for op in (">=", "<=", ">", "<"):
+        if rule.startswith(op):
+            v = float(rule[len(op):])
+            return (v, math.inf, op == ">", True) if op[0] == ">" else (-math.inf, v, True, op == "<")
+    low, high = rule[1:-1].split(",")
+    return float(low), float(high), rule[0] == "(", rule[-1] == ")"
+
+
+def in_range(value: float, rule: str) -> bool:
+    """Whether ``value`` satisfies ``rule`` (see :data:`TRAINING_RANGES`); NaN satisfies none."""
+    low, high, low_open, high_open = _parse_range(rule)
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    return bool(above and below)
+
+
+def check_numeric_fields(config: Any, ranges: Mapping[str, str | tuple[str, str]] | None = None) -> None:
+    """Refuse (``ValueError`` naming the field, its value and what it must be) every init field of the dataclass
+    ``config`` whose value is a float that is not finite (NaN, +-inf) or a number outside its range: the field's
+    ``metadata["range"]``, else ``ranges[name]`` (a rule, or ``(rule, why)``). ``None`` values (unset) pass; a
+    ranged field given a non-number (a string, a bool) is refused."""
+    ranges = ranges or {}
+    for f in dataclasses.fields(config):
+        if not f.init or f.name.startswith("_"):
+            continue
+        value = getattr(config, f.name, None)
+        spec = f.metadata.get("range") or ranges.get(f.name)
+        rule, why = (spec, "") if isinstance(spec, str) or spec is None else spec
+        why = f" ({why})" if why else ""
+        if value is None or (rule is None and not isinstance(value, float)):
+            continue
+        shown = f"in {rule}" if rule and rule[0] in "[(" else rule
+        if isinstance(value, float) and not math.isfinite(value):
+            must = f"a finite number {shown}" if rule else "a finite number"
+            raise ValueError(f"{f.name}={value} is not a usable value: {f.name} must be {must}{why}.")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{f.name} must be a number {shown}, got {value!r}.")
+        if rule is not None and not in_range(value, rule):
+            raise ValueError(f"{f.name}={value!r} is out of range: {f.name} must be {shown}{why}.")
+
+
+def _class_ranges(config: Any) -> dict[str, str | tuple[str, str]]:
+    """:data:`TRAINING_RANGES` updated by the ``numeric_ranges`` class attribute of each class of ``config``'s MRO,
+    the most derived last."""
+    ranges: dict[str, str | tuple[str, str]] = dict(TRAINING_RANGES)
+    for klass in reversed(type(config).__mro__):
+        ranges.update(vars(klass).get("numeric_ranges", {}))
+    return ranges
+
+
+def refuse_no_forget_term(forget_weight: float, retain_weight: float) -> None:
+    """Refuse (``ValueError``) ``forget_weight == 0``: the objective then has no forget term, so the run cannot
+    unlearn (with ``retain_weight == 0`` as well it has nothing to optimise at all)."""
+    if forget_weight == 0:
+        what = ("the objective is zero: there is nothing to optimise" if retain_weight == 0 else
+                "the objective has no forget term: the run would only fine-tune on the retain rows")
+        raise ValueError(f"forget_weight=0 cannot unlearn ({what}); set forget_weight > 0.")
 
 
 def _bf16_available() -> bool:
@@ -104,10 +192,13 @@ class BaseUnlearningConfig(SFTConfig):
 
     The config itself refuses (a `ValueError` when it is built, so before any work) a learning rate that is not a
     finite number `> 0`; zero, negative or non-finite `num_train_epochs` (unless `max_steps > 0`); `max_steps` of `0`
-    or below `-1`; `per_device_train_batch_size` or `gradient_accumulation_steps` below `1`; and a `max_length`
-    below `2`. Besides, every trainer checks that all trainable weights are finite before each checkpoint and before
-    the final save, and warns when a bf16/fp16 model is trained with a learning rate so small that most updates
-    round to zero in that precision.
+    or below `-1`; `per_device_train_batch_size` or `gradient_accumulation_steps` below `1`; a `max_length`
+    below `2`; any float field that is NaN or infinite; a numeric field outside its range ([`TRAINING_RANGES`]
+    for the fields inherited from `TrainingArguments`, e.g. `weight_decay >= 0`, `adam_beta1`/`adam_beta2` in
+    `[0, 1)`, `adam_epsilon > 0`, `max_grad_norm >= 0`, `save_steps > 0`; a method's own `numeric_ranges`);
+    and `trust_remote_code=True`. Besides, every trainer checks that all trainable weights are finite before each
+    checkpoint and before the final save, and warns when a bf16/fp16 model is trained with a learning rate so
+    small that most updates round to zero in that precision.
 
     > [!NOTE]
     > These parameters have default values different from [`~trl.SFTConfig`]:
@@ -170,6 +261,8 @@ class BaseUnlearningConfig(SFTConfig):
 
     def __post_init__(self):
         self._check_training_budget()
+        self._refuse_remote_code()
+        check_numeric_fields(self, _class_ranges(self))
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True
         if self.bf16 is None:
@@ -185,6 +278,24 @@ class BaseUnlearningConfig(SFTConfig):
 
             get_template(self.prompt_template)  # an unknown preset fails here, before any work
         super().__post_init__()
+
+    def _refuse_remote_code(self) -> None:
+        """Refuse ``trust_remote_code=True`` (also inside ``model_init_kwargs``): hf-unlearn loads safetensors
+        weights and runs no code that comes with a model."""
+        kwargs = self.model_init_kwargs
+        if isinstance(kwargs, str):  # the command line passes the dict as JSON
+            import json
+
+            try:
+                kwargs = json.loads(kwargs)
+            except ValueError:
+                kwargs = {}
+        kwargs = kwargs if isinstance(kwargs, Mapping) else {}
+        if self.trust_remote_code or kwargs.get("trust_remote_code"):
+            raise ValueError(
+                "trust_remote_code=True is refused: hf-unlearn loads safetensors weights into the architectures "
+                "transformers ships and never runs code that comes with a model."
+            )
 
     def _check_training_budget(self) -> None:
         """Refuse (``ValueError``) settings that would train nothing or could not run: a learning rate that is not
@@ -243,7 +354,7 @@ class UnlearningConfig(BaseUnlearningConfig):
             SimNPO reward margin (the paper's `gamma`), outside `beta`:
             `-(2/beta) * logsigmoid(-beta * log p(y|x) / |y| - delta)`.
         forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term, `>= 0` (SimNPO's preset uses `0.125`). The deprecated name `gamma` is
+            Weight of the forget term, `> 0` (SimNPO's preset uses `0.125`; `0` could not unlearn and is refused). The deprecated name `gamma` is
             accepted.
         retain_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the retain term, `>= 0`. With `retain_weight=0` (or `retain_loss="none"`) the retain set is
@@ -267,7 +378,7 @@ class UnlearningConfig(BaseUnlearningConfig):
     )
     beta: float = field(default=0.1, metadata={"help": "Inverse temperature of NPO/SimNPO (> 0)."})
     delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin (outside beta)."})
-    forget_weight: float = field(default=1.0, metadata={"help": "Weight of the forget term (>= 0)."})
+    forget_weight: float = field(default=1.0, metadata={"help": "Weight of the forget term (> 0)."})
     retain_weight: float = field(default=1.0, metadata={"help": "Weight of the retain term (>= 0)."})
     gamma: float | None = deprecated_weight_field("forget_weight")
     alpha: float | None = deprecated_weight_field("retain_weight")
@@ -285,4 +396,5 @@ class UnlearningConfig(BaseUnlearningConfig):
         for name in ("forget_weight", "retain_weight"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"`{name}` must be a finite number >= 0, got {getattr(self, name)}.")
+        refuse_no_forget_term(self.forget_weight, self.retain_weight)
         super().__post_init__()

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 __all__ = ["NonFiniteLossError", "NonFiniteWeightsError", "RetainDivergenceGuard", "TrainingDivergedError",
-           "fraction_of_vanishing_updates", "non_finite_parameters"]
+           "any_process", "fraction_of_vanishing_updates", "non_finite_parameters"]
 
 
 class NonFiniteLossError(ValueError):
@@ -27,6 +27,17 @@ class NonFiniteWeightsError(RuntimeError):
 class TrainingDivergedError(RuntimeError):
     """The divergence guard fired: the retain NLL exceeded its allowed multiple of the starting value."""
 
+
+
+def any_process(flag: bool, accelerator: Any = None) -> bool:
+    """Whether ``flag`` holds on any process of the run: ``max_r flag_r`` over the processes, one all-reduce of a
+    one-element tensor on the accelerator's device (``flag`` itself with one process or without an accelerator).
+    Every process must call it at the same point, so that all of them raise or stop together instead of one
+    raising while the others wait in the next collective."""
+    if accelerator is None or getattr(accelerator, "num_processes", 1) <= 1:
+        return bool(flag)
+    value = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(value, reduction="sum").item() > 0)
 
 
 class RetainDivergenceGuard(TrainerCallback, ExportableState):

@@ -1,9 +1,11 @@
-"""Forget/retain pairing: TOFU rows tokenized for TRL, each forget example paired with a retain example, and the
-collator that keeps the two halves of a batch apart (the retain half's keys carry the ``retain_`` prefix).
+"""Forget/retain pairing: TOFU rows tokenized for TRL and documents cut into chunks, each forget example paired with a
+retain example, and the collator that keeps the two halves of a batch apart (the retain half's keys carry the
+``retain_`` prefix).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,12 +15,13 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from ...data import prepare_qa, retain_partner_indices
+from ...data.documents import DEFAULT_CHUNK_LENGTH, chunk_documents, documents_dataset, is_documents
 
 RETAIN_PREFIX = "retain_"
 MODEL_COLUMNS = ("input_ids", "labels")
 
 __all__ = ["MODEL_COLUMNS", "RETAIN_PREFIX", "PairedCollator", "PairedForgetRetainDataset", "PairingEpochCallback",
-           "to_trl_format"]
+           "as_dataset", "to_trl_format"]
 
 
 def _is_tofu_rows(dataset: Dataset) -> bool:
@@ -26,19 +29,38 @@ def _is_tofu_rows(dataset: Dataset) -> bool:
     return {"question", "answer"} <= columns and not columns & {"prompt", "messages", "text", "input_ids"}
 
 
+def as_dataset(data: Any) -> Dataset:
+    """A forget or retain set as a ``datasets.Dataset``: a dataset as is; a path (a ``.txt``/``.json``/``.jsonl``
+    file or a folder of them) or a list of strings as a documents dataset (one ``text`` column,
+    :func:`hf_unlearn.data.documents_dataset`); a list of dicts row by row."""
+    if isinstance(data, Dataset):
+        return data
+    if isinstance(data, (str, os.PathLike)):
+        return documents_dataset(data)
+    rows = list(data)
+    if rows and all(isinstance(r, str) for r in rows):
+        return documents_dataset(rows)
+    return Dataset.from_list(rows)
+
+
 def to_trl_format(
-    dataset: Dataset | Sequence[dict[str, Any]], tokenizer: Any, template: Any = None
+    dataset: Dataset | Sequence[dict[str, Any]], tokenizer: Any, template: Any = None, max_length: int | None = None
 ) -> Dataset:
-    """TOFU-shaped rows (``question``/``answer``) tokenized for TRL; other formats pass through.
+    """TOFU-shaped rows (``question``/``answer``) and documents tokenized for TRL; other formats pass through.
 
     Each TOFU row becomes ``{"input_ids", "labels"}`` from :func:`hf_unlearn.data.prepare_qa` with ``template``
     (a preset name, a :class:`~hf_unlearn.data.PromptTemplate` or ``None`` for the default: the tokenizer's chat
     template when it has one, else ``"Question: {question}\\nAnswer:"``), so the tokens and the answer-only labels
-    are exactly the ones the evaluator scores. TRL keeps pre-tokenized rows as they are (it only truncates them to
-    ``max_length``). TRL prompt/completion, conversational and text rows pass through unchanged.
+    are exactly the ones the evaluator scores. Documents (a ``text`` column and no other kind of row's columns,
+    :func:`hf_unlearn.data.is_documents`; anything :func:`as_dataset` reads) are joined with a blank line and cut
+    into chunks of ``max_length`` tokens (2048 when ``None``) with labels on every token
+    (:func:`hf_unlearn.data.chunk_documents`). TRL keeps pre-tokenized rows as they are (it only truncates them to
+    ``max_length``). TRL prompt/completion and conversational rows pass through unchanged.
     """
-    if not isinstance(dataset, Dataset):
-        dataset = Dataset.from_list(list(dataset))
+    dataset = as_dataset(dataset)
+    if is_documents(dataset):
+        chunks = chunk_documents(dataset, tokenizer, max_length or DEFAULT_CHUNK_LENGTH)
+        return Dataset.from_list([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in chunks])
     if not _is_tofu_rows(dataset):
         return dataset
     rows = [

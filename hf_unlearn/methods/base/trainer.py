@@ -50,7 +50,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from trl import SFTTrainer
 from trl.trainer.utils import create_model_from_path, get_config_model_id
 
-from ...data import model_max_positions, overlapping_examples
+from ...data import is_documents, model_max_positions, overlapping_examples
 from ...logprobs import label_log_probs
 from ...model_copy import independent_copy
 from ...safe_output import OutputDirError, OutputWriteError, atomic_directory, check_output_dir, output_lock
@@ -70,6 +70,7 @@ from .guards import (
     NonFiniteLossError,
     NonFiniteWeightsError,
     RetainDivergenceGuard,
+    any_process,
     fraction_of_vanishing_updates,
     non_finite_parameters,
 )
@@ -80,6 +81,7 @@ from .pairing import (
     PairedForgetRetainDataset,
     PairingEpochCallback,
     _identity_keys,
+    as_dataset,
     to_trl_format,
 )
 
@@ -101,13 +103,33 @@ def _local_dir(path: Any) -> str | None:
     return None
 
 
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Whether the two models hold exactly the same tensors under the same names (values, shapes, dtypes)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    if sa.keys() != sb.keys():
+        return False
+    return all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k].cpu(), sb[k].cpu()) for k in sa)
+
+
+def scalar_on_device(value: torch.Tensor | float, device: torch.device | str) -> torch.Tensor:
+    """A logged value as a 0-d float32 tensor on ``device`` (the accelerator's), detached.
+
+    Python floats (a violation rate, a count) and tensors from the model both land on the same device, so
+    ``torch.stack`` over one step's values never mixes a CPU tensor with CUDA ones, and no value forces a host
+    sync when it is recorded."""
+    if torch.is_tensor(value):
+        return value.detach().float().reshape(()).to(device)
+    return torch.tensor(float(value), dtype=torch.float32, device=device)
+
 class UnlearningTrainer(SFTTrainer):
     """Base class of the unlearning trainers (TRL ``SFTTrainer`` subclass), and the trainer of the baseline objective.
 
     ``train_dataset`` is the forget set, ``retain_dataset`` the retain set. Both go through ``SFTTrainer``'s dataset
     preparation: TOFU rows (``question``/``answer``, tokenized by :func:`to_trl_format` with
     ``args.prompt_template``), TRL prompt/completion rows and conversational rows all work, with labels on the
-    completion tokens only. Each training example is a forget example paired with a retain example
+    completion tokens only; documents (a ``text`` column, a list of strings or a ``.txt``/``.json``/``.jsonl`` path,
+    :func:`as_dataset`) are cut into chunks of ``max_length`` tokens with labels on every token. Each training example is a forget example paired with a retain example
     (:class:`PairedForgetRetainDataset`), and a batch holds ``input_ids``, ``attention_mask``, ``labels`` for the
     forget examples and the same keys prefixed with ``retain_``.
 
@@ -156,6 +178,7 @@ class UnlearningTrainer(SFTTrainer):
         optimizer_cls_and_kwargs: tuple | None = None,
         quantization_config: Any = None,
         peft_config: Any = None,
+        ref_model: PreTrainedModel | None = None,
     ):
         args = self._resolve_args(args, model)
         if train_dataset is None:
@@ -168,20 +191,22 @@ class UnlearningTrainer(SFTTrainer):
             model_id = model if isinstance(model, str) else get_config_model_id(model.config)
             processing_class = AutoTokenizer.from_pretrained(model_id)
         template = getattr(args, "prompt_template", None)
-        raw_forget = train_dataset if isinstance(train_dataset, Dataset) else Dataset.from_list(list(train_dataset))
+        raw_forget = as_dataset(train_dataset)
         if len(raw_forget) == 0:
             raise ValueError("The forget set (`train_dataset`) is empty: nothing to unlearn.")
+        self._document_sets = {"forget"} if is_documents(raw_forget) else set()  # chunks fill max_length by design
         retain = self._check_retain(retain_dataset, raw_forget, args, processing_class)
-        forget = to_trl_format(raw_forget, processing_class, template)
+        forget = to_trl_format(raw_forget, processing_class, template, args.max_length)
         if args.packing or args.padding_free:
             raise ValueError(
                 "`packing` and `padding_free` are not supported by unlearning trainers: the losses are per answer "
                 "and each forget example is paired with one retain example."
             )
         if isinstance(eval_dataset, dict):
-            eval_dataset = {k: to_trl_format(v, processing_class, template) for k, v in eval_dataset.items()}
+            eval_dataset = {k: to_trl_format(v, processing_class, template, args.max_length)
+                            for k, v in eval_dataset.items()}
         elif eval_dataset is not None:
-            eval_dataset = to_trl_format(eval_dataset, processing_class, template)
+            eval_dataset = to_trl_format(eval_dataset, processing_class, template, args.max_length)
 
         self._divergence_guard = RetainDivergenceGuard(args.max_retain_loss_ratio, args.min_retain_loss_reference)
         self._staging_dir: Path | None = None
@@ -218,7 +243,7 @@ class UnlearningTrainer(SFTTrainer):
         # Frozen reference model, created only when the objective needs one
         self.ref_model = None
         if self.needs_reference_model(self.args) and not is_peft_model(self.model):
-            self.ref_model = self._create_reference_model(model if isinstance(model, str) else None)
+            self.ref_model = self._create_reference_model(model if isinstance(model, str) else None, ref_model)
 
         self._unlearning_metrics: dict[str, dict[str, list[torch.Tensor]]] = {
             "train": defaultdict(list), "eval": defaultdict(list)
@@ -321,7 +346,7 @@ class UnlearningTrainer(SFTTrainer):
         if not needed and not self.watches_retain(args):
             warnings.warn(f"{type(self).__name__} does not use a retain set here; `retain_dataset` is ignored.", stacklevel=3)
             return None
-        retain = retain_dataset if isinstance(retain_dataset, Dataset) else Dataset.from_list(list(retain_dataset))
+        retain = as_dataset(retain_dataset)
         if len(retain) == 0:
             raise ValueError("The retain set (`retain_dataset`) is empty: a retain example is needed per forget example.")
         keys = _identity_keys(forget)
@@ -334,7 +359,9 @@ class UnlearningTrainer(SFTTrainer):
                 )
             if shared:
                 warnings.warn(f"{shared} forget examples also occur in the retain set (allow_overlap=True).", stacklevel=3)
-        return to_trl_format(retain, tokenizer, getattr(args, "prompt_template", None))
+        if is_documents(retain):
+            self._document_sets = {*getattr(self, "_document_sets", ()), "retain"}
+        return to_trl_format(retain, tokenizer, getattr(args, "prompt_template", None), args.max_length)
 
     # ----- output folder and length checks (before any work) -----------------------------------------------------
 
@@ -381,6 +408,8 @@ class UnlearningTrainer(SFTTrainer):
             if required:
                 raise ValueError(message)
             warnings.warn(message + " They are left out.", stacklevel=3)
+        if name in getattr(self, "_document_sets", ()):
+            return
         if limit is not None and isinstance(prepared, Dataset) and "input_ids" in prepared.column_names:
             full = sum(len(ids) >= limit for ids in prepared["input_ids"])
             if full:
@@ -388,17 +417,32 @@ class UnlearningTrainer(SFTTrainer):
 
     # ----- reference model and helpers for the loss hook ---------------------------------------------------------
 
-    def _create_reference_model(self, model_id: str | None) -> torch.nn.Module:
-        """Frozen eval-mode copy of the initial model, prepared by accelerate like the policy."""
-        if model_id is not None:
-            kwargs = dict(self.args.model_init_kwargs or {})
-            kwargs.setdefault("dtype", self.model.dtype)
-            if self.args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
-                kwargs["device_map"] = None
-            ref = create_model_from_path(model_id, **kwargs)
-        else:
+    def _create_reference_model(self, model_id: str | None, ref_model: Any = None) -> torch.nn.Module:
+        """Frozen eval-mode reference (the initial model), prepared by accelerate like the policy.
+
+        ``ref_model`` (the trainer's ``ref_model=``) is used as given. Otherwise the reference is reloaded from
+        the model's path when one is known (``model_id``, or the live model's ``config._name_or_path`` when that
+        is a local folder), as TRL's ``DPOTrainer`` does; a reload whose weights differ from the live model's (a
+        model changed in memory since it was loaded) is dropped for an independent copy of the live model. A
+        partitioned model (ZeRO-3 / FSDP, :func:`hf_unlearn.partitioning.is_partitioned`) is never copied: without
+        a path to reload from it is refused with a ``ValueError`` naming ``ref_model=``."""
+        from ...partitioning import is_partitioned
+
+        live = self.accelerator.unwrap_model(self.model)
+        ref = ref_model
+        if ref is None:
+            path = model_id or _local_dir(getattr(getattr(live, "config", None), "_name_or_path", None))
+            ref = self._reload_reference(path, live, check=model_id is None) if path else None
+        if ref is None:
+            if is_partitioned(live):
+                raise ValueError(
+                    f"{type(self).__name__} needs a frozen reference model, and the model's weights are partitioned "
+                    "across processes (DeepSpeed ZeRO-3 / FSDP), so they cannot be copied: load the model from a "
+                    "folder (its reference is reloaded from there) or pass ref_model= (the initial model, loaded "
+                    "separately)."
+                )
             # SFTTrainer patched `forward` on the instance; a plain deep copy would still run the original's weights
-            ref = independent_copy(self.accelerator.unwrap_model(self.model))
+            ref = independent_copy(live)
         ref.eval()
         ref.requires_grad_(False)
         if self.is_deepspeed_enabled:
@@ -410,6 +454,25 @@ class UnlearningTrainer(SFTTrainer):
 
             return prepare_fsdp(ref, self.accelerator)
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
+
+    def _reload_reference(self, path: str, live: Any, check: bool) -> torch.nn.Module | None:
+        """The model reloaded from ``path`` (in the live model's dtype), or ``None`` when ``check`` and its weights
+        are not exactly the live model's, or when a reload that was not asked for fails."""
+        from ...partitioning import is_partitioned
+
+        kwargs = dict(self.args.model_init_kwargs or {})
+        kwargs.setdefault("dtype", live.dtype)
+        if self.args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+            kwargs["device_map"] = None
+        try:
+            ref = create_model_from_path(path, **kwargs)
+        except Exception:
+            if not check:
+                raise
+            return None
+        if check and not is_partitioned(live) and not _same_weights(ref, live):
+            return None
+        return ref
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -466,7 +529,7 @@ class UnlearningTrainer(SFTTrainer):
 
         A ``"retain_nll"`` recorded during a training step also feeds the divergence guard."""
         mode = "train" if self.model.training else "eval"
-        value = value.detach().float().reshape(()) if torch.is_tensor(value) else torch.tensor(float(value))
+        value = scalar_on_device(value, self.accelerator.device)
         self._unlearning_metrics[mode][name].append(value)
         if name == "retain_nll" and self._in_training_step:
             self._retain_nll_seen = True
@@ -527,11 +590,14 @@ class UnlearningTrainer(SFTTrainer):
         loss = self.compute_unlearning_loss(model, inputs, self._denominators(inputs))
         if self._in_training_step and not self._retain_nll_seen and RETAIN_PREFIX + "input_ids" in inputs:
             self._watch_retain(model, inputs)
-        if not torch.isfinite(loss.detach()).item():
+        local_bad = not torch.isfinite(loss.detach()).item()
+        if any_process(local_bad, self.accelerator):  # every process raises together (none waits alone)
             step = self.state.global_step + (1 if self._in_training_step else 0)
+            where = "" if local_bad else " on another process"
             raise NonFiniteLossError(
-                f"The unlearning loss of {type(self).__name__} is {loss.item()} at step {step}; training stopped. "
-                "Lower the learning rate, check the data, or (NPO/SimNPO) check `beta`."
+                f"The unlearning loss of {type(self).__name__} is {'non-finite' if where else loss.item()}{where} "
+                f"at step {step}; training stopped. Lower the learning rate, check the data, or (NPO/SimNPO) "
+                "check `beta`."
             )
         return (loss, None) if return_outputs else loss
 
@@ -683,7 +749,8 @@ class UnlearningTrainer(SFTTrainer):
 
     def _check_finite_weights(self, what: str) -> None:
         bad = non_finite_parameters(self.model)
-        if bad:
+        if any_process(bool(bad), self.accelerator):  # agreed, so that every process stops (sharded weights differ)
+            bad = bad or ["a weight of another process"]
             last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
             kept = f"the latest good checkpoint is {last}" if last else "no checkpoint was written"
             raise NonFiniteWeightsError(

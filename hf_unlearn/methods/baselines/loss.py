@@ -1,5 +1,7 @@
-"""Baseline unlearning objectives: GradAscent, GradDiff (NLL or KL retain term), NPO, SimNPO, and
-:func:`baseline_loss`, the weighted sum the baseline trainers train. Conventions: :mod:`hf_unlearn.methods.base.losses`.
+"""Baseline unlearning objectives: GradAscent, GradDiff (NLL or KL retain term), NPO, SimNPO, DPO (IdkDPO) and
+:func:`baseline_loss`, the weighted sum the GradAscent/GradDiff/NPO/SimNPO trainers train. The token-level
+objectives WGA, SatImp, CE-U and UNDIAL are in :mod:`hf_unlearn.methods.baselines.token_loss`. Conventions:
+:mod:`hf_unlearn.methods.base.losses`.
 """
 
 from __future__ import annotations
@@ -88,6 +90,34 @@ def simnpo_loss(
     avg_log_prob = log_probs / lengths.to(log_probs.dtype).clamp(min=1.0)
     per_sequence = -(2.0 / beta) * F.logsigmoid(-beta * avg_log_prob - delta)
     return per_sequence.sum() / _denominator(num_sequences, log_probs.new_tensor(float(log_probs.shape[0])))
+
+
+def dpo_loss(
+    win_log_probs: torch.Tensor,
+    win_ref_log_probs: torch.Tensor,
+    lose_log_probs: torch.Tensor,
+    lose_ref_log_probs: torch.Tensor,
+    beta: float,
+    num_sequences: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Direct Preference Optimization with the forget answer as the rejected one (Rafailov et al. 2023, "Direct
+    Preference Optimization: Your Language Model is Secretly a Reward Model", eq. 7; as an unlearning baseline with
+    an "I don't know" preferred answer, TOFU's IdkDPO; open-unlearning ``src/trainer/utils.py:compute_dpo_loss``).
+
+    ``L_DPO = -(2/beta) * (1/S) * sum_b log sigmoid(beta * ((log pi_theta(a_b|x_b) - log pi_ref(a_b|x_b))
+    - (log pi_theta(y_b|x_b) - log pi_ref(y_b|x_b))))``
+
+    ``win_*`` are the ``[B]`` log-likelihoods of the preferred answers ``a`` (an alternate or refusal answer),
+    ``lose_*`` those of the forget answers ``y``, under the trained and the frozen reference model; ``S =
+    num_sequences``. The factor ``2/beta`` is open-unlearning's (it makes the loss NPO's, :func:`npo_loss`, when the
+    preferred-answer terms are dropped); DPO's paper has ``1``. At ``theta = ref`` the loss is ``(2/beta) * log 2``.
+    ``beta > 0`` is required.
+    """
+    if beta <= 0:
+        raise ValueError(f"DPO needs beta > 0, got {beta}.")
+    margin = (win_log_probs - win_ref_log_probs) - (lose_log_probs - lose_ref_log_probs)
+    per_sequence = -(2.0 / beta) * F.logsigmoid(beta * margin)
+    return per_sequence.sum() / _denominator(num_sequences, lose_log_probs.new_tensor(float(lose_log_probs.shape[0])))
 
 
 def baseline_loss(

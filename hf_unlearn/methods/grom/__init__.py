@@ -6,6 +6,7 @@ LoRA adapter, with exact per-example influence by the Woodbury identity.
     peft_model = edit.to_peft(model)      # LoRA with B @ A == P
     edit.save_pretrained("grom-adapter")  # PeftModel.from_pretrained(base, "grom-adapter")
     edit = GROMEdit.from_pretrained("grom-adapter", model=base)   # refuses edited files / another base
+    digest = adapter_digest("grom-adapter")                       # pin it: from_pretrained(..., expected_sha256=digest)
     peft_model = load_grom_adapter(base, "grom-adapter")          # checked PeftModel.from_pretrained
     edit.push_to_hub("me/grom-adapter")                           # one commit
 """
@@ -23,7 +24,7 @@ from .model import (
     untie_lm_head,
 )
 from .path import GROMPath, fit_grom_path, grom_path_from_edit
-from .peft_export import AdapterIntegrityError, LoraFactors, lora_factors
+from .peft_export import AdapterIntegrityError, LoraFactors, adapter_digest, lora_factors
 from .provenance import BaseModelMismatchError, base_fingerprint, check_base, file_sha256, weight_fingerprint
 from .solve import GROMSolution, grom_objective, normal_matrix, solve_grom, woodbury_drop
 from .targets import specificity_weights
@@ -33,7 +34,7 @@ _register_class(GROMEdit, artifact_kind="grom_adapter", entry_point="hf_unlearn.
 
 __all__ = [
     "AdapterIntegrityError", "BaseModelMismatchError", "GROMConfig", "GROMEdit", "GROMSolution", "LoraFactors",
-    "attribution_scores", "base_fingerprint", "check_base", "check_grom_inputs", "file_sha256",
+    "adapter_digest", "attribution_scores", "base_fingerprint", "check_base", "check_grom_inputs", "file_sha256",
     "find_target_modules", "fit_grom", "grom_objective", "lm_head_is_tied", "load_grom_adapter", "lora_factors",
     "model_max_positions", "normal_matrix", "retain_subsample", "select_band", "solve_grom", "specificity_weights",
     "untie_lm_head", "weight_fingerprint", "woodbury_drop", "GROMPath", "fit_grom_path", "grom_path_from_edit",

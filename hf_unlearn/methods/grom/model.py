@@ -41,9 +41,11 @@ from typing import Any, ClassVar
 
 import torch
 
+from ...data.documents import as_documents, chunk_documents, chunk_length, shared_documents
 from ...data.pairing import overlapping_examples
 from ...data.prepare import PromptTooLongError, prepare_qa
 from ...data.prompts import IGNORE_INDEX, collate_qa, ensure_pad_token, model_max_positions
+from ...partitioning import vocab_size
 from .attribution import TargetModule, attribution_scores, find_target_modules, lm_head_is_tied, select_band
 from .config import GROMConfig
 from .keys import KeyCollector, _dist
@@ -55,8 +57,11 @@ from .peft_export import (
     AdapterIntegrityError,
     _check_finite,
     adapter_state_dict,
+    check_pinned_digest,
+    confined_file,
     lora_config,
     lora_factors,
+    record_integrity,
     save_adapter,
     to_peft_model,
 )
@@ -212,6 +217,7 @@ class GROMEdit:
         local_files_only: bool = False,
         verify_integrity: bool = True,
         allow_missing_audit: bool = False,
+        expected_sha256: str | None = None,
     ) -> GROMEdit:
         """Load an edit saved by :meth:`save_pretrained` from a local folder or a Hub repo.
 
@@ -225,20 +231,30 @@ class GROMEdit:
         factors). The audit state (for :meth:`influence`) is restored when present. With ``model``, the edit is
         checked against it: a base other than the one it was solved against is refused with
         :class:`hf_unlearn.methods.grom.provenance.BaseModelMismatchError`.
+
+        Every file name the metadata gives must be a plain name inside the folder (no ``..``, absolute path or link
+        out). The digests live in the metadata, so they catch accidents and naive edits; ``expected_sha256`` (the
+        :func:`~hf_unlearn.methods.grom.peft_export.adapter_digest` printed at save time, or the
+        ``hf_unlearn_integrity`` entry of the model card pushed with it) pins the metadata itself, and with it
+        every file, so an adapter whose files and metadata were both rewritten is refused too (the file checks
+        then run even with ``verify_integrity=False``).
         """
         folder = _resolve_folder(path_or_repo_id, revision, token, cache_dir, local_files_only)
         what = f"The GROM adapter {path_or_repo_id}"
+        check_pinned_digest(folder, expected_sha256, what)
         meta = _read_metadata(folder, path_or_repo_id)
-        if verify_integrity:
-            _verify_files(folder, meta, what)
+        audit_name = meta.get("audit_file")
+        audit_path = confined_file(folder, audit_name, what) if audit_name is not None else None
+        if verify_integrity or expected_sha256 is not None:
+            required = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, *([audit_name] if audit_name else []))
+            _verify_files(folder, meta, what, required=required)
         config = GROMConfig.from_saved(meta["config"], progress=False)
         state = _load_safetensors(folder / ADAPTER_WEIGHTS, what)
         scaling = _lora_scaling(folder, what)
-        audit_name = meta.get("audit_file")
         audit: dict[str, torch.Tensor] = {}
-        if audit_name:
-            if (folder / audit_name).is_file():
-                audit = _load_safetensors(folder / audit_name, what)
+        if audit_path is not None:
+            if audit_path.is_file():
+                audit = _load_safetensors(audit_path, what)
             elif not allow_missing_audit:
                 raise AdapterIntegrityError(
                     f"{what}: {audit_name} is missing, but {GROM_METADATA} says the adapter was saved with it. "
@@ -331,6 +347,7 @@ class GROMEdit:
                     "grom_adapter", self.base_model_name_or_path, "grom", self.config.saved_dict(), report,
                     repo_id=repo_id, library_name="peft", selection=selection_record_of(self),
                 )
+                record_integrity(card, folder)
             return push_folder(
                 folder, repo_id, card=card, token=token, endpoint=endpoint, private=private, revision=revision,
                 commit_message=commit_message or f"Upload GROM adapter ({', '.join(self.deltas)})",
@@ -355,14 +372,15 @@ def load_grom_adapter(model: Any, path_or_repo_id: str | os.PathLike, **kwargs: 
     against (a mismatch raises :class:`hf_unlearn.methods.grom.provenance.BaseModelMismatchError`; plain PEFT would load
     it silently whenever module names and shapes fit). An edit of a tied LM head unties ``model`` first
     (:func:`untie_lm_head`), so merging leaves the input embeddings unchanged. ``kwargs``: ``revision``,
-    ``token``, ``cache_dir``, ``local_files_only``, ``verify_integrity``, ``allow_missing_audit``."""
+    ``token``, ``cache_dir``, ``local_files_only``, ``verify_integrity``, ``allow_missing_audit``,
+    ``expected_sha256``."""
     from peft import PeftModel
 
     folder = _resolve_folder(path_or_repo_id, kwargs.get("revision"), kwargs.get("token"),
                              kwargs.get("cache_dir"), kwargs.get("local_files_only", False))
     edit = GROMEdit.from_pretrained(
         folder, model=model, verify_integrity=kwargs.get("verify_integrity", True),
-        allow_missing_audit=kwargs.get("allow_missing_audit", False),
+        allow_missing_audit=kwargs.get("allow_missing_audit", False), expected_sha256=kwargs.get("expected_sha256"),
     )
     if edit.untied_lm_head:
         untie_lm_head(model)
@@ -566,7 +584,8 @@ def _rows(data: Any, what: str, allow_empty: bool = False) -> list[dict[str, Any
         if not isinstance(r, Mapping):
             raise ValueError(
                 f"{what} row {i} is a {type(r).__name__} ({str(r)[:40]!r}), not a dict: GROM rows are TOFU-shaped "
-                "dicts with 'question' and 'answer' fields (a list of dicts or a datasets.Dataset)."
+                "dicts with 'question' and 'answer' fields (a list of dicts or a datasets.Dataset); pass documents "
+                "as hf_unlearn.data.documents_dataset(texts), a path or [{'text': ...}, ...]."
             )
         missing = [k for k in ("question", "answer") if k not in r]
         if missing:
@@ -589,6 +608,27 @@ def _rows(data: Any, what: str, allow_empty: bool = False) -> list[dict[str, Any
     return rows
 
 
+def _check_disjoint(
+    forget_rows: list[dict[str, Any]], retain_rows: list[dict[str, Any]], generic_rows: list[dict[str, Any]],
+    docs: dict[str, list[str] | None],
+) -> None:
+    """Refuse forget examples (rows, or documents) that also occur in the retain set or in ``generic_retain``."""
+    for what, rows in (("retain", retain_rows), ("generic_retain", generic_rows)):
+        if docs["forget"] is not None and docs[what] is not None:
+            overlap = shared_documents(docs["forget"], docs[what])
+        else:
+            overlap = overlapping_examples(forget_rows, rows) if forget_rows and rows else 0
+        if overlap and what == "retain":
+            raise ValueError(
+                f"{overlap} forget examples also occur in the retain set; forget and retain must be disjoint."
+            )
+        if overlap:
+            raise ValueError(
+                f"{overlap} forget examples also occur in generic_retain; the general rows must not contain forget "
+                "rows."
+            )
+
+
 def _batches(features: list[dict[str, Any]], ids: list[int], pad_id: int, batch_size: int):
     order = sorted(range(len(ids)), key=lambda j: len(features[ids[j]]["input_ids"]))
     for start in range(0, len(order), batch_size):
@@ -607,7 +647,7 @@ def _check_vocab(model: Any, tokenizer: Any, features: list[dict[str, Any]]) -> 
     head = model.get_output_embeddings()
     if head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings (LM head): GROM needs a causal LM.")
-    vocab = head.weight.shape[0]
+    vocab = vocab_size(model)  # from the config when the head is partitioned (ZeRO-3 / FSDP)
     if len(tokenizer) > vocab:
         raise ValueError(
             f"Tokenizer/model vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens but the model's LM head "
@@ -669,29 +709,38 @@ def _prepare(
 ) -> _Prepared:
     if not isinstance(config, GROMConfig):
         raise ValueError(f"config must be a GROMConfig, got {type(config).__name__}")
-    forget_rows, retain_rows = _rows(forget, "forget"), _rows(retain, "retain")
-    generic_rows = _rows(generic_retain, "generic_retain", allow_empty=True) if generic_retain is not None else []
-    if generic_retain is not None and not generic_rows:
+    docs = {what: as_documents(data, plain_lists=False)
+            for what, data in (("forget", forget), ("retain", retain), ("generic_retain", generic_retain))}
+    forget_rows = _rows(forget, "forget") if docs["forget"] is None else []
+    retain_rows = _rows(retain, "retain") if docs["retain"] is None else []
+    generic_rows = (_rows(generic_retain, "generic_retain", allow_empty=True)
+                    if generic_retain is not None and docs["generic_retain"] is None else [])
+    if generic_retain is not None and not generic_rows and docs["generic_retain"] is None:
         raise ValueError("generic_retain is empty: pass general rows, or None for no general term.")
-    overlap = overlapping_examples(forget_rows, retain_rows)
-    if overlap:
-        raise ValueError(f"{overlap} forget examples also occur in the retain set; forget and retain must be disjoint.")
-    overlap = overlapping_examples(forget_rows, generic_rows) if generic_rows else 0
-    if overlap:
-        raise ValueError(
-            f"{overlap} forget examples also occur in generic_retain; the general rows must not contain forget rows."
-        )
+    _check_disjoint(forget_rows, retain_rows, generic_rows, docs)
     ensure_pad_token(tokenizer)
     targets, layered, heads, candidates, band = select_targets(model, config)
     untied = heads[0].name if heads and lm_head_is_tied(model) else None
 
-    retain_indices = retain_subsample(len(retain_rows), config.retain_sample, config.seed)
-    retain_rows = [retain_rows[i] for i in retain_indices]
     limit = model_max_positions(model)
     tpl = config.prompt_template
-    forget_feats = _tokenize_rows(tokenizer, forget_rows, config.max_length, limit, tpl, "forget")
-    retain_feats = _tokenize_rows(tokenizer, retain_rows, config.max_length, limit, tpl, "retain")
-    generic_feats = _tokenize_rows(tokenizer, generic_rows, config.max_length, limit, tpl, "generic_retain")
+
+    def features(what: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if docs[what] is not None:  # every token of every chunk is predicted: every position is a key
+            return chunk_documents(docs[what], tokenizer, chunk_length(config.max_length, limit))
+        return _tokenize_rows(tokenizer, rows, config.max_length, limit, tpl, what)
+
+    forget_feats = features("forget", forget_rows)
+    if docs["retain"] is None:
+        retain_indices = retain_subsample(len(retain_rows), config.retain_sample, config.seed)
+        retain_feats = features("retain", [retain_rows[i] for i in retain_indices])
+    else:  # documents: the sample is drawn over the chunks
+        retain_feats = features("retain", [])
+        retain_indices = retain_subsample(len(retain_feats), config.retain_sample, config.seed)
+        retain_feats = [retain_feats[i] for i in retain_indices]
+    generic_feats = features("generic_retain", generic_rows)
+    if not forget_feats:
+        raise ValueError("The forget documents make no chunk of two tokens or more: there are no forget keys.")
     vocab = _check_vocab(model, tokenizer, forget_feats + retain_feats + generic_feats)
     f_counts = _answer_token_counts(forget_feats, vocab)
     r_counts = _answer_token_counts(retain_feats, vocab)
@@ -743,7 +792,10 @@ def fit_grom(
     """Fit the closed-form GROM edit of ``model`` that unlearns ``forget`` while preserving ``retain``.
 
     ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) as a list of dicts or a
-    ``datasets.Dataset``. Every forget row is read; of the retain rows only ``config.retain_sample`` (a
+    ``datasets.Dataset``, or documents (a list of strings, a path, a dataset with a ``text`` column:
+    :func:`hf_unlearn.data.documents.as_documents`), cut into chunks of ``min(config.max_length, max positions)`` tokens
+    (2048 when neither is set) where every token is predicted, so every chunk position is a key (the retain
+    sample is then drawn over chunks). Every forget row is read; of the retain rows only ``config.retain_sample`` (a
     seeded uniform sample, :func:`retain_subsample`) feed ``X_r X_r^T``, the retain side of the layer
     attribution and the retain token frequencies of the specificity weights (the whole retain set is still
     checked to be disjoint from the forget set). ``generic_retain``: optional rows of general knowledge (any

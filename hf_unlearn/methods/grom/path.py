@@ -19,82 +19,181 @@ axis then scales both preservation terms together, so a point's config records
 ``generic_retain_weight = w_g0 w_r / w_r0`` and the point is the exact fit of that config.
 
 :func:`fit_grom_path` runs one :func:`~hf_unlearn.methods.grom.fit_grom` (one key collection; nothing of the targets or
-the layer band depends on ``w_r``, ``mu`` or the scale) and solves every other point from it. Each point is a
-full :class:`~hf_unlearn.methods.grom.GROMEdit` (it saves, pushes, exports and audits as a fitted one); a scaled point
-records its ``target_scale`` in ``stats``. :meth:`GROMPath.select` measures a
-:class:`~hf_unlearn.selection.SelectionCriterion` on every point and returns the chosen edit with the
-:class:`~hf_unlearn.selection.SelectionRecord` in ``stats["selection"]`` (so ``grom_metadata.json`` and the
-model card carry it).
+the layer band depends on ``w_r``, ``mu`` or the scale) and solves every other point from it: one solve per
+``(w_r, mu)``, the scale axis being exact multiples. The path keeps each ``(w_r, mu)``'s float32 edit ``P`` and
+nothing else per point; ``path.edits[i]`` builds point ``i``'s full :class:`~hf_unlearn.methods.grom.GROMEdit` (it
+saves, pushes, exports and audits as a fitted one; a scaled point records its ``target_scale`` in ``stats``) when it
+is first asked for. :meth:`GROMPath.select` measures a :class:`~hf_unlearn.selection.SelectionCriterion` on every
+point and returns the chosen edit with the :class:`~hf_unlearn.selection.SelectionRecord` in ``stats["selection"]``
+(so ``grom_metadata.json`` and the model card carry it). The edits touch only a late band, so the hidden states
+entering it are cached once per row and each point runs only the blocks from the band on
+(:mod:`hf_unlearn.methods.grom.band_cache`); the same pass gives the original model's figures.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .band_cache import BandCache, band_entry
 from .config import GROMConfig
-from .model import GROMEdit, fit_grom
+from .model import GROMEdit, fit_grom, untie_lm_head
 from .solve import GROMSolution, cholesky_or_explain
 
 DEFAULT_SCALES = (0.25, 0.5, 1.0)
 DEFAULT_RETAIN_WEIGHT_FACTORS = (1.0, 10.0, 100.0)
 
 
+class _PointEdits(Sequence):
+    """``edits[i]``: point ``i``'s full :class:`~hf_unlearn.methods.grom.GROMEdit`, built on first access and kept."""
+
+    def __init__(self, build: Any, n: int) -> None:
+        self._build, self._n, self._built = build, n, {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        j = int(i) + (self._n if int(i) < 0 else 0)
+        if not 0 <= j < self._n:
+            raise IndexError(f"path point {i} out of range ({self._n} points)")
+        if j not in self._built:
+            self._built[j] = self._build(j)
+        return self._built[j]
+
+
 @dataclass
 class GROMPath:
     """Exact GROM edits at several strengths: ``points[i]`` (``{"scale", "retain_weight", "ridge"}``) and
-    ``edits[i]`` the :class:`~hf_unlearn.methods.grom.GROMEdit` of that point, ordered weak -> strong by the edit's size
-    ``sum_m ||P_m||_F``. ``record`` is set by :meth:`select`."""
+    ``edits[i]`` the :class:`~hf_unlearn.methods.grom.GROMEdit` of that point (built when first accessed), ordered
+    weak -> strong by the edit's size ``sum_m ||P_m||_F`` (``norms``). ``record`` is set by :meth:`select`.
+    ``unit_deltas[u]`` is the float32 edit of one ``(retain_weight, ridge)`` at scale 1 and point ``i`` is
+    ``point_scales[i] * unit_deltas[point_units[i]]`` (:meth:`point_deltas`); ``cache_bytes`` is what the last
+    cached :meth:`select` held in band inputs."""
 
     points: list[dict[str, float]]
-    edits: list[GROMEdit]
+    edits: Sequence[GROMEdit]
     record: Any = None
     norms: list[float] = field(default_factory=list)
+    unit_deltas: list[dict[str, torch.Tensor]] = field(default_factory=list, repr=False)
+    point_units: list[int] = field(default_factory=list, repr=False)
+    point_scales: list[float] = field(default_factory=list, repr=False)
+    base: GROMEdit | None = field(default=None, repr=False)
+    cache_bytes: int | None = None
 
     def __len__(self) -> int:
         return len(self.points)
 
-    def select(self, criterion: Any, model: Any, tokenizer: Any) -> GROMEdit:
-        """Measure ``criterion`` (a :class:`~hf_unlearn.selection.SelectionCriterion`) on ``model`` with each
-        edit applied in turn and return the edit its rule chooses.
+    def point_deltas(self, i: int) -> dict[str, torch.Tensor]:
+        """``{module: P}`` of point ``i`` (float32, CPU): its scale times its ``(w_r, mu)``'s unit edit (equal to
+        ``edits[i].deltas`` up to float32 rounding)."""
+        scale = self.point_scales[i]
+        return {n: d * scale if scale != 1.0 else d for n, d in self.unit_deltas[self.point_units[i]].items()}
 
-        ``model`` must be the unedited base the path was fitted on; its edited weights are restored exactly
-        after each measurement. The original model's figures are measured first when the criterion has none.
-        The record goes to :attr:`record` and to the chosen edit's ``stats["selection"]``.
+    def select(
+        self, criterion: Any, model: Any, tokenizer: Any, *, cached: bool = True,
+        cache_device: str | torch.device | None = None,
+    ) -> GROMEdit:
+        """Measure ``criterion`` (a :class:`~hf_unlearn.selection.SelectionCriterion`) on ``model`` with each
+        point's edit applied in turn and return the edit its rule chooses.
+
+        ``model`` must be the unedited base the path was fitted on; its edited weights are copied once and put
+        back exactly after each measurement. With ``cached`` (the default) one full pass over the criterion's rows
+        keeps the hidden states entering the edited band (on ``cache_device``, default the model's device; pass
+        ``"cpu"`` to keep accelerator memory free) and gives the original model's figures when the criterion has
+        none; each point then runs only the blocks from the band on (the same log-probabilities as a full pass).
+        ``cached=False`` measures the original and every point with full passes. The record goes to
+        :attr:`record` and to the chosen edit's ``stats["selection"]``; each measurement's ``seconds`` is its own
+        pass plus, when cached, its share of the caching pass.
         """
-        if not self.edits:
-            raise ValueError("The GROM path is empty.")
-        self.edits[0].verify_base(model)
-        if criterion.original is None:
-            criterion.measure_original(model, tokenizer)
+        if not self.points or not self.unit_deltas or self.base is None:
+            raise ValueError("The GROM path is empty (build it with fit_grom_path or grom_path_from_edit).")
+        base = self.base
+        base.verify_base(model)
+        if base.untied_lm_head:
+            untie_lm_head(model)
         modules = dict(model.named_modules())
-        names = sorted({n for e in self.edits for n in e.deltas})
+        names = sorted({n for u in self.unit_deltas for n in u})
         saved = {n: modules[n].weight.detach().clone() for n in names}
-        measurements = []
         try:
-            for edit in self.edits:
-                edit.apply_(model)
+            measure = _cached_measure(self, criterion, model, tokenizer, names, cache_device) if cached else None
+            if measure is None:
+                if criterion.original is None:
+                    criterion.measure_original(model, tokenizer)
+                measure = functools.partial(criterion.measure, model, tokenizer)
+            measurements = []
+            for i in range(len(self.points)):
+                _add_deltas(modules, self.point_deltas(i))
                 try:
-                    measurements.append(criterion.measure(model, tokenizer))
+                    measurements.append(measure())
                 finally:
-                    with torch.no_grad():
-                        for n in names:
-                            modules[n].weight.copy_(saved[n])
+                    _restore(modules, saved)
         finally:
-            with torch.no_grad():
-                for n in names:
-                    modules[n].weight.copy_(saved[n])
+            _restore(modules, saved)
         candidates = [{**p, "edit_norm": norm} for p, norm in zip(self.points, self.norms or [None] * len(self))]
         self.record = criterion.decide(candidates, measurements)
         chosen = self.edits[self.record.index]
         chosen.stats["selection"] = self.record.to_dict()
         return chosen
+
+
+def _add_deltas(modules: dict[str, Any], deltas: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, p in deltas.items():
+            w = modules[name].weight
+            w.add_(p.to(device=w.device, dtype=w.dtype))
+
+
+def _restore(modules: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, w in saved.items():
+            modules[name].weight.copy_(w)
+
+
+def _cached_measure(
+    path: GROMPath, criterion: Any, model: Any, tokenizer: Any, names: list[str],
+    cache_device: str | torch.device | None,
+) -> Any:
+    """The band caches of the criterion's row sets (one full pass of the unedited model, which also sets the
+    original's figures when the criterion has none) and a function measuring the model as it is now from them;
+    None, with a warning, when replaying does not reproduce the plain forward on this architecture."""
+    start = time.perf_counter()
+    try:
+        entry = band_entry(model, names)
+    except ValueError as err:
+        warnings.warn(f"{err} Measuring the GROM path with full passes.", stacklevel=3)
+        return None
+    sets = [criterion.forget, criterion.holdout, criterion.retain_validation, criterion.generic]
+    caches = [None if rows is None else BandCache(
+        model, entry, lambda scorer, rows=rows: criterion._score(model, tokenizer, rows, scorer), cache_device)
+        for rows in sets]
+    if not caches[0].replays_exactly():
+        warnings.warn(f"{type(model).__name__}: running the blocks from the edited band on cached hidden states does "
+                      "not reproduce the plain forward; measuring the GROM path with full passes.", stacklevel=3)
+        return None
+    if criterion.original is None:  # the first measurement's retain figures become the original's
+        criterion.measure_from_log_probs(*[None if c is None else c.plain() for c in caches])
+    path.cache_bytes = sum(cache.nbytes for cache in caches if cache is not None)
+    share = (time.perf_counter() - start) / len(path.points)
+
+    def measure() -> dict[str, Any]:
+        begin = time.perf_counter()
+        out = criterion.measure_from_log_probs(*[None if c is None else c.current() for c in caches])
+        out["seconds"] = time.perf_counter() - begin + share
+        return out
+
+    return measure
 
 
 def _unique(values: Sequence[float], what: str) -> list[float]:
@@ -125,25 +224,47 @@ def _has_generic(edit: GROMEdit) -> bool:
     return bool(edit.stats.get("num_generic_keys")) and float(getattr(edit.config, "generic_retain_weight", 0)) > 0
 
 
-def _point_edit(
-    base: GROMEdit, config: GROMConfig, retain_parts: dict[str, torch.Tensor], retain_weight: float, ridge: float,
-    scale: float, base_retain_weight: float,
-) -> GROMEdit:
-    solutions, deltas, targets = {}, {}, {}
+def _normal_parts(base: GROMEdit) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each module's ``(c_f X_f X_f^T, c_f X_f D^T)`` (float64): the parts of every point's normal equations that
+    depend on neither ``w_r`` nor ``mu``."""
+    parts = {}
     for name, sol in base.solutions.items():
         xf = base.forget_keys[name].to(torch.float64)
         d = base.targets[name].to(device=xf.device, dtype=torch.float64)
-        c_f = sol.forget_scale
-        a = c_f * (xf.T @ xf)
+        parts[name] = (sol.forget_scale * (xf.T @ xf), sol.forget_scale * (xf.T @ d))
+    return parts
+
+
+def _unit_solution(
+    base: GROMEdit, retain_parts: dict[str, torch.Tensor], retain_weight: float, ridge: float,
+    base_retain_weight: float, normal_parts: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> dict[str, GROMSolution]:
+    """Each module's exact solution at ``(retain_weight, ridge)`` and scale 1 (float64)."""
+    normal_parts = normal_parts or _normal_parts(base)
+    solutions = {}
+    for name, sol in base.solutions.items():
+        a, rhs = normal_parts[name]
         if retain_weight > 0:
-            a = a + (retain_weight / base_retain_weight) * retain_parts[name].to(xf.device)
+            a = a + (retain_weight / base_retain_weight) * retain_parts[name].to(a.device)
         if ridge:
             a = a + ridge * torch.eye(a.shape[0], dtype=torch.float64, device=a.device)
         chol = cholesky_or_explain(a, ridge)
-        delta = torch.cholesky_solve(c_f * (xf.T @ d), chol).T.contiguous()
+        delta = torch.cholesky_solve(rhs, chol).T.contiguous()
+        solutions[name] = GROMSolution(delta=delta, chol=chol, forget_scale=sol.forget_scale)
+    return solutions
+
+
+def _point_edit(
+    base: GROMEdit, config: GROMConfig, solutions: dict[str, GROMSolution], retain_weight: float, ridge: float,
+    scale: float, base_retain_weight: float,
+) -> GROMEdit:
+    """The full edit of one point from its ``(retain_weight, ridge)``'s unit ``solutions``."""
+    point_solutions, deltas, targets = {}, {}, {}
+    for name, sol in solutions.items():
+        delta, d = sol.delta, base.targets[name].to(dtype=torch.float64)
         if scale != 1.0:
             delta, d = scale * delta, scale * d
-        solutions[name] = GROMSolution(delta=delta, chol=chol, forget_scale=c_f)
+        point_solutions[name] = GROMSolution(delta=delta, chol=sol.chol, forget_scale=sol.forget_scale)
         deltas[name] = delta.float().cpu()
         targets[name] = d
     stats = {k: v for k, v in base.stats.items() if k != "selection"}
@@ -153,7 +274,7 @@ def _point_edit(
         changes["generic_retain_weight"] = float(config.generic_retain_weight) * retain_weight / base_retain_weight
     return dataclasses.replace(
         base, config=dataclasses.replace(config, **changes), deltas=deltas,
-        solutions=solutions, forget_keys=dict(base.forget_keys), targets=targets, stats=stats,
+        solutions=point_solutions, forget_keys=dict(base.forget_keys), targets=targets, stats=stats,
         layer_scores=dict(base.layer_scores), selected_layers=list(base.selected_layers),
         retain_indices=list(base.retain_indices),
     )
@@ -166,8 +287,10 @@ def grom_path_from_edit(
     ridges: Sequence[float] | None = None,
 ) -> GROMPath:
     """The path of every ``(scale, retain_weight, ridge)`` combination, solved from a fitted ``edit`` (which must
-    carry its audit state) without reading any data again. ``retain_weights`` defaults to ``w_r0`` times
-    1, 10 and 100 (``w_r0`` the edit's retain weight, or 1 when it is 0), ``ridges`` to the edit's ridge."""
+    carry its audit state) without reading any data again: one solve per ``(retain_weight, ridge)``, whose float32
+    edit the path keeps (a point's full edit is rebuilt from ``edit`` when ``path.edits[i]`` is first read).
+    ``retain_weights`` defaults to ``w_r0`` times 1, 10 and 100 (``w_r0`` the edit's retain weight, or 1 when it
+    is 0), ``ridges`` to the edit's ridge."""
     if not edit.solutions:
         raise ValueError("The GROM path needs an edit with its audit state (keys, targets and Cholesky factors).")
     config = edit.config
@@ -184,15 +307,31 @@ def grom_path_from_edit(
         if mu0:
             part = part - mu0 * torch.eye(part.shape[0], dtype=torch.float64, device=part.device)
         retain_parts[name] = part
-    points, edits, norms = [], [], []
-    for w_r, mu, scale in itertools.product(retain_weights, ridges, scales):
-        point_edit = _point_edit(edit, config, retain_parts, w_r, mu, scale, w0 or 1.0)
+    axes = list(itertools.product(retain_weights, ridges))
+    units, unit_norms, normal_parts = [], [], _normal_parts(edit)
+    for w_r, mu in axes:
+        solutions = _unit_solution(edit, retain_parts, w_r, mu, w0 or 1.0, normal_parts)
+        units.append({n: s.delta.float().cpu() for n, s in solutions.items()})
+        unit_norms.append(float(sum(float(s.delta.norm()) for s in solutions.values())))
+        del solutions
+    del normal_parts
+    points, norms, point_units, point_scales = [], [], [], []
+    for u, ((w_r, mu), scale) in enumerate(itertools.product(axes, scales)):
         points.append({"scale": scale, "retain_weight": w_r, "ridge": mu})
-        edits.append(point_edit)
-        norms.append(float(sum(float(s.delta.norm()) for s in point_edit.solutions.values())))
+        point_units.append(u // len(scales))
+        point_scales.append(scale)
+        norms.append(scale * unit_norms[u // len(scales)])
     order = sorted(range(len(points)), key=lambda i: (norms[i], i))
-    return GROMPath(points=[points[i] for i in order], edits=[edits[i] for i in order],
-                    norms=[norms[i] for i in order])
+    points, norms = [points[i] for i in order], [norms[i] for i in order]
+    point_units, point_scales = [point_units[i] for i in order], [point_scales[i] for i in order]
+
+    def build(i: int) -> GROMEdit:
+        w_r, mu, scale = points[i]["retain_weight"], points[i]["ridge"], points[i]["scale"]
+        solutions = _unit_solution(edit, retain_parts, w_r, mu, w0 or 1.0)
+        return _point_edit(edit, config, solutions, w_r, mu, scale, w0 or 1.0)
+
+    return GROMPath(points=points, edits=_PointEdits(build, len(points)), norms=norms, unit_deltas=units,
+                    point_units=point_units, point_scales=point_scales, base=edit)
 
 
 def fit_grom_path(

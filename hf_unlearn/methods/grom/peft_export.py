@@ -11,7 +11,11 @@ which leaves ``B @ A`` unchanged.
 :func:`save_adapter` writes the adapter through :mod:`hf_unlearn.safe_output` (a new folder is built beside
 the target and swapped in when complete) and refuses non-finite factors before writing. It records the SHA-256
 digest of every file it writes besides the metadata (``adapter_config.json``, ``adapter_model.safetensors``,
-``grom_audit.safetensors``) under ``integrity`` in ``grom_metadata.json``; :func:`verify_integrity` checks them.
+``grom_audit.safetensors``) under ``integrity`` in ``grom_metadata.json``; :func:`verify_integrity` checks them,
+after confining every file name the metadata gives to the adapter folder (:func:`confined_file`). Those digests
+live in the metadata itself, so they catch accidents and naive edits, not an attacker who rewrites the metadata
+too: :func:`adapter_digest`, the SHA-256 of ``grom_metadata.json`` (and so, through its records, of every file),
+is what a user pins when loading (``expected_sha256=``) and what a pushed model card records.
 """
 
 from __future__ import annotations
@@ -42,11 +46,77 @@ def file_digests(folder: Path, names: list[str]) -> dict[str, str]:
     return {n: file_sha256(folder / n) for n in names}
 
 
-def verify_integrity(folder: Path, metadata: dict[str, Any], what: str) -> None:
+def confined_file(folder: Path, name: Any, what: str, manifest: str = GROM_METADATA) -> Path:
+    """``folder / name`` for a file name read from ``manifest``, refused (:class:`AdapterIntegrityError`) unless it
+    is one plain name inside ``folder``: no ``..``, no absolute path, no separator, and no link that leads out of
+    the folder (a Hub download's links into its cache's ``blobs`` folder are followed)."""
+    plain = isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+    if not plain:
+        raise AdapterIntegrityError(
+            f"{what}: {manifest} names the file {name!r}, which is not a plain file name inside the folder; the "
+            "metadata was tampered with or damaged. Restore it from the saved artifact."
+        )
+    path = folder / name
+    if path.is_symlink():
+        root = folder.resolve()
+        allowed = [root] + ([root.parents[1] / "blobs"] if root.parent.name == "snapshots" else [])
+        target = path.resolve()
+        if not any(target == r or r in target.parents for r in allowed):
+            raise AdapterIntegrityError(
+                f"{what}: {name} is a link to {target}, outside the folder; hf-unlearn reads an artifact's files "
+                "only from inside its folder. Replace the link by the saved file."
+            )
+    return path
+
+
+def adapter_digest(folder: str | os.PathLike, manifest: str = GROM_METADATA) -> str:
+    """The digest that identifies a saved artifact: the SHA-256 of its ``manifest`` (a GROM adapter's
+    ``grom_metadata.json``), which records the SHA-256 of each of its other files. Pin it when loading
+    (``expected_sha256=``) to refuse an artifact whose files and metadata were both rewritten."""
+    from .provenance import file_sha256
+
+    return file_sha256(Path(folder) / manifest)
+
+
+def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest: str = GROM_METADATA) -> None:
+    """Refuse (:class:`AdapterIntegrityError`) a folder whose :func:`adapter_digest` is not ``expected``
+    (``None``: nothing pinned, nothing checked)."""
+    if expected is None:
+        return
+    want = str(expected).strip().lower()
+    if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
+        raise ValueError(f"expected_sha256 must be a hex SHA-256 digest (64 characters), got {expected!r}.")
+    path = confined_file(folder, manifest, what, manifest)
+    if not path.is_file():
+        raise AdapterIntegrityError(f"{what}: {manifest} is missing, so the pinned digest cannot be checked.")
+    got = adapter_digest(folder, manifest)
+    if got != want:
+        raise AdapterIntegrityError(
+            f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these are not the files that "
+            "were saved (or pushed) with that digest. Download the artifact again from a source you trust."
+        )
+
+
+def record_integrity(card: Any, folder: Path, manifests: tuple[str, ...] = (GROM_METADATA,)) -> dict[str, str] | None:
+    """Put the :func:`adapter_digest` of the first of ``manifests`` that ``folder`` holds into the front matter of
+    the model card ``card`` as ``hf_unlearn_integrity: {manifest, sha256}`` (the digest to pass as
+    ``expected_sha256=`` when loading); return that entry, ``None`` when the folder holds no manifest."""
+    for manifest in manifests:
+        if (folder / manifest).is_file():
+            entry = {"manifest": manifest, "sha256": adapter_digest(folder, manifest)}
+            card.data.hf_unlearn_integrity = entry
+            return entry
+    return None
+
+
+def verify_integrity(folder: Path, metadata: dict[str, Any], what: str,
+                     required: tuple[str, ...] = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)) -> None:
     """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from the digests ``metadata`` records.
 
-    Every file listed under ``metadata["integrity"]["files"]`` must exist and have its recorded SHA-256. A
-    metadata without an integrity record is refused too (nothing says the files are the saved ones).
+    Every file listed under ``metadata["integrity"]["files"]`` must be a plain name inside the folder
+    (:func:`confined_file`), exist and have its recorded SHA-256, and every name of ``required`` (the adapter
+    files, and the audit the metadata names) must be listed. A metadata without an integrity record is refused too
+    (nothing says the files are the saved ones).
     """
     record = metadata.get("integrity")
     if not isinstance(record, dict) or not isinstance(record.get("files"), dict) or not record["files"]:
@@ -57,10 +127,16 @@ def verify_integrity(folder: Path, metadata: dict[str, Any], what: str) -> None:
         )
     if record.get("algorithm", INTEGRITY_ALGORITHM) != INTEGRITY_ALGORITHM:
         raise AdapterIntegrityError(f"{what}: unknown integrity algorithm {record.get('algorithm')!r} in {GROM_METADATA}.")
+    unlisted = [n for n in required if n not in record["files"]]
+    if unlisted:
+        raise AdapterIntegrityError(
+            f"{what}: {GROM_METADATA} records no digest for {', '.join(unlisted)}, which every saved adapter has; "
+            "the metadata was edited. Restore it from the saved adapter."
+        )
     from .provenance import file_sha256
 
     for name, want in sorted(record["files"].items()):
-        path = folder / name
+        path = confined_file(folder, name, what)
         if not path.is_file():
             raise AdapterIntegrityError(
                 f"{what}: {name} is missing, but {GROM_METADATA} says it was saved with the adapter. Restore the "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,13 +20,61 @@ MASC_EPOCH_LENGTHS = ("forget", "max(forget,retain)")
 # The step budget (a ceiling): the authors' longest TOFU run, 3 epochs of max(len(retain90), len(forget10)) /
 # batch 2 = 3 x 1,800 steps.
 MASC_DEFAULT_MAX_STEPS = 5400
-# The authors' TOFU script (repro/run_masc_tofu.sh), field by field where it differs from MASCConfig's defaults.
+# The authors' two recipes (FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection), the fields they set that
+# differ between them. "small": their Qwen2.5 TOFU runs (exp_scaling/scripts/run_unlearn_qwen25_family_tofu_
+# selftopk_besthp_from_full.sh: --retain_loss_mode kl_target --lambda_retain 1.0 --lambda_forget_margin 0.1
+# --forget_margin_rho 0.5 --forget_margin_buffer_eta 0.5 --early_stop_trigger_threshold 0.2
+# --early_stop_confirm_alpha 0.2 --early_stop_confirm_num_forget_examples 64); "llama2-7b": their Llama-2-7B-chat
+# TOFU script (repro/run_masc_tofu.sh: --lambda_retain 0.0 --lambda_forget_margin 0.05 --forget_margin_rho 0.70
+# --forget_margin_buffer_eta 0.25 --early_stop_trigger_threshold 0.475 --early_stop_confirm_alpha 0.475
+# --early_stop_confirm_num_forget_examples 32). Everything else both scripts set alike (top-10 self rivals,
+# beta 1, the 20-60% continuation cut with 32/32 minimum tokens, checks every 2 steps on 2 probe batches, the
+# plain-mean confirmation, constant lr 1e-4, batch 2, LoRA r16/32/0.05 on q,k,v,o, no gradient clipping).
+MASC_RECIPES: dict[str, dict[str, Any]] = {
+    "small": {
+        "forget_weight": 0.1, "margin_probability": 0.5, "buffer_eta": 0.5, "retain_weight": 1.0,
+        "stop_trigger": 0.2, "stop_tolerance": 0.2, "confirm_examples": 64,
+    },
+    "llama2-7b": {
+        "forget_weight": 0.05, "margin_probability": 0.7, "buffer_eta": 0.25, "retain_weight": 0.0,
+        "stop_trigger": 0.475, "stop_tolerance": 0.475, "confirm_examples": 32,
+    },
+}
+MASC_RECIPE_CHOICES = ("auto", *MASC_RECIPES)
+#: ``recipe="auto"``: models with fewer parameters than this get the "small" recipe, the others "llama2-7b". The
+#: authors ran the small recipe on Qwen2.5 0.5B-7B and the Llama one on Llama-2-7B; the 2B boundary is hf-unlearn's.
+MASC_SMALL_MODEL_MAX_PARAMETERS = 2_000_000_000
+# The authors' TOFU script (repro/run_masc_tofu.sh), on top of its recipe: an epoch and a budget as theirs.
 MASC_AUTHORS_TOFU = {
-    "retain_weight": 0.0,  # --lambda_retain 0.0
+    "recipe": "llama2-7b",  # --lambda_retain 0.0, lambda 0.05, rho 0.70, eta 0.25, alpha 0.475, 32 examples
     "epoch_length": "max(forget,retain)",  # an epoch is max(len(retain_loader), len(forget_loader)) steps
     "max_steps": -1,  # and the budget is 3 such epochs
     "num_train_epochs": 3.0,
 }
+
+
+def masc_recipe_for(num_parameters: int) -> str:
+    """The recipe ``recipe="auto"`` resolves to for a model of ``num_parameters`` parameters: ``"small"`` below
+    :data:`MASC_SMALL_MODEL_MAX_PARAMETERS`, else ``"llama2-7b"``."""
+    return "small" if int(num_parameters) < MASC_SMALL_MODEL_MAX_PARAMETERS else "llama2-7b"
+
+
+def model_parameter_count(model: Any) -> int:
+    """Parameters of ``model`` without LoRA adapters (a PEFT model counts its base), 4-bit packed weights counted
+    unpacked; a name or path is counted from its config on the meta device (no weights are loaded)."""
+    if isinstance(model, (str, os.PathLike)):
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    total = 0
+    for name, param in base.named_parameters():
+        if "lora_" in name:
+            continue
+        total += param.numel() * (2 if type(param).__name__ == "Params4bit" else 1)
+    return total
 
 
 @dataclass
@@ -35,16 +85,24 @@ class MASCConfig(BaseUnlearningConfig):
     MASC pushes down the *restricted margin* of forget answer tokens,
     `m_t = beta * z(y_t) - logsumexp_{v in top-k(z) \ y_t} beta * z(v)` (`z` the logits, the `k` rivals chosen
     without gradient from the current model's own logits), below `tau = log(rho / (1 - rho))`, and stops by
-    itself. Where the defaults come from:
+    itself. Where the defaults come from (FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection):
 
-    - **(L2-7B)**: the authors' TOFU recipe (`repro/run_masc_tofu.sh` and `scripts/run_margin_unlearning.py` of
-      FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection), their **Llama-2-7B-chat** TOFU forget10 run:
-      `lambda_fg 0.05`, `rho 0.70`, `eta 0.25`, top-10 self rivals, `beta 1.0`, continuation cut 20-60% with
-      32/32 minimum prefix/suffix tokens, stop trigger and alpha 0.475 on 32 confirmation examples confirmed by
-      their plain mean (the script does not pass `--early_stop_confirm_use_ucb`), checks every 2 steps on 2
-      probe batches, constant `lr 1e-4`, batch 2, LoRA r 16 / alpha 32 / dropout 0.05 on q,k,v,o.
-    - **(paper)**: the paper's objective `KL(pi_0 || pi_theta) + lambda * hinge`, i.e. the retain KL on at weight
-      1 (the authors' TOFU script turns it off: [`MASCConfig.authors_tofu_preset`]).
+    - **Recipes** (`recipe`): the authors ran two TOFU forget10 recipes, and seven fields differ between them
+      (:data:`MASC_RECIPES`). `"small"`, their Qwen2.5 runs (`exp_scaling/scripts/run_unlearn_qwen25_family_tofu_
+      selftopk_besthp_from_full.sh`, Qwen2.5-0.5B to 7B-Instruct): the retain KL to the starting model at weight 1
+      (`--retain_loss_mode kl_target --lambda_retain 1.0`), `lambda_fg 0.1`, `rho 0.5`, `eta 0.5`, trigger and
+      alpha 0.2, 64 confirmation examples. `"llama2-7b"`, their Llama-2-7B-chat script (`repro/run_masc_tofu.sh`):
+      no retain term (`--lambda_retain 0.0`), `lambda_fg 0.05`, `rho 0.70`, `eta 0.25`, trigger and alpha 0.475,
+      32 confirmation examples. `"auto"` (the default) takes `"small"` for a model of fewer than 2B parameters
+      (:data:`MASC_SMALL_MODEL_MAX_PARAMETERS`, hf-unlearn's boundary), else `"llama2-7b"`; the trainer resolves it
+      when it sees the model and records it (`MASCTrainer.recipe`, `masc_stopping.json`). A recipe field left at
+      `None` takes the recipe's value; a value given explicitly always wins. Until the trainer resolves `"auto"`
+      the config shows the `"small"` values.
+    - **(L2-7B)**: what both scripts set alike (`scripts/run_margin_unlearning.py` and its Qwen copy): top-10 self
+      rivals, `beta 1.0`, continuation cut 20-60% with 32/32 minimum prefix/suffix tokens, the plain-mean
+      confirmation (neither passes `--early_stop_confirm_use_ucb`), checks every 2 steps on 2 probe batches,
+      constant `lr 1e-4`, batch 2, LoRA r 16 / alpha 32 / dropout 0.05 on q,k,v,o, 3 epochs, and no gradient
+      clipping (`max_grad_norm=0`).
     - **(measured)**: the step budget `max_steps`, a ceiling (see the note below), and the effect of the retain
       KL (see `retain_weight`), on the tiny test model (the small Llama that memorises the synthetic TOFU set).
 
@@ -70,25 +128,31 @@ class MASCConfig(BaseUnlearningConfig):
     the trajectory up to the stop.
 
     Parameters:
+        recipe (`str`, *optional*, defaults to `"auto"`):
+            `"small"`, `"llama2-7b"` or `"auto"` (by the model's parameter count): where the recipe fields left
+            at `None` (`forget_weight`, `margin_probability`, `buffer_eta`, `retain_weight`, `stop_trigger`,
+            `stop_tolerance`, `confirm_examples`) take their values.
+
         > Parameters that control the margin
 
         top_k (`int`, *optional*, defaults to `10`):
             Number of rival tokens `k` (L2-7B), in `[1, vocab_size - 1]`.
         margin_beta (`float`, *optional*, defaults to `1.0`):
             Inverse temperature `beta` of the margin (L2-7B), `> 0`.
-        margin_probability (`float`, *optional*, defaults to `0.7`):
-            Threshold as a restricted probability `rho` in `(0, 1)` (L2-7B); `tau = log(rho / (1 - rho))`.
+        margin_probability (`float`, *optional*):
+            Threshold as a restricted probability `rho` in `(0, 1)`; `tau = log(rho / (1 - rho))`. Default: the
+            recipe's (small 0.5, llama2-7b 0.7).
         margin_threshold (`float`, *optional*):
             Threshold `tau` given directly; when set it replaces `margin_probability`.
 
         > Parameters that control the loss
 
-        forget_weight (`float`, *optional*, defaults to `0.05`):
-            Weight `lambda_fg` of the forget (hinge) term (L2-7B), `> 0`.
+        forget_weight (`float`, *optional*):
+            Weight `lambda_fg` of the forget (hinge) term, `> 0`. Default: the recipe's (small 0.1, llama2-7b 0.05).
         hinge (`str`, *optional*, defaults to `"buffered"`):
             `"buffered"`: `relu(m_t - (tau - eta)) / eta` (L2-7B); `"plain"`: the earlier `relu(m_t - tau)`.
-        buffer_eta (`float`, *optional*, defaults to `0.25`):
-            Buffer `eta > 0` of the buffered hinge (L2-7B).
+        buffer_eta (`float`, *optional*):
+            Buffer `eta > 0` of the buffered hinge. Default: the recipe's (small 0.5, llama2-7b 0.25).
         penalty (`str`, *optional*, defaults to `"continuation"`):
             `"continuation"`: only the answer suffix after a random cut counts (L2-7B), in the loss and in the
             stopping statistic; `"full"`: the whole answer.
@@ -97,15 +161,16 @@ class MASCConfig(BaseUnlearningConfig):
         continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
             Upper end of the uniform cut ratio (L2-7B).
         continuation_min_prefix_tokens (`int`, *optional*, defaults to `32`):
-            Answer tokens always left before the cut (L2-7B, Llama-2 tokens; scale it to the tokenizer: the
-            TOFU-tiny benchmark uses 8). Answers shorter than min prefix + min suffix are penalised whole.
+            Answer tokens always left before the cut (L2-7B, and the authors' Qwen2.5 runs; the TOFU-tiny
+            benchmark uses 8 for its byte-level tokenizer). Answers shorter than min prefix + min suffix are
+            penalised whole.
         continuation_min_suffix_tokens (`int`, *optional*, defaults to `32`):
             Answer tokens always penalised after the cut (L2-7B; TOFU-tiny uses 8).
-        retain_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of `KL(pi_0 || pi_theta)` on retain answer tokens (paper: 1, the KL term unweighted beside
-            `lambda_fg` times the hinge; L2-7B: 0, [`MASCConfig.authors_tofu_preset`]). With `0` the retain set
-            only counts the epoch (`epoch_length`), if at all. Measured on the tiny test model (LoRA, lr 3e-3,
-            batch 2, 20 forget rows): with weight 1 the rule stopped at step 12 with forget NLL 0.04 -> 1.92 and
+        retain_weight (`float`, *optional*):
+            Weight of `KL(pi_0 || pi_theta)` on retain answer tokens. Default: the recipe's (small 1, the paper's
+            objective `KL + lambda * hinge`; llama2-7b 0). With `0` the retain set only counts the epoch
+            (`epoch_length`), if at all. Measured on the tiny test model with the `"llama2-7b"` thresholds (LoRA,
+            lr 3e-3, batch 2, 20 forget rows): with weight 1 the rule stopped at step 12 with forget NLL 0.04 -> 1.92 and
             retain NLL 0.03 -> 0.35; with the authors' preset (weight 0) at step 10 with 0.04 -> 3.11 and
             0.03 -> 1.47.
         epoch_length (`str`, *optional*, defaults to `"forget"`):
@@ -126,20 +191,21 @@ class MASCConfig(BaseUnlearningConfig):
             bound can exceed `alpha` for good).
         check_every (`int`, *optional*, defaults to `2`):
             Check the rule every `check_every` optimizer steps (L2-7B).
-        stop_trigger (`float`, *optional*, defaults to `0.475`):
-            Stage 1 arms the confirmation when the probe's mean per-example violation rate is `<=` this (L2-7B).
+        stop_trigger (`float`, *optional*):
+            Stage 1 arms the confirmation when the probe's mean per-example violation rate is `<=` this. Default:
+            the recipe's (small 0.2, llama2-7b 0.475).
         stop_probe_batches (`int`, *optional*, defaults to `2`):
             Stage 1 probes the first `stop_probe_batches * per_device_train_batch_size` forget training examples
             (L2-7B: 2 batches of 2).
-        confirm_examples (`int`, *optional*, defaults to `32`):
-            Stage 2 probes the first `confirm_examples` forget training examples (L2-7B; all of them when the
-            set is smaller, which widens the bound).
+        confirm_examples (`int`, *optional*):
+            Stage 2 probes the first `confirm_examples` forget training examples (all of them when the set is
+            smaller, which widens the bound). Default: the recipe's (small 64, llama2-7b 32).
         confirm_delta (`float`, *optional*, defaults to `0.05`):
             Total failure probability `delta` of the anytime Hoeffding bound (L2-7B), in `(0, 1)`; used by
             `confirm_rule="hoeffding"` only.
-        stop_tolerance (`float`, *optional*, defaults to `0.475`):
-            `alpha` in `(0, 1)`: stop when the bound (`"train"`) or the held-out rate (`"heldout"`) is `<= alpha`
-            (L2-7B: 0.475).
+        stop_tolerance (`float`, *optional*):
+            `alpha` in `(0, 1)`: stop when the bound (`"train"`) or the held-out rate (`"heldout"`) is `<= alpha`.
+            Default: the recipe's (small 0.2, llama2-7b 0.475).
         validation_fraction (`float`, *optional*, defaults to `0.1`):
             `stop_probe="heldout"` only: fraction of the forget set held out (never trained on).
         min_validation_positions (`int`, *optional*, defaults to `20`):
@@ -151,19 +217,20 @@ class MASCConfig(BaseUnlearningConfig):
         use_peft (`bool`, *optional*, defaults to `True`):
             Train a LoRA adapter (L2-7B); the reference `pi_0` is then the model with the adapter disabled.
         lora_r (`int`, *optional*, defaults to `16`):
-            LoRA rank (L2-7B).
+            LoRA rank (L2-7B), `>= 1`.
         lora_alpha (`int`, *optional*, defaults to `32`):
-            LoRA alpha (L2-7B).
+            LoRA alpha (L2-7B), `> 0`.
         lora_dropout (`float`, *optional*, defaults to `0.05`):
-            LoRA dropout (L2-7B).
+            LoRA dropout (L2-7B), in `[0, 1)`.
         lora_target_modules (`list[str]`, *optional*, defaults to `["q_proj", "k_proj", "v_proj", "o_proj"]`):
             Modules that get an adapter (L2-7B; Llama names).
 
     > [!NOTE]
     > Defaults that differ from the base config: `learning_rate` `1e-4` and `lr_scheduler_type` `"constant"`
     > (L2-7B: plain AdamW at a constant 1e-4), `per_device_train_batch_size` `2` and `weight_decay` `0.0`
-    > (L2-7B), `max_steps` `5400` (a ceiling: the authors' longest TOFU budget, 3 epochs of
-    > `max(len(retain90), len(forget10)) / 2 = 1,800` steps; measured: with every other default the rule
+    > (L2-7B), `max_grad_norm` `0.0` (no clipping, as the authors; the transformers default clips at 1),
+    > `max_steps` `5400` (a ceiling: the authors' longest TOFU budget, 3 epochs of
+    > `max(len(retain90), len(forget10)) / 2 = 1,800` steps; measured with the `"llama2-7b"` recipe: the rule
     > stopped the tiny test model, 20 memorised synthetic forget rows, at step 196, where the Hoeffding
     > confirmation had not stopped it by step 300), and `num_train_epochs` `3` (L2-7B; used only with
     > `max_steps=-1`).
@@ -181,24 +248,43 @@ class MASCConfig(BaseUnlearningConfig):
     num_train_epochs: float = field(default=3.0, metadata={"help": "Epoch budget when max_steps=-1 (authors: 3)."})
     per_device_train_batch_size: int = field(default=2, metadata={"help": "Batch size per device (authors: 2)."})
     weight_decay: float = field(default=0.0, metadata={"help": "Weight decay for AdamW (authors: 0)."})
+    max_grad_norm: float = field(
+        default=0.0, metadata={"help": "Gradient clipping norm; 0 (the default, as the authors) clips nothing."}
+    )
+
+    # The recipe
+    recipe: str = field(
+        default="auto",
+        metadata={"help": "The authors' recipe the unset fields come from: 'small', 'llama2-7b', or 'auto' (by the "
+                          "model's parameter count, < 2B: 'small'), resolved when the trainer sees the model.",
+                  "choices": list(MASC_RECIPE_CHOICES)},
+    )
 
     # The margin
     top_k: int = field(default=10, metadata={"help": "Number k of rival tokens in the restricted margin."})
     margin_beta: float = field(default=1.0, metadata={"help": "Inverse temperature beta inside the margin."})
     margin_probability: float | None = field(
-        default=0.7, metadata={"help": "Threshold as restricted probability rho; tau = log(rho / (1 - rho))."}
+        default=None,
+        metadata={"help": "Threshold as restricted probability rho; tau = log(rho / (1 - rho)) (None: the recipe's; "
+                          "small 0.5, llama2-7b 0.7)."},
     )
     margin_threshold: float | None = field(
         default=None, metadata={"help": "Threshold tau given directly (replaces margin_probability when set)."}
     )
 
     # The loss
-    forget_weight: float = field(default=0.05, metadata={"help": "Weight lambda_fg of the forget hinge term."})
+    forget_weight: float | None = field(
+        default=None,
+        metadata={"help": "Weight lambda_fg of the forget hinge term (None: the recipe's; small 0.1, llama2-7b 0.05)."},
+    )
     hinge: str = field(
         default="buffered",
         metadata={"help": "'buffered': relu(m - (tau - eta)) / eta; 'plain': relu(m - tau).", "choices": list(MASC_HINGES)},
     )
-    buffer_eta: float = field(default=0.25, metadata={"help": "Buffer eta of the buffered hinge (> 0)."})
+    buffer_eta: float | None = field(
+        default=None,
+        metadata={"help": "Buffer eta of the buffered hinge, > 0 (None: the recipe's; small 0.5, llama2-7b 0.25)."},
+    )
     penalty: str = field(
         default="continuation",
         metadata={"help": "'continuation': loss on the answer suffix after a random cut; 'full': whole answer.",
@@ -212,8 +298,10 @@ class MASCConfig(BaseUnlearningConfig):
     continuation_min_suffix_tokens: int = field(
         default=32, metadata={"help": "Answer tokens always penalised after the cut (Llama-2: 32)."}
     )
-    retain_weight: float = field(
-        default=1.0, metadata={"help": "Weight of KL(pi_0 || pi_theta) on retain tokens (paper: 1; authors' TOFU: 0)."}
+    retain_weight: float | None = field(
+        default=None,
+        metadata={"help": "Weight of KL(pi_0 || pi_theta) on retain tokens (None: the recipe's; small 1, "
+                          "llama2-7b 0)."},
     )
     epoch_length: str = field(
         default="forget",
@@ -233,11 +321,23 @@ class MASCConfig(BaseUnlearningConfig):
                   "choices": list(MASC_CONFIRM_RULES)},
     )
     check_every: int = field(default=2, metadata={"help": "Check the stopping rule every this many steps."})
-    stop_trigger: float = field(default=0.475, metadata={"help": "Stage-1 trigger on the mean violation rate."})
+    stop_trigger: float | None = field(
+        default=None,
+        metadata={"help": "Stage-1 trigger on the mean violation rate (None: the recipe's; small 0.2, llama2-7b "
+                          "0.475)."},
+    )
     stop_probe_batches: int = field(default=2, metadata={"help": "Stage-1 probe size in training batches."})
-    confirm_examples: int = field(default=32, metadata={"help": "Stage-2 probe size in forget training examples."})
+    confirm_examples: int | None = field(
+        default=None,
+        metadata={"help": "Stage-2 probe size in forget training examples (None: the recipe's; small 64, "
+                          "llama2-7b 32)."},
+    )
     confirm_delta: float = field(default=0.05, metadata={"help": "Failure probability delta of the Hoeffding bound."})
-    stop_tolerance: float = field(default=0.475, metadata={"help": "alpha: stop when the bound (or rate) is <= alpha."})
+    stop_tolerance: float | None = field(
+        default=None,
+        metadata={"help": "alpha: stop when the bound (or rate) is <= alpha (None: the recipe's; small 0.2, "
+                          "llama2-7b 0.475)."},
+    )
     validation_fraction: float = field(
         default=0.1, metadata={"help": "stop_probe='heldout': fraction of the forget set held out."}
     )
@@ -255,7 +355,17 @@ class MASCConfig(BaseUnlearningConfig):
         metadata={"help": "Modules that get a LoRA adapter."},
     )
 
+    #: Ranges of MASC's own numeric fields beyond those its checks below state (every float must also be finite;
+    #: see :func:`~hf_unlearn.methods.base.config.check_numeric_fields`).
+    numeric_ranges = {
+        "lora_r": (">= 1", "the LoRA rank"),
+        "lora_alpha": ("> 0", "the adapter's update is scaled by lora_alpha / r: 0 leaves the model unchanged and a "
+                              "negative alpha reverses the update"),
+        "lora_dropout": "[0, 1)",
+    }
+
     def __post_init__(self) -> None:
+        self._fill_from_recipe()
         if int(self.top_k) < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}.")
         if not self.margin_beta > 0:
@@ -302,12 +412,46 @@ class MASCConfig(BaseUnlearningConfig):
             raise ValueError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction}.")
         super().__post_init__()
 
+    def _fill_from_recipe(self) -> None:
+        """Record which recipe fields were given (not ``None``) and fill the others from the recipe; under
+        ``"auto"`` provisionally from ``"small"`` until :meth:`with_recipe` resolves it."""
+        if self.recipe not in MASC_RECIPE_CHOICES:
+            raise ValueError(f"recipe must be one of {list(MASC_RECIPE_CHOICES)}, got {self.recipe!r}.")
+        if not hasattr(self, "recipe_fields_given"):
+            self.recipe_fields_given = tuple(k for k in MASC_RECIPES["small"] if getattr(self, k) is not None)
+        values = MASC_RECIPES["small" if self.recipe == "auto" else self.recipe]
+        for name, value in values.items():
+            if name not in self.recipe_fields_given:
+                setattr(self, name, value)
+
+    def with_recipe(self, name: str) -> MASCConfig:
+        """A copy of this config with recipe ``name`` (``"small"`` or ``"llama2-7b"``) in every recipe field that
+        was not given explicitly; the fields given keep their values. This config is not modified."""
+        if name not in MASC_RECIPES:
+            raise ValueError(f"recipe must be one of {list(MASC_RECIPES)}, got {name!r}.")
+        resolved = copy.copy(self)
+        resolved.recipe = name
+        resolved._fill_from_recipe()
+        return resolved
+
+    def resolved_for(self, model: Any) -> tuple[MASCConfig, dict[str, Any]]:
+        """``(config, record)``: under ``recipe="auto"`` a copy with the recipe of ``model``'s parameter count
+        (:func:`masc_recipe_for`, :meth:`with_recipe`), else this config; ``record`` says what was used
+        (``requested``, ``used``, ``model_parameters``, ``given``: the recipe fields set explicitly)."""
+        record: dict[str, Any] = {"requested": self.recipe, "used": self.recipe, "model_parameters": None,
+                                  "given": list(self.recipe_fields_given)}
+        if self.recipe != "auto":
+            return self, record
+        count = model_parameter_count(model)
+        resolved = self.with_recipe(masc_recipe_for(count))
+        record.update(used=resolved.recipe, model_parameters=count)
+        return resolved, record
+
     @classmethod
     def authors_tofu_preset(cls, output_dir: str, **overrides: Any) -> MASCConfig:
-        """The authors' TOFU script (L2-7B) as a config: :data:`MASC_AUTHORS_TOFU` (no retain term,
-        ``lambda_retain 0``; their epoch of ``max(forget, retain)`` steps; a budget of 3 such epochs) on top of
-        the defaults (which are already theirs otherwise), then ``overrides``. It needs a retain set, which only
-        counts the epoch."""
+        """The authors' Llama-2-7B TOFU script as a config: :data:`MASC_AUTHORS_TOFU` (the ``"llama2-7b"``
+        recipe, no retain term; their epoch of ``max(forget, retain)`` steps; a budget of 3 such epochs), then
+        ``overrides``. It needs a retain set, which only counts the epoch."""
         return cls(output_dir=output_dir, **{**MASC_AUTHORS_TOFU, **overrides})
 
     @property

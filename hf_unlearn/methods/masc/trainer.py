@@ -2,8 +2,10 @@
 
 The loss is ``forget_weight`` times the buffered hinge (:func:`hf_unlearn.methods.masc.loss.buffered_hinge_loss`) on the
 continuation of each forget answer (:func:`hf_unlearn.methods.masc.loss.continuation_mask`), plus
-``retain_weight * KL(pi_0 || pi_theta)`` on retain answers (the paper's objective; ``retain_weight=0`` is the
-authors' TOFU script). :class:`MarginStoppingCallback` checks the authors' two-stage rule every ``check_every``
+``retain_weight * KL(pi_0 || pi_theta)`` on retain answers (the paper's objective; the weights and thresholds come
+from the config's ``recipe``, ``"auto"`` resolved here from the model's parameter count: the authors' small-model
+recipe below 2B parameters, their Llama-2-7B one above, recorded as ``MASCTrainer.recipe`` and in
+``masc_stopping.json``). :class:`MarginStoppingCallback` checks the authors' two-stage rule every ``check_every``
 steps (stage 1: mean per-example violation rate of a few forget training batches ``<= stop_trigger``; stage 2: the
 plain mean of ``confirm_examples`` forget training examples, or its anytime Hoeffding upper bound, ``<=
 stop_tolerance``) and sets ``control.should_training_stop`` when it is confirmed; a run that reaches ``max_steps``
@@ -13,6 +15,11 @@ written beside the weights.
 
 Every probe tokenizes its rows as the training set is tokenized (the same ``prompt_template`` and
 ``max_length``), so the stopping rule measures the tokens the loss acts on.
+
+Documents (a list of strings, a path, a ``text`` dataset) are cut into chunks of ``max_length`` tokens as for
+every trainer; a chunk has no question, so the whole chunk is its "answer": the continuation is what follows a
+cut at a random 20-60% (``continuation_cut_min_ratio`` .. ``_max_ratio``) of the chunk's tokens, and the probes
+measure chunks alike. With ``stop_probe="heldout"`` the held-out slice is whole documents.
 
 Deviations from the authors' script, named: the random continuation cuts are drawn from generators seeded by
 ``(seed, step, micro-batch)`` (training) and ``(seed, step, stage)`` (probes) rather than Python's global RNG, so
@@ -37,9 +44,11 @@ from transformers import PreTrainedModel, TrainerCallback, TrainerControl, Train
 from transformers.trainer_callback import ExportableState
 
 from ...data import overlapping_examples, retain_partner_indices
+from ...partitioning import vocab_size
 from ...safe_output import atomic_write_json
+from ..base.guards import any_process
 from ..base.losses import LossDenominators, answer_mask, kl_retain_loss
-from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, PairedForgetRetainDataset, to_trl_format
+from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, PairedForgetRetainDataset, as_dataset, to_trl_format
 from ..base.trainer import UnlearningTrainer
 from .config import MASCConfig
 from .loss import (
@@ -133,6 +142,8 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         self.calibration: dict[str, Any] | None = None
         self.pending_logs: dict[str, float] = {}
         self.probe: Callable[[Any, str, int], Any] | None = None
+        # the decision every process follows (the trainer sets it: the main process's, shared by one all-reduce)
+        self.agree: Callable[[bool], bool] = bool
 
     # ----- ExportableState ------------------------------------------------------------------------------------------
 
@@ -228,6 +239,10 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
                 logs["masc/hoeffding_bound"] = statistic
         else:
             stop = False
+        agreed = bool(self.agree(stop))
+        if agreed != stop:  # this process measured otherwise; the main process's decision holds for all
+            entry["main_process_decision"] = agreed
+        stop = agreed
         self.violation_history.append(entry)
         control.should_log = True
         if stop:
@@ -347,10 +362,10 @@ class MASCTrainer(UnlearningTrainer):
     ):
         if args is not None and not isinstance(args, MASCConfig):
             raise TypeError(f"MASCTrainer needs a MASCConfig, got {type(args).__name__}.")
-        args = self._resolve_args(args, model)
+        args, recipe = self._resolve_args(args, model).resolved_for(model)
         if train_dataset is None:
             raise ValueError("`train_dataset` (the forget set) is required.")
-        forget = train_dataset if isinstance(train_dataset, Dataset) else Dataset.from_list(list(train_dataset))
+        forget = as_dataset(train_dataset)
         if args.epoch_length != "forget" and retain_dataset is None:
             raise ValueError(
                 f"epoch_length={args.epoch_length!r} counts an epoch over the retain set too; pass a "
@@ -377,7 +392,7 @@ class MASCTrainer(UnlearningTrainer):
             quantization_config=quantization_config,
             peft_config=peft_config,
         )
-        vocab = self.model.get_output_embeddings().weight.shape[0]
+        vocab = vocab_size(self.model)  # from the config when the head is partitioned (ZeRO-3 / FSDP)
         if self.args.top_k > vocab - 1:
             raise ValueError(
                 f"top_k={self.args.top_k} is larger than the vocabulary allows: at most vocab_size - 1 = {vocab - 1} "
@@ -392,7 +407,7 @@ class MASCTrainer(UnlearningTrainer):
             calibration = self._prepared_rows(calibration_rows, "MASC calibration")
             self._calibration_batches = self._batches(calibration, self.args.per_device_eval_batch_size)
         if held_out is not None:
-            self._heldout_batches = self._heldout_probe_batches(held_out, len(train_dataset))
+            self._heldout_batches = self._heldout_probe_batches(held_out, len(forget) + len(held_out))
         else:
             rows = [{k: self.forget_dataset[i][k] for k in MODEL_COLUMNS} for i in range(len(self.forget_dataset))]
             trigger_n = min(len(rows), self.args.stop_probe_batches * self.args.per_device_train_batch_size)
@@ -406,12 +421,14 @@ class MASCTrainer(UnlearningTrainer):
         }
         if calibration_rows is not None:
             rule["calibration_examples"] = len(calibration)
+        rule["recipe"] = self.recipe = recipe
         self.stopping_callback = MarginStoppingCallback(
             mode=self.args.stop_probe, check_every=self.args.check_every, trigger=self.args.stop_trigger,
             alpha=self.args.stop_tolerance, delta=self.args.confirm_delta, rule=rule,
             confirm_rule=self.args.confirm_rule, calibrate=calibration_rows is not None,
         )
         self.stopping_callback.probe = self.probe
+        self.stopping_callback.agree = self._main_process_decides
         self.add_callback(self.stopping_callback)
 
     # ----- probes -----------------------------------------------------------------------------------------------
@@ -429,15 +446,16 @@ class MASCTrainer(UnlearningTrainer):
             return None
         if args.stop_probe != "train":
             raise ValueError("calibrate_stop_on calibrates the two-stage rule; it needs stop_probe='train'.")
-        rows = rows if isinstance(rows, Dataset) else Dataset.from_list(list(rows))
+        rows = as_dataset(rows)
         if len(rows) == 0:
             raise ValueError("calibrate_stop_on is empty: give never-seen rows (e.g. holdout authors).")
         others = [("forget", forget)]
         if retain is not None:
-            others.append(("retain", retain if isinstance(retain, Dataset) else Dataset.from_list(list(retain))))
-        keys = ("question", "answer")
+            others.append(("retain", as_dataset(retain)))
         for name, other in others:
-            if set(keys) <= set(rows.column_names) and set(keys) <= set(other.column_names):
+            keys = next((k for k in (("question", "answer"), ("text",))
+                         if set(k) <= set(rows.column_names) and set(k) <= set(other.column_names)), None)
+            if keys is not None:
                 shared = overlapping_examples(rows, other, keys=keys)
                 if shared:
                     raise ValueError(
@@ -449,7 +467,7 @@ class MASCTrainer(UnlearningTrainer):
     def _prepared_rows(self, rows: Dataset, name: str) -> list[dict[str, Any]]:
         """``rows`` tokenized exactly as the training set is (:func:`to_trl_format` with ``prompt_template``, then
         TRL's preparation and truncation to ``max_length``)."""
-        prepared = to_trl_format(rows, self.processing_class, self.args.prompt_template)
+        prepared = to_trl_format(rows, self.processing_class, self.args.prompt_template, self.args.max_length)
         if not self._skip_prepare_dataset:
             prepared = self._prepare_dataset(prepared, self.processing_class, self.args, False, None, name)
         return [{k: prepared[i][k] for k in MODEL_COLUMNS} for i in range(len(prepared))]
@@ -481,6 +499,11 @@ class MASCTrainer(UnlearningTrainer):
         return continuation_mask(
             mask, ratios, self.args.continuation_min_prefix_tokens, self.args.continuation_min_suffix_tokens
         )
+
+    def _main_process_decides(self, stop: bool) -> bool:
+        """The main process's stop decision on every process: ``sum_r [stop_r and r == 0] > 0``, one all-reduce
+        (:func:`~hf_unlearn.methods.base.guards.any_process`), so that all processes stop at the same step."""
+        return any_process(bool(stop) and self.accelerator.is_main_process, self.accelerator)
 
     @torch.no_grad()
     def probe(self, model: Any, stage: str, step: int) -> Any:
@@ -537,6 +560,7 @@ class MASCTrainer(UnlearningTrainer):
         if stored:
             current.load_state(stored)
         current.probe = self.probe
+        current.agree = self._main_process_decides
         self.stopping_callback = current
 
     # ----- configuration -----------------------------------------------------------------------------------------

@@ -1,11 +1,22 @@
 """Calibrating T3's decoding parameters ``(T, w)`` on the data, after one head fit.
 
-``T`` and ``w`` enter only at decoding time (``log q = log_softmax(log p / T + w log f)``), so each grid point
-costs one teacher-forced pass with :func:`~hf_unlearn.methods.t3.t3_scorer` over the criterion's rows, and the head is
-fitted once. :func:`calibrate_t3` measures a :class:`~hf_unlearn.selection.SelectionCriterion` at every
-``(T, w)``, applies its rule, and writes the chosen ``temperature`` and ``tilt_weight`` into the head's config
-together with the record (``config.calibration``), so ``save_pretrained`` / ``push_to_hub`` carry them and
-:meth:`~hf_unlearn.methods.t3.T3LogitsProcessor.from_pretrained` decodes with them.
+``T`` and ``w`` enter only at decoding time (``log q = log_softmax(log p / T + w log f)``), and the base is frozen, so
+every grid point is scored from one teacher-forced pass over the criterion's rows: each batch runs the base once,
+the head gives ``log f`` at the answer positions, and every candidate's answer-token log-probability is one
+``logsumexp`` over the vocabulary per position
+(:func:`~hf_unlearn.methods.t3.scoring.candidate_answer_log_probs`). The same pass gives the untilted base's
+log-probabilities, i.e. the original model's retain figures. :func:`calibrate_t3` measures a
+:class:`~hf_unlearn.selection.SelectionCriterion` at every ``(T, w)`` from those log-probabilities
+(:meth:`~hf_unlearn.selection.SelectionCriterion.measure_from_log_probs`), applies its rule, and writes the chosen
+``temperature`` and ``tilt_weight`` into the head's config together with the record (``config.calibration``), so
+``save_pretrained`` / ``push_to_hub`` carry them and :meth:`~hf_unlearn.methods.t3.T3LogitsProcessor.from_pretrained`
+decodes with them. ``cached=False`` measures each point with its own pass of the tilted scorer instead (the
+reference the one-pass path is tested against).
+
+The default grid, ``T`` in 1, 1.5, 2, 2.5 and ``w`` in 0.5, 1, 2 (12 points), spans the authors' released sweep
+(locuslab/open-unlearning ``community/methods/T3/run.sh``: ``base_temp=2.5``, ``guidance_scale=1``; their
+config class defaults to ``base_temp=1``, ``guidance_scale=1``): tempering (``T > 1``) is what lowers answers the
+base has memorised, which a tilt alone cannot suppress, and ``w = 2`` doubles their tilt.
 
 Order of the grid, weak -> strong: greedy decoding from ``log p / T + w log f`` picks the same token as from
 ``log p + T w log f``, so ``T w`` is the greedy-equivalent tilt; candidates are sorted by ``T w``, then by ``T``
@@ -15,15 +26,21 @@ Order of the grid, weak -> strong: greedy decoding from ``log p / T + w log f`` 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from ...scoring_pass import RowBatches
 from .modeling import T3Classifier
 from .processor import validate_t3_arguments
-from .scoring import t3_scorer
+from .scoring import t3_candidate_log_probs, t3_scorer
 
-DEFAULT_TEMPERATURES = (1.0, 1.5, 2.0)
-DEFAULT_TILT_WEIGHTS = (0.3, 0.5, 1.0)
+DEFAULT_TEMPERATURES = (1.0, 1.5, 2.0, 2.5)
+DEFAULT_TILT_WEIGHTS = (0.5, 1.0, 2.0)
+#: The base's own distribution, ``(T, w) = (1, 0)``: scored in the same pass, it gives the original's figures.
+_BASE_SETTING = (1.0, 0.0)
 
 
 def calibration_grid(temperatures: Sequence[float], tilt_weights: Sequence[float]) -> list[dict[str, float]]:
@@ -39,6 +56,26 @@ def calibration_grid(temperatures: Sequence[float], tilt_weights: Sequence[float
     return sorted(grid, key=lambda p: (p["temperature"] * p["tilt_weight"], p["temperature"]))
 
 
+def _one_pass_log_probs(
+    model: Any, tokenizer: Any, classifier: T3Classifier, criterion: Any, settings: list[tuple[float, float]]
+) -> list[list[list[np.ndarray] | None]]:
+    """``out[k][s]``: setting ``k``'s per-row answer-token log-probabilities on the criterion's row set ``s``
+    (forget, holdout, retain_validation, generic; None without generic rows), from one base pass per batch of the
+    criterion's own scoring loop (:class:`~hf_unlearn.scoring_pass.RowBatches`)."""
+    sets = [criterion.forget, criterion.holdout, criterion.retain_validation, criterion.generic]
+    out: list[list[list[np.ndarray] | None]] = [[None] * len(sets) for _ in settings]
+    for s, rows in enumerate(sets):
+        if rows is None:
+            continue
+        batches = RowBatches(
+            lambda scorer, rows=rows: criterion._score(model, tokenizer, rows, scorer),
+            lambda ids, mask, pos, labels: t3_candidate_log_probs(model, classifier, ids, labels, mask, pos, settings),
+        )
+        for k in range(len(settings)):
+            out[k][s] = batches.rows_of([kept[..., k] for kept in batches.kept])
+    return out
+
+
 def calibrate_t3(
     model: Any,
     tokenizer: Any,
@@ -46,22 +83,39 @@ def calibrate_t3(
     criterion: Any,
     temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
     tilt_weights: Sequence[float] = DEFAULT_TILT_WEIGHTS,
+    *,
+    cached: bool = True,
 ) -> Any:
-    """Score the ``temperatures`` x ``tilt_weights`` grid (9 points by default) with ``criterion`` and write the
+    """Score the ``temperatures`` x ``tilt_weights`` grid (12 points by default) with ``criterion`` and write the
     chosen ``(T, w)`` into ``classifier.config`` (``temperature``, ``tilt_weight`` and ``calibration``, the
     record as a dict). Returns the :class:`~hf_unlearn.selection.SelectionRecord`.
 
-    The original model's retain figures (the frozen base, untilted) are measured first when the criterion has
-    none. Every setting is validated before any pass; the head and the base are not modified otherwise.
+    With ``cached`` (the default) all points and the original model's retain figures (the frozen base, untilted,
+    when the criterion has none) come from one pass of the base over the criterion's rows; each measurement's
+    ``seconds`` is its share of that pass. ``cached=False`` runs the original's pass and one tilted-scorer pass
+    per point (the same measurements up to float rounding, about one pass per point). Every setting is validated
+    before any pass; the head and the base are not modified otherwise.
     """
     grid = calibration_grid(temperatures, tilt_weights)
+    classifier.check_finite()
     classifier.check_base(model)
-    if criterion.original is None:
-        criterion.measure_original(model, tokenizer)
-    measurements = [
-        criterion.measure(model, tokenizer, scorer=t3_scorer(model, classifier, p["temperature"], p["tilt_weight"]))
-        for p in grid
-    ]
+    if cached:
+        start = time.perf_counter()
+        settings = [_BASE_SETTING] + [(p["temperature"], p["tilt_weight"]) for p in grid]
+        log_probs = _one_pass_log_probs(model, tokenizer, classifier, criterion, settings)
+        if criterion.original is None:  # the first measurement's retain figures become the original's
+            criterion.measure_from_log_probs(*log_probs[0])
+        measurements = [criterion.measure_from_log_probs(*sets) for sets in log_probs[1:]]
+        share = (time.perf_counter() - start) / len(grid)
+        for m in measurements:
+            m["seconds"] = share
+    else:
+        if criterion.original is None:
+            criterion.measure_original(model, tokenizer)
+        measurements = [
+            criterion.measure(model, tokenizer, scorer=t3_scorer(model, classifier, p["temperature"], p["tilt_weight"]))
+            for p in grid
+        ]
     record = criterion.decide(grid, measurements)
     chosen = record.chosen
     classifier.config.temperature = float(chosen["temperature"])

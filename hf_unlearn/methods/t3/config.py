@@ -10,8 +10,8 @@ The config holds three groups of fields, all saved with the head:
   settings of :func:`~hf_unlearn.methods.t3.fit_t3` (epochs, batches, learning rate, early stopping, ...) together
   with the ``fit_report`` of the fit that produced the weights.
 
-Every float setting must be finite (and the learning rate and temperature positive); a template name must be a
-preset; both are refused when the config is built. :meth:`T3ClassifierConfig.check_for` checks what needs the
+Every float setting must be finite (and the learning rate, temperature and tilt weight positive); a template name
+must be a preset; both are refused when the config is built. :meth:`T3ClassifierConfig.check_for` checks what needs the
 base model (the layer index) before any work.
 """
 
@@ -25,6 +25,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 POOLINGS = ("mean",)
+LR_SCHEDULES = ("linear", "constant")
 
 
 def base_text_config(model: Any) -> Any:
@@ -68,17 +69,22 @@ class T3ClassifierConfig(PreTrainedConfig):
     ``(1, T w)`` pick the same tokens. ``T`` changes everything that reads the distribution itself rather than
     its argmax: sampling (``q ∝ p^(1/T) f^w`` is flatter than ``p f^(T w)``) and the teacher-forced scores
     (answer probabilities, truth ratios, forget quality), where ``T > 1`` lowers the probability of every
-    answer, retained ones included. The default ``T = 1`` is the authors' (``base_temp=1``); ``w = 1`` is the
-    authors' ``guidance_scale`` default, and is meant to be chosen by calibration for a given model.
+    answer, retained ones included. ``T = 1`` and ``w = 1`` are only the defaults of the authors' config class
+    (``T3CausalLMConfig``: ``base_temp=1``, ``guidance_scale=1``); their released TOFU sweep
+    (``community/methods/T3/run.sh``) decodes with ``base_temp=2.5`` and ``guidance_scale=1``, and the method's
+    point is that tempering (``T > 1``) is needed when the forget answers are memorised. Both are meant to be
+    chosen by calibration for a given model (:func:`~hf_unlearn.methods.t3.calibrate_t3`).
 
-    **Where the defaults come from.** The authors' (locuslab/open-unlearning T3: ``DataSplitClassifier`` and its
-    trainer): the architecture (one linear bottleneck, identity activation, no bias on the vocabulary layer,
-    PyTorch's default initialisation of both layers), ``rank = 20``, the last layer's hidden states, causal mean
-    pooling, ``epochs = 100`` and batches of 32 forget plus 32 randomly drawn retain examples, T = 1, w = 1,
-    and no floor on ``log f`` (their code only notes that clipping it may help stability). hf-unlearn's own
-    choices, not measured against alternatives: ``learning_rate`` 1e-2 and ``weight_decay`` 1e-3 (AdamW on
-    standardised states), the hold-out share 0.1, early stopping after 5 epochs without a lower held-out BCE,
-    and the cache batch size.
+    **Where the defaults come from.** The authors' (locuslab/open-unlearning ``src/model/t3.py``,
+    ``src/trainer/unlearn/t3.py`` and ``community/methods/T3/run.sh``): the architecture (one linear bottleneck,
+    identity activation, no bias on the vocabulary layer, PyTorch's default initialisation of both layers),
+    ``rank = 20`` (their sweep: 20 and 50), the last layer's hidden states, causal mean pooling, ``epochs = 100``
+    with batches of 32 forget plus 32 randomly drawn retain examples, every forget example fitted, a 25-epoch
+    linear warm-up then linear decay (``warmup_epochs=25`` of 100, the ``Trainer``'s linear schedule),
+    ``learning_rate`` 1e-2 and ``weight_decay`` 1e-3 (each one point of their sweep, lr in {1e-2, 1e-3} and
+    weight decay in {1e-2, 1e-3}), no early stopping, and no floor on ``log f`` (their code only notes that
+    clipping it may help stability). hf-unlearn's own choices: AdamW on standardised states, the retain hold-out
+    share 0.1 (reported, and used by the optional early stopping), and the cache batch size.
     """
 
     model_type = "t3_classifier"
@@ -97,12 +103,13 @@ class T3ClassifierConfig(PreTrainedConfig):
     )
     temperature: float = field(
         default=1.0,
-        metadata={"help": "Decoding default T: the base log-probabilities are divided by T (T >= 1; authors' 1). "
+        metadata={"help": "Decoding default T: the base log-probabilities are divided by T (T >= 1; the authors' "
+                          "config class default 1, their released sweep 2.5). "
                           "Greedy tokens depend only on T * tilt_weight; T also flattens sampling and the "
                           "teacher-forced scores."},
     )
     tilt_weight: float = field(
-        default=1.0, metadata={"help": "Decoding default w: weight of log f in the tilted scores (authors' 1)."}
+        default=1.0, metadata={"help": "Decoding default w > 0: weight of log f in the tilted scores (authors' 1)."}
     )
     log_f_floor: float | None = field(
         default=None,
@@ -128,8 +135,23 @@ class T3ClassifierConfig(PreTrainedConfig):
         default=32, metadata={"help": "Forget examples per AdamW step (authors' 32). Each step adds as many "
                                       "retain examples, drawn at random: every batch is class-balanced."}
     )
-    learning_rate: float = field(default=1e-2, metadata={"help": "AdamW learning rate of the head (hf-unlearn's)."})
-    weight_decay: float = field(default=1e-3, metadata={"help": "AdamW weight decay of the head (hf-unlearn's)."})
+    learning_rate: float = field(
+        default=1e-2, metadata={"help": "Peak AdamW learning rate of the head (one point of the authors' sweep, "
+                                        "{1e-2, 1e-3})."}
+    )
+    weight_decay: float = field(
+        default=1e-3, metadata={"help": "AdamW weight decay of the head (one point of the authors' sweep, "
+                                        "{1e-2, 1e-3})."}
+    )
+    lr_schedule: str = field(
+        default="linear",
+        metadata={"help": "'linear': the authors' linear warm-up over `warmup_epochs` then linear decay to 0 at the "
+                          "last step; 'constant': `learning_rate` throughout."},
+    )
+    warmup_epochs: float = field(
+        default=25.0, metadata={"help": "Epochs of linear warm-up (authors' 25 of 100): floor(warmup_epochs * "
+                                        "|forget| / forget_batch_size) steps."}
+    )
     class_balance: bool = field(
         default=False,
         metadata={"help": "Weigh the forget and the retain positions of each batch equally in the BCE (batches "
@@ -137,13 +159,13 @@ class T3ClassifierConfig(PreTrainedConfig):
     )
     holdout_fraction: float = field(
         default=0.1,
-        metadata={"help": "Share of forget and of retain examples held out (0: none): their BCE stops the fit early "
-                          "and their accuracy is reported."},
+        metadata={"help": "Share of the retain examples held out (0: none; every forget example is always fitted): "
+                          "their BCE and accuracy are reported, and drive the optional early stopping."},
     )
     early_stopping_patience: int | None = field(
-        default=5,
-        metadata={"help": "Stop after this many epochs without a lower held-out BCE and keep the best epoch's head "
-                          "(None: train every epoch; also when nothing is held out)."},
+        default=None,
+        metadata={"help": "Stop after this many epochs without a lower held-out retain BCE and keep the best "
+                          "epoch's head (None, the authors': train every epoch; also when nothing is held out)."},
     )
     batch_size: int = field(default=16, metadata={"help": "Examples per forward pass of the frozen base when caching."})
     max_length: int | None = field(
@@ -192,8 +214,17 @@ class T3ClassifierConfig(PreTrainedConfig):
         for name in ("tilt_weight", "weight_decay", "holdout_fraction"):
             if not _finite(getattr(self, name)):
                 raise ValueError(f"T3ClassifierConfig.{name} must be a finite number, got {getattr(self, name)!r}.")
+        if float(self.tilt_weight) <= 0:
+            raise ValueError(
+                f"T3ClassifierConfig.tilt_weight must be > 0, got {self.tilt_weight}: w = 0 decodes from the base "
+                "unchanged and w < 0 tilts decoding towards the forget set."
+            )
         if float(self.weight_decay) < 0:
             raise ValueError(f"T3ClassifierConfig.weight_decay must be >= 0, got {self.weight_decay}.")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"T3ClassifierConfig.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
+        if not _finite(self.warmup_epochs) or float(self.warmup_epochs) < 0:
+            raise ValueError(f"T3ClassifierConfig.warmup_epochs must be a finite number >= 0, got {self.warmup_epochs!r}.")
         if not 0 <= float(self.holdout_fraction) < 1:
             raise ValueError(f"T3ClassifierConfig.holdout_fraction must be in [0, 1), got {self.holdout_fraction}.")
         if self.log_f_floor is not None and (not _finite(self.log_f_floor) or float(self.log_f_floor) >= 0):

@@ -13,8 +13,8 @@
 3. **Head training, as the authors train it.** Only the head is trained, with binary cross-entropy on the logit
    of the observed next token, label 1 on retain answer tokens and 0 on forget answer tokens (the authors'
    ``T3`` trainer loss), on class-balanced mini-batches: each AdamW step takes the next ``forget_batch_size``
-   forget examples (an epoch is one shuffled pass over them) and as many retain examples drawn at random, and
-   averages over the answer positions ``B`` of those examples::
+   forget examples (an epoch is one shuffled pass over *every* forget example: none is held out) and as many
+   retain examples drawn at random, and averages over the answer positions ``B`` of those examples::
 
        L = sum_{i in B} c_i BCE(g(pool_i)[y_i], s_i) / sum_{i in B} c_i,
        c_i = 1, or |B| / (2 |B_{s_i}|) with ``class_balance``.
@@ -22,13 +22,18 @@
    Both layers start from PyTorch's default ``nn.Linear`` initialisation (``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``);
    there is no per-token bias. The pooled states are standardised per feature during training (statistics of
    the training positions); the standardisation is folded into the head afterwards, so the saved head is
-   exactly ``g = U (D' pool + c)`` with ``D' = D / scale`` and ``c = -D' mean``. Deviation from the authors'
-   trainer, which runs the base on every step: the base runs once, and the head trains on the cache.
-4. **Early stopping.** ``holdout_fraction`` of the forget and of the retain examples (whole examples) are held
-   out. After every epoch their class-balanced BCE ``(BCE_forget + BCE_retain) / 2`` (mean over each class's
-   held-out positions) is measured; after ``early_stopping_patience`` epochs without a lower value the fit stops
-   and the head of the best epoch is returned. The returned head is trained on the other examples only, so the
-   held-out accuracy reported is that of the returned head.
+   exactly ``g = U (D' pool + c)`` with ``D' = D / scale`` and ``c = -D' mean``. The learning rate follows the
+   authors' schedule (:func:`warmup_linear_decay`, ``lr_schedule="linear"``): a linear warm-up over
+   ``warmup_epochs`` epochs' worth of steps (the authors' 25 of 100 epochs, ``warmup_steps = floor(warmup_epochs
+   |forget| / forget_batch_size)`` as their ``load_trainer_args`` counts it), then a linear decay to 0 at the
+   last step (the transformers ``Trainer``'s default ``"linear"`` schedule they train with). Deviation from the
+   authors' trainer, which runs the base on every step: the base runs once, and the head trains on the cache.
+4. **Retain hold-out and early stopping.** ``holdout_fraction`` of the *retain* examples (whole examples) are held
+   out; the forget examples are all in the fit. After every epoch the held-out retain BCE (label 1, mean over
+   their positions) is measured and reported; with ``early_stopping_patience`` set, the fit stops after that many
+   epochs without a lower value and the head of the best epoch is returned (the authors do not stop early, the
+   default). The held-out accuracy reported is the returned head's on those retain rows (how often it calls a
+   never-fitted retain token "forget").
 
 A loss or a head that is not finite (e.g. a learning rate far too high) is refused with a ``ValueError``:
 nothing is returned, so nothing can be saved. Sequences are truncated to the base's maximum positions (and
@@ -49,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ...data.documents import as_documents, chunk_documents, chunk_length, shared_documents
 from ...data.pairing import overlapping_examples
 from ...data.prepare import prepare_qa
 from ...data.prompts import IGNORE_INDEX, collate_qa
@@ -64,7 +70,8 @@ def _rows(data: Any, name: str) -> list[dict[str, Any]]:
     if len(rows) == 0:
         raise ValueError(f"The {name} set is empty: T3 needs forget and retain examples to fit its head.")
     if "question" not in rows[0] or "answer" not in rows[0]:
-        raise ValueError(f"{name} rows need 'question' and 'answer' fields, got {sorted(rows[0])}.")
+        raise ValueError(f"{name} rows need 'question' and 'answer' fields, got {sorted(rows[0])}; pass documents "
+                         "as hf_unlearn.data.documents_dataset(texts), a path or [{'text': ...}, ...].")
     return rows
 
 
@@ -131,8 +138,13 @@ def _prepare(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3Cla
         data.update(overrides)
         config = T3ClassifierConfig(**data)
     config.check_for(model)
-    forget_rows, retain_rows = _rows(forget, "forget"), _rows(retain, "retain")
-    overlap = overlapping_examples(forget_rows, retain_rows)
+    forget_docs, retain_docs = as_documents(forget, plain_lists=False), as_documents(retain, plain_lists=False)
+    forget_rows = _rows(forget, "forget") if forget_docs is None else []
+    retain_rows = _rows(retain, "retain") if retain_docs is None else []
+    if forget_docs is not None and retain_docs is not None:
+        overlap = shared_documents(forget_docs, retain_docs)
+    else:
+        overlap = overlapping_examples(forget_rows, retain_rows)
     if overlap:
         raise ValueError(
             f"{overlap} forget examples also occur in the retain set; the head cannot tell identical examples apart."
@@ -140,10 +152,20 @@ def _prepare(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3Cla
     limit = model_max_positions(model)
     if config.max_length is not None:
         limit = int(config.max_length) if limit is None else min(limit, int(config.max_length))
-    forget_feats, forget_cut, forget_full = _tokenize(tokenizer, forget_rows, limit, config.prompt_template)
-    _refuse_full_prompts("forget", forget_rows, forget_full, limit)
-    retain_feats, retain_cut, retain_full = _tokenize(tokenizer, retain_rows, limit, config.prompt_template)
-    _refuse_full_prompts("retain", retain_rows, retain_full, limit)
+
+    def features(name: str, rows: list[dict[str, Any]], docs: list[str] | None) -> tuple[list[Any], list[Any], int]:
+        """``(features, rows, truncated)``; a document chunk predicts every token and is one example."""
+        if docs is not None:
+            feats = chunk_documents(docs, tokenizer, chunk_length(None, limit))
+            if not feats:
+                raise ValueError(f"The {name} documents make no chunk of two tokens or more: nothing to fit on.")
+            return feats, [{"text": name} for _ in feats], 0
+        feats, cut, full = _tokenize(tokenizer, rows, limit, config.prompt_template)
+        _refuse_full_prompts(name, rows, full, limit)
+        return feats, rows, cut
+
+    forget_feats, forget_rows, forget_cut = features("forget", forget_rows, forget_docs)
+    retain_feats, retain_rows, retain_cut = features("retain", retain_rows, retain_docs)
     if fingerprint:
         config = config.for_base(model)
     return _Prepared(config, forget_rows, retain_rows, forget_feats, retain_feats, forget_cut + retain_cut, limit)
@@ -237,6 +259,31 @@ def balanced_batches(
     return out
 
 
+def warmup_linear_decay(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Learning-rate multiplier of optimizer step ``step`` (0-based) under a linear warm-up and linear decay,
+    the transformers ``get_linear_schedule_with_warmup``::
+
+        m(k) = k / max(1, W)                      for k < W
+        m(k) = max(0, (N - k) / max(1, N - W))    for k >= W
+
+    with ``N = total_steps`` and ``W = warmup_steps`` (the first step of a warm-up has multiplier 0, as there)."""
+    if step < warmup_steps:
+        return step / max(1, warmup_steps)
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+def fit_schedule(n_forget: int, config: T3ClassifierConfig) -> tuple[int, int]:
+    """``(total_steps, warmup_steps)`` of a fit on ``n_forget`` forget examples: ``total_steps = epochs *
+    ceil(n_forget / forget_batch_size)``, capped by ``steps``; ``warmup_steps = floor(warmup_epochs * n_forget /
+    forget_batch_size)`` (the authors' count; 0 with ``lr_schedule="constant"``)."""
+    batch = int(config.forget_batch_size)
+    total = int(config.epochs) * math.ceil(n_forget / batch)
+    if config.steps is not None:
+        total = min(total, int(config.steps))
+    warmup = int(float(config.warmup_epochs) * n_forget // batch) if config.lr_schedule == "linear" else 0
+    return total, warmup
+
+
 def _bce(logits: torch.Tensor, y: torch.Tensor, balanced: bool) -> torch.Tensor:
     """Mean BCE over positions, or the mean of the two classes' mean BCEs (``balanced``)."""
     losses = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
@@ -270,9 +317,9 @@ def _train_head(
     config: T3ClassifierConfig,
     progress: bool,
 ) -> dict[str, Any]:
-    """Balanced mini-batch AdamW with early stopping on the held-out BCE (positions ``heldout``, a boolean mask),
-    then the standardisation is folded into ``D`` and ``c`` (see the module docstring). Returns the training
-    record."""
+    """Balanced mini-batch AdamW under :func:`fit_schedule`'s learning rates, the held-out BCE (positions
+    ``heldout``, a boolean mask) measured every epoch and, with a patience, stopping early on it; then the
+    standardisation is folded into ``D`` and ``c`` (see the module docstring). Returns the training record."""
     device = x.device
     gen = torch.Generator(device="cpu").manual_seed(int(config.seed))
     train_mask = torch.isin(owners, torch.tensor(forget_train + retain_train, device=owners.device))
@@ -292,7 +339,8 @@ def _train_head(
     else:
         z_hold = None
     patience = config.early_stopping_patience if z_hold is not None else None
-    max_steps = None if config.steps is None else int(config.steps)
+    max_steps, warmup_steps = fit_schedule(len(forget_train), config)
+    base_lr = float(config.learning_rate)
     history: list[float] = []
     best = (math.inf, -1, None)  # (held-out BCE, epoch, weights)
     step = epochs_run = 0
@@ -318,9 +366,12 @@ def _train_head(
                     )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                if config.lr_schedule == "linear":
+                    for group in opt.param_groups:
+                        group["lr"] = base_lr * warmup_linear_decay(step, max_steps, warmup_steps)
                 opt.step()
                 step += 1
-                if max_steps is not None and step >= max_steps:
+                if step >= max_steps:
                     break
             epochs_run = epoch + 1
             if z_hold is not None:
@@ -332,7 +383,7 @@ def _train_head(
                 elif patience is not None and epoch - best[1] >= int(patience):
                     stopped_early = True
                     break
-            if max_steps is not None and step >= max_steps:
+            if step >= max_steps:
                 break
     finally:
         torch.set_num_threads(threads)
@@ -350,6 +401,12 @@ def _train_head(
         "best_epoch": (best[1] + 1) if best[2] is not None else None,
         "stopped_early": stopped_early,
         "heldout_bce_per_epoch": history,
+        "lr_schedule": config.lr_schedule,
+        "total_steps": max_steps,
+        "warmup_steps": warmup_steps,
+        "fit_forget_examples": len(forget_train),
+        "fit_forget_positions": int((train_mask & (y == 0)).sum()),
+        "fit_retain_examples": len(retain_train),
     }
 
 
@@ -384,7 +441,9 @@ def fit_t3(
     """Fit a :class:`T3Classifier` telling ``retain`` (label 1) from ``forget`` (label 0) answers of ``model``.
 
     ``forget`` and ``retain`` are TOFU-shaped rows (``question``, ``answer``; a ``datasets.Dataset`` or a
-    list of dicts). ``config`` (default ``T3ClassifierConfig()``) sets the head and the fit; keyword
+    list of dicts) or documents (a path, a dataset with a ``text`` column, ``[{"text": ...}, ...]``:
+    :func:`hf_unlearn.data.documents.as_documents`), cut into chunks of the base's maximum positions (``max_length``
+    when lower; 2048 when neither is set), each chunk one example whose every position is cached. ``config`` (default ``T3ClassifierConfig()``) sets the head and the fit; keyword
     ``overrides`` replace config fields (e.g. ``epochs=20``). The base is frozen and run once. Every refusal
     (see :func:`validate_t3_fit`) comes before the first forward pass.
 
@@ -420,14 +479,12 @@ def fit_t3(
     y = torch.cat([torch.zeros(len(xf)), torch.ones(len(xr))]).to(x.device)
     owners = torch.cat([of, orr + len(forget_rows)])
     rng = random.Random(int(config.seed))
-    f_train, f_hold = _split(list(range(len(forget_rows))), float(config.holdout_fraction), rng)
+    f_train = list(range(len(forget_rows)))  # every forget row is fitted, as the authors fit
     r_train, r_hold = _split([i + len(forget_rows) for i in range(len(retain_rows))],
                              float(config.holdout_fraction), rng)
-    if not (f_hold and r_hold):  # both classes are needed to measure the held-out BCE
-        f_train, r_train, f_hold, r_hold = sorted(f_train + f_hold), sorted(r_train + r_hold), [], []
-    held_mask = torch.isin(owners, torch.tensor(f_hold + r_hold, device=owners.device, dtype=owners.dtype))
+    held_mask = torch.isin(owners, torch.tensor(r_hold, device=owners.device, dtype=owners.dtype))
     clf = T3Classifier(config)
-    record = _train_head(clf, x, tokens, y, owners, f_train, r_train, held_mask if f_hold else None, config,
+    record = _train_head(clf, x, tokens, y, owners, f_train, r_train, held_mask if r_hold else None, config,
                          progress)
     bad = clf.non_finite_parameters()
     if bad:
@@ -436,10 +493,10 @@ def fit_t3(
             f"{config.learning_rate}; nothing is returned. Lower learning_rate."
         )
     report: dict[str, Any] = dict(record)
-    if f_hold:
+    if r_hold:  # retain rows only: accuracy and balanced accuracy coincide
         held = _accuracies(clf, x[held_mask], tokens[held_mask], y[held_mask])
         report.update(heldout_accuracy=held["accuracy"], heldout_balanced_accuracy=held["balanced_accuracy"],
-                      heldout_examples=len(f_hold) + len(r_hold))
+                      heldout_examples=len(r_hold))
     else:
         report.update(heldout_accuracy=None, heldout_balanced_accuracy=None, heldout_examples=0)
     train = _accuracies(clf, x[~held_mask], tokens[~held_mask], y[~held_mask])

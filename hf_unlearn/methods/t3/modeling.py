@@ -105,12 +105,37 @@ class T3Classifier(PreTrainedModel):
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
         """``PreTrainedModel.save_pretrained`` after checking that every weight is finite (nothing is written
-        otherwise)."""
+        otherwise), then ``t3_integrity.json``: the SHA-256 of ``config.json`` and of the weights, which
+        :meth:`from_pretrained` checks (:func:`~hf_unlearn.methods.t3.provenance.write_head_integrity`)."""
         from ...safe_output import output_lock
+        from .provenance import write_head_integrity
 
         self.check_finite()
         with output_lock(save_directory):  # no other process writes the same folder meanwhile
-            return super().save_pretrained(save_directory, *args, **kwargs)
+            result = super().save_pretrained(save_directory, *args, **kwargs)
+            write_head_integrity(save_directory)
+        return result
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, verify_integrity: bool = True,
+                        expected_sha256: str | None = None, **kwargs: Any) -> Any:
+        """``PreTrainedModel.from_pretrained`` after checking the head's files against ``t3_integrity.json``
+        (:func:`~hf_unlearn.methods.t3.provenance.verify_head_files`): a changed, unrecorded or missing file is
+        refused naming it (:class:`~hf_unlearn.methods.grom.peft_export.AdapterIntegrityError`), and so is a head
+        saved without the record unless ``verify_integrity=False``. ``expected_sha256`` pins the record itself
+        (the digest of ``t3_integrity.json``: :func:`~hf_unlearn.methods.grom.peft_export.adapter_digest`, or the
+        ``hf_unlearn_integrity`` entry of the pushed model card), which also refuses a head whose files and
+        record were both rewritten. A Hub head is downloaded first and loaded from the files that were checked."""
+        if pretrained_model_name_or_path is None or not (verify_integrity or expected_sha256 is not None):
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        from .provenance import head_folder, verify_head_files
+
+        folder = head_folder(pretrained_model_name_or_path, kwargs)
+        verify_head_files(folder, f"The T3 head {pretrained_model_name_or_path}", expected_sha256)
+        kwargs.pop("subfolder", None)
+        head = super().from_pretrained(str(folder), *model_args, **kwargs)
+        head.name_or_path = head.config._name_or_path = str(pretrained_model_name_or_path)
+        return head
 
     def check_base(self, model: Any, check_weights: bool = True) -> None:
         """Refuse a base model other than the one the head was fitted on (``ValueError``).

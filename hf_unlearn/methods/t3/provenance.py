@@ -14,19 +14,33 @@ bfloat16 / float16) whatever path or name it was loaded from, and refuses every 
 remembered by the identity, storage and version counter of its parameters, so the evaluator's per-batch
 scoring does not hash the weights again; an in-place change of a parameter bumps its version and is checked
 anew (a change made through ``param.data`` bypasses the version counter and is not seen).
+
+The head's own files: :func:`write_head_integrity` records the SHA-256 of ``config.json`` and the safetensors
+weights in ``t3_integrity.json`` at save time, and :func:`verify_head_files` checks them when the head is loaded
+(:meth:`~hf_unlearn.methods.t3.T3Classifier.from_pretrained`), naming the file that changed. The record lives
+beside the files, so it catches accidents and naive edits; a digest of ``t3_integrity.json`` pinned by the user
+(``expected_sha256=``, recorded in the pushed model card) also catches a head whose files and record were both
+rewritten.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import weakref
+from pathlib import Path
 from typing import Any
 
+from ..grom.peft_export import AdapterIntegrityError
 from ..grom.provenance import BaseModelMismatchError, weight_fingerprint
 
 FINGERPRINT_VERSION = 1
 
-__all__ = ["BaseModelMismatchError", "base_weights_fingerprint", "check_base_weights"]
+__all__ = [
+    "T3_INTEGRITY", "AdapterIntegrityError", "BaseModelMismatchError", "base_weights_fingerprint", "check_base_weights",
+    "head_files", "verify_head_files", "write_head_integrity",
+]
 
 
 def _plain(model: Any) -> Any:
@@ -91,3 +105,112 @@ def check_base_weights(fingerprint: dict[str, Any] | None, model: Any, what: str
         _VERIFIED[model] = (fingerprint["sha256"], state)
     except TypeError:
         pass
+
+
+# ----- the head's own files -------------------------------------------------------------------------------------
+
+#: The file :meth:`~hf_unlearn.methods.t3.T3Classifier.save_pretrained` writes beside the head: the SHA-256 of each
+#: file of the head (``config.json``, the safetensors weights).
+T3_INTEGRITY = "t3_integrity.json"
+INTEGRITY_FORMAT = "hf_unlearn.t3_integrity"
+
+
+def head_files(folder: Path) -> list[str]:
+    """The files of a saved head in ``folder``: ``config.json`` and the safetensors weights (with their index)."""
+    names = []
+    for path in sorted(folder.iterdir()):
+        name = path.name
+        if name == "config.json" or (name.startswith("model") and ".safetensors" in name):
+            names.append(name)
+    return names
+
+
+def write_head_integrity(folder: str | os.PathLike) -> Path:
+    """Record the SHA-256 of every :func:`head_files` file of ``folder`` in ``t3_integrity.json`` (atomically)."""
+    from ...safe_output import atomic_write_json
+    from ..grom.provenance import file_sha256
+
+    folder = Path(folder)
+    record = {"format": INTEGRITY_FORMAT, "algorithm": "sha256",
+              "files": {name: file_sha256(folder / name) for name in head_files(folder)}}
+    return atomic_write_json(folder / T3_INTEGRITY, record)
+
+
+def _integrity_error(what: str, problem: str) -> AdapterIntegrityError:
+    return AdapterIntegrityError(f"{what}: {problem}")
+
+
+def verify_head_files(folder: Path, what: str, expected_sha256: str | None = None) -> None:
+    """Refuse (:class:`~hf_unlearn.methods.grom.peft_export.AdapterIntegrityError`, a ``ValueError``) a head folder
+    whose files differ from the digests ``t3_integrity.json`` records, whose record lacks one of its
+    :func:`head_files`, names a file outside the folder, or is missing; with ``expected_sha256``, also one whose
+    ``t3_integrity.json`` is not the pinned one (which catches a head whose weights and record were both
+    rewritten)."""
+    from ..grom.peft_export import check_pinned_digest, confined_file
+    from ..grom.provenance import file_sha256
+
+    check_pinned_digest(folder, expected_sha256, what, T3_INTEGRITY)
+    path = confined_file(folder, T3_INTEGRITY, what, T3_INTEGRITY)
+    if not path.is_file():
+        raise _integrity_error(what, f"there is no {T3_INTEGRITY}, so hf-unlearn cannot check that model.safetensors "
+                               "is the saved head. Save it again with T3Classifier.save_pretrained, or pass "
+                               "verify_integrity=False to load it unchecked.")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise _integrity_error(what, f"{T3_INTEGRITY} cannot be read ({type(err).__name__}); restore the saved "
+                               "file.") from None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files or record.get("algorithm") != "sha256":
+        raise _integrity_error(what, f"{T3_INTEGRITY} records no sha256 file digests; restore the saved file.")
+    unlisted = [n for n in head_files(folder) if n not in files]
+    if unlisted:
+        raise _integrity_error(what, f"{', '.join(unlisted)} {'is' if len(unlisted) == 1 else 'are'} not "
+                               f"recorded in {T3_INTEGRITY}: not a file the head was saved with. Remove it or "
+                               "restore the saved head.")
+    for name, want in sorted(files.items()):
+        file = confined_file(folder, name, what, T3_INTEGRITY)
+        if not file.is_file():
+            raise _integrity_error(what, f"{name} is missing, but {T3_INTEGRITY} says the head was saved with it.")
+        got = file_sha256(file)
+        if got != want:
+            raise _integrity_error(what, f"{name} was modified after it was saved (sha256 {got[:12]} != recorded "
+                                   f"{str(want)[:12]}). Restore the saved file or refit the head with fit_t3.")
+
+
+_HUB_KEYS = ("revision", "token", "cache_dir", "local_files_only", "force_download")
+
+
+def head_folder(name_or_path: str | os.PathLike, load_kwargs: dict[str, Any]) -> Path:
+    """The local folder of a head: ``name_or_path`` (and its ``subfolder``) when it is a folder, else the Hub
+    snapshot holding its ``t3_integrity.json`` and every file that record names, downloaded with the hub keyword
+    arguments of ``load_kwargs`` (``revision``, ``token``, ``cache_dir``, ``local_files_only``)."""
+    from ..grom.peft_export import confined_file
+
+    subfolder = load_kwargs.get("subfolder") or None
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return local / subfolder if subfolder else local
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError
+
+    what = f"The T3 head {name_or_path}"
+    hub = {k: load_kwargs[k] for k in _HUB_KEYS if load_kwargs.get(k) is not None}
+
+    def download(filename: str) -> Path:
+        return Path(hf_hub_download(str(name_or_path), filename, subfolder=subfolder, **hub))
+
+    try:
+        manifest = download(T3_INTEGRITY)
+    except EntryNotFoundError:
+        raise _integrity_error(what, f"the repo has no {T3_INTEGRITY}, so hf-unlearn cannot check its files; "
+                               "push it again with this hf-unlearn, or pass verify_integrity=False.") from None
+    folder = manifest.parent
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8")).get("files") or {}
+    except (ValueError, AttributeError):
+        files = {}
+    for name in files if isinstance(files, dict) else ():
+        confined_file(folder, name, what, T3_INTEGRITY)  # a plain name before it is asked for
+        download(name)
+    return folder

@@ -1,0 +1,236 @@
+"""Documents as training data: plain texts joined and cut into chunks of ``max_length`` tokens, loss on every token.
+
+A deletion request is often a set of documents (news articles, a book, a user's posts) rather than
+question/answer rows. :func:`load_documents` reads them from a list of strings, a ``datasets.Dataset`` text
+column, or ``.txt`` / ``.json`` / ``.jsonl`` files (or a folder of them); :func:`chunk_documents` turns them into
+training features the way open-unlearning's ``PretrainingDataset`` does: the documents are joined with a blank
+line, tokenized once, and cut into consecutive chunks of ``max_length`` tokens, each an example whose labels are
+its input ids (the loss is on every token; position 0 has no context and is never scored). A tokenizer that
+starts every sequence with a BOS token gets one at the start of each chunk, inside the ``max_length``.
+:func:`chunk_token_ids` is the pure cutting step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .prompts import IGNORE_INDEX, ensure_pad_token
+
+DOCUMENT_SEPARATOR = "\n\n"  # open-unlearning's PretrainingDataset joins the raw texts with a blank line
+DEFAULT_CHUNK_LENGTH = 2048  # open-unlearning's MUSE max_length
+DOCUMENT_FILE_SUFFIXES = (".txt", ".json", ".jsonl")
+# Columns that make a dataset rows of another kind (question/answer, TRL prompt/completion or chat, tokenized).
+_NOT_DOCUMENT_COLUMNS = frozenset({"question", "answer", "prompt", "completion", "messages", "input_ids"})
+
+__all__ = [
+    "DEFAULT_CHUNK_LENGTH", "DOCUMENT_FILE_SUFFIXES", "DOCUMENT_SEPARATOR", "as_documents", "chunk_documents",
+    "chunk_length", "chunk_token_ids", "document_heads", "documents_dataset", "is_documents", "load_documents", "shared_documents",
+]
+
+
+def _texts_from_items(items: Iterable[Any], text_key: str, origin: str) -> list[str]:
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping):
+            if text_key not in item:
+                raise ValueError(f"{origin}: item {i} has no {text_key!r} field (fields: {sorted(map(str, item))}).")
+            item = item[text_key]
+        if not isinstance(item, str):
+            raise ValueError(f"{origin}: item {i} is a {type(item).__name__}, not a text.")
+        out.append(item)
+    return out
+
+
+def _read_file(path: Path, text_key: str) -> list[str]:
+    suffix = path.suffix.lower()
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".txt":
+        return [text]
+    if suffix == ".jsonl":
+        items = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}: line {n} is not valid JSON ({err.msg}).") from None
+        return _texts_from_items(items, text_key, str(path))
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON ({err.msg}).") from None
+        if isinstance(data, (str, Mapping)):
+            data = [data]
+        return _texts_from_items(data, text_key, str(path))
+    raise ValueError(f"{path}: documents are read from {', '.join(DOCUMENT_FILE_SUFFIXES)} files, not {suffix!r}.")
+
+
+def load_documents(source: Any, *, text_key: str = "text") -> list[str]:
+    """The documents of ``source`` as a list of strings, in order.
+
+    ``source`` is a list of strings (or of dicts with a ``text_key`` field), a ``datasets.Dataset`` (its
+    ``text_key`` column), or the path of a file or folder: a ``.txt`` file is one document; a ``.jsonl`` file
+    holds one document a line (a JSON string or an object with ``text_key``); a ``.json`` file a list of them (a
+    single string or object is one document); a folder is every such file in it, in name order.
+
+    Raises:
+        ValueError: an empty source, an item that is no text, a file of another kind, or a plain string that is
+            not an existing path (pass ``[text]`` for one document).
+        FileNotFoundError: a path that does not exist.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source).expanduser()
+        if isinstance(source, str) and not path.exists() and (len(source) > 255 or "\n" in source):
+            raise ValueError("load_documents got a plain text; pass a list of documents ([text]) or a file path.")
+        if not path.exists():
+            raise FileNotFoundError(f"No documents at {path}.")
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in DOCUMENT_FILE_SUFFIXES) if path.is_dir() else [path]
+        docs = [d for f in files for d in _read_file(f, text_key)]
+        origin = str(path)
+    else:
+        column_names = getattr(source, "column_names", None)
+        if column_names is not None:
+            if text_key not in column_names:
+                raise ValueError(f"The dataset has no {text_key!r} column (columns: {list(column_names)}).")
+            source = source[text_key]
+        docs = _texts_from_items(source, text_key, "documents")
+        origin = "the documents"
+    if not docs:
+        raise ValueError(f"{origin} hold no document.")
+    return docs
+
+
+def documents_dataset(source: Any, *, text_key: str = "text") -> Any:
+    """A ``datasets.Dataset`` with one ``text`` column, one row per document of ``source``
+    (:func:`load_documents`): what the unlearning trainers take as a documents forget or retain set."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"text": load_documents(source, text_key=text_key)})
+
+
+def is_documents(dataset: Any) -> bool:
+    """Whether ``dataset`` (a ``datasets.Dataset``) holds documents: a ``text`` column and none of the columns of
+    question/answer, prompt/completion, chat or tokenized rows."""
+    columns = set(getattr(dataset, "column_names", None) or ())
+    return "text" in columns and not columns & _NOT_DOCUMENT_COLUMNS
+
+
+def chunk_token_ids(token_ids: Sequence[int], max_length: int, prefix: Sequence[int] = ()) -> list[list[int]]:
+    """Consecutive chunks of ``token_ids``, each ``prefix`` followed by at most ``max_length - len(prefix)`` ids:
+
+        chunk_i = prefix + token_ids[i * s : (i + 1) * s],   s = max_length - len(prefix),   i = 0 .. ceil(n / s) - 1
+
+    so every chunk has at most ``max_length`` ids and every id is in exactly one chunk, in order. A last chunk of
+    a single token (nothing to predict without a prefix) is left out.
+    """
+    step = max_length - len(prefix)
+    if step < 1:
+        raise ValueError(f"max_length={max_length} leaves no room for a token after the {len(prefix)}-token prefix.")
+    ids = list(token_ids)
+    chunks = [list(prefix) + ids[i : i + step] for i in range(0, len(ids), step)]
+    if chunks and len(chunks[-1]) < 2:
+        chunks.pop()
+    return chunks
+
+
+def _bos_prefix(tokenizer: Any) -> list[int]:
+    """``[bos_token_id]`` when the tokenizer starts an encoded text with its BOS token, else ``[]``."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return []
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return [bos] if ids[:1] == [bos] else []
+
+
+def chunk_documents(
+    documents: Any,
+    tokenizer: Any,
+    max_length: int = DEFAULT_CHUNK_LENGTH,
+    *,
+    separator: str = DOCUMENT_SEPARATOR,
+    padding: bool = False,
+    text_key: str = "text",
+) -> list[dict[str, list[int]]]:
+    """Training features of ``documents`` (anything :func:`load_documents` reads): the documents joined with
+    ``separator``, tokenized once without special tokens, cut by :func:`chunk_token_ids` into chunks of at most
+    ``max_length`` tokens (a BOS token first when the tokenizer adds one).
+
+    Each feature is ``{"input_ids", "attention_mask", "labels"}`` with ``labels == input_ids`` (loss on every
+    token). ``padding=True`` pads every chunk on the right to ``max_length`` with the pad token (set from EOS when
+    missing), attention mask 0 and label ``-100``.
+    """
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}.")
+    docs = load_documents(documents, text_key=text_key)
+    ids = tokenizer(separator.join(docs), add_special_tokens=False, verbose=False)["input_ids"]
+    chunks = chunk_token_ids(ids, max_length, _bos_prefix(tokenizer))
+    if padding:
+        ensure_pad_token(tokenizer)
+    features = []
+    for chunk in chunks:
+        pad = max_length - len(chunk) if padding else 0
+        features.append({
+            "input_ids": chunk + [tokenizer.pad_token_id] * pad,
+            "attention_mask": [1] * len(chunk) + [0] * pad,
+            "labels": list(chunk) + [IGNORE_INDEX] * pad,
+        })
+    return features
+
+
+def as_documents(data: Any, *, plain_lists: bool = True) -> list[str] | None:
+    """The documents of ``data`` when it is a documents set, else ``None`` (rows of another kind).
+
+    A documents set is the path of an existing file or folder (:func:`load_documents`), a ``datasets.Dataset``
+    for which :func:`is_documents` holds, a list of dicts whose only field is ``text``, or (with
+    ``plain_lists``) a non-empty list of strings. Question/answer, prompt/completion, chat and tokenized rows
+    give ``None``, and so does a string that names no existing path, so callers keep their row path (and its
+    errors) for them.
+    """
+    if data is None:
+        return None
+    if isinstance(data, (str, os.PathLike)):
+        exists = len(str(data)) < 4096 and "\n" not in str(data) and Path(data).expanduser().exists()
+        return load_documents(data) if exists else None
+    if getattr(data, "column_names", None) is not None:
+        return load_documents(data) if is_documents(data) else None
+    if isinstance(data, Mapping) or not isinstance(data, Sequence) or not data:
+        return None
+    if plain_lists and all(isinstance(d, str) for d in data):
+        return list(data)
+    if all(isinstance(d, Mapping) and set(d) == {"text"} for d in data):
+        return load_documents(data)
+    return None
+
+
+def chunk_length(max_length: int | None, limit: int | None) -> int:
+    """The chunk length for documents: ``min(max_length, limit)`` of those given (the model's maximum
+    positions ``limit`` always applies), :data:`DEFAULT_CHUNK_LENGTH` when neither is."""
+    bounds = [int(v) for v in (max_length, limit) if v is not None]
+    return min(bounds) if bounds else DEFAULT_CHUNK_LENGTH
+
+
+def shared_documents(forget: Sequence[str], retain: Sequence[str]) -> int:
+    """Number of ``forget`` documents that also occur (same text, surrounding whitespace ignored) in ``retain``."""
+    seen = {d.strip() for d in retain}
+    return sum(d.strip() in seen for d in forget)
+
+
+def document_heads(documents: Sequence[str], tokenizer: Any, max_length: int) -> tuple[list[dict[str, list[int]]], int]:
+    """Each document on its own as one example: its tokens (a BOS token first when the tokenizer adds one) cut
+    to the first ``max_length``, labels on every token. Returns ``(features, number of documents cut)``; what
+    scoring one figure per document uses (as MUSE scores each privleak text from its beginning)."""
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}.")
+    prefix = _bos_prefix(tokenizer)
+    features, cut = [], 0
+    for doc in documents:
+        ids = prefix + tokenizer(doc, add_special_tokens=False, verbose=False)["input_ids"]
+        cut += len(ids) > max_length
+        ids = ids[:max_length]
+        features.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": list(ids)})
+    return features, cut

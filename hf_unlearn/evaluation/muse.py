@@ -1,0 +1,383 @@
+"""The MUSE evaluator (Shi et al., 2024): the model-side criteria C1-C4 of MUSE's six-way table on MUSE-News.
+
+As the authors' ``eval.py`` and ``metrics/*.py`` compute them:
+
+* **C1 VerbMem** on the forget set: each ``verbmem/forget`` prompt (the beginning of a forget article) is
+  continued greedily for 128 new tokens; the continuation is scored by ROUGE-L F1 against the true continuation
+  ``gt`` cut to its first 128 tokens (tokenized with special tokens, decoded without them, as the authors do).
+* **C2 / C4 KnowMem** on the forget and retain sets: each question is asked after the 10 in-context examples
+  of its set, ``"Question: {q}\\nAnswer: {a}\\n\\n"`` each, then ``"Question: {q}\\nAnswer: "``; the greedy answer
+  (at most 32 new tokens) is cut before a blank line or ``"Question"`` and scored by ROUGE-L F1 against the gold
+  answer.
+* **C3 PrivLeak**: every ``privleak/forget`` and ``privleak/holdout`` text gets its Min-40% score (minus the mean
+  of its lowest 40% token log-probabilities); ``AUC = P(s_forget > s_holdout)`` and
+  ``PrivLeak = (AUC - AUC_retrain) / AUC_retrain * 100`` against the authors' retrained News model (0.4772) or a
+  retain model's AUC.
+
+Every aggregate goes through the package's ``evaluate`` modules (``muse_verbmem``, ``muse_knowmem``,
+``muse_privleak``). Prompts that leave no room for the new tokens within the model's maximum positions lose
+their beginning (their last tokens are kept, a BOS token stays first), and texts longer than the model's positions
+are scored on their beginning; both are counted in the report's settings. The data is a local folder laid out
+like MUSE-News (``verbmem/forget.json``, ``knowmem/{forget,retain2}_qa{,_icl}.json``,
+``privleak/{forget,holdout}.json``) or the Hub dataset ``muse-bench/MUSE-News`` (read by
+``datasets.load_dataset``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import __version__
+from ..data.prompts import collate_qa, ensure_pad_token, model_max_positions
+from ..logprobs import answer_mask, label_log_probs, model_device
+from . import metrics
+from .generation import left_pad
+from .muse_report import MUSEReport
+from .privacy import min_k_score
+
+MUSE_HUB_ID = "muse-bench/MUSE-News"
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+MUSE_CRITERIA = ("verbmem_forget", "knowmem_forget", "privleak", "knowmem_retain")
+VERBMEM_MAX_NEW_TOKENS = 128  # authors' eval.py verbmem_max_new_tokens
+KNOWMEM_MAX_NEW_TOKENS = 32  # authors' eval.py knowmem_max_new_tokens
+PRIVLEAK_MIN_K = 0.4  # the authors' privleak_auc_key 'forget_holdout_Min-40%'
+NEWS_RETRAIN_AUC = 0.47719999999999996  # authors' constants.py AUC_RETRAIN['news']['forget_holdout_Min-40%']
+KNOWMEM_STOPS = ("\n\n", "\nQuestion", "Question:")  # authors' metrics/knowmem.py
+
+# part -> (local file names, tried in order; Hub (config, split))
+MUSE_PARTS: dict[str, tuple[tuple[str, ...], tuple[str, str]]] = {
+    "verbmem_forget": (("verbmem/forget.json",), ("verbmem", "forget")),
+    "knowmem_forget": (("knowmem/forget_qa.json",), ("knowmem", "forget_qa")),
+    "knowmem_forget_icl": (("knowmem/forget_qa_icl.json",), ("knowmem", "forget_qa_icl")),
+    "knowmem_retain": (("knowmem/retain2_qa.json", "knowmem/retain_qa.json"), ("knowmem", "retain_qa")),
+    "knowmem_retain_icl": (("knowmem/retain2_qa_icl.json", "knowmem/retain_qa_icl.json"), ("knowmem", "retain_qa_icl")),
+    "privleak_forget": (("privleak/forget.json",), ("privleak", "forget")),
+    "privleak_holdout": (("privleak/holdout.json",), ("privleak", "holdout")),
+}
+# the parts each criterion reads
+CRITERION_PARTS = {
+    "verbmem_forget": ("verbmem_forget",),
+    "knowmem_forget": ("knowmem_forget", "knowmem_forget_icl"),
+    "privleak": ("privleak_forget", "privleak_holdout"),
+    "knowmem_retain": ("knowmem_retain", "knowmem_retain_icl"),
+}
+_FIELDS = {"verbmem_forget": ("prompt", "gt"), "knowmem_forget": ("question", "answer"),
+           "knowmem_forget_icl": ("question", "answer"), "knowmem_retain": ("question", "answer"),
+           "knowmem_retain_icl": ("question", "answer"), "privleak_forget": (), "privleak_holdout": ()}
+
+
+def _checked_items(part: str, items: Sequence[Any], origin: str) -> list[Any]:
+    keys = _FIELDS[part]
+    out = []
+    for i, item in enumerate(items):
+        if not keys:  # privleak: texts (a string, or a row with a "text" field on the Hub)
+            item = item.get("text") if isinstance(item, Mapping) else item
+            if not isinstance(item, str):
+                raise ValueError(f"{origin}: item {i} is not a text.")
+        elif not (isinstance(item, Mapping) and all(isinstance(item.get(k), str) for k in keys)):
+            raise ValueError(f"{origin}: item {i} needs string fields {list(keys)}.")
+        out.append(item if not keys else {k: item[k] for k in keys})
+    if not out:
+        raise ValueError(f"{origin} is empty.")
+    return out
+
+
+def load_muse_part(source: str | os.PathLike, part: str) -> list[Any]:
+    """One part of the MUSE data (a key of :data:`MUSE_PARTS`): verbmem ``{prompt, gt}`` rows, knowmem
+    ``{question, answer}`` rows, or privleak texts, from a local folder (its JSON file) or a Hub dataset id."""
+    if part not in MUSE_PARTS:
+        raise ValueError(f"Unknown MUSE part {part!r}; use one of {list(MUSE_PARTS)}.")
+    files, (config, split) = MUSE_PARTS[part]
+    folder = Path(source).expanduser()
+    if folder.is_dir():
+        for name in files:
+            if (folder / name).is_file():
+                try:
+                    items = json.loads((folder / name).read_text(encoding="utf-8"))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{folder / name} is not valid JSON ({err.msg}).") from None
+                if not isinstance(items, list):
+                    raise ValueError(f"{folder / name} does not hold a JSON list.")
+                return _checked_items(part, items, str(folder / name))
+        raise FileNotFoundError(f"{folder} has no {' or '.join(files)} (MUSE part {part!r}).")
+    if not _HUB_ID.fullmatch(str(source)) or str(source).startswith((".", "~")):
+        raise FileNotFoundError(f"No MUSE data folder at {source} (and it is not a Hub dataset id).")
+    import datasets
+
+    rows = datasets.load_dataset(str(source), config, split=split)
+    return _checked_items(part, list(rows), f"{source} ({config}/{split})")
+
+
+def build_knowmem_prompt(question: str, icl: Sequence[Mapping[str, str]]) -> str:
+    """MUSE's KnowMem prompt: ``"".join(f"Question: {q}\\nAnswer: {a}\\n\\n" for the in-context examples)`` then
+    ``f"Question: {question}\\nAnswer: "``."""
+    shots = "".join(f"Question: {ex['question']}\nAnswer: {ex['answer']}\n\n" for ex in icl)
+    return shots + f"Question: {question}\nAnswer: "
+
+
+def cut_answer(text: str, stops: Sequence[str] = KNOWMEM_STOPS) -> str:
+    """``text`` before the first occurrence of each stop string in turn (``for s in stops: text = text.split(s)[0]``)."""
+    for stop in stops:
+        text = text.split(stop)[0]
+    return text
+
+
+def truncate_to_tokens(tokenizer: Any, text: str, num_tokens: int) -> str:
+    """``text`` cut to its first ``num_tokens`` tokens as the authors cut VerbMem's truth: tokenized with special
+    tokens, ``[:num_tokens]``, decoded without them."""
+    ids = tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"][:num_tokens]
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _bos(tokenizer: Any) -> list[int]:
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return [bos] if bos is not None and tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [bos] else []
+
+
+def fit_prompt(ids: Sequence[int], room: int, prefix: Sequence[int] = ()) -> list[int]:
+    """``ids`` when at most ``room`` long, else ``prefix`` and the last ``room - len(prefix)`` ids (when ``ids``
+    starts with ``prefix``; the last ``room`` ids otherwise)."""
+    ids = list(ids)
+    if len(ids) <= room:
+        return ids
+    if prefix and ids[: len(prefix)] == list(prefix):
+        return list(prefix) + ids[len(ids) - (room - len(prefix)) :]
+    return ids[len(ids) - room :]
+
+
+@torch.no_grad()
+def greedy_continuations(
+    model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, *, batch_size: int = 8,
+    progress: bool = False, desc: str = "generating",
+) -> tuple[list[str], int]:
+    """Greedy continuations of raw ``prompts`` (tokenized with special tokens, no template), at most
+    ``max_new_tokens`` new tokens each, decoded without special tokens; and how many prompts lost their beginning
+    to fit the model's maximum positions (:func:`fit_prompt`). Batches are left-padded, longest prompts last."""
+    ensure_pad_token(tokenizer)
+    limit = model_max_positions(model)
+    room = None if limit is None else limit - max_new_tokens
+    if room is not None and room < 1:
+        raise ValueError(f"{max_new_tokens} new tokens leave no room for a prompt within the model's {limit} positions.")
+    bos = _bos(tokenizer)
+    encoded, truncated = [], 0
+    for p in prompts:
+        ids = tokenizer(p, add_special_tokens=True, verbose=False)["input_ids"]
+        if room is not None and len(ids) > room:
+            ids, truncated = fit_prompt(ids, room, bos), truncated + 1
+        encoded.append(ids)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    device = model_device(model)
+    was_training = getattr(model, "training", False)
+    model.eval()
+    out: list[str] = [""] * len(encoded)
+    try:
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
+            idx = order[start : start + batch_size]
+            input_ids, attention_mask = left_pad([encoded[i] for i in idx], tokenizer.pad_token_id)
+            generated = model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=False,
+                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+            )
+            texts = tokenizer.batch_decode(generated[:, input_ids.shape[1] :], skip_special_tokens=True)
+            for i, text in zip(idx, texts):
+                out[i] = text
+    finally:
+        if was_training:
+            model.train()
+    return out, truncated
+
+
+@torch.no_grad()
+def text_min_k_scores(
+    model: Any, tokenizer: Any, texts: Sequence[str], k: float = PRIVLEAK_MIN_K, *, batch_size: int = 8,
+    progress: bool = False, desc: str = "scoring texts",
+) -> tuple[list[float], int]:
+    """The Min-K% score of each text (:func:`~hf_unlearn.evaluation.min_k_score` of its token log-probabilities
+    ``log p(x_t | x_<t)``, ``t >= 1``, the text tokenized with special tokens as the authors do), and how many texts
+    were cut to the model's maximum positions."""
+    ensure_pad_token(tokenizer)
+    limit = model_max_positions(model)
+    features, truncated = [], 0
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
+        if limit is not None and len(ids) > limit:
+            ids, truncated = ids[:limit], truncated + 1
+        features.append({"input_ids": ids, "labels": list(ids)})
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    device = model_device(model)
+    was_training = getattr(model, "training", False)
+    model.eval()
+    scores = [0.0] * len(features)
+    try:
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
+            idx = order[start : start + batch_size]
+            batch = {key: v.to(device) for key, v in collate_qa([features[i] for i in idx], tokenizer.pad_token_id).items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           position_ids=batch["position_ids"]).logits
+            lp, mask = label_log_probs(logits, batch["labels"]), answer_mask(batch["labels"])
+            for row, i in enumerate(idx):
+                scores[i] = min_k_score(lp[row][mask[row]].double().cpu().numpy(), k)
+    finally:
+        if was_training:
+            model.train()
+    return scores, truncated
+
+
+def reference_auc_of(retain_reference: Any) -> tuple[float, str]:
+    """The retrained model's AUC and where it comes from: ``None`` -> the authors' News value; a number; a
+    :class:`MUSEReport`, its dict form or the path of its JSON -> its ``privleak_auc``."""
+    if retain_reference is None:
+        return NEWS_RETRAIN_AUC, "muse-news-retrain"
+    if isinstance(retain_reference, (int, float)) and not isinstance(retain_reference, bool):
+        return float(retain_reference), "given"
+    if isinstance(retain_reference, (str, os.PathLike)):
+        retain_reference = MUSEReport.load(retain_reference)
+    if isinstance(retain_reference, Mapping):
+        retain_reference = MUSEReport.from_dict(retain_reference)
+    if not isinstance(retain_reference, MUSEReport):
+        raise ValueError(f"retain_reference must be an AUC, a MUSE report or its path, got {type(retain_reference).__name__}.")
+    if retain_reference.privleak_auc is None:
+        raise ValueError("The retain reference's MUSE report has no privleak_auc (it was evaluated without privleak).")
+    return float(retain_reference.privleak_auc), str(retain_reference.model_name)
+
+
+def _check_args(criteria: Sequence[str], max_examples: Any, batch_size: Any, new_tokens: Mapping[str, Any]) -> None:
+    unknown = [c for c in criteria if c not in MUSE_CRITERIA]
+    if unknown or not criteria:
+        raise ValueError(f"criteria must be a non-empty subset of {list(MUSE_CRITERIA)}, got {list(criteria)}.")
+    if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
+        raise ValueError(f"max_examples must be None or a positive integer, got {max_examples!r}.")
+    for name, value in {"batch_size": batch_size, **new_tokens}.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _verbmem(model: Any, tokenizer: Any, rows: list[dict[str, str]], max_new_tokens: int, **common: Any):
+    """C1: (VerbMem, per-example values, truncated prompts) of the ``{prompt, gt}`` rows."""
+    truths = [truncate_to_tokens(tokenizer, r["gt"], max_new_tokens) for r in rows]
+    outputs, truncated = greedy_continuations(
+        model, tokenizer, [r["prompt"] for r in rows], max_new_tokens, desc="verbmem", **common)
+    out = metrics.load_metric("muse_verbmem").compute(predictions=outputs, references=truths)
+    per_example = {"generation": outputs, "truth": truths, "rouge_l_f1": out["rouge_l_f1_per_example"]}
+    return float(out["verbmem"]), per_example, truncated
+
+
+def _knowmem(model: Any, tokenizer: Any, rows: list[dict[str, str]], icl: list[dict[str, str]], max_new_tokens: int,
+             desc: str, **common: Any):
+    """C2 / C4: (KnowMem, per-example values, truncated prompts) of the ``{question, answer}`` rows."""
+    prompts = [build_knowmem_prompt(r["question"], icl) for r in rows]
+    raw, truncated = greedy_continuations(model, tokenizer, prompts, max_new_tokens, desc=desc, **common)
+    answers = [cut_answer(text) for text in raw]
+    out = metrics.load_metric("muse_knowmem").compute(predictions=answers, references=[r["answer"] for r in rows])
+    return float(out["knowmem"]), {"answer": answers, "rouge_l_f1": out["rouge_l_f1_per_example"]}, truncated
+
+
+def _privleak(model: Any, tokenizer: Any, forget_texts: list[str], holdout_texts: list[str], reference_auc: float,
+              **common: Any):
+    """C3: (AUC, PrivLeak, per-example Min-40% scores, truncated texts) of the forget and holdout texts."""
+    forget, n_forget = text_min_k_scores(model, tokenizer, forget_texts, desc="privleak forget", **common)
+    holdout, n_holdout = text_min_k_scores(model, tokenizer, holdout_texts, desc="privleak holdout", **common)
+    out = metrics.load_metric("muse_privleak").compute(
+        predictions=forget + holdout, references=[0] * len(forget) + [1] * len(holdout), reference_auc=reference_auc)
+    counts = {"privleak_forget_texts": n_forget, "privleak_holdout_texts": n_holdout}
+    return float(out["auc"]), float(out["privleak"]), {"forget_min_k": forget, "holdout_min_k": holdout}, counts
+
+
+def evaluate_muse(
+    model: Any,
+    tokenizer: Any,
+    source: str | os.PathLike = MUSE_HUB_ID,
+    *,
+    criteria: Sequence[str] = MUSE_CRITERIA,
+    retain_reference: Any = None,
+    max_examples: int | None = None,
+    batch_size: int = 8,
+    verbmem_max_new_tokens: int = VERBMEM_MAX_NEW_TOKENS,
+    knowmem_max_new_tokens: int = KNOWMEM_MAX_NEW_TOKENS,
+    progress: bool = True,
+    output_path: str | os.PathLike | None = None,
+    model_name: str | None = None,
+) -> MUSEReport:
+    """Evaluate a causal LM on MUSE (C1-C4 of the six-way table) and return (and optionally write) the report.
+
+    Args:
+        model, tokenizer: any causal LM and its tokenizer (a pad token is set from EOS if missing).
+        source: a local folder laid out like MUSE-News or a Hub dataset id (default ``muse-bench/MUSE-News``).
+        criteria: which of ``verbmem_forget``, ``knowmem_forget``, ``privleak``, ``knowmem_retain`` to measure
+            (default all); the others stay ``None`` in the report.
+        retain_reference: what PrivLeak is relative to: ``None`` for the authors' retrained News model's AUC
+            (0.4772), a number (an AUC), or a retain model's :class:`MUSEReport` (its dict form, or its JSON path).
+        max_examples: score only the first ``max_examples`` items of each part (verbmem prompts, forget and retain
+            questions, forget and holdout texts; the in-context examples stay whole); ``None``: all (MUSE's 100).
+        batch_size: generation and scoring batch size.
+        verbmem_max_new_tokens, knowmem_max_new_tokens: the continuation and answer lengths (MUSE's 128 and 32).
+        progress: show progress bars.
+        output_path: if given, the report is written there as JSON (atomically).
+        model_name: name recorded in the report (default: the model's ``name_or_path``).
+
+    Returns:
+        A :class:`~hf_unlearn.evaluation.MUSEReport`.
+
+    Raises:
+        ValueError: bad arguments, unreadable or malformed data, or a bad retain reference, all before any
+            model call.
+        FileNotFoundError: a local folder that lacks a part the criteria need.
+    """
+    start = time.perf_counter()
+    criteria = list(dict.fromkeys(criteria))
+    new_tokens = {"verbmem_max_new_tokens": verbmem_max_new_tokens, "knowmem_max_new_tokens": knowmem_max_new_tokens}
+    _check_args(criteria, max_examples, batch_size, new_tokens)
+    ref_auc, ref_source = reference_auc_of(retain_reference) if "privleak" in criteria else (None, None)
+    if ref_auc is not None and not 0 < ref_auc <= 1:
+        raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")
+    data: dict[str, list[Any]] = {}
+    for criterion in criteria:
+        for part in CRITERION_PARTS[criterion]:
+            items = load_muse_part(source, part)
+            data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
+    ensure_pad_token(tokenizer)
+    # Everything above runs before the model is touched.
+    common = {"batch_size": batch_size, "progress": progress}
+    per_example: dict[str, Any] = {}
+    figures: dict[str, float | None] = dict.fromkeys(MUSE_CRITERIA)
+    truncated: dict[str, int] = {}
+    if "verbmem_forget" in criteria:
+        figures["verbmem_forget"], per_example["verbmem_forget"], truncated["verbmem_prompts"] = _verbmem(
+            model, tokenizer, data["verbmem_forget"], verbmem_max_new_tokens, **common)
+    for criterion in ("knowmem_forget", "knowmem_retain"):
+        if criterion in criteria:
+            figures[criterion], per_example[criterion], truncated[f"{criterion}_prompts"] = _knowmem(
+                model, tokenizer, data[criterion], data[f"{criterion}_icl"], knowmem_max_new_tokens,
+                desc=criterion.replace("_", " "), **common)
+    auc = None
+    if "privleak" in criteria:
+        auc, figures["privleak"], per_example["privleak"], counts = _privleak(
+            model, tokenizer, data["privleak_forget"], data["privleak_holdout"], ref_auc, **common)
+        truncated.update(counts)
+    config = getattr(model, "config", None)
+    report = MUSEReport(
+        model_name=model_name or str(getattr(config, "_name_or_path", None) or type(model).__name__),
+        source=str(source),
+        **figures,
+        privleak_auc=auc,
+        reference_auc=ref_auc,
+        reference_source=ref_source,
+        num_examples={part: len(items) for part, items in data.items()},
+        per_example=per_example,
+        settings={"criteria": criteria, "max_examples": max_examples, "batch_size": batch_size, **new_tokens,
+                  "min_k": PRIVLEAK_MIN_K, "max_length": model_max_positions(model), "num_truncated": truncated},
+        hf_unlearn_version=__version__,
+    )
+    report.wall_time_s = time.perf_counter() - start
+    if output_path is not None:
+        report.save(output_path)
+    return report

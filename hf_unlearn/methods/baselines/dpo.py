@@ -1,0 +1,251 @@
+"""DPO and IdkDPO on :class:`UnlearningTrainer`: a preferred answer per forget row, the forget answer rejected.
+
+The objective is ``forget_weight * L_DPO + retain_weight * retain_term`` with
+:func:`~hf_unlearn.methods.baselines.loss.dpo_loss` against the frozen reference (the initial model, or with a
+PEFT adapter the model with the adapter disabled). The preferred answers are tokenized with the forget rows'
+questions and prompt template, and each batch carries them beside the forget half under the ``alternate_`` prefix
+(``alternate_input_ids``, ``alternate_attention_mask``, ``alternate_labels``), so a forget row always meets its own
+preferred answer, in every process and after a resume. They enter the run's fingerprint: a checkpoint written with
+other preferred answers is refused on resume.
+
+* :class:`DPOTrainer` reads the preferred answer from a column of the forget rows (``alternate_column``, by
+  default ``"alternate_answer"``; a list of strings, such as TOFU's ``perturbed_answer``, gives one drawn per row
+  with ``seed``). A forget set without it is refused before any work.
+* :class:`IdkDPOTrainer` prefers a refusal answer drawn per row with ``seed`` from
+  :func:`load_idk_answers` (the list shipped as ``hf_unlearn/data/idk_answers.txt``, or ``idk_answers_file``).
+  open-unlearning redraws the refusal each time a row is read; here each row keeps one for the whole run, so a run
+  is reproducible and resumable exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from datasets import Dataset
+
+from ..base.checkpoints import _rows_digest
+from ..base.losses import LossDenominators
+from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, as_dataset, to_trl_format
+from ..base.trainer import UnlearningTrainer
+from .config import DPOConfig, IdkDPOConfig, PreferenceConfig
+from .loss import dpo_loss
+
+__all__ = ["ALTERNATE_PREFIX", "DPOTrainer", "IdkDPOTrainer", "PreferenceTrainer", "load_idk_answers"]
+
+ALTERNATE_PREFIX = "alternate_"
+IDK_ANSWERS_FILE = "idk_answers.txt"
+
+
+def load_idk_answers(path: str | Path | None = None) -> list[str]:
+    """The refusal answers of ``path`` (a text file, one answer per line, blank lines ignored), by default the list
+    shipped with the package (``hf_unlearn/data/idk_answers.txt``). ``ValueError`` when there is none."""
+    if path is None:
+        text = resources.files("hf_unlearn.data").joinpath(IDK_ANSWERS_FILE).read_text(encoding="utf-8")
+    else:
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise ValueError(f"idk_answers_file {path} does not exist.")
+        text = file.read_text(encoding="utf-8")
+    answers = [line.strip() for line in text.splitlines() if line.strip()]
+    if not answers:
+        raise ValueError(f"idk_answers_file {path} holds no answer (one per line).")
+    return answers
+
+
+def draw_per_row(choices: Sequence[Sequence[str]], seed: int) -> list[str]:
+    """One entry of each row's ``choices``, drawn with a generator seeded by ``seed`` (row ``i`` takes
+    ``choices[i][k_i]``; the same seed and choices give the same draws)."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return [list(options)[int(torch.randint(len(options), (1,), generator=generator))] for options in choices]
+
+
+class _WithAlternates(torch.utils.data.Dataset):
+    """Item ``i`` of ``base`` (its model columns and ``retain_`` ones) with the tokens of preferred answer ``i``
+    under the ``alternate_`` prefix; ``set_epoch`` is passed on to ``base``."""
+
+    def __init__(self, base: Any, alternates: Dataset):
+        self.base = base
+        self.alternates = alternates
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = self.base[int(index)]
+        out = {k: v for k, v in item.items() if k in MODEL_COLUMNS or k.startswith(RETAIN_PREFIX)}
+        alternate = self.alternates[int(index)]
+        out.update({ALTERNATE_PREFIX + key: alternate[key] for key in MODEL_COLUMNS})
+        return out
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.base, "set_epoch"):
+            self.base.set_epoch(epoch)
+
+
+class _AlternateCollator:
+    """Collates the ``alternate_`` fields with ``base`` and the rest with ``inner`` (the paired collator)."""
+
+    def __init__(self, inner: Any, base: Any):
+        self.inner = inner
+        self.base = base
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        rest = [{k: v for k, v in f.items() if not k.startswith(ALTERNATE_PREFIX)} for f in features]
+        alternates = [{k[len(ALTERNATE_PREFIX):]: v for k, v in f.items() if k.startswith(ALTERNATE_PREFIX)}
+                      for f in features]
+        batch = dict(self.inner(rest))
+        batch.update({ALTERNATE_PREFIX + k: v for k, v in self.base(alternates).items()})
+        return batch
+
+
+class PreferenceTrainer(UnlearningTrainer):
+    """The DPO objective ``forget_weight * L_DPO + retain_weight * retain_term`` with a preferred answer per
+    forget row; a subclass says where the preferred answers come from (:meth:`preferred_answers`). The forget rows
+    must be TOFU-shaped (``question``/``answer``). Logs ``forget_nll``, ``alternate_nll``, ``forget_log_ratio`` and
+    ``alternate_log_ratio`` (policy minus reference)."""
+
+    config_class: ClassVar[type[PreferenceConfig]] = PreferenceConfig
+
+    def __init__(self, model: Any, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
+                 retain_dataset: Any = None, **kwargs: Any):
+        args = self._resolve_args(args, model)
+        if train_dataset is not None:
+            train_dataset = as_dataset(train_dataset)
+        preferred = self.preferred_answers(train_dataset, args) if train_dataset is not None and len(train_dataset) else None
+        super().__init__(model, args, data_collator=data_collator, train_dataset=train_dataset,
+                         retain_dataset=retain_dataset, **kwargs)
+        rows = [{"question": q, "answer": a} for q, a in zip(train_dataset["question"], preferred)]
+        alternates = to_trl_format(rows, self.processing_class, getattr(self.args, "prompt_template", None))
+        if not self._skip_prepare_dataset:
+            alternates = self._prepare_dataset(alternates, self.processing_class, self.args, False, None, "alternate")
+        if len(alternates) != len(self.forget_dataset):
+            raise ValueError(
+                f"{len(self.forget_dataset) - len(alternates)} preferred answers have no token within "
+                f"max_length={self.args.max_length}; shorten the questions or raise max_length."
+            )
+        self.alternate_dataset = alternates
+        self.train_dataset = _WithAlternates(self.train_dataset, alternates)
+        self.data_collator = _AlternateCollator(self.data_collator, self.data_collator.base)
+
+    @classmethod
+    def preferred_answers(cls, forget: Dataset, args: PreferenceConfig) -> list[str]:
+        """The preferred answer of each forget row (checked before any work)."""
+        raise NotImplementedError(f"{cls.__name__} must implement `preferred_answers`.")
+
+    @classmethod
+    def check_forget_rows(cls, rows: Any, args: PreferenceConfig) -> None:
+        """Refuse (``ValueError``) forget rows without a usable preferred answer: what :meth:`preferred_answers`
+        checks, run before any work by :func:`hf_unlearn.preconditions.check_run_preconditions`."""
+        cls.preferred_answers(as_dataset(rows), args)
+
+    @classmethod
+    def _check_tofu_rows(cls, forget: Dataset) -> None:
+        if not {"question", "answer"} <= set(forget.column_names):
+            raise ValueError(
+                f"{cls.__name__} needs TOFU-shaped forget rows (`question`, `answer`) to pair each with its preferred "
+                f"answer; the forget set has columns {sorted(forget.column_names)}."
+            )
+
+    @classmethod
+    def needs_reference_model(cls, args: Any) -> bool:
+        return True
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        extra = [ALTERNATE_PREFIX + c for c in self._signature_columns
+                 if not c.startswith((RETAIN_PREFIX, ALTERNATE_PREFIX))]
+        self._signature_columns = list(dict.fromkeys([*self._signature_columns, *extra]))
+
+    def run_fingerprint(self) -> dict[str, Any]:
+        """The base fingerprint with the preferred answers' tokens folded into the forget rows' digest, so that a
+        checkpoint written with other preferred answers is refused on resume."""
+        if self._fingerprint is None:
+            fingerprint = super().run_fingerprint()
+            forget = fingerprint["data"]["forget"]
+            joined = hashlib.sha256(f"{forget}|{_rows_digest(self.alternate_dataset)}".encode()).hexdigest()
+            fingerprint["data"]["forget"] = f"{forget.split(':')[0]}:{joined}"
+        return self._fingerprint
+
+    def compute_unlearning_loss(
+        self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
+    ) -> torch.Tensor:
+        forget = self.score(model, inputs)
+        alternate = self.score(model, inputs, ALTERNATE_PREFIX)
+        ref_forget = self.reference_scores(inputs).sequence_log_probs
+        ref_alternate = self.reference_scores(inputs, ALTERNATE_PREFIX).sequence_log_probs
+        self.log_metric("forget_nll", forget.mean_nll)
+        self.log_metric("alternate_nll", alternate.mean_nll)
+        self.log_metric("forget_log_ratio", (forget.sequence_log_probs - ref_forget).mean())
+        self.log_metric("alternate_log_ratio", (alternate.sequence_log_probs - ref_alternate).mean())
+        term = dpo_loss(alternate.sequence_log_probs, ref_alternate, forget.sequence_log_probs, ref_forget,
+                        self.args.beta, denominators.forget_sequences)
+        self.log_metric("forget_loss", term)
+        loss = self.args.forget_weight * term
+        if self.needs_retain(self.args):
+            loss = loss + self.args.retain_weight * self.retain_term(model, inputs, denominators)
+        return loss
+
+
+class DPOTrainer(PreferenceTrainer):
+    """DPO (Rafailov et al. 2023) for unlearning: each forget row's ``alternate_column`` answer preferred over its
+    answer, :func:`~hf_unlearn.methods.baselines.loss.dpo_loss`, with the retain NLL. Defaults ([`DPOConfig`]):
+    ``beta=0.1``, ``forget_weight=retain_weight=1``, column ``"alternate_answer"``."""
+
+    _name = "DPO"
+    _method = "dpo"
+    _title = "DPO (Direct Preference Optimization, given alternate answers)"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "Direct Preference Optimization: Your Language Model is Secretly a Reward Model", "id": "2305.18290"}
+    _cli_help = "DPO preferring each forget row's alternate answer (column alternate_answer) over its answer"
+    _tag_names = [*UnlearningTrainer._tag_names, "dpo"]
+    config_class = DPOConfig
+
+    @classmethod
+    def forget_columns(cls, args: DPOConfig) -> tuple[str, ...]:
+        """Columns of the forget rows this trainer reads besides ``question`` and ``answer``."""
+        return (args.alternate_column,)
+
+    @classmethod
+    def preferred_answers(cls, forget: Dataset, args: DPOConfig) -> list[str]:
+        cls._check_tofu_rows(forget)
+        column = args.alternate_column
+        if column not in forget.column_names:
+            raise ValueError(
+                f"DPO needs the preferred answer of each forget row in column {column!r} (alternate_column); the "
+                f"forget rows have {sorted(forget.column_names)}. Add it (a string, or a list of strings), name "
+                "another column with alternate_column, or use IdkDPO (method 'idk_dpo') to prefer a refusal answer."
+            )
+        choices = []
+        for i, value in enumerate(forget[column]):
+            options = [value] if isinstance(value, str) else value
+            if not isinstance(options, (list, tuple)) or not options or not all(
+                    isinstance(o, str) and o.strip() for o in options):
+                raise ValueError(f"Forget row {i}: column {column!r} must hold a non-empty string or a list of them, "
+                                 f"got {value!r}.")
+            choices.append(options)
+        return draw_per_row(choices, args.seed)
+
+
+class IdkDPOTrainer(PreferenceTrainer):
+    """IdkDPO (TOFU's "I don't know" preference baseline): a refusal answer, drawn per forget row with ``seed`` from
+    :func:`load_idk_answers`, preferred over the forget answer; :func:`~hf_unlearn.methods.baselines.loss.dpo_loss`
+    with the retain NLL. Defaults ([`IdkDPOConfig`]): ``beta=0.1``, ``forget_weight=retain_weight=1``."""
+
+    _name = "IdkDPO"
+    _method = "idk_dpo"
+    _title = "IdkDPO (DPO towards \"I don't know\")"
+    _paper: ClassVar[dict[str, str]] = {"title": "TOFU: A Task of Fictitious Unlearning for LLMs", "id": "2401.06121"}
+    _cli_help = "DPO preferring an \"I don't know\" answer over each forget answer"
+    _tag_names = [*UnlearningTrainer._tag_names, "idk-dpo"]
+    config_class = IdkDPOConfig
+
+    @classmethod
+    def preferred_answers(cls, forget: Dataset, args: IdkDPOConfig) -> list[str]:
+        cls._check_tofu_rows(forget)
+        answers = load_idk_answers(args.idk_answers_file)
+        return draw_per_row([answers] * len(forget), args.seed)

@@ -1,0 +1,164 @@
+"""PDU (Primal-Dual Unlearning): a trainer that flattens the forget answers' logits under a constraint on the
+retain loss, with the retain weight as a dual variable.
+
+The loss of a step is the Lagrangian :func:`hf_unlearn.methods.pdu.loss.pdu_loss`,
+``forget_weight * L_forget + w * (L_retain - eps)``, with ``L_forget`` the logit-margin flattening loss
+(:func:`~hf_unlearn.methods.pdu.loss.pdu_forget_loss`) and ``L_retain`` the retain NLL (or KL) of the shared
+trainer (:meth:`UnlearningTrainer.retain_term`). After each optimizer step past the warm-up epochs the dual
+variable moves, ``w <- max(0, w + dual_step_size * (L_retain - eps))``
+(:func:`~hf_unlearn.methods.pdu.loss.dual_update`), with ``L_retain`` the retain loss of that whole step.
+
+:class:`DualVariableCallback` holds ``w``; it is an ``ExportableState``, so ``w`` is saved in every checkpoint's
+``trainer_state.json`` and restored on resume (whatever ``restore_callback_states_from_checkpoint`` says), and a
+resumed run continues with the dual variable of the step it left.
+
+Deviations from open-unlearning's ``src/trainer/unlearn/pdu.py``, named: ``w`` moves once per optimizer step by
+the retain loss of the whole step, averaged over processes (open-unlearning moves it after every micro-batch by
+that micro-batch's loss on each process, and also during evaluation), so that every process holds the same ``w``
+and evaluation does not change training; the warm-up is counted from the epoch a step starts in (the same steps
+as open-unlearning's epoch-end switch, and exact across a resume); only ``dual_update_upon="step"`` is offered
+(open-unlearning's ``"epoch"`` rescans the retain set at each epoch end); the primal-dual update is always on
+(``dual_step_size=0`` is the fixed-weight variant, open-unlearning's ``primal_dual=False``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import ExportableState
+
+from ..base.losses import LossDenominators, answer_mask
+from ..base.pairing import RETAIN_PREFIX
+from ..base.trainer import UnlearningTrainer
+from .config import PDUConfig
+from .loss import dual_update, pdu_forget_loss, pdu_loss
+
+__all__ = ["DualVariableCallback", "PDUTrainer"]
+
+
+class DualVariableCallback(TrainerCallback, ExportableState):
+    """The dual variable ``w`` of PDU (the retain weight) and its update after each optimizer step.
+
+    ``take_step_loss`` (attached by the trainer) returns the retain loss of the step just taken, agreed across
+    processes, or ``None`` when the step had none. At each step begin the update is armed when the step starts at
+    or after ``warmup_epochs`` epochs (``state.epoch >= warmup_epochs``); at its end, an armed update sets
+    ``w = max(0, w + step_size * (L_retain - eps))``. Saved and restored attributes: ``weight`` (``w``),
+    ``updates`` (how many times it moved); its arguments (``weight``: the starting value) are saved with them.
+    """
+
+    def __init__(self, weight: float, eps: float, step_size: float, warmup_epochs: float) -> None:
+        self.initial_weight = float(weight)
+        self.weight = float(weight)
+        self.eps = float(eps)
+        self.step_size = float(step_size)
+        self.warmup_epochs = float(warmup_epochs)
+        self.updates = 0
+        self.armed = False
+        self.take_step_loss: Callable[[], float | None] | None = None
+
+    def state(self) -> dict:
+        return {
+            "args": {"weight": self.initial_weight, "eps": self.eps, "step_size": self.step_size,
+                     "warmup_epochs": self.warmup_epochs},
+            "attributes": {"weight": self.weight, "updates": self.updates},
+        }
+
+    def load_state(self, state: dict) -> None:
+        for key, value in state.get("attributes", {}).items():
+            setattr(self, key, value)
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        self.armed = float(state.epoch or 0.0) >= self.warmup_epochs
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        value = self.take_step_loss() if self.take_step_loss is not None else None
+        if self.armed and value is not None and self.step_size > 0:
+            self.weight = dual_update(self.weight, value, self.eps, self.step_size)
+            self.updates += 1
+
+
+class PDUTrainer(UnlearningTrainer):
+    """PDU (Entesari et al. 2025), a TRL ``SFTTrainer`` subclass: primal-dual descent on
+    ``forget_weight * L_forget + w * (L_retain - eps)`` (:func:`~hf_unlearn.methods.pdu.loss.pdu_loss`) with the
+    dual variable ``w`` (starting at ``retain_weight``) updated after each optimizer step past the warm-up.
+    Defaults ([`PDUConfig`]) are open-unlearning's ``PDU.yaml``: ``dual_step_size`` 1, 5 warm-up epochs, both
+    weights 1; ``retain_loss_eps`` is required. :attr:`dual_weight` is the current ``w``; it is logged as
+    ``dual_weight`` and saved in checkpoints."""
+
+    _name = "PDU"
+    _method = "pdu"
+    _title = "PDU (Primal-Dual Unlearning)"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "Constrained Entropic Unlearning: A Primal-Dual Framework for Large Language Models",
+        "id": "2506.05314"}
+    _cli_help = "flatten forget logits under a retain-loss bound (dual retain weight)"
+    _tag_names = [*UnlearningTrainer._tag_names, "pdu"]
+    config_class = PDUConfig
+
+    def __init__(self, model: Any, args: PDUConfig | None = None, *more: Any, **kwargs: Any):
+        super().__init__(model, args, *more, **kwargs)
+        self._step_retain_loss: torch.Tensor | None = None
+        self.dual = DualVariableCallback(self.args.retain_weight, self.args.retain_loss_eps,
+                                         self.args.dual_step_size, self.args.dual_warmup_epochs)
+        self.dual.take_step_loss = self._take_step_retain_loss
+        self.add_callback(self.dual)
+
+    @classmethod
+    def needs_retain(cls, args: PDUConfig) -> bool:
+        """Always: the constraint is on the retain loss (even while ``w`` is 0)."""
+        return True
+
+    @classmethod
+    def needs_reference_model(cls, args: PDUConfig) -> bool:
+        """The KL retain loss compares against the frozen starting model."""
+        return args.retain_loss == "kl"
+
+    @property
+    def dual_weight(self) -> float:
+        """The current dual variable ``w`` (the retain weight of the next step)."""
+        return self.dual.weight
+
+    def _take_step_retain_loss(self) -> float | None:
+        value, self._step_retain_loss = self._step_retain_loss, None
+        return None if value is None else self._mean_over_processes(value)
+
+    def _load_callback_state(self) -> None:
+        """Restore the dual variable on resume, whatever ``restore_callback_states_from_checkpoint`` says (it is
+        part of the training state), and re-attach its step-loss hook."""
+        super()._load_callback_state()
+        current = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, DualVariableCallback)), None)
+        if current is None:
+            self.add_callback(self.dual)
+            current = self.dual
+        stored = self.state.stateful_callbacks.get(DualVariableCallback.__name__)
+        if isinstance(stored, list):
+            stored = stored[-1] if stored else None
+        if stored:
+            current.load_state(stored)
+        current.take_step_loss = self._take_step_retain_loss
+        self.dual = current
+
+    def compute_unlearning_loss(
+        self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
+    ) -> torch.Tensor:
+        """:func:`~hf_unlearn.methods.pdu.loss.pdu_loss` of one micro-batch; logs ``forget_nll``, ``forget_loss``,
+        ``retain_nll``, ``retain_loss`` and ``dual_weight``. ``eps`` enters each micro-batch in proportion to its
+        share of the step's retain tokens, so that the micro-batches add up to the step's Lagrangian."""
+        forget = self.score(model, inputs)
+        self.log_metric("forget_nll", forget.mean_nll)
+        forget_term = pdu_forget_loss(forget.logits, forget.labels, denominators.forget_tokens)
+        self.log_metric("forget_loss", forget_term)
+        retain_term = self.retain_term(model, inputs, denominators)
+        share = 0.0
+        if RETAIN_PREFIX + "labels" in inputs:
+            local = answer_mask(inputs[RETAIN_PREFIX + "labels"]).sum().float()
+            share = float(local / denominators.retain_tokens.clamp(min=1e-12))
+            if self._in_training_step:
+                done = retain_term.detach().float()
+                self._step_retain_loss = done if self._step_retain_loss is None else self._step_retain_loss + done
+        self.log_metric("dual_weight", self.dual.weight)
+        return pdu_loss(forget_term, retain_term, self.dual.weight, self.args.retain_loss_eps * share,
+                        self.args.forget_weight)

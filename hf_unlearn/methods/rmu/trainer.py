@@ -1,0 +1,192 @@
+"""RMU (Representation Misdirection for Unlearning): a trainer that steers the forget answers' hidden states at one
+layer to a fixed random vector and holds the retain answers' hidden states at that layer to the frozen model's.
+
+The loss is :func:`hf_unlearn.methods.rmu.loss.rmu_loss`; the hidden states are transformers'
+``output_hidden_states`` of the trained model (forget and retain halves of the batch) and, for the retain term,
+of the frozen starting model through the shared reference hook (:meth:`UnlearningTrainer.reference_scores`: the
+reference model, reloaded from its path under several processes, or the model with its PEFT adapter disabled).
+
+The control vector ``c * u`` is drawn once from a generator seeded by the run's ``seed`` (the same on every
+process), saved in every checkpoint (``rmu_control_vector.safetensors``) and reloaded on resume, so a resumed run
+steers to the same vector. Only the parameters matching ``trainable_params`` are trained.
+
+Deviations from open-unlearning's ``src/trainer/unlearn/rmu.py``, named: the control vector is drawn from a seeded
+generator rather than the global RNG at the first step (so that it is reproducible and resumable); the parameters
+outside ``trainable_params`` are frozen for the whole run (open-unlearning only hides them from the optimizer,
+so it still computes their gradients); the steered hidden state is ``output_hidden_states[layer + 1]`` (for the
+last layer: after the final norm) rather than a forward hook on ``model.layers.<layer>``; losses under gradient
+accumulation are divided by the sequences of the whole optimizer step (see
+:class:`~hf_unlearn.methods.base.losses.LossDenominators`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..base.losses import LossDenominators
+from ..base.pairing import RETAIN_PREFIX
+from ..base.trainer import UnlearningTrainer
+from .config import RMUConfig
+from .loss import activation_mse, rmu_control_vector, rmu_loss
+
+__all__ = ["CONTROL_VECTOR_NAME", "RMUTrainer"]
+
+CONTROL_VECTOR_NAME = "rmu_control_vector.safetensors"
+_PEFT_PREFIX = "base_model.model."
+
+
+def _matches(pattern: str, name: str) -> bool:
+    return bool(re.fullmatch(pattern, name) or (name.startswith(_PEFT_PREFIX)
+                                                and re.fullmatch(pattern, name[len(_PEFT_PREFIX):])))
+
+
+def _trainable_names(model: Any, pattern: str) -> tuple[list[str], list[str]]:
+    """``(chosen, trainable)``: the names of the trainable parameters that ``pattern`` matches, and of all of them."""
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    return [n for n in trainable if _matches(pattern, n)], trainable
+
+
+class RMUTrainer(UnlearningTrainer):
+    """RMU (Li et al. 2024, WMDP), a TRL ``SFTTrainer`` subclass:
+    ``forget_weight * MSE(h_l(forget), c * u) + retain_weight * MSE(h_l(retain), h0_l(retain))`` at decoder layer
+    ``l = layer`` (:func:`~hf_unlearn.methods.rmu.loss.rmu_loss`), training only the parameters matching
+    ``trainable_params``. Defaults ([`RMUConfig`]) are open-unlearning's ``RMU.yaml``: layer 7, ``steering_coeff``
+    2, both weights 1, every parameter trained.
+
+    A ``layer`` the model does not have, or a ``trainable_params`` pattern that matches no trainable parameter, is
+    refused before any work. :attr:`control_vector` is the ``[H]`` target of the forget hidden states."""
+
+    _name = "RMU"
+    _method = "rmu"
+    _title = "RMU (Representation Misdirection for Unlearning)"
+    _paper: ClassVar[dict[str, str]] = {
+        "title": "The WMDP Benchmark: Measuring and Reducing Malicious Use With Unlearning", "id": "2403.03218"}
+    _cli_help = "steer forget hidden states at one layer to a random vector, keep retain ones"
+    _tag_names = [*UnlearningTrainer._tag_names, "rmu"]
+    config_class = RMUConfig
+
+    def __init__(self, model: Any, args: RMUConfig | None = None, *more: Any, **kwargs: Any):
+        super().__init__(model, args, *more, **kwargs)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        self._check_trainable(unwrapped, self.args)
+        for name, param in unwrapped.named_parameters():
+            if param.requires_grad and not _matches(self.args.trainable_params, name):
+                param.requires_grad_(False)
+        hidden = getattr(unwrapped.config.get_text_config(), "hidden_size", None)
+        if not isinstance(hidden, int):
+            hidden = unwrapped.get_input_embeddings().weight.shape[-1]
+        generator = torch.Generator().manual_seed(int(self.args.seed))
+        self.control_vector = rmu_control_vector(hidden, self.args.steering_coeff, generator)
+
+    # ----- configuration -----------------------------------------------------------------------------------------
+
+    @classmethod
+    def _resolve_args(cls, args: Any, model: Any) -> RMUConfig:
+        """The base checks, then the model's: ``layer`` must be one of its decoder layers, and (for a loaded
+        model) ``trainable_params`` must match one of its trainable parameters."""
+        args = super()._resolve_args(args, model)
+        if isinstance(model, (str, Path)):
+            from transformers import AutoConfig
+
+            args.check_layer(AutoConfig.from_pretrained(str(model)))
+        else:
+            args.check_layer(getattr(model, "config", None))
+            if isinstance(model, torch.nn.Module):
+                cls._check_trainable(model, args)
+        return args
+
+    @staticmethod
+    def _check_trainable(model: torch.nn.Module, args: RMUConfig) -> None:
+        chosen, trainable = _trainable_names(model, args.trainable_params)
+        if not chosen:
+            shown = ", ".join(trainable[:4]) + (", ..." if len(trainable) > 4 else "")
+            raise ValueError(
+                f"RMU's trainable_params={args.trainable_params!r} matches none of the model's "
+                f"{len(trainable)} trainable parameters ({shown or 'none'}); give a pattern of their names."
+            )
+
+    @classmethod
+    def needs_retain(cls, args: RMUConfig) -> bool:
+        """The retain term is on with a positive ``retain_weight``."""
+        return args.retain_weight > 0
+
+    @classmethod
+    def needs_reference_model(cls, args: RMUConfig) -> bool:
+        """The retain term compares against the frozen starting model's hidden states."""
+        return cls.needs_retain(args)
+
+    # ----- the loss ----------------------------------------------------------------------------------------------
+
+    def _hidden(self, scored: Any, what: str) -> torch.Tensor:
+        states = scored.outputs.hidden_states
+        layer = self.args.layer
+        if states is None or layer + 1 >= len(states):
+            raise ValueError(f"RMU's layer={layer} is not among the {len(states or ()) - 1} layers of the model's "
+                             f"hidden states ({what}).")
+        return states[layer + 1]
+
+    def compute_unlearning_loss(
+        self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
+    ) -> torch.Tensor:
+        """:func:`~hf_unlearn.methods.rmu.loss.rmu_loss` of one micro-batch; logs ``forget_nll``,
+        ``forget_activation_loss`` and, with the retain term, ``retain_nll`` and ``retain_activation_loss``."""
+        forget = self.score(model, inputs, output_hidden_states=True)
+        h_forget = self._hidden(forget, "forget")
+        if model.training and torch.is_grad_enabled() and not h_forget.requires_grad:
+            raise RuntimeError(
+                f"RMU's hidden state at layer {self.args.layer} carries no gradient: no trained parameter lies "
+                f"below it (trainable_params={self.args.trainable_params!r}), or reentrant activation checkpointing "
+                "dropped it (set activation_checkpointing=False or gradient_checkpointing_kwargs={'use_reentrant': "
+                "False})."
+            )
+        self.log_metric("forget_nll", forget.mean_nll)
+        retain_args: dict[str, Any] = {}
+        if self.needs_retain(self.args) and RETAIN_PREFIX + "input_ids" in inputs:
+            retain = self.score(model, inputs, RETAIN_PREFIX, output_hidden_states=True)
+            ref = self.reference_scores(inputs, RETAIN_PREFIX, output_hidden_states=True)
+            self.log_metric("retain_nll", retain.mean_nll)
+            retain_args = dict(retain_activations=self._hidden(retain, "retain"),
+                               ref_retain_activations=self._hidden(ref, "frozen model").detach(),
+                               retain_mask=retain.mask)
+        control = self.control_vector.to(h_forget.device)
+        loss = rmu_loss(
+            h_forget, control, forget.mask, **retain_args, forget_weight=self.args.forget_weight,
+            retain_weight=self.args.retain_weight, num_forget_sequences=denominators.forget_sequences,
+            num_retain_sequences=denominators.retain_sequences,
+        )
+        with torch.no_grad():
+            self.log_metric("forget_activation_loss", activation_mse(h_forget, control, forget.mask))
+            if retain_args:
+                self.log_metric("retain_activation_loss", activation_mse(
+                    retain_args["retain_activations"], retain_args["ref_retain_activations"], retain_args["retain_mask"]))
+        return loss
+
+    # ----- checkpoints -------------------------------------------------------------------------------------------
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """The Trainer's optimizer and scheduler, plus the control vector, in each checkpoint."""
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:
+            save_file({"control_vector": self.control_vector.contiguous()}, str(Path(output_dir) / CONTROL_VECTOR_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """On resume, reload the control vector of ``checkpoint`` with the Trainer's optimizer and scheduler."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = Path(checkpoint) / CONTROL_VECTOR_NAME
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"Checkpoint {checkpoint} has no RMU control vector ({CONTROL_VECTOR_NAME}); it was not written by "
+                "RMUTrainer, so the run cannot be resumed exactly."
+            )
+        saved = load_file(str(path))["control_vector"]
+        if saved.shape != self.control_vector.shape:
+            raise ValueError(f"The control vector of {checkpoint} has shape {tuple(saved.shape)}, the model's hidden "
+                             f"size needs {tuple(self.control_vector.shape)}.")
+        self.control_vector = saved.float()

@@ -1,0 +1,136 @@
+"""The checks of a model's saved files and of what loading them produced, before any work.
+
+:func:`hf_unlearn.preconditions.load_model` (``hf-unlearn unlearn`` / ``eval``, the per-method scripts) runs them,
+in this order:
+
+* :func:`check_weight_files`, on a local folder before anything is loaded: the folder holds safetensors weights
+  (a ``pytorch_model.bin`` alone is a pickle, which can run code when loaded: refused), every file named by
+  ``model.safetensors.index.json`` lies in the folder and exists, and every safetensors file has a readable
+  header whose tensors cover the file exactly (an empty, truncated or garbage file is named);
+* :func:`loading_problems`, on transformers' loading report (``output_loading_info=True``): a weight the
+  checkpoint lacks (it would be initialised at random), a weight the model does not have, or a weight whose shape
+  differs from the one ``config.json`` describes. Weights tied to another one (``lm_head`` tied to
+  ``embed_tokens``) are not missing;
+* :func:`first_non_finite`, on the loaded model: a weight or buffer holding NaN or an infinity.
+
+Each problem is one line naming the file or the weight, for a :class:`~hf_unlearn.options.UserError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PICKLE_FILES", "check_weight_files", "first_non_finite", "loading_problems", "safetensors_files"]
+
+#: Weight files in the pickle format, which hf-unlearn never loads.
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def _shown(names: list[str], limit: int = 4) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def safetensors_files(folder: str | os.PathLike) -> list[Path]:
+    """The safetensors files a saved model in ``folder`` loads: those named by ``model.safetensors.index.json``
+    when there is one, else ``model.safetensors``, else every ``*.safetensors`` file. Raises ``ValueError``
+    naming the problem: only pickle weights, an unreadable index, or an index naming a file outside the folder or
+    missing from it."""
+    folder = Path(folder)
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{index} is not a readable safetensors index ({type(err).__name__}); save the model "
+                             "again with model.save_pretrained(folder).") from None
+        files = []
+        for name in names:
+            path = folder / str(name)
+            if not isinstance(name, str) or os.path.isabs(name) or ".." in Path(name).parts or "/" in name:
+                raise ValueError(f"{index} names the weight file {name!r}, which is not a file inside {folder}.")
+            if not path.is_file():
+                raise ValueError(f"{index} names the weight file {name}, which is missing from {folder}.")
+            files.append(path)
+        return files
+    single = folder / "model.safetensors"
+    files = [single] if single.is_file() else sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    if not files:
+        pickles = [name for name in PICKLE_FILES if (folder / name).is_file()]
+        if pickles:
+            raise ValueError(
+                f"Model folder {folder} holds only {pickles[0]}, a pickle file (loading one can run code); hf-unlearn "
+                "loads safetensors weights only: convert it with model.save_pretrained(folder), which writes "
+                "model.safetensors."
+            )
+        raise ValueError(f"Model folder {folder} has no safetensors weights (model.safetensors).")
+    return files
+
+
+def check_weight_files(folder: str | os.PathLike) -> list[Path]:
+    """Every safetensors file of the model in ``folder`` (:func:`safetensors_files`) opens: a header that
+    safetensors can read, whose tensors cover the file exactly. Raises ``ValueError`` naming the first file that
+    does not (empty, truncated, or not a safetensors file); returns the files."""
+    from safetensors import safe_open
+
+    files = safetensors_files(folder)
+    for path in files:
+        size = path.stat().st_size
+        if size == 0:
+            raise ValueError(f"Weight file {path} is empty (0 bytes); save the model again with "
+                             "model.save_pretrained(folder).")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except Exception as err:  # safetensors raises its own SafetensorError (and OSError for unreadable files)
+            cause = " ".join(str(err).split())
+            raise ValueError(f"Weight file {path} ({size} bytes) is not a complete safetensors file ({cause}): it is "
+                             "truncated, damaged or of another format; save the model again with "
+                             "model.save_pretrained(folder).") from None
+    return files
+
+
+def loading_problems(info: dict[str, Any]) -> str | None:
+    """What transformers' loading report ``info`` (``from_pretrained(..., output_loading_info=True)``) shows is
+    wrong, as one sentence, or ``None``: weights the checkpoint lacks (initialised at random), weights the model
+    does not have (ignored), weights whose shape differs from the config's."""
+    problems = []
+    missing = [str(k) for k in info.get("missing_keys") or ()]
+    unexpected = [str(k) for k in info.get("unexpected_keys") or ()]
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda e: str(e[0] if isinstance(e, (tuple, list)) else e))
+    if missing:
+        problems.append(f"{len(missing)} weight(s) missing from the checkpoint, which would be initialised at random "
+                        f"({_shown(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} weight(s) the model does not have, which would be ignored "
+                        f"({_shown(unexpected)})")
+    if mismatched:
+        shown = []
+        for entry in mismatched[:3]:
+            if isinstance(entry, (tuple, list)) and len(entry) == 3:
+                key, saved, wanted = entry
+                shown.append(f"{key}: checkpoint {tuple(saved)}, config {tuple(wanted)}")
+            else:
+                shown.append(str(entry))
+        more = f" and {len(mismatched) - 3} more" if len(mismatched) > 3 else ""
+        problems.append(f"{len(mismatched)} weight(s) whose shape differs from the one config.json describes "
+                        f"({'; '.join(shown)}{more})")
+    return "; ".join(problems) if problems else None
+
+
+def first_non_finite(model: Any) -> str | None:
+    """The name of the first floating-point weight or buffer of ``model`` holding NaN or an infinity, else
+    ``None`` (one pass over the weights)."""
+    import torch
+
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+                return name
+    return None

@@ -1,0 +1,54 @@
+"""Models whose weights are partitioned across processes (DeepSpeed ZeRO-3, FSDP): detection, and shapes read
+from the config instead of from the weights.
+
+Under ZeRO-3 every process holds a parameter as a tensor of shape ``[0]`` that carries its full shape as
+``ds_shape``; FSDP's flat parameters hold a shard of a flattened tensor. Code that reads a size from
+``weight.shape`` then reads 0 (or a shard's size): :func:`vocab_size` reads the vocabulary from the config when
+the LM head is partitioned, and :func:`is_partitioned` tells a caller that it cannot copy or read the weights
+locally.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["is_partitioned", "vocab_size"]
+
+
+def _is_partitioned_tensor(tensor: Any) -> bool:
+    return hasattr(tensor, "ds_shape") or (getattr(tensor, "numel", None) is not None and tensor.numel() == 0
+                                           and tensor.dim() == 1)
+
+
+def is_partitioned(model: Any) -> bool:
+    """Whether some parameter of ``model`` is a ZeRO-3 placeholder (it carries ``ds_shape``) or an empty
+    one-dimensional shard, so that its values are not all on this process."""
+    return any(_is_partitioned_tensor(p) for p in model.parameters())
+
+
+def _config_vocab(model: Any) -> int | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "vocab_size", None)
+    return int(value) if value else None
+
+
+def vocab_size(model: Any) -> int:
+    """The number of rows ``V`` of ``model``'s LM head: ``weight.shape[0]`` when the head is held whole here,
+    else the config's ``vocab_size`` (the text config's for a multimodal model), else ZeRO-3's ``ds_shape[0]``.
+    Raises ``ValueError`` when the model has no LM head, or when the head is partitioned and neither says."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embeddings (LM head): a causal LM is needed.")
+    weight = head.weight
+    if not _is_partitioned_tensor(weight):
+        return int(weight.shape[0])
+    found = _config_vocab(model)
+    if found is None and getattr(weight, "ds_shape", None):
+        found = int(weight.ds_shape[0])
+    if found is None:
+        raise ValueError(f"The LM head of {type(model).__name__} is partitioned across processes and its config "
+                         "has no vocab_size: the vocabulary size cannot be read.")
+    return found
