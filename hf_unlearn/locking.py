@@ -8,6 +8,10 @@ it left beside the output (``.<folder>.tmp-<its pid>-*``, :func:`hf_unlearn.safe
 naming) are removed. The file is opened with ``O_NOFOLLOW``: a lock path that is a link (dangling or not), a
 folder, a FIFO, a file with other hard links or a file holding anything but a lock record is refused in one line,
 and every retry is bounded. :mod:`hf_unlearn.safe_output` re-exports all of it.
+
+Under a ``torch.distributed`` launch the processes coordinate a shared output folder through three small helpers
+(used by :func:`hf_unlearn.safe_output.atomic_directory` with ``all_ranks=True``): rank 0's value on every
+process (a broadcast), whether a flag holds on every process, and a barrier.
 """
 
 from __future__ import annotations

@@ -195,3 +195,39 @@ def test_documents_in_both_sets_are_refused_before_training(tiny_target, tmp_pat
         GradDiffTrainer(model, _config(tmp_path), train_dataset=DOCS[:2], retain_dataset=DOCS[1:], processing_class=tok)
     with pytest.raises(FileNotFoundError, match="No documents"):
         GradDiffTrainer(model, _config(tmp_path), train_dataset=str(tmp_path / "missing.jsonl"), processing_class=tok)
+
+
+def _trainer_methods():
+    from hf_unlearn.registry import get_method, method_names
+
+    return [name for name in method_names() if get_method(name).is_trainer]
+
+
+PREFERENCE_METHODS = {"dpo", "idk_dpo"}  # a preferred answer needs a question to answer
+REQUIRED_SETTINGS = {"pdu": {"retain_loss_eps": 0.1}, "rmu": {"layer": 1}}
+
+
+@pytest.mark.parametrize("name", _trainer_methods())
+def test_every_trainer_takes_documents_or_says_why_not(name, tiny_target, tmp_path):
+    """Every registered trainer trains on document chunks (the loss on every token); the preference methods refuse
+    documents in one line before any work, since each forget row needs a question for its preferred answer."""
+    from hf_unlearn.registry import get_method
+
+    info = get_method(name)
+    model, tok = tiny_target
+    args = info.load_config_class()(
+        output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", disable_tqdm=True,
+        per_device_train_batch_size=2, max_steps=2, logging_steps=1, seed=0, max_length=32,
+        **REQUIRED_SETTINGS.get(name, {}))
+    forget, retain = [d * 3 for d in DOCS[:2]], [d * 3 for d in DOCS[2:]]
+    trainer_class = info.load_trainer_class()
+    if name in PREFERENCE_METHODS:
+        with pytest.raises(ValueError, match="question"):
+            trainer_class(model=model, args=args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+        return
+    trainer = trainer_class(model=model, args=args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+    assert len(trainer.forget_dataset) == len(chunk_documents(forget, tok, 32))
+    trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert trained and max(float((after[n].detach() - p).abs().max()) for n, p in trained.items()) > 0

@@ -1,7 +1,9 @@
 """Two CPU processes (torchrun, gloo) stay in step: the command line and the example scripts write one output
 folder (rank 0 creates and swaps it, the other rank writes into the same one), MASC's stop decision is the same on
 every rank, and a non-finite loss on one rank makes every rank raise instead of leaving the others waiting.
-Each launch has a timeout, so a hang fails the test instead of stalling the run."""
+Each launch has a timeout, so a hang fails the test instead of stalling the run. With ZeRO-3 mocked (parameters of
+shape [0] carrying ds_shape): the reference model is reloaded from the folder, never copied, the vocabulary size
+comes from the config, and SelectionCallback refuses sharded weights."""
 
 from __future__ import annotations
 
@@ -305,3 +307,49 @@ def test_selection_callback_refuses_sharded_weights(tiny_target):
         SelectionCallback._check_not_sharded(SimpleNamespace(fsdp="full_shard"), model)
     with pytest.raises(ValueError, match="ZeRO-3"):
         SelectionCallback._check_not_sharded(SimpleNamespace(fsdp=""), _zero3(model))
+
+
+SWAP_WORKER = textwrap.dedent(
+    '''
+    """Both ranks build one folder with atomic_directory(all_ranks=True); with "fail", rank 1 raises inside."""
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    from hf_unlearn.safe_output import atomic_directory
+
+
+    def run(out, mode):
+        rank = int(os.environ["RANK"])
+        try:
+            with atomic_directory(out, all_ranks=True) as work:
+                (Path(work) / f"part{rank}.txt").write_text(str(work))
+                if mode == "fail" and rank == 1:
+                    raise ValueError("rank 1 failed")
+            error = None
+        except Exception as exc:
+            error = type(exc).__name__
+        with open(f"{out}.{mode}.rank{rank}", "w") as f:
+            json.dump({"error": error}, f)
+
+
+    if __name__ == "__main__":
+        run(sys.argv[1], sys.argv[2])
+    '''
+)
+
+
+def test_a_rank_failing_inside_the_shared_folder_fails_every_rank(tmp_path):
+    script = tmp_path / "swap_worker.py"
+    script.write_text(SWAP_WORKER)
+    out = tmp_path / "out"
+    _torchrun([str(script), str(out), "ok"], tmp_path / "ok.log")
+    assert sorted(p.name for p in out.iterdir()) == ["part0.txt", "part1.txt"]
+    assert (out / "part0.txt").read_text() == (out / "part1.txt").read_text()  # one folder, shared by both
+    failed = tmp_path / "failed"
+    _torchrun([str(script), str(failed), "fail"], tmp_path / "fail.log")
+    errors = [json.loads(Path(f"{failed}.fail.rank{r}").read_text())["error"] for r in (0, 1)]
+    assert errors == ["OutputWriteError", "ValueError"]
+    assert not failed.exists()
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or p.name.endswith(".lock")] == []

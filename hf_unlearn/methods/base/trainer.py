@@ -152,6 +152,11 @@ class UnlearningTrainer(SFTTrainer):
     so an interrupted or failed write never leaves a half-written result where a complete one is expected;
     ``train(resume_from_checkpoint=True)`` continues from the latest complete checkpoint, refuses one written by
     another method or with other settings or data, and gives the weights of an uninterrupted run.
+
+    An objective with a frozen reference reloads it from the model's folder when one is known (as TRL's
+    ``DPOTrainer`` does), or copies a model changed in memory; ``ref_model=`` passes one instead (needed under
+    DeepSpeed ZeRO-3 / FSDP for a model without a folder: its partitioned weights are never copied). Under a
+    multi-process launch the non-finite checks are agreed across processes, so every process raises together.
     """
 
     _tag_names = ["trl", "hf-unlearn", "unlearning"]
