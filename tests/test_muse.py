@@ -345,3 +345,19 @@ def test_batched_greedy_continuations_equal_one_prompt_at_a_time(tiny_target):
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
         assert got == tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_evaluate_muse_refuses_a_report_inside_the_model_folder(muse_dir, tmp_path):
+    """The report path is checked like evaluate_tofu's, before any data is read or the model is used."""
+    from types import SimpleNamespace
+
+    from hf_unlearn.safe_output import OutputDirError
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").write_bytes(b"weights")
+    model = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(model_dir)))
+    tokenizer = SimpleNamespace(name_or_path=str(model_dir))
+    with pytest.raises(OutputDirError, match="model"):
+        evaluate_muse(model, tokenizer, source=muse_dir, output_path=model_dir / "model.safetensors")
+    assert (model_dir / "model.safetensors").read_bytes() == b"weights"

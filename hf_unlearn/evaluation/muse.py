@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from .. import __version__
 from ..data.prompts import collate_qa, ensure_pad_token, model_max_positions
 from ..logprobs import answer_mask, label_log_probs, model_device
+from ..safe_output import check_report_path
 from . import metrics
 from .generation import left_pad
 from .muse_report import MUSEReport
@@ -336,6 +337,10 @@ def evaluate_muse(
     criteria = list(dict.fromkeys(criteria))
     new_tokens = {"verbmem_max_new_tokens": verbmem_max_new_tokens, "knowmem_max_new_tokens": knowmem_max_new_tokens}
     _check_args(criteria, max_examples, batch_size, new_tokens)
+    if output_path is not None:  # never a report inside the model, the tokenizer or the data folder
+        config = getattr(model, "config", None)
+        check_report_path(output_path, [getattr(config, "_name_or_path", None),
+                                        getattr(tokenizer, "name_or_path", None), source])
     ref_auc, ref_source = reference_auc_of(retain_reference) if "privleak" in criteria else (None, None)
     if ref_auc is not None and not 0 < ref_auc <= 1:
         raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")
