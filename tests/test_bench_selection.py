@@ -103,3 +103,18 @@ def test_v2_presets_build_every_methods_config_with_bf16_resolved(native, monkey
         else:
             hf_unlearn.T3ClassifierConfig(**settings)
     assert resolve_auto_precision({"bf16": True, "x": 1}) == {"bf16": True, "x": 1}
+
+
+def test_resume_key_changes_with_the_selection_rule():
+    """Rows selected under another rule (another name, tolerance or grouping) are not resumed into a comparison."""
+    from types import SimpleNamespace
+
+    from hf_unlearn.bench.runner import comparison_key
+
+    pair = SimpleNamespace(target="t", retain="r")
+    args = (pair, "synthetic", "forget10", {"max_new_tokens": 8}, {"forget_quality": 1e-5}, {"model_utility": 0.8})
+    rule = {"name": "NLL shift closest to holdout within retain tolerance", "retain_tolerance": 0.1, "groups": "rows"}
+    key = comparison_key(*args, None, 8, rule)
+    assert key == comparison_key(*args, None, 8, dict(rule))
+    assert key != comparison_key(*args, None, 8, {**rule, "groups": "tofu_authors"})
+    assert key != comparison_key(*args, None, 8, None)

@@ -511,6 +511,7 @@ def run_comparison(
         del retain_model
         say.done("target and retain reference")
     criteria: dict[str, Any] = {}
+    selection_rule = None
     if selection_rows is not None:
         from ..selection import SelectionCriterion
 
@@ -520,6 +521,7 @@ def run_comparison(
         templates = {None, *((presets[m]["demo"] or {}).get("prompt_template") for m in methods)}
         options = selection_criterion_options(pair, forget_rows, holdout_rows, validation_rows, tokenizer, templates)
         measure = SelectionCriterion(forget_rows, holdout_rows, validation_rows, **options[None])
+        selection_rule = measure.rule()
         target_row["criterion"] = measure.measure(target_model, tokenizer)
         retain_model, _ = load_tiny(pair.retain)
         retain_model.eval()
@@ -546,7 +548,7 @@ def run_comparison(
     jobs = [(m, s) for m in methods for s in (presets[m]["grid"] if grid else (presets[m]["demo"],))]
     grids: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     run_key = comparison_key(pair, source, forget_split, eval_kwargs, target_row, retain_row, attacks,
-                             selection_steps if selection_rows is not None else None)
+                             selection_steps if selection_rows is not None else None, selection_rule)
     finished = finished_rows(partial_path, run_key) if resume and partial_path is not None else {}
     counts = {m: sum(1 for j, _ in jobs if j == m) for m in methods}
     for method, settings in jobs:
@@ -693,14 +695,15 @@ def _job_key(method: str, settings: dict[str, Any]) -> str:
 
 def comparison_key(pair: Any, source: str, forget_split: str, eval_kwargs: dict[str, Any],
                    target_row: dict[str, Any], retain_row: dict[str, Any], attacks: Any = None,
-                   selection_steps: int | None = None) -> str:
+                   selection_steps: int | None = None, selection_rule: dict[str, Any] | None = None) -> str:
     """What a comparison's rows depend on besides the method and its settings: the pair, the data, the evaluation
-    settings, the attacks run on each chosen row and the references' figures (SHA-256, 16 hex digits)."""
+    settings, the attacks run on each chosen row, the references' figures and, with selection, the criterion's rule
+    (so rows selected under another rule are not resumed into this comparison) (SHA-256, 16 hex digits)."""
     import hashlib
 
     payload = json.dumps({"target": str(pair.target), "retain": str(pair.retain), "source": str(source),
                           "forget_split": forget_split, "eval_kwargs": eval_kwargs, "attacks": attacks or None,
-                          "selection_steps": selection_steps,
+                          "selection_steps": selection_steps, "selection_rule": selection_rule,
                           "references": [target_row.get("forget_quality"), target_row.get("model_utility"),
                                          retain_row.get("model_utility")]}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
