@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .console import THIRD_PARTY, quiet_console
+from .devices import DEVICE_HELP
 from .options import (
     CLI_OWNED_FIELDS,
     TRAINER_CLASSES,
@@ -191,9 +192,10 @@ def _check_selection_flags(args: argparse.Namespace) -> None:
 
 
 def _selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], retain: list[dict[str, Any]],
-                     settings: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+                     settings: dict[str, Any], device: str | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """The :class:`~hf_unlearn.selection.SelectionCriterion` of ``--select`` and the retain rows the method sees
-    (without the validation rows when they are split off the retain rows)."""
+    (without the validation rows when they are split off the retain rows); ``--reference-model`` is loaded on
+    ``device``."""
     from .data.pairing import overlapping_examples
     from .selection import SelectionCriterion
 
@@ -216,13 +218,41 @@ def _selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], ret
         retain, validation = retain[:-n], retain[-n:]
     reference_model = reference_tokenizer = None
     if args.reference_model:
-        reference_model, reference_tokenizer = load_model(args.reference_model)
+        reference_model, reference_tokenizer = load_model(args.reference_model, device)
     criterion = SelectionCriterion(
         forget, holdout, validation, template=settings.get("prompt_template"),
         groups=None if args.groups == "rows" else args.groups,
         reference_model=reference_model, reference_tokenizer=reference_tokenizer,
     )
     return criterion, retain
+
+
+def _device(args: argparse.Namespace, method: str | None = None, settings: dict[str, Any] | None = None) -> str:
+    """``--device`` resolved (:func:`hf_unlearn.devices.resolve_device`), refused in one line before any work.
+    A trainer method runs on the Trainer's device: ``--device cpu`` on a machine with CUDA sets the Trainer's
+    ``use_cpu`` in ``settings``; a contradicting ``--use_cpu`` or a GPU other than the Trainer's is refused."""
+    from .devices import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if settings is None or method not in TRAINER_CLASSES:
+        return device
+    use_cpu = settings.get("use_cpu")
+    if device == "cpu":
+        if use_cpu is False:
+            raise UserError("--device cpu contradicts --use_cpu False; pass one of them.")
+        if use_cpu is None and device != resolve_device(None):  # a GPU machine asked to stay on the CPU
+            settings["use_cpu"] = True
+        return device
+    if use_cpu:
+        raise UserError(f"--device {args.device} contradicts --use_cpu True; pass one of them.")
+    trainer_gpu = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    if ":" in device and device != trainer_gpu:
+        raise UserError(f"--device {device}: {method} trains on the Trainer's GPU ({trainer_gpu} in this process); "
+                        f"choose the GPU with CUDA_VISIBLE_DEVICES={device.split(':')[1]} and --device cuda.")
+    return device
 
 
 def _demo_preset(method: str) -> dict[str, Any]:
@@ -253,6 +283,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     method = args.method
     preset = _demo_preset(method) if args.preset == "demo" else {}
     settings = parse_method_settings(method, extra, preset)
+    device = _device(args, method, settings)
     out = Path(args.output).expanduser()
     config = validate_settings(method, settings, out)
     is_trainer = method in TRAINER_CLASSES
@@ -275,14 +306,14 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
         raise UserError(str(err)) from None
     forget = load_rows(args.forget_split, args.data, args.forget_file)
     retain = load_rows(RETAIN_FOR_FORGET[args.forget_split], args.data, args.retain_file)
-    criterion, retain = _selection_setup(args, forget, retain, settings) if args.select else (None, retain)
+    criterion, retain = _selection_setup(args, forget, retain, settings, device) if args.select else (None, retain)
     check_retain_reference(args.retain_reference, args.forget_split, args.data if args.eval else None)
     if args.eval:
         if args.max_new_tokens < 1:
             raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
         check_eval_configs(args.data, args.forget_split)
     token = check_push_target(args.push_to_hub, args.hub_token)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device)
     check_run_preconditions(method, config, model, tokenizer, forget, retain)
 
     say = PhaseReporter(inline=not args.verbose)
@@ -411,10 +442,11 @@ def cmd_eval_muse(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    device = _device(args)
     reference = _muse_retain_reference(args.retain_reference)
     _check_eval_report_paths(args)
     source = args.data or MUSE_HUB_ID
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device)
     say = PhaseReporter(inline=not args.verbose)
     say.start(Path(args.model).name, "MUSE evaluation")
     try:
@@ -434,6 +466,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if getattr(args, "benchmark", "tofu") == "muse":
         return cmd_eval_muse(args)
+    device = _device(args)
     for name in ("batch_size", "max_new_tokens", "max_examples"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -442,9 +475,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_retain_reference(args.retain_reference, args.forget_split, args.data, args.max_examples)
     _check_eval_report_paths(args)
     attacks = _eval_attacks(args)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device)
     if args.attack_original:  # the model before unlearning: the attacks' recovered fractions
-        original, _ = load_model(args.attack_original)
+        original, _ = load_model(args.attack_original, device)
         for options in attacks.values():
             options["original"] = original
     name = Path(args.model).name
@@ -697,6 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "difficulty compare fairly (measured once)")
     un.add_argument("--selection-steps", type=int, default=50,
                     help="with --select, trainer methods: measure the criterion every this many optimizer steps")
+    un.add_argument("--device", default="auto", help=DEVICE_HELP)
     un.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
     un.set_defaults(func=cmd_unlearn, subparser=un)
 
@@ -730,6 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--relearn-steps", type=int, default=10, help="relearning attack: fine-tuning steps (10)")
     ev.add_argument("--relearn-lr", type=float, default=1e-4,
                     help="relearning attack: learning rate (1e-4; use the target's fine-tuning rate)")
+    ev.add_argument("--device", default="auto", help=DEVICE_HELP)
     ev.add_argument("--verbose", action="store_true", help="show the evaluator's progress bars")
     ev.set_defaults(func=cmd_eval)
 

@@ -82,8 +82,10 @@ def _check_model_folder(name_or_path: str) -> None:
         raise UserError(" ".join(str(err).split())) from None
 
 
-def load_model(name_or_path: str) -> tuple[Any, Any]:
-    """The causal LM and its tokenizer from a local folder or a Hub id, refused in one line naming the problem
+def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
+    """The causal LM and its tokenizer from a local folder or a Hub id, moved to ``device`` (a name that
+    :func:`hf_unlearn.devices.resolve_device` returned; ``None`` leaves it on the CPU where transformers loads
+    it) once every check passed, and refused in one line naming the problem
     and the fix, before any work, when: the folder does not exist (a local path is never looked up on the Hub),
     is not a saved model, holds no weights, only pickle weights (``pytorch_model.bin``: safetensors only),
     an empty, truncated or unreadable safetensors file, or no tokenizer; the weights lack one the model has
@@ -126,6 +128,8 @@ def load_model(name_or_path: str) -> tuple[Any, Any]:
             f"Could not load the tokenizer of {name_or_path!r} ({err.__class__.__name__}: {_first_line(err)}); "
             "save the model's tokenizer beside its weights with tokenizer.save_pretrained(folder)." + offline
         ) from err
+    if device is not None:
+        model = model.to(device)
     return model, tokenizer
 
 

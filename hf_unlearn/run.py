@@ -341,7 +341,7 @@ def unlearn(
 
     ``output_dir`` must be writable now (the caller checks it and, for an atomic result, passes a temporary
     folder that it swaps in). With ``log_path`` the Trainer's per-step logs go to that JSON Lines file
-    (``echo_logs`` also prints them) followed by one ``trained`` record. With a ``criterion``
+    (``echo_logs`` also prints them) followed by one ``trained`` record (with the device the result is on). With a ``criterion``
     (:class:`~hf_unlearn.selection.SelectionCriterion`) the method picks its own strength
     (:func:`~hf_unlearn.selection.run_with_selection`, measured every ``selection_steps`` optimizer steps for the
     trainers). ``on_phase`` is told ``"training"`` and then ``"training (saving the result)"`` as they begin.
@@ -351,6 +351,7 @@ def unlearn(
     the retain rows, a prompt that leaves no room for an answer token.
     """
     from .console import log_event
+    from .devices import device_of
 
     folder = Path(output_dir)
     check_inputs(method, model, tokenizer, forget, retain, folder, settings)
@@ -377,7 +378,8 @@ def unlearn(
     if main and result.weights_changed and result.artifact is result.model:
         tokenizer.save_pretrained(folder)
     if main and log_path is not None:
-        log_event(log_path, "trained", method=method, seconds=result.seconds, settings=dict(settings or {}))
+        log_event(log_path, "trained", method=method, seconds=result.seconds, settings=dict(settings or {}),
+                  device=device_of(result.model))
     return result
 
 

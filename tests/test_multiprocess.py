@@ -336,6 +336,11 @@ SWAP_WORKER = textwrap.dedent(
 
     if __name__ == "__main__":
         run(sys.argv[1], sys.argv[2])
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # a clean shutdown: no gloo thread left running at interpreter exit
+            dist.barrier()
+            dist.destroy_process_group()
     '''
 )
 

@@ -302,6 +302,7 @@ def evaluate_tofu(
     membership_inference: bool | None = None,
     autocast_dtype: str | None = None,
     attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] | None] | None = None,
+    device: str | None = None,
 ) -> TOFUReport:
     """Evaluate a causal LM on TOFU and return (and optionally write) the report.
 
@@ -347,6 +348,9 @@ def evaluate_tofu(
             custom ``scorer`` needs its T3 head among the attack's arguments (``{"quant": {"head": head}}``) so that
             each attacked copy is scored through it. Adds ``attacks`` (each section) and the flat
             :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS` figures to the report.
+        device: ``None`` (default) evaluates on the device the model is on; ``"auto"``, ``"cpu"``, ``"cuda"`` or
+            ``"cuda:N"`` (:func:`hf_unlearn.devices.resolve_device`) moves the model there first (``model.to``).
+            The device evaluated on is recorded in ``settings["device"]``.
 
     Returns:
         A :class:`~hf_unlearn.evaluation.TOFUReport`: ``forget_quality``, ``ks_statistic``, ``model_utility``,
@@ -363,7 +367,7 @@ def evaluate_tofu(
         ValueError: bad arguments, an unsafe ``output_path``, an unknown split or template, rows lacking fields,
             empty splits, a tokenizer with neither pad nor EOS token, or a retain reference whose number of truth
             ratios or recorded provenance (forget split, rows, prompt template, tokenizer, dtype) differs from this
-            evaluation's; all before any model call.
+            evaluation's, a CUDA ``device`` without CUDA; all before any model call.
     """
     start = time.perf_counter()
     if output_path is not None:
@@ -386,6 +390,10 @@ def evaluate_tofu(
         raise ValueError(f"membership_inference must be None, True or False, got {membership_inference!r}.")
     if autocast_dtype not in AUTOCAST_DTYPES:
         raise ValueError(f"autocast_dtype must be one of {AUTOCAST_DTYPES}, got {autocast_dtype!r}.")
+    if device is not None:
+        from ..devices import resolve_device
+
+        device = resolve_device(device)
     chosen_attacks = parse_attacks(attacks)
     check_attack_options(chosen_attacks, template=template, batch_size=batch_size, max_new_tokens=max_new_tokens,
                          progress=progress)
@@ -425,6 +433,8 @@ def evaluate_tofu(
                                                                        "template", "tokenizer_sha256")])
     holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
     # Everything above runs before the model is touched.
+    if device is not None:
+        model = model.to(device)
     dtype = _dtype_name(model)
     provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
     limit = model_max_positions(model)
@@ -535,6 +545,7 @@ def evaluate_tofu(
             "custom_scorer": scorer is not None,
             "generation_kwargs": sorted(generation_kwargs or {}),
             "membership_inference": mia is not None,
+            "device": str(model_device(model)),
         },
         hf_unlearn_version=__version__,
     )
