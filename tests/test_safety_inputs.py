@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_input_validation import _nothing_written, _refused
 
 from hf_unlearn.cli import main
 from hf_unlearn.run import run_method as real_run_method  # the fixture below replaces the module's
@@ -36,22 +37,6 @@ def runs(monkeypatch):
     monkeypatch.setattr(registry, "run_method", recorder)
     return calls
 
-
-def _refused(capsys, argv, *expected):
-    code = main(argv)
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert code == 2, (code, err, captured.out)
-    assert "Traceback" not in captured.err + captured.out
-    assert err.startswith("hf-unlearn: error: ") and "\n" not in err, err
-    for fragment in expected:
-        assert fragment in err, (fragment, err)
-    return err
-
-
-def _nothing_written(out: Path) -> None:
-    assert not out.exists()
-    assert not (out.parent / f"{out.name}.failed").exists()
 
 
 def _unlearn(model, out, method="grad_diff", *extra):
