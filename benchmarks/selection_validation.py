@@ -9,8 +9,8 @@ For each method with a cheap strength axis, the same candidates are scored twice
 
 Candidates (ordered weak -> strong, as the rule expects):
 
-* GROM: :func:`hf_unlearn.methods.grom.path.fit_grom_path` from the TOFU-tiny demo setting (``scales`` x
-  ``retain_weights``), measured with :meth:`~hf_unlearn.methods.grom.path.GROMPath.select`;
+* GROM: :func:`hf_unlearn.methods.grom.strength_path.fit_grom_path` from the TOFU-tiny demo setting (``scales`` x
+  ``retain_weights``), measured with :meth:`~hf_unlearn.methods.grom.strength_path.GROMPath.select`;
 * T3: one :func:`hf_unlearn.methods.t3.fit_t3` head (the demo setting) and :func:`hf_unlearn.methods.t3.calibration.calibrate_t3`
   over a ``(T, w)`` grid;
 * trainers (NPO, GradDiff; ``NAME@LR`` at another learning rate): the demo setting's run with a :class:`hf_unlearn.selection.SelectionCallback`
@@ -97,8 +97,8 @@ class Context:
     """The pair, the rows, the references and the evaluator settings every method is scored with."""
 
     def __init__(self, cache_dir: str | None, max_new_tokens: int, groups: str = "rows") -> None:
+        from hf_unlearn.bench.references import reference_rows
         from hf_unlearn.bench.registry import load_subject_presets
-        from hf_unlearn.bench.runner import reference_rows
         from hf_unlearn.bench.subjects import load_tiny, tiny_models
         from hf_unlearn.data import HOLDOUT_FOR_FORGET, RETAIN_FOR_FORGET, load_tofu_rows
 
@@ -214,7 +214,7 @@ def summarize(name: str, candidates: list[dict[str, Any]], record: Any, target_u
 
 def run_grom(ctx: Context) -> dict[str, Any]:
     from hf_unlearn.methods.grom import GROMConfig, fit_grom
-    from hf_unlearn.methods.grom.path import fit_grom_path
+    from hf_unlearn.methods.grom.strength_path import fit_grom_path
 
     settings = dict(ctx.presets["grom"]["demo"])
     config = GROMConfig(**{**settings, "progress": False})
@@ -287,7 +287,7 @@ def run_t3(ctx: Context) -> dict[str, Any]:
 def run_trainer(ctx: Context, method: str, selection_steps: int, learning_rate: float | None) -> dict[str, Any]:
     from transformers import TrainerCallback
 
-    from hf_unlearn.bench.registry import run_method
+    from hf_unlearn.run import run_method
     from hf_unlearn.selection import SelectionCallback
 
     settings = dict(ctx.presets[method]["demo"])

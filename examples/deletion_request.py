@@ -46,14 +46,13 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM
 
-from hf_unlearn.bench.registry import METHODS
-from hf_unlearn.bench.script_args import load_model_and_tokenizer, load_rows
+from hf_unlearn.bench.registry import PRESETS
 from hf_unlearn.data.tofu import read_jsonl
 from hf_unlearn.evaluation import generate_answers, quantize_nf4, rouge_l_recall, run_attacks
 from hf_unlearn.evaluation.attacks import check_attack_options, parse_attacks
 from hf_unlearn.logprobs import mean_answer_nll
 from hf_unlearn.options import UserError, parse_method_settings
-from hf_unlearn.preconditions import check_push_target
+from hf_unlearn.preconditions import check_push_target, load_model, load_rows
 from hf_unlearn.run import JsonlLogCallback, run_method
 from hf_unlearn.safe_output import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir
 
@@ -65,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model", required=True, help="model folder or Hub id to delete the records from")
     parser.add_argument("--records", required=True, help="JSON Lines file of question/answer rows to delete")
-    parser.add_argument("--method", default="grom", choices=sorted(METHODS))
+    parser.add_argument("--method", default="grom", choices=sorted(PRESETS))
     parser.add_argument("--preset", choices=("none", "demo"), default="none",
                         help="start from the config defaults or the method's TOFU-tiny demo setting")
     parser.add_argument("--retain_file", help="JSON Lines file of rows to keep (default: --retain_data's split)")
@@ -85,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[
     parser.add_argument("--hub_token", help="token for --push_to_hub (default: HF_TOKEN or the saved login)")
     parser.add_argument("--overwrite", action="store_true", help="replace non-empty output folders")
     args, extra = parser.parse_known_args(argv)
-    preset = dict(METHODS[args.method].demo) if args.preset == "demo" else {}
+    preset = dict(PRESETS[args.method].demo) if args.preset == "demo" else {}
     return args, parse_method_settings(args.method, extra, preset)
 
 
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     records = read_jsonl(args.records)
     if not records or any("question" not in r or "answer" not in r for r in records):
         raise UserError(f"{args.records}: every line must be a JSON object with 'question' and 'answer'.")
-    retain = load_rows(args.retain_file, args.retain_split, args.retain_data)
+    retain = load_rows(args.retain_split, args.retain_data, args.retain_file)
     retain_eval = retain[: args.retain_eval_rows]
     attacks = parse_attacks(None if args.attacks == "none" else args.attacks)
     if "relearn" in attacks:
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except ValueError as err:
         raise UserError(str(err)) from None
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    model, tokenizer = load_model(args.model)
     print(f"1/5 measuring the original model on {len(records)} records and {len(retain_eval)} retain rows")
     before = behaviour(model, tokenizer, records, retain_eval, args.max_new_tokens)
     if args.retain_model:
@@ -202,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         attack_report = None
         if attacks:
             print(f"   attacks: {', '.join(attacks)} (against the original model, reloaded)")
-            original, _ = load_model_and_tokenizer(args.model)
+            original, _ = load_model(args.model)
             head = result.artifact if result.scorer is not None else None  # T3: the base is attacked, head kept
             attack_report = run_attacks(result.model, tokenizer, records, retain, attacks, original=original,
                                         head=head, max_new_tokens=args.max_new_tokens, progress=False)

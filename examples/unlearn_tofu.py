@@ -17,16 +17,17 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_unlearn.bench.registry import METHODS, run_method
-from hf_unlearn.bench.runner import reference_rows
+from hf_unlearn.bench.references import reference_rows
+from hf_unlearn.bench.registry import PRESETS
 from hf_unlearn.bench.subjects import TinyPair, build_tiny_pair, recipe_for
 from hf_unlearn.data import FORGET_SPLITS, RETAIN_FOR_FORGET, load_tofu_rows
 from hf_unlearn.evaluation import evaluate_tofu, format_report_table
+from hf_unlearn.run import run_method
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--method", required=True, choices=sorted(METHODS))
+    parser.add_argument("--method", required=True, choices=sorted(PRESETS))
     parser.add_argument("--data", default="synthetic", help="locuslab/TOFU, a local folder of <config>.jsonl, or synthetic")
     parser.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
     parser.add_argument("--model", help="target model (default: TOFU-tiny trained here)")
@@ -44,7 +45,7 @@ def main() -> None:
     eval_kwargs = {"max_examples": args.max_examples}
     target_report, retain_report = reference_rows(pair, args.data, args.forget_split, eval_kwargs)
 
-    settings = dict(METHODS[args.method].demo)
+    settings = dict(PRESETS[args.method].demo)
     settings.update({k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)})
     model = AutoModelForCausalLM.from_pretrained(pair.target)
     tokenizer = AutoTokenizer.from_pretrained(pair.target)

@@ -9,9 +9,7 @@ The T3 classifier head is registered with the transformers Auto classes as soon 
 imported (``from transformers import AutoModel``), so ``AutoModel.from_pretrained`` loads a saved
 head without ``trust_remote_code``.
 
-Each method lives in one folder, ``hf_unlearn.methods.<name>`` (see :mod:`hf_unlearn.methods`); the module paths
-it had before (``hf_unlearn.trainers``, ``hf_unlearn.losses``, ``hf_unlearn.grom``, ``hf_unlearn.t3``) still import,
-with a ``DeprecationWarning``, for one release.
+Each method lives in one folder, ``hf_unlearn.methods.<name>`` (see :mod:`hf_unlearn.methods`).
 """
 
 # ruff: noqa: F401  (the TYPE_CHECKING imports are re-exports)
@@ -22,18 +20,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._import_utils import _LazyModule, call_after_import, install_module_aliases
-
-__version__ = "0.1.0"
-
-METRIC_NAMES = (
-    "tofu_truth_ratio", "tofu_forget_quality", "tofu_model_utility", "tofu_privleak",
-    "muse_verbmem", "muse_knowmem", "muse_privleak",
-)
+from ._import_utils import _LazyModule, call_after_import
+from .assets import METRIC_NAMES, __version__, hub_cards_dir, metric_path
 
 _import_structure = {
     "methods.base": ["UnlearningConfig", "UnlearningTrainer"],
     "methods.baselines": [
+        "BaselineTrainer",
         "GradAscentConfig",
         "GradAscentTrainer",
         "GradDiffConfig",
@@ -63,7 +56,8 @@ _import_structure = {
     "methods.t3": ["T3ClassifierConfig", "T3Classifier", "T3LogitsProcessor", "calibrate_t3", "fit_t3", "t3_scorer"],
     "selection": ["SelectionCallback", "SelectionCriterion", "SelectionRecord"],
     "evaluation": ["TOFUReport", "evaluate_tofu", "quantization_attack", "relearning_attack"],
-    "run": ["Unlearned", "run_method", "unlearn"],
+    "result": ["Unlearned"],
+    "run": ["run_method", "run_with_selection", "unlearn"],
     "data": ["PromptTemplate", "load_tofu"],
     "hub": ["push_unlearned"],
 }
@@ -75,6 +69,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve l
     from .methods.atwu import ATWUConfig, ATWUTokenWeighter, ATWUTrainer
     from .methods.base import UnlearningConfig, UnlearningTrainer
     from .methods.baselines import (
+        BaselineTrainer,
         CEUConfig,
         CEUTrainer,
         DPOConfig,
@@ -108,37 +103,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve l
         fit_t3,
         t3_scorer,
     )
-    from .run import Unlearned, run_method, unlearn
+    from .result import Unlearned
+    from .run import run_method, run_with_selection, unlearn
     from .selection import SelectionCallback, SelectionCriterion, SelectionRecord
-
-
-def _artifact_dir(name: str) -> Path:
-    """Folder of a shipped Hub artifact (``evaluate_metrics`` or ``hub_cards``).
-
-    Installed wheels carry them as ``hf_unlearn.<name>``; a source checkout has them at the
-    repository root.
-    """
-    import importlib.util
-
-    spec = importlib.util.find_spec(f"hf_unlearn.{name}")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parent.parent / name
-
-
-def metric_path(name: str) -> str:
-    """Local folder of one of the package's ``evaluate`` metric modules, for ``evaluate.load``."""
-    if name not in METRIC_NAMES:
-        raise ValueError(f"Unknown metric {name!r}; the package ships {list(METRIC_NAMES)}.")
-    path = _artifact_dir("evaluate_metrics") / name
-    if not (path / f"{name}.py").is_file():
-        raise FileNotFoundError(f"Metric module {name} is missing from {path}; reinstall hf-unlearn.")
-    return str(path)
-
-
-def hub_cards_dir() -> str:
-    """Folder of the model-card templates shipped with the package."""
-    return str(_artifact_dir("hub_cards"))
 
 
 def _register_t3() -> None:
@@ -151,9 +118,6 @@ def _register_t3() -> None:
     AutoConfig.register(T3ClassifierConfig.model_type, T3ClassifierConfig, exist_ok=True)
     AutoModel.register(T3ClassifierConfig, T3Classifier, exist_ok=True)
 
-
-# The old module paths (hf_unlearn.trainers, hf_unlearn.grom, ...) answer with the modules at their new paths.
-install_module_aliases()
 
 # The Auto classes import torch: register when transformers imports them (now, if it already has).
 call_after_import("transformers.models.auto.modeling_auto", _register_t3)
@@ -169,6 +133,5 @@ sys.modules[__name__] = _LazyModule(
         "METRIC_NAMES": METRIC_NAMES,
         "metric_path": metric_path,
         "hub_cards_dir": hub_cards_dir,
-        "_artifact_dir": _artifact_dir,
     },
 )

@@ -5,15 +5,25 @@ name, and :func:`device_of` reads the device a model is on (what results and rep
 (``torchrun`` / ``accelerate launch`` set ``LOCAL_RANK``) it is that process's own GPU, ``cuda:<LOCAL_RANK>``,
 so that no process loads its model onto another's GPU. An explicit ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` is
 kept; a CUDA device asked for on a machine without CUDA (or a GPU index it does not have) is refused with a
-``ValueError`` before any work. This module imports nothing of ``hf_unlearn`` (torch only when called).
+``ValueError`` before any work. :func:`move_to_device` applies the rule to a model given with ``device=``.
+
+The closed-form fits under ``torchrun`` / ``accelerate launch`` (which set ``WORLD_SIZE``, ``RANK`` and
+``LOCAL_RANK``): the trainer methods join the launch's process group through the Trainer; :func:`join_launch` joins
+it for the fits that have none (GROM shards its forward passes and reduces its statistics, T3 fits its head once)
+through accelerate's ``PartialState`` (NCCL on GPUs, gloo on the CPU), which a Trainer reuses later, and
+:func:`on_main_process` runs a computation on rank 0 alone and hands its result to every process.
+
+This module imports nothing of ``hf_unlearn`` (torch only when called).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["AUTO", "DEVICE_HELP", "device_of", "resolve_device"]
+__all__ = ["AUTO", "DEVICE_HELP", "device_of", "join_launch", "launch_world_size", "move_to_device",
+           "on_main_process", "resolve_device"]
 
 #: The default of ``--device``: CUDA when available, else the CPU.
 AUTO = "auto"
@@ -63,3 +73,74 @@ def device_of(model: Any) -> str:
         return str(next(model.parameters()).device)
     except (AttributeError, StopIteration, TypeError):
         return "cpu"
+
+
+def move_to_device(model: Any, device: Any = None) -> str:
+    """The device ``model`` runs on in a call that takes ``device=`` (a fit, the selection criterion): ``None``
+    leaves the model where it is; any other value is :func:`resolve_device`'d (refused with its one-line
+    ``ValueError`` before any work when the machine lacks it) and the model is moved there (``model.to``) when it
+    is elsewhere (``"cuda"`` is the current GPU). Returns the device's name."""
+    if device is None:
+        return device_of(model)
+    import torch
+
+    name = resolve_device(device)
+    want, have = torch.device(name), torch.device(device_of(model))
+    if want.type == have.type == "cuda" and want.index is None:
+        want = torch.device("cuda", torch.cuda.current_device())
+    if want != have:
+        model.to(name)
+    return name
+
+
+def launch_world_size() -> int:
+    """The number of processes of the launch this process belongs to (``WORLD_SIZE``; 1 outside one)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def join_launch() -> bool:
+    """Join the process group of a launch of several processes when none is initialised yet (accelerate's
+    ``PartialState``). Returns whether this process is now in a group of more than one process (``False``
+    outside a launch, where nothing is started)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return False
+    if not dist.is_initialized():
+        if launch_world_size() == 1:
+            return False
+        from accelerate import PartialState
+
+        PartialState()
+    return dist.get_world_size() > 1
+
+
+def on_main_process(compute: Callable[[], Any]) -> Any:
+    """``compute()`` run on rank 0 alone and broadcast to every process of the initialised process group
+    (``broadcast_object_list``: the result must pickle; move tensors to the CPU first, the receivers place them);
+    ``compute()`` itself outside a group. When it raises on rank 0, every other process raises too, with the
+    same message (a ``ValueError`` stays one, anything else arrives as a ``RuntimeError``), so that no process
+    waits for the others in a later collective."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return compute()
+    error: BaseException | None = None
+    payload: Any = None
+    if dist.get_rank() == 0:
+        try:
+            payload = ("ok", compute())
+        except Exception as err:  # shared with the other ranks, then raised here as it was
+            error = err
+            payload = ("error", type(err).__name__, str(err))
+    box = [payload]
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    if box[0][0] == "error":
+        _, kind, message = box[0]
+        raise (ValueError if kind == "ValueError" else RuntimeError)(f"{message} (raised on rank 0)")
+    return box[0][1]

@@ -44,18 +44,40 @@ def answer_mask(labels: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def label_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+#: The most logits elements (positions x vocabulary) :func:`label_log_probs` upcasts to float32 at once when the
+#: logits are half precision (256 MiB of float32).
+UPCAST_CHUNK_ELEMENTS = 2**26
+
+
+def label_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
     """Per-token ``log softmax(logits)[label]`` aligned with ``labels`` (next-token shift inside).
 
     ``logits`` is ``[B, L, V]`` as returned by a causal LM for ``input_ids`` ``[B, L]``;
-    the result is ``[B, L]`` with ``out[:, t] = log p(labels[:, t] | tokens < t)`` on the positions of
-    :func:`answer_mask` and 0 elsewhere (a ``-100`` label, and ``t = 0``, which has no context).
+    the result is ``[B, L]`` float32 with
+
+        out[:, t] = logits[:, t-1, y_t] - logsumexp_v logits[:, t-1, v]    (y_t = labels[:, t])
+
+    on the positions of :func:`answer_mask` and 0 elsewhere (a ``-100`` label, and ``t = 0``, which has no
+    context). The arithmetic is float32: float32 logits are used as they are (no copy), half-precision logits
+    are upcast ``chunk_size`` positions at a time (default: as many as keep one chunk's float32 copy under
+    :data:`UPCAST_CHUNK_ELEMENTS`), so no float32 copy of the whole ``[B, L, V]`` tensor is made. Every
+    position is computed alone, so the chunking does not change the numbers.
     """
-    shifted = logits[:, :-1, :].float()
     targets = labels[:, 1:]
     valid = answer_mask(labels)[:, 1:]
     safe = targets.masked_fill(~valid, 0)
-    picked = shifted.gather(-1, safe.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(shifted, dim=-1)
+    shifted = logits[:, :-1, :]
+    steps = shifted.shape[1]
+    if chunk_size is None:
+        wide = shifted.element_size() >= 4  # float32 (kept) or float64 (its float32 copy is smaller)
+        chunk_size = steps if wide else UPCAST_CHUNK_ELEMENTS // max(1, shifted.shape[0] * shifted.shape[2])
+    chunk_size = max(1, min(int(chunk_size), steps))
+    parts = []
+    for start in range(0, max(steps, 1), chunk_size):
+        part = shifted[:, start : start + chunk_size].float()
+        gathered = part.gather(-1, safe[:, start : start + chunk_size].unsqueeze(-1)).squeeze(-1)
+        parts.append(gathered - torch.logsumexp(part, dim=-1))
+    picked = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     out = torch.zeros(labels.shape, dtype=picked.dtype, device=picked.device)
     out[:, 1:] = picked * valid
     return out
@@ -168,11 +190,10 @@ def answer_log_likelihoods(
     try:
         for idx in _batches(features, batch_size, progress, desc):
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, padding_side)
+            counts[idx] = answer_mask(batch["labels"]).sum(-1).numpy()  # on the host, before the batch moves
             batch = {k: v.to(device) for k, v in batch.items()}
             lp = scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
-            mask = answer_mask(batch["labels"])
-            sums[idx] = lp.double().sum(-1).cpu().numpy()
-            counts[idx] = mask.sum(-1).cpu().numpy()
+            sums[idx] = lp.double().sum(-1).cpu().numpy()  # the batch's one copy to the host
     finally:
         if was_training and hasattr(model, "train"):
             model.train()
@@ -296,8 +317,8 @@ def feature_token_statistics(
     try:
         for idx in _batches(features, batch_size, progress, desc):
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, "right")
+            host_ids, mask = batch["input_ids"], answer_mask(batch["labels"])  # on the host, before the batch moves
             batch = {k: v.to(device) for k, v in batch.items()}
-            mask = answer_mask(batch["labels"])
             if scorer is None:
                 logits = model(
                     input_ids=batch["input_ids"],
@@ -309,14 +330,16 @@ def feature_token_statistics(
             else:
                 stats = None
                 lp = scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
+            # the batch's figures go to the host in one copy: [lp] or [lp, mean, var, greedy], float64
+            columns = [lp] if stats is None else [lp, stats["mean"], stats["var"], stats["greedy_correct"]]
+            host = torch.stack([c.double() for c in columns]).cpu().numpy()
             for row, i in enumerate(idx):
-                m = mask[row]
-                ids[i] = batch["input_ids"][row][m].cpu().numpy()
-                lps[i] = lp[row][m].double().cpu().numpy()
+                m = mask[row].numpy()
+                ids[i] = host_ids[row].numpy()[m]
+                lps[i] = host[0, row][m]
                 if stats is not None:
-                    greedy[i] = stats["greedy_correct"][row][m].cpu().numpy()
-                    means[i] = stats["mean"][row][m].double().cpu().numpy()
-                    variances[i] = stats["var"][row][m].double().cpu().numpy()
+                    means[i], variances[i] = host[1, row][m], host[2, row][m]
+                    greedy[i] = host[3, row][m] != 0
     finally:
         if was_training and hasattr(model, "train"):
             model.train()

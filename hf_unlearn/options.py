@@ -186,8 +186,6 @@ def validate_settings(method: str, settings: dict[str, Any], output_dir: str | o
     kwargs = dict(settings)
     if method in TRAINER_CLASSES:
         kwargs = {"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **kwargs}
-    elif method == "t3":
-        kwargs = {k: v for k, v in kwargs.items() if k not in ("top_k",)}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

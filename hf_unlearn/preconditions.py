@@ -13,10 +13,11 @@ rows (:func:`check_run_preconditions`). ``hf-unlearn unlearn`` / ``eval`` and th
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .options import TRAINER_CLASSES, UserError
+from .options import UserError
 from .registry import get_method
 
 __all__ = [
@@ -181,7 +182,7 @@ def check_retain_reference(path: str | None, forget_split: str, source: str | No
 def check_eval_configs(source: str, forget_split: str) -> None:
     """Every TOFU config the evaluator reads (``*_perturbed``, ``real_authors*``, ``world_facts*``) loads."""
     from .data import load_tofu_rows
-    from .evaluation.tofu import evaluation_splits
+    from .evaluation.tofu_stats import evaluation_splits
 
     missing = []
     for spec in evaluation_splits(forget_split):
@@ -241,14 +242,15 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
                             retain: list[dict[str, Any]]) -> None:
     """What a method would refuse during its run, checked before any work and before any folder is created.
 
-    For every method: the prompt template renders with this tokenizer, and every forget row leaves room for at
-    least one answer token within ``max_length`` (the config's, cut to the model's maximum positions). Trainer
+    For every method: the prompt template renders with this tokenizer, and (for question/answer rows; documents
+    are chunked) every forget row leaves room for at least one answer token within ``max_length`` (the config's, cut to the model's maximum positions). Trainer
     methods: the trainer's own setting checks (preset, learning rate, steps), forget/retain overlap unless
     ``allow_overlap`` (when the objective uses the retain set), at least one retain row that fits, and what the
     trainer needs of each forget row besides its question and answer (its ``check_forget_rows``, when it has one:
-    a preferred answer, say). GROM: no
-    overlap, every ``target_modules`` entry names a module of the model, and the retain rows it reads fit. T3: no
-    overlap, ``layer`` within the model's hidden states, and a retain row that fits.
+    a preferred answer, say). Other methods: no overlap, the config's own checks against the model
+    (``config.check_for(model)``, when it has one: target modules that exist, a layer within the hidden states),
+    and a retain row that fits; a method whose spec names ``retain_rows_read`` (it reads a sample) needs every
+    row of that sample to fit.
     """
     from .data import model_max_positions, overlapping_examples, resolve_template
 
@@ -262,17 +264,18 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
     cut = min(bounds) if bounds else None
     why = f"max_length={max_length}" if cut is not None and cut == max_length else f"the model's {positions} positions"
     uses_retain, may_overlap = True, False
+    info = get_method(method)
+    trainer_cls = info.load_trainer_class()
     try:
-        if method in TRAINER_CLASSES:
-            trainer_cls = get_method(method).load_trainer_class()
+        if trainer_cls is not None:
             trainer_cls._resolve_args(config, model)  # noqa: SLF001 (the trainer's own checks, without building it)
             uses_retain = trainer_cls.needs_retain(config)
             may_overlap = bool(getattr(config, "allow_overlap", False))
-        elif method in ("t3", "grom"):  # the config's own checks against the loaded model, without running it
+        elif hasattr(config, "check_for"):  # the config's own checks against the loaded model, without running it
             config.check_for(model)
     except (ValueError, TypeError) as err:
         raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
-    check_rows = getattr(trainer_cls, "check_forget_rows", None) if method in TRAINER_CLASSES else None
+    check_rows = getattr(trainer_cls, "check_forget_rows", None)
     if check_rows is not None:  # what the trainer needs of each forget row besides its question and answer
         try:
             check_rows(forget, config)
@@ -281,15 +284,16 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
     if uses_retain and not may_overlap:
         shared = overlapping_examples(forget, retain)
         if shared:
-            allow = " (or pass --allow_overlap)" if method in TRAINER_CLASSES else ""
+            allow = " (or pass --allow_overlap)" if trainer_cls is not None else ""
             raise UserError(f"{shared} of the {len(forget)} forget rows also occur in the retain rows: {method} would "
                             f"unlearn and keep them at once; remove them from one side{allow}.")
+    if is_document_rows(forget) or is_document_rows(retain):
+        return  # documents are cut into chunks of max_length tokens: no prompt to fit
     prompt_fits(tokenizer, forget, cut, why, template, "forget", every=True)
-    if method == "grom":  # GROM cannot leave out a retain row it samples
-        from .methods.grom.model import retain_subsample
-
-        sample = retain_subsample(len(retain), config.retain_sample, config.seed)
-        prompt_fits(tokenizer, [retain[i] for i in sample], cut, why, template, "retain (GROM's sample)", every=True)
+    rows_read = info.hook("retain_rows_read")
+    if rows_read is not None:  # a method that reads a sample of the retain rows cannot leave one of them out
+        prompt_fits(tokenizer, rows_read(config, retain), cut, why, template, f"retain ({method}'s sample)",
+                    every=True)
     elif uses_retain:
         prompt_fits(tokenizer, retain, cut, why, template, "retain", every=False)
 
@@ -313,13 +317,21 @@ def _check_rows_file(file: str) -> None:
 
 
 def load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]:
-    """The rows of ``file`` (JSON Lines) or of TOFU config ``split``, checked as they load (one line naming the
-    file or config and the row: a line that is not UTF-8 or not JSON, a missing field, an empty, blank, null,
-    non-string or not valid Unicode question or answer; a ``file`` that is missing, a folder or not a regular
-    file)."""
+    """The rows of ``file`` or of TOFU config ``split``, checked as they load (one line naming the file or config
+    and the row: a line that is not UTF-8 or not JSON, a missing field, an empty, blank, null, non-string or not
+    valid Unicode question or answer; a ``file`` that is missing or not a regular file).
+
+    ``file`` holds question/answer rows (JSON Lines), or documents (:func:`is_documents_file`: a ``.txt`` file, a
+    folder of ``.txt``/``.json``/``.jsonl`` files, or JSON Lines of strings or ``{"text"}`` objects), which come
+    back as ``{"text": document}`` rows (:func:`hf_unlearn.data.documents.load_documents`)."""
     from .data import load_tofu_rows, read_qa_file
+    from .data.documents import DOCUMENT_FILE_SUFFIXES, load_documents
 
     try:
+        if file and is_documents_file(file):
+            if Path(file).is_dir() and not any(p.suffix.lower() in DOCUMENT_FILE_SUFFIXES for p in Path(file).iterdir()):
+                raise UserError(f"Rows file {file} is a folder with no documents in it (.txt, .json or .jsonl files).")
+            return [{"text": text} for text in load_documents(file)]
         if file:
             _check_rows_file(file)
             return read_qa_file(file)
@@ -334,13 +346,39 @@ def load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]
         raise UserError(f"Rows file {file} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
 
 
+def is_documents_file(file: str | os.PathLike) -> bool:
+    """Whether ``file`` holds documents rather than question/answer rows: a folder, a ``.txt`` file, or a
+    ``.json``/``.jsonl`` file whose first item is a string or an object with ``text`` and no ``question``."""
+    import json
+
+    path = Path(file)
+    if path.is_dir() or path.suffix.lower() == ".txt":
+        return True
+    if path.suffix.lower() not in (".json", ".jsonl") or not path.is_file():
+        return False
+    try:
+        with open(path, encoding="utf-8") as fh:
+            head = next((line for line in fh if line.strip()), "")
+        first = json.loads(head) if path.suffix.lower() == ".jsonl" else json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, StopIteration):
+        return False  # read_qa_file names the problem
+    if isinstance(first, list):
+        first = first[0] if first else None
+    return isinstance(first, str) or (isinstance(first, dict) and "text" in first and "question" not in first)
+
+
+def is_document_rows(rows: Sequence[Any] | None) -> bool:
+    """Whether ``rows`` are documents as :func:`load_rows` returns them (``{"text"}`` rows)."""
+    return bool(rows) and all(isinstance(r, dict) and set(r) == {"text"} for r in rows)
+
+
 def rows_from_spec(spec: str, source: str, flag: str) -> list[dict[str, Any]]:
     """The rows an option such as ``--holdout SPLIT_OR_FILE`` names (:func:`load_rows`): a JSON Lines file when
-    ``spec`` exists, contains a path separator or ends in ``.json`` / ``.jsonl``, else TOFU config ``spec`` of
-    ``source``. One line names the option and the cause (a missing file is not reported as an unknown config)."""
+    ``spec`` exists, contains a path separator or ends in ``.json`` / ``.jsonl`` / ``.txt`` (documents too, see
+    :func:`load_rows`), else TOFU config ``spec`` of ``source``. One line names the option and the cause (a missing file is not reported as an unknown config)."""
     from .data import TOFU_CONFIGS
 
-    is_file = os.path.lexists(spec) or "/" in spec or os.sep in spec or spec.endswith((".json", ".jsonl"))
+    is_file = os.path.lexists(spec) or "/" in spec or os.sep in spec or spec.endswith((".json", ".jsonl", ".txt"))
     if not is_file and spec not in TOFU_CONFIGS:
         raise UserError(f"{flag} {spec}: no such file, and not a TOFU config (holdout01/05/10, retain90, ...; known: "
                         f"{', '.join(sorted(TOFU_CONFIGS))}).")

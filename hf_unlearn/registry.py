@@ -1,19 +1,42 @@
-"""The method registry: each unlearning method's name, title, paper, artifact kind, entry point and CLI help.
+"""The method registry: each unlearning method registers one spec (:class:`MethodInfo`), and the core reads it.
 
-Core and light: this module imports only the standard library. It holds metadata (strings) and dotted paths
+Core and light: this module imports only the standard library. A spec holds metadata (strings) and dotted paths
 (``"package.module:attribute"``) that are imported only when used, so importing it, or ``hf_unlearn``, imports
 no torch. Each method registers itself once, in the ``__init__`` of its folder ``hf_unlearn.methods.<name>``
-(``baselines``, ``masc``, ``atwu``, ``grom``, ``t3``, ``rmu``, ``pdu``), from the class attributes its trainer or
-artifact carries (``_method``, ``_title``, ``_paper``, ``_cli_help``, as TRL's trainers carry ``_name`` and
-``_paper``)::
+(the folders are listed, in order, by ``hf_unlearn.methods.BUILTIN_PACKAGES``), as PEFT's tuners call
+``register_peft_method``::
 
     from hf_unlearn.registry import get_method, method_names
     method_names()                  # ('grom', 't3', 'masc', 'atwu', 'grad_ascent', ...)
     get_method("npo").paper         # {'title': 'Negative Preference Optimization: ...', 'id': '2404.05868'}
 
+The method contract (what a spec gives, and who reads it; nothing outside ``hf_unlearn/methods`` names a method):
+
+* ``config_class``: its config dataclass; its fields are the command line's options, and it refuses bad settings
+  when built (``validate_settings``). A config may define ``check_for(model)``, run before any work.
+* how it runs: a trainer method gives its ``trainer_class`` (a TRL trainer subclass of
+  :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer`), which the core's trainer runner drives; any other
+  method gives ``entry_point``, a runner ``run(model, tokenizer, forget, retain, output_dir, settings) ->``
+  :class:`~hf_unlearn.result.Unlearned`.
+* ``selection``: how it picks its own strength under a criterion (``--select``): ``"best_checkpoint"`` (a
+  trainer: the criterion is measured every few steps and the best step restored), ``"own_stop"`` (a trainer with
+  its own stopping rule: the criterion is recorded, nothing restored), a dotted path of a selector
+  ``select(run, model, tokenizer, forget, retain, output_dir, settings, criterion) -> Unlearned`` (``run`` runs
+  the method plainly with the caller's run options), or ``None`` (no selection).
+* ``artifact_kind``: a key of :data:`hf_unlearn.artifact_kinds.ARTIFACT_KINDS` (how the artifact is carded,
+  recognised, pinned and pushed); a method with an artifact of its own registers that kind from its folder.
+* ``decoding``: for a method that changes decoding rather than weights, a dotted path of
+  ``decoding(model, artifact, check_base_weights=True) ->`` :class:`~hf_unlearn.result.Decoding` (the scorer and
+  ``generate`` keywords the evaluator and the attacks use).
+* ``metrics``: a dotted path of ``metrics(trainer, tokenizer, forget, retain) -> {name: float}``, numbers only
+  the method can measure, copied into the run's result.
+* ``retain_rows_read``: a dotted path of ``rows_read(config, retain) -> rows``, the retain rows the method reads
+  when it does not read them all (each must fit ``max_length``, checked before work).
+
 A lookup (:func:`get_method`, :func:`method_names`) imports the built-in method packages the first time it
-runs. Adding a method is one :func:`register_method` call (see its docstring for what the entry point is); the
-CLI's ``--method``, the model cards and the benchmark read the registry.
+runs, then the plugins of installed packages (entry-point group ``hf_unlearn.methods``, :func:`load_plugins`).
+Adding a method is one :func:`register_method` (or :func:`register_class`) call, from any module; the command
+line, ``--select``, the cards, the Hub push and the benchmark then know it.
 """
 
 from __future__ import annotations
@@ -26,16 +49,20 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "BUILTIN_PACKAGES", "MethodInfo", "MethodView", "get_method", "method_for_artifact", "method_names",
-    "register_class", "register_method", "resolve", "unregister_method",
+    "BEST_CHECKPOINT", "ENTRY_POINT_GROUP", "METHODS_PACKAGE", "OWN_STOP", "MethodInfo", "MethodView", "decoding_of",
+    "get_method", "load_plugins", "method_for_artifact", "method_names", "register_class", "register_method",
+    "resolve", "unregister_method",
 ]
 
-#: Packages whose ``__init__`` registers the built-in methods; imported by the first lookup. Their order is
-#: the order of :func:`method_names` (then any method registered elsewhere, in registration order).
-BUILTIN_PACKAGES = (
-    "hf_unlearn.methods.grom", "hf_unlearn.methods.t3", "hf_unlearn.methods.masc", "hf_unlearn.methods.atwu",
-    "hf_unlearn.methods.baselines", "hf_unlearn.methods.rmu", "hf_unlearn.methods.pdu",
-)
+#: The package whose ``BUILTIN_PACKAGES`` lists the built-in method folders (imported by the first lookup; their
+#: order is the order of :func:`method_names`, then any method registered elsewhere, in registration order).
+METHODS_PACKAGE = "hf_unlearn.methods"
+
+#: The entry-point group through which an installed package adds methods (see :func:`load_plugins`).
+ENTRY_POINT_GROUP = "hf_unlearn.methods"
+
+#: How a trainer method selects its strength when its spec says nothing: keep the best checkpoint.
+BEST_CHECKPOINT, OWN_STOP = "best_checkpoint", "own_stop"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -67,6 +94,8 @@ class MethodInfo:
     (a trainer class, a fit function, or a runner; see :func:`register_method`). ``cli_help``: one line for the
     command line. ``config_class``: dotted path of its config dataclass (its fields are the CLI's options).
     ``trainer_class``: dotted path of its trainer class, for the methods trained by a TRL trainer.
+    ``selection``, ``decoding``, ``metrics``, ``retain_rows_read``: the hooks of the method contract (see the
+    module docstring).
     """
 
     name: str
@@ -77,6 +106,10 @@ class MethodInfo:
     cli_help: str
     config_class: str | None = None
     trainer_class: str | None = None
+    selection: str | None = None
+    decoding: str | None = None
+    metrics: str | None = None
+    retain_rows_read: str | None = None
 
     @property
     def is_trainer(self) -> bool:
@@ -94,6 +127,12 @@ class MethodInfo:
     def load_trainer_class(self) -> type | None:
         """The trainer class (imported now), or ``None`` for a method without one."""
         return resolve(self.trainer_class) if self.trainer_class else None
+
+    def hook(self, name: str) -> Any:
+        """The hook ``name`` (``"decoding"``, ``"metrics"``, ``"retain_rows_read"``, or a selector given as
+        ``"selection"``), imported now; ``None`` when the method has none."""
+        path = getattr(self, name)
+        return resolve(path) if path and _DOTTED.match(path) else None
 
 
 _METHODS: dict[str, MethodInfo] = {}
@@ -116,6 +155,10 @@ def register_method(
     cli_help: str,
     config_class: str | None = None,
     trainer_class: str | None = None,
+    selection: str | None = None,
+    decoding: str | None = None,
+    metrics: str | None = None,
+    retain_rows_read: str | None = None,
     replace: bool = False,
 ) -> MethodInfo:
     """Register an unlearning method; returns its :class:`MethodInfo`.
@@ -125,6 +168,8 @@ def register_method(
     for any other method a runner ``run(model, tokenizer, forget, retain, output_dir, settings)`` returning a
     :class:`hf_unlearn.run.Unlearned`, which is what ``hf-unlearn unlearn --method NAME`` calls.
     ``config_class`` (dotted path of a dataclass) gives the command line its options and validates settings.
+    ``selection`` defaults to ``"best_checkpoint"`` for a trainer method and ``None`` otherwise; ``decoding``,
+    ``metrics`` and ``retain_rows_read`` are optional hooks (dotted paths; see the module docstring).
 
     Registering the same information again is a no-op; a different method under a taken name raises
     ``ValueError`` unless ``replace``. Nothing is imported here (paths resolve on use).
@@ -133,8 +178,14 @@ def register_method(
         raise ValueError(f"Method name must be lowercase letters, digits and '_' (starting with a letter), got {name!r}.")
     for field_name, value in (("title", title), ("artifact_kind", artifact_kind), ("cli_help", cli_help)):
         _check_text(name, field_name, value)
+    if selection is None and trainer_class is not None:
+        selection = BEST_CHECKPOINT
+    if selection in (BEST_CHECKPOINT, OWN_STOP) and trainer_class is None:
+        raise ValueError(f"Method {name!r}: selection {selection!r} applies to trainer methods; give a selector.")
+    hooks = (("selection", None if selection in (BEST_CHECKPOINT, OWN_STOP) else selection),
+             ("decoding", decoding), ("metrics", metrics), ("retain_rows_read", retain_rows_read))
     for field_name, value in (("entry_point", entry_point), ("config_class", config_class),
-                              ("trainer_class", trainer_class)):
+                              ("trainer_class", trainer_class), *hooks):
         if value is not None and (not isinstance(value, str) or not _DOTTED.match(value)):
             raise ValueError(f"Method {name!r}: {field_name} must be a dotted path 'package.module:attribute', "
                              f"got {value!r}.")
@@ -145,7 +196,8 @@ def register_method(
                                                      for k in ("title", "id")):
             raise ValueError(f"Method {name!r}: paper must be None or a mapping with a 'title' and an 'id', got {paper!r}.")
         paper = {"title": paper["title"], "id": paper["id"]}
-    info = MethodInfo(name, title, paper, artifact_kind, entry_point, cli_help, config_class, trainer_class)
+    info = MethodInfo(name, title, paper, artifact_kind, entry_point, cli_help, config_class, trainer_class,
+                      selection, decoding, metrics, retain_rows_read)
     with _LOCK:
         old = _METHODS.get(name)
         if old is not None and old != info and not replace:
@@ -156,12 +208,13 @@ def register_method(
 
 
 def register_class(cls: type, *, artifact_kind: str, entry_point: str | None = None, trainer: bool = False,
-                   config_class: type | None = None) -> MethodInfo:
+                   config_class: type | None = None, **hooks: str | None) -> MethodInfo:
     """Register the method a trainer or artifact class describes with its class attributes ``_method`` (the
     name), ``_title``, ``_paper`` and ``_cli_help``.
 
     With ``trainer`` the class is the entry point and trainer class, and its ``config_class`` the config;
-    otherwise give ``entry_point`` (a dotted path) and ``config_class``.
+    otherwise give ``entry_point`` (a dotted path) and ``config_class``. ``hooks`` are :func:`register_method`'s
+    ``selection``, ``decoding``, ``metrics`` and ``retain_rows_read``.
     """
     if trainer:
         entry_point = dotted_path(cls)
@@ -171,7 +224,7 @@ def register_class(cls: type, *, artifact_kind: str, entry_point: str | None = N
     return register_method(
         cls._method, title=cls._title, paper=cls._paper, artifact_kind=artifact_kind, entry_point=entry_point,
         cli_help=cls._cli_help, config_class=dotted_path(config_class) if config_class is not None else None,
-        trainer_class=dotted_path(cls) if trainer else None,
+        trainer_class=dotted_path(cls) if trainer else None, **hooks,
     )
 
 
@@ -182,28 +235,59 @@ def unregister_method(name: str) -> None:
 
 
 def _load_builtin() -> None:
-    """Import the built-in method packages once (their ``__init__`` registers them)."""
+    """Import the built-in method packages once (their ``__init__`` registers them), then the method plugins of
+    installed packages (:func:`load_plugins`)."""
     global _builtin_loaded
     if _builtin_loaded:
         return
     with _LOCK:
         if _builtin_loaded:
             return
-        for package in BUILTIN_PACKAGES:
+        for package in _builtin_packages():
             importlib.import_module(package)
         _builtin_loaded = True
+        load_plugins()
+
+
+def load_plugins() -> list[str]:
+    """Load the methods other installed packages declare under the entry-point group :data:`ENTRY_POINT_GROUP`
+    (``[options.entry_points] hf_unlearn.methods = name = package.module`` in their ``setup.cfg``): each entry
+    point names a module whose import registers its methods, or a function to call that does. Returns the names
+    of the entry points loaded; one that fails to load is skipped with a warning naming it (a broken plugin
+    does not take the built-in methods down)."""
+    import warnings
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            target = entry.load()
+            if callable(target):
+                target()
+        except Exception as err:  # noqa: BLE001 (any failure of a third-party plugin is reported, not raised)
+            warnings.warn(f"hf-unlearn: the method plugin {entry.name!r} ({entry.value}) did not load: "
+                          f"{type(err).__name__}: {err}", stacklevel=2)
+            continue
+        loaded.append(entry.name)
+    return loaded
+
+
+def _builtin_packages() -> tuple[str, ...]:
+    return tuple(importlib.import_module(METHODS_PACKAGE).BUILTIN_PACKAGES)
 
 
 def _package_rank(info: MethodInfo) -> int:
     module = info.entry_point.partition(":")[0]
-    for rank, package in enumerate(BUILTIN_PACKAGES):
+    packages = _builtin_packages()
+    for rank, package in enumerate(packages):
         if module == package or module.startswith(package + "."):
             return rank
-    return len(BUILTIN_PACKAGES)
+    return len(packages)
 
 
 def method_names() -> tuple[str, ...]:
-    """Names of every registered method: the built-in ones (in :data:`BUILTIN_PACKAGES` order), then the others."""
+    """Names of every registered method: the built-in ones (in ``hf_unlearn.methods.BUILTIN_PACKAGES`` order), then
+    the others."""
     _load_builtin()
     with _LOCK:
         infos = sorted(_METHODS.values(), key=_package_rank)  # stable: registration order within a package
@@ -230,6 +314,13 @@ def method_for_artifact(obj: Any) -> str | None:
             if name in names:
                 return name
     return None
+
+
+def decoding_of(artifact: Any) -> Callable[..., Any] | None:
+    """The ``decoding`` hook of the method an artifact belongs to (:func:`method_for_artifact`), imported now;
+    ``None`` for an artifact of no registered method, or of a method that changes weights, not decoding."""
+    name = method_for_artifact(artifact)
+    return get_method(name).hook("decoding") if name is not None else None
 
 
 class MethodView(Mapping):

@@ -10,6 +10,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOFU_DIR = Path(os.environ.get("HF_UNLEARN_TOFU_DIR", REPO_ROOT.parent / "shared" / "data" / "tofu"))
 CACHE_DIR = Path(os.environ.get("HF_UNLEARN_TEST_CACHE", REPO_ROOT / ".cache" / "tests"))
+MUSE_DIR = Path(os.environ.get("HF_UNLEARN_MUSE_DIR", REPO_ROOT.parent / "shared" / "data" / "muse-news"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -77,3 +78,39 @@ def hub(tmp_path, monkeypatch):
         yield server
         assert not server.unhandled, f"client used unimplemented Hub endpoints: {server.unhandled}"
         assert not foreign, f"a test tried to reach another host: {foreign}"
+
+
+@pytest.fixture(scope="session")
+def muse_dir() -> Path:
+    """The local MUSE-News copy (required: a missing copy fails, it is not skipped)."""
+    if not (MUSE_DIR / "verbmem" / "forget.json").is_file():
+        pytest.fail(f"The MUSE-News copy is missing at {MUSE_DIR} (set HF_UNLEARN_MUSE_DIR).")
+    return MUSE_DIR
+
+
+def fake_cuda(monkeypatch, available: bool, count: int = 1) -> None:
+    """``torch.cuda`` reports ``available`` (with ``count`` GPUs) and no bf16, outside any launch."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count if available else 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)  # a trainer config asks
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+
+@pytest.fixture()
+def moves(monkeypatch):
+    """Every device any ``Module.to`` call asks for (the module stays where it is)."""
+    import torch
+
+    asked: list[str] = []
+
+    def record(self, *args, **kwargs):
+        target = kwargs.get("device", args[0] if args else None)
+        if isinstance(target, (str, torch.device)):
+            asked.append(str(target))
+        return self
+
+    monkeypatch.setattr(torch.nn.Module, "to", record)
+    return asked
+

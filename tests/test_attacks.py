@@ -11,15 +11,14 @@ import torch
 from torch import nn
 
 from hf_unlearn.data import collate_qa, tokenize_qa
+from hf_unlearn.evaluation.attack_measure import HEAD_KEPT, recovered_fraction
+from hf_unlearn.evaluation.attack_relearn import split_forget_rows
 from hf_unlearn.evaluation.attacks import (
-    HEAD_KEPT,
     attack_summary,
     format_attacks,
     parse_attacks,
     quantization_attack,
-    recovered_fraction,
     relearning_attack,
-    split_forget_rows,
 )
 from hf_unlearn.evaluation.quantization import int8_roundtrip, int8_roundtrip_reference, quantize_int8
 from hf_unlearn.logprobs import causal_lm_scorer, mean_answer_nll
@@ -236,7 +235,7 @@ def test_attacks_on_a_t3_result_keep_the_head(tiny_target, synthetic):
     assert abs(relearn["forget_nll_after"] - relearn["forget_nll_before"]) > 1e-3  # the base was fine-tuned
     unchanged = relearning_attack(model, tokenizer, forget, head=head, steps=0, rouge=False, progress=False)
     np.testing.assert_allclose(unchanged["forget_nll_after"], unchanged["forget_nll_before"], rtol=1e-6)
-    assert "T3 head kept, not refitted" in format_attacks({"quantization": quant})
+    assert "decoding head kept, not refitted" in format_attacks({"quantization": quant})
 
 
 def test_evaluate_tofu_adds_the_attack_section(tiny_target):
@@ -248,12 +247,12 @@ def test_evaluate_tofu_adds_the_attack_section(tiny_target):
                            membership_inference=False,
                            attacks={"quant": {"bits": (8,)}, "relearn": {"steps": 1, "share": 0.25}})
     _assert_unchanged(model, before)
-    attacks = report["attacks"]
+    attacks = report.attacks
     assert set(attacks) == {"quantization", "relearning"}
     assert attacks["relearning"]["num_eval_rows"] == 3 and attacks["relearning"]["benign"] is not None
-    assert report["attack_int8_forget_rouge_l"] == attacks["quantization"]["bits"]["8"]["forget_rouge_l"]
-    assert report["attack_nf4_forget_rouge_l"] is None
-    assert report["settings"]["attacks"] == ["quant", "relearn"]
+    assert report.attack_int8_forget_rouge_l == attacks["quantization"]["bits"]["8"]["forget_rouge_l"]
+    assert report.attack_nf4_forget_rouge_l is None
+    assert report.settings["attacks"] == ["quant", "relearn"]
     with pytest.raises(ValueError, match="Unknown attack"):
         evaluate_tofu(model, tokenizer, source="synthetic", max_examples=4, attacks=["prune"])
     with pytest.raises(ValueError, match="head"):  # a custom scorer cannot score the attacked copies
@@ -263,22 +262,22 @@ def test_evaluate_tofu_adds_the_attack_section(tiny_target):
     # the model card's model-index carries the attack figures that were computed
     from hf_unlearn.hub import build_model_card
 
-    card = build_model_card("unlearned_model", report["model_name"], method="grad_ascent", report=report)
+    card = build_model_card("unlearned_model", report.model_name, method="grad_ascent", report=report)
     metrics = {r.metric_type: r.metric_value for r in card.data.eval_results}
-    assert metrics["rouge_l_recall_int8_attack"] == pytest.approx(report["attack_int8_forget_rouge_l"])
+    assert metrics["rouge_l_recall_int8_attack"] == pytest.approx(report.attack_int8_forget_rouge_l)
     assert metrics["forget_nll_relearn_attack"] == pytest.approx(attacks["relearning"]["forget_nll_after"])
     assert "rouge_l_recall_nf4_attack" not in metrics  # not computed: left out
 
     # the benchmark's attack table: a column per attack figure for every row, the references as anchors
     from hf_unlearn.bench.report import attacks_table
 
-    anchor = {"forget_rouge_l": report["forget_rouge_l"], **attack_summary(attacks), "attacks": attacks}
+    anchor = {"forget_rouge_l": report.forget_rouge_l, **attack_summary(attacks), "attacks": attacks}
     results = {"target": anchor, "retain_reference": dict(anchor), "rows": {"npo": {"attack_error": "ValueError: x"}}}
     table = attacks_table(results)
     lines = table.splitlines()
     assert "relearning recovered" in lines[0] and "forget ROUGE-L (int8 attack)" in lines[0]
     assert lines[2].startswith("| target |") and lines[3].startswith("| retain reference |")
-    assert f"{report['attack_int8_forget_rouge_l']:.3f}" in lines[2] and "failed: ValueError" in lines[4]
+    assert f"{report.attack_int8_forget_rouge_l:.3f}" in lines[2] and "failed: ValueError" in lines[4]
     assert attacks_table({"target": {}, "retain_reference": {}, "rows": {}}) is None
 
 

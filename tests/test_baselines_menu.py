@@ -16,10 +16,9 @@ from transformers import TrainerCallback
 
 from hf_unlearn.bench.subjects import load_tiny
 from hf_unlearn.data import tokenize_qa
-from hf_unlearn.logprobs import answer_nll, label_log_probs
+from hf_unlearn.logprobs import answer_mask, answer_nll, label_log_probs
 from hf_unlearn.methods.base import BaseUnlearningConfig
 from hf_unlearn.methods.base.checkpoints import ResumeMismatchError
-from hf_unlearn.methods.base.losses import answer_mask
 from hf_unlearn.methods.baselines import (
     CEUConfig,
     CEUTrainer,
@@ -286,7 +285,7 @@ def test_each_batch_carries_the_preferred_answer_of_its_own_forget_row(tiny_targ
 
 
 def test_the_runner_hands_the_preferred_answer_column_to_the_trainer(tiny_pair, synthetic, tmp_path):
-    from hf_unlearn.bench.runner import forget_rows_with_other_answers
+    from hf_unlearn.bench.rows import forget_rows_with_other_answers
     from hf_unlearn.run import run_method
 
     rows = forget_rows_with_other_answers("forget10", "synthetic")
@@ -440,13 +439,13 @@ def test_dpo_example_script_parses_its_commands_refuses_rows_without_alternates_
 def test_selection_picks_a_measured_step_of_a_menu_trainer(tiny_pair, synthetic, tmp_path):
     """The base trainer's selection callback works for the new trainers as for the others: the criterion is
     measured at step 0 and every 2 steps, and one of those steps is chosen and recorded."""
-    from hf_unlearn.run import Unlearned, run_method
-    from hf_unlearn.selection import SelectionCriterion, run_with_selection
+    from hf_unlearn.run import run_with_selection
+    from hf_unlearn.selection import SelectionCriterion
 
     criterion = SelectionCriterion(synthetic["forget10"][:8], synthetic["holdout10"][:8], synthetic["retain90"][150:158])
     model, tok = load_tiny(tiny_pair.target)
     settings = {"max_steps": 6, "learning_rate": 3e-3, "per_device_train_batch_size": 4, "disable_tqdm": True}
-    result = run_with_selection(run_method, Unlearned, "idk_dpo", model, tok, synthetic["forget10"],
+    result = run_with_selection("idk_dpo", model, tok, synthetic["forget10"],
                                 synthetic["retain90"][:40], tmp_path / "out", settings, criterion, selection_steps=2,
                                 quiet=True)
     record = result.info["selection"]

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from hf_unlearn.bench.registry import METHODS, configs_dir, load_subject_presets
+from hf_unlearn.bench.registry import PRESETS, configs_dir, load_subject_presets
 from hf_unlearn.bench.report import COLUMNS, GRID_COLUMNS, grid_markdown_table, markdown_table, print_and_save
-from hf_unlearn.bench.runner import copy_extra_metrics
+from hf_unlearn.bench.rows import copy_extra_metrics
 
 SUBJECT = """
 [shared.trainer]
@@ -56,8 +56,8 @@ def test_subject_file_errors_are_clear(tmp_path):
 def test_registered_methods_take_the_shipped_tofu_tiny_settings():
     assert (configs_dir() / "tofu_tiny.toml").is_file()
     presets = load_subject_presets("tofu_tiny")
-    assert set(presets) == set(METHODS)
-    for name, spec in METHODS.items():
+    assert set(presets) == set(PRESETS)
+    for name, spec in PRESETS.items():
         assert spec.demo == presets[name]["demo"] and spec.grid == presets[name]["grid"], name
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from hf_unlearn.bench.bar import GENERAL_BAR_COMPONENTS, choose_setting, side_utilities, utility_bar
 from hf_unlearn.bench.report import utility_parts_table
-from hf_unlearn.bench.runner import GENERAL_BAR_COMPONENTS, choose_setting, side_utilities, utility_bar
 from hf_unlearn.evaluation import COMPONENT_NAMES
 
 

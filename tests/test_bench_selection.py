@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from hf_unlearn.bench.runner import criterion_correlation, criterion_p_value, selected_summary
+from hf_unlearn.bench.criterion import criterion_correlation, criterion_p_value
+from hf_unlearn.bench.rows import selected_summary
 
 
 def test_criterion_correlation_is_spearman_over_rows_with_both_figures():
@@ -81,12 +82,12 @@ def test_v2_presets_build_every_methods_config_with_bf16_resolved(native, monkey
     """benchmarks/configs/smollm2-135m-v2.toml: one preset per method, bf16 = "auto" resolved by the CPU (overridden
     here both ways), and each preset builds its method's config (a misspelled field raises here, not mid-bench)."""
     import hf_unlearn
-    from hf_unlearn.bench.registry import METHODS, load_subject_presets
+    from hf_unlearn.bench.registry import PRESETS, load_subject_presets
     from hf_unlearn.bench.runner import resolve_auto_precision
 
     monkeypatch.setenv("HF_UNLEARN_CPU_BF16", native)
     presets = load_subject_presets("smollm2-135m-v2")
-    assert set(presets) == set(METHODS)
+    assert set(presets) == set(PRESETS)
     config_names = {"grad_ascent": "GradAscentConfig", "grad_diff": "GradDiffConfig", "npo": "NPOConfig",
                     "simnpo": "SimNPOConfig", "masc": "MASCConfig", "atwu": "ATWUConfig",
                     "wga": "WGAConfig", "satimp": "SatImpConfig", "ceu": "CEUConfig", "undial": "UNDIALConfig",
@@ -109,7 +110,7 @@ def test_resume_key_changes_with_the_selection_rule():
     """Rows selected under another rule (another name, tolerance or grouping) are not resumed into a comparison."""
     from types import SimpleNamespace
 
-    from hf_unlearn.bench.runner import comparison_key
+    from hf_unlearn.bench.resume import comparison_key
 
     pair = SimpleNamespace(target="t", retain="r")
     args = (pair, "synthetic", "forget10", {"max_new_tokens": 8}, {"forget_quality": 1e-5}, {"model_utility": 0.8})

@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 from conftest import CACHE_DIR
 
-from hf_unlearn.bench.registry import METHODS
+from hf_unlearn.bench.bar import choose_setting
+from hf_unlearn.bench.registry import PRESETS
 from hf_unlearn.bench.report import COLUMNS
-from hf_unlearn.bench.runner import choose_setting
 from hf_unlearn.cli import main
 
 
@@ -52,7 +52,7 @@ def test_demo_console_is_one_line_per_method_and_phase_then_the_table(demo_run):
     progress = [(m["label"], m["phase"], i) for i, line in enumerate(lines) if (m := PROGRESS.match(line))]
     counts = Counter((label, phase) for label, phase, _ in progress)
     assert all(n == 1 for n in counts.values()), counts
-    for method in METHODS:
+    for method in PRESETS:
         assert counts[(method, "training")] == 1 and counts[(method, "evaluation")] == 1, method
         assert counts[(method, "NF4 re-check")] == (0 if method == "t3" else 1), method
     # every progress line is closed on the same line (done with its seconds, or FAILED with the log file)
@@ -71,7 +71,7 @@ def test_demo_runs_every_method_with_complete_finite_rows(demo_output):
     results = json.loads((out / "demo.json").read_text())
     errors = {m: r["error"] for m, r in results["rows"].items() if r["error"]}
     assert status == 0 and not errors, errors
-    assert set(results["rows"]) == set(METHODS)
+    assert set(results["rows"]) == set(PRESETS)
     for method, row in results["rows"].items():
         for key in ("forget_quality", "model_utility", "forget_rouge_l", "forget_truth_ratio", "seconds", "peak_rss_mb", "trainable_share"):
             assert isinstance(row[key], float) and math.isfinite(row[key]), (method, key, row[key])
@@ -154,7 +154,7 @@ def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair, 
     from hf_unlearn.bench.report import varying_settings, write_results
     from hf_unlearn.bench.runner import run_comparison
 
-    grid = METHODS["grom"].grid
+    grid = PRESETS["grom"].grid
     results = run_comparison(tiny_pair, ["grom"], grid=True, source="synthetic", forget_split="forget10",
                              eval_kwargs={"max_new_tokens": 24, "max_examples": 24}, progress=False)
     rows = results["grid"]["grom"]
@@ -184,10 +184,10 @@ def test_grid_run_reports_every_setting_and_quantizes_the_chosen_one(tiny_pair, 
 
 
 def test_every_method_gets_the_same_grid_budget():
-    sizes = {name: len(spec.grid) for name, spec in METHODS.items()}
+    sizes = {name: len(spec.grid) for name, spec in PRESETS.items()}
     assert len(set(sizes.values())) == 1 and 1 <= next(iter(sizes.values())) <= 6, sizes
     # T3's grid varies its decoding knobs (temperature and/or tilt weight), nothing else
-    t3 = METHODS["t3"].grid
+    t3 = PRESETS["t3"].grid
     assert len({(s["temperature"], s["tilt_weight"]) for s in t3}) == len(t3)
-    for name, spec in METHODS.items():  # distinct settings: no budget spent twice on the same point
+    for name, spec in PRESETS.items():  # distinct settings: no budget spent twice on the same point
         assert len({json.dumps(s, sort_keys=True) for s in spec.grid}) == len(spec.grid), name

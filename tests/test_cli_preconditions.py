@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_unlearn.cli import main, parse_method_settings
+from hf_unlearn.cli import main
+from hf_unlearn.options import parse_method_settings
 
 
 @pytest.fixture()
@@ -126,7 +127,7 @@ def test_resume_needs_a_checkpoint(tiny_pair, tmp_path, capsys, no_training):
 
 
 def test_options_are_the_config_fields():
-    from hf_unlearn.cli import config_parser, method_config_class, option_fields
+    from hf_unlearn.options import config_parser, method_config_class, option_fields
 
     for method in ("grad_diff", "masc", "atwu", "grom", "t3"):
         parser = config_parser(method)

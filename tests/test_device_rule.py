@@ -10,37 +10,17 @@ import json
 
 import pytest
 import torch
+from conftest import fake_cuda
 
-import hf_unlearn.cli as cli
+import hf_unlearn.cli.eval as eval_command
+import hf_unlearn.scripts as run_path
 from hf_unlearn.cli import main
 from hf_unlearn.devices import device_of, resolve_device
 from hf_unlearn.options import UserError
 
 
-def _cuda(monkeypatch, available: bool, count: int = 1) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count if available else 0)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)  # a trainer config asks
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-
-
-@pytest.fixture()
-def moves(monkeypatch):
-    """Every device any ``Module.to`` call asks for (the module stays where it is)."""
-    asked: list[str] = []
-
-    def record(self, *args, **kwargs):
-        target = kwargs.get("device", args[0] if args else None)
-        if isinstance(target, (str, torch.device)):
-            asked.append(str(target))
-        return self
-
-    monkeypatch.setattr(torch.nn.Module, "to", record)
-    return asked
-
-
 def test_auto_is_cuda_when_available_else_cpu(monkeypatch):
-    _cuda(monkeypatch, True, count=2)
+    fake_cuda(monkeypatch, True, count=2)
     assert resolve_device() == resolve_device("auto") == resolve_device(" AUTO ") == "cuda"
     assert resolve_device("cpu") == "cpu" and resolve_device("cuda") == "cuda" and resolve_device("cuda:1") == "cuda:1"
     assert resolve_device(torch.device("cuda", 1)) == "cuda:1"
@@ -48,7 +28,7 @@ def test_auto_is_cuda_when_available_else_cpu(monkeypatch):
     assert resolve_device() == "cuda:1" and resolve_device("cuda") == "cuda"
     with pytest.raises(ValueError, match="has 2 CUDA GPU"):
         resolve_device("cuda:2")
-    _cuda(monkeypatch, False)
+    fake_cuda(monkeypatch, False)
     assert resolve_device() == resolve_device("auto") == resolve_device("cpu") == "cpu"
     for asked in ("cuda", "cuda:0", "CUDA:1"):
         with pytest.raises(ValueError, match="no CUDA GPU"):
@@ -72,7 +52,7 @@ def _stop_after_load(monkeypatch):
         seen.append(config)
         raise UserError("stopped after the model loaded")
 
-    monkeypatch.setattr(cli, "check_run_preconditions", stop)
+    monkeypatch.setattr(run_path, "check_run_preconditions", stop)
     return seen
 
 
@@ -83,7 +63,7 @@ def _unlearn(tiny_pair, out, method, *extra):
 
 @pytest.mark.parametrize("method", ["grom", "t3"])
 def test_unlearn_moves_the_model_to_cuda_when_available(tiny_pair, tmp_path, monkeypatch, moves, capsys, method):
-    _cuda(monkeypatch, True)
+    fake_cuda(monkeypatch, True)
     _stop_after_load(monkeypatch)
     assert main(_unlearn(tiny_pair, tmp_path / "out", method)) == 2
     assert "stopped after the model loaded" in capsys.readouterr().err
@@ -94,7 +74,7 @@ def test_unlearn_moves_the_model_to_cuda_when_available(tiny_pair, tmp_path, mon
 
 
 def test_unlearn_device_cpu_asks_nothing_of_cuda(tiny_pair, tmp_path, monkeypatch, moves, capsys):
-    _cuda(monkeypatch, True)
+    fake_cuda(monkeypatch, True)
     seen = _stop_after_load(monkeypatch)
     assert main(_unlearn(tiny_pair, tmp_path / "out", "grom", "--device", "cpu")) == 2
     assert moves and not [d for d in moves if d.startswith("cuda")], moves
@@ -107,8 +87,8 @@ def test_unlearn_device_cpu_asks_nothing_of_cuda(tiny_pair, tmp_path, monkeypatc
 
 
 def test_trainer_device_contradictions_are_refused(tiny_pair, tmp_path, monkeypatch, capsys):
-    _cuda(monkeypatch, True, count=2)
-    monkeypatch.setattr(cli, "load_model", _no_load)
+    fake_cuda(monkeypatch, True, count=2)
+    monkeypatch.setattr(run_path, "load_model", _no_load)
     for extra, fragment in ((("--device", "cpu", "--use_cpu", "False"), "contradicts --use_cpu False"),
                             (("--device", "cuda", "--use_cpu", "True"), "contradicts --use_cpu True"),
                             (("--device", "cuda:1"), "CUDA_VISIBLE_DEVICES=1")):
@@ -127,8 +107,9 @@ def _one_line(capsys, code, fragment):
 
 
 def test_cuda_without_cuda_is_refused_before_any_work(tiny_pair, tmp_path, monkeypatch, capsys):
-    _cuda(monkeypatch, False)
-    monkeypatch.setattr(cli, "load_model", _no_load)
+    fake_cuda(monkeypatch, False)
+    monkeypatch.setattr(run_path, "load_model", _no_load)  # unlearn
+    monkeypatch.setattr(eval_command, "load_model", _no_load)  # eval
     _one_line(capsys, main(_unlearn(tiny_pair, tmp_path / "out", "grom", "--device", "cuda")), "no CUDA GPU")
     assert not (tmp_path / "out").exists()
     for benchmark in ("tofu", "muse"):
@@ -140,7 +121,7 @@ def test_cuda_without_cuda_is_refused_before_any_work(tiny_pair, tmp_path, monke
 
 def test_eval_loads_the_model_and_the_original_on_the_chosen_device(tiny_pair, tmp_path, monkeypatch, moves,
                                                                     capsys):
-    _cuda(monkeypatch, True)
+    fake_cuda(monkeypatch, True)
     calls = []
 
     def stop(model, *args, **kwargs):
@@ -162,7 +143,7 @@ def test_eval_loads_the_model_and_the_original_on_the_chosen_device(tiny_pair, t
 def test_evaluate_tofu_refuses_cuda_without_cuda_before_any_model_call(tiny_target, monkeypatch):
     from hf_unlearn.evaluation import evaluate_tofu
 
-    _cuda(monkeypatch, False)
+    fake_cuda(monkeypatch, False)
     model, tokenizer = tiny_target
     monkeypatch.setattr(model, "forward", _no_load)
     with pytest.raises(ValueError, match="no CUDA GPU"):
@@ -182,3 +163,44 @@ def test_the_device_is_recorded_in_the_log_and_the_report(tiny_pair, tmp_path, c
     assert main(["eval", "--model", str(out), "--data", "synthetic", "--max-examples", "2", "--max-new-tokens",
                  "4", "--output", str(report_path)]) == 0, capsys.readouterr().err
     assert json.loads(report_path.read_text())["settings"]["device"] == "cpu"
+
+
+def test_bench_device_reaches_the_harness_and_cuda_without_cuda_is_refused(tiny_pair, tmp_path, monkeypatch, capsys):
+    """``hf-unlearn bench --device``: refused in one line without the GPU it names; on a CPU-only machine ``auto``
+    and ``cpu`` leave the harness as it was (no device key), while on a GPU machine ``cpu`` is recorded and sent to
+    every model the harness loads; a trainer asked to stay on the CPU gets ``use_cpu``, a fit is moved."""
+    import argparse
+
+    import hf_unlearn.bench.subjects as subjects
+    from hf_unlearn.bench.rows import on_harness_device
+    from hf_unlearn.bench.runner import run_comparison
+    from hf_unlearn.cli.bench import harness_device
+
+    fake_cuda(monkeypatch, False)
+    _one_line(capsys, main(["bench", "--methods", "grom", "--no-grid", "--device", "cuda"]), "no CUDA GPU")
+    assert harness_device(argparse.Namespace(device="auto")) == {} == harness_device(argparse.Namespace(device="cpu"))
+    fake_cuda(monkeypatch, True)
+    assert harness_device(argparse.Namespace(device="cpu")) == {"device": "cpu"}
+    assert harness_device(argparse.Namespace(device="auto")) == {"device": "cuda"}
+
+    asked = []
+
+    def no_load(path, device=None):
+        asked.append(device)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(subjects, "load_tiny", no_load)
+    with pytest.raises(RuntimeError, match="stop here"):
+        run_comparison(tiny_pair, ["grom"], grid=False, source="synthetic", forget_split="forget10",
+                       eval_kwargs={"device": "cuda:0"}, quantization_check=False, progress=False)
+    assert asked == ["cuda:0"]
+
+    class Model:
+        def to(self, device):
+            self.device = device
+
+    model, settings = Model(), {"max_steps": 2}
+    assert on_harness_device(settings, model, {"method": "npo", "device": "cpu"}) == {"max_steps": 2, "use_cpu": True}
+    assert settings == {"max_steps": 2} and model.device == "cpu"
+    assert on_harness_device(settings, model, {"method": "grom", "device": "cuda"}) is settings
+    assert model.device == "cuda" and on_harness_device(settings, Model(), {"method": "npo"}) is settings

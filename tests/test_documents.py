@@ -231,3 +231,62 @@ def test_every_trainer_takes_documents_or_says_why_not(name, tiny_target, tmp_pa
     trainer.train()
     after = dict(trainer.model.named_parameters())
     assert trained and max(float((after[n].detach() - p).abs().max()) for n, p in trained.items()) > 0
+
+
+def test_run_method_takes_documents_for_a_trainer_with_its_own_metric(tiny_target, tmp_path):
+    """``run_method`` gives a trainer documents as they come (plain strings here): ATWU trains on their chunks, and
+    its token AUROC, defined on answer tokens, is left out rather than failing on rows without an answer."""
+    from hf_unlearn.run import run_method
+
+    model, tok = tiny_target
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    forget, retain = [d * 3 for d in DOCS[:2]], [d * 3 for d in DOCS[2:]]
+    result = run_method("atwu", model, tok, forget, retain, tmp_path / "out",
+                        {"max_steps": 2, "per_device_train_batch_size": 2, "max_length": 32, "disable_tqdm": True},
+                        quiet=True)
+    assert result.metrics == {} and result.info["global_step"] == 2
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in result.model.named_parameters())
+
+
+def _document_files(root, forget, retain, holdout):
+    """A folder of ``.txt`` forget documents, JSON Lines retain documents and a ``.txt`` holdout document."""
+    import json
+
+    (root / "forget").mkdir()
+    for i, text in enumerate(forget):
+        (root / "forget" / f"{i}.txt").write_text(text, encoding="utf-8")
+    (root / "retain.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in retain), encoding="utf-8")
+    (root / "holdout.txt").write_text(holdout, encoding="utf-8")
+    return root / "forget", root / "retain.jsonl", root / "holdout.txt"
+
+
+def test_the_cli_unlearns_documents_from_files_and_selects_on_holdout_documents(tiny_pair, tmp_path, capsys):
+    """``--forget-file`` / ``--retain-file`` / ``--holdout`` take documents (a folder of ``.txt`` files, JSON Lines
+    of texts, a ``.txt`` file): the trainer learns on their chunks and ``--select`` measures the criterion on the
+    holdout document; a method that needs questions, and documents in both sets, are refused in one line first."""
+    from safetensors.torch import load_file
+
+    from hf_unlearn.cli import main
+    from hf_unlearn.preconditions import is_documents_file, load_rows
+
+    forget_dir, retain_file, holdout_file = _document_files(
+        tmp_path, [d * 3 for d in DOCS[:2]], [d * 3 for d in DOCS[2:]] + [DOCS[0][::-1] * 3], DOCS[1][::-1] * 3)
+    assert is_documents_file(forget_dir) and is_documents_file(retain_file) and is_documents_file(holdout_file)
+    assert load_rows("forget10", "synthetic", str(retain_file))[0] == {"text": DOCS[2] * 3}
+    common = ["--model", str(tiny_pair.target), "--data", "synthetic", "--forget-file", str(forget_dir),
+              "--retain-file", str(retain_file), "--max_steps", "2", "--learning_rate", "1e-3", "--max_length", "32"]
+    out = tmp_path / "out"
+    code = main(["unlearn", "--method", "grad_diff", *common, "--output", str(out), "--select", "--holdout",
+                 str(holdout_file), "--selection-steps", "1"])
+    assert code == 0, capsys.readouterr().err
+    saved, original = load_file(out / "model.safetensors"), load_file(tiny_pair.target / "model.safetensors")
+    assert any(not torch.equal(saved[k], original[k]) for k in original)
+    record = json.loads((out / "selection_record.json").read_text())
+    assert [c["step"] for c in record["candidates"]] == [0, 1, 2]
+
+    assert main(["unlearn", "--method", "dpo", *common, "--output", str(tmp_path / "dpo")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "question" in err and not (tmp_path / "dpo").exists()
+    both = common[:common.index("--retain-file") + 1] + [str(forget_dir)] + common[common.index("--retain-file") + 2:]
+    assert main(["unlearn", "--method", "grad_diff", *both, "--output", str(tmp_path / "both")]) == 2
+    assert "also occur in the retain rows" in capsys.readouterr().err

@@ -103,7 +103,7 @@ def test_grom_on_documents_keys_every_chunk_position_and_unlearns(tiny_target, s
 
 def test_grom_path_selects_on_a_documents_criterion_cached_as_full(tiny_target, synthetic):
     from hf_unlearn.methods.grom import GROMConfig
-    from hf_unlearn.methods.grom.path import fit_grom_path
+    from hf_unlearn.methods.grom.strength_path import fit_grom_path
     from hf_unlearn.selection import SelectionCriterion
 
     model, tok = tiny_target
@@ -206,7 +206,8 @@ def test_masc_on_documents_penalises_the_continuation_of_each_chunk(tiny_target,
 
 def test_relearning_and_quantization_attacks_on_documents(tiny_pair, tiny_target, synthetic):
     from hf_unlearn.bench.subjects import load_tiny
-    from hf_unlearn.evaluation.attacks import quantization_attack, relearning_attack, split_forget_rows
+    from hf_unlearn.evaluation.attack_relearn import relearning_attack, split_forget_rows
+    from hf_unlearn.evaluation.attacks import quantization_attack
 
     model, tok = tiny_target
     original, _ = load_tiny(tiny_pair.target)

@@ -78,37 +78,37 @@ def test_report_keys_and_counts(target_report, retain_report):
         "splits",
         "retain_reference",
     ):
-        assert key in report
-    assert report["num_examples"] == {"forget": 20, "retain": 20, "real_authors": 10, "world_facts": 10}
-    assert list(report["components"]) == list(COMPONENT_NAMES) and len(COMPONENT_NAMES) == 9
-    assert len(report["forget_truth_ratios"]) == 20
-    assert (report["source"], report["forget_split"]) == ("synthetic", "forget10")
-    assert retain_report["model_name"] == "retain"
-    assert retain_report["forget_quality"] is None and retain_report["ks_statistic"] is None
+        assert report.has(key)
+    assert report.num_examples == {"forget": 20, "retain": 20, "real_authors": 10, "world_facts": 10}
+    assert list(report.components) == list(COMPONENT_NAMES) and len(COMPONENT_NAMES) == 9
+    assert len(report.forget_truth_ratios) == 20
+    assert (report.source, report.forget_split) == ("synthetic", "forget10")
+    assert retain_report.model_name == "retain"
+    assert retain_report.forget_quality is None and retain_report.ks_statistic is None
 
 
 def test_target_is_distinguishable_from_retain_reference(target_report, retain_model, retain_report):
     report, _ = target_report
     own = evaluate_tofu(*retain_model, retain_reference=retain_report, **FAST)
-    assert own["forget_quality"] == 1.0 and own["ks_statistic"] == 0.0
-    assert report["forget_quality"] < 1e-3 < own["forget_quality"]
-    assert report["forget_rouge_l"] > 0.8
-    assert report["forget_rouge_l"] > retain_report["forget_rouge_l"]
-    assert report["forget_prob"] > 0.8 > 0.5 > retain_report["forget_prob"]
-    assert math.isfinite(report["model_utility"]) and 0.5 < report["model_utility"] <= 1.0
+    assert own.forget_quality == 1.0 and own.ks_statistic == 0.0
+    assert report.forget_quality < 1e-3 < own.forget_quality
+    assert report.forget_rouge_l > 0.8
+    assert report.forget_rouge_l > retain_report.forget_rouge_l
+    assert report.forget_prob > 0.8 > 0.5 > retain_report.forget_prob
+    assert math.isfinite(report.model_utility) and 0.5 < report.model_utility <= 1.0
 
 
 def test_aggregates_match_independent_computation(target_report, retain_report, target_model, synthetic):
     report, _ = target_report
     model, tokenizer = target_model
     # forget quality: scipy's KS test on the two lists of per-example truth ratios
-    ks = ks_2samp(report["forget_truth_ratios"], retain_report["forget_truth_ratios"])
-    assert report["forget_quality"] == pytest.approx(ks.pvalue) and report["ks_statistic"] == pytest.approx(
+    ks = ks_2samp(report.forget_truth_ratios, retain_report.forget_truth_ratios)
+    assert report.forget_quality == pytest.approx(ks.pvalue) and report.ks_statistic == pytest.approx(
         ks.statistic
     )
     # model utility: harmonic mean of the nine components (0 if any is 0)
-    comps = np.array(list(report["components"].values()))
-    assert report["model_utility"] == pytest.approx(0.0 if (comps == 0).any() else hmean(comps))
+    comps = np.array(list(report.components.values()))
+    assert report.model_utility == pytest.approx(0.0 if (comps == 0).any() else hmean(comps))
     # forget probability and truth ratios from the scorer directly, formulas by hand
     rows = synthetic["forget10_perturbed"]
     qs = [r["question"] for r in rows]
@@ -117,42 +117,42 @@ def test_aggregates_match_independent_computation(target_report, retain_report, 
     pert = [
         answer_nll(model, tokenizer, [q] * 5, r["perturbed_answer"], batch_size=1) for q, r in zip(qs, rows)
     ]
-    assert report["forget_prob"] == pytest.approx(np.mean(np.exp(-gt)), rel=1e-4)
+    assert report.forget_prob == pytest.approx(np.mean(np.exp(-gt)), rel=1e-4)
     tr = np.exp(para - np.array([p.mean() for p in pert]))
-    np.testing.assert_allclose(report["forget_truth_ratios"], tr, rtol=1e-4)
-    assert report["forget_truth_ratio"] == pytest.approx(np.mean(np.minimum(tr, 1 / tr)), rel=1e-4)
-    retain_tr = np.array(report["splits"]["retain"]["per_example"]["truth_ratio"])
-    assert report["components"]["retain_truth_ratio"] == pytest.approx(np.mean(np.maximum(0, 1 - retain_tr)))
+    np.testing.assert_allclose(report.forget_truth_ratios, tr, rtol=1e-4)
+    assert report.forget_truth_ratio == pytest.approx(np.mean(np.minimum(tr, 1 / tr)), rel=1e-4)
+    retain_tr = np.array(report.splits["retain"]["per_example"]["truth_ratio"])
+    assert report.components["retain_truth_ratio"] == pytest.approx(np.mean(np.maximum(0, 1 - retain_tr)))
     # real authors: normalised probability p_true / (p_true + sum p_false)
-    real = report["splits"]["real_authors"]["per_example"]
+    real = report.splits["real_authors"]["per_example"]
     p_true = np.exp(-np.array(real["answer_nll"]))
     p_false = np.exp(-np.array(real["perturbed_nll"])).sum(axis=1)
-    assert report["components"]["real_authors_prob"] == pytest.approx(np.mean(p_true / (p_true + p_false)))
+    assert report.components["real_authors_prob"] == pytest.approx(np.mean(p_true / (p_true + p_false)))
     # ROUGE-L recall of the stored generations, recomputed with rouge-score
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    forget = report["splits"]["forget"]["per_example"]
+    forget = report.splits["forget"]["per_example"]
     recall = [scorer.score(r["answer"], g)["rougeL"].recall for r, g in zip(rows, forget["generation"])]
-    assert report["forget_rouge_l"] == pytest.approx(np.mean(recall))
+    assert report.forget_rouge_l == pytest.approx(np.mean(recall))
 
 
 def test_report_json_and_truth_ratio_round_trip(target_report, retain_report, tmp_path):
     report, path = target_report
     on_disk = json.loads(path.read_text())
-    assert on_disk["forget_truth_ratios"] == report["forget_truth_ratios"]
-    assert on_disk["components"] == report["components"]
+    assert on_disk["forget_truth_ratios"] == report.forget_truth_ratios
+    assert on_disk["components"] == report.components
     assert not list(path.parent.glob(".*.tmp"))  # atomic write left no temporary file
     saved = save_truth_ratios(retain_report, tmp_path / "ref.json")
     loaded = load_truth_ratios(saved)
-    assert loaded["forget_truth_ratios"] == retain_report["forget_truth_ratios"]
+    assert loaded["forget_truth_ratios"] == retain_report.forget_truth_ratios
     assert loaded["forget_split"] == "forget10" and loaded["num_examples"] == 20
     assert (
-        load_truth_ratios(path)["forget_truth_ratios"] == report["forget_truth_ratios"]
+        load_truth_ratios(path)["forget_truth_ratios"] == report.forget_truth_ratios
     )  # a full report works too
     table = format_report_table({"retain": retain_report, "target": report})
     lines = table.splitlines()
     assert lines[0].startswith("| model | forget quality | model utility")
     assert lines[2].startswith("| retain | n/a |") and lines[3].startswith("| target | ")
-    assert f"{report['model_utility']:.3f}" in lines[3]
+    assert f"{report.model_utility:.3f}" in lines[3]
 
 
 def test_normalized_probability_is_stable():
@@ -191,16 +191,16 @@ def test_generation_kwargs_and_scorer_pass_through(target_model):
         generation_kwargs={"logits_processor": LogitsProcessorList([processor])},
         **FAST,
     )
-    assert report["num_examples"] == {"forget": 2, "retain": 2, "real_authors": 2, "world_facts": 2}
-    assert processor.calls > 0 and report["forget_rouge_l"] == 0.0
-    assert all(g == "" for g in report["splits"]["forget"]["per_example"]["generation"])
+    assert report.num_examples == {"forget": 2, "retain": 2, "real_authors": 2, "world_facts": 2}
+    assert processor.calls > 0 and report.forget_rouge_l == 0.0
+    assert all(g == "" for g in report.splits["forget"]["per_example"]["generation"])
     assert (
         sum(calls) == 2 * (1 + 1 + 5) * 2 + 2 * (1 + 3) * 2 + 2
     )  # forget/retain: answer, paraphrase, 5 perturbed; real authors/world facts: answer, 3 perturbed; holdout
     # answers (membership inference). The forget answers are scored once, for both TOFU and the MIA.
-    assert report["extraction_strength"] is None and report["mia_min_k_plus_plus"] is None  # need full logits
-    assert report["mia_loss"] is not None and report["privleak"] is not None
-    assert report["settings"]["custom_scorer"] and report["settings"]["generation_kwargs"] == [
+    assert report.extraction_strength is None and report.mia_min_k_plus_plus is None  # need full logits
+    assert report.mia_loss is not None and report.privleak is not None
+    assert report.settings["custom_scorer"] and report.settings["generation_kwargs"] == [
         "logits_processor"
     ]
 
@@ -218,7 +218,7 @@ def test_bad_input_fails_before_work(target_model, retain_report, tmp_path):
     with pytest.raises(ValueError, match="5 forget truth ratios but this evaluation has 20"):
         evaluate_tofu(model, tokenizer, retain_reference={"forget_truth_ratios": [1.0] * 5}, **FAST)
     with pytest.raises(ValueError, match="forget split 'forget05'"):
-        evaluate_tofu(model, tokenizer, retain_reference=dict(retain_report, forget_split="forget05"), **FAST)
+        evaluate_tofu(model, tokenizer, retain_reference=dict(retain_report.to_dict(), forget_split="forget05"), **FAST)
     with pytest.raises(FileNotFoundError):
         evaluate_tofu(model, tokenizer, retain_reference=tmp_path / "missing.json", **FAST)
     (tmp_path / "bad.json").write_text('{"forget_truth_ratios": []}')
@@ -263,28 +263,28 @@ def test_mia_privleak_and_memorization_match_direct_computation(target_report, r
     forget, holdout = synthetic["forget10_perturbed"], synthetic["holdout10"]
     f_nll = answer_nll(model, tokenizer, [r["question"] for r in forget], [r["answer"] for r in forget], batch_size=1)
     h_nll = answer_nll(model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout], batch_size=1)
-    mia = report["mia"]
+    mia = report.mia
     assert mia["holdout_split"] == "holdout10" and mia["num_holdout"] == len(holdout)
     np.testing.assert_allclose(mia["per_example"]["forget"]["loss"], f_nll, rtol=1e-4)
     np.testing.assert_allclose(mia["per_example"]["holdout"]["loss"], h_nll, rtol=1e-4)
-    assert report["mia_loss"] == pytest.approx(_slow_auc(f_nll, h_nll))
+    assert report.mia_loss == pytest.approx(_slow_auc(f_nll, h_nll))
     for attack in ("zlib", "min_k", "min_k_plus_plus"):
         scores = mia["per_example"]
-        assert report[f"mia_{attack}"] == pytest.approx(_slow_auc(scores["forget"][attack], scores["holdout"][attack]))
+        assert getattr(report, f"mia_{attack}") == pytest.approx(_slow_auc(scores["forget"][attack], scores["holdout"][attack]))
     # privleak against the retain model's own min-k AUC, carried by the saved reference file
-    assert retain_report["mia_min_k"] is not None
-    assert report["privleak"] == pytest.approx(privleak(report["mia_min_k"], retain_report["mia_min_k"]))
-    assert report["privleak"] == pytest.approx(
-        ((1 - report["mia_min_k"]) - (1 - retain_report["mia_min_k"])) / (1 - retain_report["mia_min_k"]) * 100)
-    assert retain_report["privleak"] == pytest.approx(privleak(retain_report["mia_min_k"], 0.5))
+    assert retain_report.mia_min_k is not None
+    assert report.privleak == pytest.approx(privleak(report.mia_min_k, retain_report.mia_min_k))
+    assert report.privleak == pytest.approx(
+        ((1 - report.mia_min_k) - (1 - retain_report.mia_min_k)) / (1 - retain_report.mia_min_k) * 100)
+    assert retain_report.privleak == pytest.approx(privleak(retain_report.mia_min_k, 0.5))
     # the target memorised the forget answers; the retain model never saw them
-    assert report["exact_memorization"] > 0.9 > retain_report["exact_memorization"]
-    assert report["extraction_strength"] > retain_report["extraction_strength"]
-    per = report["splits"]["forget"]["per_example"]
-    assert report["extraction_strength"] == pytest.approx(np.mean(per["extraction_strength"]))
-    assert report["mu_rouge"] == pytest.approx(hmean([report["components"][f"{s}_rouge_l"]
+    assert report.exact_memorization > 0.9 > retain_report.exact_memorization
+    assert report.extraction_strength > retain_report.extraction_strength
+    per = report.splits["forget"]["per_example"]
+    assert report.extraction_strength == pytest.approx(np.mean(per["extraction_strength"]))
+    assert report.mu_rouge == pytest.approx(hmean([report.components[f"{s}_rouge_l"]
                                                       for s in ("retain", "real_authors", "world_facts")]))
-    assert report["settings"]["max_new_tokens"] == 32 and report["settings"]["template"] == "plain"
+    assert report.settings["max_new_tokens"] == 32 and report.settings["template"] == "plain"
 
 
 def _tofu_log(rng, n, k=5, forget=False):
@@ -399,7 +399,7 @@ def test_published_references_end_to_end(target_model, retain_report, synthetic,
     from hf_unlearn.evaluation import privleak
 
     n = 5
-    per = retain_report["splits"]["forget"]["per_example"]
+    per = retain_report.splits["forget"]["per_example"]
     tofu_log = {
         "avg_paraphrased_loss": {str(i): per["true_nll"][i] for i in range(n)},
         "average_perturb_loss": {str(i): per["perturbed_nll"][i] for i in range(n)},
@@ -408,16 +408,16 @@ def test_published_references_end_to_end(target_model, retain_report, synthetic,
     oue = {"forget_truth_ratio": {"value_by_index": {str(i): {"score": per["truth_ratio"][i]} for i in range(n)}},
            "mia_min_k": {"agg_value": 0.61}}
     (tmp_path / "TOFU_EVAL.json").write_text(json.dumps(oue))
-    retain_ratios = retain_report["forget_truth_ratios"][:n]
-    with pytest.raises(ValueError, match=f"{len(retain_report['forget_truth_ratios'])} forget truth ratios"):
+    retain_ratios = retain_report.forget_truth_ratios[:n]
+    with pytest.raises(ValueError, match=f"{len(retain_report.forget_truth_ratios)} forget truth ratios"):
         evaluate_tofu(*target_model, retain_reference=retain_report, **dict(FAST, max_examples=n))
     for path in (tmp_path / "eval_log_forget.json", tmp_path / "TOFU_EVAL.json"):
         with pytest.warns(UserWarning, match="could not be checked"):
             report = evaluate_tofu(*target_model, retain_reference=path, **dict(FAST, max_examples=n))
-        assert report["forget_quality"] == pytest.approx(ks_2samp(report["forget_truth_ratios"], retain_ratios).pvalue)
-        assert report["retain_reference"]["provenance"]["path"] == str(path)
-    assert report["privleak"] == pytest.approx(privleak(report["mia_min_k"], 0.61))
-    assert report["mia"]["reference_auc"]["min_k"] == 0.61
+        assert report.forget_quality == pytest.approx(ks_2samp(report.forget_truth_ratios, retain_ratios).pvalue)
+        assert report.retain_reference["provenance"]["path"] == str(path)
+    assert report.privleak == pytest.approx(privleak(report.mia_min_k, 0.61))
+    assert report.mia["reference_auc"]["min_k"] == 0.61
 
 
 def test_reference_with_different_provenance_is_refused(target_model, retain_report):
@@ -426,7 +426,7 @@ def test_reference_with_different_provenance_is_refused(target_model, retain_rep
     for field, value, label in (("tokenizer_sha256", "0" * 64, "tokenizer vocabulary"),
                                 ("data_sha256", "f" * 64, "forget data")):
         ref = copy.deepcopy(retain_report)
-        ref["provenance"][field] = value
+        ref.provenance[field] = value
         with pytest.raises(ValueError, match=f"made differently.*{label}"):
             evaluate_tofu(model, tokenizer, retain_reference=ref, **FAST)
     with pytest.raises(ValueError, match="prompt template 'plain' \\(this evaluation: 'tofu-llama2'\\)"):
@@ -443,10 +443,10 @@ def test_template_reaches_scoring_and_generation(target_model, synthetic):
     rows = synthetic["forget10_perturbed"][:2]
     qs, answers = [r["question"] for r in rows], [r["answer"] for r in rows]
     expected = answer_nll(model, tokenizer, qs, answers, template="tofu-llama2", batch_size=1)
-    np.testing.assert_allclose(report["splits"]["forget"]["per_example"]["answer_nll"], expected, rtol=1e-4)
+    np.testing.assert_allclose(report.splits["forget"]["per_example"]["answer_nll"], expected, rtol=1e-4)
     assert not np.allclose(expected, answer_nll(model, tokenizer, qs, answers, batch_size=1))  # a different prompt
-    assert report["settings"]["template"] == "tofu-llama2"
-    assert report["provenance"]["template"]["fields"]["question_start_tag"] == "[INST] "
+    assert report.settings["template"] == "tofu-llama2"
+    assert report.provenance["template"]["fields"]["question_start_tag"] == "[INST] "
 
 
 def _write_source(folder, question, answer, n=3):
@@ -476,15 +476,15 @@ def test_evaluator_truncates_to_model_positions(tiny_target, tmp_path):
     assert len(tokenize_qa(tokenizer, question, answer)["input_ids"]) > 64
     _write_source(tmp_path, question, answer)
     report = evaluate_tofu(model, tokenizer, source=str(tmp_path), max_new_tokens=200, batch_size=4, progress=False)
-    assert report["settings"]["max_length"] == 64 and report["provenance"]["max_length"] == 64
-    assert report["settings"]["num_truncated"]["forget"] == 3 * 3  # answer, paraphrase, the long perturbed one
+    assert report.settings["max_length"] == 64 and report.provenance["max_length"] == 64
+    assert report.settings["num_truncated"]["forget"] == 3 * 3  # answer, paraphrase, the long perturbed one
     feats = tokenize_qa(tokenizer, f"{question} (0)", answer, max_length=64)
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=torch.tensor([feats["input_ids"]])).logits[0].double(), -1)
     steps = range(feats["prompt_length"], 64)
     direct = -np.mean([logp[t - 1, feats["input_ids"][t]].item() for t in steps])
-    assert report["splits"]["forget"]["per_example"]["answer_nll"][0] == pytest.approx(direct, rel=1e-4)
-    for gen in report["splits"]["forget"]["per_example"]["generation"]:
+    assert report.splits["forget"]["per_example"]["answer_nll"][0] == pytest.approx(direct, rel=1e-4)
+    for gen in report.splits["forget"]["per_example"]["generation"]:
         assert len(tokenizer(gen, add_special_tokens=False)["input_ids"]) <= 64
     long_question = " ".join(["Where exactly was the author born and raised"] * 10)
     _write_source(tmp_path, long_question, answer)
@@ -502,8 +502,8 @@ def test_render_report_defines_every_figure(target_report):
     for key, (title, _definition) in METRIC_DEFINITIONS.items():
         assert any(line.startswith(f"| {title} | ") for line in table), key
         assert title in metric_definitions_text()
-    assert f"| model utility | {report['model_utility']:.3f} |" in text
-    assert f"| privleak | {report['privleak']:.2f} |" in text
+    assert f"| model utility | {report.model_utility:.3f} |" in text
+    assert f"| privleak | {report.privleak:.2f} |" in text
     assert "template: plain" in text and "max_new_tokens: 32" in text
     assert all(line.count(" | ") == 2 for line in table[1:])  # pipes inside definitions are escaped
 
@@ -537,12 +537,12 @@ def test_autocast_reaches_scoring_and_generation(target_model, retain_report):
                            generation_kwargs={"logits_processor": LogitsProcessorList([probe])}, **kwargs)
     assert scored and all(on and dtype == torch.bfloat16 for on, dtype in scored)
     assert probe.seen and all(probe.seen)
-    assert report["provenance"]["dtype"] == "float32+autocast:bfloat16"
+    assert report.provenance["dtype"] == "float32+autocast:bfloat16"
     assert next(model.parameters()).dtype == torch.float32  # the weights are left alone
     assert not torch.is_autocast_enabled("cpu")  # and autocast is off again afterwards
     # bf16 autocast changes the figures a little: the answer NLLs are close to, but not the float32 ones
     plain = evaluate_tofu(model, tokenizer, **kwargs)
-    ours, theirs = (np.array(r["splits"]["forget"]["per_example"]["answer_nll"]) for r in (report, plain))
+    ours, theirs = (np.array(r.splits["forget"]["per_example"]["answer_nll"]) for r in (report, plain))
     assert np.allclose(ours, theirs, atol=0.1) and not np.array_equal(ours, theirs)
     # a float32 retain reference does not match a bf16-autocast evaluation
     with pytest.raises(ValueError, match="dtype 'float32' \\(this evaluation: 'float32\\+autocast:bfloat16'\\)"):

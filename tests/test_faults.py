@@ -493,7 +493,7 @@ def test_mismatched_retain_reference_is_refused(tiny_target, tiny_retain, tmp_pa
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # everything is recorded, so nothing is left unchecked
         report = evaluate_tofu(model, tokenizer, retain_reference=reference, **fast)
-    assert report["forget_quality"] is not None and report["retain_reference"]["provenance"]["max_examples"] == 2
+    assert report.forget_quality is not None and report.retain_reference["provenance"]["max_examples"] == 2
 
     calls = []
     model.register_forward_hook(lambda *args: calls.append(1))

@@ -581,7 +581,7 @@ def test_two_pass_auto_equals_one_pass_and_deep_models_take_two(tiny, sets):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from hf_unlearn.methods.grom import find_target_modules
-    from hf_unlearn.methods.grom.model import _one_pass_affordable
+    from hf_unlearn.methods.grom.fit import _one_pass_affordable
 
     model, tok = tiny
     forget, retain = sets

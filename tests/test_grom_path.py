@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom
-from hf_unlearn.methods.grom.path import fit_grom_path, grom_path_from_edit
+from hf_unlearn.methods.grom.strength_path import fit_grom_path, grom_path_from_edit
 
 BASE = dict(target_modules="lm_head", forget_weight=10.0, suppression_margin=30.0, retain_weight=1.0, ridge=1e-2,
             progress=False)
@@ -99,7 +99,7 @@ def test_from_edit_refuses_bad_grids(tiny, sets, path):
 
 
 def test_fit_grom_path_refuses_a_bad_grid_before_any_forward_pass(tiny, sets, monkeypatch):
-    import hf_unlearn.methods.grom.path as path_module
+    import hf_unlearn.methods.grom.strength_path as path_module
 
     model, tok = tiny
     monkeypatch.setattr(path_module, "fit_grom", lambda *a, **k: pytest.fail("keys were collected"))

@@ -63,7 +63,8 @@ def test_model_round_trip_native_and_push_unlearned(hub, tiny_target):
     from huggingface_hub import ModelCard
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hf_unlearn.bench.registry import Unlearned
+    from hf_unlearn.hub import push_unlearned
+    from hf_unlearn.result import Unlearned
 
     model, tokenizer = tiny_target
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -81,9 +82,9 @@ def test_model_round_trip_native_and_push_unlearned(hub, tiny_target):
     report = dict(REPORT, base_model=base_id)
     before = len(hub.requests)
     result = Unlearned(method="npo", model=model, artifact=model, settings={"beta": 0.1, "learning_rate": 1e-4},
-                       trainable_params=1, total_params=1)  # what hf_unlearn.bench.registry.run_method returns
-    info = result.push_to_hub("tester/tiny-npo", report, token=hub.token, tokenizer=tokenizer,
-                              base_model=base_id, dataset="synthetic")
+                       trainable_params=1, total_params=1)  # what hf_unlearn.run.run_method returns
+    info = push_unlearned(result, "tester/tiny-npo", report, token=hub.token, tokenizer=tokenizer,
+                          base_model=base_id, dataset="synthetic")
     commits = hub.commits("tester/tiny-npo")
     assert len(commits) == 2 and commits[-1].oid == info.oid  # repo creation + ONE upload commit
     files = hub.files("tester/tiny-npo")

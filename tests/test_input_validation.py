@@ -269,14 +269,15 @@ def test_without_data_or_env_the_hub_id_is_used_and_offline_is_one_line(tiny_pai
 
 # -------------------------------------------------------------------------------------- the checks where they live
 def test_row_checks_of_the_data_loaders(tmp_path):
-    from hf_unlearn.bench.script_args import load_rows
     from hf_unlearn.data import check_rows, load_tofu_rows, read_qa_file
+    from hf_unlearn.options import UserError
+    from hf_unlearn.preconditions import load_rows
 
     rows = _jsonl(tmp_path / "rows.jsonl", [{"question": "q", "answer": "a"}, {"question": "q2", "answer": 7.5}])
     with pytest.raises(ValueError, match=r"rows\.jsonl:2: 'answer' is a float \(7\.5\), not a string"):
         read_qa_file(rows)
-    with pytest.raises(ValueError, match=r"rows\.jsonl:2"):
-        load_rows(str(rows), "forget10", "synthetic")
+    with pytest.raises(UserError, match=r"rows\.jsonl:2"):
+        load_rows("forget10", "synthetic", str(rows))
     _jsonl(tmp_path / "forget10.jsonl", [{"question": "q", "answer": "a"}, {"question": "q2", "answer": ""}])
     with pytest.raises(ValueError, match=r"Row 1 of TOFU config 'forget10' .*'answer' is empty"):
         load_tofu_rows("forget10", str(tmp_path))
@@ -323,7 +324,7 @@ def test_unlearning_config_refuses_values_when_built(bad, fragment, tmp_path):
 
 
 def test_example_script_arguments_default_to_hf_unlearn_tofu_dir(synthetic, tmp_path, monkeypatch):
-    from hf_unlearn.bench.script_args import ScriptArguments, load_forget_retain
+    from hf_unlearn.scripts import ScriptArguments, load_forget_retain
 
     for name in ("forget10", "retain90"):
         _jsonl(tmp_path / f"{name}.jsonl", synthetic[name][:3])

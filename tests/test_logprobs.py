@@ -199,3 +199,34 @@ def test_vocab_statistics_chunks_and_alignment():
                 logp = torch.log_softmax(logits[b, t - 1], -1)
                 assert whole["greedy_correct"][b, t] == (logp.argmax() == labels[b, t])
                 torch.testing.assert_close(whole["mean"][b, t], (logp.exp() * logp).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_label_log_probs_half_precision_in_chunks(dtype):
+    """Half-precision logits are upcast a chunk of positions at a time: any chunk size gives the numbers of the
+    whole float32 copy (computed here the slow way, one position at a time)."""
+    torch.manual_seed(2)
+    logits = torch.randn(2, 9, 17).to(dtype)
+    labels = torch.randint(0, 17, (2, 9))
+    labels[0, :3] = -100
+    labels[1, 7:] = -100
+    expected = torch.zeros(2, 9)
+    for b in range(2):
+        for t in range(1, 9):
+            if labels[b, t] != -100:
+                expected[b, t] = torch.log_softmax(logits[b, t - 1].float(), -1)[labels[b, t]]
+    for chunk_size in (None, 1, 3, 8, 100):
+        out = label_log_probs(logits, labels, chunk_size=chunk_size)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    one = torch.zeros(2, 1, 17, dtype=dtype)  # one position: nothing is scored
+    assert label_log_probs(one, torch.zeros(2, 1, dtype=torch.long)).abs().sum() == 0
+
+
+def test_label_log_probs_keeps_gradients_through_chunks():
+    torch.manual_seed(3)
+    logits = torch.randn(2, 6, 11, requires_grad=True)
+    labels = torch.randint(0, 11, (2, 6))
+    whole = torch.autograd.grad(label_log_probs(logits, labels).sum(), logits)[0]
+    chunked = torch.autograd.grad(label_log_probs(logits, labels, chunk_size=2).sum(), logits)[0]
+    torch.testing.assert_close(whole, chunked)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from hf_unlearn.logprobs import label_log_probs
-from hf_unlearn.methods.base.losses import answer_mask, kl_retain_loss, nll_loss, sequence_log_probs
+from hf_unlearn.logprobs import answer_mask, label_log_probs
+from hf_unlearn.methods.base.losses import kl_retain_loss, nll_loss, sequence_log_probs
 from hf_unlearn.methods.baselines.loss import grad_ascent_loss, grad_diff_loss, npo_loss, simnpo_loss
 
 
@@ -89,7 +89,7 @@ def test_grad_diff_combines_forget_ascent_and_retain():
     slow = _slow_token_log_probs(logits, labels)
     mean_lp = sum(sum(r) for r in slow) / sum(len(r) for r in slow)
     retain = torch.tensor(0.7, dtype=torch.float64)
-    assert grad_diff_loss(lp, mask, retain, gamma=2.0, alpha=0.5).item() == pytest.approx(2.0 * mean_lp + 0.35, rel=1e-5)
+    assert grad_diff_loss(lp, mask, retain, forget_weight=2.0, retain_weight=0.5).item() == pytest.approx(2.0 * mean_lp + 0.35, rel=1e-5)
 
 
 @pytest.mark.parametrize("beta", [0.1, 1.0, 4.0])

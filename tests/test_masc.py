@@ -298,7 +298,7 @@ def test_masc_probe_matches_slow_recomputation(tiny_target, synthetic, tmp_path)
 
 @pytest.mark.parametrize("confirm_rule", ["hoeffding", "mean"])
 def test_masc_stops_at_first_confirmed_check(tiny_target, synthetic, tmp_path, confirm_rule):
-    from hf_unlearn.methods.masc.trainer import STOPPING_FILE
+    from hf_unlearn.methods.masc.stopping import STOPPING_FILE
 
     trainer = _trainer(tiny_target, synthetic, tmp_path, confirm_rule=confirm_rule)
     trainer.train()
@@ -340,7 +340,7 @@ def test_masc_stops_at_first_confirmed_check(tiny_target, synthetic, tmp_path, c
     assert (tmp_path / "saved" / "model.safetensors").is_file()
     assert saved["stopped_at_step"] == step and saved["stopped_by_rule"] and not saved["budget_exhausted"]
     assert saved["stop_reason"] == "rule" and saved["rule"]["confirm_rule"] == confirm_rule
-    assert saved["rule"]["alpha"] == args.stop_tolerance and saved["rule"]["top_k"] == args.top_k
+    assert saved["rule"]["stop_tolerance"] == args.stop_tolerance and saved["rule"]["top_k"] == args.top_k
     assert len(saved["violation_history"]) == len(history)
 
 

@@ -106,7 +106,7 @@ def test_trainer_resolves_auto_to_the_small_recipe_on_a_tiny_model_and_records_i
     assert trainer.recipe == {"requested": "auto", "used": "small", "model_parameters": n, "given": ["stop_tolerance"]}
     assert trainer.stopping_callback.rule["recipe"] == trainer.recipe
     assert trainer.stopping_callback.summary()["rule"]["recipe"]["used"] == "small"
-    assert (trainer.stopping_callback.trigger, trainer.stopping_callback.alpha) == (0.2, 0.3)
+    assert (trainer.stopping_callback.trigger, trainer.stopping_callback.stop_tolerance) == (0.2, 0.3)
     assert trainer.stopping_callback.rule["confirm_examples"] == min(64, len(synthetic["forget10"]))
 
 

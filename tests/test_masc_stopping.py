@@ -111,7 +111,7 @@ def test_masc_calibrates_trigger_and_tolerance_on_never_seen_rows(tiny_target, s
         trainer.train()
     cb = trainer.stopping_callback
     assert cb.calibration["examples"] == len(holdout) and cb.calibration["violation_rate"] == pytest.approx(want)
-    assert cb.trigger == cb.alpha == pytest.approx(want) and cb.calibration["configured_alpha"] == args.stop_tolerance
+    assert cb.trigger == cb.stop_tolerance == pytest.approx(want) and cb.calibration["configured_stop_tolerance"] == args.stop_tolerance
     assert want < trainer.violation_history[0]["violation_rate"]  # never-seen rows violate less than memorised ones
     check = trainer.violation_history[1]
     assert check["triggered"] == (check["violation_rate"] <= want)

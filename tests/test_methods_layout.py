@@ -1,104 +1,18 @@
-"""The one-folder-per-method layout: the old module paths give the same module objects as the new ones (with a
-DeprecationWarning), the baseline trainers train exactly their pure loss function, and the scored positions have
-one definition."""
+"""The one-folder-per-method layout: the registry names the method packages, the baseline trainers train exactly
+their pure loss function, the forget/retain weights have one name, and the scored positions have one definition."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
 import warnings
 
 import pytest
 import torch
 
-from hf_unlearn._import_utils import DEPRECATED_PACKAGES, MODULE_ALIASES, current_name
 
-# Every module path the methods had before they moved to hf_unlearn.methods.
-OLD_MODULES = (
-    "hf_unlearn.trainers", "hf_unlearn.trainers.unlearning_config", "hf_unlearn.trainers.unlearning_trainer",
-    "hf_unlearn.trainers.baselines", "hf_unlearn.trainers.masc", "hf_unlearn.trainers.masc.config",
-    "hf_unlearn.trainers.masc.trainer", "hf_unlearn.trainers.atwu", "hf_unlearn.trainers.atwu.config",
-    "hf_unlearn.trainers.atwu.trainer", "hf_unlearn.trainers.atwu.weighter",
-    "hf_unlearn.losses", "hf_unlearn.losses.common", "hf_unlearn.losses.baselines", "hf_unlearn.losses.masc",
-    "hf_unlearn.losses.atwu",
-    "hf_unlearn.grom", *(f"hf_unlearn.grom.{m}" for m in (
-        "attribution", "config", "keys", "model", "path", "peft_export", "provenance", "solve", "targets")),
-    "hf_unlearn.t3", *(f"hf_unlearn.t3.{m}" for m in (
-        "calibration", "config", "fit", "hidden", "modeling", "processor", "provenance", "scoring", "tilt")),
-)
-
-
-def _forget_old_paths() -> None:
-    """Drop the old paths from ``sys.modules`` (only those: the modules at the new paths stay loaded)."""
-    for name in [*MODULE_ALIASES, *DEPRECATED_PACKAGES]:
-        sys.modules.pop(name, None)
-
-
-def test_every_old_module_path_is_mapped():
-    assert set(OLD_MODULES) == set(MODULE_ALIASES) | set(DEPRECATED_PACKAGES)
-    for new in MODULE_ALIASES.values():
-        assert new.startswith("hf_unlearn.methods."), new
-
-
-@pytest.mark.parametrize("old", sorted(MODULE_ALIASES))
-def test_an_old_path_is_the_new_module_and_warns(old):
-    new = MODULE_ALIASES[old]
-    module = importlib.import_module(new)
-    _forget_old_paths()
-    with pytest.warns(DeprecationWarning, match=f"`{old}` has moved to `{new}`"):
-        aliased = importlib.import_module(old)
-    assert aliased is module
-    assert module.__spec__.name == new  # the module keeps its own spec
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a second import is the cached module, silently
-        assert importlib.import_module(old) is module
-
-
-def test_old_umbrella_packages_forward_every_name_to_the_same_object():
-    _forget_old_paths()
-    with pytest.warns(DeprecationWarning, match="hf_unlearn.trainers"):
-        from hf_unlearn.trainers import MASCTrainer, NPOTrainer, UnlearningTrainer
-    with pytest.warns(DeprecationWarning, match="hf_unlearn.losses"):
-        from hf_unlearn.losses import answer_mask, buffered_hinge_loss, grad_diff_loss, satga_plus_loss
-    from hf_unlearn.methods.atwu.loss import satga_plus_loss as new_satga
-    from hf_unlearn.methods.base import UnlearningTrainer as NewBase
-    from hf_unlearn.methods.baselines import NPOTrainer as NewNPO
-    from hf_unlearn.methods.baselines.loss import grad_diff_loss as new_grad_diff
-    from hf_unlearn.methods.masc import MASCTrainer as NewMASC
-    from hf_unlearn.methods.masc.loss import buffered_hinge_loss as new_hinge
-
-    assert (NPOTrainer, MASCTrainer, UnlearningTrainer) == (NewNPO, NewMASC, NewBase)
-    assert issubclass(NPOTrainer, NewBase) and issubclass(NewMASC, UnlearningTrainer)
-    assert (grad_diff_loss, buffered_hinge_loss, satga_plus_loss) == (new_grad_diff, new_hinge, new_satga)
-    # the module itself, not an attribute of the package object (another test may have re-imported the package)
-    assert answer_mask is importlib.import_module("hf_unlearn.logprobs").answer_mask
-    for old, exports in DEPRECATED_PACKAGES.items():
-        package = importlib.import_module(old)
-        assert sorted(package.__all__) == sorted(exports)
-        for name, new in exports.items():
-            assert getattr(package, name) is getattr(importlib.import_module(new), name), (old, name)
-    import hf_unlearn.trainers
-
-    import hf_unlearn.methods.masc
-
-    assert hf_unlearn.trainers.masc is hf_unlearn.methods.masc
-    with pytest.raises(AttributeError):
-        hf_unlearn.trainers.not_a_name  # noqa: B018
-
-
-def test_old_subpackage_attribute_of_the_top_level_warns_and_is_the_new_package():
-    import hf_unlearn
-    import hf_unlearn.methods.grom
-
-    _forget_old_paths()
-    vars(hf_unlearn).pop("grom", None)
-    with pytest.warns(DeprecationWarning, match="hf_unlearn.methods.grom"):
-        assert hf_unlearn.grom is hf_unlearn.methods.grom
-
-
-def test_registry_entry_points_name_the_new_paths():
-    from hf_unlearn.registry import BUILTIN_PACKAGES, get_method, method_names
+def test_registry_entry_points_name_the_method_packages():
+    from hf_unlearn.methods import BUILTIN_PACKAGES
+    from hf_unlearn.registry import get_method, method_names
 
     assert method_names()[:8] == ("grom", "t3", "masc", "atwu", "grad_ascent", "grad_diff", "npo", "simnpo")
     for name in method_names()[:8]:
@@ -106,23 +20,6 @@ def test_registry_entry_points_name_the_new_paths():
         module = info.entry_point.partition(":")[0]
         assert any(module == p or module.startswith(p + ".") for p in BUILTIN_PACKAGES), info.entry_point
         assert info.load() is not None
-
-
-def test_a_checkpoint_naming_its_trainer_by_the_old_path_is_the_same_method():
-    from hf_unlearn.methods.base.checkpoints import fingerprint_differences
-
-    def fp(method: str) -> dict:
-        return {"method": method, "settings": {"learning_rate": 1e-4}, "data": {"forget": "2:ab", "retain": None}}
-
-    new_npo = "hf_unlearn.methods.baselines.trainer.NPOTrainer"
-    assert current_name("hf_unlearn.trainers.baselines.NPOTrainer") == new_npo
-    assert fingerprint_differences(fp("hf_unlearn.trainers.baselines.NPOTrainer"), fp(new_npo)) == []
-    assert fingerprint_differences(fp("hf_unlearn.trainers.unlearning_trainer.UnlearningTrainer"),
-                                   fp("hf_unlearn.methods.base.trainer.UnlearningTrainer")) == []
-    assert fingerprint_differences(fp("hf_unlearn.trainers.masc.trainer.MASCTrainer"),
-                                   fp("hf_unlearn.methods.masc.trainer.MASCTrainer")) == []
-    diffs = fingerprint_differences(fp("hf_unlearn.trainers.baselines.SimNPOTrainer"), fp(new_npo))
-    assert len(diffs) == 1 and diffs[0].startswith("method ")
 
 
 # ----- the baseline trainers train their pure loss function -------------------------------------------------
@@ -188,7 +85,7 @@ def test_baseline_trainer_loss_is_its_pure_loss_function(cls_name, fields, tiny_
     if cls_name == "GradDiff":
         torch.testing.assert_close(got, grad_diff_loss(token_lp, mask, retain, args.forget_weight, args.retain_weight),
                                    rtol=1e-5, atol=1e-6)
-    if cls_name == "GradAscent":  # the weight is in it: -gamma * mean forget NLL
+    if cls_name == "GradAscent":  # the weight is in it: -forget_weight * mean forget NLL
         torch.testing.assert_close(got, args.forget_weight * (token_lp * mask).sum() / mask.sum(), rtol=1e-5, atol=1e-6)
 
 
@@ -218,7 +115,7 @@ def test_baseline_loss_formula_by_hand():
 
 
 @pytest.mark.parametrize("config_name", ["UnlearningConfig", "SimNPOConfig", "ATWUConfig"])
-def test_forget_and_retain_weights_have_one_name_and_the_old_ones_still_work(config_name, tmp_path):
+def test_forget_and_retain_weights_have_one_name(config_name, tmp_path):
     import hf_unlearn
     from hf_unlearn.methods.base.checkpoints import fingerprint_differences
     from hf_unlearn.methods.masc import MASCConfig
@@ -226,24 +123,18 @@ def test_forget_and_retain_weights_have_one_name_and_the_old_ones_still_work(con
     cls = getattr(hf_unlearn, config_name)
     common = {"output_dir": str(tmp_path), "report_to": "none"}
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new names: no warning
-        new = cls(forget_weight=0.3, retain_weight=0.6, **common)
-    with pytest.warns(DeprecationWarning, match="`gamma` is deprecated; use `forget_weight`"):
-        old = cls(gamma=0.3, **common)
-    with pytest.warns(DeprecationWarning, match="`alpha` is deprecated; use `retain_weight`"):
-        old = cls(gamma=0.3, alpha=0.6, **common)
-    assert (old.forget_weight, old.retain_weight) == (new.forget_weight, new.retain_weight) == (0.3, 0.6)
-    assert old.gamma is None and old.alpha is None
-    with pytest.raises(ValueError, match="retain_weight"), pytest.warns(DeprecationWarning):
-        cls(alpha=-1.0, **common)
-    assert {f.name for f in dataclasses.fields(MASCConfig)} >= {"forget_weight", "retain_weight"}
-    # a checkpoint written under the old names is the same run
-    settings = {k: v for k, v in new.to_dict().items() if k not in ("gamma", "alpha")}
-    before = dict(settings, gamma=settings.pop("forget_weight"), alpha=settings.pop("retain_weight"))
+        warnings.simplefilter("error")  # the weights' names: no warning
+        config = cls(forget_weight=0.3, retain_weight=0.6, **common)
+    assert (config.forget_weight, config.retain_weight) == (0.3, 0.6)
+    with pytest.raises(ValueError, match="retain_weight"):
+        cls(retain_weight=-1.0, **common)
+    for klass in (cls, MASCConfig):
+        names = {f.name for f in dataclasses.fields(klass)}
+        assert names >= {"forget_weight", "retain_weight"} and not names & {"gamma", "alpha"}, klass
+    # a checkpoint with another forget weight is another run, named by the field
     fp = {"method": "m", "data": {}}
-    assert fingerprint_differences({**fp, "settings": before}, {**fp, "settings": new.to_dict()}) == []
-    changed = dict(before, gamma=0.4)
-    assert fingerprint_differences({**fp, "settings": changed}, {**fp, "settings": new.to_dict()}) == [
+    changed = dict(config.to_dict(), forget_weight=0.4)
+    assert fingerprint_differences({**fp, "settings": changed}, {**fp, "settings": config.to_dict()}) == [
         "forget_weight=0.4 (now 0.3)"]
 
 

@@ -11,6 +11,7 @@ import pytest
 from scipy.stats import hmean, ks_2samp
 
 import hf_unlearn
+from hf_unlearn.assets import _artifact_dir
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def model_utility():
 def test_metric_paths_exist_and_unknown_name_fails():
     for name in hf_unlearn.METRIC_NAMES:
         folder = hf_unlearn.metric_path(name)
-        assert (hf_unlearn._artifact_dir("evaluate_metrics") / name / "README.md").is_file()
+        assert (_artifact_dir("evaluate_metrics") / name / "README.md").is_file()
         assert folder.endswith(name)
     with pytest.raises(ValueError, match="Unknown metric"):
         hf_unlearn.metric_path("tofu_nonsense")

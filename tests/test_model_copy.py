@@ -13,8 +13,8 @@ def test_copy_of_a_masc_lora_result_runs_its_own_weights(tiny_target, synthetic,
     """MASC trains a LoRA adapter: TRL patches ``forward`` on the wrapped model (``base_model.model``), not on the
     ``PeftModel``. A copy (the attacks' and the NF4 re-check's) must still compute with its own weights: zeroing the
     copy must change its outputs and leave the original's alone."""
-    from hf_unlearn.bench.registry import run_method
     from hf_unlearn.evaluation.quantization import merged_copy
+    from hf_unlearn.run import run_method
 
     model, tokenizer = tiny_target
     result = run_method("masc", model, tokenizer, synthetic["forget10"][:8], synthetic["retain90"][:8], tmp_path,

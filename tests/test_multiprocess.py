@@ -257,13 +257,13 @@ def test_vocab_size_comes_from_the_config_when_the_head_is_partitioned(tiny_targ
 def test_zero3_reference_is_reloaded_from_the_path_not_copied(tiny_pair, monkeypatch):
     import torch
 
-    import hf_unlearn.methods.base.trainer as trainer_module
+    import hf_unlearn.methods.base.reference as reference_module
     from hf_unlearn.bench.subjects import load_tiny
 
     def no_copy(model):
         raise AssertionError("a partitioned model was deep-copied")
 
-    monkeypatch.setattr(trainer_module, "independent_copy", no_copy)
+    monkeypatch.setattr(reference_module, "independent_copy", no_copy)
     model, _ = load_tiny(tiny_pair.target)
     model.config._name_or_path = str(tiny_pair.target)
     _zero3(model)

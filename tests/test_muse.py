@@ -5,7 +5,6 @@ MUSE-News documents."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import datasets
@@ -31,16 +30,6 @@ from hf_unlearn.evaluation.muse import cut_answer, fit_prompt, reference_auc_of,
 datasets.disable_progress_bars()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MUSE_DIR = Path(os.environ.get("HF_UNLEARN_MUSE_DIR", REPO_ROOT.parent / "shared" / "data" / "muse-news"))
-
-
-@pytest.fixture(scope="module")
-def muse_dir() -> Path:
-    if not (MUSE_DIR / "verbmem" / "forget.json").is_file():
-        pytest.fail(f"The MUSE-News copy is missing at {MUSE_DIR} (set HF_UNLEARN_MUSE_DIR).")
-    return MUSE_DIR
-
-
 def _load(name):
     return evaluate.load(hf_unlearn.metric_path(name), keep_in_memory=True)
 
@@ -361,3 +350,34 @@ def test_evaluate_muse_refuses_a_report_inside_the_model_folder(muse_dir, tmp_pa
     with pytest.raises(OutputDirError, match="model"):
         evaluate_muse(model, tokenizer, source=muse_dir, output_path=model_dir / "model.safetensors")
     assert (model_dir / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_evaluate_muse_scores_and_generates_through_a_decoding_time_method(tiny_target, muse_dir):
+    """A decoding-time method's ``scorer`` and ``generation_kwargs`` reach MUSE as they reach TOFU: PrivLeak's Min-K%
+    scores are the scorer's (a scorer that halves every log-probability halves every score), and the continuations
+    are generated with the given logits processor (one that allows only EOS ends every answer at once)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from hf_unlearn.logprobs import causal_lm_scorer
+
+    model, tok = tiny_target
+    plain_scorer = causal_lm_scorer(model)
+
+    def halved(input_ids, attention_mask, position_ids, labels):
+        return 0.5 * plain_scorer(input_ids, attention_mask, position_ids, labels)
+
+    class OnlyEOS(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            out = torch.full_like(scores, float("-inf"))
+            out[:, tok.eos_token_id] = 0.0
+            return out
+
+    common = dict(source=muse_dir, max_examples=3, batch_size=4, progress=False)
+    plain = evaluate_muse(model, tok, criteria=["privleak", "verbmem_forget"], **common)
+    tilted = evaluate_muse(model, tok, criteria=["privleak", "verbmem_forget"], scorer=halved,
+                           generation_kwargs={"logits_processor": LogitsProcessorList([OnlyEOS()])}, **common)
+    for side in ("forget_min_k", "holdout_min_k"):
+        np.testing.assert_allclose(tilted.per_example["privleak"][side],
+                                   0.5 * np.asarray(plain.per_example["privleak"][side]), rtol=1e-5, atol=1e-6)
+    assert any(plain.per_example["verbmem_forget"]["generation"])
+    assert tilted.per_example["verbmem_forget"]["generation"] == ["", "", ""] and tilted.verbmem_forget == 0.0

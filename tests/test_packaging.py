@@ -96,7 +96,7 @@ def test_declarative_packaging_lists_every_package_and_one_version():
     assert "Apache License" in (REPO_ROOT / "LICENSE").read_text() and "Version 2.0" in (REPO_ROOT / "LICENSE").read_text()
     config = _setup_cfg()
     metadata, options = config["metadata"], config["options"]
-    assert metadata["license"] == "Apache-2.0" and metadata["version"] == "attr: hf_unlearn.__version__"
+    assert metadata["license"] == "Apache-2.0" and metadata["version"] == "attr: hf_unlearn.assets.__version__"
     mapped = _mapping(options["package_dir"])
     source_packages = {
         ".".join(p.parent.relative_to(REPO_ROOT).parts) for p in (REPO_ROOT / "hf_unlearn").rglob("__init__.py")

@@ -141,8 +141,8 @@ def test_consumers_return_what_their_loops_returned(rows, plain_tok):
     from datasets import Dataset
 
     from hf_unlearn.methods.base.pairing import to_trl_format
-    from hf_unlearn.methods.grom.model import _tokenize_rows
-    from hf_unlearn.methods.t3.fit import tokenize_examples
+    from hf_unlearn.methods.grom.inputs import _tokenize_rows
+    from hf_unlearn.methods.t3.cache import tokenize_examples
 
     lengths, prompts = _lengths(plain_tok, rows, None)
     cut = sorted(lengths)[len(lengths) // 2]

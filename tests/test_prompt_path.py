@@ -76,7 +76,7 @@ def test_masc_probes_read_the_loss_tokens(tiny_target, synthetic, tmp_path, stop
     else:  # the held-out slice is never trained on: its probe reads what the loss would, the templated tokens
         from datasets import Dataset
 
-        from hf_unlearn.methods.masc.trainer import split_validation
+        from hf_unlearn.methods.masc.stopping import split_validation
 
         _, held = split_validation(Dataset.from_list(forget), args.validation_fraction, args.seed)
         assert len(held) == 2 and recorder.seen["heldout"] == _sequences(tok, held, TEMPLATE)

@@ -171,7 +171,7 @@ def test_nf4_copy_of_a_trainer_trained_model_runs_its_own_quantized_weights(tiny
     """A model trained by an SFTTrainer subclass carries an instance ``forward`` that calls the original's bound
     forward; the NF4 copy must still compute with its own quantized weights (it once gave the original's logits
     exactly, so every trainer-trained row's NF4 re-check measured the unquantized model)."""
-    from hf_unlearn.bench.registry import run_method
+    from hf_unlearn.run import run_method
 
     model, tokenizer = tiny_target
     fresh = type(model)(model.config)

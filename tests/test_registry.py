@@ -27,8 +27,9 @@ ARXIV_ID = re.compile(r"^\d{4}\.\d{4,5}$")
 
 
 def test_every_method_has_its_metadata_and_the_cli_lists_the_registry():
-    from hf_unlearn.bench.registry import METHODS
-    from hf_unlearn.cli import build_parser, method_help
+    from hf_unlearn.bench.registry import PRESETS
+    from hf_unlearn.cli import build_parser
+    from hf_unlearn.cli.unlearn import method_help
     from hf_unlearn.hub import ARTIFACT_KINDS, METHOD_PAPERS, METHOD_TITLES
 
     names = registry.method_names()
@@ -44,7 +45,7 @@ def test_every_method_has_its_metadata_and_the_cli_lists_the_registry():
         assert METHOD_TITLES[name] == info.title
     assert [n for n in names if registry.get_method(n).paper is None] == ["grom"]  # no paper to cite yet
     assert set(METHOD_PAPERS) == set(names) - {"grom"}
-    assert set(METHODS) == set(names)
+    assert set(PRESETS) == set(names)
     assert {n for n in names if registry.get_method(n).is_trainer} == {
         "grad_ascent", "grad_diff", "npo", "simnpo", "masc", "atwu", "wga", "satimp", "ceu", "undial", "dpo", "idk_dpo",
         "rmu", "pdu"}
@@ -124,7 +125,7 @@ class ToyConfig:
 
 def run_toy(model, tokenizer, forget, retain, output_dir, settings):
     """The toy method: leaves the model unchanged and writes a marker beside it."""
-    from hf_unlearn.bench.registry import Unlearned
+    from hf_unlearn.result import Unlearned
 
     config = ToyConfig(**settings)
     Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -147,7 +148,7 @@ def toy_method():
 
 def test_a_registered_toy_method_runs_through_the_cli(toy_method, tiny_pair, tmp_path, capsys):
     assert registry.method_names()[-1] == "toy"
-    from hf_unlearn.cli import method_help
+    from hf_unlearn.cli.unlearn import method_help
 
     assert method_help().endswith(" or toy")
 
@@ -196,12 +197,12 @@ class ToyAscentTrainer(GradAscentTrainer):
 def test_a_registered_toy_trainer_trains_through_the_cli(tiny_pair, tmp_path, capsys):
     """A trainer subclass registered from its class attributes is a trainer method to the CLI (its config's
     options, trainer checks, checkpoint rules) and names its method in its model card."""
-    from hf_unlearn.hub import _trainer_method
+    from hf_unlearn.hub.cards import _trainer_method
 
     try:
         info = registry.register_class(ToyAscentTrainer, artifact_kind="unlearned_model", trainer=True)
         assert info.is_trainer and info.config_class.endswith(":GradAscentConfig")
-        from hf_unlearn.cli import TRAINER_CLASSES
+        from hf_unlearn.options import TRAINER_CLASSES
 
         assert TRAINER_CLASSES["toy_ascent"] == "ToyAscentTrainer"
         out = tmp_path / "ascent"

@@ -211,14 +211,14 @@ def test_rmu_with_lora_uses_the_disabled_adapter_as_the_frozen_model(tiny_target
 def test_the_demo_setting_unlearns_the_tofu_tiny_target(method, cls, tiny_target, synthetic, tmp_path):
     """The TOFU-tiny demo setting (benchmarks/configs/tofu_tiny.toml). Measured (seed 0, 30 steps of 8): RMU forget
     NLL 0.043 -> 2.76, retain NLL 0.035 -> 0.071; PDU 0.043 -> 7.36 and 0.035 -> 0.35, the dual weight 10 -> 26.3."""
-    from hf_unlearn.bench.registry import METHODS
+    from hf_unlearn.bench.registry import PRESETS
 
     model, tok = tiny_target
     forget, retain = synthetic["forget10"], synthetic["retain90"]
     fq, fa = [r["question"] for r in forget], [r["answer"] for r in forget]
     rq, ra = [r["question"] for r in retain[:60]], [r["answer"] for r in retain[:60]]
     f0, r0 = answer_nll(model, tok, fq, fa).mean().item(), answer_nll(model, tok, rq, ra).mean().item()
-    settings = dict(METHODS[method].demo)
+    settings = dict(PRESETS[method].demo)
     args = cls.config_class(output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no",
                             disable_tqdm=True, **settings)
     trainer = cls(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from hf_unlearn import registry
-from hf_unlearn.run import Unlearned, run_method, unlearn
+from hf_unlearn.result import Unlearned
+from hf_unlearn.run import run_method, unlearn
 
 CALLS: list[dict] = []
 
@@ -86,18 +87,19 @@ def test_unlearn_saves_the_result_and_logs_it(toy, tmp_path):
     assert records[0]["seconds"] == pytest.approx(result.seconds)
 
 
-def test_the_benchmark_registry_keeps_its_presets_on_the_same_function(toy):
+def test_the_benchmark_holds_presets_only_and_runs_through_the_core(toy):
+    """The benchmark's registry holds each method's presets (data), no runner of its own: a preset runs through
+    :func:`hf_unlearn.run.run_method` like any other settings."""
     import hf_unlearn.bench.registry as bench
     import hf_unlearn.run as core
 
-    assert bench.Unlearned is core.Unlearned and bench.JsonlLogCallback is core.JsonlLogCallback
-    assert not hasattr(bench, "RUN_OPTIONS")
-    spec = bench.MethodSpec("toyrun", run_toy, demo={"preset": 3}, grid=({},), description="toy")
-    bench.register(spec)
-    try:
-        bench.run_method("toyrun", None, None, [], [], "out")  # no settings: the demo preset
-        bench.run_method("toyrun", None, None, [], [], "out", {"given": 1}, seed=5)
-    finally:
-        bench.METHODS.pop("toyrun")
-    assert toy[0]["settings"] == {"preset": 3} and toy[1]["settings"] == {"given": 1}
+    assert not [n for n in ("run_method", "runner_for", "register", "Unlearned", "JsonlLogCallback") if hasattr(bench, n)]
+    presets = bench.method_presets("toyrun")  # registered after the presets loaded: its config's defaults
+    assert (presets.name, presets.demo, presets.grid, presets.description) == ("toyrun", {}, ({},), "toy runner")
+    assert bench.method_presets("grom") is bench.PRESETS["grom"] and bench.PRESETS["grom"].grid
+    with pytest.raises(ValueError, match="Unknown method 'no_such_method'"):
+        bench.method_presets("no_such_method")
+    core.run_method("toyrun", None, None, [], [], "out", presets.demo)
+    core.run_method("toyrun", None, None, [], [], "out", {"given": 1}, seed=5)
+    assert toy[0]["settings"] == {} and toy[1]["settings"] == {"given": 1}
     assert toy[1]["draw"] == torch.rand(1, generator=torch.Generator().manual_seed(5)).item()

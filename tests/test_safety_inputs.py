@@ -132,8 +132,8 @@ def test_every_float_field_of_every_trainer_config_must_be_finite(tmp_path):
     common = {"output_dir": str(tmp_path / "out"), "report_to": "none"}
     for cls in (GradAscentConfig, GradDiffConfig, NPOConfig, SimNPOConfig, MASCConfig, ATWUConfig):
         default = cls(**common)
-        floats = [f.name for f in option_fields(cls) if f.repr  # not the deprecated aliases gamma / alpha
-                  and (isinstance(getattr(default, f.name), float) or "float" in str(f.type))]
+        floats = [f.name for f in option_fields(cls)
+                  if isinstance(getattr(default, f.name), float) or "float" in str(f.type)]
         assert {"learning_rate", "weight_decay", "adam_epsilon", "max_grad_norm"} <= set(floats), cls
         for name in floats:
             for bad in (math.nan, math.inf):
@@ -272,7 +272,7 @@ def test_paths_that_are_not_rows_files_or_folders_get_their_real_cause(tiny_pair
     folder = tmp_path / "rows"
     folder.mkdir()
     _refused(capsys, _unlearn(tiny_pair.target, out, "grad_diff", "--forget-file", str(folder)),
-             f"Rows file {folder} is a folder")
+             f"Rows file {folder} is a folder with no documents in it")
     _refused(capsys, _unlearn(tiny_pair.target, out, "grad_diff", "--forget-file", os.devnull),
              f"Rows file {os.devnull} is not a regular file")
     _refused(capsys, _unlearn(tiny_pair.target, out, "grad_diff", "--select", "--holdout", "missing.jsonl"),

@@ -258,7 +258,7 @@ def test_the_next_run_removes_a_killed_runs_temporary_folder_and_lock(tmp_path):
 
 # ------------------------------------------------------------------------------------ reports
 def test_eval_refuses_report_paths_inside_the_model_folder(tiny_pair, tmp_path, capsys, monkeypatch):
-    import hf_unlearn.cli as cli
+    import hf_unlearn.cli.eval as eval_command
 
     loads = []
 
@@ -266,7 +266,7 @@ def test_eval_refuses_report_paths_inside_the_model_folder(tiny_pair, tmp_path, 
         loads.append(args)
         raise AssertionError("the model was loaded before the report path was checked")
 
-    monkeypatch.setattr(cli, "load_model", load_model)
+    monkeypatch.setattr(eval_command, "load_model", load_model)
     model = _model_copy(tiny_pair, tmp_path / "model")
     (tmp_path / "into-model").symlink_to(model)
     link = tmp_path / "report-link.json"

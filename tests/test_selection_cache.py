@@ -12,7 +12,7 @@ import torch
 
 from hf_unlearn.methods.grom import GROMConfig
 from hf_unlearn.methods.grom.band_cache import BandCache, band_entry
-from hf_unlearn.methods.grom.path import fit_grom_path
+from hf_unlearn.methods.grom.strength_path import fit_grom_path
 from hf_unlearn.methods.t3 import T3ClassifierConfig, fit_t3
 from hf_unlearn.methods.t3.calibration import (
     DEFAULT_TEMPERATURES,

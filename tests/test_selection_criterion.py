@@ -224,7 +224,7 @@ def test_a_single_row_on_a_side_gives_a_gap_without_a_test():
 def test_the_bench_measures_a_pairs_base_once_as_the_reference(tiny_pair, synthetic):
     from types import SimpleNamespace
 
-    from hf_unlearn.bench.runner import selection_criterion_options
+    from hf_unlearn.bench.criterion import selection_criterion_options
     from hf_unlearn.bench.subjects import load_tiny
 
     model, tok = load_tiny(tiny_pair.retain)

@@ -362,12 +362,12 @@ def test_smollm2_presets_one_valid_setting_per_method(tmp_path):
     """benchmarks/configs/smollm2-135m.toml: every registered method has one preset, and each preset
     builds its method's config class (an unknown or misspelled field would raise here, not mid-bench)."""
     import hf_unlearn
-    from hf_unlearn.bench.registry import METHODS, load_subject_presets
+    from hf_unlearn.bench.registry import PRESETS, load_subject_presets
     from hf_unlearn.methods.grom import GROMConfig
     from hf_unlearn.methods.t3 import T3ClassifierConfig
 
     presets = load_subject_presets("smollm2-135m")
-    assert set(presets) == set(METHODS)
+    assert set(presets) == set(PRESETS)
     config_names = {"grad_ascent": "GradAscentConfig", "grad_diff": "GradDiffConfig", "npo": "NPOConfig",
                     "simnpo": "SimNPOConfig", "masc": "MASCConfig", "atwu": "ATWUConfig",
                     "wga": "WGAConfig", "satimp": "SatImpConfig", "ceu": "CEUConfig", "undial": "UNDIALConfig",

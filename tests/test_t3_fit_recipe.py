@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import hf_unlearn.methods.t3.fit as t3_fit
+import hf_unlearn.methods.t3.head_training as head_training
 from hf_unlearn.bench.subjects import load_tiny
 from hf_unlearn.methods.t3 import T3ClassifierConfig, fit_t3
-from hf_unlearn.methods.t3.fit import balanced_batches, fit_schedule, warmup_linear_decay
+from hf_unlearn.methods.t3.head_training import balanced_batches, fit_schedule, warmup_linear_decay
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +86,14 @@ def test_every_forget_row_is_fitted_and_only_retain_rows_are_held_out(target, sy
         epochs.append((list(forget_ids), sorted(i for f, _ in out for i in f)))
         return out
 
-    bce = t3_fit._heldout_bce
+    bce = head_training._heldout_bce
 
     def recording_bce(clf, z, tokens, y):
         heldout_labels.append(y.clone())
         return bce(clf, z, tokens, y)
 
-    monkeypatch.setattr(t3_fit, "balanced_batches", recording)
-    monkeypatch.setattr(t3_fit, "_heldout_bce", recording_bce)
+    monkeypatch.setattr(head_training, "balanced_batches", recording)
+    monkeypatch.setattr(head_training, "_heldout_bce", recording_bce)
     forget, retain = synthetic["forget10"], synthetic["retain90"][:40]
     clf = fit_t3(model, tok, forget, retain, rank=2, epochs=4, forget_batch_size=8, holdout_fraction=0.25,
                  early_stopping_patience=2, progress=False)

@@ -11,7 +11,7 @@ import torch
 from test_t3 import left_pad, prompt_ids, qa_batch, random_head
 from transformers import LogitsProcessorList
 
-import hf_unlearn.methods.t3.fit as t3_fit
+import hf_unlearn.methods.t3.head_training as head_training
 from hf_unlearn.bench.subjects import load_tiny
 from hf_unlearn.logprobs import label_log_probs
 from hf_unlearn.methods.t3 import (
@@ -22,7 +22,7 @@ from hf_unlearn.methods.t3 import (
     t3_log_probs,
     tilted_scores,
 )
-from hf_unlearn.methods.t3.fit import balanced_batches
+from hf_unlearn.methods.t3.head_training import balanced_batches
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_fit_trains_on_balanced_batches_of_whole_examples(target, synthetic, mon
         seen.append((list(forget_ids), list(retain_ids), out))
         return out
 
-    monkeypatch.setattr(t3_fit, "balanced_batches", recording)
+    monkeypatch.setattr(head_training, "balanced_batches", recording)
     forget, retain = synthetic["forget10"][:10], synthetic["retain90"][:40]
     clf = fit_t3(model, tok, forget, retain, rank=2, epochs=3, forget_batch_size=4, holdout_fraction=0.2,
                  early_stopping_patience=None, progress=False)
@@ -118,7 +118,7 @@ def test_early_stopping_stops_when_the_heldout_bce_rises():
         config = T3ClassifierConfig(hidden_size=8, vocab_size=16, rank=4, epochs=60, forget_batch_size=4,
                                     learning_rate=5e-2, weight_decay=0.0, lr_schedule="constant", **settings)
         clf = T3Classifier(config)
-        record = t3_fit._train_head(clf, x, tokens, y, owners, list(range(8)), list(range(8, 16)), held, config,
+        record = head_training._train_head(clf, x, tokens, y, owners, list(range(8)), list(range(8, 16)), held, config,
                                     progress=False)
         return clf, record
 

@@ -13,6 +13,7 @@ from test_t3 import qa_batch, random_head
 from transformers import AutoModelForCausalLM
 
 from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.methods.grom.provenance import BaseModelMismatchError
 from hf_unlearn.methods.t3 import (
     T3Classifier,
     T3ClassifierConfig,
@@ -21,7 +22,7 @@ from hf_unlearn.methods.t3 import (
     t3_log_probs,
     validate_t3_fit,
 )
-from hf_unlearn.methods.t3.provenance import BaseModelMismatchError, base_weights_fingerprint
+from hf_unlearn.methods.t3.provenance import base_weights_fingerprint
 
 
 @pytest.fixture(scope="module")

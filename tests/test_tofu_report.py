@@ -1,6 +1,6 @@
 """The typed report of ``evaluate_tofu`` (TOFUReport): its dict form and JSON round trip on a real evaluation of the
-tiny models, reports of older versions, the clear error on a report lacking a figure, the read-only Mapping view
-kept for one release, and model cards, tables and Hub uploads made from a report or from its dict form."""
+tiny models, reports of older versions, the clear error on a report lacking a figure, attribute access (a report is
+no Mapping), and model cards, tables and Hub uploads made from a report or from its dict form."""
 
 from __future__ import annotations
 
@@ -110,12 +110,12 @@ def test_evaluate_tofu_returns_a_typed_report_whose_dict_is_the_report(retain_re
 
 
 def test_report_of_an_older_version_round_trips_and_renders(retain_report, tmp_path):
-    old = {k: copy.deepcopy(retain_report[k]) for k in FIRST_KEYS}
+    old = {k: copy.deepcopy(getattr(retain_report, k)) for k in FIRST_KEYS}
     old["retain_reference"] = "retain_truth_ratios.json"
     report = TOFUReport.from_dict(old)
     assert report.to_dict() == old and list(report.to_dict()) == FIRST_KEYS
     assert report.mu_rouge is None and report.mia is None and report.provenance is None
-    assert "mu_rouge" not in report and "attacks" not in report and len(report) == len(FIRST_KEYS)
+    assert not report.has("mu_rouge") and not report.has("attacks") and len(report.to_dict()) == len(FIRST_KEYS)
     assert report.figure("real_authors_prob") == old["components"]["real_authors_prob"]
     text = render_report(report)
     assert "retain reference: retain_truth_ratios.json" in text
@@ -124,7 +124,7 @@ def test_report_of_an_older_version_round_trips_and_renders(retain_report, tmp_p
     # keys written by other code are kept in extra and written back
     newer = dict(retain_report.to_dict(), future_figure=0.25)
     loaded = TOFUReport.from_dict(newer)
-    assert loaded.extra == {"future_figure": 0.25} and loaded.to_dict() == newer and loaded["future_figure"] == 0.25
+    assert loaded.extra == {"future_figure": 0.25} and loaded.to_dict() == newer and loaded.extra["future_figure"] == 0.25
     # a retain reference read from the report and from its dict form is the same
     a, b = load_retain_reference(retain_report), load_retain_reference(retain_report.to_dict())
     torch.testing.assert_close(torch.as_tensor(a.forget_truth_ratios), torch.as_tensor(b.forget_truth_ratios))
@@ -152,33 +152,28 @@ def test_report_lacking_a_required_figure_is_refused_clearly(retain_report):
         TOFUReport(model_name="m", source="synthetic", forget_split="forget10")
 
 
-def test_mapping_view_keeps_dict_code_working(retain_report, target_report):
+def test_a_report_is_read_by_attribute_not_as_a_mapping(retain_report, target_report):
     report, _ = target_report
-    plain = report.to_dict()
-    assert isinstance(report, Mapping)
-    assert report["forget_quality"] == report.forget_quality and report.get("privleak") == report.privleak
-    assert report.get("no_such_key", "default") == "default" and "no_such_key" not in report
-    with pytest.raises(KeyError):
-        report["no_such_key"]  # noqa: B018
-    with pytest.raises(KeyError):
-        retain_report["attacks"]  # noqa: B018
-    assert "attacks" in report and "attacks" not in retain_report and retain_report.get("attacks") is None
-    assert list(report) == list(report.keys()) == list(plain) and len(report) == len(plain)
-    assert dict(report.items()) == plain and dict(report) == plain and report == plain and report != retain_report
-    assert dict(retain_report, forget_split="forget05")["forget_split"] == "forget05"
+    assert not isinstance(report, Mapping)
+    with pytest.raises(TypeError):
+        report["forget_quality"]  # noqa: B018
     with pytest.raises(TypeError):
         json.dumps(report)  # a report is no dict: json.dumps needs to_dict()
-    # mutation through the view sets the field (the benchmark's self forget quality of the retain reference)
+    assert report.has("attacks") and not retain_report.has("attacks") and not report.has("no_such_key")
+    # reports are equal when their dict forms are; a report never equals a dict
+    assert report == TOFUReport.from_dict(report.to_dict()) and report != retain_report
+    assert report != report.to_dict()
+    # setting a field (the benchmark's self forget quality of the retain reference)
     own = copy.deepcopy(retain_report)
-    own["forget_quality"], own["ks_statistic"] = 1.0, 0.0
-    assert (own.forget_quality, own.ks_statistic) == (1.0, 0.0) and own.to_dict()["forget_quality"] == 1.0
-    own["forget_rouge_l_nf4"] = 0.5  # an unknown key goes to extra
-    assert own.extra == {"forget_rouge_l_nf4": 0.5} and own.to_dict()["forget_rouge_l_nf4"] == 0.5
-    own["settings"]["custom_note"] = "x"  # nested values are shared, as in the dict
+    own.forget_quality, own.ks_statistic = 1.0, 0.0
+    assert own.to_dict()["forget_quality"] == 1.0 and own.to_dict()["ks_statistic"] == 0.0
+    own.extra["forget_rouge_l_nf4"] = 0.5  # a figure that is no field goes to extra
+    assert own.to_dict()["forget_rouge_l_nf4"] == 0.5
+    own.settings["custom_note"] = "x"  # nested values are shared with the dict form
     assert own.to_dict()["settings"]["custom_note"] == "x" and "custom_note" not in retain_report.settings
-    old = TOFUReport.from_dict({k: retain_report[k] for k in FIRST_KEYS})
-    old["mu_rouge"] = 0.5  # setting an optional figure an older report lacked adds it
-    assert old.to_dict()["mu_rouge"] == 0.5 and "mu_rouge" in old
+    old = TOFUReport.from_dict({k: getattr(retain_report, k) for k in FIRST_KEYS})
+    old.mu_rouge = 0.5  # setting an optional figure an older report lacked adds it
+    assert old.to_dict()["mu_rouge"] == 0.5 and old.has("mu_rouge")
     assert "TOFUReport(model_name='retain'" in repr(retain_report) and len(repr(retain_report)) < 300
 
 

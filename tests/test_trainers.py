@@ -288,11 +288,12 @@ def test_nan_loss_stops_training_naming_the_step(tiny_target, synthetic, tmp_pat
 ])
 def test_preset_trainers_are_the_unlearning_trainer_with_their_fields(preset_name, fields, tiny_target, synthetic,
                                                                       tmp_path):
-    """Each preset trainer with its own config gives the loss of the generic UnlearningTrainer with the same
+    """Each preset trainer with its own config gives the loss of the generic BaselineTrainer with the same
     objective fields, and the preset config's defaults are exactly those fields."""
     import hf_unlearn
     from hf_unlearn.methods.base.losses import nll_loss
     from hf_unlearn.methods.baselines.loss import grad_ascent_loss
+    from hf_unlearn.methods.baselines.trainer import BaselineTrainer
 
     model, tok = tiny_target
     forget, retain = synthetic["forget10"][:8], synthetic["retain90"][:8]
@@ -301,8 +302,8 @@ def test_preset_trainers_are_the_unlearning_trainer_with_their_fields(preset_nam
     extra = {"retain_loss": "kl"} if preset_name == "GradDiff" else {}
     preset = preset_cls(model, _config(tmp_path, cls=preset_config, **extra), train_dataset=forget,
                         retain_dataset=retain, processing_class=tok)
-    generic = hf_unlearn.UnlearningTrainer(model, _config(tmp_path, **fields), train_dataset=forget,
-                                         retain_dataset=retain, processing_class=tok)
+    generic = BaselineTrainer(model, _config(tmp_path, **fields), train_dataset=forget, retain_dataset=retain,
+                              processing_class=tok)
     assert {k: getattr(preset.args, k) for k in fields} == fields
     assert type(generic.args) is UnlearningConfig and generic.needs_retain(generic.args) == (fields["retain_loss"] != "none")
     items = [generic.train_dataset[i] for i in range(4)]
@@ -351,7 +352,6 @@ def test_configs_are_written_as_trl_writes_them():
     from trl import SFTConfig
 
     import hf_unlearn
-    from hf_unlearn.methods.base.config import RENAMED_WEIGHTS
 
     sft = {f.name for f in dataclasses.fields(SFTConfig)}
     for cls in (BaseUnlearningConfig, hf_unlearn.UnlearningConfig):
@@ -360,7 +360,7 @@ def test_configs_are_written_as_trl_writes_them():
                 continue
             assert "help" in f.metadata and f"{f.name} (`" in cls.__doc__, f.name
             assert f.default is not dataclasses.MISSING, f.name
-            if f.name not in ("prompt_template", *RENAMED_WEIGHTS):  # the deprecated names default to None
+            if f.name != "prompt_template":
                 assert f.default is not None, f.name
 
     def differing(cls):

@@ -33,14 +33,14 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
-from hf_unlearn.bench.script_args import (
+from hf_unlearn.result import Unlearned
+from hf_unlearn.scripts import (
     OutputArguments,
     ScriptArguments,
     method_parser,
     parse_script_args,
     run_script,
 )
-from hf_unlearn.run import Unlearned
 
 METHOD = "undial"
 

@@ -1,10 +1,11 @@
-"""The benchmark's view of the methods: each registered method with its presets from the subject TOML files.
+"""The benchmark's presets of the methods: each registered method's demo setting and grid, from the subject TOML
+files (``benchmarks/configs/<subject>.toml``).
 
-The methods are those of the core registry (:mod:`hf_unlearn.registry`: name, entry point, CLI help) and they
-run through the library's :func:`hf_unlearn.run.run_method` (seeded, timed; its result an
-:class:`~hf_unlearn.run.Unlearned`, both re-exported here). This module adds the presets (demo setting, grid) of
-each method from ``benchmarks/configs/<subject>.toml`` (:class:`MethodSpec`, :data:`METHODS`), and a
-:func:`run_method` whose default settings are the method's demo setting.
+The methods themselves are those of the core registry (:mod:`hf_unlearn.registry`) and run through the library's
+:func:`hf_unlearn.run.run_method`; this module holds only their presets, as data: :class:`MethodPresets` (a
+method's demo setting and benchmark grid), :data:`PRESETS` (every registered method's, TOFU-tiny's by default)
+and :func:`method_presets`. The benchmark runs a method's demo setting as
+``hf_unlearn.run.run_method(name, ..., settings=method_presets(name).demo)``.
 
 Adding a method is one :func:`hf_unlearn.registry.register_method` call (and, for the benchmark, its presets
 in the subject TOML files).
@@ -14,18 +15,16 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import registry as core_registry
-from .. import run as core_run
-from ..run import JsonlLogCallback, Unlearned, runner_for
 
 __all__ = [
-    "DEFAULT_SUBJECT", "METHODS", "JsonlLogCallback", "MethodSpec", "Unlearned", "configs_dir", "load_subject_presets",
-    "method_spec", "register", "run_method", "runner_for", "subject_config_path",
+    "DEFAULT_SUBJECT", "PRESETS", "MethodPresets", "configs_dir", "load_subject_presets", "method_presets",
+    "subject_config_path",
 ]
 
 if sys.version_info >= (3, 11):
@@ -35,52 +34,30 @@ else:  # pragma: no cover
 
 
 @dataclass(frozen=True)
-class MethodSpec:
-    """A registered method: how to run it, its demo settings and its benchmark grid (<= 6 settings)."""
+class MethodPresets:
+    """A registered method's benchmark presets: its demo setting and its benchmark grid (<= 6 settings), each a
+    dict of fields of the method's config, and its one-line description (the registry's CLI help)."""
 
     name: str
-    run: Callable[..., Unlearned]
     demo: dict[str, Any]
     grid: tuple[dict[str, Any], ...]
     description: str
 
 
-METHODS: dict[str, MethodSpec] = {}
+#: Every registered method's presets from the default subject's file (TOFU-tiny), in that file's order.
+PRESETS: dict[str, MethodPresets] = {}
 
 
-def register(spec: MethodSpec) -> None:
-    METHODS[spec.name] = spec
-
-
-def method_spec(name: str) -> MethodSpec:
-    """The :class:`MethodSpec` of ``name``: from :data:`METHODS` (with its presets), else, for a method registered
-    with :mod:`hf_unlearn.registry` after this module loaded, one without presets (its config's defaults)."""
-    if name in METHODS:
-        return METHODS[name]
+def method_presets(name: str) -> MethodPresets:
+    """The :class:`MethodPresets` of ``name``: from :data:`PRESETS`, else, for a method registered with
+    :mod:`hf_unlearn.registry` after this module loaded, empty presets (its config's defaults)."""
+    if name in PRESETS:
+        return PRESETS[name]
     try:
         info = core_registry.get_method(name)
     except KeyError:
         raise ValueError(f"Unknown method {name!r}; choose from {sorted(core_registry.method_names())}.") from None
-    return MethodSpec(name, runner_for(info), demo={}, grid=({},), description=info.cli_help)
-
-
-def run_method(
-    name: str,
-    model: Any,
-    tokenizer: Any,
-    forget: Any,
-    retain: Any,
-    output_dir: str | os.PathLike,
-    settings: dict[str, Any] | None = None,
-    **options: Any,
-) -> Unlearned:
-    """:func:`hf_unlearn.run.run_method` with the benchmark's default settings: ``settings`` ``None`` runs the
-    method's demo setting (:data:`METHODS`). ``options`` are :func:`hf_unlearn.run.run_method`'s (``seed``,
-    ``callbacks``, ``quiet``, ``resume_from_checkpoint``)."""
-    spec = method_spec(name)
-    settings = dict(spec.demo if settings is None else settings)
-    return core_run.run_method(name, model, tokenizer, forget, retain, output_dir, settings, runner=spec.run,
-                               **options)
+    return MethodPresets(name, demo={}, grid=({},), description=info.cli_help)
 
 
 # Each method's demo setting and benchmark grid are data, one TOML file per benchmark subject
@@ -148,9 +125,9 @@ def load_subject_presets(subject: str | os.PathLike = DEFAULT_SUBJECT) -> dict[s
     return presets
 
 
-def _register_all(subject: str | os.PathLike = DEFAULT_SUBJECT) -> None:
-    """Register every method of the core registry with its presets, in the subject file's order (then the
-    methods it has no table for, with empty presets). Each built-in method must have a table."""
+def _load_presets(subject: str | os.PathLike = DEFAULT_SUBJECT) -> None:
+    """Fill :data:`PRESETS` with every method of the core registry, in the subject file's order (then the methods
+    it has no table for, with empty presets). Each built-in method must have a table."""
     presets = load_subject_presets(subject)
     names = core_registry.method_names()
     for name in [n for n in presets if n in names] + [n for n in names if n not in presets]:
@@ -158,8 +135,7 @@ def _register_all(subject: str | os.PathLike = DEFAULT_SUBJECT) -> None:
         if name not in presets and info.entry_point.startswith("hf_unlearn."):
             raise ValueError(f"{subject_config_path(subject)} has no [methods.{name}] table.")
         preset = presets.get(name, {"demo": {}, "grid": ({},)})
-        register(MethodSpec(name, runner_for(info), demo=preset["demo"], grid=preset["grid"],
-                            description=info.cli_help))
+        PRESETS[name] = MethodPresets(name, demo=preset["demo"], grid=preset["grid"], description=info.cli_help)
 
 
-_register_all()
+_load_presets()

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 from ..safe_output import atomic_write_bytes, atomic_write_json, atomic_write_text
-from .runner import UTILITY_KEEP
+from .bar import UTILITY_KEEP, side_utilities, utility_bar
 
 COLUMNS = (
     ("forget_quality", "forget quality", ".3g"),
@@ -113,8 +113,6 @@ def utility_parts_table(results: dict[str, Any]) -> str:
     """Model utility's nine components per row (target, retain reference, each method's chosen setting), each
     side's harmonic mean as a fraction of the target's, and whether the row passes the utility bar on the retain
     side, on the general side (each side's fraction >= 0.9), and as one number."""
-    from .runner import side_utilities, utility_bar
-
     target = results["target"]
     target_sides = side_utilities(target)
     ordered = [("target", target), ("retain reference", results["retain_reference"])]
@@ -295,7 +293,7 @@ def environment_info() -> dict[str, Any]:
     """Versions, machine and git commit recorded with every benchmark result."""
     import importlib.metadata as md
 
-    from .. import __version__
+    from ..assets import __version__
 
     versions = {}
     for pkg in ("torch", "transformers", "trl", "peft", "datasets", "evaluate", "accelerate", "huggingface_hub",

@@ -3,13 +3,13 @@ retain references from any published source, the typed report (TOFUReport), its 
 the 4-bit NF4 and 8-bit re-checks of unlearned models, and the quantization and relearning attacks; the MUSE
 evaluation (VerbMem, KnowMem, PrivLeak) and its typed report (MUSEReport)."""
 
+from .attack_measure import recovered_fraction
 from .attacks import (
     ATTACK_COLUMNS,
     ATTACK_NAMES,
     attack_summary,
     format_attacks,
     quantization_attack,
-    recovered_fraction,
     relearning_attack,
     run_attacks,
 )
@@ -36,7 +36,7 @@ from .privacy import (
     zlib_score,
 )
 from .quantization import quantize_int8, quantize_nf4
-from .reference import RetainReference, check_provenance, load_retain_reference
+from .reference import COMPONENT_NAMES, RetainReference, check_provenance, load_retain_reference
 from .report import (
     METRIC_DEFINITIONS,
     TOFUReport,
@@ -48,11 +48,10 @@ from .report import (
     write_json_atomic,
 )
 from .rouge import mu_rouge, rouge_l_recall
-from .tofu import (
-    COMPONENT_NAMES,
+from .tofu import evaluate_tofu
+from .tofu_stats import (
     answer_probability,
     evaluate_split,
-    evaluate_tofu,
     evaluation_splits,
     mia_scores,
     normalized_answer_probability,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from .. import METRIC_NAMES, metric_path
+from ..assets import METRIC_NAMES, metric_path
 
 
 @cache

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .. import __version__
+from ..assets import __version__
 from ..data.prompts import collate_qa, ensure_pad_token, model_max_positions
-from ..logprobs import answer_mask, label_log_probs, model_device
+from ..logprobs import TokenScorer, answer_mask, causal_lm_scorer, model_device
 from ..safe_output import check_report_path
 from . import metrics
 from .generation import left_pad
@@ -158,11 +158,12 @@ def fit_prompt(ids: Sequence[int], room: int, prefix: Sequence[int] = ()) -> lis
 @torch.no_grad()
 def greedy_continuations(
     model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, *, batch_size: int = 8,
-    progress: bool = False, desc: str = "generating",
+    progress: bool = False, desc: str = "generating", generation_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], int]:
     """Greedy continuations of raw ``prompts`` (tokenized with special tokens, no template), at most
     ``max_new_tokens`` new tokens each, decoded without special tokens; and how many prompts lost their beginning
-    to fit the model's maximum positions (:func:`fit_prompt`). Batches are left-padded, longest prompts last."""
+    to fit the model's maximum positions (:func:`fit_prompt`). Batches are left-padded, longest prompts last.
+    ``generation_kwargs`` go to ``model.generate`` (e.g. a decoding-time method's ``logits_processor``)."""
     ensure_pad_token(tokenizer)
     limit = model_max_positions(model)
     room = None if limit is None else limit - max_new_tokens
@@ -186,7 +187,7 @@ def greedy_continuations(
             input_ids, attention_mask = left_pad([encoded[i] for i in idx], tokenizer.pad_token_id)
             generated = model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=False,
-                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **dict(generation_kwargs or {}),
             )
             texts = tokenizer.batch_decode(generated[:, input_ids.shape[1] :], skip_special_tokens=True)
             for i, text in zip(idx, texts):
@@ -200,11 +201,12 @@ def greedy_continuations(
 @torch.no_grad()
 def text_min_k_scores(
     model: Any, tokenizer: Any, texts: Sequence[str], k: float = PRIVLEAK_MIN_K, *, batch_size: int = 8,
-    progress: bool = False, desc: str = "scoring texts",
+    progress: bool = False, desc: str = "scoring texts", scorer: TokenScorer | None = None,
 ) -> tuple[list[float], int]:
     """The Min-K% score of each text (:func:`~hf_unlearn.evaluation.min_k_score` of its token log-probabilities
     ``log p(x_t | x_<t)``, ``t >= 1``, the text tokenized with special tokens as the authors do), and how many texts
-    were cut to the model's maximum positions."""
+    were cut to the model's maximum positions. ``scorer`` (a :data:`~hf_unlearn.logprobs.TokenScorer`; default the
+    model's own log-probabilities) scores the tokens, e.g. under a decoding-time method's tilted distribution."""
     ensure_pad_token(tokenizer)
     limit = model_max_positions(model)
     features, truncated = [], 0
@@ -215,6 +217,7 @@ def text_min_k_scores(
         features.append({"input_ids": ids, "labels": list(ids)})
     order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
     device = model_device(model)
+    score = scorer or causal_lm_scorer(model)
     was_training = getattr(model, "training", False)
     model.eval()
     scores = [0.0] * len(features)
@@ -222,9 +225,8 @@ def text_min_k_scores(
         for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
             idx = order[start : start + batch_size]
             batch = {key: v.to(device) for key, v in collate_qa([features[i] for i in idx], tokenizer.pad_token_id).items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           position_ids=batch["position_ids"]).logits
-            lp, mask = label_log_probs(logits, batch["labels"]), answer_mask(batch["labels"])
+            lp = score(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
+            mask = answer_mask(batch["labels"])
             for row, i in enumerate(idx):
                 scores[i] = min_k_score(lp[row][mask[row]].double().cpu().numpy(), k)
     finally:
@@ -307,6 +309,8 @@ def evaluate_muse(
     progress: bool = True,
     output_path: str | os.PathLike | None = None,
     model_name: str | None = None,
+    scorer: TokenScorer | None = None,
+    generation_kwargs: Mapping[str, Any] | None = None,
 ) -> MUSEReport:
     """Evaluate a causal LM on MUSE (C1-C4 of the six-way table) and return (and optionally write) the report.
 
@@ -324,6 +328,10 @@ def evaluate_muse(
         progress: show progress bars.
         output_path: if given, the report is written there as JSON (atomically).
         model_name: name recorded in the report (default: the model's ``name_or_path``).
+        scorer, generation_kwargs: for a method that changes decoding rather than weights (an
+            :class:`~hf_unlearn.result.Unlearned`'s ``scorer`` and ``generation_kwargs``, as for
+            :func:`~hf_unlearn.evaluation.evaluate_tofu`): PrivLeak's token log-probabilities come from ``scorer``,
+            and the VerbMem and KnowMem continuations are generated with ``generation_kwargs``.
 
     Returns:
         A :class:`~hf_unlearn.evaluation.MUSEReport`.
@@ -336,38 +344,16 @@ def evaluate_muse(
     start = time.perf_counter()
     criteria = list(dict.fromkeys(criteria))
     new_tokens = {"verbmem_max_new_tokens": verbmem_max_new_tokens, "knowmem_max_new_tokens": knowmem_max_new_tokens}
-    _check_args(criteria, max_examples, batch_size, new_tokens)
-    if output_path is not None:  # never a report inside the model, the tokenizer or the data folder
-        config = getattr(model, "config", None)
-        check_report_path(output_path, [getattr(config, "_name_or_path", None),
-                                        getattr(tokenizer, "name_or_path", None), source])
-    ref_auc, ref_source = reference_auc_of(retain_reference) if "privleak" in criteria else (None, None)
-    if ref_auc is not None and not 0 < ref_auc <= 1:
-        raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")
-    data: dict[str, list[Any]] = {}
-    for criterion in criteria:
-        for part in CRITERION_PARTS[criterion]:
-            items = load_muse_part(source, part)
-            data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
+    ref_auc, ref_source = _check_inputs(model, tokenizer, source, criteria, retain_reference, max_examples,
+                                        batch_size, new_tokens, output_path)
+    data = _load_parts(source, criteria, max_examples)
     ensure_pad_token(tokenizer)
     # Everything above runs before the model is touched.
-    common = {"batch_size": batch_size, "progress": progress}
-    per_example: dict[str, Any] = {}
-    figures: dict[str, float | None] = dict.fromkeys(MUSE_CRITERIA)
-    truncated: dict[str, int] = {}
-    if "verbmem_forget" in criteria:
-        figures["verbmem_forget"], per_example["verbmem_forget"], truncated["verbmem_prompts"] = _verbmem(
-            model, tokenizer, data["verbmem_forget"], verbmem_max_new_tokens, **common)
-    for criterion in ("knowmem_forget", "knowmem_retain"):
-        if criterion in criteria:
-            figures[criterion], per_example[criterion], truncated[f"{criterion}_prompts"] = _knowmem(
-                model, tokenizer, data[criterion], data[f"{criterion}_icl"], knowmem_max_new_tokens,
-                desc=criterion.replace("_", " "), **common)
-    auc = None
-    if "privleak" in criteria:
-        auc, figures["privleak"], per_example["privleak"], counts = _privleak(
-            model, tokenizer, data["privleak_forget"], data["privleak_holdout"], ref_auc, **common)
-        truncated.update(counts)
+    figures, auc, per_example, truncated = _measure(
+        model, tokenizer, data, criteria, ref_auc, verbmem_max_new_tokens=verbmem_max_new_tokens,
+        knowmem_max_new_tokens=knowmem_max_new_tokens, batch_size=batch_size, progress=progress, scorer=scorer,
+        generation_kwargs=generation_kwargs,
+    )
     config = getattr(model, "config", None)
     report = MUSEReport(
         model_name=model_name or str(getattr(config, "_name_or_path", None) or type(model).__name__),
@@ -386,3 +372,59 @@ def evaluate_muse(
     if output_path is not None:
         report.save(output_path)
     return report
+
+
+def _check_inputs(
+    model: Any, tokenizer: Any, source: str | os.PathLike, criteria: list[str], retain_reference: Any,
+    max_examples: Any, batch_size: Any, new_tokens: Mapping[str, Any], output_path: str | os.PathLike | None,
+) -> tuple[float | None, str | None]:
+    """Check :func:`evaluate_muse`'s arguments, its output path and its retain reference, before any work; the
+    reference AUC and where it comes from (``(None, None)`` without the privleak criterion)."""
+    _check_args(criteria, max_examples, batch_size, new_tokens)
+    if output_path is not None:  # never a report inside the model, the tokenizer or the data folder
+        config = getattr(model, "config", None)
+        check_report_path(output_path, [getattr(config, "_name_or_path", None),
+                                        getattr(tokenizer, "name_or_path", None), source])
+    ref_auc, ref_source = reference_auc_of(retain_reference) if "privleak" in criteria else (None, None)
+    if ref_auc is not None and not 0 < ref_auc <= 1:
+        raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")
+    return ref_auc, ref_source
+
+
+def _load_parts(source: str | os.PathLike, criteria: Sequence[str], max_examples: int | None) -> dict[str, list[Any]]:
+    """The data parts the criteria read (:data:`CRITERION_PARTS`), each cut to its first ``max_examples`` items
+    (the in-context examples stay whole)."""
+    data: dict[str, list[Any]] = {}
+    for criterion in criteria:
+        for part in CRITERION_PARTS[criterion]:
+            items = load_muse_part(source, part)
+            data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
+    return data
+
+
+def _measure(
+    model: Any, tokenizer: Any, data: Mapping[str, list[Any]], criteria: Sequence[str], ref_auc: float | None, *,
+    verbmem_max_new_tokens: int, knowmem_max_new_tokens: int, batch_size: int, progress: bool,
+    scorer: TokenScorer | None = None, generation_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, float | None], float | None, dict[str, Any], dict[str, int]]:
+    """Every model call: ``(the criteria's figures, the privleak AUC, per-example values, truncated prompts and
+    texts)``, the criteria in the order VerbMem, KnowMem forget, KnowMem retain, PrivLeak."""
+    common = {"batch_size": batch_size, "progress": progress}
+    generating = {**common, "generation_kwargs": generation_kwargs}
+    per_example: dict[str, Any] = {}
+    figures: dict[str, float | None] = dict.fromkeys(MUSE_CRITERIA)
+    truncated: dict[str, int] = {}
+    if "verbmem_forget" in criteria:
+        figures["verbmem_forget"], per_example["verbmem_forget"], truncated["verbmem_prompts"] = _verbmem(
+            model, tokenizer, data["verbmem_forget"], verbmem_max_new_tokens, **generating)
+    for criterion in ("knowmem_forget", "knowmem_retain"):
+        if criterion in criteria:
+            figures[criterion], per_example[criterion], truncated[f"{criterion}_prompts"] = _knowmem(
+                model, tokenizer, data[criterion], data[f"{criterion}_icl"], knowmem_max_new_tokens,
+                desc=criterion.replace("_", " "), **generating)
+    auc = None
+    if "privleak" in criteria:
+        auc, figures["privleak"], per_example["privleak"], counts = _privleak(
+            model, tokenizer, data["privleak_forget"], data["privleak_holdout"], ref_auc, scorer=scorer, **common)
+        truncated.update(counts)
+    return figures, auc, per_example, truncated

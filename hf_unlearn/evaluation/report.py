@@ -13,7 +13,7 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ def save_truth_ratios(report: TOFUReport | Mapping[str, Any], path: str | os.Pat
     membership-inference AUCs (privleak's reference). ``report`` is a :class:`TOFUReport` or its dict form.
     """
     report = as_report(report)
-    ratios = checked_truth_ratios(report, "the report")
+    ratios = checked_truth_ratios({"forget_truth_ratios": report.forget_truth_ratios}, "the report")
     mia = report.mia
     payload = {
         "format": TRUTH_RATIOS_FORMAT,
@@ -241,7 +241,7 @@ def _is_number(value: Any) -> bool:
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
-class TOFUReport(Mapping):
+class TOFUReport:
     """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure as a typed attribute.
 
     Read figures as attributes (``report.forget_quality``, ``report.components["retain_prob"]``); that is the
@@ -249,12 +249,7 @@ class TOFUReport(Mapping):
     (``json.dumps(report.to_dict())``), and :meth:`from_dict` reads such a dict back, also one saved by an
     older version, which lacks some optional figures (they stay ``None`` and stay absent from :meth:`to_dict`).
     Keys of a dict that are no field are kept in :attr:`extra` and written back by :meth:`to_dict`.
-
-    For one release a report is also a read-only ``Mapping`` over :meth:`to_dict` (``report["model_utility"]``,
-    ``report.get(...)``, ``in``, ``keys()``, ``items()``, ``dict(report)``), and ``report[key] = value`` sets the
-    field ``key`` (any other key goes to :attr:`extra`), so code written for the dict keeps working. A report
-    equals any mapping with the same items. ``json.dumps`` needs :meth:`to_dict`. :meth:`to_dict` and the
-    ``Mapping`` view share the nested dicts and lists with the report (``copy.deepcopy`` gives an independent
+    :meth:`to_dict` shares the nested dicts and lists with the report (``copy.deepcopy`` gives an independent
     copy). :data:`~hf_unlearn.evaluation.METRIC_DEFINITIONS` defines every figure.
 
     Attributes:
@@ -437,7 +432,7 @@ class TOFUReport(Mapping):
     def to_dict(self) -> dict[str, Any]:
         """The report as a JSON-ready dict: every field's key (the optional ones the report lacks left out), in
         ``evaluate_tofu``'s order, then :attr:`extra`'s keys. Nested values are shared, not copied."""
-        return {k: self[k] for k in self._keys()}
+        return {k: getattr(self, k) if k in _FIELD_NAMES else self.extra[k] for k in self._keys()}
 
     def has(self, key: str) -> bool:
         """Whether the report holds ``key`` (a field it has, even ``None``, or an :attr:`extra` key)."""
@@ -454,29 +449,13 @@ class TOFUReport(Mapping):
             value = self.components.get(key)
         return value
 
-    # -- the Mapping view (for one release: code written for the dict) -----------------------------------------
-    def __getitem__(self, key: str) -> Any:
-        if key in _FIELD_NAMES:
-            if not self._absent(key):
-                return getattr(self, key)
-        elif key in self.extra:
-            return self.extra[key]
-        raise KeyError(key)
+    def __eq__(self, other: object) -> bool:
+        """Two reports are equal when their dict forms (:meth:`to_dict`) are."""
+        if not isinstance(other, TOFUReport):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys())
-
-    def __len__(self) -> int:
-        return len(self._keys())
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        """``report[key] = value``: sets the field ``key``, or adds ``key`` to :attr:`extra`."""
-        if key in _FIELD_NAMES:
-            setattr(self, key, value)
-            if self._omitted is not None and key in self._omitted:
-                self._omitted = self._omitted - {key}
-        else:
-            self.extra[key] = value
+    __hash__ = None  # a report is mutable
 
     def __repr__(self) -> str:
         shown = ("model_name", "source", "forget_split", "forget_quality", "model_utility", "forget_rouge_l")

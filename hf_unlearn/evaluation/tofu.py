@@ -1,5 +1,8 @@
 """The TOFU evaluator: per-example statistics on the four evaluation splits, aggregates, report.
 
+:func:`evaluate_tofu` checks its inputs, loads the rows and the retain reference, scores every split (the
+per-split statistics live in :mod:`.tofu_stats`), assembles the report and writes it; each step is a function here.
+
 For each split (``{forget_split}_perturbed``, ``retain_perturbed``, ``real_authors_perturbed``,
 ``world_facts_perturbed``), as in TOFU (Maini et al., 2024):
 
@@ -33,16 +36,13 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .. import __version__
+from ..assets import __version__
 from ..data import (
-    FORGET_SPLITS,
     HOLDOUT_FOR_FORGET,
     TOFU_HUB_ID,
     PromptTemplate,
@@ -51,30 +51,11 @@ from ..data import (
     model_max_positions,
     resolve_template,
     template_fingerprint,
-    tokenize_qa,
 )
-from ..logprobs import (
-    AnswerTokenStatistics,
-    TokenScorer,
-    answer_nll,
-    answer_token_statistics,
-    model_device,
-    multi_answer_nll,
-)
+from ..logprobs import AnswerTokenStatistics, TokenScorer, answer_token_statistics, model_device
 from . import metrics
 from .attacks import attack_summary, check_attack_options, parse_attacks, run_attacks
-from .generation import DEFAULT_MAX_NEW_TOKENS, generate_answers
-from .memorization import exact_memorization, extraction_strength
-from .privacy import (
-    MIA_ATTACKS,
-    MIN_K_FRACTION,
-    loss_score,
-    mia_auc,
-    min_k_plus_plus_score,
-    min_k_score,
-    privleak,
-    zlib_score,
-)
+from .generation import DEFAULT_MAX_NEW_TOKENS
 from .reference import (
     COMPONENT_NAMES,
     UTILITY_SPLITS,
@@ -87,47 +68,8 @@ from .reference import (
     warn_unknown_provenance,
 )
 from .report import TOFUReport, write_json_atomic
-from .rouge import mu_rouge, rouge_l_recall
-
-
-@dataclass(frozen=True)
-class SplitSpec:
-    """One evaluation split: report name, TOFU config, and whether a paraphrased answer is the truth."""
-
-    name: str
-    config: str
-    paraphrased: bool
-    aggregator: str
-
-
-def evaluation_splits(forget_split: str) -> tuple[SplitSpec, ...]:
-    """The four TOFU evaluation splits for ``forget_split`` (``forget01``/``forget05``/``forget10``)."""
-    if forget_split not in FORGET_SPLITS:
-        raise ValueError(f"Unknown forget split {forget_split!r}; use one of {list(FORGET_SPLITS)}.")
-    return (
-        SplitSpec("forget", f"{forget_split}_perturbed", True, "closer_to_1_better"),
-        SplitSpec("retain", "retain_perturbed", True, "true_better"),
-        SplitSpec("real_authors", "real_authors_perturbed", False, "true_better"),
-        SplitSpec("world_facts", "world_facts_perturbed", False, "true_better"),
-    )
-
-
-def answer_probability(answer_nll: np.ndarray) -> np.ndarray:
-    """Per-token answer probability ``exp(-avg NLL)`` (TOFU's forget/retain probability)."""
-    return np.exp(-np.asarray(answer_nll, dtype=np.float64))
-
-
-def normalized_answer_probability(answer_nll: np.ndarray, perturbed_nll: Sequence[np.ndarray]) -> np.ndarray:
-    """``p_true / (p_true + sum_j p_false_j)`` with ``p = exp(-avg NLL)`` (real authors, world facts).
-
-    Computed in log space: ``exp(-l - logsumexp([-l, -f_1, ..., -f_k]))``.
-    """
-    out = np.empty(len(answer_nll), dtype=np.float64)
-    for i, (true, false) in enumerate(zip(answer_nll, perturbed_nll)):
-        logits = -np.concatenate([[true], np.asarray(false, dtype=np.float64)])
-        top = logits.max()
-        out[i] = np.exp(logits[0] - top - np.log(np.exp(logits - top).sum()))
-    return out
+from .rouge import mu_rouge
+from .tofu_stats import SplitSpec, evaluate_split, evaluation_splits, forget_memorization, mia_figures
 
 
 def _cap(rows: list[dict[str, Any]], max_examples: int | None) -> list[dict[str, Any]]:
@@ -139,112 +81,6 @@ def _model_name(model: Any) -> str:
     return str(
         getattr(config, "_name_or_path", None) or getattr(model, "name_or_path", None) or type(model).__name__
     )
-
-
-def _count_truncated(
-    tokenizer: Any, questions: Sequence[str], answers: Sequence[str], limit: int | None, template: PromptTemplate
-) -> int:
-    if limit is None:
-        return 0
-    return sum(len(tokenize_qa(tokenizer, q, a, template=template)["input_ids"]) > limit for q, a in zip(questions, answers))
-
-
-def evaluate_split(
-    model: Any,
-    tokenizer: Any,
-    rows: Sequence[Mapping[str, Any]],
-    spec: SplitSpec,
-    *,
-    scorer: TokenScorer | None = None,
-    generation_kwargs: Mapping[str, Any] | None = None,
-    batch_size: int = 16,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    template: str | PromptTemplate | None = None,
-    answer_nll_values: np.ndarray | None = None,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """TOFU statistics of one split: aggregates and per-example values (see the module docstring).
-
-    ``answer_nll_values`` (the answers' average NLLs, when already computed) skips scoring the answers again.
-    """
-    template = resolve_template(tokenizer, template)
-    questions = [r["question"] for r in rows]
-    answers = [r["answer"] for r in rows]
-    perturbed = [list(r["perturbed_answer"]) for r in rows]
-    if any(len(p) == 0 for p in perturbed):
-        raise ValueError(f"Split {spec.config!r} has a row with an empty 'perturbed_answer' list.")
-    score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
-    if answer_nll_values is None:
-        gt_nll = answer_nll(model, tokenizer, questions, answers, desc=f"{spec.name}: answers", **score)
-    else:
-        gt_nll = np.asarray(answer_nll_values, dtype=np.float64)
-    false_nll = multi_answer_nll(
-        model, tokenizer, questions, perturbed, desc=f"{spec.name}: perturbed", **score
-    )
-    if spec.paraphrased:
-        paraphrased = [r["paraphrased_answer"] for r in rows]
-        true_nll = answer_nll(
-            model, tokenizer, questions, paraphrased, desc=f"{spec.name}: paraphrased", **score
-        )
-        probs = answer_probability(gt_nll)
-    else:
-        true_nll = gt_nll
-        probs = normalized_answer_probability(gt_nll, false_nll)
-    tr = metrics.truth_ratio(true_nll, false_nll, spec.aggregator)
-    generations = generate_answers(
-        model,
-        tokenizer,
-        questions,
-        batch_size=batch_size,
-        max_new_tokens=max_new_tokens,
-        generation_kwargs=generation_kwargs,
-        template=template,
-        progress=progress,
-        desc=f"{spec.name}: generating",
-    )
-    rouge = rouge_l_recall(generations, answers)
-    limit = model_max_positions(model)
-    texts = answers + [a for p in perturbed for a in p] + ([r["paraphrased_answer"] for r in rows] if spec.paraphrased else [])
-    qs = questions + [q for q, p in zip(questions, perturbed) for _ in p] + (questions if spec.paraphrased else [])
-    return {
-        "config": spec.config,
-        "num_examples": len(rows),
-        "prob": float(np.mean(probs)),
-        "rouge_l": float(np.mean(rouge)),
-        "truth_ratio": float(tr["truth_ratio"]),
-        "truth_ratio_aggregator": spec.aggregator,
-        "num_truncated": _count_truncated(tokenizer, qs, texts, limit, template),
-        "per_example": {
-            "answer_nll": [float(v) for v in gt_nll],
-            "true_nll": [float(v) for v in true_nll],
-            "perturbed_nll": [[float(v) for v in f] for f in false_nll],
-            "prob": [float(v) for v in probs],
-            "truth_ratio": [float(v) for v in tr["truth_ratios"]],
-            "rouge_l": rouge,
-            "generation": generations,
-        },
-    }
-
-
-def mia_scores(
-    stats: AnswerTokenStatistics, tokenizer: Any, k: float = MIN_K_FRACTION
-) -> dict[str, list[float] | None]:
-    """Per-example attack scores (loss-like: higher = less likely a member) for each attack in ``MIA_ATTACKS``:
-    loss, zlib (on the decoded answer tokens, special tokens dropped, as open-unlearning), Min-K% and Min-K%++
-    (``None`` without full-vocabulary statistics, i.e. under a custom scorer)."""
-    texts = [tokenizer.decode([int(t) for t in ids], skip_special_tokens=True) for ids in stats.token_ids]
-    out: dict[str, list[float] | None] = {
-        "loss": [loss_score(lp) for lp in stats.token_log_probs],
-        "zlib": [zlib_score(lp, text) for lp, text in zip(stats.token_log_probs, texts)],
-        "min_k": [min_k_score(lp, k) for lp in stats.token_log_probs],
-        "min_k_plus_plus": None,
-    }
-    if stats.vocab_mean is not None and stats.vocab_var is not None:
-        out["min_k_plus_plus"] = [
-            min_k_plus_plus_score(lp, mu, var, k)
-            for lp, mu, var in zip(stats.token_log_probs, stats.vocab_mean, stats.vocab_var)
-        ]
-    return out
 
 
 AUTOCAST_DTYPES = (None, "bfloat16", "float16")
@@ -370,6 +206,54 @@ def evaluate_tofu(
             evaluation's, a CUDA ``device`` without CUDA; all before any model call.
     """
     start = time.perf_counter()
+    specs, device, chosen_attacks = _check_inputs(
+        model, tokenizer, source=source, forget_split=forget_split, scorer=scorer,
+        generation_kwargs=generation_kwargs, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        max_examples=max_examples, progress=progress, output_path=output_path, template=template,
+        membership_inference=membership_inference, autocast_dtype=autocast_dtype, attacks=attacks, device=device,
+    )
+    ensure_pad_token(tokenizer)
+    template = resolve_template(tokenizer, template)
+    data = {spec.name: _cap(load_tofu_rows(spec.config, source), max_examples) for spec in specs}
+    provenance = _data_provenance(tokenizer, template, source, forget_split, max_examples, data["forget"])
+    reference, unknown = _check_reference(retain_reference, provenance, len(data["forget"]))
+    holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
+    # Everything above runs before the model is touched.
+    if device is not None:
+        model = model.to(device)
+    _record_model_provenance(model, provenance, autocast_dtype, reference, unknown)
+    with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
+        forget_stats, splits, holdout_stats = _score_splits(
+            model, tokenizer, specs, data, holdout, scorer=scorer, generation_kwargs=generation_kwargs,
+            batch_size=batch_size, max_new_tokens=max_new_tokens, template=template, progress=progress,
+        )
+    es, em = forget_memorization(forget_stats, splits["forget"])
+    mia, aucs, leak = mia_figures(forget_stats, holdout_stats, tokenizer, forget_split,
+                                  reference.mia_auc if reference is not None else None)
+    settings = _settings(model, splits, template=template, scorer=scorer, generation_kwargs=generation_kwargs,
+                         batch_size=batch_size, max_new_tokens=max_new_tokens, max_examples=max_examples,
+                         membership_inference=mia is not None, max_length=provenance["max_length"])
+    report = _assemble_report(
+        model_name or _model_name(model), source, forget_split, reference, splits, provenance, settings,
+        memorization=(es, em), mia=mia, aucs=aucs, leak=leak,
+    )
+    _attack(report, model, tokenizer, data, chosen_attacks, template=template, batch_size=batch_size,
+            max_new_tokens=max_new_tokens, progress=progress)
+    report.wall_time_s = time.perf_counter() - start
+    if output_path is not None:
+        write_json_atomic(report.to_dict(), output_path)
+    return report
+
+
+def _check_inputs(
+    model: Any, tokenizer: Any, *, source: str, forget_split: str, scorer: TokenScorer | None,
+    generation_kwargs: Mapping[str, Any] | None, batch_size: Any, max_new_tokens: Any, max_examples: Any,
+    progress: bool, output_path: str | os.PathLike | None, template: str | PromptTemplate | None,
+    membership_inference: Any, autocast_dtype: Any, attacks: Any, device: str | None,
+) -> tuple[tuple[SplitSpec, ...], str | None, dict[str, dict[str, Any]]]:
+    """Check :func:`evaluate_tofu`'s arguments and its output path, before any work: ``(the splits, the resolved
+    device or None, the chosen attacks and their arguments)``. Raises ``ValueError`` (or the output path's
+    refusal) on the first bad one."""
     if output_path is not None:
         from ..safe_output import check_report_path
 
@@ -404,109 +288,135 @@ def evaluate_tofu(
                 f"The attacks {headless} score copies of the model, which the given scorer does not score; pass the "
                 "T3 head in their arguments (attacks={'quant': {'head': head}, 'relearn': {'head': head}})."
             )
-    ensure_pad_token(tokenizer)
-    template = resolve_template(tokenizer, template)
-    data = {spec.name: _cap(load_tofu_rows(spec.config, source), max_examples) for spec in specs}
-    provenance: dict[str, Any] = {
+    return specs, device, chosen_attacks
+
+
+def _data_provenance(
+    tokenizer: Any, template: PromptTemplate, source: str, forget_split: str, max_examples: int | None,
+    forget_rows: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The provenance of the evaluation's data side (source, split, rows and their hash, template, tokenizer and
+    its hash); :func:`_record_model_provenance` adds the model's dtype and maximum length."""
+    return {
         "format": "hf_unlearn",
         "source": source,
         "forget_split": forget_split,
         "max_examples": max_examples,
-        "num_rows": len(data["forget"]),
-        "data_sha256": rows_fingerprint(data["forget"]),
+        "num_rows": len(forget_rows),
+        "data_sha256": rows_fingerprint(forget_rows),
         "template": template_fingerprint(tokenizer, template),
         "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
         "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
     }
-    reference = None
-    if retain_reference is not None:
-        reference = load_retain_reference(retain_reference)
-        n_ref, n_eval = len(reference.forget_truth_ratios), len(data["forget"])
-        if n_ref != n_eval:
-            hint = (" TOFU's original protocol scores the first 300 rows: pass max_examples=300."
-                    if n_ref == 300 and reference.provenance.get("format") == "tofu" else "")
-            raise ValueError(
-                f"The retain reference has {n_ref} forget truth ratios but this evaluation has {n_eval} forget "
-                f"examples; evaluate the retain model on the same source, forget split and max_examples.{hint}"
-            )
-        unknown = check_provenance(reference, provenance, [f for f in ("forget_split", "num_rows", "data_sha256",
-                                                                       "template", "tokenizer_sha256")])
-    holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
-    # Everything above runs before the model is touched.
-    if device is not None:
-        model = model.to(device)
+
+
+def _check_reference(
+    retain_reference: str | os.PathLike | Mapping[str, Any] | RetainReference | None, provenance: Mapping[str, Any],
+    num_forget: int,
+) -> tuple[RetainReference | None, list[str]]:
+    """The retain reference, read and checked against this evaluation (its number of forget truth ratios and its
+    recorded provenance), and the provenance fields it does not record; ``(None, [])`` without one."""
+    if retain_reference is None:
+        return None, []
+    reference = load_retain_reference(retain_reference)
+    n_ref = len(reference.forget_truth_ratios)
+    if n_ref != num_forget:
+        hint = (" TOFU's original protocol scores the first 300 rows: pass max_examples=300."
+                if n_ref == 300 and reference.provenance.get("format") == "tofu" else "")
+        raise ValueError(
+            f"The retain reference has {n_ref} forget truth ratios but this evaluation has {num_forget} forget "
+            f"examples; evaluate the retain model on the same source, forget split and max_examples.{hint}"
+        )
+    unknown = check_provenance(reference, provenance, [f for f in ("forget_split", "num_rows", "data_sha256",
+                                                                   "template", "tokenizer_sha256")])
+    return reference, unknown
+
+
+def _record_model_provenance(
+    model: Any, provenance: dict[str, Any], autocast_dtype: str | None, reference: RetainReference | None,
+    unknown: list[str],
+) -> None:
+    """Add the model's ``dtype`` (with the autocast dtype) and ``max_length`` to ``provenance``, check the retain
+    reference's dtype and warn about the provenance fields the reference does not record."""
     dtype = _dtype_name(model)
     provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
-    limit = model_max_positions(model)
-    provenance["max_length"] = limit
+    provenance["max_length"] = model_max_positions(model)
     if reference is not None:
         unknown += check_provenance(reference, provenance, ["dtype"])
         warn_unknown_provenance(reference, unknown)
 
+
+def _score_splits(
+    model: Any, tokenizer: Any, specs: Sequence[SplitSpec], data: Mapping[str, list[dict[str, Any]]],
+    holdout: list[dict[str, Any]] | None, *, scorer: TokenScorer | None, generation_kwargs: Mapping[str, Any] | None,
+    batch_size: int, max_new_tokens: int, template: PromptTemplate, progress: bool,
+) -> tuple[AnswerTokenStatistics, dict[str, dict[str, Any]], AnswerTokenStatistics | None]:
+    """Every model call of the evaluation: the forget answers' token statistics, each split's statistics and
+    generations (:func:`.tofu_stats.evaluate_split`), and the holdout answers' token statistics (``None`` without
+    the holdout split)."""
     score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
     forget_rows = data["forget"]
-    with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
-        forget_stats = answer_token_statistics(
-            model, tokenizer, [r["question"] for r in forget_rows], [r["answer"] for r in forget_rows],
-            desc="forget: answers", **score,
+    forget_stats = answer_token_statistics(
+        model, tokenizer, [r["question"] for r in forget_rows], [r["answer"] for r in forget_rows],
+        desc="forget: answers", **score,
+    )
+    splits: dict[str, dict[str, Any]] = {}
+    for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
+        splits[spec.name] = evaluate_split(
+            model,
+            tokenizer,
+            data[spec.name],
+            spec,
+            scorer=scorer,
+            generation_kwargs=generation_kwargs,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            template=template,
+            answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
+            progress=progress,
         )
-        splits: dict[str, dict[str, Any]] = {}
-        for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
-            splits[spec.name] = evaluate_split(
-                model,
-                tokenizer,
-                data[spec.name],
-                spec,
-                scorer=scorer,
-                generation_kwargs=generation_kwargs,
-                batch_size=batch_size,
-                max_new_tokens=max_new_tokens,
-                template=template,
-                answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
-                progress=progress,
-            )
-        holdout_stats = None if holdout is None else answer_token_statistics(
-            model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
-            desc="holdout: answers", **score,
-        )
+    holdout_stats = None if holdout is None else answer_token_statistics(
+        model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
+        desc="holdout: answers", **score,
+    )
+    return forget_stats, splits, holdout_stats
 
-    # Verbatim memorization of the forget answers (teacher-forced greedy agreement).
-    es = em = None
-    if forget_stats.greedy_correct is not None:
-        es_values = [extraction_strength(g) for g in forget_stats.greedy_correct]
-        em_values = [exact_memorization(g) for g in forget_stats.greedy_correct]
-        es, em = float(np.mean(es_values)), float(np.mean(em_values))
-        splits["forget"]["per_example"]["extraction_strength"] = es_values
-        splits["forget"]["per_example"]["exact_memorization"] = em_values
 
-    # Membership inference: forget (label 0) vs holdout (label 1), and privleak against the retain model.
-    mia: dict[str, Any] | None = None
-    aucs: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
-    leak: dict[str, float | None] = dict.fromkeys(MIA_ATTACKS)
-    ref_aucs = (reference.mia_auc if reference is not None else None) or {}
-    if holdout is not None:
-        forget_scores = mia_scores(forget_stats, tokenizer)
-        holdout_scores = mia_scores(holdout_stats, tokenizer)
-        for attack in MIA_ATTACKS:
-            if forget_scores[attack] is not None and holdout_scores[attack] is not None:
-                aucs[attack] = mia_auc(forget_scores[attack], holdout_scores[attack])
-                leak[attack] = privleak(aucs[attack], ref_aucs.get(attack))
-        mia = {
-            "holdout_split": HOLDOUT_FOR_FORGET[forget_split],
-            "num_forget": len(forget_rows),
-            "num_holdout": len(holdout),
-            "k": MIN_K_FRACTION,
-            "auc": aucs,
-            "privleak": leak,
-            "reference_auc": {a: ref_aucs.get(a) for a in MIA_ATTACKS},
-            "per_example": {"forget": forget_scores, "holdout": holdout_scores},
-        }
+def _settings(
+    model: Any, splits: Mapping[str, Mapping[str, Any]], *, template: PromptTemplate, scorer: TokenScorer | None,
+    generation_kwargs: Mapping[str, Any] | None, batch_size: int, max_new_tokens: int, max_examples: int | None,
+    membership_inference: bool, max_length: int | None,
+) -> dict[str, Any]:
+    """The report's ``settings``: how the evaluation ran (``attacks`` is added by :func:`_attack`)."""
+    return {
+        "batch_size": batch_size,
+        "max_new_tokens": max_new_tokens,
+        "max_examples": max_examples,
+        "template": template.name,
+        "max_length": max_length,
+        "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
+        "custom_scorer": scorer is not None,
+        "generation_kwargs": sorted(generation_kwargs or {}),
+        "membership_inference": membership_inference,
+        "device": str(model_device(model)),
+    }
 
+
+def _assemble_report(
+    model_name: str, source: str, forget_split: str, reference: RetainReference | None,
+    splits: dict[str, dict[str, Any]], provenance: dict[str, Any], settings: dict[str, Any], *,
+    memorization: tuple[float | None, float | None], mia: dict[str, Any] | None,
+    aucs: Mapping[str, float | None], leak: Mapping[str, float | None],
+) -> TOFUReport:
+    """The report from the split statistics: forget quality (KS test of the forget truth ratios against the
+    reference's), model utility (harmonic mean of the nine components), MU-ROUGE, memorization, the MIA AUCs and
+    privleak (of Min-K%)."""
     components = {f"{s}_{stat}": splits[s][stat] for s in UTILITY_SPLITS for stat in UTILITY_STATS}
     forget_ratios = splits["forget"]["per_example"]["truth_ratio"]
     fq = metrics.forget_quality(forget_ratios, reference.forget_truth_ratios) if reference is not None else None
-    report = TOFUReport(
-        model_name=model_name or _model_name(model),
+    es, em = memorization
+    return TOFUReport(
+        model_name=model_name,
         source=source,
         forget_split=forget_split,
         retain_reference=None if reference is None else reference.summary(),
@@ -535,28 +445,22 @@ def evaluate_tofu(
         num_examples={name: s["num_examples"] for name, s in splits.items()},
         splits=splits,
         provenance=provenance,
-        settings={
-            "batch_size": batch_size,
-            "max_new_tokens": max_new_tokens,
-            "max_examples": max_examples,
-            "template": template.name,
-            "max_length": limit,
-            "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
-            "custom_scorer": scorer is not None,
-            "generation_kwargs": sorted(generation_kwargs or {}),
-            "membership_inference": mia is not None,
-            "device": str(model_device(model)),
-        },
+        settings=settings,
         hf_unlearn_version=__version__,
     )
+
+
+def _attack(
+    report: TOFUReport, model: Any, tokenizer: Any, data: Mapping[str, list[dict[str, Any]]],
+    chosen_attacks: Mapping[str, Mapping[str, Any]], *, template: PromptTemplate, batch_size: int,
+    max_new_tokens: int, progress: bool,
+) -> None:
+    """Run the chosen attacks on copies of the model (:func:`.attacks.run_attacks`, on the forget and retain
+    rows) and add their section, their flat figures and ``settings["attacks"]`` to ``report``."""
     if chosen_attacks:
         common = {"template": template, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
                   "progress": progress}
-        report.attacks = run_attacks(model, tokenizer, forget_rows, data["retain"], chosen_attacks, **common)
+        report.attacks = run_attacks(model, tokenizer, data["forget"], data["retain"], chosen_attacks, **common)
         for key, value in attack_summary(report.attacks).items():
-            report[key] = value  # the ATTACK_FIELDS
+            setattr(report, key, value)  # the ATTACK_FIELDS
     report.settings["attacks"] = list(chosen_attacks)
-    report.wall_time_s = time.perf_counter() - start
-    if output_path is not None:
-        write_json_atomic(report.to_dict(), output_path)
-    return report

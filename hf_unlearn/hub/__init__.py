@@ -10,7 +10,7 @@
   computed for another base model or forget split.
 - :mod:`~hf_unlearn.hub.reports`: the card metrics of a report (a :class:`~hf_unlearn.evaluation.TOFUReport` or a
   dict), :func:`check_report_matches` and :func:`report_dict` (the JSON published with an artifact).
-- :mod:`~hf_unlearn.hub.kinds`: :data:`ARTIFACT_KINDS`; adding one is one :func:`register_artifact_kind` call.
+- :mod:`~hf_unlearn.artifact_kinds`: :data:`ARTIFACT_KINDS`; adding one is one :func:`register_artifact_kind` call.
 - :mod:`~hf_unlearn.hub.spaces`: :func:`push_metric_space` publishes an ``evaluate_metrics/<name>`` module as a
   Gradio Space so ``evaluate.load("<owner>/<name>")`` loads it from that Hub.
 
@@ -19,29 +19,11 @@ Importing this package imports neither torch nor any method module.
 
 from __future__ import annotations
 
-# Besides ``__all__``, ``MethodView``, ``method_for_artifact``, ``METHOD_TITLES``, ``OPTIONAL_REPORT_METRICS``,
-# ``REQUIRED_TEMPLATE_FIELDS`` and a few helpers stay importable from here.
-from ..registry import MethodView, method_for_artifact  # noqa: F401
-from .cards import (
-    METHOD_PAPERS,
-    METHOD_TITLES,  # noqa: F401
-    REQUIRED_TEMPLATE_FIELDS,  # noqa: F401
-    _trainer_method,  # noqa: F401
-    _trainer_settings,  # noqa: F401
-    build_model_card,
-    trainer_model_card,
-)
-from .kinds import ARTIFACT_KINDS, ArtifactKind, detect_artifact_kind, register_artifact_kind
+from ..artifact_kinds import ARTIFACT_KINDS, ArtifactKind, detect_artifact_kind, register_artifact_kind
+from .cards import METHOD_PAPERS, METHOD_TITLES, build_model_card, trainer_model_card
 from .publish import push_unlearned
 from .push import push_folder
-from .reports import (  # noqa: F401
-    OPTIONAL_REPORT_METRICS,
-    REPORT_METRICS,
-    _load_report,
-    _report_value,
-    check_report_matches,
-    report_dict,
-)
+from .reports import REPORT_METRICS, check_report_matches, report_dict
 from .spaces import push_metric_space
 
 __all__ = [
@@ -49,6 +31,7 @@ __all__ = [
     "REPORT_METRICS",
     "ArtifactKind",
     "METHOD_PAPERS",
+    "METHOD_TITLES",
     "build_model_card",
     "check_report_matches",
     "detect_artifact_kind",

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import hub_cards_dir
+from ..artifact_kinds import ArtifactKind, _kind, _model_base, _model_library
+from ..assets import hub_cards_dir
 from ..registry import MethodView, method_for_artifact
-from .kinds import ArtifactKind, _kind, _model_base, _model_library
 from .push import _HUB_ID
 from .reports import (
     _load_report,
@@ -130,9 +130,9 @@ def build_model_card(
     """Render the model card of an unlearned artifact.
 
     Args:
-        kind: a key of :data:`ARTIFACT_KINDS` (``grom_adapter``, ``t3_classifier``, ``unlearned_model``).
+        kind: a key of :data:`~hf_unlearn.artifact_kinds.ARTIFACT_KINDS` (e.g. ``unlearned_model``).
         base_model: the model that was unlearned (Hub id or local path; only a Hub id goes to the metadata).
-        method: unlearning method (fixed for ``grom_adapter``/``t3_classifier``, required otherwise).
+        method: unlearning method (fixed for a kind of one method's artifact, required otherwise).
         settings: the method's hyperparameters (shown in the card body).
         report: the evaluator's report (a :class:`~hf_unlearn.evaluation.TOFUReport`, its dict form, a JSON path
             or any mapping with the card metrics); its ``forget_quality``, ``model_utility``,
@@ -156,20 +156,13 @@ def build_model_card(
     Returns:
         a ``huggingface_hub.ModelCard``.
     """
-    from huggingface_hub import EvalResult, ModelCard, ModelCardData
-
     spec = _kind(kind)
     muse = _muse_report(report)  # a MUSE report: MUSE figures in model-index and the evaluation section
     report = _load_report(muse.to_dict() if muse is not None else report)
-    if method is None:
-        method = spec.method
-    if not method:
-        raise ValueError(f"Artifact kind {kind!r} needs a method name (e.g. {sorted(METHOD_TITLES)}).")
-    if spec.method is not None and method != spec.method:
-        raise ValueError(f"A {kind} artifact is made by method {spec.method!r}, not {method!r}.")
+    method = _card_method(kind, spec, method)
+    base_model = _check_card_name(base_model, "base_model") if base_model else None
     if not base_model:
         raise ValueError("build_model_card needs the base model the artifact was made from.")
-    base_model = _check_card_name(base_model, "base_model")
     if repo_id is not None:
         repo_id = _check_card_name(repo_id, "repo_id")
     if forget_split is None and report is not None:
@@ -184,69 +177,104 @@ def build_model_card(
         raise ValueError(f"settings must be a dict, got {type(settings).__name__}.")
     if quantization is None and report is not None and isinstance(_report_entry(report, "quantization"), Mapping):
         quantization = _report_entry(report, "quantization")
-
     repo_id = repo_id or _inline(f"{Path(str(base_model)).name}-{method}-{forget_split}").replace('"', "'")
-    model_name = repo_id.split("/")[-1]
     library = library_name or spec.library_for(None)
-    hub_dataset = _hub_id(dataset) if dataset not in ("synthetic",) and "/" in str(dataset) else None
-    if muse is not None:
-        from ..evaluation.muse_report import muse_card_results
-
-        results = muse_card_results(muse)
-    else:
-        results = _metric_results(report) if report is not None else []
-    benchmark = "muse" if muse is not None else "tofu"
-    eval_results = [
-        EvalResult(
-            task_type="text-generation", task_name="Machine unlearning",
-            dataset_type=hub_dataset or benchmark,
-            dataset_name=f"{'MUSE-News' if muse is not None else 'TOFU'} ({forget_split})",
-            dataset_config=forget_split, dataset_split="train",
-            metric_type=metric_type, metric_name=pretty, metric_value=value,
-        )
-        for _, metric_type, pretty, value in results
-        if value is not None
-    ]
-    card_data = ModelCardData(
-        base_model=_hub_id(str(base_model)),
-        library_name=library,
-        license=license,
-        tags=list(dict.fromkeys(["unlearning", method, benchmark, kind.replace("_", "-"), *extra_tags])),
-        datasets=[hub_dataset] if hub_dataset else None,
-        model_name=model_name if eval_results else None,
-        eval_results=eval_results or None,
-    )
-    variables = dict(
-        card_data.to_dict(),
-        card_data=card_data.to_yaml(),
-        kind=kind,
-        repo_id=repo_id,
-        model_name=model_name,
-        base_model=str(base_model),
-        method=_inline(method),
-        method_title=_inline(title if title is not None else METHOD_TITLES.get(method, method)),
-        paper=_paper(paper if paper is not None else METHOD_PAPERS.get(method)),
-        forget_split=_inline(forget_split),
-        dataset=_inline(dataset),
-        settings={_inline(k, cell=True): _inline(v, cell=True) for k, v in (settings or {}).items()},
-        results=[{"key": k, "type": t, "name": n, "value": v} for k, t, n, v in results],
-        quantization={_inline(k, cell=True): _inline(v, cell=True) for k, v in _quantization_rows(quantization).items()}
-        if quantization else None,
-        library_name=library,
-        is_peft=library == "peft",
-    )
-    path = _template_path(spec, template_path)
-    _check_template(path, variables)
-    render_kwargs = {k: v for k, v in variables.items() if k != "card_data"}
-    card = ModelCard.from_template(card_data, template_path=str(path), **render_kwargs)
-    if card.data.to_dict().get("tags") != card_data.tags:
-        raise ValueError(f"Model-card template {path} does not write the card metadata block ({{{{ card_data }}}}).")
+    results = _card_results(report, muse)
+    card_data = _card_data(kind, base_model, method, dataset, forget_split, results, repo_id, library, license,
+                           extra_tags, muse is not None)
+    variables = _card_variables(card_data, kind, repo_id, base_model, method, title, paper, forget_split, dataset,
+                                settings, results, quantization, library)
+    card = _render(card_data, _template_path(spec, template_path), variables)
     if muse is not None:
         card.text = _with_muse_section(card.text, results, forget_split)
     if selection is not None:
         from ..selection import SelectionRecord
 
         card.text = card.text.rstrip("\n") + "\n\n" + SelectionRecord.from_dict(selection).markdown()
+    return card
+
+
+def _card_results(report: Any, muse: Any) -> list[tuple[str, str, str, Any]]:
+    """The ``(key, type, name, value)`` figures a card shows: MUSE's four criteria for a MUSE report, else the
+    TOFU report's card metrics (none without a report)."""
+    if muse is not None:
+        from ..evaluation.muse_report import muse_card_results
+
+        return muse_card_results(muse)
+    return _metric_results(report) if report is not None else []
+
+
+def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, method: str, title: str | None,
+                    paper: Mapping[str, str] | None, forget_split: str, dataset: str,
+                    settings: Mapping[str, Any] | None, results: list, quantization: Mapping[str, Any] | None,
+                    library: str) -> dict[str, Any]:
+    """What the card template is rendered with: the front matter's fields, and each text escaped for one line
+    (table cells for settings and quantization rows)."""
+    return dict(
+        card_data.to_dict(), card_data=card_data.to_yaml(), kind=kind, repo_id=repo_id,
+        model_name=repo_id.split("/")[-1], base_model=str(base_model), method=_inline(method),
+        method_title=_inline(title if title is not None else METHOD_TITLES.get(method, method)),
+        paper=_paper(paper if paper is not None else METHOD_PAPERS.get(method)),
+        forget_split=_inline(forget_split), dataset=_inline(dataset),
+        settings={_inline(k, cell=True): _inline(v, cell=True) for k, v in (settings or {}).items()},
+        results=[{"key": k, "type": t, "name": n, "value": v} for k, t, n, v in results],
+        quantization={_inline(k, cell=True): _inline(v, cell=True) for k, v in _quantization_rows(quantization).items()}
+        if quantization else None,
+        library_name=library, is_peft=library == "peft",
+    )
+
+
+def _card_method(kind: str, spec: ArtifactKind, method: str | None) -> str:
+    """The method a card names: ``method``, or the fixed method of the artifact kind (which ``method`` must be)."""
+    if method is None:
+        method = spec.method
+    if not method:
+        raise ValueError(f"Artifact kind {kind!r} needs a method name (e.g. {sorted(METHOD_TITLES)}).")
+    if spec.method is not None and method != spec.method:
+        raise ValueError(f"A {kind} artifact is made by method {spec.method!r}, not {method!r}.")
+    return method
+
+
+def _card_data(kind: str, base_model: str, method: str, dataset: str, forget_split: str, results: list,
+               repo_id: str, library: str, license: str | None, extra_tags: tuple[str, ...], muse: bool) -> Any:
+    """The card's front matter (``huggingface_hub.ModelCardData``): base model, library, tags, dataset and the
+    ``model-index`` entries of ``results`` (``(key, type, name, value)``; ``None`` values left out)."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    hub_dataset = _hub_id(dataset) if dataset not in ("synthetic",) and "/" in str(dataset) else None
+    benchmark = "muse" if muse else "tofu"
+    eval_results = [
+        EvalResult(
+            task_type="text-generation", task_name="Machine unlearning",
+            dataset_type=hub_dataset or benchmark,
+            dataset_name=f"{'MUSE-News' if muse else 'TOFU'} ({forget_split})",
+            dataset_config=forget_split, dataset_split="train",
+            metric_type=metric_type, metric_name=pretty, metric_value=value,
+        )
+        for _, metric_type, pretty, value in results
+        if value is not None
+    ]
+    return ModelCardData(
+        base_model=_hub_id(str(base_model)),
+        library_name=library,
+        license=license,
+        tags=list(dict.fromkeys(["unlearning", method, benchmark, kind.replace("_", "-"), *extra_tags])),
+        datasets=[hub_dataset] if hub_dataset else None,
+        model_name=repo_id.split("/")[-1] if eval_results else None,
+        eval_results=eval_results or None,
+    )
+
+
+def _render(card_data: Any, path: Path, variables: dict[str, Any]) -> Any:
+    """The template at ``path`` rendered with ``variables`` (checked first: every field it needs is given), and
+    checked to write the metadata block."""
+    from huggingface_hub import ModelCard
+
+    _check_template(path, variables)
+    render_kwargs = {k: v for k, v in variables.items() if k != "card_data"}
+    card = ModelCard.from_template(card_data, template_path=str(path), **render_kwargs)
+    if card.data.to_dict().get("tags") != card_data.tags:
+        raise ValueError(f"Model-card template {path} does not write the card metadata block ({{{{ card_data }}}}).")
     return card
 
 
@@ -285,14 +313,12 @@ def _paper(paper: Mapping[str, str] | None) -> dict[str, str] | None:
 # ---------------------------------------------------------------------- trainer cards
 def _trainer_method(trainer: Any) -> str:
     """The method key of an unlearning trainer: its class's ``_method`` (most derived first, see
-    :func:`hf_unlearn.registry.method_for_artifact`), else its config's objective."""
+    :func:`hf_unlearn.registry.method_for_artifact`), else the method its config's objective is (the config's
+    ``objective_name``), else ``"unlearning"``."""
     method = method_for_artifact(trainer)
     if method is not None:
         return method
-    forget_loss = getattr(trainer.args, "forget_loss", None)
-    if forget_loss == "grad_ascent":
-        return "grad_ascent" if getattr(trainer.args, "retain_loss", "none") == "none" else "grad_diff"
-    return str(forget_loss or "unlearning")
+    return str(getattr(trainer.args, "objective_name", None) or "unlearning")
 
 
 def _trainer_settings(args: Any) -> dict[str, Any]:

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..artifact_kinds import ArtifactKind, _kind, detect_artifact_kind, read_json
+from ..result import Unlearned
 from .cards import build_model_card
-from .kinds import _kind, _read_json, detect_artifact_kind
 from .push import _check_repo_id, _resolve_token, push_folder
 from .reports import _load_report, _report_value, check_report_matches, report_dict
 
@@ -61,8 +62,10 @@ def push_unlearned(
 ):
     """Push an unlearned artifact with its model card (and report) to the Hub in one commit.
 
-    ``artifact`` is a ``GROMEdit``, a ``T3Classifier`` head, a model or PEFT adapter from a trainer, or
-    a folder where one was saved. Its kind is detected (or pass ``kind=``). Refused before anything
+    ``artifact`` is what a method produced: an :class:`~hf_unlearn.result.Unlearned` (its artifact is pushed,
+    with its method, settings and selection record unless given), an artifact of a registered kind (an adapter, a
+    head), a model or PEFT adapter from a trainer, or a folder where one was saved. Its kind is detected (or pass
+    ``kind=``). Refused before anything
     is uploaded: no token, a report for another base model or forget split, a report lacking the
     card metrics, a card template missing a field, an artifact saving pickle files.
 
@@ -73,6 +76,11 @@ def push_unlearned(
     """
     _check_repo_id(repo_id)
     token = _resolve_token(token)
+    if isinstance(artifact, Unlearned):
+        method = method or artifact.method
+        settings = dict(artifact.settings) if settings is None else settings
+        selection = selection if selection is not None else artifact.info.get("selection")
+        artifact = artifact.artifact
     kind = kind or detect_artifact_kind(artifact)
     spec = _kind(kind)
     report = _load_report(report)
@@ -102,30 +110,38 @@ def push_unlearned(
         quantization=quantization, repo_id=repo_id, library_name=library, license=license,
         base_model_aliases=aliases, selection=selection,
     )
+    message = commit_message or f"Upload {kind} ({card.data.tags[1]}, forgot {forget_split})"
+    return _upload(artifact, spec, card, repo_id, selection=selection, tokenizer=tokenizer, report=report,
+                   token=token, endpoint=endpoint, private=private, commit_message=message)
+
+
+def _upload(artifact: Any, spec: ArtifactKind, card: Any, repo_id: str, *, selection: Mapping[str, Any] | None,
+            tokenizer: Any, report: Any, token: str, endpoint: str | None, private: bool | None,
+            commit_message: str) -> Any:
+    """Write the artifact (safetensors only), its integrity pin in the card, the selection record, the tokenizer
+    and the report into a temporary folder, and push it as one commit."""
     with tempfile.TemporaryDirectory(prefix="hf-unlearn-push-") as tmp:
         folder = Path(tmp)
         _save_artifact(artifact, folder)
-        _record_integrity(card, folder)
+        _record_integrity(card, folder, spec)
         if selection is not None:
             (folder / "selection_record.json").write_text(json.dumps(selection, indent=2, default=str))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder))
         if report is not None:
             (folder / "unlearning_report.json").write_text(json.dumps(report_dict(report), indent=2, default=str))
-        message = commit_message or f"Upload {kind} ({card.data.tags[1]}, forgot {forget_split})"
         return push_folder(
-            folder, repo_id, card=card, token=token, endpoint=endpoint, private=private, commit_message=message
+            folder, repo_id, card=card, token=token, endpoint=endpoint, private=private, commit_message=commit_message
         )
 
 
-def _record_integrity(card: Any, folder: Path) -> None:
+def _record_integrity(card: Any, folder: Path, kind: ArtifactKind) -> None:
     """The card's front matter gets ``hf_unlearn_integrity: {manifest, sha256}``, the digest of the artifact's
-    integrity record (a GROM adapter's ``grom_metadata.json``, a T3 head's ``t3_integrity.json``) to pin with
+    integrity record (its kind's :attr:`~hf_unlearn.artifact_kinds.ArtifactKind.integrity`) to pin with
     ``expected_sha256=`` when loading; an artifact without such a record (a trainer's model) gets none."""
-    from ..methods.grom.peft_export import GROM_METADATA, record_integrity
-    from ..methods.t3.provenance import T3_INTEGRITY
-
-    record_integrity(card, folder, (GROM_METADATA, T3_INTEGRITY))
+    entry = kind.integrity(folder)
+    if entry is not None:
+        card.data.hf_unlearn_integrity = entry
 
 
 def _own_names(artifact: Any) -> tuple[str, ...]:
@@ -139,7 +155,7 @@ def _own_names(artifact: Any) -> tuple[str, ...]:
 def _folder_base(folder: Path) -> str | None:
     for name, keys in (("adapter_config.json", ("base_model_name_or_path",)),
                        ("config.json", ("base_model_name_or_path", "base_model", "_name_or_path"))):
-        data = _read_json(folder / name)
+        data = read_json(folder / name)
         for key in keys:
             if data.get(key):
                 return str(data[key])

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .. import metric_path
+from ..assets import metric_path
 from .push import _check_repo_id, _resolve_token, push_folder
 
 __all__ = ["push_metric_space"]

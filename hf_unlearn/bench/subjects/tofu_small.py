@@ -43,12 +43,12 @@ class SmallRecipe:
     chat template (through :mod:`hf_unlearn.data.prompts`), AdamW, linear warm-up over
     ``warmup_ratio`` of the steps then cosine decay, float32 master weights saved in float32.
 
-    ``bf16_autocast``: ``True`` (bf16 autocast on CPU), ``False`` (float32 throughout) or ``"auto"`` (the
-    default: bf16 autocast only where bfloat16 is native, see :func:`resolve_bf16_autocast`). On a CPU without
-    native bfloat16 autocast is emulated: a forward + backward of this subject on 16 TOFU rows took 418 s under
-    bf16 autocast against 19.4 s in float32 on 2 AVX2 cores. :func:`build_small_pair` resolves ``"auto"`` and
-    records the resolved value in the pair's recipe, and :meth:`digest` hashes the resolved value, so a float32
-    pair and a bf16 pair never share a cache folder.
+    ``bf16_autocast``: ``True`` (bf16 autocast on the fine-tuning device), ``False`` (float32 throughout) or
+    ``"auto"`` (the default: bf16 autocast only where bfloat16 is native, see :func:`resolve_bf16_autocast`). On a
+    CPU without native bfloat16 autocast is emulated: a forward + backward of this subject on 16 TOFU rows took
+    418 s under bf16 autocast against 19.4 s in float32 on 2 AVX2 cores. :func:`build_small_pair` resolves
+    ``"auto"`` and records the resolved value in the pair's recipe, and :meth:`digest` hashes the resolved value,
+    so a float32 pair and a bf16 pair never share a cache folder.
 
     Defaults: 4 forget + 8 retain authors (80 forget rows, 160 retain rows) and 5 epochs of batch 16,
     as in the first probe of this subject (5 epochs at 5e-5 gave target forget quality 4.6e-5 against the retain
@@ -106,13 +106,20 @@ class SmallRecipe:
         """``"v2"`` when the retain-train, retain-validation and holdout authors are set apart, else ``"v1"``."""
         return "v2" if self.retain_train_authors else "v1"
 
-    def digest(self, subject_id: str, rows: list[dict[str, Any]]) -> str:
-        recipe = asdict(self.resolved())  # "auto" never names a cache folder: the bool it resolves to does
+    def digest(self, subject_id: str, rows: list[dict[str, Any]], device: str | torch.device = "cpu") -> str:
+        """The cache name of a model fine-tuned by this recipe on ``rows`` on ``device``: the kind of device
+        (``"cuda"``, whatever its index) is hashed beside the recipe, except the CPU's (CPU pairs keep the names
+        they had before the device was recorded)."""
+        recipe = asdict(self.resolved(device))  # "auto" never names a cache folder: the bool it resolves to does
         if self.layout == "v1":  # v1 pairs keep the cache names they had before the v2 fields existed
             for name in ("retain_train_authors", "retain_validation_authors", "holdout_authors"):
                 recipe.pop(name)
-        payload = json.dumps({"recipe": recipe, "subject": subject_id,
-                              "rows": [[r["question"], r["answer"]] for r in rows]})
+        fields: dict[str, Any] = {"recipe": recipe, "subject": subject_id,
+                                  "rows": [[r["question"], r["answer"]] for r in rows]}
+        kind = torch.device(device).type
+        if kind != "cpu":
+            fields["device"] = kind
+        payload = json.dumps(fields)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -231,18 +238,23 @@ def write_small_source(configs: dict[str, list[dict[str, Any]]], folder: str | o
 
 def fine_tune_qa(
     model: Any, tokenizer: Any, rows: list[dict[str, Any]], recipe: SmallRecipe, progress: bool = True,
-    desc: str = "fine-tuning",
+    desc: str = "fine-tuning", device: Any = None,
 ) -> list[float]:
     """Fine-tune ``model`` on the answers of ``rows`` (answer-only loss, the tokenizer's chat template).
 
     AdamW, linear warm-up over ``warmup_ratio`` of the steps then cosine decay to 0, gradient norm
-    clipped at 1, bf16 autocast on CPU when ``recipe.bf16_autocast`` (``"auto"``: when the CPU has native bfloat16,
-    :func:`resolve_bf16_autocast`). Returns each epoch's mean loss.
+    clipped at 1, bf16 autocast on the training device when ``recipe.bf16_autocast`` (``"auto"``: when that device
+    has native bfloat16, :func:`resolve_bf16_autocast`). ``device``: ``None`` trains where the model is;
+    ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (:func:`hf_unlearn.devices.resolve_device`) moves it there
+    first. Returns each epoch's mean loss.
     """
     from ...data.prompts import ensure_pad_token
+    from ...devices import move_to_device
 
     ensure_pad_token(tokenizer)
-    bf16 = resolve_bf16_autocast(recipe.bf16_autocast, "cpu")
+    device = move_to_device(model, device)
+    kind = torch.device(device).type
+    bf16 = resolve_bf16_autocast(recipe.bf16_autocast, device)
     feats = [tokenize_qa(tokenizer, r["question"], r["answer"], max_length=recipe.max_length) for r in rows]
     rng = random.Random(recipe.seed)
     steps_per_epoch = math.ceil(len(feats) / recipe.batch_size)
@@ -260,16 +272,18 @@ def fine_tune_qa(
         losses = []
         for start in range(0, len(feats), recipe.batch_size):
             batch = collate_qa(feats[start : start + recipe.batch_size], tokenizer.pad_token_id)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            batch = {k: v.to(device) for k, v in batch.items()}
+            with torch.autocast(kind, dtype=torch.bfloat16, enabled=bf16):
                 out = model(**batch)
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            if not math.isfinite(out.loss.item()):
+            loss = out.loss.item()  # the step's one copy to the host
+            if not math.isfinite(loss):
                 raise FloatingPointError(f"{desc}: non-finite loss; nothing is saved.")
-            losses.append(out.loss.item())
+            losses.append(loss)
             bar.update(1)
         history.append(sum(losses) / len(losses))
         bar.set_postfix(loss=f"{history[-1]:.3f}")
@@ -279,26 +293,26 @@ def fine_tune_qa(
 
 
 def _fine_tune_or_load(subject: Subject, name: str, rows: list[dict[str, Any]], recipe: SmallRecipe,
-                       cache: Path, progress: bool) -> Path:
-    """Folder of ``subject`` fine-tuned by ``recipe`` on ``rows``; built once, atomically.
+                       cache: Path, progress: bool, device: str = "cpu") -> Path:
+    """Folder of ``subject`` fine-tuned by ``recipe`` on ``rows`` on ``device``; built once, atomically.
 
-    The cache key is the recipe's training fields, the subject's weights and the rows (which authors
-    are *forgotten* later does not change a model trained on given rows, so the retain reference is
-    shared by every forget split of the same retain authors)."""
+    The cache key is the recipe's training fields, the subject's weights, the rows and the kind of device
+    (:meth:`SmallRecipe.digest`; which authors are *forgotten* later does not change a model trained on given
+    rows, so the retain reference is shared by every forget split of the same retain authors)."""
     import time
 
     from transformers import set_seed
 
     from ...safe_output import atomic_directory, atomic_write_json
 
-    key = replace(recipe, forget_authors=0, forget_offset=0).digest(subject.path.name, rows)
+    key = replace(recipe, forget_authors=0, forget_offset=0).digest(subject.path.name, rows, device)
     final = cache / f"{recipe.subject}-tofu-small-{name}-{key}"
     if (final / "model.safetensors").is_file():
         return final
     set_seed(recipe.seed)
     model, tokenizer = subject.load()
     start = time.perf_counter()
-    history = fine_tune_qa(model, tokenizer, rows, recipe, progress, desc=f"TOFU-small {name}")
+    history = fine_tune_qa(model, tokenizer, rows, recipe, progress, desc=f"TOFU-small {name}", device=device)
     seconds = time.perf_counter() - start
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise FloatingPointError(f"TOFU-small {name}: non-finite weights after fine-tuning; nothing is saved.")
@@ -308,6 +322,7 @@ def _fine_tune_or_load(subject: Subject, name: str, rows: list[dict[str, Any]], 
         atomic_write_json(tmp / "tofu_small.json", {
             "recipe": asdict(recipe), "subject": subject.describe(), "num_rows": len(rows),
             "loss_history": history, "train_seconds": seconds, "torch_threads": torch.get_num_threads(),
+            "device": device,
         })
     return final
 
@@ -328,20 +343,26 @@ def build_small_pair(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     gguf_path: str | os.PathLike | None = None,
+    device: Any = None,
 ) -> SmallPair:
     """Build (or reuse from the cache) the TOFU-small target and retain reference of ``subject``.
 
     ``source`` is the full TOFU (Hub id or local folder); the recipe's subset of it is written as a
     local TOFU source folder in the cache (the pair's ``source``, forget split ``forget10``), so the
-    runner, the evaluator and every method read exactly the TOFU-small rows. The recipe's ``bf16_autocast``
-    is resolved here (fine-tuning runs on the CPU) and recorded resolved in the pair's ``recipe``.
+    runner, the evaluator and every method read exactly the TOFU-small rows. The fine-tuning runs on ``device``
+    (:func:`hf_unlearn.devices.resolve_device`: ``None``/``"auto"`` is CUDA when available, else the CPU); the
+    recipe's ``bf16_autocast`` is resolved here for that device and recorded resolved in the pair's ``recipe``,
+    beside ``"device"``, the device it was fine-tuned on (a kind of device other than the CPU also names the
+    cache folders).
     """
     from ...data import TOFU_HUB_ID
+    from ...devices import resolve_device
 
     recipe = recipe or small_recipe_for(subject)
     if recipe.subject != subject:
         raise ValueError(f"The recipe is for subject {recipe.subject!r}, not {subject!r}.")
-    recipe = recipe.resolved("cpu")
+    device = resolve_device(device)
+    recipe = recipe.resolved(device)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     resolved = resolve_subject(subject, cache_dir=cache, gguf_path=gguf_path)
     configs = small_tofu_configs(source or TOFU_HUB_ID, recipe)
@@ -349,10 +370,10 @@ def build_small_pair(
     data = write_small_source(configs, cache / f"tofu-small-data-{data_key}")
     forget = configs[SMALL_FORGET_SPLIT]
     retain = small_fine_tune_retain_rows(configs)
-    target = _fine_tune_or_load(resolved, "target", forget + retain, recipe, cache, progress)
-    retain_ref = _fine_tune_or_load(resolved, "retain", retain, recipe, cache, progress)
-    return SmallPair(target, retain_ref, str(data), SMALL_FORGET_SPLIT, base=resolved.path, recipe=asdict(recipe),
-                     subject=resolved.describe())
+    target = _fine_tune_or_load(resolved, "target", forget + retain, recipe, cache, progress, device)
+    retain_ref = _fine_tune_or_load(resolved, "retain", retain, recipe, cache, progress, device)
+    return SmallPair(target, retain_ref, str(data), SMALL_FORGET_SPLIT, base=resolved.path,
+                     recipe={**asdict(recipe), "device": device}, subject=resolved.describe())
 
 
 def small_fine_tune_retain_rows(configs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -96,11 +96,14 @@ def small_gate(pair: SmallPair, eval_kwargs: dict[str, Any] | None = None, progr
         return report
 
     retain_report = run("retain reference", Path(pair.retain))
-    self_fq = forget_quality(retain_report["forget_truth_ratios"], retain_report["forget_truth_ratios"])
-    retain_report["forget_quality"] = float(self_fq["forget_quality"])
-    retain_report["ks_statistic"] = float(self_fq["ks_statistic"])
+    self_fq = forget_quality(retain_report.forget_truth_ratios, retain_report.forget_truth_ratios)
+    retain_report.forget_quality = float(self_fq["forget_quality"])
+    retain_report.ks_statistic = float(self_fq["ks_statistic"])
     target_report = run("target", Path(pair.target), retain_report)
     base_report = run("base", Path(pair.base), retain_report) if pair.base is not None else None
+    # the reports' dict forms, as the gate reads them (and as they are written beside it)
+    target_report, retain_report = target_report.to_dict(), retain_report.to_dict()
+    base_report = base_report.to_dict() if base_report is not None else None
     gate = small_sanity_gate(target_report, retain_report, base_report)
     train = {name: json.loads((Path(p) / "tofu_small.json").read_text()).get("train_seconds")
              for name, p in (("target", pair.target), ("retain", pair.retain))}
@@ -118,7 +121,7 @@ def small_gate(pair: SmallPair, eval_kwargs: dict[str, Any] | None = None, progr
     # against them instead of evaluating both models again (two TOFU evaluations of a 135M model).
     atomic_write_json(Path(pair.target) / GATE_REPORTS_FILE, {
         "eval_kwargs": eval_kwargs, "source": pair.source,
-        "target": dict(target_report), "retain_reference": dict(retain_report),  # a report is a Mapping
+        "target": target_report, "retain_reference": retain_report,
     })
     atomic_write_json(cached, gate)
     return gate

@@ -210,11 +210,20 @@ def train_or_load(
     return final
 
 
-def load_tiny(path: str | os.PathLike):
-    """``(model, tokenizer)`` from a folder written by :func:`train_or_load`."""
+def load_tiny(path: str | os.PathLike, device: Any = None):
+    """``(model, tokenizer)`` from a folder written by :func:`train_or_load` (or any saved causal LM), the model
+    moved to ``device`` when one is given (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``:
+    :func:`hf_unlearn.devices.resolve_device`, refused before loading when the machine lacks it); ``None``
+    leaves it on the CPU, where transformers loads it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    from ...devices import resolve_device
+
+    target = None if device is None else resolve_device(device)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    if target is not None:
+        model.to(target)
+    return model, AutoTokenizer.from_pretrained(path)
 
 
 @dataclass

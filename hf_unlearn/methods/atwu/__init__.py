@@ -7,6 +7,7 @@ from .config import ATWUConfig
 from .trainer import ATWUTrainer
 from .weighter import ATWUTokenWeighter
 
-_register_class(ATWUTrainer, artifact_kind="unlearned_model", trainer=True)
+_register_class(ATWUTrainer, artifact_kind="unlearned_model", trainer=True,
+                metrics="hf_unlearn.methods.atwu.weighter:token_auroc_metrics")
 
 __all__ = ["ATWUConfig", "ATWUTokenWeighter", "ATWUTrainer"]

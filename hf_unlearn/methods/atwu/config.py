@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..base.config import (
-    RETAIN_LOSSES,
-    BaseUnlearningConfig,
-    deprecated_weight_field,
-    refuse_no_forget_term,
-    take_renamed_weights,
-)
+from ..base.config import RETAIN_LOSSES, BaseUnlearningConfig, refuse_no_forget_term
 from .loss import SATGA_FORMS, SATGA_SELECTIONS
 
 ATWU_FORGET_LOSSES = ("satga", "npo", "simnpo")
@@ -79,19 +73,14 @@ class ATWUConfig(BaseUnlearningConfig):
         simnpo_delta (`float`, *optional*, defaults to `0.0`):
             Reward margin of the weighted SimNPO forget loss.
         forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term in the model step, `> 0` (the deprecated name `gamma` is accepted).
+            Weight of the forget term in the model step, `> 0`.
 
         > Parameters that control the retain term
 
         retain_loss (`str`, *optional*, defaults to `"nll"`):
             `"nll"`, `"kl"` (`KL(pi_ref || pi_theta)` per token) or `"none"`.
         retain_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the retain term, `>= 0` (`0` or `retain_loss="none"`: no retain set needed; the deprecated
-            name `alpha` is accepted).
-        gamma (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated name of `forget_weight` (a value given here moves there, with a `DeprecationWarning`).
-        alpha (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated name of `retain_weight` (a value given here moves there, with a `DeprecationWarning`).
+            Weight of the retain term, `>= 0` (`0` or `retain_loss="none"`: no retain set needed).
 
         > Parameters that control the weighter
 
@@ -166,8 +155,6 @@ class ATWUConfig(BaseUnlearningConfig):
         metadata={"help": "Score in the SATGA+ exponent: 'soft' (g) or 'hard' (STE(1[g > 0.5])).",
                   "choices": list(SATGA_SELECTIONS)},
     )
-    gamma: float | None = deprecated_weight_field("forget_weight")
-    alpha: float | None = deprecated_weight_field("retain_weight")
 
     def __post_init__(self) -> None:
         if self.forget_loss not in ATWU_FORGET_LOSSES:
@@ -190,7 +177,6 @@ class ATWUConfig(BaseUnlearningConfig):
             raise ValueError(f"satga_selection must be one of {list(SATGA_SELECTIONS)}, got {self.satga_selection!r}.")
         if not self.scorer_lr > 0:
             raise ValueError(f"scorer_lr must be > 0, got {self.scorer_lr}.")
-        take_renamed_weights(self)
         for name in ("budget_weight", "entropy_weight", "scorer_l2", "saturation_c", "forget_weight", "retain_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")

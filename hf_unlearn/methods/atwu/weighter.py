@@ -398,3 +398,17 @@ def score_tokens(
     except PromptTooLongError as err:  # tokenize_qa's own message
         raise ValueError(err.reason) from err.__cause__
     return score_token_features(model, scorer, features, tokenizer.pad_token_id, tokenizer, batch_size, progress)
+
+
+def token_auroc_metrics(trainer: Any, tokenizer: Any, forget: Any, retain: Any) -> dict[str, float]:
+    """ATWU's own metric after training: ``token_auroc``, how well the trained weighter's token scores
+    (``trainer.token_scores(forget)``) rank the forget-specific answer tokens (those absent from every retain
+    answer) above the others (:func:`forget_specific_auroc`). Defined on question/answer rows: a run on documents
+    has no answer tokens to rank, and gets no metric (``{}``)."""
+    from ...data.documents import as_documents
+
+    if as_documents(forget, plain_lists=True) is not None or as_documents(retain, plain_lists=True) is not None:
+        return {}
+    scores = trainer.token_scores(forget)
+    retain_ids = answer_token_ids(tokenizer, retain, template=trainer.args.prompt_template)
+    return {"token_auroc": forget_specific_auroc(scores, retain_ids)}

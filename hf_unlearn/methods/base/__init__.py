@@ -2,10 +2,13 @@
 configs, the forget/retain pairing, the guards, the checkpoint staging and the shared loss pieces.
 
 ``config.py`` (:class:`BaseUnlearningConfig`, :class:`UnlearningConfig`), ``trainer.py``
-(:class:`UnlearningTrainer`), ``pairing.py`` (:class:`PairedForgetRetainDataset`, :class:`PairedCollator`,
-:func:`to_trl_format`), ``guards.py`` (:class:`RetainDivergenceGuard`, non-finite checks and their errors),
-``checkpoints.py`` (:func:`stage_checkpoint`, run fingerprints), ``losses.py`` (answer mask, sequence
-log-probabilities, NLL, KL retain term, :class:`ScoredBatch`, :class:`LossDenominators`).
+(:class:`UnlearningTrainer`: the loss hook, scoring, the retain term, training), built from the mixins of
+``inputs.py`` (the checks before any work), ``reference.py`` (the frozen reference model), ``metrics.py``
+(logged values), ``guards.py`` (:class:`RetainDivergenceGuard`, non-finite checks and their errors),
+``checkpoints.py`` (:func:`stage_checkpoint`, run fingerprints) and ``saving.py`` (the final model, its card,
+``push_to_hub``); ``pairing.py`` (:class:`PairedForgetRetainDataset`, :class:`PairedCollator`,
+:func:`to_trl_format`), ``losses.py`` (sequence log-probabilities, NLL, KL retain term, :class:`ScoredBatch`,
+:class:`LossDenominators`).
 """
 # ruff: noqa: F401, I001  (a plain list of re-exports)
 

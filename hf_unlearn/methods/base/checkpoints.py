@@ -1,14 +1,15 @@
 """Checkpoints of an unlearning run: the staged, atomic write of a checkpoint from every process, and the run
-fingerprint (method, settings, data digests) that a resume is checked against.
+fingerprint (method, settings, data digests) that a resume is checked against; :class:`CheckpointMixin` does both
+in the trainer.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,10 @@ from datasets import Dataset
 from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..._import_utils import current_name
 from ...safe_output import OutputWriteError, atomic_directory
-from .config import RENAMED_WEIGHTS
 from .pairing import MODEL_COLUMNS
 
-__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "TRAINER_STATE_NAME", "ResumeMismatchError",
+__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "TRAINER_STATE_NAME", "CheckpointMixin", "ResumeMismatchError",
            "fingerprint_differences", "stage_checkpoint"]
 
 # entries of a run folder that belong to the run, not to the final model: kept when the final model is swapped in
@@ -129,42 +128,12 @@ def _rows_digest(dataset: Any) -> str | None:
     return f"{len(dataset)}:{digest.hexdigest()}"
 
 
-def _class_path(path: Any) -> Any:
-    """A trainer class's ``module.qualname`` as it is named now: a checkpoint written before the methods moved to
-    ``hf_unlearn.methods`` names its trainer by its old module path (:data:`hf_unlearn._import_utils.MODULE_ALIASES`),
-    which is resolved to the class it names and that class's current path."""
-    if not isinstance(path, str):
-        return path
-    new = current_name(path)
-    if new == path:
-        return path
-    module, _, name = new.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return new
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _current_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings under the current names of the forget/retain weights: a checkpoint written before the rename
-    records ``gamma`` / ``alpha`` (:data:`~hf_unlearn.methods.base.config.RENAMED_WEIGHTS`); the deprecated names
-    themselves (always ``None`` once a config is built) are left out."""
-    out = dict(settings)
-    for old_name, new_name in RENAMED_WEIGHTS.items():
-        if old_name in out and out[old_name] is None:
-            del out[old_name]
-        elif old_name in out and new_name not in out:
-            out[new_name] = out.pop(old_name)
-    return out
-
-
 def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """What differs between two run fingerprints (:meth:`UnlearningTrainer.run_fingerprint`), one phrase each."""
     diffs = []
-    if _class_path(saved.get("method")) != _class_path(current.get("method")):
+    if saved.get("method") != current.get("method"):
         diffs.append(f"method {saved.get('method')} (now {current.get('method')})")
-    old, new = _current_settings(saved.get("settings", {})), _current_settings(current.get("settings", {}))
+    old, new = saved.get("settings", {}), current.get("settings", {})
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
             diffs.append(f"{key}={old.get(key)!r} (now {new.get(key)!r})")
@@ -175,3 +144,88 @@ def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> l
         elif (a is None) != (b is None):
             diffs.append(f"{'no' if a is None else 'a'} {part} set (now {'a' if a is None else 'no'} {part} set)")
     return diffs
+
+
+class CheckpointMixin:
+    """The checkpoint staging and run fingerprint of :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer`
+    (a ``Trainer``)."""
+
+    def _get_output_dir(self, trial):
+        if self._staging_dir is not None:
+            return str(self._staging_dir)
+        return super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        """Check the weights, then write the checkpoint through :func:`stage_checkpoint`: every process writes its
+        files (with several processes: each its RNG state) into one hidden staging folder of the run folder, and
+        after all have written, the main process renames it into place, so that ``resume_from_checkpoint=True``
+        only ever finds complete checkpoints. The run's fingerprint (:meth:`run_fingerprint`) goes with it."""
+        self._check_finite_weights("the checkpoint")
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        is_main = self.args.should_save
+        staged: list[Path] = []
+
+        def write(staging: Path) -> None:
+            self._staging_dir = staging
+            staged.append(staging)
+            try:
+                super(CheckpointMixin, self)._save_checkpoint(model, trial)
+            finally:
+                self._staging_dir = None
+            if is_main:
+                from ...safe_output import atomic_write_text
+
+                text = json.dumps(self.run_fingerprint(), indent=2, sort_keys=True)  # a setting may be inf
+                atomic_write_text(staging / name / FINGERPRINT_NAME, text + "\n")
+
+        if is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        stage_checkpoint(run_dir, name, write, is_main, self.accelerator.wait_for_everyone)
+        for attr in ("best_model_checkpoint",):
+            value = getattr(self.state, attr, None)
+            if staged and isinstance(value, str) and value.startswith(str(staged[0])):
+                setattr(self.state, attr, str(run_dir) + value[len(str(staged[0])):])
+        if is_main and self.args.save_total_limit is not None:
+            from transformers.trainer_utils import rotate_checkpoints
+
+            rotate_checkpoints(
+                output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True,
+            )
+
+    def run_fingerprint(self) -> dict[str, Any]:
+        """What makes a checkpoint of this run resumable by another trainer: the method (the trainer class), the
+        settings that change the weights (every config field except where the run writes, how it logs, evaluates,
+        loads data, saves memory or when its guard stops it) and the SHA-256 of the prepared forget and retain
+        rows (their tokens and labels). Written into every checkpoint as ``unlearning_run.json``. The run's length
+        (``max_steps``, ``num_train_epochs``) is not part of it: a resume may extend a run (the learning-rate
+        schedule then follows the new length from the checkpoint on)."""
+        if self._fingerprint is None:
+            self._fingerprint = {
+                "method": f"{type(self).__module__}.{type(self).__qualname__}",
+                "settings": _tracked_settings(self.args),
+                "data": {"forget": _rows_digest(self.forget_dataset), "retain": _rows_digest(self.retain_dataset)},
+            }
+        return self._fingerprint
+
+    def _check_resume(self, checkpoint: Path) -> None:
+        """Refuse a checkpoint whose run fingerprint differs from this trainer's (before any work)."""
+        saved_file = checkpoint / FINGERPRINT_NAME
+        if not saved_file.is_file():
+            warnings.warn(
+                f"{checkpoint} records no run fingerprint ({FINGERPRINT_NAME}); it cannot be checked to belong to "
+                "this method, these settings and this data.", stacklevel=3,
+            )
+            return
+        try:
+            saved = json.loads(saved_file.read_text())
+        except ValueError as exc:
+            raise ResumeMismatchError(f"Cannot resume from {checkpoint}: {saved_file} is not valid JSON ({exc}).") from None
+        diffs = fingerprint_differences(saved, self.run_fingerprint())
+        if diffs:
+            shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+            raise ResumeMismatchError(
+                f"Cannot resume from {checkpoint}: it was written by another run ({shown}). Resume with the "
+                "checkpoint's method, settings and data, or start afresh in another folder (or with overwrite)."
+            )

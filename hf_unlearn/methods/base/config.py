@@ -6,7 +6,7 @@
 * :class:`UnlearningConfig` adds the objective of the baselines, chosen by two fields: ``forget_loss``
   (``"grad_ascent"``, ``"npo"``, ``"simnpo"``) and ``retain_loss`` (``"none"``, ``"nll"``, ``"kl"``), with the
   weights ``forget_weight`` / ``retain_weight`` and the NPO/SimNPO parameters ``beta`` / ``delta``.
-  It is the config of the generic :class:`~hf_unlearn.methods.base.UnlearningTrainer`; the presets of the baseline
+  It is the config of :class:`~hf_unlearn.methods.baselines.trainer.BaselineTrainer`; the presets of the baseline
   trainers (:class:`GradAscentConfig`, ...) are in :mod:`hf_unlearn.methods.baselines.config`.
 
 Every field has its real default in the dataclass field (no ``None`` filled in later).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,32 +24,11 @@ from typing import Any
 import torch
 from trl import SFTConfig
 
-__all__ = ["FORGET_LOSSES", "RETAIN_LOSSES", "RENAMED_WEIGHTS", "TRAINING_RANGES", "BaseUnlearningConfig",
+__all__ = ["FORGET_LOSSES", "RETAIN_LOSSES", "TRAINING_RANGES", "BaseUnlearningConfig",
            "UnlearningConfig", "check_numeric_fields", "in_range", "refuse_no_forget_term"]
 
 FORGET_LOSSES = ("grad_ascent", "npo", "simnpo")
 RETAIN_LOSSES = ("none", "nll", "kl")
-#: the earlier names of the forget/retain weights, still accepted (with a DeprecationWarning): {old: new}
-RENAMED_WEIGHTS = {"gamma": "forget_weight", "alpha": "retain_weight"}
-
-
-def deprecated_weight_field(new: str):
-    """The field of a deprecated name of ``new`` (``gamma`` / ``alpha``): ``None`` unless given, then moved to
-    ``new`` by :func:`take_renamed_weights`. Not shown in cards (``repr=False``)."""
-    return field(default=None, repr=False, metadata={"help": f"Deprecated name of `{new}`."})
-
-
-def take_renamed_weights(config) -> None:
-    """Move a value given under a deprecated weight name (:data:`RENAMED_WEIGHTS`) to its new name, with a
-    ``DeprecationWarning``; the old attribute is left ``None``."""
-    for old, new in RENAMED_WEIGHTS.items():
-        value = getattr(config, old, None)
-        if value is not None:
-            warnings.warn(f"`{old}` is deprecated; use `{new}` (got {old}={value!r}).", DeprecationWarning,
-                          stacklevel=4)
-            setattr(config, new, value)
-            setattr(config, old, None)
-
 
 #: Ranges of the numeric fields a trainer config inherits from ``TrainingArguments``: ``{field: rule}`` or
 #: ``{field: (rule, why)}``, a rule being ``"> 0"``, ``">= 0"`` or an interval such as ``"[0, 1)"``. A method's
@@ -331,7 +309,7 @@ class BaseUnlearningConfig(SFTConfig):
 @dataclass
 class UnlearningConfig(BaseUnlearningConfig):
     r"""
-    Configuration of the baseline objective of [`UnlearningTrainer`]:
+    Configuration of the baseline objective of [`BaselineTrainer`]:
     `loss = forget_weight * forget_term + retain_weight * retain_term` (open-unlearning's `gamma` and `alpha`).
 
     The baseline trainers are presets of it: [`GradAscentTrainer`] ([`GradAscentConfig`]), [`GradDiffTrainer`]
@@ -354,15 +332,10 @@ class UnlearningConfig(BaseUnlearningConfig):
             SimNPO reward margin (the paper's `gamma`), outside `beta`:
             `-(2/beta) * logsigmoid(-beta * log p(y|x) / |y| - delta)`.
         forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term, `> 0` (SimNPO's preset uses `0.125`; `0` could not unlearn and is refused). The deprecated name `gamma` is
-            accepted.
+            Weight of the forget term, `> 0` (SimNPO's preset uses `0.125`; `0` could not unlearn and is refused).
         retain_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the retain term, `>= 0`. With `retain_weight=0` (or `retain_loss="none"`) the retain set is
-            not needed. The deprecated name `alpha` is accepted.
-        gamma (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated name of `forget_weight` (a value given here moves there, with a `DeprecationWarning`).
-        alpha (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated name of `retain_weight` (a value given here moves there, with a `DeprecationWarning`).
+            not needed.
     """
 
     forget_loss: str = field(
@@ -380,8 +353,6 @@ class UnlearningConfig(BaseUnlearningConfig):
     delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin (outside beta)."})
     forget_weight: float = field(default=1.0, metadata={"help": "Weight of the forget term (> 0)."})
     retain_weight: float = field(default=1.0, metadata={"help": "Weight of the retain term (>= 0)."})
-    gamma: float | None = deprecated_weight_field("forget_weight")
-    alpha: float | None = deprecated_weight_field("retain_weight")
 
     def __post_init__(self):
         if self.forget_loss not in FORGET_LOSSES:
@@ -392,9 +363,16 @@ class UnlearningConfig(BaseUnlearningConfig):
             raise ValueError(f"`beta` must be a finite number > 0, got {self.beta}.")
         if not math.isfinite(self.delta):
             raise ValueError(f"`delta` must be finite, got {self.delta}.")
-        take_renamed_weights(self)
         for name in ("forget_weight", "retain_weight"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"`{name}` must be a finite number >= 0, got {getattr(self, name)}.")
         refuse_no_forget_term(self.forget_weight, self.retain_weight)
         super().__post_init__()
+
+    @property
+    def objective_name(self) -> str:
+        """The registered baseline this objective is (what a model card names): ``forget_loss``, or
+        ``grad_diff`` for gradient ascent with a retain term."""
+        if self.forget_loss == "grad_ascent" and self.retain_loss != "none":
+            return "grad_diff"
+        return self.forget_loss

@@ -21,8 +21,10 @@ from typing import Any
 import torch
 
 from ...logprobs import answer_mask
+from .pairing import RETAIN_PREFIX
 
-__all__ = ["LossDenominators", "ScoredBatch", "answer_mask", "kl_retain_loss", "nll_loss", "sequence_log_probs"]
+__all__ = ["LossDenominators", "ScoredBatch", "answer_mask", "batch_counts", "kl_retain_loss", "nll_loss",
+           "sequence_log_probs"]
 
 
 def _denominator(value: torch.Tensor | float | int | None, default: torch.Tensor) -> torch.Tensor:
@@ -114,3 +116,16 @@ class LossDenominators:
     forget_sequences: torch.Tensor
     retain_tokens: torch.Tensor
     retain_sequences: torch.Tensor
+
+
+def batch_counts(batch: dict[str, Any]) -> torch.Tensor:
+    """The four counts of a paired batch that :class:`LossDenominators` holds, as float64 ``[forget answer
+    tokens, forget sequences, retain answer tokens, retain sequences]`` (0 for a half the batch does not have)."""
+    counts = []
+    for prefix in ("", RETAIN_PREFIX):
+        labels = batch.get(prefix + "labels")
+        if labels is None:
+            counts += [0.0, 0.0]
+        else:
+            counts += [float(answer_mask(labels).sum()), float(labels.shape[0])]
+    return torch.tensor(counts, dtype=torch.float64)

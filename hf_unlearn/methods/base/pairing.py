@@ -85,24 +85,32 @@ class PairedForgetRetainDataset(torch.utils.data.Dataset):
     through :meth:`set_epoch`, which :class:`PairingEpochCallback` calls at the start of every epoch, a resumed
     one included), so a forget example meets the same retain example in every process and every run with the
     same seed.
+
+    An epoch has ``len(forget)`` items; with ``cycle=True`` it has ``max(len(forget), len(retain))`` and item
+    ``i`` is forget example ``i mod len(forget)``, so that one epoch cycles the smaller set over the larger one
+    (MASC's ``epoch_length="max(forget,retain)"``, the authors' loop); with a shuffled sampler every forget
+    example then occurs ``floor`` or ``ceil`` of ``length / len(forget)`` times per epoch.
     """
 
-    def __init__(self, forget: Dataset, retain: Dataset, seed: int = 0, columns: Sequence[str] = MODEL_COLUMNS):
+    def __init__(self, forget: Dataset, retain: Dataset, seed: int = 0, columns: Sequence[str] = MODEL_COLUMNS,
+                 cycle: bool = False):
         self.forget = forget
         self.retain = retain
         self.seed = seed
         self.columns = tuple(columns)
+        self.cycle = bool(cycle)
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
-        self.partners = retain_partner_indices(len(self.forget), len(self.retain), self.seed, self.epoch)
+        self.length = max(len(self.forget), len(self.retain)) if self.cycle else len(self.forget)
+        self.partners = retain_partner_indices(self.length, len(self.retain), self.seed, self.epoch)
 
     def __len__(self) -> int:
-        return len(self.forget)
+        return self.length
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        forget = self.forget[int(index)]
+        forget = self.forget[int(index) % len(self.forget)]
         retain = self.retain[self.partners[int(index)]]
         item = {key: forget[key] for key in self.columns}
         item.update({RETAIN_PREFIX + key: retain[key] for key in self.columns})

@@ -12,7 +12,9 @@ from .config import (
 )
 from .loss import baseline_loss, dpo_loss, grad_ascent_loss, grad_diff_loss, npo_loss, simnpo_loss
 from .token_loss import ceu_loss, satimp_loss, undial_loss, wga_loss
-from .trainer import GradAscentTrainer, GradDiffTrainer, NPOTrainer, SimNPOTrainer, baseline_objective
+from .trainer import (
+    BaselineTrainer, GradAscentTrainer, GradDiffTrainer, NPOTrainer, SimNPOTrainer, baseline_objective,
+)
 from .token_trainer import CEUTrainer, ForgetRetainTrainer, SatImpTrainer, UNDIALTrainer, WGATrainer
 from .dpo import DPOTrainer, IdkDPOTrainer, PreferenceTrainer, load_idk_answers
 
@@ -22,7 +24,7 @@ for _trainer in (GradAscentTrainer, GradDiffTrainer, NPOTrainer, SimNPOTrainer, 
 del _trainer
 
 __all__ = [
-    "CEUConfig", "CEUTrainer", "DPOConfig", "DPOTrainer", "ForgetRetainConfig", "ForgetRetainTrainer",
+    "BaselineTrainer", "CEUConfig", "CEUTrainer", "DPOConfig", "DPOTrainer", "ForgetRetainConfig", "ForgetRetainTrainer",
     "GradAscentConfig", "GradAscentTrainer", "GradDiffConfig", "GradDiffTrainer", "IdkDPOConfig", "IdkDPOTrainer",
     "NPOConfig", "NPOTrainer", "PreferenceConfig", "PreferenceTrainer", "SatImpConfig", "SatImpTrainer",
     "SimNPOConfig", "SimNPOTrainer", "UNDIALConfig", "UNDIALTrainer", "WGAConfig", "WGATrainer", "baseline_loss",

@@ -1,8 +1,7 @@
 """Configs of the baseline trainers. GradAscent, GradDiff, NPO and SimNPO are presets of
 :class:`~hf_unlearn.methods.base.UnlearningConfig` (this is the one place where their defaults differ from it);
 WGA, SatImp, CE-U, UNDIAL, DPO and IdkDPO have configs of their own on :class:`ForgetRetainConfig`, with the
-defaults of open-unlearning's trainer configs. ``UnlearningConfig`` and ``BaseUnlearningConfig`` are re-exported
-here with them.
+defaults of open-unlearning's trainer configs.
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ from dataclasses import dataclass, field
 
 from ..base.config import FORGET_LOSSES, RETAIN_LOSSES, BaseUnlearningConfig, UnlearningConfig
 
-__all__ = ["BaseUnlearningConfig", "CEUConfig", "DPOConfig", "ForgetRetainConfig", "GradAscentConfig", "GradDiffConfig",
-           "IdkDPOConfig", "NPOConfig", "PreferenceConfig", "SatImpConfig", "SimNPOConfig", "UNDIALConfig", "UnlearningConfig", "WGAConfig"]
+__all__ = ["CEUConfig", "DPOConfig", "ForgetRetainConfig", "GradAscentConfig", "GradDiffConfig", "IdkDPOConfig",
+           "NPOConfig", "PreferenceConfig", "SatImpConfig", "SimNPOConfig", "UNDIALConfig", "WGAConfig"]
 
 
 # ----- presets of the baseline trainers: the only place where their defaults differ ----------------------------

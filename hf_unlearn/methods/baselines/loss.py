@@ -28,19 +28,19 @@ def grad_diff_loss(
     forget_token_log_probs: torch.Tensor,
     forget_mask: torch.Tensor,
     retain_loss: torch.Tensor,
-    gamma: float = 1.0,
-    alpha: float = 1.0,
+    forget_weight: float = 1.0,
+    retain_weight: float = 1.0,
     num_forget_tokens: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Gradient difference: ascend on the forget set, descend on the retain set.
 
-    ``L_GD = gamma * L_GA(forget) + alpha * L_retain`` where ``L_GA = -L_NLL(forget)`` (:func:`grad_ascent_loss`)
-    and ``L_retain`` is the retain NLL (:func:`nll_loss`) or ``KL(pi_ref || pi_theta)`` (:func:`kl_retain_loss`)
-    (Liu et al. 2022; TOFU's "grad_diff"). ``gamma`` weights the forget term and ``alpha`` the retain term, as in
-    open-unlearning.
+    ``L_GD = forget_weight * L_GA(forget) + retain_weight * L_retain`` where ``L_GA = -L_NLL(forget)``
+    (:func:`grad_ascent_loss`) and ``L_retain`` is the retain NLL (:func:`nll_loss`) or ``KL(pi_ref || pi_theta)``
+    (:func:`kl_retain_loss`) (Liu et al. 2022; TOFU's "grad_diff"; open-unlearning calls the weights ``gamma``
+    and ``alpha``).
     """
     forget = grad_ascent_loss(forget_token_log_probs, forget_mask, num_forget_tokens)
-    return gamma * forget + alpha * retain_loss
+    return forget_weight * forget + retain_weight * retain_loss
 
 
 def npo_loss(

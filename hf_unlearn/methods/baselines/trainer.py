@@ -1,4 +1,8 @@
-"""Baseline unlearning trainers: GradAscent, GradDiff, NPO and SimNPO, thin presets of :class:`UnlearningTrainer`.
+"""Baseline unlearning trainers: :class:`BaselineTrainer` and its presets GradAscent, GradDiff, NPO and SimNPO.
+
+:class:`BaselineTrainer` subclasses the base :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer` (which holds
+no objective) and supplies the baselines' one, :func:`baseline_objective`, for the objective an
+:class:`~hf_unlearn.methods.base.UnlearningConfig` names.
 
 Each preset is the shared trainer with one objective of :class:`~hf_unlearn.methods.base.UnlearningConfig`:
 ``forget_weight * forget_term + retain_weight * retain_term`` (open-unlearning's ``gamma`` and ``alpha``), where the forget term is chosen by
@@ -19,12 +23,14 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..base.config import UnlearningConfig
 from ..base.losses import LossDenominators
 from ..base.trainer import UnlearningTrainer
-from .config import GradAscentConfig, GradDiffConfig, NPOConfig, SimNPOConfig, UnlearningConfig
+from .config import GradAscentConfig, GradDiffConfig, NPOConfig, SimNPOConfig
 from .loss import baseline_loss
 
-__all__ = ["GradAscentTrainer", "GradDiffTrainer", "NPOTrainer", "SimNPOTrainer", "baseline_objective"]
+__all__ = ["BaselineTrainer", "GradAscentTrainer", "GradDiffTrainer", "NPOTrainer", "SimNPOTrainer",
+           "baseline_objective"]
 
 BASELINE_FORGET_LOSSES = ("grad_ascent", "npo", "simnpo")
 
@@ -61,8 +67,15 @@ def baseline_objective(
     )
 
 
-class _BaselineTrainer(UnlearningTrainer):
-    """A baseline preset: its loss hook is :func:`baseline_objective`."""
+class BaselineTrainer(UnlearningTrainer):
+    """The trainer of the baseline objective: the shared :class:`UnlearningTrainer` with
+    :func:`baseline_objective` as its loss hook, ``forget_weight * forget_term + retain_weight * retain_term``, the
+    forget term chosen by ``forget_loss`` and the retain term by ``retain_loss`` of its
+    :class:`~hf_unlearn.methods.base.UnlearningConfig`. The presets below fix ``forget_loss`` (and GradAscent
+    ``retain_loss``) and their defaults."""
+
+    config_class = UnlearningConfig
+    preset: ClassVar[dict[str, Any]] = {}
 
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
@@ -70,7 +83,7 @@ class _BaselineTrainer(UnlearningTrainer):
         return baseline_objective(self, model, inputs, denominators)
 
 
-class GradAscentTrainer(_BaselineTrainer):
+class GradAscentTrainer(BaselineTrainer):
     """Gradient ascent on the forget set: ``forget_weight * (-NLL_forget)`` (:func:`~hf_unlearn.methods.baselines.loss.grad_ascent_loss`).
     Uses no retain set ([`GradAscentConfig`]: ``forget_loss="grad_ascent"``, ``retain_loss="none"``)."""
 
@@ -85,7 +98,7 @@ class GradAscentTrainer(_BaselineTrainer):
     preset: ClassVar[dict[str, Any]] = {"forget_loss": "grad_ascent", "retain_loss": "none"}
 
 
-class GradDiffTrainer(_BaselineTrainer):
+class GradDiffTrainer(BaselineTrainer):
     """Gradient difference: ``forget_weight * (-NLL_forget) + retain_weight * retain`` (Liu et al. 2022; TOFU's ``grad_diff``),
     retain = NLL (default) or ``KL(pi_ref || pi_theta)`` with ``retain_loss="kl"`` ([`GradDiffConfig`])."""
 
@@ -104,7 +117,7 @@ class GradDiffTrainer(_BaselineTrainer):
             raise ValueError("GradDiffTrainer needs a retain term (retain_loss 'nll' or 'kl'); use GradAscentTrainer.")
 
 
-class NPOTrainer(_BaselineTrainer):
+class NPOTrainer(BaselineTrainer):
     """Negative Preference Optimization (Zhang et al. 2024) with a retain term:
     ``forget_weight * L_NPO + retain_weight * retain`` (:func:`~hf_unlearn.methods.baselines.loss.npo_loss`), against the frozen initial model
     (or, with a PEFT adapter, the model with the adapter disabled). Defaults ([`NPOConfig`]): ``beta=0.1``,
@@ -122,7 +135,7 @@ class NPOTrainer(_BaselineTrainer):
     preset: ClassVar[dict[str, Any]] = {"forget_loss": "npo"}
 
 
-class SimNPOTrainer(_BaselineTrainer):
+class SimNPOTrainer(BaselineTrainer):
     """SimNPO (Fan et al. 2024), reference-free and length-normalised:
     ``forget_weight * L_SimNPO + retain_weight * retain`` (:func:`~hf_unlearn.methods.baselines.loss.simnpo_loss`). Defaults ([`SimNPOConfig`])
     follow open-unlearning's TOFU setting: ``beta=4.5``, ``delta=0``, ``forget_weight=0.125``, ``retain_weight=1``."""

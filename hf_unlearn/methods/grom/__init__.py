@@ -11,26 +11,36 @@ LoRA adapter, with exact per-example influence by the Woodbury identity.
     edit.push_to_hub("me/grom-adapter")                           # one commit
 """
 
+from ...artifact_kinds import ArtifactKind as _ArtifactKind
+from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
 from ...registry import register_class as _register_class
 from .attribution import attribution_scores, find_target_modules, lm_head_is_tied, select_band
 from .config import GROMConfig
-from .model import (
-    GROMEdit,
-    check_grom_inputs,
-    fit_grom,
-    load_grom_adapter,
-    model_max_positions,
-    retain_subsample,
-    untie_lm_head,
-)
-from .path import GROMPath, fit_grom_path, grom_path_from_edit
+from .edit import GROMEdit, load_grom_adapter, untie_lm_head
+from .fit import fit_grom
+from .inputs import check_grom_inputs, model_max_positions, retain_subsample
+from .peft_export import GROM_METADATA as _GROM_METADATA
 from .peft_export import AdapterIntegrityError, LoraFactors, adapter_digest, lora_factors
+from .peft_export import grom_integrity_entry as _grom_integrity_entry
 from .provenance import BaseModelMismatchError, base_fingerprint, check_base, file_sha256, weight_fingerprint
 from .solve import GROMSolution, grom_objective, normal_matrix, solve_grom, woodbury_drop
+from .strength_path import GROMPath, fit_grom_path, grom_path_from_edit
 from .targets import specificity_weights
 
-_register_class(GROMEdit, artifact_kind="grom_adapter", entry_point="hf_unlearn.methods.grom:fit_grom",
-                config_class=GROMConfig)
+_register_class(GROMEdit, artifact_kind="grom_adapter", entry_point="hf_unlearn.methods.grom.runner:run_grom",
+                config_class=GROMConfig, selection="hf_unlearn.methods.grom.runner:select_grom",
+                retain_rows_read="hf_unlearn.methods.grom.runner:retain_rows_read")
+
+
+def _folder_is_grom(folder):
+    return (folder / "adapter_config.json").is_file() and (folder / _GROM_METADATA).is_file()
+
+
+_register_artifact_kind(_ArtifactKind(
+    "grom_adapter", "grom_adapter.md", "grom", lambda: (GROMEdit,), "peft",
+    base_model=lambda edit: edit.base_model_name_or_path, settings=lambda edit: dict(edit.config.saved_dict()),
+    folder_matches=_folder_is_grom, integrity=_grom_integrity_entry,
+))
 
 __all__ = [
     "AdapterIntegrityError", "BaseModelMismatchError", "GROMConfig", "GROMEdit", "GROMSolution", "LoraFactors",

@@ -105,6 +105,32 @@ def find_target_modules(model: Any, targets: Sequence[str], allow_tied_head: boo
     return found
 
 
+def select_targets(
+    model: Any, config: Any
+) -> tuple[list[TargetModule], list[TargetModule], list[TargetModule], list[int], int]:
+    """The modules ``config`` (a :class:`~hf_unlearn.methods.grom.config.GROMConfig`) edits in ``model``, checked
+    without running it: ``(all targets, layered modules to edit or search, LM heads, candidate layers of
+    layers='auto' (else []), band width)``. Raises a ValueError for unknown or unsuitable ``target_modules``,
+    ``layers`` / ``candidate_layers`` without a target module, or a tied LM head without ``untie_lm_head``."""
+    targets = find_target_modules(model, config.target_modules, allow_tied_head=config.untie_lm_head)
+    layered = [t for t in targets if not t.is_lm_head]
+    heads = [t for t in targets if t.is_lm_head]
+    available = sorted({t.layer for t in layered})
+    band = config.band_width(len(available))
+    candidates: list[int] = []
+    if config.layers != "auto":
+        missing = [i for i in config.layers if i not in available]
+        if layered and missing:
+            raise ValueError(f"layers {missing} have no {config.target_modules} module; available layers: {available}")
+        layered = [t for t in layered if t.layer in config.layers]
+    elif layered:
+        candidates = config.candidates(available)
+        layered = [t for t in layered if t.layer in candidates]
+    elif config.candidate_layers is not None:
+        raise ValueError(f"candidate_layers={config.candidate_layers} but {config.target_modules} has no layered module.")
+    return targets, layered, heads, candidates, band
+
+
 def attribution_scores(
     forget_sums: dict[int, float], forget_count: int, retain_sums: dict[int, float], retain_count: int
 ) -> dict[int, dict[str, float]]:

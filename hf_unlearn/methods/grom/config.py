@@ -298,7 +298,7 @@ class GROMConfig:
         linear module (residual writer, or an LM head, tied only with ``untie_lm_head``), and ``layers`` /
         ``candidate_layers`` hold such modules. Raises a ValueError naming the problem; ``fit_grom`` runs the same
         checks (and those of its rows, :func:`hf_unlearn.methods.grom.check_grom_inputs`) before its first forward pass."""
-        from .model import select_targets
+        from .attribution import select_targets
 
         select_targets(model, self)
 

@@ -8,6 +8,13 @@ token, its logit margin and the logit-lens margin gradient. The same forward pas
 logit-lens layer attribution, so choosing layers costs no extra pass. Statistics are sums, so
 :meth:`KeyCollector.reduce` all-reduces them across ``torch.distributed`` processes (and gathers
 the forget records, ordered by example), making an N-process result equal to the 1-process one.
+
+Device: the statistics live on the model's device (the second moments on ``gram_device`` when one is given, e.g.
+``"cpu"`` for a wide module on a small GPU). The answer positions of a batch are found on the host, before the
+batch moves, so the forward hooks gather keys by index without waiting for the device, and the sums of the layer
+attribution and the output norms stay on the device until :meth:`KeyCollector.finalize`: one batch costs no copy
+to the host. On a CUDA device each Gram block ``X^T X`` is formed in float32 (float64 matrix products are many
+times slower there) and added to the float64 accumulator; on the CPU the block is formed in float64, as before.
 """
 
 from __future__ import annotations
@@ -68,8 +75,10 @@ class KeyCollector:
         attribution_modules: list[TargetModule],
         *,
         suppression: bool,
+        gram_device: str | torch.device | None = None,
     ) -> None:
         self.model = model
+        self.gram_device = None if gram_device is None else torch.device(gram_device)
         self.key_modules = key_modules
         self.attribution_modules = attribution_modules
         self.suppression = suppression
@@ -77,32 +86,33 @@ class KeyCollector:
         self.unembed = model.get_output_embeddings().weight
         self.need_lm = any(t.is_lm_head for t in key_modules)
         self.need_resid = any(not t.is_lm_head for t in key_modules)
-        self._mask: torch.Tensor | None = None
+        self._at: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, columns) of the batch's key positions
         self._cache: dict[str, Any] = {}
         self.retain_moment = {t.name: None for t in key_modules}
         self.num_retain = 0
         self.generic_moment = {t.name: None for t in key_modules}
         self.num_generic = 0
         self.forget_keys: dict[str, list[torch.Tensor]] = {t.name: [] for t in key_modules}
-        self.out_norm_sum = {t.name: 0.0 for t in key_modules}
+        self.out_norm_sum: dict[str, Any] = {t.name: 0.0 for t in key_modules}  # float64 sums on the device
         self.records: dict[str, list[torch.Tensor]] = {k: [] for k in ("example", "position", "gold", "margin", "w_resid", "w_logit")}
-        self.attr = {"forget": {t.layer: 0.0 for t in attribution_modules}, "retain": {t.layer: 0.0 for t in attribution_modules}}
+        self.attr: dict[str, dict[int, Any]] = {"forget": {t.layer: 0.0 for t in attribution_modules},
+                                                "retain": {t.layer: 0.0 for t in attribution_modules}}
         self.counts = {"forget": 0, "retain": 0}
 
     # -- hooks -----------------------------------------------------------------------------------
     def _hook(self, name: str, want_out: bool):
         def hook(module, args, output):
-            if self._mask is None:  # calls outside the model's forward (e.g. the norm's VJP)
+            if self._at is None:  # calls outside the model's forward (e.g. the norm's VJP)
                 return
             x = args[0]
-            self._cache[name] = (x[self._mask], output[self._mask] if want_out else None)
+            self._cache[name] = (x[self._at], output[self._at] if want_out else None)
 
         return hook
 
     def _norm_hook(self, module, args, output):
-        if self._mask is None:
+        if self._at is None:
             return
-        self._cache["__final__"] = args[0][self._mask]
+        self._cache["__final__"] = args[0][self._at]
 
     def __enter__(self) -> KeyCollector:
         self._handles = []
@@ -129,51 +139,48 @@ class KeyCollector:
             raise ValueError(f"role must be 'forget', 'retain' or 'generic', got {role!r}")
         device = self.unembed.device
         for batch in tqdm(batches, desc=f"GROM keys ({role})", disable=not progress, total=total, leave=False):
-            labels = batch["labels"].to(device)
-            mask, gold_grid = answer_positions(labels)
-            if not bool(mask.any()):
+            host_mask, host_gold = answer_positions(batch["labels"])  # on the host: no wait for the device
+            n_keys = int(host_mask.sum())
+            if n_keys == 0:
                 continue
-            self._mask = mask
+            rows, cols = host_mask.nonzero(as_tuple=True)  # row-major, the order of boolean indexing
+            self._at = (rows.to(device), cols.to(device))
             out = self.model(
                 input_ids=batch["input_ids"].to(device),
                 attention_mask=batch["attention_mask"].to(device),
                 position_ids=batch["position_ids"].to(device),
             )
-            self._mask = None
-            gold = gold_grid[mask]
+            at, self._at = self._at, None
+            gold = host_gold[rows, cols].to(device)
             hidden = self._cache["__final__"]
             if role == "generic":
-                self.num_generic += int(gold.numel())
+                self.num_generic += n_keys
                 for t in self.key_modules:
-                    x = self._cache[t.name][0].to(torch.float64)
-                    m = self.generic_moment[t.name]
-                    self.generic_moment[t.name] = x.T @ x if m is None else m.addmm_(x.T, x)
+                    self._add_moment(self.generic_moment, t.name, self._cache[t.name][0])
                 self._cache = {}
                 continue
-            self.counts[role] += int(gold.numel())
+            self.counts[role] += n_keys
             if self.attribution_modules:
-                rows = logit_lens_rows(self.norm, hidden, self.unembed, gold)
+                lens = logit_lens_rows(self.norm, hidden, self.unembed, gold)
                 for t in self.attribution_modules:
-                    self.attr[role][t.layer] += float(direct_contributions(self._cache[t.name][1], rows).double().sum())
+                    total_t = direct_contributions(self._cache[t.name][1], lens).double().sum()
+                    self.attr[role][t.layer] = self.attr[role][t.layer] + total_t
             if role == "retain":
-                self.num_retain += int(gold.numel())
+                self.num_retain += n_keys
                 for t in self.key_modules:
-                    x = self._cache[t.name][0].to(torch.float64)
-                    m = self.retain_moment[t.name]
-                    self.retain_moment[t.name] = x.T @ x if m is None else m.addmm_(x.T, x)
+                    self._add_moment(self.retain_moment, t.name, self._cache[t.name][0])
                 continue
-            ex = torch.as_tensor(batch["example_ids"], device=device)[:, None].expand_as(mask)[mask]
-            pos = torch.arange(mask.shape[1], device=device)[None, :].expand_as(mask)[mask]
-            self.records["example"].append(ex)
-            self.records["position"].append(pos)
+            examples = torch.as_tensor(batch["example_ids"], dtype=torch.long)
+            self.records["example"].append(examples[rows].to(device))
+            self.records["position"].append(cols.to(device))
             self.records["gold"].append(gold)
             for t in self.key_modules:
                 x, o = self._cache[t.name]
                 self.forget_keys[t.name].append(x.float())
                 if o is not None:
-                    self.out_norm_sum[t.name] += float(o.float().norm(dim=-1).double().sum())
+                    self.out_norm_sum[t.name] = self.out_norm_sum[t.name] + o.float().norm(dim=-1).double().sum()
             if self.suppression:
-                margin, q = margin_and_competitors(out.logits[mask], gold)
+                margin, q = margin_and_competitors(out.logits[at], gold)
                 self.records["margin"].append(margin)
                 if self.need_resid:
                     self.records["w_resid"].append(margin_gradient_residual(self.norm, hidden, self.unembed, gold, q))
@@ -181,18 +188,33 @@ class KeyCollector:
                     self.records["w_logit"].append(margin_gradient_logits(gold, q))
             self._cache = {}
 
+    def _add_moment(self, moments: dict[str, Any], name: str, x: torch.Tensor) -> None:
+        """``moments[name] += x^T x``, accumulated in float64 on :attr:`gram_device` (default: ``x``'s device).
+
+        On the CPU the block is formed in float64 (``addmm_`` into the accumulator, as it always was); on a CUDA
+        device it is formed in float32 and added to the float64 accumulator."""
+        target = self.gram_device or x.device
+        dtype = _gram_block_dtype(x.device)
+        m, xb = moments[name], x.to(dtype)
+        if dtype == torch.float64 and target == x.device:
+            moments[name] = xb.T @ xb if m is None else m.addmm_(xb.T, xb)
+            return
+        block = (xb.T @ xb).to(device=target, dtype=torch.float64)
+        moments[name] = block if m is None else m.add_(block)
+
     # -- reduction -------------------------------------------------------------------------------
     def finalize(self) -> dict[str, Any]:
         """Concatenate, reduce across processes, and order forget records by (example, position)."""
         distributed, _, _ = _dist()
         d_in = {t.name: t.module.in_features for t in self.key_modules}
         device = self.unembed.device
+        gram = self.gram_device or device
         moments = {
-            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=device))
+            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=gram))
             for n, m in self.retain_moment.items()
         }
         generic = {
-            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=device))
+            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=gram))
             for n, m in self.generic_moment.items()
         }
         forget_keys = {
@@ -216,15 +238,11 @@ class KeyCollector:
             dtype=torch.float64, device=device,
         )
         layers = sorted(self.attr["forget"])
-        attr = torch.tensor(
-            [self.attr["forget"][i] for i in layers] + [self.attr["retain"][i] for i in layers],
-            dtype=torch.float64,
-            device=device,
-        )
-        norms = torch.tensor([self.out_norm_sum[t.name] for t in self.key_modules], dtype=torch.float64, device=device)
+        attr = _stack([self.attr["forget"][i] for i in layers] + [self.attr["retain"][i] for i in layers], device)
+        norms = _stack([self.out_norm_sum[t.name] for t in self.key_modules], device)
         if distributed:
             for m in [*moments.values(), *generic.values()]:
-                torch.distributed.all_reduce(m)
+                _all_reduce_on(m, device)
             for x in (counts, attr, norms):
                 torch.distributed.all_reduce(x)
             forget_keys = {n: _all_gather_rows(v.contiguous()) for n, v in forget_keys.items()}
@@ -249,6 +267,30 @@ class KeyCollector:
                 "retain_count": int(counts[2]),
             },
         }
+
+
+def _gram_block_dtype(device: torch.device) -> torch.dtype:
+    """The dtype a batch's Gram block ``X^T X`` is formed in on ``device``: float32 on CUDA (float64 matrix
+    products are many times slower there), float64 elsewhere."""
+    return torch.float32 if device.type == "cuda" else torch.float64
+
+
+def _stack(values: list[Any], device: torch.device) -> torch.Tensor:
+    """The float64 vector of ``values`` (Python floats or 0-dim tensors) on ``device``."""
+    if not values:
+        return torch.zeros(0, dtype=torch.float64, device=device)
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device) for v in values])
+
+
+def _all_reduce_on(m: torch.Tensor, device: torch.device) -> None:
+    """All-reduce ``m`` in place through ``device`` (the process group's device: a moment kept on the host by
+    ``gram_device="cpu"`` travels to the model's device and back when the group cannot reduce host tensors)."""
+    if m.device == device:
+        torch.distributed.all_reduce(m)
+        return
+    moved = m.to(device)
+    torch.distributed.all_reduce(moved)
+    m.copy_(moved)
 
 
 def _final_norm(model: Any) -> torch.nn.Module:

@@ -97,16 +97,27 @@ def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest:
         )
 
 
-def record_integrity(card: Any, folder: Path, manifests: tuple[str, ...] = (GROM_METADATA,)) -> dict[str, str] | None:
-    """Put the :func:`adapter_digest` of the first of ``manifests`` that ``folder`` holds into the front matter of
-    the model card ``card`` as ``hf_unlearn_integrity: {manifest, sha256}`` (the digest to pass as
-    ``expected_sha256=`` when loading); return that entry, ``None`` when the folder holds no manifest."""
-    for manifest in manifests:
-        if (folder / manifest).is_file():
-            entry = {"manifest": manifest, "sha256": adapter_digest(folder, manifest)}
-            card.data.hf_unlearn_integrity = entry
-            return entry
-    return None
+def integrity_entry(folder: str | os.PathLike, manifest: str) -> dict[str, str] | None:
+    """``{"manifest", "sha256"}``: the :func:`adapter_digest` of ``manifest`` in ``folder``, the entry a pushed
+    model card carries as ``hf_unlearn_integrity`` (the digest to pass as ``expected_sha256=`` when loading);
+    ``None`` when the folder holds no such manifest."""
+    if not (Path(folder) / manifest).is_file():
+        return None
+    return {"manifest": manifest, "sha256": adapter_digest(folder, manifest)}
+
+
+def grom_integrity_entry(folder: str | os.PathLike) -> dict[str, str] | None:
+    """The :func:`integrity_entry` of a saved GROM adapter (its ``grom_metadata.json``)."""
+    return integrity_entry(folder, GROM_METADATA)
+
+
+def record_integrity(card: Any, folder: Path) -> dict[str, str] | None:
+    """Put the :func:`grom_integrity_entry` of ``folder`` into the front matter of the model card ``card`` as
+    ``hf_unlearn_integrity``; return it (``None`` when the folder holds no GROM metadata)."""
+    entry = grom_integrity_entry(folder)
+    if entry is not None:
+        card.data.hf_unlearn_integrity = entry
+    return entry
 
 
 def verify_integrity(folder: Path, metadata: dict[str, Any], what: str,

@@ -90,6 +90,15 @@ def masc_violation_counts(margins: torch.Tensor, mask: torch.Tensor, tau: float)
     return int(((margins > tau) & mask).sum()), int(mask.sum())
 
 
+def violation_rate_tensor(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
+    """``|{t in T : m_t > tau}| / max(|T|, 1)`` as a 0-d float64 tensor on the margins' device: what a training
+    step logs, without waiting for the device (the counts are exact in float64, so the value is that of
+    :func:`masc_violation_counts`' integers divided on the host)."""
+    mask = mask.bool()
+    violations = ((margins > tau) & mask).sum(dtype=torch.float64)
+    return violations / mask.sum(dtype=torch.float64).clamp_min(1)
+
+
 def violation_rate(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> float:
     """MASC violation rate ``|{t in T : m_t > tau}| / |T|``: the fraction of answer positions not yet corrected."""
     violations, positions = masc_violation_counts(margins, mask, tau)

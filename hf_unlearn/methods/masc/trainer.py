@@ -5,13 +5,13 @@ continuation of each forget answer (:func:`hf_unlearn.methods.masc.loss.continua
 ``retain_weight * KL(pi_0 || pi_theta)`` on retain answers (the paper's objective; the weights and thresholds come
 from the config's ``recipe``, ``"auto"`` resolved here from the model's parameter count: the authors' small-model
 recipe below 2B parameters, their Llama-2-7B one above, recorded as ``MASCTrainer.recipe`` and in
-``masc_stopping.json``). :class:`MarginStoppingCallback` checks the authors' two-stage rule every ``check_every``
-steps (stage 1: mean per-example violation rate of a few forget training batches ``<= stop_trigger``; stage 2: the
-plain mean of ``confirm_examples`` forget training examples, or its anytime Hoeffding upper bound, ``<=
-stop_tolerance``) and sets ``control.should_training_stop`` when it is confirmed; a run that reaches ``max_steps``
-first records ``stop_reason="budget"`` and warns. The callback is an ``ExportableState``: its history and decision
-are saved in every checkpoint's ``trainer_state.json`` and restored on resume, and ``masc_stopping.json`` is
-written beside the weights.
+``masc_stopping.json``). :class:`~hf_unlearn.methods.masc.stopping.MarginStoppingCallback` checks the authors'
+two-stage rule every ``check_every`` steps (stage 1: mean per-example violation rate of a few forget training
+batches ``<= stop_trigger``; stage 2: the plain mean of ``confirm_examples`` forget training examples, or its anytime
+Hoeffding upper bound, ``<= stop_tolerance``) and sets ``control.should_training_stop`` when it is confirmed; a run
+that reaches ``max_steps`` first records ``stop_reason="budget"`` and warns. The callback is an ``ExportableState``:
+its history and decision are saved in every checkpoint's ``trainer_state.json`` and restored on resume, and
+``masc_stopping.json`` is written beside the weights.
 
 Every probe tokenizes its rows as the training set is tokenized (the same ``prompt_template`` and
 ``max_length``), so the stopping rule measures the tokens the loss acts on.
@@ -31,42 +31,33 @@ length; it only matters for an epoch budget).
 
 from __future__ import annotations
 
-import logging
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset
-from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_callback import ExportableState
+from transformers import PreTrainedModel
 
-from ...data import overlapping_examples, retain_partner_indices
+from ...data import overlapping_examples
 from ...partitioning import vocab_size
-from ...safe_output import atomic_write_json
 from ..base.guards import any_process
 from ..base.losses import LossDenominators, answer_mask, kl_retain_loss
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, PairedForgetRetainDataset, as_dataset, to_trl_format
 from ..base.trainer import UnlearningTrainer
 from .config import MASCConfig
 from .loss import (
-    MASC_CONFIRM_RULES,
     buffered_hinge_loss,
-    confirmation_statistic,
     continuation_mask,
     margin_hinge_loss,
-    masc_probability_from_threshold,
-    masc_violation_counts,
     per_example_violation_rates,
     restricted_margin,
     sample_cut_ratios,
+    violation_rate_tensor,
 )
+from .stopping import MarginStoppingCallback, split_validation
 
-logger = logging.getLogger(__name__)
-
-STOPPING_FILE = "masc_stopping.json"
 ACTIVE_MASK_KEY = "masc_active_mask"
 
 
@@ -76,238 +67,6 @@ def _seeded(*keys: int) -> torch.Generator:
     for k in keys:
         value = (value * 1_000_003 + int(k) + 1) % (2**61 - 1)
     return torch.Generator().manual_seed(value)
-
-
-class MarginStoppingCallback(TrainerCallback, ExportableState):
-    """MASC's online stopping rule, with its state saved in checkpoints (``ExportableState``).
-
-    ``mode="train"`` (the authors' rule). At every ``check_every``-th optimizer step:
-
-    1. *trigger*: ``probe(model, "trigger", step)`` returns the per-example violation rates of the first
-       forget training batches; the check is armed when their mean is ``<= trigger``;
-    2. *confirmation* ``j`` (``j = 1, 2, ...`` counts armed checks, as the authors' ``eval_index``):
-       ``probe(model, "confirm", step)`` returns the rates of ``n`` examples, and training stops when the
-       statistic of ``confirm_rule`` is ``<= alpha``
-       (:func:`~hf_unlearn.methods.masc.loss.confirmation_statistic`): ``"mean"`` (the authors' TOFU run) their plain
-       mean; ``"hoeffding"`` the anytime bound ``mean + sqrt(log(1/delta_j) / (2n))``,
-       ``delta_j = 6 delta / (pi^2 (j+1)^2)`` (:func:`~hf_unlearn.methods.masc.loss.hoeffding_upper_bound`).
-
-    With ``calibrate=True`` the trigger and ``alpha`` are set at the start of training (step 0, before any
-    update) to the mean per-example violation rate of never-seen rows under the starting model
-    (``probe(model, "calibrate", 0)``): the rate a model shows on what it never learnt is what "forgotten"
-    looks like.
-
-    ``mode="heldout"`` (the earlier rule): ``probe(model, "heldout", step)`` returns ``(violations, positions)``
-    of a held-out slice and training stops when their ratio is ``<= alpha``.
-
-    ``probe`` is attached by the trainer and is not part of the saved state. Attributes (saved and restored):
-    ``violation_history`` (one dict per measurement; the one at step 0 is the starting model, not a check),
-    ``stopped_at_step`` (or ``None``), ``num_confirmations`` (``j``), ``budget_exhausted``, ``max_steps``,
-    ``stop_reason`` (``"rule"``, ``"budget"``, or ``None`` while running), ``calibration`` (or ``None``).
-    """
-
-    def __init__(
-        self,
-        mode: str = "train",
-        check_every: int = 2,
-        trigger: float = 0.475,
-        alpha: float = 0.475,
-        delta: float = 0.05,
-        rule: dict[str, Any] | None = None,
-        confirm_rule: str = "mean",
-        calibrate: bool = False,
-    ) -> None:
-        if mode not in ("train", "heldout"):
-            raise ValueError(f"mode must be 'train' or 'heldout', got {mode!r}.")
-        if confirm_rule not in MASC_CONFIRM_RULES:
-            raise ValueError(f"confirm_rule must be one of {list(MASC_CONFIRM_RULES)}, got {confirm_rule!r}.")
-        if not 0.0 < alpha < 1.0:
-            raise ValueError(f"stop_tolerance (alpha) must lie in (0, 1), got {alpha}.")
-        if int(check_every) < 1:
-            raise ValueError(f"check_every must be >= 1, got {check_every}.")
-        self.mode = mode
-        self.check_every = int(check_every)
-        self.trigger = float(trigger)
-        self.alpha = float(alpha)
-        self.delta = float(delta)
-        self.confirm_rule = confirm_rule
-        self.calibrate = bool(calibrate)
-        self.rule = dict(rule or {})
-        self.violation_history: list[dict[str, Any]] = []
-        self.stopped_at_step: int | None = None
-        self.num_confirmations = 0
-        self.budget_exhausted = False
-        self.max_steps: int | None = None
-        self.stop_reason: str | None = None
-        self.calibration: dict[str, Any] | None = None
-        self.pending_logs: dict[str, float] = {}
-        self.probe: Callable[[Any, str, int], Any] | None = None
-        # the decision every process follows (the trainer sets it: the main process's, shared by one all-reduce)
-        self.agree: Callable[[bool], bool] = bool
-
-    # ----- ExportableState ------------------------------------------------------------------------------------------
-
-    def state(self) -> dict:
-        return {
-            "args": {
-                "mode": self.mode, "check_every": self.check_every, "trigger": self.trigger, "alpha": self.alpha,
-                "delta": self.delta, "rule": self.rule, "confirm_rule": self.confirm_rule,
-                "calibrate": self.calibrate,
-            },
-            "attributes": {
-                "violation_history": [dict(h) for h in self.violation_history],
-                "stopped_at_step": self.stopped_at_step,
-                "num_confirmations": self.num_confirmations,
-                "budget_exhausted": self.budget_exhausted,
-                "max_steps": self.max_steps,
-                "stop_reason": self.stop_reason,
-                "calibration": self.calibration,
-            },
-        }
-
-    def load_state(self, state: dict) -> None:
-        """Restore the attributes of a :meth:`state` dict (the rule's arguments must match); a calibrated
-        trigger and ``alpha`` come back with the calibration."""
-        for key, value in state.get("attributes", {}).items():
-            setattr(self, key, value)
-        if self.calibration:
-            self.trigger = self.alpha = float(self.calibration["threshold"])
-
-    # ----- measuring ------------------------------------------------------------------------------------------------
-
-    def _probe(self, model: Any, stage: str, step: int) -> Any:
-        if self.probe is None:
-            raise RuntimeError("MarginStoppingCallback has no probe: it is attached by MASCTrainer.")
-        return self.probe(model, stage, step)
-
-    def _trigger_entry(self, model: Any, step: int) -> dict[str, Any]:
-        if self.mode == "heldout":
-            violations, positions = self._probe(model, "heldout", step)
-            rate = violations / positions
-            return {"step": int(step), "violation_rate": rate, "violations": int(violations), "positions": int(positions)}
-        rates = [float(r) for r in self._probe(model, "trigger", step)]
-        rate = sum(rates) / len(rates)
-        return {"step": int(step), "violation_rate": rate, "examples": len(rates), "triggered": rate <= self.trigger}
-
-    def calibrate_thresholds(self, model: Any) -> dict[str, Any]:
-        """Set ``trigger`` and ``alpha`` to the mean per-example violation rate of the never-seen rows under
-        ``model`` (clipped into ``(0, 1)``); returns the calibration record."""
-        rates = [float(r) for r in self._probe(model, "calibrate", 0)]
-        rate = sum(rates) / len(rates)
-        threshold = min(max(rate, 1e-6), 1.0 - 1e-6)
-        self.calibration = {
-            "examples": len(rates), "violation_rate": rate, "threshold": threshold,
-            "configured_trigger": self.trigger, "configured_alpha": self.alpha,
-        }
-        self.trigger = self.alpha = threshold
-        logger.info("MASC calibrated its trigger and tolerance to %.4f on %d never-seen rows.", threshold, len(rates))
-        return self.calibration
-
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        self.max_steps = int(state.max_steps)
-        if self.calibrate and self.calibration is None and not self.violation_history:
-            self.calibrate_thresholds(kwargs["model"])
-        if not self.violation_history:
-            entry = self._trigger_entry(kwargs["model"], state.global_step)
-            entry["check"] = False
-            entry.pop("triggered", None)
-            self.violation_history.append(entry)
-        return control
-
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        step = int(state.global_step)
-        if step % self.check_every != 0 or self.stopped_at_step is not None:
-            return control
-        model = kwargs["model"]
-        entry = self._trigger_entry(model, step)
-        entry["check"] = True
-        logs = {"masc/violation_rate": entry["violation_rate"]}
-        if self.mode == "heldout":
-            stop = entry["violation_rate"] <= self.alpha
-        elif entry["triggered"]:
-            self.num_confirmations += 1
-            rates = [float(r) for r in self._probe(model, "confirm", step)]
-            statistic, mean, delta_j = confirmation_statistic(rates, self.confirm_rule, self.delta, self.num_confirmations)
-            stop = statistic <= self.alpha
-            entry.update({
-                "confirmation": self.num_confirmations, "confirm_violation_rate": mean,
-                "confirm_examples": len(rates), "confirm_statistic": statistic, "confirmed": stop,
-            })
-            logs.update({"masc/confirm_violation_rate": mean})
-            if self.confirm_rule == "hoeffding":
-                entry.update({"delta_j": delta_j, "hoeffding_bound": statistic})
-                logs["masc/hoeffding_bound"] = statistic
-        else:
-            stop = False
-        agreed = bool(self.agree(stop))
-        if agreed != stop:  # this process measured otherwise; the main process's decision holds for all
-            entry["main_process_decision"] = agreed
-        stop = agreed
-        self.violation_history.append(entry)
-        control.should_log = True
-        if stop:
-            self.stopped_at_step = step
-            self.stop_reason = "rule"
-            logs["masc/stopped_at_step"] = float(step)
-            control.should_training_stop = True
-            logger.info("MASC stopping rule fired at step %d: %s", step, entry)
-        self.pending_logs = logs
-        return control
-
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        if self.stopped_at_step is None:
-            self.budget_exhausted = True
-            self.stop_reason = "budget"
-            last = self.violation_history[-1] if self.violation_history else {}
-            message = (
-                f"MASC hit its step budget ({state.global_step} steps) before the stopping rule fired, so the "
-                f"budget, not the rule, ended this run (stop_reason='budget'; last check: {last}). Raise the "
-                "budget (max_steps) or the learning rate, or loosen the threshold (rho / tau) or the tolerance "
-                "(alpha)."
-            )
-            logger.warning(message)
-            warnings.warn(message, stacklevel=2)
-            state.log_history.append({"masc/stop_reason": "budget", "step": int(state.global_step)})
-        return control
-
-    # ----- reporting ------------------------------------------------------------------------------------------------
-
-    def summary(self) -> dict[str, Any]:
-        """The rule, its history and the outcome, as saved in ``masc_stopping.json``."""
-        if self.mode == "heldout":
-            description = "stop at the first check where the held-out violation rate |{t: m_t > tau}| / |T| <= alpha"
-        elif self.confirm_rule == "hoeffding":
-            description = (
-                "two-stage: mean per-example violation rate of the first training batches <= trigger, then "
-                "Hoeffding bound mean + sqrt(log(1/delta_j)/(2n)), delta_j = 6 delta/(pi^2 (j+1)^2), on the "
-                "confirmation examples <= alpha"
-            )
-        else:
-            description = (
-                "two-stage: mean per-example violation rate of the first training batches <= trigger, then "
-                "the mean per-example violation rate of the confirmation examples <= alpha"
-            )
-        tau = self.rule.get("tau")
-        return {
-            "rule": {
-                "description": description,
-                "margin": "m_t = beta * z(y_t|c_t) - logsumexp_{v in top-k \\ {y_t}} beta * z(v|c_t)",
-                "mode": self.mode, "check_every": self.check_every, "trigger": self.trigger, "alpha": self.alpha,
-                "delta": self.delta, "confirm_rule": self.confirm_rule, "calibration": self.calibration, **self.rule,
-                "rho": masc_probability_from_threshold(tau) if tau is not None else None,
-            },
-            "stopped_at_step": self.stopped_at_step,
-            "stopped_by_rule": self.stopped_at_step is not None,
-            "stop_reason": self.stop_reason,
-            "budget_exhausted": self.budget_exhausted,
-            "max_steps": self.max_steps,
-            "num_confirmations": self.num_confirmations,
-            "violation_history": [dict(h) for h in self.violation_history],
-        }
-
-    def save(self, output_dir: str | os.PathLike) -> str:
-        """Write :meth:`summary` to ``output_dir/masc_stopping.json`` atomically; returns the path."""
-        return str(atomic_write_json(os.path.join(output_dir, STOPPING_FILE), self.summary()))
 
 
 class MASCTrainer(UnlearningTrainer):
@@ -401,13 +160,25 @@ class MASCTrainer(UnlearningTrainer):
         self._step_active_tokens: torch.Tensor | None = None
         self.validation_dataset = None
         if args.epoch_length != "forget":
-            self.train_dataset = CycledPairedDataset(self.forget_dataset, self.retain_dataset, seed=self.args.seed)
+            self.train_dataset = PairedForgetRetainDataset(self.forget_dataset, self.retain_dataset,
+                                                           seed=self.args.seed, cycle=True)
+        rule = self._build_probes(calibration_rows, held_out, len(forget))
+        rule["recipe"] = self.recipe = recipe
+        self._attach_stopping_rule(rule, calibrate=calibration_rows is not None)
+
+    def _build_probes(self, calibration_rows: Dataset | None, held_out: Dataset | None, num_train: int
+                      ) -> dict[str, Any]:
+        """The probe batches of the stopping rule, and the rule's record of its settings and probe sizes.
+
+        ``stop_probe="train"``: the trigger batches (the first ``stop_probe_batches`` training batches of forget
+        examples) and the confirmation batches (the first ``confirm_examples`` forget examples), plus the
+        calibration batches of ``calibrate_stop_on``; ``"heldout"``: the held-out slice's batches."""
         self._calibration_batches: list[dict[str, torch.Tensor]] = []
         if calibration_rows is not None:
             calibration = self._prepared_rows(calibration_rows, "MASC calibration")
             self._calibration_batches = self._batches(calibration, self.args.per_device_eval_batch_size)
         if held_out is not None:
-            self._heldout_batches = self._heldout_probe_batches(held_out, len(forget) + len(held_out))
+            self._heldout_batches = self._heldout_probe_batches(held_out, num_train + len(held_out))
         else:
             rows = [{k: self.forget_dataset[i][k] for k in MODEL_COLUMNS} for i in range(len(self.forget_dataset))]
             trigger_n = min(len(rows), self.args.stop_probe_batches * self.args.per_device_train_batch_size)
@@ -421,11 +192,15 @@ class MASCTrainer(UnlearningTrainer):
         }
         if calibration_rows is not None:
             rule["calibration_examples"] = len(calibration)
-        rule["recipe"] = self.recipe = recipe
+        return rule
+
+    def _attach_stopping_rule(self, rule: dict[str, Any], calibrate: bool) -> None:
+        """Build :class:`MarginStoppingCallback` from the config, attach this trainer's probe and the
+        main-process agreement, and add it to the callbacks."""
         self.stopping_callback = MarginStoppingCallback(
             mode=self.args.stop_probe, check_every=self.args.check_every, trigger=self.args.stop_trigger,
-            alpha=self.args.stop_tolerance, delta=self.args.confirm_delta, rule=rule,
-            confirm_rule=self.args.confirm_rule, calibrate=calibration_rows is not None,
+            stop_tolerance=self.args.stop_tolerance, delta=self.args.confirm_delta, rule=rule,
+            confirm_rule=self.args.confirm_rule, calibrate=calibrate,
         )
         self.stopping_callback.probe = self.probe
         self.stopping_callback.agree = self._main_process_decides
@@ -523,8 +298,8 @@ class MASCTrainer(UnlearningTrainer):
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
-        rates: list[float] = []
-        violations = positions = 0
+        rate_parts: list[torch.Tensor] = []  # per batch, on the device: copied to the host once, at the end
+        counts = torch.zeros(2, dtype=torch.long, device=device)  # held-out (violations, positions)
         try:
             for batch in batches:
                 batch = {k: v.to(device) for k, v in batch.items() if torch.is_tensor(v)}
@@ -534,15 +309,17 @@ class MASCTrainer(UnlearningTrainer):
                 ).logits
                 margins, mask = restricted_margin(logits, batch["labels"], args.top_k, args.margin_beta)
                 if stage == "heldout":
-                    v, n = masc_violation_counts(margins, mask, args.tau)
-                    violations, positions = violations + v, positions + n
+                    counts += torch.stack([((margins > args.tau) & mask.bool()).sum(), mask.bool().sum()])
                 else:
                     active = self.active_mask(batch["labels"], generator).to(margins.device)
-                    rates.extend(per_example_violation_rates(margins, active, args.tau).tolist())
+                    rate_parts.append(per_example_violation_rates(margins, active, args.tau))
         finally:
             if was_training:
                 model.train()
-        return (violations, positions) if stage == "heldout" else rates
+        if stage == "heldout":
+            violations, positions = counts.tolist()
+            return int(violations), int(positions)
+        return torch.cat(rate_parts).tolist() if rate_parts else []
 
     def _load_callback_state(self) -> None:
         """Restore the stopping rule's state on resume, whatever ``restore_callback_states_from_checkpoint`` says
@@ -632,8 +409,7 @@ class MASCTrainer(UnlearningTrainer):
         loss = args.forget_weight * hinge
         self.log_metric("masc_hinge", hinge)
         self.log_metric("forget_nll", forget.mean_nll)
-        violations, positions = masc_violation_counts(margins.detach(), active, args.tau)
-        self.log_metric("forget_violation_rate", violations / max(positions, 1))
+        self.log_metric("forget_violation_rate", violation_rate_tensor(margins.detach(), active, args.tau))
         if args.retain_weight > 0 and RETAIN_PREFIX + "input_ids" in inputs:
             retain = self.score(model, inputs, RETAIN_PREFIX)
             reference = self.reference_scores(inputs, RETAIN_PREFIX)
@@ -668,7 +444,7 @@ class MASCTrainer(UnlearningTrainer):
     def stopping_card_section(self) -> str:
         """Markdown of the model card's *Stopping* section."""
         cb = self.stopping_callback
-        rule = f"confirm_rule={cb.confirm_rule!r}, trigger={cb.trigger:.4g}, alpha={cb.alpha:.4g}"
+        rule = f"confirm_rule={cb.confirm_rule!r}, trigger={cb.trigger:.4g}, stop_tolerance={cb.stop_tolerance:.4g}"
         if cb.calibration:
             rule += f" (calibrated on {cb.calibration['examples']} never-seen rows)"
         if cb.stop_reason == "rule":
@@ -687,40 +463,3 @@ class MASCTrainer(UnlearningTrainer):
         super()._save(output_dir, state_dict)
         if self.args.should_save and getattr(self, "stopping_callback", None) is not None:
             self.stopping_callback.save(output_dir if output_dir is not None else self.args.output_dir)
-
-
-class CycledPairedDataset(PairedForgetRetainDataset):
-    """The authors' epoch: ``max(len(forget), len(retain))`` items, item ``i`` the forget example ``i mod
-    len(forget)`` with its retain partner, so that one epoch cycles the smaller set over the larger one (as their
-    loop cycles the forget loader over the retain loader). Partners are redrawn each epoch (:meth:`set_epoch`);
-    with a shuffled sampler every forget example occurs ``floor`` or ``ceil`` of ``length / len(forget)`` times
-    per epoch."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-        self.length = max(len(self.forget), len(self.retain))
-        self.partners = retain_partner_indices(self.length, len(self.retain), self.seed, self.epoch)
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        forget = self.forget[int(index) % len(self.forget)]
-        retain = self.retain[self.partners[int(index)]]
-        item = {key: forget[key] for key in self.columns}
-        item.update({RETAIN_PREFIX + key: retain[key] for key in self.columns})
-        return item
-
-
-def split_validation(forget: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
-    """Split the forget set into (training part, held-out slice) for ``stop_probe="heldout"``:
-    ``max(1, round(fraction * n))`` examples drawn with ``seed`` are held out, and at least one is left to train on."""
-    n = len(forget)
-    if n < 2:
-        raise ValueError(
-            f"The forget set has {n} example(s): MASC's held-out rule holds out part of it to decide when to stop "
-            "and trains on the rest, so it needs at least 2 (or use stop_probe='train')."
-        )
-    held = min(n - 1, max(1, round(fraction * n)))
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed))).tolist()
-    return forget.select(sorted(order[held:])), forget.select(sorted(order[:held]))

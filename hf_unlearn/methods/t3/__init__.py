@@ -13,18 +13,42 @@ hidden state of the prefix to one retain-vs-forget logit per vocabulary entry. G
 A head records a fingerprint of its base's weights and refuses any other model (:mod:`hf_unlearn.methods.t3.provenance`).
 """
 
+from ...artifact_kinds import ArtifactKind as _ArtifactKind
+from ...artifact_kinds import config_base_model as _config_base_model
+from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
 from ...registry import register_class as _register_class
+from .cache import cache_answer_states, validate_t3_fit
 from .calibration import calibrate_t3, calibration_grid
 from .config import T3ClassifierConfig
-from .fit import cache_answer_states, fit_t3, validate_t3_fit
+from .fit import fit_t3
 from .hidden import causal_mean_pool
 from .modeling import T3Classifier, T3ClassifierOutput
 from .processor import T3LogitsProcessor
+from .provenance import t3_integrity_entry as _t3_integrity_entry
 from .scoring import t3_log_probs, t3_scorer
 from .tilt import tilted_log_probs, tilted_scores
 
-_register_class(T3Classifier, artifact_kind="t3_classifier", entry_point="hf_unlearn.methods.t3:fit_t3",
-                config_class=T3ClassifierConfig)
+_register_class(T3Classifier, artifact_kind="t3_classifier", entry_point="hf_unlearn.methods.t3.runner:run_t3",
+                config_class=T3ClassifierConfig, selection="hf_unlearn.methods.t3.runner:select_t3",
+                decoding="hf_unlearn.methods.t3.runner:t3_decoding")
+
+
+def _t3_card_settings(head):
+    keep = ("rank", "layer", "pooling", "temperature", "tilt_weight", "hidden_size", "vocab_size")
+    return {k: getattr(head.config, k) for k in keep if getattr(head.config, k, None) is not None}
+
+
+def _folder_is_t3(folder):
+    from ...artifact_kinds import read_json
+
+    return read_json(folder / "config.json").get("model_type") == T3ClassifierConfig.model_type
+
+
+_register_artifact_kind(_ArtifactKind(
+    "t3_classifier", "t3_classifier.md", "t3", lambda: (T3Classifier,), "transformers",
+    base_model=_config_base_model, settings=_t3_card_settings, folder_matches=_folder_is_t3,
+    integrity=_t3_integrity_entry,
+))
 
 __all__ = [
     "T3Classifier", "T3ClassifierConfig", "T3ClassifierOutput", "T3LogitsProcessor", "cache_answer_states",

@@ -85,6 +85,7 @@ def calibrate_t3(
     tilt_weights: Sequence[float] = DEFAULT_TILT_WEIGHTS,
     *,
     cached: bool = True,
+    device: Any = None,
 ) -> Any:
     """Score the ``temperatures`` x ``tilt_weights`` grid (12 points by default) with ``criterion`` and write the
     chosen ``(T, w)`` into ``classifier.config`` (``temperature``, ``tilt_weight`` and ``calibration``, the
@@ -95,8 +96,17 @@ def calibrate_t3(
     ``seconds`` is its share of that pass. ``cached=False`` runs the original's pass and one tilted-scorer pass
     per point (the same measurements up to float rounding, about one pass per point). Every setting is validated
     before any pass; the head and the base are not modified otherwise.
+
+    ``device``: ``None`` (default) scores where the base is; ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
+    (:func:`hf_unlearn.devices.resolve_device`) moves the base and the head there first (refused before any work
+    when the machine lacks it). A criterion with a ``device`` of its own moves the base there when it scores.
     """
+    from ...devices import device_of, move_to_device
+
     grid = calibration_grid(temperatures, tilt_weights)
+    move_to_device(model, device)
+    if device is not None:
+        classifier.to(device_of(model))
     classifier.check_finite()
     classifier.check_base(model)
     if cached:

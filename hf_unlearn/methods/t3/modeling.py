@@ -161,7 +161,7 @@ class T3Classifier(PreTrainedModel):
         if cfg.base_num_hidden_layers is not None and n_layers is not None and n_layers != cfg.base_num_hidden_layers:
             problems.append(f"{n_layers} layers != {cfg.base_num_hidden_layers}")
         if problems:
-            from .provenance import BaseModelMismatchError
+            from ..grom.provenance import BaseModelMismatchError
 
             raise BaseModelMismatchError(
                 "This T3 head was fitted on another base model: " + "; ".join(problems)

@@ -38,7 +38,7 @@ from ..grom.provenance import BaseModelMismatchError, weight_fingerprint
 FINGERPRINT_VERSION = 1
 
 __all__ = [
-    "T3_INTEGRITY", "AdapterIntegrityError", "BaseModelMismatchError", "base_weights_fingerprint", "check_base_weights",
+    "T3_INTEGRITY", "t3_integrity_entry", "base_weights_fingerprint", "check_base_weights",
     "head_files", "verify_head_files", "write_head_integrity",
 ]
 
@@ -113,6 +113,14 @@ def check_base_weights(fingerprint: dict[str, Any] | None, model: Any, what: str
 #: file of the head (``config.json``, the safetensors weights).
 T3_INTEGRITY = "t3_integrity.json"
 INTEGRITY_FORMAT = "hf_unlearn.t3_integrity"
+
+
+def t3_integrity_entry(folder: str | os.PathLike) -> dict[str, str] | None:
+    """The ``{"manifest", "sha256"}`` entry a pushed card carries to pin a saved head (its ``t3_integrity.json``);
+    ``None`` when the folder holds none."""
+    from ..grom.peft_export import integrity_entry
+
+    return integrity_entry(folder, T3_INTEGRITY)
 
 
 def head_files(folder: Path) -> list[str]:

@@ -1,9 +1,12 @@
-"""Artifact kinds: how each kind of unlearned artifact is carded and recognised.
+"""Artifact kinds: how each kind of unlearned artifact is carded, recognised and pinned.
 
-Artifact kinds live in :data:`ARTIFACT_KINDS`; adding one is one :func:`register_artifact_kind` call (a template
-in ``hub_cards/`` plus the classes of the artifact and how to recognise a saved folder). An in-memory artifact's
-kind is found with ``isinstance`` against those classes, which are imported only when a kind is checked, so
-importing this module imports no method module.
+Artifact kinds live in :data:`ARTIFACT_KINDS`. The catch-all kind ``unlearned_model`` (any transformers model or
+PEFT model) is defined here; a method whose artifact is of its own kind registers it from its folder with one
+:func:`register_artifact_kind` call (a template in ``hub_cards/``, the classes of the artifact, how to recognise a
+saved folder and, when it has one, its integrity record). An in-memory artifact's kind is found with
+``isinstance`` against those classes; a lookup imports the built-in method folders first
+(:func:`hf_unlearn.registry.method_names`), so every built-in kind is known. This module is on the bottom floor:
+it imports only the registry, and third-party classes inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARTIFACT_KINDS", "ArtifactKind", "detect_artifact_kind", "register_artifact_kind"]
+from .registry import method_names
+
+__all__ = ["ARTIFACT_KINDS", "ArtifactKind", "config_base_model", "detect_artifact_kind", "read_json", "register_artifact_kind"]
 
 
-def _config_base(artifact: Any) -> str | None:
+def config_base_model(artifact: Any) -> str | None:
     config = getattr(artifact, "config", None)
     for name in ("base_model_name_or_path", "base_model", "_name_or_path"):
         value = getattr(config, name, None)
@@ -33,19 +38,7 @@ def _model_base(artifact: Any) -> str | None:
 
     if isinstance(artifact, PeftModel):
         return next(iter(artifact.peft_config.values())).base_model_name_or_path
-    return _config_base(artifact)
-
-
-def _grom_classes() -> tuple[type, ...]:
-    from ..methods.grom.model import GROMEdit
-
-    return (GROMEdit,)
-
-
-def _t3_classes() -> tuple[type, ...]:
-    from ..methods.t3.modeling import T3Classifier
-
-    return (T3Classifier,)
+    return config_base_model(artifact)
 
 
 def _model_classes() -> tuple[type, ...]:
@@ -55,38 +48,17 @@ def _model_classes() -> tuple[type, ...]:
     return (PreTrainedModel, PeftModel)
 
 
-def _grom_settings(edit: Any) -> dict[str, Any]:
-    return dict(edit.config.saved_dict())
-
-
-def _t3_settings(head: Any) -> dict[str, Any]:
-    keep = ("rank", "layer", "pooling", "temperature", "tilt_weight", "hidden_size", "vocab_size")
-    return {k: getattr(head.config, k) for k in keep if getattr(head.config, k, None) is not None}
-
-
 def _model_library(artifact: Any) -> str:
     from peft import PeftModel
 
     return "peft" if isinstance(artifact, PeftModel) else "transformers"
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return {}
-
-
-def _folder_is_grom(folder: Path) -> bool:
-    from ..methods.grom.peft_export import GROM_METADATA
-
-    return (folder / "adapter_config.json").is_file() and (folder / GROM_METADATA).is_file()
-
-
-def _folder_is_t3(folder: Path) -> bool:
-    from ..methods.t3.config import T3ClassifierConfig
-
-    return _read_json(folder / "config.json").get("model_type") == T3ClassifierConfig.model_type
 
 
 @dataclass(frozen=True)
@@ -98,7 +70,8 @@ class ArtifactKind:
     (imported on call, so that importing this module stays light). ``library_name``: card metadata
     (a callable gets the artifact). ``base_model``: the base model an artifact was made from.
     ``settings``: default method settings read from the artifact. ``folder_matches``: recognises a
-    saved folder by the files its ``save_pretrained`` writes.
+    saved folder by the files its ``save_pretrained`` writes. ``integrity``: given a saved folder, the
+    ``{"manifest", "sha256"}`` entry a pushed card carries to pin it (``None`` when the folder holds no record).
     """
 
     name: str
@@ -109,6 +82,7 @@ class ArtifactKind:
     base_model: Callable[[Any], str | None] = _model_base
     settings: Callable[[Any], Mapping[str, Any]] = field(default=lambda artifact: {})
     folder_matches: Callable[[Path], bool] = field(default=lambda folder: False)
+    integrity: Callable[[Path], dict[str, str] | None] = field(default=lambda folder: None)
 
     def matches(self, artifact: Any) -> bool:
         return isinstance(artifact, self.classes())
@@ -136,18 +110,11 @@ def register_artifact_kind(kind: ArtifactKind, *, before: str | None = "unlearne
 register_artifact_kind(ArtifactKind(
     "unlearned_model", "unlearned_model.md", None, _model_classes, _model_library, folder_matches=lambda f: True,
 ), before=None)
-register_artifact_kind(ArtifactKind(
-    "grom_adapter", "grom_adapter.md", "grom", _grom_classes, "peft",
-    base_model=lambda edit: edit.base_model_name_or_path, settings=_grom_settings, folder_matches=_folder_is_grom,
-))
-register_artifact_kind(ArtifactKind(
-    "t3_classifier", "t3_classifier.md", "t3", _t3_classes, "transformers", base_model=_config_base,
-    settings=_t3_settings, folder_matches=_folder_is_t3,
-))
 
 
 def detect_artifact_kind(artifact: Any) -> str:
     """Name of the registered kind an artifact (object or saved folder) belongs to."""
+    method_names()  # the built-in method folders register their kinds on import
     if isinstance(artifact, (str, os.PathLike)):
         folder = Path(artifact)
         if not folder.is_dir():
@@ -157,12 +124,13 @@ def detect_artifact_kind(artifact: Any) -> str:
         if kind.matches(artifact):
             return name
     raise ValueError(
-        f"Cannot push a {type(artifact).__name__}: expected a PreTrainedModel, a PEFT model, a GROMEdit, "
-        "a T3Classifier or a saved folder."
+        f"Cannot push a {type(artifact).__name__}: expected a PreTrainedModel, a PEFT model, a saved folder or "
+        f"an artifact of a registered kind ({', '.join(ARTIFACT_KINDS)})."
     )
 
 
 def _kind(kind: str) -> ArtifactKind:
+    method_names()
     if kind not in ARTIFACT_KINDS:
         raise ValueError(f"Unknown artifact kind {kind!r}; registered kinds: {sorted(ARTIFACT_KINDS)}.")
     return ARTIFACT_KINDS[kind]

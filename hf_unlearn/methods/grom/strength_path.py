@@ -46,7 +46,8 @@ import torch
 
 from .band_cache import BandCache, band_entry
 from .config import GROMConfig
-from .model import GROMEdit, fit_grom, untie_lm_head
+from .edit import GROMEdit, untie_lm_head
+from .fit import fit_grom
 from .solve import GROMSolution, cholesky_or_explain
 
 DEFAULT_SCALES = (0.25, 0.5, 1.0)
@@ -96,8 +97,10 @@ class GROMPath:
         return len(self.points)
 
     def point_deltas(self, i: int) -> dict[str, torch.Tensor]:
-        """``{module: P}`` of point ``i`` (float32, CPU): its scale times its ``(w_r, mu)``'s unit edit (equal to
-        ``edits[i].deltas`` up to float32 rounding)."""
+        """``{module: P}`` of point ``i`` (float32, on the device the path was solved on: the model's): its scale
+        times its ``(w_r, mu)``'s unit edit (equal to ``edits[i].deltas`` up to float32 rounding). The path keeps
+        only these unit edits on the device; a point's full edit (:attr:`edits`, built when read) holds its deltas
+        on the host, as every :class:`~hf_unlearn.methods.grom.GROMEdit` does."""
         scale = self.point_scales[i]
         return {n: d * scale if scale != 1.0 else d for n, d in self.unit_deltas[self.point_units[i]].items()}
 
@@ -311,8 +314,8 @@ def grom_path_from_edit(
     units, unit_norms, normal_parts = [], [], _normal_parts(edit)
     for w_r, mu in axes:
         solutions = _unit_solution(edit, retain_parts, w_r, mu, w0 or 1.0, normal_parts)
-        units.append({n: s.delta.float().cpu() for n, s in solutions.items()})
-        unit_norms.append(float(sum(float(s.delta.norm()) for s in solutions.values())))
+        units.append({n: s.delta.float() for n, s in solutions.items()})  # on the solve's (the model's) device
+        unit_norms.append(float(sum(torch.stack([s.delta.norm() for s in solutions.values()]).tolist())))
         del solutions
     del normal_parts
     points, norms, point_units, point_scales = [], [], [], []
@@ -345,16 +348,18 @@ def fit_grom_path(
     retain_weights: Sequence[float] | None = None,
     ridges: Sequence[float] | None = None,
     generic_retain: Any = None,
+    device: Any = None,
+    gram_device: Any = None,
 ) -> GROMPath:
     """Fit GROM once (``config``; its keys, targets and band) and return the exact edits of every combination of
     ``scales`` x ``retain_weights`` x ``ridges`` (see :func:`grom_path_from_edit` for the defaults: 9 points),
     ordered weak -> strong. ``model`` is not modified; ``generic_retain`` goes to ``fit_grom``. A point equals
     ``fit_grom`` with ``retain_weight``/``ridge`` replaced (up to float rounding), its targets times ``scale``. The
-    grid is validated before the fit."""
+    grid is validated before the fit. ``device`` and ``gram_device`` are :func:`fit_grom`'s."""
     config = config or GROMConfig()
     _path_grid(scales, retain_weights, ridges, float(config.retain_weight), float(config.ridge))  # before any work
     if config.retain_weight == 0 and (retain_weights is None or any(w > 0 for w in retain_weights)):
         config = dataclasses.replace(config, retain_weight=1.0)  # the collection is the same; A keeps X_r X_r^T
     extra = {} if generic_retain is None else {"generic_retain": generic_retain}
-    edit = fit_grom(model, tokenizer, forget, retain, config, **extra)
+    edit = fit_grom(model, tokenizer, forget, retain, config, **extra, device=device, gram_device=gram_device)
     return grom_path_from_edit(edit, scales, retain_weights, ridges)

@@ -1,0 +1,188 @@
+"""``hf-unlearn eval``: the TOFU evaluation of a model (its report printed and written), with the quantization and
+relearning attacks on request, or MUSE-News (``--benchmark muse``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from ..devices import DEVICE_HELP
+from ..options import UserError
+from ..preconditions import check_eval_configs, check_retain_reference, load_model
+from ..scripts import RunFailure
+from .common import AUTOCAST_CHOICES, DATA_HELP, RETAIN_REFERENCE_HELP, autocast_dtype, resolve_cli_device
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from ..data import FORGET_SPLITS
+    from ..data.prompts import PROMPT_TEMPLATES
+    from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+    from ..evaluation.report import metric_definitions_text
+
+    ev = sub.add_parser("eval", allow_abbrev=False, help="TOFU (or MUSE) evaluation of a model",
+                        epilog=metric_definitions_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("--model", required=True, help="model folder or Hub id")
+    ev.add_argument("--benchmark", choices=("tofu", "muse"), default="tofu",
+                    help="tofu (default), or muse: MUSE-News VerbMem, KnowMem and PrivLeak (--data: a folder laid out "
+                         "like MUSE-News or a Hub id, default muse-bench/MUSE-News; --retain-reference: a retain "
+                         "model's MUSE report or its AUC; MUSE's own 128/32 new tokens)")
+    ev.add_argument("--data", default=None, help=DATA_HELP)
+    ev.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
+    ev.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
+    ev.add_argument("--template", choices=sorted(PROMPT_TEMPLATES), default=None,
+                    help="prompt template the model was fine-tuned with (default: its chat template, else plain)")
+    ev.add_argument("--save-truth-ratios", help="write this model's forget truth ratios (use for a retain model)")
+    ev.add_argument("--output", help="report JSON path")
+    ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                    help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
+    ev.add_argument("--max-examples", type=int, default=None)
+    ev.add_argument("--autocast-dtype", choices=AUTOCAST_CHOICES, default="none",
+                    help="score and generate under torch.autocast with this dtype (weights untouched; recorded in "
+                         "the report, and a retain reference must match it)")
+    ev.add_argument("--attacks", default=None, metavar="quant,relearn",
+                    help="after the evaluation, try to bring the forget rows back: quant (4-bit NF4 and 8-bit "
+                         "copies), relearn (a few fine-tuning steps on 10%% of the forget rows, and on retain rows)")
+    ev.add_argument("--attack-original", default=None, metavar="MODEL",
+                    help="the model before unlearning (folder or Hub id): report the share of the gap each attack "
+                         "recovered")
+    ev.add_argument("--relearn-steps", type=int, default=10, help="relearning attack: fine-tuning steps (10)")
+    ev.add_argument("--relearn-lr", type=float, default=1e-4,
+                    help="relearning attack: learning rate (1e-4; use the target's fine-tuning rate)")
+    ev.add_argument("--device", default="auto", help=DEVICE_HELP)
+    ev.add_argument("--verbose", action="store_true", help="show the evaluator's progress bars")
+    ev.set_defaults(func=cmd_eval)
+    return ev
+
+
+def _muse_retain_reference(value: str | None) -> float | str | None:
+    """``eval --benchmark muse --retain-reference``: an AUC (a number) or the path of a retain model's MUSE report."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    if not os.path.isfile(value):
+        raise UserError(f"--retain-reference {value}: neither an AUC nor a MUSE report file.")
+    return value
+
+
+def cmd_eval_muse(args: argparse.Namespace) -> int:
+    """``eval --benchmark muse``: :func:`hf_unlearn.evaluation.evaluate_muse` on ``--data`` (a MUSE-News folder or
+    Hub id), its report printed and written to ``--output``."""
+    from ..console import PhaseReporter
+    from ..evaluation import MUSE_HUB_ID, evaluate_muse, render_muse_report
+
+    unused = [flag for flag, value in (("--attacks", args.attacks), ("--save-truth-ratios", args.save_truth_ratios),
+                                       ("--template", args.template), ("--attack-original", args.attack_original))
+              if value]
+    if args.forget_split != "forget10" or args.autocast_dtype not in (None, "none"):
+        unused.append("--forget-split/--autocast-dtype")
+    if unused:
+        raise UserError(f"{', '.join(unused)}: TOFU options, not used by --benchmark muse.")
+    for name in ("batch_size", "max_examples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    device = resolve_cli_device(args)
+    reference = _muse_retain_reference(args.retain_reference)
+    _check_eval_report_paths(args)
+    source = args.data or MUSE_HUB_ID
+    model, tokenizer = load_model(args.model, device)
+    say = PhaseReporter(inline=not args.verbose)
+    say.start(Path(args.model).name, "MUSE evaluation")
+    try:
+        report = evaluate_muse(model, tokenizer, source=source, retain_reference=reference,
+                               max_examples=args.max_examples, batch_size=args.batch_size, progress=args.verbose,
+                               output_path=args.output)
+    except Exception as err:
+        raise RunFailure(say.fail(err), printed=True) from err
+    say.done()
+    print(render_muse_report(report))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ..console import PhaseReporter
+    from ..evaluation import evaluate_tofu, render_report, save_truth_ratios
+
+    if getattr(args, "benchmark", "tofu") == "muse":
+        return cmd_eval_muse(args)
+    device = resolve_cli_device(args)
+    for name in ("batch_size", "max_new_tokens", "max_examples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    check_eval_configs(args.data, args.forget_split)
+    check_retain_reference(args.retain_reference, args.forget_split, args.data, args.max_examples)
+    _check_eval_report_paths(args)
+    attacks = _eval_attacks(args)
+    model, tokenizer = load_model(args.model, device)
+    if args.attack_original:  # the model before unlearning: the attacks' recovered fractions
+        original, _ = load_model(args.attack_original, device)
+        for options in attacks.values():
+            options["original"] = original
+    name = Path(args.model).name
+    say = PhaseReporter(inline=not args.verbose)
+    say.start(name, "evaluation" + (" and attacks" if attacks else ""))
+    try:
+        report = evaluate_tofu(
+            model, tokenizer, source=args.data, forget_split=args.forget_split,
+            retain_reference=args.retain_reference, batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens, max_examples=args.max_examples, output_path=args.output,
+            progress=args.verbose, template=args.template,
+            autocast_dtype=autocast_dtype(args.autocast_dtype), attacks=attacks or None,
+        )
+    except Exception as err:
+        raise RunFailure(say.fail(err), printed=True) from err
+    say.done()
+    if args.save_truth_ratios:
+        save_truth_ratios(report, args.save_truth_ratios)
+    print(render_report(report))
+    if report.attacks:
+        from ..evaluation import format_attacks
+
+        print(format_attacks(report.attacks))
+    return 0
+
+
+def _check_eval_report_paths(args: argparse.Namespace) -> None:
+    """``eval --output`` / ``--save-truth-ratios``: file paths outside every input (the model folder, the model
+    before unlearning, a data folder, the retain reference), no link, no folder, writable, and not the same file
+    (:func:`hf_unlearn.safe_output.check_report_path`); one line before any model loads."""
+    from ..safe_output import OutputDirError, check_report_path
+
+    inputs = [args.model, args.attack_original, args.retain_reference,
+              args.data if args.data and os.path.isdir(args.data) else None]
+    targets = []
+    for path in (args.output, args.save_truth_ratios):
+        if path:
+            try:
+                targets.append(check_report_path(path, inputs))
+            except OutputDirError as err:
+                raise UserError(str(err)) from None
+    if len(targets) == 2 and targets[0] == targets[1]:
+        raise UserError(f"--output and --save-truth-ratios name the same file {targets[0]}; give two paths.")
+
+
+def _eval_attacks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``evaluate_tofu``'s ``attacks`` from ``--attacks`` / ``--relearn-*``, checked before any model loads."""
+    from ..evaluation.attacks import check_attack_options, parse_attacks
+
+    if not args.attacks:
+        if args.attack_original:
+            raise UserError("--attack-original needs --attacks.")
+        return {}
+    try:
+        attacks = parse_attacks(args.attacks)
+        if "relearn" in attacks:
+            attacks["relearn"].update(steps=args.relearn_steps, learning_rate=args.relearn_lr)
+        check_attack_options(attacks)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if args.relearn_lr < 0:
+        raise UserError(f"--relearn-lr must be >= 0, got {args.relearn_lr}.")
+    return attacks

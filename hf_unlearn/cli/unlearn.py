@@ -1,0 +1,300 @@
+"""``hf-unlearn unlearn``: unlearn a forget split from a model and save the method's native artifact.
+
+The method's own config fields are options, generated from its config dataclass with
+:class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every field). The run is
+:func:`hf_unlearn.scripts.run_unlearn`, the one the per-method scripts (``examples/scripts/<method>.py``) run; this
+command adds ``--select`` (the strength chosen by the reference-free criterion), ``--eval`` (the TOFU evaluator on
+the result, with the NF4 re-check) and ``--push-to-hub``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..devices import DEVICE_HELP
+from ..options import UserError, config_parser, method_config_class, parse_method_settings
+from ..preconditions import (
+    check_eval_configs,
+    check_output_parent,
+    check_push_target,
+    check_retain_reference,
+    load_model,
+    rows_from_spec,
+)
+from ..registry import method_names
+from ..scripts import RunFailure, UnlearnRun, run_unlearn
+from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
+
+
+def method_help() -> str:
+    """The ``--method`` help: the registered methods (:func:`hf_unlearn.registry.method_names`)."""
+    names = method_names()
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+class _UnlearnHelpFormatter(argparse.HelpFormatter):
+    """Writes the ``--method`` help from the registry when the help is shown (the lookup imports the method
+    packages, which the other commands do not need)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return method_help() if action.dest == "method" else super()._get_help_string(action)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from ..data import FORGET_SPLITS
+    from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+
+    un = sub.add_parser(
+        "unlearn", allow_abbrev=False, add_help=False, formatter_class=_UnlearnHelpFormatter,
+        help="unlearn a forget split from a model and save the result",
+        description="Unlearn a forget split and save the method's native artifact (weights, LoRA adapter or T3 "
+                    "head). Every field of the method's config is also an option: "
+                    "`hf-unlearn unlearn --method METHOD --help` lists them.")
+    un.add_argument("-h", "--help", action="store_true", help="show this help (with --method: its config options)")
+    un.add_argument("--method", help="the registered methods (hf_unlearn.registry)")
+    un.add_argument("--model", help="model folder or Hub id")
+    un.add_argument("--data", default=None, help=DATA_HELP)
+    un.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
+    un.add_argument("--forget-file", help="what to forget instead of --forget-split: JSON Lines of question/answer "
+                                           "rows, or documents (a .txt file, a folder of them, JSON Lines of texts)")
+    un.add_argument("--retain-file", help="what to keep instead of the retain split: question/answer rows or "
+                                           "documents, as --forget-file")
+    un.add_argument("--output", help="output folder (refused when it overlaps the model folder)")
+    un.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder (swapped in when complete)")
+    un.add_argument("--resume", action="store_true", help="resume from the latest checkpoint-* in --output (trainer methods)")
+    un.add_argument("--preset", choices=("none", "demo"), default="none",
+                    help="start from the config defaults (none) or the method's TOFU-tiny demo setting; options override")
+    un.add_argument("--eval", action="store_true", help="run the TOFU evaluator on the result")
+    un.add_argument("--nf4-check", action="store_true", help="with --eval: forget ROUGE-L again after NF4 quantization")
+    un.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                    help=f"generated answer length for --eval (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
+    un.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
+    un.add_argument("--push-to-hub", metavar="REPO", help="push the result with a model card")
+    un.add_argument("--hub-token", help="token for --push-to-hub (default: HF_TOKEN or the saved login)")
+    _add_selection_options(un)
+    un.add_argument("--device", default="auto", help=DEVICE_HELP)
+    un.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
+    un.set_defaults(func=run, takes_method_options=True, subparser=un)
+    return un
+
+
+def _add_selection_options(un: argparse.ArgumentParser) -> None:
+    """The options of ``unlearn --select`` (:mod:`hf_unlearn.selection`)."""
+    un.add_argument("--select", action="store_true",
+                    help="choose the method's strength by the reference-free criterion (hf_unlearn.selection): GROM's "
+                         "exact strength path, T3's (T, w) calibration, the best checkpoint of a trainer; needs "
+                         "--holdout; the record is saved as selection_record.json and shown in the model card")
+    un.add_argument("--holdout", metavar="SPLIT_OR_FILE",
+                    help="with --select: rows of the same kind the model never saw (TOFU holdout01/05/10 of --data, "
+                         "a JSON Lines file of question/answer rows, or documents as --forget-file)")
+    un.add_argument("--retain-validation", metavar="SPLIT_OR_FILE",
+                    help="with --select: retain rows not used for unlearning (default: the last 10%%, at most 100, of "
+                         "the retain rows, which the method then does not see)")
+    un.add_argument("--groups", type=groups_option, default="rows", metavar="rows|tofu_authors|N",
+                    help="with --select: how rows are grouped for the forget-vs-holdout test: every row its own group "
+                         "(default), TOFU's authors (20 consecutive rows each), or N consecutive rows each")
+    un.add_argument("--reference-model", metavar="PATH_OR_ID",
+                    help="with --select: a model that saw neither the forget nor the holdout rows, e.g. the pretrained "
+                         "base before fine-tuning; each row's NLL under it is subtracted, so authors of different "
+                         "difficulty compare fairly (measured once)")
+    un.add_argument("--selection-steps", type=int, default=50,
+                    help="with --select, trainer methods: measure the criterion every this many optimizer steps")
+
+
+def groups_option(value: str) -> str | int:
+    """``--groups``: ``rows``, ``tofu_authors`` or a whole number of consecutive rows per group (>= 1)."""
+    if value in ("rows", "tofu_authors"):
+        return value
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"expected rows, tofu_authors or a whole number >= 1, got {value!r}")
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    """The command: :func:`cmd_unlearn` holding the output folder's lock, so that the folder is this run's alone
+    from its first check to the end (a second run is refused)."""
+    from ..safe_output import output_lock
+
+    if args.help:
+        return cmd_unlearn(args, extra)
+    check_output_parent(args.output)  # `--output afile/sub`: name the file
+    with output_lock(args.output):
+        return cmd_unlearn(args, extra)
+
+
+def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
+    """Parse the method's options into settings, then :func:`hf_unlearn.scripts.run_unlearn` with this command's
+    steps: before the model loads, ``--select``'s criterion and the checks of ``--retain-reference``, ``--eval``
+    and ``--push-to-hub``; in the run's folder, ``--eval``; after it, the push."""
+    from ..console import PhaseReporter
+
+    if args.help:
+        return unlearn_help(args.subparser, args.method)
+    method = _checked_method(args)
+    check_selection_flags(args)
+    settings = parse_method_settings(method, extra, demo_preset(method) if args.preset == "demo" else {})
+    device = resolve_cli_device(args, method, settings)
+    run = UnlearnRun(method, args.model, args.output, settings, args.data, forget_split=args.forget_split,
+                     forget_file=args.forget_file, retain_file=args.retain_file, overwrite=args.overwrite,
+                     resume=args.resume, verbose=args.verbose, device=device)
+    state: dict[str, Any] = {}
+
+    def prepare(forget: list, retain: list) -> tuple[Any, list]:
+        criterion, retain = selection_setup(args, forget, retain, settings, device) if args.select else (None, retain)
+        check_retain_reference(args.retain_reference, args.forget_split, args.data if args.eval else None)
+        if args.eval:
+            if args.max_new_tokens < 1:
+                raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+            check_eval_configs(args.data, args.forget_split)
+        state["token"] = check_push_target(args.push_to_hub, args.hub_token)
+        return criterion, retain
+
+    def after(result: Any, tokenizer: Any, work: Path, phases: Any) -> None:
+        state["tokenizer"] = tokenizer
+        if args.eval:
+            state["report"] = _evaluate(args, result, tokenizer, work, phases, settings)
+
+    say = PhaseReporter(inline=not args.verbose)
+    result = run_unlearn(run, prepare=prepare, after=after, reporter=say, selection_steps=args.selection_steps)
+    print(f"{method}: unlearned in {result.seconds:.1f}s, saved to {run.folder}  "
+          f"(log: {run.folder / 'logs' / f'{method}.jsonl'})")
+    report = state.get("report")
+    if report is not None:
+        from ..evaluation import format_report_table
+
+        print(format_report_table({method: report}))
+    if args.push_to_hub:
+        _push(args, result, report, state, say)
+    return 0
+
+
+def _checked_method(args: argparse.Namespace) -> str:
+    """``--method`` (a registered method), with ``--model`` and ``--output`` given; else one line."""
+    names = method_names()
+    if not args.method:
+        raise UserError(f"--method is required; choose from {', '.join(sorted(names))}.")
+    if args.method not in names:
+        raise UserError(f"Unknown method {args.method!r}; choose from {', '.join(sorted(names))}.")
+    for flag, value in (("--model", args.model), ("--output", args.output)):
+        if not value:
+            raise UserError(f"{flag} is required.")
+    return args.method
+
+
+def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
+    """``unlearn --help``: the command's options, then the method's config options (or, without ``--method``,
+    each method's config class)."""
+    print(parser.format_help())
+    if method:
+        print(config_parser(method).format_help())
+    else:
+        print("Method options: every field of the method's config is an option. List them with\n"
+              "  hf-unlearn unlearn --method METHOD --help\n")
+        for name in method_names():
+            try:
+                cls = method_config_class(name)
+            except UserError:
+                continue
+            print(f"  {name:12s} {cls.__module__}.{cls.__name__}")
+    return 0
+
+
+def demo_preset(method: str) -> dict[str, Any]:
+    """``unlearn --preset demo``: the method's TOFU-tiny demo setting, which the benchmark's subject file holds
+    (``benchmarks/configs/tofu_tiny.toml``); ``{}`` for a method it has no table for."""
+    from ..bench.registry import method_presets
+
+    return dict(method_presets(method).demo)
+
+
+def check_selection_flags(args: argparse.Namespace) -> None:
+    """``--select`` needs ``--holdout``; ``--holdout`` / ``--retain-validation`` need ``--select`` (one line, before
+    any work)."""
+    if args.select and not args.holdout:
+        raise UserError("--select needs --holdout SPLIT_OR_FILE: rows of the same kind the model never saw (TOFU's "
+                        "holdout01/05/10, or a JSON Lines file of question/answer rows).")
+    if not args.select and (args.holdout or args.retain_validation or args.reference_model
+                            or args.groups != "rows"):
+        raise UserError("--holdout, --retain-validation, --groups and --reference-model apply with --select only.")
+    if args.select and args.selection_steps < 1:
+        raise UserError(f"--selection-steps must be >= 1, got {args.selection_steps}.")
+
+
+def selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], retain: list[dict[str, Any]],
+                    settings: dict[str, Any], device: str | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """The :class:`~hf_unlearn.selection.SelectionCriterion` of ``--select`` and the retain rows the method sees
+    (without the validation rows when they are split off the retain rows); ``--reference-model`` is loaded on
+    ``device``."""
+    from ..data.pairing import overlapping_examples
+    from ..selection import SelectionCriterion
+
+    holdout = rows_from_spec(args.holdout, args.data, "--holdout")
+    if overlapping_examples(forget, holdout):
+        raise UserError(f"--holdout {args.holdout} shares rows with the forget set; holdout rows must be unseen.")
+    if args.retain_validation:
+        validation = rows_from_spec(args.retain_validation, args.data, "--retain-validation")
+        if overlapping_examples(validation, retain):
+            raise UserError(f"--retain-validation {args.retain_validation} shares rows with the retain rows the "
+                            "method unlearns with; pass rows it does not see (or omit it to split them off).")
+    else:
+        if len(retain) < 2:
+            raise UserError("--select splits validation rows off the retain rows, but there is only one; pass "
+                            "--retain-validation.")
+        n = max(1, min(100, len(retain) // 10))
+        retain, validation = retain[:-n], retain[-n:]
+    reference_model = reference_tokenizer = None
+    if args.reference_model:
+        reference_model, reference_tokenizer = load_model(args.reference_model, device)
+    criterion = SelectionCriterion(
+        forget, holdout, validation, template=settings.get("prompt_template"),
+        groups=None if args.groups == "rows" else args.groups,
+        reference_model=reference_model, reference_tokenizer=reference_tokenizer,
+    )
+    return criterion, retain
+
+
+def _evaluate(args: argparse.Namespace, result: Any, tokenizer: Any, work: Path, phases: Any,
+              settings: dict[str, Any]) -> Any:
+    """``--eval``: the TOFU report of the result, written to ``tofu_report.json`` in the run's folder; with
+    ``--nf4-check`` and changed weights, the forget ROUGE-L of the NF4-quantized copy in the report's
+    ``extra["forget_rouge_l_nf4"]``."""
+    from ..evaluation import evaluate_tofu
+    from ..run import nf4_forget_rouge
+
+    phases.start("evaluation")
+    report = evaluate_tofu(
+        result.model, tokenizer, source=args.data, forget_split=args.forget_split,
+        retain_reference=args.retain_reference, scorer=result.scorer,
+        generation_kwargs=result.generation_kwargs, progress=args.verbose,
+        output_path=work / "tofu_report.json", max_new_tokens=args.max_new_tokens,
+        template=settings.get("prompt_template"),
+    )
+    phases.done()
+    if args.nf4_check and result.weights_changed:
+        from ..data import load_tofu_rows
+
+        phases.start("NF4 re-check")
+        n = report.splits["forget"]["num_examples"]
+        rows = load_tofu_rows(f"{args.forget_split}_perturbed", args.data)[:n]
+        nf4_rouge = nf4_forget_rouge(result.model, tokenizer, rows, {"max_new_tokens": args.max_new_tokens})
+        report.extra["forget_rouge_l_nf4"] = nf4_rouge
+        phases.done(f"forget ROUGE-L {nf4_rouge:.3f}")
+    return report
+
+
+def _push(args: argparse.Namespace, result: Any, report: Any, state: dict[str, Any], say: Any) -> None:
+    """``--push-to-hub``: the result with its model card (and the tokenizer beside changed weights)."""
+    from ..hub import push_unlearned
+
+    say.start(result.method, "push")
+    try:
+        commit = push_unlearned(
+            result, args.push_to_hub, report=report, token=state["token"], forget_split=args.forget_split,
+            dataset=args.data, base_model=args.model, selection=result.info.get("selection"),
+            tokenizer=state["tokenizer"] if result.artifact is result.model else None,
+        )
+    except Exception as err:
+        raise RunFailure(say.fail(err), printed=True) from err
+    say.done(str(getattr(commit, "commit_url", commit)))

@@ -1,0 +1,174 @@
+"""What the attacks measure, on the caller's model and on each attacked copy.
+
+The rows (question/answer rows, or documents as ``{"text"}`` rows), the model check (full precision, a
+``PreTrainedModel`` or a ``PeftModel``), scoring and decoding through a decoding-time artifact kept as fitted
+(:func:`_scoring`), the figures of one model on the forget rows (:func:`_measure`: ``forget_nll``, ``forget_rouge_l``
+and a criterion's dict), and the share of the unlearning gap an attack recovered::
+
+    recovered_fraction = (unlearned - attacked) / (unlearned - original)
+
+(``None`` when the gap is below :data:`MIN_GAP`). :mod:`.attack_quant` and :mod:`.attack_relearn` are the attacks;
+:mod:`.attacks` runs them by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..data.documents import as_documents, chunk_length, document_heads
+from ..data.prompts import PromptTemplate
+from ..logprobs import answer_nll as _answer_nll
+from ..logprobs import effective_max_length, feature_token_statistics
+from ..registry import decoding_of
+from .generation import generate_answers
+from .rouge import rouge_l_recall
+
+MIN_GAP = 1e-6
+"""Below this unlearning gap (NLL nats or ROUGE-L) a recovered fraction is undefined (``None``)."""
+
+
+DEFAULT_ATTACK_MAX_NEW_TOKENS = 64
+"""Greedy answer length of the attacks' ROUGE-L (TOFU answers are one or two sentences)."""
+
+
+HEAD_KEPT = "base model attacked; decoding head kept, not refitted"
+
+
+def _check_rows(rows: Sequence[Mapping[str, Any]], name: str, minimum: int = 1) -> list[Mapping[str, Any]]:
+    """Question/answer rows as given, or documents (:func:`hf_unlearn.data.documents.as_documents`) as ``{"text"}`` rows."""
+    docs = as_documents(rows)
+    rows = [{"text": d} for d in docs] if docs is not None else list(rows)
+    if len(rows) < minimum:
+        raise ValueError(f"{name} needs at least {minimum} row(s), got {len(rows)}.")
+    for i, row in enumerate(rows):
+        if docs is None and (not isinstance(row, Mapping) or "question" not in row or "answer" not in row):
+            raise ValueError(f"{name} row {i} needs 'question' and 'answer' fields.")
+    return rows
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _check_model(model: Any) -> None:
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+        raise ValueError("The attacks need the full-precision (merged) model, not an already quantized one.")
+    if not _is_peft(model) and not hasattr(model, "save_pretrained"):
+        raise ValueError(f"The attacks need a transformers PreTrainedModel or a PeftModel, got {type(model).__name__}.")
+
+
+@contextlib.contextmanager
+def _scoring(model: Any, head: Any, attacked: bool) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+    """``(scorer, generation_kwargs)`` of ``model``: plain, or through the decoding-time artifact ``head`` (kept)
+    on this very model, by its method's ``decoding`` hook. The head's base check runs on the caller's model; an
+    ``attacked`` copy is the base changed on purpose."""
+    if head is None:
+        yield None, None
+        return
+    decoding = decoding_of(head)
+    if decoding is None:
+        raise ValueError(f"The attacks cannot score through a {type(head).__name__}: it is not the artifact of a "
+                         "registered decoding-time method.")
+    # an attacked (quantized or fine-tuned) copy differs from the weights the head was fitted on by construction
+    with decoding(model, head, check_base_weights=not attacked) as plan:
+        yield plan.scorer, plan.generation_kwargs
+
+
+def _measure(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    head: Any,
+    criterion: Any,
+    template: PromptTemplate,
+    batch_size: int,
+    max_new_tokens: int,
+    rouge: bool,
+    progress: bool,
+    desc: str,
+    attacked: bool = False,
+) -> dict[str, Any]:
+    """Forget NLL, forget ROUGE-L (when ``rouge``) and the criterion's dict of one model on ``rows``.
+
+    For documents (``{"text"}`` rows) the forget NLL is the mean over documents of the average NLL of every token
+    of each document's first chunk (:func:`_document_features`); ROUGE-L is ``None`` (there is no question to
+    answer)."""
+    if _are_documents(rows):
+        features = _document_features(model, tokenizer, rows)
+        with _scoring(model, head, attacked) as (scorer, _):
+            stats = feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
+                                             progress=progress, desc=f"{desc}: documents")
+            out = {"forget_nll": float(np.mean(stats.avg_nll)), "forget_rouge_l": None}
+            if criterion is not None:
+                out["criterion"] = dict(criterion.measure(model, tokenizer, scorer=scorer))
+        return out
+    questions = [r["question"] for r in rows]
+    answers = [r["answer"] for r in rows]
+    with _scoring(model, head, attacked) as (scorer, generation_kwargs):
+        nll = _answer_nll(model, tokenizer, questions, answers, scorer=scorer, batch_size=batch_size,
+                          template=template, progress=progress, desc=f"{desc}: answers")
+        out: dict[str, Any] = {"forget_nll": float(np.mean(nll)), "forget_rouge_l": None}
+        if rouge:
+            generations = generate_answers(model, tokenizer, questions, batch_size=batch_size,
+                                           max_new_tokens=max_new_tokens, generation_kwargs=generation_kwargs,
+                                           template=template, progress=progress, desc=f"{desc}: generating")
+            out["forget_rouge_l"] = float(np.mean(rouge_l_recall(generations, answers)))
+        if criterion is not None:
+            out["criterion"] = dict(criterion.measure(model, tokenizer, scorer=scorer))
+    return out
+
+
+def _are_documents(rows: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(rows) and "text" in rows[0]
+
+
+def _document_features(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each document's first chunk, loss on every token: its first ``min(max positions, 2048)`` tokens
+    (:func:`hf_unlearn.data.documents.document_heads`)."""
+    return document_heads([r["text"] for r in rows], tokenizer, chunk_length(None, effective_max_length(model)))[0]
+
+
+def recovered_fraction(unlearned: float | None, attacked: float | None, original: float | None) -> float | None:
+    """Share of the unlearning gap an attack recovered: ``(unlearned - attacked) / (unlearned - original)``.
+
+    Written for losses (lower = better known); for scores such as ROUGE-L the same formula holds, the signs
+    of numerator and denominator flipping together. ``None`` when a figure is missing or
+    ``|unlearned - original| < MIN_GAP``.
+    """
+    if unlearned is None or attacked is None or original is None:
+        return None
+    gap = unlearned - original
+    if abs(gap) < MIN_GAP:
+        return None
+    return float((unlearned - attacked) / gap)
+
+
+def _recovery(before: Mapping[str, Any], after: Mapping[str, Any], original: Mapping[str, Any] | None) -> dict:
+    if original is None:
+        return {"recovered_fraction": None, "recovered_fraction_rouge_l": None}
+    return {
+        "recovered_fraction": recovered_fraction(before["forget_nll"], after["forget_nll"], original["forget_nll"]),
+        "recovered_fraction_rouge_l": recovered_fraction(
+            before["forget_rouge_l"], after["forget_rouge_l"], original["forget_rouge_l"]
+        ),
+    }
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _check_criterion(criterion: Any) -> None:
+    if criterion is not None and not callable(getattr(criterion, "measure", None)):
+        raise ValueError("criterion must have a measure(model, tokenizer, scorer=None) method.")

@@ -1,0 +1,366 @@
+"""``GROMEdit``: the fitted GROM edit as an artifact: audit (``influence``), PEFT LoRA export, save/load, push.
+
+Persistence: :meth:`GROMEdit.save_pretrained` writes a PEFT LoRA adapter (``PeftModel.from_pretrained``
+loads it) plus ``grom_metadata.json`` (config, layer scores, the base-model fingerprint) and
+``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs), the metadata recording the SHA-256 of
+the other files; :meth:`GROMEdit.from_pretrained` restores it from a folder or a Hub repo, refuses files
+that differ from the saved ones (:class:`~hf_unlearn.methods.grom.peft_export.AdapterIntegrityError`) and an audit
+whose ``P`` is not the adapter's ``B A`` (the reading and checking is in :mod:`hf_unlearn.methods.grom.loading`),
+and, given a model, refuses a base other than the one the edit was solved against
+(:mod:`hf_unlearn.methods.grom.provenance`); :meth:`GROMEdit.push_to_hub` uploads the saved folder in one commit.
+
+Tied embeddings: with ``GROMConfig(untie_lm_head=True)`` an LM head tied to the input embeddings can be
+edited; :meth:`GROMEdit.to_peft`, :meth:`GROMEdit.apply_` and :func:`load_grom_adapter` first give the model
+a separate copy of the head (:func:`untie_lm_head`), so the input embeddings never change.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from ...jsonutil import json_safe
+from .attribution import lm_head_is_tied
+from .config import GROMConfig
+from .loading import (
+    _load_safetensors,
+    _lora_scaling,
+    _read_audit,
+    _read_metadata,
+    _resolve_folder,
+    _restore_modules,
+)
+from .peft_export import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    GROM_AUDIT,
+    _check_finite,
+    adapter_state_dict,
+    check_pinned_digest,
+    confined_file,
+    lora_config,
+    lora_factors,
+    record_integrity,
+    save_adapter,
+    to_peft_model,
+)
+from .peft_export import verify_integrity as _verify_files
+from .provenance import check_base
+from .solve import GROMSolution, woodbury_drop
+
+
+@dataclass
+class GROMEdit:
+    """A fitted GROM edit.
+
+    ``deltas``: ``{module name: P}`` (float32, CPU), the weight change of each edited ``nn.Linear``
+    (``W <- W + P``). ``layer_scores``: the logit-lens attribution per candidate layer (``layers="auto"``).
+    ``influence(i)`` audits forget example ``i`` exactly; ``to_peft`` / ``save_pretrained`` export the edit
+    as a LoRA adapter, ``from_pretrained`` / ``push_to_hub`` reload and publish it. ``base_fingerprint``
+    identifies the base weights the edit was solved against (see :mod:`hf_unlearn.methods.grom.provenance`);
+    ``retain_indices`` are the retain rows that were read. ``untied_lm_head`` names the edited LM head when it
+    was tied to the input embeddings (``GROMConfig.untie_lm_head``): the edit applies to an untied copy.
+    """
+
+    _method: ClassVar[str] = "grom"
+    _title: ClassVar[str] = "GROM (closed-form one-shot edit)"
+    _paper: ClassVar[dict[str, str] | None] = None  # no paper to cite yet
+    _cli_help: ClassVar[str] = "closed-form one-shot edit saved as a PEFT LoRA adapter"
+
+    config: GROMConfig
+    deltas: dict[str, torch.Tensor]
+    solutions: dict[str, GROMSolution]
+    forget_keys: dict[str, torch.Tensor]
+    targets: dict[str, torch.Tensor]
+    example_ids: torch.Tensor
+    num_forget_examples: int
+    layer_scores: dict[int, dict[str, float]] = field(default_factory=dict)
+    selected_layers: list[int] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    base_model_name_or_path: str | None = None
+    base_fingerprint: dict[str, Any] | None = None
+    retain_indices: list[int] = field(default_factory=list)
+    untied_lm_head: str | None = None
+
+    def influence(self, example_index: int) -> dict[str, torch.Tensor]:
+        """Exact change of each ``P`` (float64) if forget example ``example_index`` were dropped.
+
+        Dropping means removing that example's keys and targets from the objective with the per-key forget
+        weight ``w_f/s`` kept at its fitted value; computed by the Sherman-Morrison-Woodbury identity from
+        the cached Cholesky factor (see :func:`hf_unlearn.methods.grom.solve.woodbury_drop`), not by re-solving.
+        """
+        if not self.solutions:
+            raise ValueError(
+                "This GROM edit carries no audit state (it was saved with save_audit=False), so influence() cannot "
+                "be computed; refit it or load an adapter saved with its audit state."
+            )
+        if not 0 <= example_index < self.num_forget_examples:
+            raise ValueError(f"example_index must be in [0, {self.num_forget_examples}), got {example_index}")
+        rows = (self.example_ids == example_index).nonzero().squeeze(-1)
+        out = {}
+        for name, sol in self.solutions.items():
+            r = rows.to(self.forget_keys[name].device)
+            out[name] = woodbury_drop(sol, self.forget_keys[name][r], self.targets[name][r]).cpu()
+        return out
+
+    def lora_factors(self) -> dict[str, Any]:
+        """``{module: LoraFactors}`` reproducing each ``P`` (exact up to float rounding unless ``max_rank`` binds)."""
+        return {n: lora_factors(p, self.config.max_rank) for n, p in self.deltas.items()}
+
+    def _export(self) -> tuple[Any, dict[str, torch.Tensor], dict[str, Any]]:
+        _check_finite(self.deltas, "edit")
+        factors = self.lora_factors()
+        rank = max(f.rank for f in factors.values())
+        config = lora_config(list(self.deltas), rank, self.base_model_name_or_path)
+        state = adapter_state_dict(factors, rank)
+        meta = {
+            "method": "GROM",
+            "formula": "P = (w_f/s) D X_f^T A^{-1}, "
+                       "A = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I",
+            "config": self.config.saved_dict(),
+            "lora_rank": rank,
+            "modules": {
+                n: {"rank": f.rank, "relative_frobenius_error": f.relative_error, "truncated": f.truncated}
+                for n, f in factors.items()
+            },
+            "layer_scores": {str(k): v for k, v in self.layer_scores.items()},
+            "selected_layers": self.selected_layers,
+            "stats": self.stats,
+            "num_forget_examples": self.num_forget_examples,
+            "retain_indices": list(self.retain_indices),
+            "base_model_name_or_path": self.base_model_name_or_path,
+            "base_fingerprint": self.base_fingerprint,
+            "untied_lm_head": self.untied_lm_head,
+        }
+        return config, state, json_safe(meta)
+
+    def truncation_errors(self) -> dict[str, float]:
+        """Relative Frobenius error of the LoRA export of each module (0 when exact)."""
+        return {n: f.relative_error for n, f in self.lora_factors().items()}
+
+    def verify_base(self, model: Any) -> None:
+        """Raise :class:`hf_unlearn.methods.grom.provenance.BaseModelMismatchError` unless ``model``'s edited modules hold
+        the weights this edit was solved against."""
+        check_base(self.base_fingerprint, model)
+
+    def to_peft(self, model: Any, check_base_model: bool = True) -> Any:
+        """``peft.PeftModel`` (LoRA, ``lora_alpha = r``) applying ``W + P``; wraps ``model`` in place.
+
+        ``model`` must be the base the edit was solved against (checked by fingerprint unless
+        ``check_base_model=False``)."""
+        if check_base_model:
+            self.verify_base(model)
+        config, state, _ = self._export()
+        if self.untied_lm_head:
+            untie_lm_head(model)
+        return to_peft_model(model, config, state)
+
+    def _audit_state(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {"example_ids": self.example_ids.to(torch.long).cpu()}
+        for name, sol in self.solutions.items():
+            out[f"delta/{name}"] = sol.delta.to(torch.float64).cpu()
+            out[f"chol/{name}"] = sol.chol.to(torch.float64).cpu()
+            out[f"forget_scale/{name}"] = torch.tensor([sol.forget_scale], dtype=torch.float64)
+            out[f"forget_keys/{name}"] = self.forget_keys[name].cpu()
+            out[f"targets/{name}"] = self.targets[name].cpu()
+        return out
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, *, overwrite: bool = False, save_audit: bool = True
+    ) -> None:
+        """Write the edit as the folder ``save_directory``; load it with ``PeftModel.from_pretrained(base, dir)``
+        or :meth:`from_pretrained` / :func:`load_grom_adapter` (which check the base).
+
+        Files: ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT LoRA, ``B @ A = P``),
+        ``grom_metadata.json`` (saved config, layer scores, truncation errors, base fingerprint) and, with
+        ``save_audit``, ``grom_audit.safetensors`` (the float64 ``P``, the Cholesky factor of ``A``, the forget
+        keys and targets: what :meth:`influence` needs; ``d_in^2 + s (d_in + d_out)`` numbers per module).
+        The folder is built beside ``save_directory`` and swapped in when complete; a non-empty folder is
+        refused unless ``overwrite``; non-finite values are refused before anything is written.
+        """
+        config, state, meta = self._export()
+        audit = self._audit_state() if save_audit and self.solutions else None
+        meta["audit_file"] = GROM_AUDIT if audit is not None else None
+        save_adapter(save_directory, config, state, meta, audit, overwrite=overwrite)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_repo_id: str | os.PathLike,
+        model: Any = None,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        verify_integrity: bool = True,
+        allow_missing_audit: bool = False,
+        expected_sha256: str | None = None,
+    ) -> GROMEdit:
+        """Load an edit saved by :meth:`save_pretrained` from a local folder or a Hub repo.
+
+        Checked before anything is used: ``grom_metadata.json`` parses and names its modules; every file it
+        records a SHA-256 for (``adapter_config.json``, ``adapter_model.safetensors``, the audit) has that digest
+        (:class:`~hf_unlearn.methods.grom.peft_export.AdapterIntegrityError` otherwise; ``verify_integrity=False`` skips
+        this, e.g. for an adapter saved without digests); the audit the metadata names is present (refused when
+        missing unless ``allow_missing_audit=True``, which loads ``P = B A`` from the adapter without the audit);
+        every module has its LoRA factors; and the audit's float64 ``P`` equals the adapter's
+        ``(lora_alpha / r) B A`` within the export's recorded relative Frobenius error plus ``1e-4`` (float32
+        factors). The audit state (for :meth:`influence`) is restored when present. With ``model``, the edit is
+        checked against it: a base other than the one it was solved against is refused with
+        :class:`hf_unlearn.methods.grom.provenance.BaseModelMismatchError`.
+
+        Every file name the metadata gives must be a plain name inside the folder (no ``..``, absolute path or link
+        out). The digests live in the metadata, so they catch accidents and naive edits; ``expected_sha256`` (the
+        :func:`~hf_unlearn.methods.grom.peft_export.adapter_digest` printed at save time, or the
+        ``hf_unlearn_integrity`` entry of the model card pushed with it) pins the metadata itself, and with it
+        every file, so an adapter whose files and metadata were both rewritten is refused too (the file checks
+        then run even with ``verify_integrity=False``).
+        """
+        folder = _resolve_folder(path_or_repo_id, revision, token, cache_dir, local_files_only)
+        what = f"The GROM adapter {path_or_repo_id}"
+        check_pinned_digest(folder, expected_sha256, what)
+        meta = _read_metadata(folder, path_or_repo_id)
+        audit_name = meta.get("audit_file")
+        audit_path = confined_file(folder, audit_name, what) if audit_name is not None else None
+        if verify_integrity or expected_sha256 is not None:
+            required = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, *([audit_name] if audit_name else []))
+            _verify_files(folder, meta, what, required=required)
+        config = GROMConfig.from_saved(meta["config"], progress=False)
+        state = _load_safetensors(folder / ADAPTER_WEIGHTS, what)
+        scaling = _lora_scaling(folder, what)
+        audit = _read_audit(audit_path, audit_name, allow_missing_audit, what)
+        deltas, solutions, keys, targets = _restore_modules(meta["modules"], state, scaling, audit, what, audit_name)
+        edit = cls(
+            config=config,
+            deltas=deltas,
+            solutions=solutions,
+            forget_keys=keys,
+            targets=targets,
+            example_ids=audit.get("example_ids", torch.zeros(0, dtype=torch.long)),
+            num_forget_examples=int(meta.get("num_forget_examples", 0)),
+            layer_scores={int(k): v for k, v in meta.get("layer_scores", {}).items()},
+            selected_layers=list(meta.get("selected_layers", [])),
+            stats=dict(meta.get("stats", {})),
+            base_model_name_or_path=meta.get("base_model_name_or_path"),
+            base_fingerprint=meta.get("base_fingerprint"),
+            retain_indices=list(meta.get("retain_indices", [])),
+            untied_lm_head=meta.get("untied_lm_head"),
+        )
+        if model is not None:
+            check_base(edit.base_fingerprint, model, what)
+        return edit
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        token: str | None = None,
+        private: bool | None = None,
+        commit_message: str | None = None,
+        revision: str | None = None,
+        report: dict[str, Any] | None = None,
+        save_audit: bool = True,
+        create_card: bool = True,
+        endpoint: str | None = None,
+    ) -> Any:
+        """Upload the saved edit (the :meth:`save_pretrained` folder, a model card rendered by
+        :func:`hf_unlearn.hub.build_model_card` when the base is known, and ``report`` as
+        ``unlearning_report.json`` when given) to ``repo_id`` in one commit with
+        :func:`hf_unlearn.hub.push.push_folder`; returns the ``CommitInfo``.
+
+        The repo id is validated and the folder fully written before anything is sent.
+        """
+        from huggingface_hub.utils import validate_repo_id
+
+        from ...hub.push import push_folder
+
+        validate_repo_id(repo_id)
+        with tempfile.TemporaryDirectory(prefix="hf-unlearn-grom-push-") as tmp:
+            folder = Path(tmp) / "adapter"
+            self.save_pretrained(folder, save_audit=save_audit)
+            if report is not None:
+                from ...safe_output import atomic_write_json
+
+                atomic_write_json(folder / "unlearning_report.json", json_safe(report))
+            card = None
+            if create_card and self.base_model_name_or_path:
+                from ...hub.cards import build_model_card
+                from ...selection import selection_record_of
+
+                card = build_model_card(
+                    "grom_adapter", self.base_model_name_or_path, "grom", self.config.saved_dict(), report,
+                    repo_id=repo_id, library_name="peft", selection=selection_record_of(self),
+                )
+                record_integrity(card, folder)
+            return push_folder(
+                folder, repo_id, card=card, token=token, endpoint=endpoint, private=private, revision=revision,
+                commit_message=commit_message or f"Upload GROM adapter ({', '.join(self.deltas)})",
+            )
+
+    def apply_(self, model: Any, sign: float = 1.0) -> Any:
+        """Add ``sign * P`` to the edited weights of ``model`` in place (``sign=-1`` undoes the edit); an edit of a
+        tied LM head first unties it (:func:`untie_lm_head`), so the input embeddings are left unchanged."""
+        if self.untied_lm_head:
+            untie_lm_head(model)
+        modules = dict(model.named_modules())
+        with torch.no_grad():
+            for name, p in self.deltas.items():
+                w = modules[name].weight
+                w.add_(sign * p.to(device=w.device, dtype=w.dtype))
+        return model
+
+
+def load_grom_adapter(model: Any, path_or_repo_id: str | os.PathLike, **kwargs: Any) -> Any:
+    """``PeftModel.from_pretrained(model, path)`` for a GROM adapter, after the checks of
+    :meth:`GROMEdit.from_pretrained`: the files are the saved ones, and ``model`` is the base the edit was solved
+    against (a mismatch raises :class:`hf_unlearn.methods.grom.provenance.BaseModelMismatchError`; plain PEFT would load
+    it silently whenever module names and shapes fit). An edit of a tied LM head unties ``model`` first
+    (:func:`untie_lm_head`), so merging leaves the input embeddings unchanged. ``kwargs``: ``revision``,
+    ``token``, ``cache_dir``, ``local_files_only``, ``verify_integrity``, ``allow_missing_audit``,
+    ``expected_sha256``."""
+    from peft import PeftModel
+
+    folder = _resolve_folder(path_or_repo_id, kwargs.get("revision"), kwargs.get("token"),
+                             kwargs.get("cache_dir"), kwargs.get("local_files_only", False))
+    edit = GROMEdit.from_pretrained(
+        folder, model=model, verify_integrity=kwargs.get("verify_integrity", True),
+        allow_missing_audit=kwargs.get("allow_missing_audit", False), expected_sha256=kwargs.get("expected_sha256"),
+    )
+    if edit.untied_lm_head:
+        untie_lm_head(model)
+    peft_model = PeftModel.from_pretrained(model, str(folder))
+    peft_model.eval()
+    return peft_model
+
+
+def untie_lm_head(model: Any) -> Any:
+    """Give ``model`` an LM head of its own when it is tied to the input embeddings (in place; returns ``model``).
+
+    The head's weight becomes a copy of the shared matrix (same values, so the base fingerprint is unchanged) and
+    ``tie_word_embeddings`` is set to False in the config, so transformers does not tie them again. A model
+    whose head is already separate is returned unchanged. A ``PeftModel`` is untied in its base model.
+    """
+    from torch import nn
+
+    base = model.get_base_model() if hasattr(model, "peft_config") and hasattr(model, "get_base_model") else model
+    if not lm_head_is_tied(base):
+        return model
+    head = base.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(base).__name__} has no output embeddings (LM head) to untie.")
+    embed = base.get_input_embeddings()
+    if head.weight is embed.weight or head.weight.data_ptr() == embed.weight.data_ptr():
+        head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+    for cfg in {id(c): c for c in (base.config, _text_config(base.config))}.values():
+        cfg.tie_word_embeddings = False
+    return model
+
+
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config

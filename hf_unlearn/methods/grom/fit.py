@@ -1,0 +1,257 @@
+"""``fit_grom``: forward passes collect keys, one linear solve per module gives the edit (``GROMEdit``).
+
+The edit is computed from the *unedited* model: keys and targets of all edited modules come from the
+same forward passes, and each module's ``P`` is solved independently (``k`` edited modules each take
+``1/k`` of the requested margin drop). Nothing is backpropagated through the model.
+
+Multi-process: every process passes the same forget/retain rows; forward passes are sharded across
+``torch.distributed`` processes (example ``i`` goes to rank ``i % world_size``), the second moments and
+attribution sums are all-reduced and the forget records all-gathered, so each process ends with the
+edit the single-process run computes.
+
+Cost: GROM reads every forget row but only ``GROMConfig.retain_sample`` retain rows (a seeded uniform
+sample, :func:`~hf_unlearn.methods.grom.inputs.retain_subsample`) for ``X_r X_r^T``; every example is cut
+to the model's maximum positions (:func:`hf_unlearn.data.model_max_positions`), so no position past it is
+ever indexed. The checks and tokenization before the first forward pass are in
+:mod:`hf_unlearn.methods.grom.inputs`; the artifact (save/load, PEFT export, audit) in
+:mod:`hf_unlearn.methods.grom.edit`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ...data.prompts import collate_qa
+from .attribution import TargetModule, attribution_scores, select_band
+from .config import GROMConfig
+from .edit import GROMEdit
+from .inputs import _prepare, _Prepared
+from .keys import KeyCollector, _dist
+from .provenance import base_fingerprint
+from .solve import GROMSolution, solve_grom
+from .targets import corruption_targets, random_direction, specificity_weights, suppression_targets
+
+
+def fit_grom(
+    model: Any,
+    tokenizer: Any,
+    forget: Sequence[dict[str, Any]] | Any,
+    retain: Sequence[dict[str, Any]] | Any,
+    config: GROMConfig | None = None,
+    generic_retain: Sequence[dict[str, Any]] | Any = None,
+    *,
+    device: Any = None,
+    gram_device: Any = None,
+) -> GROMEdit:
+    """Fit the closed-form GROM edit of ``model`` that unlearns ``forget`` while preserving ``retain``.
+
+    ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) as a list of dicts or a
+    ``datasets.Dataset``, or documents (a list of strings, a path, a dataset with a ``text`` column:
+    :func:`hf_unlearn.data.documents.as_documents`), cut into chunks of ``min(config.max_length, max positions)`` tokens
+    (2048 when neither is set) where every token is predicted, so every chunk position is a key (the retain
+    sample is then drawn over chunks). Every forget row is read; of the retain rows only ``config.retain_sample`` (a
+    seeded uniform sample, :func:`~hf_unlearn.methods.grom.inputs.retain_subsample`) feed ``X_r X_r^T``,
+    the retain side of the layer attribution and the retain token frequencies of the specificity weights (the whole retain set is still
+    checked to be disjoint from the forget set). ``generic_retain``: optional rows of general knowledge (any
+    question/answer rows, e.g. the model's own answers to general questions), all read, whose keys form
+    ``X_g X_g^T`` with weight ``config.generic_retain_weight`` in ``A`` (they do not enter the attribution or
+    the specificity weights). Examples are cut to the model's maximum positions. Every precondition is checked
+    before the first forward pass (:func:`~hf_unlearn.methods.grom.inputs.check_grom_inputs`). Returns a
+    :class:`GROMEdit`; ``model``'s weights are not modified.
+
+    ``device``: ``None`` (default) fits where the model is; ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
+    (:func:`hf_unlearn.devices.resolve_device`) moves the model there first, and a device the machine lacks is
+    refused before any work. ``gram_device``: where the float64 second moments ``X_r X_r^T`` / ``X_g X_g^T``
+    accumulate (default: the model's device; ``"cpu"`` keeps them on the host, ``8 d_in^2`` bytes per module,
+    and each batch's block travels there). Under ``torchrun`` / ``accelerate launch`` the launch's process group
+    is joined (:func:`hf_unlearn.devices.join_launch`), so the processes share the forward passes as above:
+    every process of the launch must call ``fit_grom`` with the same rows.
+    """
+    from ...devices import join_launch, move_to_device, resolve_device
+
+    config = config or GROMConfig()
+    gram_device = None if gram_device is None else resolve_device(gram_device)
+    move_to_device(model, device)
+    join_launch()
+    start = time.perf_counter()
+    prep = _prepare(model, tokenizer, forget, retain, config, generic_retain)
+    alpha = specificity_weights(prep.f_counts, prep.r_counts, config.specificity_power, config.specificity_smoothing,
+                                config.specificity_smoothing_mode)
+    distributed, rank, world = _dist()
+    suppression = config.objective == "token_suppression"
+    stats, layered, scores, passes_done = _collect(model, prep, config, tokenizer.pad_token_id, rank, world,
+                                                   suppression, gram_device)
+    edited = layered + prep.heads
+    records = stats["records"]
+    if records["gold"].numel() == 0:
+        raise ValueError("No forget keys were collected: the forget set has no answer tokens.")
+    alpha_t = alpha.to(records["gold"].device)[records["gold"]]
+    solutions, keys_out, targets_out = _solve_modules(edited, stats, alpha_t, config, suppression)
+    elapsed = time.perf_counter() - start
+    return GROMEdit(
+        config=config,
+        deltas={name: sol.delta.float().cpu() for name, sol in solutions.items()},
+        solutions=solutions,
+        forget_keys=keys_out,
+        targets=targets_out,
+        example_ids=records["example"].cpu(),
+        num_forget_examples=len(prep.forget_feats),
+        layer_scores=scores,
+        selected_layers=sorted({t.layer for t in layered}),
+        stats={
+            "num_forget_keys": int(records["gold"].numel()),
+            "num_retain_keys": stats["num_retain"],
+            "num_retain_rows_read": len(prep.retain_feats),
+            "num_generic_keys": stats["num_generic"],
+            "num_generic_rows_read": len(prep.generic_feats),
+            "candidate_layers": prep.candidates,
+            "max_positions": prep.limit,
+            "forward_passes_over_data": passes_done,
+            "processes": world,
+            "distributed": distributed,
+            "mean_specificity": float(alpha_t.mean()),
+            "mean_forget_margin": float(records["margin"].mean()) if suppression else None,
+            "seconds": elapsed,
+        },
+        base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
+        base_fingerprint=base_fingerprint(model, [t.name for t in edited]),
+        retain_indices=prep.retain_indices,
+        untied_lm_head=prep.untied_lm_head,
+    )
+
+
+def _collect(
+    model: Any, prep: _Prepared, config: GROMConfig, pad_id: int, rank: int, world: int, suppression: bool,
+    gram_device: str | None = None,
+) -> tuple[dict[str, Any], list[TargetModule], dict[int, dict[str, float]], int]:
+    """The forward passes of :func:`fit_grom` over this process's share of the examples (example ``i`` on rank
+    ``i % world``), in eval mode: ``(collected statistics, layered modules to edit, layer scores, passes)``.
+
+    With ``layers="auto"`` the layered candidates are scored by logit-lens attribution and cut to the chosen
+    band: in the same pass as the keys when :func:`_one_pass_affordable`, else in an attribution pass followed
+    by a key pass over the band only.
+    """
+    layered, heads, band = prep.layered, prep.heads, prep.band
+    auto = config.layers == "auto" and bool(layered)
+    feats = {"forget": prep.forget_feats, "retain": prep.retain_feats, "generic": prep.generic_feats}
+    ids = {role: list(range(rank, len(f), world)) for role, f in feats.items()}
+
+    def passes(key_modules: list[TargetModule], attribution: list[TargetModule]) -> dict[str, Any]:
+        collector = KeyCollector(model, key_modules, attribution, suppression=suppression, gram_device=gram_device)
+        roles = ["forget", "retain"] + (["generic"] if feats["generic"] and key_modules else [])
+        with collector:
+            for role in roles:
+                total = math.ceil(len(ids[role]) / config.batch_size)
+                collector.run(_batches(feats[role], ids[role], pad_id, config.batch_size), role, config.progress,
+                              total)
+        return collector.finalize()
+
+    was_training = model.training
+    model.eval()
+    try:
+        scores: dict[int, dict[str, float]] = {}
+        if auto and not _one_pass_affordable(model, layered, band, int(prep.f_counts.sum()), config.max_stat_memory_gb):
+            stats = passes([], layered)  # attribution pass, then a key pass over the chosen band only
+            scores, layered = _choose_band(stats, layered, band)
+            stats = passes(layered + heads, [])
+            passes_done = 2
+        else:
+            stats = passes(layered + heads, layered if auto else [])
+            if auto:
+                scores, layered = _choose_band(stats, layered, band)
+            passes_done = 1
+    finally:
+        model.train(was_training)
+    return stats, layered, scores, passes_done
+
+
+def _choose_band(stats: dict[str, Any], layered: list[TargetModule], band: int
+                 ) -> tuple[dict[int, dict[str, float]], list[TargetModule]]:
+    """The attribution scores of the candidate layers and the modules of the ``band`` layers they select."""
+    scores = attribution_scores(**_attr_args(stats))
+    chosen = select_band({k: v["score"] for k, v in scores.items()}, band)
+    return scores, [t for t in layered if t.layer in chosen]
+
+
+def _solve_modules(
+    edited: list[TargetModule], stats: dict[str, Any], alpha_t: torch.Tensor, config: GROMConfig, suppression: bool
+) -> tuple[dict[str, GROMSolution], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``(solutions, forget keys, targets)`` of every edited module: its targets ``D`` (token suppression, or a
+    corruption along a seeded random direction), then ``P`` by :func:`~hf_unlearn.methods.grom.solve.solve_grom`.
+    Non-finite keys, targets or solutions are refused, naming the module and the settings to change."""
+    records = stats["records"]
+    solutions, keys_out, targets_out = {}, {}, {}
+    for t in edited:
+        keys = stats["forget_keys"][t.name]
+        if suppression:
+            w = records["w_logit"] if t.is_lm_head else records["w_resid"]
+            d = suppression_targets(w.double(), records["margin"].double(), alpha_t, config.suppression_margin, len(edited))
+        else:
+            mean_norm = stats["out_norm_sum"][t.name] / keys.shape[0]
+            direction = random_direction(t.module.out_features, config.seed + (t.layer or 0)).to(keys.device)
+            d = corruption_targets(alpha_t.double(), direction, config.corruption_norm * mean_norm)
+        if not bool(torch.isfinite(keys).all()) or not bool(torch.isfinite(d).all()):
+            raise ValueError(
+                f"GROM keys or targets of {t.name} are not finite (NaN/inf): the model's forward pass overflowed "
+                "(e.g. a model in half precision) or suppression_margin / corruption_norm is too large. Load the "
+                "model in float32 or lower them; nothing was solved."
+            )
+        sol = solve_grom(
+            stats["retain_moment"][t.name], stats["num_retain"], keys, d,
+            config.forget_weight, config.retain_weight, config.ridge,
+            stats["generic_moment"].get(t.name), stats["num_generic"], config.generic_retain_weight,
+        )
+        if not bool(torch.isfinite(sol.delta).all()):
+            raise ValueError(
+                f"The GROM edit of {t.name} is not finite (NaN/inf): the solve overflowed with "
+                f"suppression_margin={config.suppression_margin}, forget_weight={config.forget_weight}, "
+                f"ridge={config.ridge}. Lower suppression_margin or forget_weight, or raise ridge."
+            )
+        solutions[t.name], keys_out[t.name], targets_out[t.name] = sol, keys, d
+    return solutions, keys_out, targets_out
+
+
+def _one_pass_affordable(
+    model: Any, candidates: list[TargetModule], band: int, num_forget_keys: int, budget_gb: float
+) -> bool:
+    """Whether ``layers="auto"`` should collect keys of every candidate layer in the attribution pass (one pass
+    over the data) rather than run an attribution pass and then a key pass over the chosen band only.
+
+    One pass keeps, for every candidate layer, the float64 retain moment (``8 d_in^2`` bytes) and the float32
+    forget keys (``4 s d_in`` bytes); it must fit in ``budget_gb``. It also spends ``2 d_in^2`` float64
+    multiply-adds per retain key on every layer that will not be edited (counted twice, float64 being about half
+    as fast as float32), which must cost less than half of the second forward pass it saves (``2 N`` float32
+    flops per token for ``N`` parameters). TOFU-tiny (band 1 of 1 candidate) takes one pass; a 30-layer model
+    with a 3-layer band takes two when all 30 layers are candidates (it takes one over the default 10 late
+    candidates, whose extra moments cost less than the second pass).
+    """
+    stat_bytes = sum(8 * t.module.in_features**2 + 4 * num_forget_keys * t.module.in_features for t in candidates)
+    if stat_bytes > budget_gb * 2**30:
+        return False
+    n_params = sum(p.numel() for p in model.parameters())
+    unused = max(len(candidates) - band, 0) / max(len(candidates), 1)
+    extra_flops_per_key = unused * sum(2 * 2 * t.module.in_features**2 for t in candidates)
+    return extra_flops_per_key <= 0.5 * 2 * n_params
+
+
+def _attr_args(stats: dict[str, Any]) -> dict[str, Any]:
+    a = stats["attribution"]
+    return {
+        "forget_sums": a["forget"], "forget_count": a["forget_count"],
+        "retain_sums": a["retain"], "retain_count": a["retain_count"],
+    }
+
+
+def _batches(features: list[dict[str, Any]], ids: list[int], pad_id: int, batch_size: int):
+    order = sorted(range(len(ids)), key=lambda j: len(features[ids[j]]["input_ids"]))
+    for start in range(0, len(order), batch_size):
+        chunk = [ids[j] for j in order[start : start + batch_size]]
+        batch = collate_qa([features[i] for i in chunk], pad_id, "right")
+        batch["example_ids"] = chunk
+        yield batch
+

@@ -1,0 +1,178 @@
+"""Reading a saved GROM adapter folder back: where it is (a folder or a Hub snapshot), its metadata, its
+safetensors files, the LoRA scaling, the audit state, and the check that the audit's ``P`` is the adapter's ``B A``.
+
+Used by :meth:`hf_unlearn.methods.grom.edit.GROMEdit.from_pretrained`; every error names the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .peft_export import ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROM_AUDIT, GROM_METADATA, AdapterIntegrityError
+from .solve import GROMSolution
+
+
+def _read_metadata(folder: Path, source: Any) -> dict[str, Any]:
+    """``grom_metadata.json`` of ``folder`` as a dict with ``config`` and ``modules``, or a ValueError naming the
+    file and the problem."""
+    meta_path = folder / GROM_METADATA
+    if not meta_path.is_file():
+        raise ValueError(
+            f"{source} is not a GROM adapter (no {GROM_METADATA}); a plain PEFT adapter loads with "
+            "peft.PeftModel.from_pretrained."
+        )
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"{meta_path} is not valid JSON ({err}); the GROM metadata was damaged. Restore the file from the saved "
+            "adapter (or download the repo again), or refit and save the edit."
+        ) from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path} must hold a JSON object, got {type(meta).__name__}; the GROM metadata is damaged.")
+    missing = [k for k in ("config", "modules") if not isinstance(meta.get(k), dict)]
+    if missing:
+        raise ValueError(
+            f"{meta_path} has no {missing} entry (or not an object); the GROM metadata is damaged or was not written "
+            "by hf-unlearn. Restore the file from the saved adapter, or refit and save the edit."
+        )
+    return meta
+
+
+def _load_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise ValueError(f"{what}: {path.name} is missing; the adapter folder is incomplete.")
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types for a damaged header
+        raise ValueError(f"{what}: {path.name} cannot be read as safetensors ({err}); restore the saved file.") from None
+
+
+def _lora_scaling(folder: Path, what: str) -> float:
+    """``lora_alpha / r`` of ``adapter_config.json`` (``lora_alpha / sqrt(r)`` with ``use_rslora``)."""
+    path = folder / ADAPTER_CONFIG
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+        rank, alpha = float(cfg["r"]), float(cfg["lora_alpha"])
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"{what}: {ADAPTER_CONFIG} is missing or has no numeric r / lora_alpha ({type(err).__name__}); restore "
+            "the saved file."
+        ) from None
+    if not (rank > 0 and math.isfinite(alpha)):
+        raise ValueError(f"{what}: {ADAPTER_CONFIG} has r={rank}, lora_alpha={alpha}; restore the saved file.")
+    return alpha / (math.sqrt(rank) if cfg.get("use_rslora") else rank)
+
+
+#: Slack, beyond the export's recorded truncation error, of the check that the audit's ``P`` is the adapter's
+#: ``B A``: the float32 factors of a float64 ``P`` carry a relative Frobenius error of about ``1e-7 sqrt(k)``.
+FACTOR_CHECK_RTOL = 1e-4
+
+
+def _check_factors_match(
+    delta: torch.Tensor, product: torch.Tensor, info: Any, name: str, what: str, audit_name: str
+) -> None:
+    """Refuse an audit ``P`` that is not the adapter's ``s B A``:
+    ``||s B A - P||_F <= (e + FACTOR_CHECK_RTOL) ||P||_F`` with ``e`` the recorded truncation error."""
+    recorded = info.get("relative_frobenius_error", 0.0) if isinstance(info, dict) else 0.0
+    recorded = float(recorded) if isinstance(recorded, (int, float)) and math.isfinite(recorded) else 0.0
+    p = delta.to(torch.float64)
+    if tuple(p.shape) != tuple(product.shape):
+        raise AdapterIntegrityError(
+            f"{what}: module {name!r} has P of shape {list(p.shape)} in {audit_name} but B A of shape "
+            f"{list(product.shape)} in {ADAPTER_WEIGHTS}: the files do not belong together."
+        )
+    scale = float(p.norm())
+    err = float((product - p).norm())
+    if not err <= (recorded + FACTOR_CHECK_RTOL) * scale + 1e-30:
+        rel = err / scale if scale > 0 else float("inf")
+        raise AdapterIntegrityError(
+            f"{what}: for module {name!r} the audit's P ({audit_name}) and the adapter's (lora_alpha/r) B A "
+            f"({ADAPTER_WEIGHTS}) differ by a relative Frobenius error of {rel:.3g} (allowed: {recorded:.3g} "
+            f"recorded + {FACTOR_CHECK_RTOL:g}). One of the files was modified after saving; restore both from the "
+            "saved adapter or refit with fit_grom."
+        )
+
+
+_HUB_FILES = ["adapter_config.json", ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT, "README.md", "unlearning_report.json"]
+
+
+def _resolve_folder(
+    path_or_repo_id: str | os.PathLike, revision: str | None, token: Any, cache_dir: Any, local_files_only: bool
+) -> Path:
+    path = Path(path_or_repo_id).expanduser()
+    if path.is_dir():
+        return path
+    if isinstance(path_or_repo_id, os.PathLike) or str(path_or_repo_id).startswith((".", "/", "~")):
+        raise ValueError(f"GROM adapter folder {path_or_repo_id} does not exist.")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(
+        str(path_or_repo_id), revision=revision, token=token, cache_dir=cache_dir,
+        local_files_only=local_files_only, allow_patterns=_HUB_FILES,
+    ))
+
+
+
+def _read_audit(audit_path: Path | None, audit_name: str | None, allow_missing: bool, what: str
+                ) -> dict[str, torch.Tensor]:
+    """The audit state the metadata names (``{}`` when it names none); a missing file is refused unless
+    ``allow_missing`` (the edit then loads from the adapter alone, without :meth:`GROMEdit.influence`)."""
+    if audit_path is None:
+        return {}
+    if audit_path.is_file():
+        return _load_safetensors(audit_path, what)
+    if not allow_missing:
+        raise AdapterIntegrityError(
+            f"{what}: {audit_name} is missing, but {GROM_METADATA} says the adapter was saved with it. "
+            "Restore the file, or pass allow_missing_audit=True to load the edit from "
+            f"{ADAPTER_WEIGHTS} alone (influence() is then unavailable)."
+        )
+    return {}
+
+
+def _restore_modules(
+    modules: dict[str, Any], state: dict[str, torch.Tensor], scaling: float, audit: dict[str, torch.Tensor],
+    what: str, audit_name: str | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, GROMSolution], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``(deltas, solutions, forget keys, targets)`` of every module the metadata lists.
+
+    Without an audit, ``P = s B A`` with ``s = lora_alpha / r`` (:func:`_lora_scaling`); with one, ``P`` is the
+    audit's float64 delta, checked against ``s B A`` (:func:`_check_factors_match`), and the solution, keys and
+    targets :meth:`GROMEdit.influence` needs are restored with it. An adapter or audit missing a module's
+    entries is refused.
+    """
+    deltas, solutions, keys, targets = {}, {}, {}, {}
+    for name, info in modules.items():
+        a_key, b_key = f"base_model.model.{name}.lora_A.weight", f"base_model.model.{name}.lora_B.weight"
+        if a_key not in state or b_key not in state:
+            raise ValueError(
+                f"{what}: {ADAPTER_WEIGHTS} has no LoRA factors for module {name!r} that {GROM_METADATA} lists "
+                f"(keys {a_key} / {b_key}); the adapter is incomplete. Save it again with save_pretrained."
+            )
+        product = scaling * (state[b_key].double() @ state[a_key].double())
+        if not audit:
+            deltas[name] = product.float()
+            continue
+        parts = {part: f"{part}/{name}" for part in ("delta", "chol", "forget_scale", "forget_keys", "targets")}
+        absent = [k for k in parts.values() if k not in audit]
+        if absent:
+            raise ValueError(
+                f"{what}: {audit_name} has no {absent} for module {name!r}; the audit is incomplete. Save the "
+                "edit again with save_pretrained."
+            )
+        delta = audit[parts["delta"]]
+        _check_factors_match(delta, product, info, name, what, audit_name)
+        sol = GROMSolution(delta=delta, chol=audit[parts["chol"]],
+                           forget_scale=float(audit[parts["forget_scale"]][0]))
+        solutions[name], keys[name], targets[name] = sol, audit[parts["forget_keys"]], audit[parts["targets"]]
+        deltas[name] = sol.delta.float()
+    return deltas, solutions, keys, targets

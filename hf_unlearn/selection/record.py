@@ -1,0 +1,238 @@
+"""The selection rule and its record: forget/holdout statistics of per-row NLLs, the rule that picks a
+candidate, and :class:`SelectionRecord`, saved beside the artifact (``selection_record.json``)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..jsonutil import json_safe
+
+SELECTION_RECORD = "selection_record.json"
+SELECTION_WEIGHTS = "selection_best.safetensors"
+DEFAULT_RETAIN_TOLERANCE = 0.1
+DEFAULT_HOLDOUT_LEVEL = 0.05
+
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def _row_nlls(token_log_probs: Sequence[np.ndarray]) -> np.ndarray:
+    return np.array([-np.mean(lp) if len(lp) else 0.0 for lp in token_log_probs], dtype=np.float64)
+
+
+def forget_holdout_statistics(
+    forget_token_log_probs: Sequence[np.ndarray],
+    holdout_token_log_probs: Sequence[np.ndarray],
+    k: float | None = None,
+    *,
+    groups: tuple[Sequence[Any], Sequence[Any]] | None = None,
+    reference_nll: tuple[Sequence[float], Sequence[float]] | None = None,
+) -> dict[str, Any]:
+    """Indistinguishability of forget and holdout rows from their per-token answer log-probabilities.
+
+    With ``n_i = -mean_t log p_t`` a row's answer NLL and ``r_i`` the same row's NLL under the reference model
+    (``reference_nll = (forget, holdout)``; 0 without one), the row's *shift* is ``d_i = n_i - r_i``.
+    ``shift_gap`` is the mean over forget groups of the groups' mean shift minus the same over holdout groups,
+    and ``forget_holdout_pvalue`` the two-sided p-value of Welch's test on those group means
+    (:func:`hf_unlearn.evaluation.privacy.group_mean_shift_test`; ``groups = (forget labels, holdout labels)``,
+    every row its own group without them; ``None`` with a single row on a side); ``shift_gap_se`` its standard
+    error, ``forget_shift`` / ``holdout_shift`` the two sides' mean shifts.
+
+    Kept for reference: ``forget_holdout_ks`` and ``forget_holdout_ks_pvalue`` (the two-sample Kolmogorov-Smirnov
+    statistic ``D = sup_x |F_forget(x) - F_holdout(x)|`` of the NLLs and its p-value, rows taken as independent),
+    ``mia_auc`` (Min-K% AUC, forget labelled 0 and holdout 1) and the two mean NLLs.
+
+    Identical rows give ``p = 1``, ``shift_gap = 0`` and ``mia_auc = 0.5``. A non-finite log-probability gives
+    ``p = 0`` and ``shift_gap = mia_auc = None`` (such a candidate cannot be told apart from nothing).
+    """
+    from scipy.stats import ks_2samp
+
+    from ..evaluation.privacy import (
+        MIN_K_FRACTION,
+        group_mean_shift_test,
+        mia_auc,
+        min_k_score,
+    )
+
+    k = MIN_K_FRACTION if k is None else k
+    if not forget_token_log_probs or not holdout_token_log_probs:
+        raise ValueError("The criterion needs at least one forget and one holdout row.")
+    nll_f, nll_h = _row_nlls(forget_token_log_probs), _row_nlls(holdout_token_log_probs)
+    out: dict[str, Any] = {"forget_nll": float(nll_f.mean()), "holdout_nll": float(nll_h.mean())}
+    if not (np.isfinite(nll_f).all() and np.isfinite(nll_h).all()):
+        return {**out, "forget_holdout_pvalue": 0.0, "shift_gap": None, "shift_gap_se": None,
+                "forget_shift": None, "holdout_shift": None, "forget_holdout_ks_pvalue": 0.0,
+                "forget_holdout_ks": 1.0, "mia_auc": None}
+    ref_f, ref_h = ((np.zeros_like(nll_f), np.zeros_like(nll_h)) if reference_nll is None else
+                    (np.asarray(reference_nll[0], dtype=np.float64), np.asarray(reference_nll[1], dtype=np.float64)))
+    if ref_f.shape != nll_f.shape or ref_h.shape != nll_h.shape:
+        raise ValueError(f"reference_nll holds {ref_f.size} forget and {ref_h.size} holdout values for "
+                         f"{nll_f.size} forget and {nll_h.size} holdout rows.")
+    shift_f, shift_h = nll_f - ref_f, nll_h - ref_h
+    labels_f, labels_h = groups if groups is not None else (range(nll_f.size), range(nll_h.size))
+    if min(len(set(labels_f)), len(set(labels_h))) < 2:  # one row on a side: a gap, but no spread to test it by
+        test = {"gap": float(shift_f.mean() - shift_h.mean()), "se": None, "pvalue": None}
+    else:
+        test = group_mean_shift_test(shift_f, shift_h, list(labels_f), list(labels_h))
+    ks = ks_2samp(nll_f, nll_h)
+    auc = mia_auc([min_k_score(lp, k) for lp in forget_token_log_probs],
+                  [min_k_score(lp, k) for lp in holdout_token_log_probs])
+    return {**out, "forget_holdout_pvalue": test["pvalue"], "shift_gap": test["gap"], "shift_gap_se": test["se"],
+            "forget_shift": float(shift_f.mean()), "holdout_shift": float(shift_h.mean()),
+            "forget_holdout_ks_pvalue": float(ks.pvalue), "forget_holdout_ks": float(ks.statistic), "mia_auc": auc}
+
+
+def select_candidate(
+    measurements: Sequence[Mapping[str, Any]],
+    retain_tolerance: float = DEFAULT_RETAIN_TOLERANCE,
+    holdout_level: float = DEFAULT_HOLDOUT_LEVEL,
+) -> tuple[int, str, str | None]:
+    """The default rule (module docstring) on measurements ordered weak -> strong: ``(index, reason, warning)``,
+    ``warning`` None when the chosen candidate is within the retain tolerance and reaches the holdout level."""
+    if not measurements:
+        raise ValueError("select() needs at least one measured candidate.")
+
+    def change(m: Mapping[str, Any]) -> float:
+        value = m.get("retain_change")
+        return float(value) if _finite(value) else math.inf
+
+    def gap(m: Mapping[str, Any]) -> float:
+        value = m.get("shift_gap")
+        return abs(float(value)) if _finite(value) else math.inf
+
+    def pvalue(m: Mapping[str, Any]) -> float:
+        value = m.get("forget_holdout_pvalue")
+        return float(value) if _finite(value) else 0.0
+
+    eligible = [i for i, m in enumerate(measurements) if change(m) <= retain_tolerance]
+    if not eligible:
+        best = min(range(len(measurements)), key=lambda i: (change(measurements[i]), i))
+        warning = (f"No candidate keeps the retain change within {retain_tolerance:g} nats/token (smallest: "
+                   f"{change(measurements[best]):.4g}, candidate {best}); chose the one with the smallest retain change.")
+        return best, warning, warning
+    best = min(eligible, key=lambda i: (gap(measurements[i]), i))
+    chosen = measurements[best]
+    shift = f"{float(chosen['shift_gap']):+.4g}" if _finite(chosen.get("shift_gap")) else "n/a"
+    reason = (f"candidate {best}: forget rows' NLL shift closest to the holdout rows' (gap {shift} nats/token, "
+              f"p = {pvalue(chosen):.4g}) among {len(eligible)} of {len(measurements)} candidates within the retain "
+              f"tolerance {retain_tolerance:g} (its retain change {change(chosen):+.4g}); ties go to the weaker "
+              "candidate")
+    if pvalue(chosen) >= holdout_level:
+        return best, reason, None
+    warning = (f"The candidate closest to the holdout rows within the retain tolerance {retain_tolerance:g} "
+               f"(candidate {best}, gap {shift} nats/token) stays distinguishable from never-seen rows (p = "
+               f"{pvalue(chosen):.4g} < {holdout_level:g}).")
+    return best, reason, warning
+
+
+@dataclass
+class SelectionRecord:
+    """Every candidate's settings and measurements and the decision: what ``selection_record.json`` holds.
+
+    ``candidates[i]`` names candidate ``i`` (e.g. ``{"scale": 0.5, "retain_weight": 10.0, "ridge": 0.01}`` or
+    ``{"step": 40}``), ``measurements[i]`` is its :meth:`SelectionCriterion.measure` dict, ``index`` the chosen
+    one, ``reason`` why, ``warning`` set when the chosen candidate stays distinguishable from the holdout rows
+    (below the holdout level) or no candidate is within the retain tolerance, ``rule`` the rule's settings and
+    ``original`` the original model's retain figures.
+    """
+
+    candidates: list[dict[str, Any]]
+    measurements: list[dict[str, Any]]
+    index: int
+    reason: str
+    warning: str | None = None
+    rule: dict[str, Any] = field(default_factory=dict)
+    original: dict[str, Any] | None = None
+
+    @property
+    def chosen(self) -> dict[str, Any]:
+        """The chosen candidate's settings."""
+        return self.candidates[self.index]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (non-finite numbers become ``None``)."""
+        return json_safe({"format": "hf-unlearn-selection/1", **asdict(self), "chosen": self.chosen})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SelectionRecord:
+        """Rebuild a record from :meth:`to_dict` output (or a loaded ``selection_record.json``)."""
+        keys = ("candidates", "measurements", "index", "reason", "warning", "rule", "original")
+        missing = [k for k in ("candidates", "measurements", "index", "reason") if k not in data]
+        if missing:
+            raise ValueError(f"Not a selection record: missing {missing}.")
+        return cls(**{k: copy.deepcopy(data[k]) for k in keys if k in data})
+
+    def save(self, folder_or_file: str | os.PathLike) -> Path:
+        """Write the record as JSON (atomically); a folder gets ``selection_record.json``. Returns the path."""
+        from ..safe_output import atomic_write_json
+
+        path = Path(folder_or_file)
+        if path.is_dir() or not path.suffix:
+            path = path / SELECTION_RECORD
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, folder_or_file: str | os.PathLike) -> SelectionRecord:
+        """Read a record written by :meth:`save` (a folder or the JSON file)."""
+        import json
+
+        path = Path(folder_or_file)
+        if path.is_dir():
+            path = path / SELECTION_RECORD
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+    def markdown(self) -> str:
+        """The record as a model-card section: the rule, the decision and one table row per candidate."""
+        setting_keys = list(dict.fromkeys(k for c in self.candidates for k in c))
+        cols = ["shift_gap", "forget_holdout_pvalue", "retain_change", "forget_holdout_ks_pvalue", "mia_auc",
+                "forget_nll"]
+        head = ["#", *setting_keys, "NLL shift gap (forget - holdout)", "p (group test)", "retain change",
+                "KS p (rows)", "MIA AUC", "forget NLL"]
+        groups = self.rule.get("groups") or "rows"
+        unit = "rows (each row its own group)" if groups == "rows" else f"group means ({groups})"
+        shift = ("NLL minus the reference model's NLL on the same row" if self.rule.get("reference")
+                 else "answer NLL")
+        lines = [
+            "## Strength selection (reference-free)",
+            "",
+            f"Chosen: candidate {self.index} ({_settings_text(self.chosen)}). {self.reason}",
+            "",
+            f"Rule: among candidates whose retain NLL rises by at most {self.rule.get('retain_tolerance')} nats/token, "
+            f"the one whose forget rows' mean shift ({shift}) is closest to the never-seen holdout rows'; ties to "
+            f"the weaker. Group test: Welch's two-sided t on the {unit}; below p = "
+            f"{self.rule.get('holdout_level')} the choice carries a warning.",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
+        for i, (cand, meas) in enumerate(zip(self.candidates, self.measurements)):
+            cells = [f"**{i}**" if i == self.index else str(i)]
+            cells += [_fmt(cand.get(k)) for k in setting_keys] + [_fmt(meas.get(c)) for c in cols]
+            lines.append("| " + " | ".join(cells) + " |")
+        if self.warning:
+            lines += ["", f"Warning: {self.warning}"]
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _settings_text(settings: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in settings.items()) or "no settings"
+
+
