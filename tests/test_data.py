@@ -18,10 +18,10 @@ from hf_unlearn.data import (
     load_tofu,
     load_tofu_rows,
     overlapping_examples,
-    retain_partner_indices,
     synthetic_tofu,
     tokenize_qa,
 )
+from hf_unlearn.methods.base.pairing import retain_partner_indices
 
 # From ../shared/data/tofu/README.md
 TOFU_ROW_COUNTS = {

@@ -9,9 +9,10 @@ import datasets
 import pytest
 import torch
 
-from hf_unlearn.data import retain_partner_indices, tokenize_qa
+from hf_unlearn.data import tokenize_qa
 from hf_unlearn.logprobs import answer_nll, label_log_probs
 from hf_unlearn.methods.base import BaseUnlearningConfig, NonFiniteLossError, UnlearningConfig
+from hf_unlearn.methods.base.pairing import retain_partner_indices
 from hf_unlearn.methods.baselines import (
     GradAscentTrainer,
     GradDiffTrainer,
@@ -201,6 +202,37 @@ def test_lora_trains_only_the_adapter_and_uses_the_disabled_adapter_as_reference
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     reloaded = PeftModel.from_pretrained(type(model).from_pretrained(model.name_or_path), str(tmp_path / "adapter"))
     assert torch.allclose(_logits(trainer.model, tok, forget[:4]), _logits(reloaded, tok, forget[:4]), atol=1e-5)
+
+
+def test_the_adapter_disabled_reference_pass_goes_through_the_wrapped_model(tiny_target, synthetic, tmp_path):
+    """With a PEFT adapter the reference pass calls the model as the Trainer wrapped it (``model_wrapped``: what FSDP
+    needs to gather its shards), with the adapter disabled: the wrapper is called and the figures are the base's."""
+    from peft import LoraConfig
+
+    model, tok = tiny_target
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = NPOTrainer(model, _config(tmp_path, max_steps=1), train_dataset=synthetic["forget10"][:8],
+                         retain_dataset=synthetic["retain90"][:8], processing_class=tok, peft_config=lora)
+    calls = []
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **kwargs):
+            calls.append(sorted(kwargs))
+            return self.inner(**kwargs)
+
+    trainer.model_wrapped = Wrapper(trainer.model)
+    batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]))
+    ref = trainer.reference_scores(batch)
+    assert len(calls) == 1
+    with torch.no_grad(), trainer.model.disable_adapter():
+        expected = label_log_probs(trainer.model.get_base_model()(input_ids=batch["input_ids"],
+                                                                  attention_mask=batch["attention_mask"]).logits,
+                                   batch["labels"])
+    assert torch.allclose(ref.token_log_probs, expected, atol=1e-5)
 
 
 # ----- gradient accumulation -------------------------------------------------------------------------------------

@@ -227,7 +227,7 @@ def selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], reta
     """The :class:`~hf_unlearn.selection.SelectionCriterion` of ``--select`` and the retain rows the method sees
     (without the validation rows when they are split off the retain rows); ``--reference-model`` is loaded on
     ``device``."""
-    from ..data.pairing import overlapping_examples
+    from ..data.overlap import overlapping_examples
     from ..selection import SelectionCriterion
 
     holdout = rows_from_spec(args.holdout, args.data, "--holdout")

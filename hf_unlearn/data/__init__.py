@@ -1,4 +1,4 @@
-"""TOFU-shaped data: loading (Hub id, local folder or synthetic), prompts, tokenization (prepare_qa), pairing;
+"""TOFU-shaped data: loading (Hub id, local folder or synthetic), prompts, tokenization (prepare_qa), the overlap of two sets;
 documents (plain texts) cut into training chunks (chunk_documents)."""
 
 from .documents import (
@@ -10,7 +10,7 @@ from .documents import (
     is_documents,
     load_documents,
 )
-from .pairing import overlapping_examples, retain_partner_indices
+from .overlap import overlapping_examples
 from .prepare import TRUNCATIONS, PromptTooLongError, prepare_qa
 from .prompts import (
     IGNORE_INDEX,
@@ -48,7 +48,7 @@ __all__ = [
     "RETAIN_FOR_FORGET", "SYNTHETIC_SOURCE",
     "TOFU_CONFIGS", "TOFU_HUB_ID", "build_prompt", "check_rows", "collate_qa", "ensure_pad_token", "format_qa",
     "has_chat_template", "load_tofu", "load_tofu_rows", "overlapping_examples", "read_jsonl", "read_qa_file",
-    "retain_partner_indices", "synthetic_tofu", "tokenize_qa", "get_template", "model_max_positions",
+    "synthetic_tofu", "tokenize_qa", "get_template", "model_max_positions",
     "resolve_template", "template_fingerprint", "tokenize_prompt", "prepare_qa", "PromptTooLongError", "TRUNCATIONS",
     "DEFAULT_CHUNK_LENGTH", "DOCUMENT_SEPARATOR", "chunk_documents", "chunk_token_ids", "documents_dataset",
     "is_documents", "load_documents",

@@ -97,7 +97,7 @@ def _check_criterion_rows(forget: list[dict[str, Any]], holdout: list[dict[str, 
     forget set (the holdout rows must be unseen, and the retain rows are to be kept, not forgotten)."""
     from ..data import check_rows
     from ..data.documents import shared_documents
-    from ..data.pairing import overlapping_examples
+    from ..data.overlap import overlapping_examples
 
     if _is_documents(forget) != _is_documents(holdout):
         raise ValueError("The criterion compares forget and holdout figures of one kind: pass documents for both, "

@@ -6,6 +6,7 @@ retain example, and the collator that keeps the two halves of a batch apart (the
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,14 +15,14 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from ...data import prepare_qa, retain_partner_indices
+from ...data import prepare_qa
 from ...data.documents import DEFAULT_CHUNK_LENGTH, chunk_documents, documents_dataset, is_documents
 
 RETAIN_PREFIX = "retain_"
 MODEL_COLUMNS = ("input_ids", "labels")
 
 __all__ = ["MODEL_COLUMNS", "RETAIN_PREFIX", "PairedCollator", "PairedForgetRetainDataset", "PairingEpochCallback",
-           "as_dataset", "to_trl_format"]
+           "as_dataset", "retain_partner_indices", "to_trl_format"]
 
 
 def _is_tofu_rows(dataset: Dataset) -> bool:
@@ -77,11 +78,28 @@ def _identity_keys(dataset: Dataset) -> tuple[str, ...] | None:
             return keys
     return None
 
+
+def retain_partner_indices(num_forget: int, num_retain: int, seed: int = 0, epoch: int = 0) -> list[int]:
+    """For each forget index, the index of the retain example paired with it in ``epoch``.
+
+    Retain examples are drawn without replacement from a seeded permutation (cycled when the
+    retain set is smaller than the forget set), and a new permutation is drawn each epoch, so over
+    epochs the forget set meets all of the retain set.
+    """
+    if num_forget < 1:
+        raise ValueError("The forget set is empty: nothing to unlearn.")
+    if num_retain < 1:
+        raise ValueError("The retain set is empty: a retain example is needed for each forget example.")
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(num_retain))
+    rng.shuffle(order)
+    return [order[i % num_retain] for i in range(num_forget)]
+
 class PairedForgetRetainDataset(torch.utils.data.Dataset):
     """Forget example ``i`` together with its retain partner for the current epoch.
 
     Item ``i`` holds the forget fields (``input_ids``, ``labels``) and the partner's fields prefixed with
-    ``retain_``. Partners come from :func:`hf_unlearn.data.retain_partner_indices` (seeded, redrawn each epoch
+    ``retain_``. Partners come from :func:`retain_partner_indices` (seeded, redrawn each epoch
     through :meth:`set_epoch`, which :class:`PairingEpochCallback` calls at the start of every epoch, a resumed
     one included), so a forget example meets the same retain example in every process and every run with the
     same seed.

@@ -287,13 +287,16 @@ class UnlearningTrainer(
     @torch.no_grad()
     def reference_scores(self, inputs: dict[str, Any], prefix: str = "", **forward_kwargs) -> ScoredBatch:
         """:meth:`score` under the frozen reference: the reference model, or with a PEFT adapter the same model
-        with the adapter disabled. Without gradients."""
+        with the adapter disabled. Without gradients. The adapter-disabled pass goes through the model as the
+        Trainer wrapped it (``model_wrapped``: DDP, FSDP, DeepSpeed), so that FSDP gathers its shards for it, as
+        TRL's ``null_ref_context`` passes do; in one process that is the model itself."""
         if self.ref_model is not None:
             return self.score(self.ref_model, inputs, prefix, **forward_kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
         if is_peft_model(unwrapped):
+            wrapped = getattr(self, "model_wrapped", None) or self.model
             with unwrapped.disable_adapter():
-                return self.score(unwrapped, inputs, prefix, **forward_kwargs)
+                return self.score(wrapped, inputs, prefix, **forward_kwargs)
         raise RuntimeError(
             f"{type(self).__name__} has no reference model: override `needs_reference_model` to return True."
         )

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ...data.documents import as_documents, chunk_documents, chunk_length, shared_documents
-from ...data.pairing import overlapping_examples
+from ...data.overlap import overlapping_examples
 from ...data.prepare import PromptTooLongError, prepare_qa
 from ...data.prompts import IGNORE_INDEX, ensure_pad_token, model_max_positions
 from ...partitioning import vocab_size

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...data.documents import as_documents, chunk_documents, chunk_length, shared_documents
-from ...data.pairing import overlapping_examples
+from ...data.overlap import overlapping_examples
 from ...data.prepare import prepare_qa
 from ...data.prompts import IGNORE_INDEX, collate_qa
 from .config import T3ClassifierConfig
