@@ -22,7 +22,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["AUTO", "DEVICE_HELP", "device_of", "join_launch", "launch_world_size", "move_to_device",
+from .locking import _world_size
+
+__all__ = ["AUTO", "DEVICE_HELP", "device_of", "join_launch", "move_to_device",
            "on_main_process", "resolve_device"]
 
 #: The default of ``--device``: CUDA when available, else the CPU.
@@ -93,14 +95,6 @@ def move_to_device(model: Any, device: Any = None) -> str:
     return name
 
 
-def launch_world_size() -> int:
-    """The number of processes of the launch this process belongs to (``WORLD_SIZE``; 1 outside one)."""
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
 def join_launch() -> bool:
     """Join the process group of a launch of several processes when none is initialised yet (accelerate's
     ``PartialState``). Returns whether this process is now in a group of more than one process (``False``
@@ -110,7 +104,7 @@ def join_launch() -> bool:
     if not dist.is_available():
         return False
     if not dist.is_initialized():
-        if launch_world_size() == 1:
+        if _world_size() == 1:
             return False
         from accelerate import PartialState
 

@@ -10,6 +10,8 @@ import ast
 import textwrap
 from pathlib import Path
 
+from test_import_graph import import_from_target
+
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_unlearn"
 
 #: Bottom to top. A module's floor is that of the longest prefix naming it.
@@ -62,12 +64,7 @@ def imported_names(source: str, module: str, is_package: bool, modules: set[str]
         if isinstance(node, ast.Import):
             found.update(known(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - (node.level - 1)])
-                target = f"{base}.{node.module}" if node.module else base
-            else:
-                target = node.module or ""
+            target = import_from_target(node, package)
             for alias in node.names:
                 full = f"{target}.{alias.name}"
                 found.add(full if full in modules else known(target))

@@ -26,15 +26,20 @@ def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - (node.level - 1)])
-                target = f"{base}.{node.module}" if node.module else base
-            else:
-                target = node.module or ""
+            target = import_from_target(node, package)
             found.add(target)
             found.update(f"{target}.{alias.name}" for alias in node.names)
     return found
+
+
+def import_from_target(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from X import ...`` statement imports from, a relative ``X`` resolved against
+    ``package`` (the importing module's package)."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    base = ".".join(parts[: len(parts) - (node.level - 1)])
+    return f"{base}.{node.module}" if node.module else base
 
 
 def core_modules() -> dict[str, Path]:

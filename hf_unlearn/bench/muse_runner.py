@@ -19,7 +19,6 @@ A decoding-time method's result is scored and generated through its own scorer a
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import tempfile
@@ -29,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..safe_output import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..safe_output import atomic_write_json, atomic_write_text
 
 #: Steps between two criterion measurements of a trainer run (best-checkpoint selection).
 SELECTION_STEPS = 10
@@ -264,6 +263,8 @@ def plot_muse(results: dict[str, Any], path: str | os.PathLike, title: str) -> P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .report import save_figure
+
     fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
     points = [("target", results["target"]), ("retain reference", results["retain_reference"])]
     points += [(m, r) for m, r in results["rows"].items() if not r.get("error")]
@@ -282,12 +283,7 @@ def plot_muse(results: dict[str, Any], path: str | os.PathLike, title: str) -> P
     ax.set_xlabel("VerbMem on the forget set (C1; lower = forgotten)")
     ax.set_ylabel("KnowMem on the retain set (C4; higher = utility kept)")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return atomic_write_bytes(Path(path), buffer.getvalue())
+    return save_figure(fig, path)
 
 
 def _jsonable_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -234,7 +234,6 @@ def grid_markdown_table(results: dict[str, Any]) -> str:
 
 def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) -> Path:
     """PNG of forget quality (log scale) against model utility, one labelled point per row."""
-    import io
 
     import matplotlib
 
@@ -278,7 +277,17 @@ def plot_tradeoff(results: dict[str, Any], path: str | os.PathLike, title: str) 
     ax.set_ylabel("forget quality (KS p-value, log scale)")
     ax.axhline(0.05, color="grey", lw=0.8, ls="--")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | os.PathLike) -> Path:
+    """Write a matplotlib figure (its grid light, its layout tight) to ``path`` as PNG, atomically, and close it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
