@@ -28,7 +28,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--subject", choices=("tiny", "smollm2-135m"), default="tiny")
-    parser.add_argument("--methods", nargs="+", default=None, help="registered method names (default: all)")
+    parser.add_argument("--methods", nargs="+", default=None, help="registered method names (default: every one that takes documents)")
     parser.add_argument("--data", default=None, help="local MUSE-News folder (default: $HF_UNLEARN_MUSE_DATA)")
     parser.add_argument("--output", default=None, help="output path without suffix "
                         "(default: benchmarks/results/muse_news_<subject>)")

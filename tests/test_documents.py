@@ -214,6 +214,7 @@ def test_every_trainer_takes_documents_or_says_why_not(name, tiny_target, tmp_pa
     from hf_unlearn.registry import get_method
 
     info = get_method(name)
+    assert info.load_trainer_class().accepts_documents is (name not in PREFERENCE_METHODS)
     model, tok = tiny_target
     args = info.load_config_class()(
         output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", disable_tqdm=True,

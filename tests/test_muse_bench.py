@@ -120,3 +120,12 @@ def test_the_cli_runs_the_muse_benchmark_and_refuses_what_it_cannot(muse_pair, m
     assert saved["command"] == "hf-unlearn bench --benchmark muse" and "sanity gate" in capsys.readouterr().out
     assert main([*common, "--model", "m", "--retain-model", "r"]) == 2
     assert "--benchmark muse builds its own MUSE-News pair" in capsys.readouterr().err
+
+
+def test_the_default_methods_are_those_that_take_documents():
+    """Every registered method but the preference trainers (a preferred answer needs a question), in order."""
+    from hf_unlearn.bench.muse_runner import document_methods
+    from hf_unlearn.registry import method_names
+
+    assert document_methods() == [m for m in method_names() if m not in ("dpo", "idk_dpo")]
+

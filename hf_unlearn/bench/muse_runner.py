@@ -134,19 +134,18 @@ def run_muse_bench(
     settings: dict[str, dict[str, Any]] | None = None, eval_kwargs: dict[str, Any] | None = None,
     selection_steps: int = SELECTION_STEPS, criterion_options: dict[str, Any] | None = None, progress: bool = True,
 ) -> dict[str, Any]:
-    """Every method in ``methods`` (default: every registered one) on ``pair`` (a
-    :class:`~hf_unlearn.bench.subjects.muse_news.MusePair`); returns the results dict :func:`write_muse_results`
+    """Every method in ``methods`` (default: every registered one that takes documents, :func:`document_methods`)
+    on ``pair`` (a :class:`~hf_unlearn.bench.subjects.muse_news.MusePair`); returns the results dict :func:`write_muse_results`
     writes: ``target``, ``retain_reference`` (their MUSE figures), ``gate``, ``rows`` (one per method),
     ``settings`` and the criterion's ``selection_rule``. ``settings`` replaces :func:`muse_method_settings`;
     ``criterion_options`` go to every :class:`~hf_unlearn.selection.SelectionCriterion` (``retain_tolerance``,
     ``holdout_level``); ``eval_kwargs`` to :func:`~hf_unlearn.evaluation.evaluate_muse`."""
-    from .. import registry
     from ..data import documents_dataset
     from ..evaluation import evaluate_muse
     from .subjects.muse_news import muse_sanity_gate
     from .subjects.tofu_tiny import load_tiny
 
-    methods = list(methods or registry.method_names())
+    methods = list(methods or document_methods())
     settings = settings or muse_method_settings(methods, subject)
     say = print if progress else (lambda *a, **k: None)
     retain_model, tokenizer = load_tiny(pair.retain)
@@ -286,6 +285,20 @@ def plot_muse(results: dict[str, Any], path: str | os.PathLike, title: str) -> P
     return save_figure(fig, path)
 
 
+def document_methods() -> list[str]:
+    """The registered methods that unlearn documents: every method but a trainer whose class says it takes
+    question/answer rows only (``accepts_documents = False``: DPO and IdkDPO, a preferred answer needs a
+    question)."""
+    from .. import registry
+
+    names = []
+    for name in registry.method_names():
+        trainer = registry.get_method(name).load_trainer_class()
+        if trainer is None or getattr(trainer, "accepts_documents", True):
+            names.append(name)
+    return names
+
+
 def _jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if not k.startswith("_")}
 
@@ -316,7 +329,7 @@ def run_muse_news(subject: str, methods: Sequence[str] | None = None, *, source:
                   command: str | None = None) -> tuple[dict[str, Any], dict[str, Path | None]]:
     """The MUSE-News-small benchmark end to end, what ``hf-unlearn bench --benchmark muse`` and
     ``benchmarks/muse_news.py`` run: build (or reuse) the pair of ``subject`` (``"tiny"`` or ``"smollm2-135m"``)
-    from the MUSE-News folder ``source``, run ``methods`` (default: every registered one) through
+    from the MUSE-News folder ``source``, run ``methods`` (default: :func:`document_methods`) through
     :func:`run_muse_bench`, and write the results to ``output`` (default
     ``benchmarks/results/muse_news_<subject>``). Returns the results and the written paths."""
     from .subjects.muse_news import build_muse_small_pair, build_muse_tiny_pair

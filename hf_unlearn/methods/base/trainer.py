@@ -110,6 +110,8 @@ class UnlearningTrainer(
     # config values that define this trainer's method (e.g. {"forget_loss": "npo"}): set when a config of another
     # class is converted, and required when a config of `config_class` is given
     preset: ClassVar[dict[str, Any]] = {}
+    # whether the trainer unlearns documents (plain texts, chunked) as well as question/answer rows
+    accepts_documents: ClassVar[bool] = True
     # compute_loss divides by the totals of the accumulation step itself (see LossDenominators)
     loss_is_scaled_for_ga = True
 

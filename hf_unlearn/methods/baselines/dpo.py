@@ -110,6 +110,7 @@ class PreferenceTrainer(UnlearningTrainer):
     ``alternate_log_ratio`` (policy minus reference)."""
 
     config_class: ClassVar[type[PreferenceConfig]] = PreferenceConfig
+    accepts_documents: ClassVar[bool] = False  # a preferred answer needs a question to answer
 
     def __init__(self, model: Any, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
                  retain_dataset: Any = None, **kwargs: Any):
