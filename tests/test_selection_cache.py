@@ -173,7 +173,7 @@ def test_band_cache_on_the_cpu_replays_the_plain_forward(tiny, synthetic):
     rows = criterion.forget
     cache = BandCache(model, entry, lambda scorer: criterion._score(model, tok, rows, scorer), cache_device="cpu")
     assert cache.replays_exactly() and cache.nbytes > 0
-    assert cache.answer_logits  # Llama takes logits_to_keep: the replay computes the answer positions' logits only
+    assert cache.logits_mode == "pairs"  # the replay computes the logits of the scored (row, position) pairs only
     assert all(h.device.type == "cpu" for h, _ in cache.batches.kept)
     reference = criterion._score(model, tok, rows, causal_lm_scorer(model))
     for plain, replayed, ref in zip(cache.plain(), cache.current(), reference):
@@ -194,6 +194,130 @@ def test_kept_label_log_probs_equal_the_full_ones():
     keep = predicting_positions(labels)
     assert keep.tolist() == [1, 2, 3, 4, 5, 6, 7]
     torch.testing.assert_close(kept_label_log_probs(logits[:, keep], labels, keep), label_log_probs(logits, labels))
+
+
+def test_pair_label_log_probs_equal_the_full_ones():
+    from hf_unlearn.logprobs import label_log_probs
+    from hf_unlearn.methods.grom.band_cache import pair_label_log_probs, scored_pairs
+
+    gen = torch.Generator().manual_seed(2)
+    logits = 3 * torch.randn(3, 9, 20, generator=gen)
+    labels = torch.full((3, 9), -100)
+    labels[0, 3:7] = torch.tensor([1, 2, 3, 4])
+    labels[1, 5:9] = torch.tensor([5, 6, 7, 8])
+    labels[2, 0:4] = torch.tensor([9, 10, 11, 12])  # position 0 has no context: never scored
+    rows, positions = scored_pairs(labels)
+    assert len(rows) == 4 + 4 + 3 and (rows == 2).sum() == 3
+    out = pair_label_log_probs(logits[rows, positions], labels, rows, positions)
+    torch.testing.assert_close(out, label_log_probs(logits, labels))
+    empty = labels.new_full(labels.shape, -100)
+    r0, p0 = scored_pairs(empty)
+    assert not pair_label_log_probs(logits[r0, p0], empty, r0, p0).any()
+
+
+def _head_outputs(model) -> tuple[list[tuple[int, ...]], object]:
+    shapes: list[tuple[int, ...]] = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda m, a, out: shapes.append(tuple(out.shape)))
+    return shapes, handle
+
+
+def test_band_cache_replay_computes_only_the_scored_pairs_logits(tiny, synthetic, monkeypatch):
+    from hf_unlearn.logprobs import answer_mask, causal_lm_scorer
+
+    model, tok = tiny
+    criterion = _criterion(synthetic)
+    rows = criterion.forget
+    reference = criterion._score(model, tok, rows, causal_lm_scorer(model))
+    cache = BandCache(model, band_entry(model, ["model.layers.1.mlp.down_proj"]),
+                      lambda scorer: criterion._score(model, tok, rows, scorer))
+    assert cache.replays_exactly() and cache.logits_mode == "pairs"
+    shapes, handle = _head_outputs(model)
+    try:
+        replayed = cache.current()
+    finally:
+        handle.remove()
+    scored = [int(answer_mask(labels)[:, 1:].sum()) for *_, labels in cache.batches.inputs]
+    assert [s[:2] for s in shapes] == [(1, n) for n in scored]
+    for mine, ref in zip(replayed, reference):
+        assert mine.shape == ref.shape and abs(mine - ref).max() <= 1e-5
+    # a model whose head cannot be hooked replays with the scored positions (logits_to_keep)
+    monkeypatch.setattr(type(model), "get_output_embeddings", lambda self: None)
+    assert cache.replays_exactly() and cache.logits_mode == "positions"
+    for mine, ref in zip(cache.current(), reference):
+        assert abs(mine - ref).max() <= 1e-5
+
+
+def test_band_cache_stops_its_caching_pass_at_the_band(tiny, synthetic):
+    model, tok = tiny
+    criterion = _criterion(synthetic)
+    rows = criterion.holdout  # 12 rows: 2 batches of 8
+    entry = band_entry(model, ["model.layers.1.mlp.down_proj"])
+    caches, calls = {}, {}
+    for keep in ("first", False):
+        norm_calls, handle = _count_calls(model.model.norm)
+        try:
+            caches[keep] = BandCache(model, entry, lambda scorer: criterion._score(model, tok, rows, scorer),
+                                     keep_plain=keep)
+        finally:
+            handle.remove()
+        calls[keep] = norm_calls[0]
+    assert calls == {"first": 1, False: 0}  # only "first" runs on past the band, on its first batch
+    first, none = caches["first"], caches[False]
+    assert first.batches.kept[0][1] is not None and first.batches.kept[1][1] is None
+    assert all(lp is None for _, lp in none.batches.kept)
+    for cache in (first, none):
+        assert len(cache.batches.kept) == 2
+        assert all(h.shape[:2] == inputs[0].shape for (h, _), inputs in zip(cache.batches.kept, cache.batches.inputs))
+        with pytest.raises(RuntimeError, match="keep_plain"):
+            cache.plain()
+    assert first.replays_exactly()
+    with pytest.raises(RuntimeError, match="no plain scores"):
+        none.replays_exactly()
+    for a, b in zip(first.current(), none.current()):
+        assert (a == b).all()
+    with pytest.raises(ValueError, match="keep_plain"):
+        BandCache(model, entry, lambda scorer: [], keep_plain="all")
+
+
+def test_grom_path_caching_pass_runs_whole_only_for_the_original_figures(tiny, synthetic):
+    model, tok = tiny
+    path = fit_grom_path(model, tok, synthetic["forget10"], synthetic["retain90"][:60],
+                         GROMConfig(**GROM_BASE, target_modules="down_proj", layers=[1]), scales=(1.0,),
+                         retain_weights=(1.0,))
+    given = _criterion(synthetic)
+    given.measure_original(model, tok)
+    fresh = _criterion(synthetic)
+    counts = []
+    for criterion in (fresh, given):
+        norm_calls, handle = _count_calls(model.model.norm)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                path.select(criterion, model, tok)
+        finally:
+            handle.remove()
+        counts.append(norm_calls[0])
+        assert path.cache_seconds is not None and path.cache_seconds > 0
+    # 8 batches (2 per set); the replay check 1 and the point 8. Caching: without original figures the retain
+    # and generic sets run whole (4) and forget/holdout stop at the band; with them, only the forget rows' first
+    # batch runs whole (the replay check's).
+    assert counts == [4 + 1 + 8, 1 + 1 + 8]
+    for key, value in given.original.items():
+        assert fresh.original[key] == pytest.approx(value, abs=1e-6)
+
+
+def test_criterion_takes_the_original_figures_from_log_probs(synthetic):
+    import numpy as np
+
+    criterion = _criterion(synthetic)
+    retain = [np.full(3, -1.0)] * len(criterion.retain_validation)
+    generic = [np.full(2, -2.0)] * len(criterion.generic)
+    assert criterion.set_original_from_log_probs(retain, generic) == {"retain_validation_nll": 1.0,
+                                                                        "generic_nll": 2.0}
+    with pytest.raises(ValueError, match="generic"):
+        criterion.set_original_from_log_probs(retain)
+    with pytest.raises(ValueError, match="retain_validation"):
+        criterion.set_original_from_log_probs(retain[:-1], generic)
 
 
 def test_row_batches_map_the_scoring_loop_back_to_rows(tiny, synthetic):

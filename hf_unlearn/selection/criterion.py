@@ -309,19 +309,12 @@ class SelectionCriterion:
         everything :meth:`measure` returns except ``seconds``. For callers that compute the log-probabilities
         themselves (a cached frozen trunk). Without ``original`` figures, the first call's retain figures become
         the original's."""
-        for name, rows, arrays in (("forget", self.forget, forget), ("holdout", self.holdout, holdout),
-                                   ("retain_validation", self.retain_validation, retain_validation)):
+        for name, rows, arrays in (("forget", self.forget, forget), ("holdout", self.holdout, holdout)):
             if len(arrays) != len(rows):
                 raise ValueError(f"{name}: {len(arrays)} log-probability arrays for {len(rows)} rows.")
-        if (generic is None) != (self.generic is None) or (generic is not None and len(generic) != len(self.generic)):
-            raise ValueError(f"generic: {None if generic is None else len(generic)} log-probability arrays for "
-                             f"{None if self.generic is None else len(self.generic)} rows.")
+        figures = self._figures_of(retain_validation, generic)
         out: dict[str, Any] = forget_holdout_statistics(forget, holdout, groups=self.groups,
                                                         reference_nll=self.reference_nll)
-        figures: dict[str, float | None] = {
-            "retain_validation_nll": self._mean_nll(list(retain_validation)),
-            "generic_nll": self._mean_nll(list(generic)) if generic is not None else None,
-        }
         if self.original is None:
             self.original = dict(figures)
         out.update(figures)
@@ -336,6 +329,26 @@ class SelectionCriterion:
             changes.append(delta)
         out["retain_change"] = max(changes)
         return out
+
+    def _figures_of(
+        self, retain_validation: Sequence[np.ndarray], generic: Sequence[np.ndarray] | None
+    ) -> dict[str, float | None]:
+        if len(retain_validation) != len(self.retain_validation):
+            raise ValueError(f"retain_validation: {len(retain_validation)} log-probability arrays for "
+                             f"{len(self.retain_validation)} rows.")
+        if (generic is None) != (self.generic is None) or (generic is not None and len(generic) != len(self.generic)):
+            raise ValueError(f"generic: {None if generic is None else len(generic)} log-probability arrays for "
+                             f"{None if self.generic is None else len(self.generic)} rows.")
+        return {"retain_validation_nll": self._mean_nll(list(retain_validation)),
+                "generic_nll": self._mean_nll(list(generic)) if generic is not None else None}
+
+    def set_original_from_log_probs(
+        self, retain_validation: Sequence[np.ndarray], generic: Sequence[np.ndarray] | None = None
+    ) -> dict[str, float | None]:
+        """Keep the original model's retain figures from its per-row answer-token log-probabilities on
+        ``retain_validation`` (and ``generic``), as :meth:`measure_original` does from the model; returns them."""
+        self.original = self._figures_of(retain_validation, generic)
+        return dict(self.original)
 
     # ----------------------------------------------------------------------------------------- deciding
     def rule(self) -> dict[str, Any]:

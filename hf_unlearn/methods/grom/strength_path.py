@@ -81,7 +81,7 @@ class GROMPath:
     weak -> strong by the edit's size ``sum_m ||P_m||_F`` (``norms``). ``record`` is set by :meth:`select`.
     ``unit_deltas[u]`` is the float32 edit of one ``(retain_weight, ridge)`` at scale 1 and point ``i`` is
     ``point_scales[i] * unit_deltas[point_units[i]]`` (:meth:`point_deltas`); ``cache_bytes`` is what the last
-    cached :meth:`select` held in band inputs."""
+    cached :meth:`select` held in band inputs and ``cache_seconds`` how long its caching pass took."""
 
     points: list[dict[str, float]]
     edits: Sequence[GROMEdit]
@@ -92,6 +92,7 @@ class GROMPath:
     point_scales: list[float] = field(default_factory=list, repr=False)
     base: GROMEdit | None = field(default=None, repr=False)
     cache_bytes: int | None = None
+    cache_seconds: float | None = None
 
     def __len__(self) -> int:
         return len(self.points)
@@ -168,27 +169,38 @@ def _cached_measure(
     path: GROMPath, criterion: Any, model: Any, tokenizer: Any, names: list[str],
     cache_device: str | torch.device | None,
 ) -> Any:
-    """The band caches of the criterion's row sets (one full pass of the unedited model, which also sets the
-    original's figures when the criterion has none) and a function measuring the model as it is now from them;
-    None, with a warning, when replaying does not reproduce the plain forward on this architecture."""
+    """The band caches of the criterion's row sets and a function measuring the model as it is now from them;
+    None, with a warning, when replaying does not reproduce the plain forward on this architecture.
+
+    The caching pass runs the unedited model up to the band on every row. It runs whole on the retain sets when
+    the criterion has no original figures yet (which that pass then gives, and whose first batch checks the
+    replay); otherwise only on the forget rows' first batch, for the check. Sets ``path.cache_bytes`` and
+    ``path.cache_seconds``."""
     start = time.perf_counter()
     try:
         entry = band_entry(model, names)
     except ValueError as err:
         warnings.warn(f"{err} Measuring the GROM path with full passes.", stacklevel=3)
         return None
-    sets = [criterion.forget, criterion.holdout, criterion.retain_validation, criterion.generic]
+    need_original = criterion.original is None
+    sets = [(criterion.forget, not need_original and "first"), (criterion.holdout, False),
+            (criterion.retain_validation, need_original), (criterion.generic, need_original)]
     caches = [None if rows is None else BandCache(
-        model, entry, lambda scorer, rows=rows: criterion._score(model, tokenizer, rows, scorer), cache_device)
-        for rows in sets]
-    if not caches[0].replays_exactly():
+        model, entry, lambda scorer, rows=rows: criterion._score(model, tokenizer, rows, scorer), cache_device,
+        keep_plain=keep) for rows, keep in sets]
+    check = caches[2] if need_original else caches[0]
+    if not check.replays_exactly():
         warnings.warn(f"{type(model).__name__}: running the blocks from the edited band on cached hidden states does "
                       "not reproduce the plain forward; measuring the GROM path with full passes.", stacklevel=3)
         return None
-    if criterion.original is None:  # the first measurement's retain figures become the original's
-        criterion.measure_from_log_probs(*[None if c is None else c.plain() for c in caches])
+    for cache in caches:
+        if cache is not None:
+            cache.logits_mode = check.logits_mode
+    if need_original:
+        criterion.set_original_from_log_probs(caches[2].plain(), None if caches[3] is None else caches[3].plain())
     path.cache_bytes = sum(cache.nbytes for cache in caches if cache is not None)
-    share = (time.perf_counter() - start) / len(path.points)
+    path.cache_seconds = time.perf_counter() - start
+    share = path.cache_seconds / len(path.points)
 
     def measure() -> dict[str, Any]:
         begin = time.perf_counter()
