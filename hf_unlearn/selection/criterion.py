@@ -258,13 +258,8 @@ class SelectionCriterion:
         return float(np.mean([-np.mean(lp) if len(lp) else 0.0 for lp in token_log_probs]))
 
     def _retain_figures(self, model: Any, tokenizer: Any, scorer: Any) -> dict[str, float | None]:
-        figures: dict[str, float | None] = {
-            "retain_validation_nll": self._mean_nll(self._score(model, tokenizer, self.retain_validation, scorer)),
-            "generic_nll": None,
-        }
-        if self.generic is not None:
-            figures["generic_nll"] = self._mean_nll(self._score(model, tokenizer, self.generic, scorer))
-        return figures
+        generic = None if self.generic is None else self._score(model, tokenizer, self.generic, scorer)
+        return self._figures_of(self._score(model, tokenizer, self.retain_validation, scorer), generic)
 
     def measure_original(self, model: Any, tokenizer: Any, scorer: Any = None) -> dict[str, float | None]:
         """Measure and keep the original model's retain figures (mean answer NLL on ``retain_validation`` and

@@ -231,8 +231,10 @@ class BandCache:
     def _replay(self, b: int) -> torch.Tensor:
         input_ids, attention_mask, position_ids, labels = self.batches.inputs[b]
         hidden = self.batches.kept[b][0].to(input_ids.device)
-        rows, positions = scored_pairs(labels)
-        keep = predicting_positions(labels)
+        if self.logits_mode == "pairs":
+            rows, positions = scored_pairs(labels)
+        elif self.logits_mode == "positions":
+            keep = predicting_positions(labels)
         extra = {"logits_to_keep": keep} if self.logits_mode == "positions" else {}
         hooks = []
         try:
