@@ -6,7 +6,7 @@ rows; median of ``--repeats`` after a warm-up). Then, in the same process and wi
 (so the original model's figures are part of the work):
 
 * T3: the head is fitted once (not counted), then :func:`~hf_unlearn.methods.t3.calibrate_t3` scores its default
-  grid (12 points) from one pass of the frozen base (``cached``), and with one tilted pass per point
+  grid (16 points) from one pass of the frozen base (``cached``), and with one tilted pass per point
   (``uncached``);
 * GROM: :func:`~hf_unlearn.methods.grom.fit_grom_path` fits once and solves the default 9 points (fit reported
   apart), then :meth:`~hf_unlearn.methods.grom.GROMPath.select` measures them from the hidden states cached at the

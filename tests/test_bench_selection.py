@@ -119,3 +119,29 @@ def test_resume_key_changes_with_the_selection_rule():
     assert key == comparison_key(*args, None, 8, dict(rule))
     assert key != comparison_key(*args, None, 8, {**rule, "groups": "tofu_authors"})
     assert key != comparison_key(*args, None, 8, None)
+    assert key != comparison_key(*args, None, 8, {**rule, "holdout_margin": 0.25})
+
+
+def test_the_tuning_author_split_has_its_own_recipe_and_results_name():
+    """``bench --subject NAME --authors tuning`` unlearns forget10 authors 5-8 (offset 4) under its own results
+    name; the reported split stays authors 1-4; anything else is refused before any work."""
+    from hf_unlearn.bench.runner import FORGET_AUTHOR_SPLITS, _subject_layout
+    from hf_unlearn.cli import build_parser
+
+    reported, name, presets = _subject_layout("smollm2-135m", "v2", True)
+    tuning, tuning_name, tuning_presets = _subject_layout("smollm2-135m", "v2", True, "tuning")
+    assert (reported.forget_offset, tuning.forget_offset) == (0, 4) and reported.forget_authors == 4
+    assert (name, tuning_name) == ("smollm2-135m_tofu_v2", "smollm2-135m_tofu_v2_tuning")
+    assert presets == tuning_presets == "smollm2-135m-v2"
+    assert tuning.retain_train_authors == reported.retain_train_authors  # the same retain side
+    v1, v1_name, _ = _subject_layout("smollm2-135m", "v1", False, "tuning")
+    assert v1.forget_offset == 4 and v1_name == "smollm2-135m_tofu_tuning"
+    assert FORGET_AUTHOR_SPLITS["tuning"] == "forget10 authors 5-8"
+    with pytest.raises(ValueError, match="authors must be one of"):
+        _subject_layout("smollm2-135m", "v2", True, "all")
+    args = build_parser().parse_args(["bench", "--subject", "smollm2-135m", "--authors", "tuning"])
+    assert args.authors == "tuning"
+    from hf_unlearn.options import UserError
+
+    with pytest.raises(UserError, match="invalid choice: '9-12'"):
+        build_parser().parse_args(["bench", "--authors", "9-12"])

@@ -54,8 +54,14 @@ def test_non_finite_log_probs_count_as_distinguishable():
 
 
 # --------------------------------------------------------------------------------------------- the rule
-def _m(gap, change, p=0.5):
-    return {"shift_gap": gap, "forget_holdout_pvalue": p, "retain_change": change}
+def _m(gap, change, p=0.5, se=0.05, df=6.0):
+    """A measurement: the gap with its standard error and Welch df (which the equivalence level reads), the
+    difference p (for reference only) and the retain change."""
+    from hf_unlearn.evaluation.privacy import equivalence_pvalue
+    from hf_unlearn.selection import DEFAULT_HOLDOUT_MARGIN
+
+    return {"shift_gap": gap, "shift_gap_se": se, "shift_gap_df": df, "forget_holdout_pvalue": p,
+            "equivalence_pvalue": equivalence_pvalue(gap, se, df, DEFAULT_HOLDOUT_MARGIN), "retain_change": change}
 
 
 def test_rule_respects_the_retain_tolerance():
@@ -84,12 +90,15 @@ def test_rule_ties_go_to_the_weaker_candidate():
 
 def test_rule_warns_when_the_closest_candidate_stays_distinguishable():
     ms = [_m(-3.0, 0.0, 1e-9), _m(-1.0, 0.02, 1e-4), _m(-0.1, 0.5, 0.9), _m(-0.6, 0.09, 0.01), _m(0.9, 0.2, 0.02)]
-    index, reason, warning = select_candidate(ms)
-    assert index == 3 and "closest" in reason and "stays distinguishable" in warning and "0.01" in warning
+    index, reason, warning = select_candidate(ms)  # the closest eligible gap, -0.6, is outside the 0.5 margin
+    assert index == 3 and "closest" in reason and "not shown to lie within 0.5 nats/token" in warning
     criterion = SelectionCriterion([{"question": "q", "answer": "a"}], [{"question": "q2", "answer": "b"}],
                                    [{"question": "q3", "answer": "c"}])
-    with pytest.warns(UserWarning, match="stays distinguishable"):
+    with pytest.warns(UserWarning, match="not shown to lie within"):
         assert criterion.select(ms)[0] == 3
+    assert select_candidate(ms, holdout_margin=1.0)[2] is None  # within a wider margin, precisely measured
+    noisy = [_m(-3.0, 0.0), _m(0.05, 0.01, p=0.95, se=0.8)]  # close, but too scattered to be placed
+    assert "not shown" in select_candidate(noisy)[2]
 
 
 def test_rule_when_nothing_is_within_tolerance_takes_the_smallest_retain_change():
@@ -114,7 +123,8 @@ def test_record_round_trips_and_renders(tmp_path):
     loaded = SelectionRecord.load(tmp_path)
     assert loaded.index == 1 and loaded.candidates == record.candidates and loaded.rule["retain_tolerance"] == 0.1
     text = record.markdown()
-    assert "| **1** | 1 | 0.05 | 0.7 |" in text and "Strength selection" in text and "closest" in text
+    assert "| **1** | 1 | 0.05 | 0.05 | 5.264e-05 | 0.7 |" in text and "Strength selection" in text and "closest" in text
+    assert "within +-0.5 nats/token" in text and record.warning is None
 
 
 def test_criterion_refuses_bad_settings():

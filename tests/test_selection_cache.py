@@ -80,7 +80,8 @@ def test_candidate_log_probs_equal_the_per_candidate_tilted_distribution(floor):
 def test_default_grid_holds_the_authors_setting_and_stays_small():
     grid = calibration_grid(DEFAULT_TEMPERATURES, DEFAULT_TILT_WEIGHTS)
     assert {"temperature": 2.5, "tilt_weight": 1.0} in grid  # the authors' released sweep
-    assert len(grid) <= 12
+    assert {"temperature": 1.0, "tilt_weight": 0.25} == grid[0]  # a tilt weaker than the point that lands
+    assert len(grid) <= 16
     assert max(p["temperature"] for p in grid) == 2.5 and max(p["tilt_weight"] for p in grid) == 2.0
     strengths = [(p["temperature"] * p["tilt_weight"], p["temperature"]) for p in grid]
     assert strengths == sorted(strengths)
@@ -107,13 +108,13 @@ def test_cached_calibration_equals_the_uncached_one_from_one_base_pass(tiny, hea
             slow_calls = decoder_calls[0] - fast_calls
     finally:
         handle.remove()
-    assert len(fast.candidates) == 12
+    assert len(fast.candidates) == len(DEFAULT_TEMPERATURES) * len(DEFAULT_TILT_WEIGHTS)
     _assert_same_measurements(fast, slow)
     for key, value in slow_criterion.original.items():
         assert fast_criterion.original[key] == pytest.approx(value, abs=1e-5)
     # one base forward per batch of the four row sets (8 batches of <= 8 rows), against one pass per point and the
     # original's pass over the retain sets (4 batches)
-    assert fast_calls == 8 and slow_calls == 8 * 12 + 4
+    assert fast_calls == 8 and slow_calls == 8 * len(DEFAULT_TEMPERATURES) * len(DEFAULT_TILT_WEIGHTS) + 4
     assert (head.config.temperature, head.config.tilt_weight) == (fast.chosen["temperature"],
                                                                   fast.chosen["tilt_weight"])
 

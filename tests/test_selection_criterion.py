@@ -1,5 +1,6 @@
 """The criterion's forget side on constructed per-row NLLs: author groups of different difficulty, a reference
-model's offset, memorised and overshot forget rows; the group-mean test against a slow reference."""
+model's offset, memorised and overshot forget rows; the group-mean test and the equivalence test against slow
+references."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from hf_unlearn.evaluation.privacy import group_mean_shift_test
+from hf_unlearn.evaluation.privacy import equivalence_pvalue, group_mean_shift_test
 from hf_unlearn.selection import TOFU_AUTHOR_ROWS, SelectionCriterion, forget_holdout_statistics
 
 AUTHORS = 4  # per side, as TOFU-small v2's forget and holdout authors
@@ -76,6 +77,40 @@ def test_group_mean_test_edge_cases():
         group_mean_shift_test([1.0, 2.0], [1.0, 2.0], [0, 0], [0, 1])
     with pytest.raises(ValueError, match="3 values but 2 group labels"):
         group_mean_shift_test([1.0, 2.0, 3.0], [1.0, 2.0], [0, 1], [0, 1])
+
+
+# ------------------------------------------------------------------------------------ the equivalence test
+def _interval_inside(gap, se, df, margin, alpha):
+    """The slow reference: is the ``1 - 2 alpha`` confidence interval of the gap inside ``(-margin, margin)``?"""
+    from scipy.stats import t as student_t
+
+    half = student_t.ppf(1 - alpha, df) * se
+    return -margin < gap - half and gap + half < margin
+
+
+@pytest.mark.parametrize("gap,se,df", [(0.09, 0.035, 5.2), (-0.11, 1.0, 3.1), (0.3, 0.05, 6.0), (-0.2, 0.02, 2.4),
+                                       (2.7, 0.12, 5.9), (0.0, 0.4, 30.0)])
+def test_equivalence_pvalue_is_below_alpha_exactly_when_the_interval_is_inside_the_margin(gap, se, df):
+    for margin in (0.1, 0.25, 0.5, 1.0):
+        p = equivalence_pvalue(gap, se, df, margin)
+        assert 0.0 <= p <= 1.0
+        for alpha in (0.01, 0.05, 0.1, 0.2):
+            if abs(p - alpha) > 1e-9:
+                assert (p < alpha) == _interval_inside(gap, se, df, margin, alpha), (margin, alpha, p)
+        assert p == pytest.approx(equivalence_pvalue(-gap, se, df, margin))  # symmetric in the gap's sign
+
+
+def test_equivalence_pvalue_edge_cases():
+    assert equivalence_pvalue(0.1, 0.0, None, 0.25) == 0.0 and equivalence_pvalue(0.3, 0.0, None, 0.25) == 1.0
+    assert equivalence_pvalue(None, 0.1, 4.0, 0.25) == 1.0 and equivalence_pvalue(0.0, None, None, 0.25) == 1.0
+    assert equivalence_pvalue(0.0, math.nan, 4.0, 0.25) == 1.0 and equivalence_pvalue(0.0, 0.1, math.nan, 0.25) == 1.0
+    for bad in (0.0, -0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="margin must be a finite number > 0"):
+            equivalence_pvalue(0.0, 0.1, 4.0, bad)
+    # the closer and the more precise, the smaller
+    assert equivalence_pvalue(0.0, 0.05, 6, 0.25) < equivalence_pvalue(0.1, 0.05, 6, 0.25) < equivalence_pvalue(
+        0.2, 0.05, 6, 0.25)
+    assert equivalence_pvalue(0.0, 0.05, 6, 0.25) < equivalence_pvalue(0.0, 0.2, 6, 0.25)
 
 
 # ---------------------------------------------------------------------- constructed NLL distributions
@@ -164,6 +199,46 @@ def test_the_rule_picks_the_candidate_that_lands_on_never_seen_rows():
     record = criterion.decide([{"step": s} for s in steps], measurements)
     assert record.chosen == {"step": 1.0} and record.warning is None
     assert "| **3** | 1 |" in record.markdown() and "group means (tofu_authors)" in record.markdown()
+
+
+def test_a_small_precise_gap_passes_the_equivalence_level_where_the_difference_test_fails():
+    """The ideal model with tight author groups and a small real offset between forget and holdout authors (a
+    gap of about +0.1 nats/token with authors about 0.03 apart, as the retain reference on a SmolLM2 pair): a
+    difference test calls it distinguishable, the equivalence test shows it within the margin. The target fails
+    both by far; a candidate whose forget rows scatter widely around 0 passes the difference test by its noise and
+    fails the equivalence test."""
+    rng = np.random.default_rng(6)
+    holdout = np.repeat([0.30, 0.33, 0.36, 0.32], TOFU_AUTHOR_ROWS) + rng.normal(0, 0.05, ROWS)
+    ideal = np.repeat([0.42, 0.45, 0.41, 0.44], TOFU_AUTHOR_ROWS) + rng.normal(0, 0.05, ROWS)
+    target = np.repeat(-2.4 + rng.normal(0, 0.2, AUTHORS), TOFU_AUTHOR_ROWS) + rng.normal(0, 0.1, ROWS)
+    noisy = np.repeat(np.array([-1.8, 2.2, -1.5, 1.4]), TOFU_AUTHOR_ROWS) + rng.normal(0, 0.1, ROWS)
+    criterion = _criterion(groups="tofu_authors", holdout_margin=0.25)
+    ideal_m, target_m, noisy_m = (_measure(criterion, f, holdout) for f in (ideal, target, noisy))
+    assert 0.05 < ideal_m["shift_gap"] < 0.2 and ideal_m["forget_holdout_pvalue"] < 0.05, ideal_m
+    assert ideal_m["equivalence_pvalue"] < 0.05 and ideal_m["shift_gap_df"] > 1
+    assert target_m["equivalence_pvalue"] > 0.999 and target_m["forget_holdout_pvalue"] < 1e-3
+    assert abs(noisy_m["shift_gap"]) < 0.3 and noisy_m["forget_holdout_pvalue"] > 0.5
+    assert noisy_m["equivalence_pvalue"] > 0.3, noisy_m
+    for m in (ideal_m, target_m, noisy_m):  # the measured p is the pure function's on the recorded figures
+        assert m["equivalence_pvalue"] == pytest.approx(
+            equivalence_pvalue(m["shift_gap"], m["shift_gap_se"], m["shift_gap_df"], 0.25))
+    measurements = [dict(target_m, retain_change=0.0), dict(noisy_m, retain_change=0.01),
+                    dict(ideal_m, retain_change=0.02)]
+    record = criterion.decide([{"step": s} for s in (0, 1, 2)], measurements)
+    assert record.index == 2 and record.warning is None and "equivalence p" in record.reason
+    assert record.rule["holdout_margin"] == 0.25 and "within +-0.25 nats/token" in record.markdown()
+    with pytest.warns(UserWarning, match="not shown to lie within 0.25 nats/token"):
+        index, _ = criterion.select(measurements[:2])  # the noisy candidate is closest, and not shown equivalent
+    assert index == 1
+    narrow = _criterion(groups="tofu_authors", holdout_margin=0.05)  # a margin below the real offset: a warning
+    with pytest.warns(UserWarning, match="not shown to lie within 0.05"):
+        narrow.decide([{"step": 2}], [dict(_measure(narrow, ideal, holdout), retain_change=0.0)])
+
+
+def test_the_holdout_margin_is_checked_before_any_work():
+    for bad in (0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="holdout_margin must be a finite number > 0"):
+            _criterion(holdout_margin=bad)
 
 
 def test_statistics_without_groups_or_reference_on_identical_rows():

@@ -108,10 +108,10 @@ def run_muse_one(
 
 def candidate_figures(record: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     """Every candidate a selection record measured, compactly: the candidate and the criterion's forget NLL,
-    holdout NLL, retain change and forget-vs-holdout p-value there."""
+    holdout NLL, retain change, NLL shift gap and its equivalence and difference p-values there."""
     if not record:
         return None
-    keys = ("forget_nll", "holdout_nll", "retain_change", "forget_holdout_pvalue")
+    keys = ("forget_nll", "holdout_nll", "retain_change", "shift_gap", "equivalence_pvalue", "forget_holdout_pvalue")
     return [{"candidate": c, **{k: m.get(k) for k in keys}}
             for c, m in zip(record.get("candidates") or [], record.get("measurements") or [])]
 

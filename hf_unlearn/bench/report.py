@@ -153,6 +153,14 @@ def attacks_table(results: dict[str, Any]) -> str | None:
     return _table(["method", *(title for _, title, _ in columns)], body)
 
 
+def _level_text(rule: dict[str, Any]) -> str:
+    """The rule's level in words: the equivalence margin and level the chosen candidate must pass."""
+    margin, level = rule.get("holdout_margin"), rule.get("holdout_level")
+    if margin is None or level is None:
+        return "the rule's level: see the selection rule"
+    return f"the rule's level: equivalence p < {level:g} for a margin of {margin:g} nats/token"
+
+
 def _interval(row: dict[str, Any]) -> str:
     ci = row.get("forget_quality_interval") or {}
     if ci.get("forget_quality_low") is None:
@@ -180,19 +188,20 @@ def selection_table(results: dict[str, Any]) -> str | None:
         candidate = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                               for k, v in (sel.get("candidate") or {}).items())
         body.append([name, candidate or "n/a", str(sel.get("num_candidates", "n/a")),
-                     num(crit.get("shift_gap"), "+.3f"), num(crit.get("forget_holdout_pvalue"), ".3g"),
-                     num(crit.get("mia_auc"), ".3f"),
+                     num(crit.get("shift_gap"), "+.3f"), num(crit.get("equivalence_pvalue"), ".3g"),
+                     num(crit.get("forget_holdout_pvalue"), ".3g"), num(crit.get("mia_auc"), ".3f"),
                      num(crit.get("retain_change"), "+.3f"), "yes" if sel.get("warning") else "no",
                      _fmt(row.get("forget_quality"), ".3g"), _interval(row)])
-    header = ["method", "chosen", "candidates", "NLL shift gap (forget - holdout)", "criterion p (group test)",
-              "Min-K% AUC", "retain change (nats/token)", "warning", "forget quality", "forget quality 95% interval"]
+    header = ["method", "chosen", "candidates", "NLL shift gap (forget - holdout)", "equivalence p",
+              "difference p (group test)", "Min-K% AUC", "retain change (nats/token)", "warning", "forget quality", "forget quality 95% interval"]
     text = _table(header, body)
     anchors = [(name, (results.get(key) or {}).get("criterion") or {})
                for name, key in (("target", "target"), ("retain reference", "retain_reference"))]
     if any(crit for _, crit in anchors):
         text += "\n\nThe criterion on the anchors: " + "; ".join(
-            f"{name} NLL shift gap {num(crit.get('shift_gap'), '+.3f')}, p {num(crit.get('forget_holdout_pvalue'), '.3g')}"
-            for name, crit in anchors) + " (the rule's level: p >= 0.05)."
+            f"{name} NLL shift gap {num(crit.get('shift_gap'), '+.3f')}, equivalence p "
+            f"{num(crit.get('equivalence_pvalue'), '.3g')}, difference p {num(crit.get('forget_holdout_pvalue'), '.3g')}"
+            for name, crit in anchors) + f" ({_level_text(results.get('selection_rule') or {})})."
     corr = results.get("criterion_vs_forget_quality") or {}
     if corr:
         rho = corr.get("spearman")

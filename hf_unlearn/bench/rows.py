@@ -216,7 +216,8 @@ def selected_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         "candidate": record.get("chosen"), "index": index, "num_candidates": len(measured),
         "reason": record.get("reason"), "warning": record.get("warning"),
-        "criterion": {k: chosen.get(k) for k in ("shift_gap", "forget_holdout_pvalue", "forget_holdout_ks_pvalue",
+        "criterion": {k: chosen.get(k) for k in ("shift_gap", "shift_gap_se", "shift_gap_df", "equivalence_pvalue",
+                                                 "forget_holdout_pvalue", "forget_holdout_ks_pvalue",
                                                  "forget_holdout_ks", "mia_auc", "retain_change", "forget_nll",
                                                  "holdout_nll")},
     }

@@ -75,6 +75,10 @@ def _add_subject_options(be: argparse.ArgumentParser) -> None:
                     help="with --select: trainers measure the criterion every this many optimizer steps")
     be.add_argument("--resume", action="store_true",
                     help="with --subject: keep the rows an interrupted run of the same comparison finished")
+    be.add_argument("--authors", choices=("reported", "tuning"), default="reported",
+                    help="with --subject: the forget10 authors to unlearn; reported (default): authors 1-4, the "
+                         "published benchmark; tuning: authors 5-8, the split grids and defaults are chosen on "
+                         "(results <name>_tuning.*)")
     be.add_argument("--build-only", action="store_true",
                     help="with --subject: build (or reuse) the target / retain reference pair and run its sanity gate")
 
@@ -111,7 +115,7 @@ def bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
         build_only=args.build_only, grid=not args.no_grid, eval_kwargs=eval_kwargs,
         quantization_check=not args.no_quantization, progress=True, verbose=args.verbose,
         attacks=args.attacks, layout=args.layout, bar=args.bar, resume=args.resume, select=args.select,
-        selection_steps=args.selection_steps,
+        selection_steps=args.selection_steps, authors=args.authors,
     )
     if paths is None:
         print(format_gate(results))

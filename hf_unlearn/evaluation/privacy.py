@@ -143,3 +143,32 @@ def group_mean_shift_test(
     df = se**4 / ((vf**2 / (mf.size - 1) if vf else 0.0) + (vh**2 / (mh.size - 1) if vh else 0.0))
     t = gap / se
     return {**out, "t": t, "df": df, "pvalue": float(2 * student_t.sf(abs(t), df))}
+
+
+def equivalence_pvalue(gap: float | None, se: float | None, df: float | None, margin: float) -> float:
+    """The p-value of two one-sided t-tests (TOST) that a difference lies within ``(-margin, margin)``.
+
+    The null hypothesis is ``|true gap| >= margin``; with ``T_df`` Student's t with ``df`` degrees of freedom (the
+    Welch ``df`` of :func:`group_mean_shift_test`):
+
+        p = max( P(T_df >= (gap + margin) / se),  P(T_df <= (gap - margin) / se) ).
+
+    ``p < alpha`` exactly when the ``1 - 2 alpha`` confidence interval ``gap +- t_{1-alpha, df} se`` lies inside
+    ``(-margin, margin)``: small when the gap is small *and* precisely measured, large when it is far from 0 or
+    too noisy to place (a difference test rewards that noise with a large p). ``se = 0`` gives 0 when
+    ``|gap| < margin`` and 1 otherwise; a missing or non-finite ``gap``, ``se`` or ``df`` gives 1 (nothing is shown).
+    ``margin`` must be finite and > 0.
+    """
+    from scipy.stats import t as student_t
+
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
+        raise ValueError(f"An equivalence margin must be a finite number > 0, got {margin!r}.")
+    if gap is None or se is None or not (math.isfinite(gap) and math.isfinite(se)):
+        return 1.0
+    if se == 0:
+        return 0.0 if abs(gap) < margin else 1.0
+    if df is None or not (math.isfinite(df) and df > 0):
+        return 1.0
+    lower = student_t.sf((gap + margin) / se, df)
+    upper = student_t.cdf((gap - margin) / se, df)
+    return float(max(lower, upper))

@@ -14,11 +14,17 @@ or a given one (a decoding-time method's tilted scorer):
 
       shift_gap = mean over forget groups of mean_{i in g} d_i  -  the same over holdout groups,
 
-  with ``forget_holdout_pvalue`` the two-sided p-value of Welch's t-test on those group means
+  with ``shift_gap_se`` and ``shift_gap_df`` its Welch standard error and degrees of freedom on those group means
   (:func:`hf_unlearn.evaluation.privacy.group_mean_shift_test`; without ``groups`` every row is a group). The
   ideal model (one never trained on the forget rows) has ``shift_gap`` near 0: the forget rows are then
   never-seen rows of their own difficulty. A model that still knows them has ``shift_gap`` well below 0, one
-  pushed *beyond* never-seen rows well above 0; both fail the test. Kept for reference: the two-sample KS
+  pushed *beyond* never-seen rows well above 0. ``equivalence_pvalue`` is the p-value of two one-sided t-tests
+  (TOST) that ``|shift_gap| < holdout_margin`` (:func:`hf_unlearn.evaluation.privacy.equivalence_pvalue`):
+
+      p = max( P(T_df >= (gap + margin) / se),  P(T_df <= (gap - margin) / se) ),
+
+  small only when the gap is both small and precisely measured. Kept for reference: ``forget_holdout_pvalue``,
+  Welch's two-sided difference test on the same group means, the two-sample KS
   statistic and p-value of the NLLs (``forget_holdout_ks``, ``forget_holdout_ks_pvalue``) and ``mia_auc``, the
   Min-K% membership-inference AUC of forget (label 0) against holdout (label 1).
 * retain side: ``retain_change = max(mean NLL on retain_validation, mean NLL on generic) - the same under the
@@ -32,8 +38,12 @@ level of 0.05 is out of reach for every candidate. The group test counts authors
 between authors alone does not fail it; the reference offset removes the part of the difficulty that the model
 had before fine-tuning (a row that was hard for the base stays hard for a model that never saw it); the rule
 then takes the candidate *closest* to the holdout rows rather than the most significant one, so a noisy
-candidate is not preferred for its noise and an overshoot counts as much as an undershoot. The p-value decides
-only whether the choice carries a warning.
+candidate is not preferred for its noise and an overshoot counts as much as an undershoot. Whether the choice
+carries a warning is an *equivalence* question, not a difference one: a difference test rejects the ideal model
+whenever the forget and holdout authors differ by a small real amount that it measures precisely (on the SmolLM2
+pair, the retain reference's gap of +0.09 nats/token gives p = 0.046), and it passes a candidate whose forget rows
+scatter so widely that nothing can be told. The equivalence test asks the question the rule needs: is the forget
+rows' shift shown to lie within ``holdout_margin`` of never-seen rows'?
 
 **The rule** (:meth:`SelectionCriterion.select`, candidates ordered weak -> strong):
 
@@ -41,8 +51,9 @@ only whether the choice carries a warning.
    probability of the retain answers falls by at most ``1 - e^{-0.1}``, about 10%, the size of TOFU's
    "90% of the target's utility" bar) are eligible;
 2. among those, the one with the smallest ``|shift_gap|``; ties go to the weaker candidate;
-3. when that candidate's ``forget_holdout_pvalue`` is below ``holdout_level`` (default 0.05: the group test
-   still tells its forget rows from the holdout rows), it is chosen with a warning that says so;
+3. when that candidate's ``equivalence_pvalue`` is not below ``holdout_level`` (default 0.05) for the margin
+   ``holdout_margin`` (default 0.5 nats/token), its forget rows are not shown to be like never-seen rows; it is
+   chosen with a warning that says so;
 4. when no candidate is eligible, the one with the smallest retain change (ties: weaker), with a warning.
 
 The measurements and the decision form a :class:`SelectionRecord`, saved as ``selection_record.json`` beside the
@@ -57,6 +68,7 @@ from .callback import SelectionCallback
 from .criterion import TOFU_AUTHOR_ROWS, SelectionCriterion, selection_record_of
 from .record import (
     DEFAULT_HOLDOUT_LEVEL,
+    DEFAULT_HOLDOUT_MARGIN,
     DEFAULT_RETAIN_TOLERANCE,
     SELECTION_RECORD,
     SELECTION_WEIGHTS,
@@ -66,7 +78,7 @@ from .record import (
 )
 
 __all__ = [
-    "DEFAULT_HOLDOUT_LEVEL", "DEFAULT_RETAIN_TOLERANCE", "SELECTION_RECORD", "SELECTION_WEIGHTS", "TOFU_AUTHOR_ROWS",
+    "DEFAULT_HOLDOUT_LEVEL", "DEFAULT_HOLDOUT_MARGIN", "DEFAULT_RETAIN_TOLERANCE", "SELECTION_RECORD", "SELECTION_WEIGHTS", "TOFU_AUTHOR_ROWS",
     "SelectionCallback", "SelectionCriterion", "SelectionRecord", "forget_holdout_statistics", "select_candidate",
     "selection_record_of",
 ]

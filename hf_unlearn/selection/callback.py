@@ -124,7 +124,8 @@ class SelectionCallback(_TrainerCallback, _ExportableState):
         self.original = dict(criterion.original or {})
         self.steps.append(step)
         self.measurements.append(measurement)
-        index, _, _ = select_candidate(self.measurements, criterion.retain_tolerance, criterion.holdout_level)
+        index, _, _ = select_candidate(self.measurements, criterion.retain_tolerance, criterion.holdout_level,
+                                       criterion.holdout_margin)
         if index == len(self.measurements) - 1:
             self.best_step = step
             if self.restore:

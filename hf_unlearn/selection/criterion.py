@@ -15,6 +15,7 @@ import numpy as np
 
 from .record import (
     DEFAULT_HOLDOUT_LEVEL,
+    DEFAULT_HOLDOUT_MARGIN,
     DEFAULT_RETAIN_TOLERANCE,
     SELECTION_RECORD,
     SelectionRecord,
@@ -135,8 +136,11 @@ class SelectionCriterion:
         retain_validation: retain rows *not* used for unlearning.
         generic: optional general-knowledge rows; their NLL change counts toward ``retain_change`` too.
         retain_tolerance: largest allowed ``retain_change`` (nats per answer token).
-        holdout_level: p-value of the group test at or above which the chosen candidate's forget rows count as
-            indistinguishable from the holdout rows (below it the choice carries a warning).
+        holdout_level: the level of the equivalence test: below it the chosen candidate's forget rows count as
+            indistinguishable from the holdout rows (at or above it the choice carries a warning).
+        holdout_margin: the equivalence margin (nats per answer token): the equivalence test asks whether the
+            ``shift_gap`` is shown, by two one-sided Welch t-tests on the group means, to lie within
+            ``(-holdout_margin, holdout_margin)``.
         original: the original model's retain figures (``measure_original``'s dict); measured on the first
             :meth:`measure` call otherwise, so call :meth:`measure_original` (or measure the original model)
             first.
@@ -167,6 +171,7 @@ class SelectionCriterion:
         *,
         retain_tolerance: float = DEFAULT_RETAIN_TOLERANCE,
         holdout_level: float = DEFAULT_HOLDOUT_LEVEL,
+        holdout_margin: float = DEFAULT_HOLDOUT_MARGIN,
         original: Mapping[str, Any] | None = None,
         template: str | None = None,
         batch_size: int = 16,
@@ -188,11 +193,14 @@ class SelectionCriterion:
             raise ValueError(f"retain_tolerance must be a finite number >= 0, got {retain_tolerance!r}.")
         if not (_finite(holdout_level) and 0 < holdout_level <= 1):
             raise ValueError(f"holdout_level must be in (0, 1], got {holdout_level!r}.")
+        if not (_finite(holdout_margin) and holdout_margin > 0):
+            raise ValueError(f"holdout_margin must be a finite number > 0, got {holdout_margin!r}.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         _check_criterion_rows(self.forget, self.holdout, self.retain_validation, self.generic)
         self.retain_tolerance = float(retain_tolerance)
         self.holdout_level = float(holdout_level)
+        self.holdout_margin = float(holdout_margin)
         self.original = dict(original) if original is not None else None
         self.template = template
         self.batch_size = int(batch_size)
@@ -271,7 +279,7 @@ class SelectionCriterion:
 
     def measure(self, model: Any, tokenizer: Any, scorer: Any = None) -> dict[str, Any]:
         """The criterion on one candidate: :func:`forget_holdout_statistics` (``shift_gap``, ``shift_gap_se``,
-        ``forget_holdout_pvalue``, ``forget_shift``, ``holdout_shift``, ``forget_holdout_ks``,
+        ``shift_gap_df``, ``equivalence_pvalue``, ``forget_holdout_pvalue``, ``forget_shift``, ``holdout_shift``, ``forget_holdout_ks``,
         ``forget_holdout_ks_pvalue``, ``mia_auc``, ``forget_nll``, ``holdout_nll``), ``retain_validation_nll`` /
         ``_change``, ``generic_nll`` / ``_change``, ``retain_change`` and ``seconds``.
 
@@ -309,7 +317,8 @@ class SelectionCriterion:
                 raise ValueError(f"{name}: {len(arrays)} log-probability arrays for {len(rows)} rows.")
         figures = self._figures_of(retain_validation, generic)
         out: dict[str, Any] = forget_holdout_statistics(forget, holdout, groups=self.groups,
-                                                        reference_nll=self.reference_nll)
+                                                        reference_nll=self.reference_nll,
+                                                        margin=self.holdout_margin)
         if self.original is None:
             self.original = dict(figures)
         out.update(figures)
@@ -350,13 +359,15 @@ class SelectionCriterion:
         """The rule's settings, as the record stores them."""
         return {"name": "NLL shift closest to holdout within retain tolerance",
                 "retain_tolerance": self.retain_tolerance, "holdout_level": self.holdout_level,
+                "holdout_margin": self.holdout_margin, "level test": "equivalence (two one-sided Welch t-tests)",
                 "groups": self.groups_spec, "reference": "reference model" if self.reference_nll is not None else None,
                 "order": "weak -> strong", "ties": "weaker candidate"}
 
     def select(self, measurements: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
         """``(index, reason)`` of the chosen candidate by the default rule (candidates ordered weak -> strong);
         warns (``UserWarning``) when the rule falls back."""
-        index, reason, warning = select_candidate(measurements, self.retain_tolerance, self.holdout_level)
+        index, reason, warning = select_candidate(measurements, self.retain_tolerance, self.holdout_level,
+                                                   self.holdout_margin)
         if warning:
             warnings.warn(warning, stacklevel=2)
         return index, reason
@@ -368,7 +379,8 @@ class SelectionCriterion:
         weak -> strong)."""
         if len(candidates) != len(measurements):
             raise ValueError(f"{len(candidates)} candidates but {len(measurements)} measurements.")
-        index, reason, warning = select_candidate(measurements, self.retain_tolerance, self.holdout_level)
+        index, reason, warning = select_candidate(measurements, self.retain_tolerance, self.holdout_level,
+                                                   self.holdout_margin)
         if warning:
             warnings.warn(warning, stacklevel=2)
         return SelectionRecord(

@@ -19,11 +19,16 @@ SELECTION_RECORD = "selection_record.json"
 SELECTION_WEIGHTS = "selection_best.safetensors"
 DEFAULT_RETAIN_TOLERANCE = 0.1
 DEFAULT_HOLDOUT_LEVEL = 0.05
-
+#: The equivalence margin: within it (nats per answer token) a forget rows' shift counts as that of never-seen rows.
+DEFAULT_HOLDOUT_MARGIN = 0.5
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def _finite_or_none(value: Any) -> float | None:
+    return float(value) if _finite(value) else None
 
 
 def _row_nlls(token_log_probs: Sequence[np.ndarray]) -> np.ndarray:
@@ -37,6 +42,7 @@ def forget_holdout_statistics(
     *,
     groups: tuple[Sequence[Any], Sequence[Any]] | None = None,
     reference_nll: tuple[Sequence[float], Sequence[float]] | None = None,
+    margin: float = DEFAULT_HOLDOUT_MARGIN,
 ) -> dict[str, Any]:
     """Indistinguishability of forget and holdout rows from their per-token answer log-probabilities.
 
@@ -46,7 +52,10 @@ def forget_holdout_statistics(
     and ``forget_holdout_pvalue`` the two-sided p-value of Welch's test on those group means
     (:func:`hf_unlearn.evaluation.privacy.group_mean_shift_test`; ``groups = (forget labels, holdout labels)``,
     every row its own group without them; ``None`` with a single row on a side); ``shift_gap_se`` its standard
-    error, ``forget_shift`` / ``holdout_shift`` the two sides' mean shifts.
+    error and ``shift_gap_df`` its Welch degrees of freedom, ``forget_shift`` / ``holdout_shift`` the two sides'
+    mean shifts. ``equivalence_pvalue`` is the two-one-sided-tests p-value that ``|shift_gap| < margin``
+    (:func:`hf_unlearn.evaluation.privacy.equivalence_pvalue`): small when the forget rows' shift is shown to lie
+    within ``margin`` nats/token of the holdout rows'.
 
     Kept for reference: ``forget_holdout_ks`` and ``forget_holdout_ks_pvalue`` (the two-sample Kolmogorov-Smirnov
     statistic ``D = sup_x |F_forget(x) - F_holdout(x)|`` of the NLLs and its p-value, rows taken as independent),
@@ -59,6 +68,7 @@ def forget_holdout_statistics(
 
     from ..evaluation.privacy import (
         MIN_K_FRACTION,
+        equivalence_pvalue,
         group_mean_shift_test,
         mia_auc,
         min_k_score,
@@ -70,8 +80,8 @@ def forget_holdout_statistics(
     nll_f, nll_h = _row_nlls(forget_token_log_probs), _row_nlls(holdout_token_log_probs)
     out: dict[str, Any] = {"forget_nll": float(nll_f.mean()), "holdout_nll": float(nll_h.mean())}
     if not (np.isfinite(nll_f).all() and np.isfinite(nll_h).all()):
-        return {**out, "forget_holdout_pvalue": 0.0, "shift_gap": None, "shift_gap_se": None,
-                "forget_shift": None, "holdout_shift": None, "forget_holdout_ks_pvalue": 0.0,
+        return {**out, "forget_holdout_pvalue": 0.0, "equivalence_pvalue": 1.0, "shift_gap": None,
+                "shift_gap_se": None, "shift_gap_df": None, "forget_shift": None, "holdout_shift": None, "forget_holdout_ks_pvalue": 0.0,
                 "forget_holdout_ks": 1.0, "mia_auc": None}
     ref_f, ref_h = ((np.zeros_like(nll_f), np.zeros_like(nll_h)) if reference_nll is None else
                     (np.asarray(reference_nll[0], dtype=np.float64), np.asarray(reference_nll[1], dtype=np.float64)))
@@ -81,13 +91,15 @@ def forget_holdout_statistics(
     shift_f, shift_h = nll_f - ref_f, nll_h - ref_h
     labels_f, labels_h = groups if groups is not None else (range(nll_f.size), range(nll_h.size))
     if min(len(set(labels_f)), len(set(labels_h))) < 2:  # one row on a side: a gap, but no spread to test it by
-        test = {"gap": float(shift_f.mean() - shift_h.mean()), "se": None, "pvalue": None}
+        test = {"gap": float(shift_f.mean() - shift_h.mean()), "se": None, "df": None, "pvalue": None}
     else:
         test = group_mean_shift_test(shift_f, shift_h, list(labels_f), list(labels_h))
     ks = ks_2samp(nll_f, nll_h)
     auc = mia_auc([min_k_score(lp, k) for lp in forget_token_log_probs],
                   [min_k_score(lp, k) for lp in holdout_token_log_probs])
-    return {**out, "forget_holdout_pvalue": test["pvalue"], "shift_gap": test["gap"], "shift_gap_se": test["se"],
+    return {**out, "forget_holdout_pvalue": test["pvalue"],
+            "equivalence_pvalue": equivalence_pvalue(test["gap"], test["se"], _finite_or_none(test["df"]), margin),
+            "shift_gap": test["gap"], "shift_gap_se": test["se"], "shift_gap_df": _finite_or_none(test["df"]),
             "forget_shift": float(shift_f.mean()), "holdout_shift": float(shift_h.mean()),
             "forget_holdout_ks_pvalue": float(ks.pvalue), "forget_holdout_ks": float(ks.statistic), "mia_auc": auc}
 
@@ -96,9 +108,11 @@ def select_candidate(
     measurements: Sequence[Mapping[str, Any]],
     retain_tolerance: float = DEFAULT_RETAIN_TOLERANCE,
     holdout_level: float = DEFAULT_HOLDOUT_LEVEL,
+    holdout_margin: float = DEFAULT_HOLDOUT_MARGIN,
 ) -> tuple[int, str, str | None]:
     """The default rule (module docstring) on measurements ordered weak -> strong: ``(index, reason, warning)``,
-    ``warning`` None when the chosen candidate is within the retain tolerance and reaches the holdout level."""
+    ``warning`` None when the chosen candidate is within the retain tolerance and its forget rows are shown to lie
+    within ``holdout_margin`` of the holdout rows (:func:`chosen_equivalence_pvalue` below ``holdout_level``)."""
     if not measurements:
         raise ValueError("select() needs at least one measured candidate.")
 
@@ -110,10 +124,6 @@ def select_candidate(
         value = m.get("shift_gap")
         return abs(float(value)) if _finite(value) else math.inf
 
-    def pvalue(m: Mapping[str, Any]) -> float:
-        value = m.get("forget_holdout_pvalue")
-        return float(value) if _finite(value) else 0.0
-
     eligible = [i for i, m in enumerate(measurements) if change(m) <= retain_tolerance]
     if not eligible:
         best = min(range(len(measurements)), key=lambda i: (change(measurements[i]), i))
@@ -123,16 +133,28 @@ def select_candidate(
     best = min(eligible, key=lambda i: (gap(measurements[i]), i))
     chosen = measurements[best]
     shift = f"{float(chosen['shift_gap']):+.4g}" if _finite(chosen.get("shift_gap")) else "n/a"
+    p_equal = chosen_equivalence_pvalue(chosen, holdout_margin)
     reason = (f"candidate {best}: forget rows' NLL shift closest to the holdout rows' (gap {shift} nats/token, "
-              f"p = {pvalue(chosen):.4g}) among {len(eligible)} of {len(measurements)} candidates within the retain "
-              f"tolerance {retain_tolerance:g} (its retain change {change(chosen):+.4g}); ties go to the weaker "
-              "candidate")
-    if pvalue(chosen) >= holdout_level:
+              f"equivalence p = {p_equal:.4g} for a margin of {holdout_margin:g}) among {len(eligible)} of "
+              f"{len(measurements)} candidates within the retain tolerance {retain_tolerance:g} (its retain change "
+              f"{change(chosen):+.4g}); ties go to the weaker candidate")
+    if p_equal < holdout_level:
         return best, reason, None
     warning = (f"The candidate closest to the holdout rows within the retain tolerance {retain_tolerance:g} "
-               f"(candidate {best}, gap {shift} nats/token) stays distinguishable from never-seen rows (p = "
-               f"{pvalue(chosen):.4g} < {holdout_level:g}).")
+               f"(candidate {best}, gap {shift} nats/token) is not shown to lie within {holdout_margin:g} nats/token "
+               f"of never-seen rows (equivalence p = {p_equal:.4g} >= {holdout_level:g}).")
     return best, reason, warning
+
+
+def chosen_equivalence_pvalue(measurement: Mapping[str, Any], holdout_margin: float = DEFAULT_HOLDOUT_MARGIN) -> float:
+    """The equivalence p-value of one measurement for ``holdout_margin``
+    (:func:`hf_unlearn.evaluation.privacy.equivalence_pvalue` of its ``shift_gap``, ``shift_gap_se`` and
+    ``shift_gap_df``); 1 when any of them is missing."""
+    from ..evaluation.privacy import equivalence_pvalue
+
+    values = [measurement.get(k) for k in ("shift_gap", "shift_gap_se", "shift_gap_df")]
+    gap, se, df = (float(v) if _finite(v) else None for v in values)
+    return equivalence_pvalue(gap, se, df, holdout_margin)
 
 
 @dataclass
@@ -194,10 +216,10 @@ class SelectionRecord:
     def markdown(self) -> str:
         """The record as a model-card section: the rule, the decision and one table row per candidate."""
         setting_keys = list(dict.fromkeys(k for c in self.candidates for k in c))
-        cols = ["shift_gap", "forget_holdout_pvalue", "retain_change", "forget_holdout_ks_pvalue", "mia_auc",
-                "forget_nll"]
-        head = ["#", *setting_keys, "NLL shift gap (forget - holdout)", "p (group test)", "retain change",
-                "KS p (rows)", "MIA AUC", "forget NLL"]
+        cols = ["shift_gap", "shift_gap_se", "equivalence_pvalue", "forget_holdout_pvalue", "retain_change",
+                "forget_holdout_ks_pvalue", "mia_auc", "forget_nll"]
+        head = ["#", *setting_keys, "NLL shift gap (forget - holdout)", "its standard error", "equivalence p",
+                "difference p", "retain change", "KS p (rows)", "MIA AUC", "forget NLL"]
         groups = self.rule.get("groups") or "rows"
         unit = "rows (each row its own group)" if groups == "rows" else f"group means ({groups})"
         shift = ("NLL minus the reference model's NLL on the same row" if self.rule.get("reference")
@@ -209,8 +231,9 @@ class SelectionRecord:
             "",
             f"Rule: among candidates whose retain NLL rises by at most {self.rule.get('retain_tolerance')} nats/token, "
             f"the one whose forget rows' mean shift ({shift}) is closest to the never-seen holdout rows'; ties to "
-            f"the weaker. Group test: Welch's two-sided t on the {unit}; below p = "
-            f"{self.rule.get('holdout_level')} the choice carries a warning.",
+            f"the weaker. Equivalence test: two one-sided Welch t-tests on the {unit} that the gap lies within "
+            f"+-{self.rule.get('holdout_margin')} nats/token; at p >= {self.rule.get('holdout_level')} the choice "
+            "carries a warning (the difference p is Welch's two-sided test, for reference).",
             "",
             "| " + " | ".join(head) + " |",
             "|" + "---|" * len(head),

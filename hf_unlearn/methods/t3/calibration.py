@@ -13,10 +13,13 @@ log-probabilities, i.e. the original model's retain figures. :func:`calibrate_t3
 decodes with them. ``cached=False`` measures each point with its own pass of the tilted scorer instead (the
 reference the one-pass path is tested against).
 
-The default grid, ``T`` in 1, 1.5, 2, 2.5 and ``w`` in 0.5, 1, 2 (12 points), spans the authors' released sweep
-(locuslab/open-unlearning ``community/methods/T3/run.sh``: ``base_temp=2.5``, ``guidance_scale=1``; their
+The default grid, ``T`` in 1, 1.5, 2, 2.5 and ``w`` in 0.25, 0.5, 1, 2 (16 points), spans the authors' released
+sweep (locuslab/open-unlearning ``community/methods/T3/run.sh``: ``base_temp=2.5``, ``guidance_scale=1``; their
 config class defaults to ``base_temp=1``, ``guidance_scale=1``): tempering (``T > 1``) is what lowers answers the
-base has memorised, which a tilt alone cannot suppress, and ``w = 2`` doubles their tilt.
+base has memorised, which a tilt alone cannot suppress, and ``w = 2`` doubles their tilt. ``w = 0.25`` is a
+weaker tilt than any the authors ran. On SmolLM2-135M's tuning authors (forget10 authors 5-8) a grid with
+``w = 0.1`` too showed the weak end undershooting (``T = 1``: NLL shift gap -2.8 at ``w = 0.1``, -2.5 at 0.25,
+-0.5 at 0.5, +6.9 at 1), so ``w = 0.1`` was left out and the rule's point stayed ``T = 1, w = 0.5``.
 
 Order of the grid, weak -> strong: greedy decoding from ``log p / T + w log f`` picks the same token as from
 ``log p + T w log f``, so ``T w`` is the greedy-equivalent tilt; candidates are sorted by ``T w``, then by ``T``
@@ -38,7 +41,7 @@ from .processor import validate_t3_arguments
 from .scoring import t3_candidate_log_probs, t3_scorer
 
 DEFAULT_TEMPERATURES = (1.0, 1.5, 2.0, 2.5)
-DEFAULT_TILT_WEIGHTS = (0.5, 1.0, 2.0)
+DEFAULT_TILT_WEIGHTS = (0.25, 0.5, 1.0, 2.0)
 #: The base's own distribution, ``(T, w) = (1, 0)``: scored in the same pass, it gives the original's figures.
 _BASE_SETTING = (1.0, 0.0)
 
@@ -87,7 +90,7 @@ def calibrate_t3(
     cached: bool = True,
     device: Any = None,
 ) -> Any:
-    """Score the ``temperatures`` x ``tilt_weights`` grid (12 points by default) with ``criterion`` and write the
+    """Score the ``temperatures`` x ``tilt_weights`` grid (16 points by default) with ``criterion`` and write the
     chosen ``(T, w)`` into ``classifier.config`` (``temperature``, ``tilt_weight`` and ``calibration``, the
     record as a dict). Returns the :class:`~hf_unlearn.selection.SelectionRecord`.
 
