@@ -55,8 +55,8 @@ GROM_SCALES = (0.25, 0.5, 1.0, 2.0)
 GROM_RETAIN_WEIGHTS = (1.0, 10.0, 100.0)
 T3_TEMPERATURES = (1.0, 1.5, 2.0, 2.5)
 T3_TILT_WEIGHTS = (0.3, 0.5, 1.0, 2.0)
-CRITERION_KEYS = ("shift_gap", "shift_gap_se", "forget_holdout_pvalue", "forget_holdout_ks_pvalue",
-                  "forget_holdout_ks", "mia_auc", "retain_change", "forget_nll", "holdout_nll", "seconds")
+CRITERION_KEYS = ("shift_gap", "shift_gap_se", "shift_gap_df", "equivalence_pvalue", "forget_holdout_pvalue",
+                  "forget_holdout_ks_pvalue", "forget_holdout_ks", "mia_auc", "retain_change", "forget_nll", "holdout_nll", "seconds")
 KS_LEVEL = 0.05
 AUTHOR_ROWS = 10  # the synthetic set asks 10 questions per author
 
@@ -351,10 +351,12 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["# TOFU-tiny: reference-free selection criterion vs TOFU forget quality", "",
              f"Target: forget quality {f(results['target']['tofu']['forget_quality'])}, model utility "
              f"{f(results['target']['tofu']['model_utility'], '.3f')} (bar: {f(results['utility_bar'], '.3f')}); "
-             f"criterion: NLL shift gap {f(tgt['shift_gap'], '+.3f')}, p {f(tgt['forget_holdout_pvalue'])} "
+             f"criterion: NLL shift gap {f(tgt['shift_gap'], '+.3f')}, equivalence p {f(tgt['equivalence_pvalue'])}, "
+             f"difference p {f(tgt['forget_holdout_pvalue'])} "
              f"(row KS p {f(tgt['forget_holdout_ks_pvalue'])}). Retain reference: utility "
              f"{f(results['retain_reference']['tofu']['model_utility'], '.3f')}, gap {f(ref['shift_gap'], '+.3f')}, "
-             f"p {f(ref['forget_holdout_pvalue'])} (row KS p {f(ref['forget_holdout_ks_pvalue'])}).", "",
+             f"equivalence p {f(ref['equivalence_pvalue'])}, difference p {f(ref['forget_holdout_pvalue'])} (row KS p "
+             f"{f(ref['forget_holdout_ks_pvalue'])}).", "",
              f"Criterion: {results['criterion_settings']}.", "",
              "How far a choice is from the best candidate at the bar: `log10(best FQ / chosen FQ)` (0 = as good).", "",
              "| method | candidates | Spearman (closeness vs FQ) | Spearman (p vs FQ) | Spearman (KS p vs FQ) "
@@ -379,8 +381,8 @@ def markdown(results: dict[str, Any]) -> str:
                   f"Rule: {m['selected']['reason']}", ""]
         if m["selected"]["warning"]:
             lines += [f"Warning: {m['selected']['warning']}", ""]
-        lines += ["| # | settings | NLL shift gap | p (group test) | KS p (rows) | MIA AUC | retain change "
-                  "| TOFU forget quality | model utility | forget ROUGE-L |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| # | settings | NLL shift gap | equivalence p | difference p | KS p (rows) | MIA AUC | retain change "
+                  "| TOFU forget quality | model utility | forget ROUGE-L |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for i, c in enumerate(m["candidates"]):
             mark = []
             if i == m["selected"]["index"]:
@@ -391,7 +393,8 @@ def markdown(results: dict[str, Any]) -> str:
                 mark.append("best at bar")
             cr, t = c["criterion"], c["tofu"]
             lines.append(f"| {i}{' (' + ', '.join(mark) + ')' if mark else ''} | {_settings(c['settings'])} | "
-                         f"{f(cr['shift_gap'], '+.3f')} | {f(cr['forget_holdout_pvalue'])} | "
+                         f"{f(cr['shift_gap'], '+.3f')} | {f(cr.get('equivalence_pvalue'))} | "
+                         f"{f(cr['forget_holdout_pvalue'])} | "
                          f"{f(cr['forget_holdout_ks_pvalue'])} | {f(cr['mia_auc'], '.3f')} | "
                          f"{f(cr['retain_change'], '+.3f')} | {f(t['forget_quality'])} | "
                          f"{f(t['model_utility'], '.3f')} | {f(t['forget_rouge_l'], '.3f')} |")

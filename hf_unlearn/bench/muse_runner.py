@@ -249,8 +249,8 @@ def muse_markdown_table(results: dict[str, Any], command: str | None = None) -> 
               "its index among those measured, and its retain change (nats per token on the retain-validation "
               "documents; within the criterion's retain tolerance "
               f"{(results.get('selection_rule') or {}).get('retain_tolerance')}); a method with its own stopping "
-              "rule keeps its own stop, the criterion's pick only recorded; † the criterion's warning: the chosen candidate's forget documents stay distinguishable "
-              "from the holdout documents."]
+              "rule keeps its own stop, the criterion's pick only recorded; † the criterion's warning: the chosen candidate's forget documents are not shown to "
+              "lie within the equivalence margin of the holdout documents."]
     return "\n".join(line for line in lines if line is not None)
 
 

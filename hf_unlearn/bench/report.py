@@ -170,8 +170,8 @@ def _interval(row: dict[str, Any]) -> str:
 
 def selection_table(results: dict[str, Any]) -> str | None:
     """One row per method run with selection: the chosen candidate, how many were measured, the criterion at the
-    chosen one (forget-minus-holdout NLL shift gap, the group test's p-value, Min-K% AUC, retain change in
-    nats/token), whether the choice carries a warning,
+    chosen one (forget-minus-holdout NLL shift gap, its equivalence and difference p-values, Min-K% AUC, retain
+    change in nats/token), whether the choice carries a warning,
     TOFU's forget quality with its bootstrap 95% interval; then the criterion's rank correlation with forget
     quality. ``None`` when no row was selected."""
     rows = [(name, row) for name, row in results["rows"].items() if row.get("selected")]
@@ -193,7 +193,8 @@ def selection_table(results: dict[str, Any]) -> str | None:
                      num(crit.get("retain_change"), "+.3f"), "yes" if sel.get("warning") else "no",
                      _fmt(row.get("forget_quality"), ".3g"), _interval(row)])
     header = ["method", "chosen", "candidates", "NLL shift gap (forget - holdout)", "equivalence p",
-              "difference p (group test)", "Min-K% AUC", "retain change (nats/token)", "warning", "forget quality", "forget quality 95% interval"]
+              "difference p (group test)", "Min-K% AUC", "retain change (nats/token)", "warning", "forget quality",
+              "forget quality 95% interval"]
     text = _table(header, body)
     anchors = [(name, (results.get(key) or {}).get("criterion") or {})
                for name, key in (("target", "target"), ("retain reference", "retain_reference"))]

@@ -78,7 +78,8 @@ from .record import (
 )
 
 __all__ = [
-    "DEFAULT_HOLDOUT_LEVEL", "DEFAULT_HOLDOUT_MARGIN", "DEFAULT_RETAIN_TOLERANCE", "SELECTION_RECORD", "SELECTION_WEIGHTS", "TOFU_AUTHOR_ROWS",
+    "DEFAULT_HOLDOUT_LEVEL", "DEFAULT_HOLDOUT_MARGIN", "DEFAULT_RETAIN_TOLERANCE", "SELECTION_RECORD",
+    "SELECTION_WEIGHTS", "TOFU_AUTHOR_ROWS",
     "SelectionCallback", "SelectionCriterion", "SelectionRecord", "forget_holdout_statistics", "select_candidate",
     "selection_record_of",
 ]

@@ -163,8 +163,8 @@ class SelectionRecord:
 
     ``candidates[i]`` names candidate ``i`` (e.g. ``{"scale": 0.5, "retain_weight": 10.0, "ridge": 0.01}`` or
     ``{"step": 40}``), ``measurements[i]`` is its :meth:`SelectionCriterion.measure` dict, ``index`` the chosen
-    one, ``reason`` why, ``warning`` set when the chosen candidate stays distinguishable from the holdout rows
-    (below the holdout level) or no candidate is within the retain tolerance, ``rule`` the rule's settings and
+    one, ``reason`` why, ``warning`` set when the chosen candidate is not shown to lie within the equivalence
+    margin of the holdout rows (equivalence p at or above the holdout level) or no candidate is within the retain tolerance, ``rule`` the rule's settings and
     ``original`` the original model's retain figures.
     """
 
