@@ -27,10 +27,6 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
 
 
-def _finite_or_none(value: Any) -> float | None:
-    return float(value) if _finite(value) else None
-
-
 def _row_nlls(token_log_probs: Sequence[np.ndarray]) -> np.ndarray:
     return np.array([-np.mean(lp) if len(lp) else 0.0 for lp in token_log_probs], dtype=np.float64)
 
@@ -68,7 +64,6 @@ def forget_holdout_statistics(
 
     from ..evaluation.privacy import (
         MIN_K_FRACTION,
-        equivalence_pvalue,
         group_mean_shift_test,
         mia_auc,
         min_k_score,
@@ -81,8 +76,8 @@ def forget_holdout_statistics(
     out: dict[str, Any] = {"forget_nll": float(nll_f.mean()), "holdout_nll": float(nll_h.mean())}
     if not (np.isfinite(nll_f).all() and np.isfinite(nll_h).all()):
         return {**out, "forget_holdout_pvalue": 0.0, "equivalence_pvalue": 1.0, "shift_gap": None,
-                "shift_gap_se": None, "shift_gap_df": None, "forget_shift": None, "holdout_shift": None, "forget_holdout_ks_pvalue": 0.0,
-                "forget_holdout_ks": 1.0, "mia_auc": None}
+                "shift_gap_se": None, "shift_gap_df": None, "forget_shift": None, "holdout_shift": None,
+                "forget_holdout_ks_pvalue": 0.0, "forget_holdout_ks": 1.0, "mia_auc": None}
     ref_f, ref_h = ((np.zeros_like(nll_f), np.zeros_like(nll_h)) if reference_nll is None else
                     (np.asarray(reference_nll[0], dtype=np.float64), np.asarray(reference_nll[1], dtype=np.float64)))
     if ref_f.shape != nll_f.shape or ref_h.shape != nll_h.shape:
@@ -97,11 +92,11 @@ def forget_holdout_statistics(
     ks = ks_2samp(nll_f, nll_h)
     auc = mia_auc([min_k_score(lp, k) for lp in forget_token_log_probs],
                   [min_k_score(lp, k) for lp in holdout_token_log_probs])
-    return {**out, "forget_holdout_pvalue": test["pvalue"],
-            "equivalence_pvalue": equivalence_pvalue(test["gap"], test["se"], _finite_or_none(test["df"]), margin),
-            "shift_gap": test["gap"], "shift_gap_se": test["se"], "shift_gap_df": _finite_or_none(test["df"]),
-            "forget_shift": float(shift_f.mean()), "holdout_shift": float(shift_h.mean()),
-            "forget_holdout_ks_pvalue": float(ks.pvalue), "forget_holdout_ks": float(ks.statistic), "mia_auc": auc}
+    stats = {**out, "forget_holdout_pvalue": test["pvalue"], "shift_gap": test["gap"], "shift_gap_se": test["se"],
+             "shift_gap_df": float(test["df"]) if _finite(test["df"]) else None,
+             "forget_shift": float(shift_f.mean()), "holdout_shift": float(shift_h.mean()),
+             "forget_holdout_ks_pvalue": float(ks.pvalue), "forget_holdout_ks": float(ks.statistic), "mia_auc": auc}
+    return {**stats, "equivalence_pvalue": measurement_equivalence_pvalue(stats, margin)}
 
 
 def select_candidate(
@@ -112,7 +107,7 @@ def select_candidate(
 ) -> tuple[int, str, str | None]:
     """The default rule (module docstring) on measurements ordered weak -> strong: ``(index, reason, warning)``,
     ``warning`` None when the chosen candidate is within the retain tolerance and its forget rows are shown to lie
-    within ``holdout_margin`` of the holdout rows (:func:`chosen_equivalence_pvalue` below ``holdout_level``)."""
+    within ``holdout_margin`` of the holdout rows (:func:`measurement_equivalence_pvalue` below ``holdout_level``)."""
     if not measurements:
         raise ValueError("select() needs at least one measured candidate.")
 
@@ -133,7 +128,7 @@ def select_candidate(
     best = min(eligible, key=lambda i: (gap(measurements[i]), i))
     chosen = measurements[best]
     shift = f"{float(chosen['shift_gap']):+.4g}" if _finite(chosen.get("shift_gap")) else "n/a"
-    p_equal = chosen_equivalence_pvalue(chosen, holdout_margin)
+    p_equal = measurement_equivalence_pvalue(chosen, holdout_margin)
     reason = (f"candidate {best}: forget rows' NLL shift closest to the holdout rows' (gap {shift} nats/token, "
               f"equivalence p = {p_equal:.4g} for a margin of {holdout_margin:g}) among {len(eligible)} of "
               f"{len(measurements)} candidates within the retain tolerance {retain_tolerance:g} (its retain change "
@@ -146,7 +141,8 @@ def select_candidate(
     return best, reason, warning
 
 
-def chosen_equivalence_pvalue(measurement: Mapping[str, Any], holdout_margin: float = DEFAULT_HOLDOUT_MARGIN) -> float:
+def measurement_equivalence_pvalue(measurement: Mapping[str, Any],
+                                   holdout_margin: float = DEFAULT_HOLDOUT_MARGIN) -> float:
     """The equivalence p-value of one measurement for ``holdout_margin``
     (:func:`hf_unlearn.evaluation.privacy.equivalence_pvalue` of its ``shift_gap``, ``shift_gap_se`` and
     ``shift_gap_df``); 1 when any of them is missing."""
@@ -164,8 +160,8 @@ class SelectionRecord:
     ``candidates[i]`` names candidate ``i`` (e.g. ``{"scale": 0.5, "retain_weight": 10.0, "ridge": 0.01}`` or
     ``{"step": 40}``), ``measurements[i]`` is its :meth:`SelectionCriterion.measure` dict, ``index`` the chosen
     one, ``reason`` why, ``warning`` set when the chosen candidate is not shown to lie within the equivalence
-    margin of the holdout rows (equivalence p at or above the holdout level) or no candidate is within the retain tolerance, ``rule`` the rule's settings and
-    ``original`` the original model's retain figures.
+    margin of the holdout rows (equivalence p at or above the holdout level) or no candidate is within the retain
+    tolerance, ``rule`` the rule's settings and ``original`` the original model's retain figures.
     """
 
     candidates: list[dict[str, Any]]
