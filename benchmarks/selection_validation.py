@@ -102,7 +102,6 @@ class Context:
         from hf_unlearn.bench.registry import load_subject_presets
         from hf_unlearn.bench.subjects import load_tiny, tiny_models
         from hf_unlearn.data import HOLDOUT_FOR_FORGET, RETAIN_FOR_FORGET, load_tofu_rows
-        from hf_unlearn.evaluation.report import as_report
 
         self.pair = tiny_models(source=SOURCE, forget_split=FORGET_SPLIT, cache_dir=cache_dir)
         self.groups = groups
@@ -113,8 +112,7 @@ class Context:
         n = max(1, min(100, len(retain) // 10))  # as `hf-unlearn unlearn --select` splits them off
         self.retain, self.retain_validation = retain[:-n], retain[-n:]
         self.holdout = load_tofu_rows(HOLDOUT_FOR_FORGET[FORGET_SPLIT], SOURCE)
-        reports = reference_rows(self.pair, SOURCE, FORGET_SPLIT, self.eval_kwargs)
-        self.target_report, self.retain_report = (as_report(r) for r in reports)  # cached ones come as dicts
+        self.target_report, self.retain_report = reference_rows(self.pair, SOURCE, FORGET_SPLIT, self.eval_kwargs)
         self.target_utility = float(self.target_report.model_utility)
         _, self.tokenizer = load_tiny(self.pair.target)
 
