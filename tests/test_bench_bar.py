@@ -117,6 +117,14 @@ def test_comparison_resumes_from_its_partial_results_without_rerunning(tiny_pair
     again = runner.run_comparison(tiny_pair, ["grom"], resume=True, **kwargs)
     assert again["rows"]["grom"]["forget_quality"] == first["rows"]["grom"]["forget_quality"]
     assert again["rows"]["grom"]["settings"] == first["rows"]["grom"]["settings"]
+    # the same models in other folders (another cache, another machine): the same comparison, resumed
+    import dataclasses
+    import shutil
+
+    moved = dataclasses.replace(tiny_pair, target=shutil.copytree(tiny_pair.target, tmp_path / "moved" / "target"),
+                                retain=shutil.copytree(tiny_pair.retain, tmp_path / "moved" / "retain"))
+    assert runner.run_comparison(moved, ["grom"], resume=True, **kwargs)["rows"]["grom"]["forget_quality"] == \
+        first["rows"]["grom"]["forget_quality"]
     # another comparison's partial file (other evaluation settings) is refused, not mixed in
     other = dict(kwargs, eval_kwargs={"max_new_tokens": 8, "max_examples": 16})
     with pytest.raises(ValueError, match="another comparison"):

@@ -122,6 +122,34 @@ def test_resume_key_changes_with_the_selection_rule():
     assert key != comparison_key(*args, None, 8, {**rule, "holdout_margin": 0.25})
 
 
+def test_resume_key_names_models_and_rows_by_content(tmp_path):
+    """A model folder's fingerprint follows its weights and config, not its path; the rows' digest follows every
+    field of every row; a folder with nothing to name the model by is refused."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from hf_unlearn.bench.resume import model_fingerprint, rows_digest
+
+    model = tmp_path / "a" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"hidden_size": 4}')
+    save_file({"w": torch.arange(4.0)}, str(model / "model.safetensors"))
+    (model / "README.md").write_text("a card")
+    copy = shutil.copytree(model, tmp_path / "b" / "elsewhere")
+    (copy / "README.md").write_text("another card")  # only the weights and config name the model
+    assert model_fingerprint(model) == model_fingerprint(copy)
+    save_file({"w": torch.arange(4.0) + 1e-3}, str(copy / "model.safetensors"))
+    assert model_fingerprint(model) != model_fingerprint(copy)
+    assert model_fingerprint("org/name") == "org/name"  # a Hub id is itself
+    with pytest.raises(ValueError, match="no safetensors"):
+        model_fingerprint(tmp_path / "a")
+    rows = [{"question": "q", "answer": "a"}]
+    assert rows_digest(rows, rows) == rows_digest([dict(rows[0])], rows)
+    assert rows_digest(rows, rows) != rows_digest([{"question": "q", "answer": "b"}], rows)
+
+
 def test_the_tuning_author_split_has_its_own_recipe_and_results_name():
     """``bench --subject NAME --authors tuning`` unlearns forget10 authors 5-8 (offset 4) under its own results
     name; the reported split stays authors 1-4; anything else is refused before any work."""

@@ -34,7 +34,7 @@ from ..run import nf4_forget_rouge
 from .bar import choose_setting
 from .criterion import criterion_correlation, selection_criterion_options
 from .references import reference_rows, sanity_gate
-from .resume import _job_key, comparison_key, finished_rows
+from .resume import _job_key, comparison_key, finished_rows, rows_digest
 from .rows import (
     _decoding_artifact,
     _forget_eval_rows,
@@ -80,9 +80,9 @@ def run_comparison(
 
     ``references``: the (target, retain reference) TOFU reports when they were already evaluated with
     the same ``eval_kwargs`` (the TOFU-small gate's); otherwise both models are evaluated here.
-    ``resume``: with ``partial_path``, rows that a previous run of the same comparison (same pair, data, evaluation
-    settings and references) finished without error are taken from that file instead of being run again; a
-    partial file of another comparison is refused.
+    ``resume``: with ``partial_path``, rows that a previous run of the same comparison (the same models by
+    content, wherever their folders lie, and the same data, evaluation settings and references) finished without
+    error are taken from that file instead of being run again; a partial file of another comparison is refused.
     ``bar``: how a method's setting is chosen, ``"single"`` (model utility >= 90% of the target's) or
     ``"split"`` (the retain side and the general side each; see :func:`utility_bar`).
     ``partial_path``: after each method's row, the rows so far are written there (atomically), so that a long
@@ -125,8 +125,9 @@ def run_comparison(
     del target_model
     plain_forward, forward_mem = _forward_floor(c)
     jobs = [(m, s) for m in methods for s in (presets[m]["grid"] if grid else (presets[m]["demo"],))]
-    run_key = comparison_key(pair, source, forget_split, eval_kwargs, target_row, retain_row, attacks,
-                             selection_steps if selection_rows is not None else None, selection_rule)
+    run_key = comparison_key(pair, rows_digest(c.forget_rows, c.retain_rows), forget_split, eval_kwargs, target_row,
+                             retain_row, attacks, selection_steps if selection_rows is not None else None,
+                             selection_rule)
     finished = finished_rows(partial_path, run_key) if resume and partial_path is not None else {}
     anchors = {"target_report": target_report, "target": target_row, "retain_reference": retain_row}
     grids = _run_jobs(c, methods, jobs, retain_report, anchors, finished=finished, criteria=criteria,
