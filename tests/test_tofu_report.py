@@ -212,3 +212,18 @@ def test_push_unlearned_uploads_the_reports_dict(hub, target_model, target_repor
     uploaded = json.loads(hub.files("tester/tiny-report")["unlearning_report.json"])
     assert uploaded == json.loads(json.dumps(report.to_dict()))
     assert TOFUReport.from_dict(uploaded) == report
+
+
+def test_a_split_scored_without_generation_gives_the_reports_truth_ratios(target_model, target_report):
+    """``evaluate_split(generate=False)`` (the inputs of forget quality, no greedy answers) scores the forget rows
+    as the full evaluation does: the same truth ratios and probabilities, and no ROUGE or generations."""
+    from hf_unlearn.data import load_tofu_rows
+    from hf_unlearn.evaluation.tofu_stats import evaluate_split, evaluation_splits
+
+    spec = evaluation_splits("forget10")[0]
+    rows = load_tofu_rows(spec.config, "synthetic")[:FAST["max_examples"]]
+    split = evaluate_split(*target_model, rows, spec, batch_size=FAST["batch_size"], progress=False, generate=False)
+    report = target_report[0]
+    assert split["rouge_l"] is None and split["per_example"]["generation"] is None
+    assert split["per_example"]["truth_ratio"] == pytest.approx(report.forget_truth_ratios, rel=1e-4)
+    assert split["prob"] == pytest.approx(report.forget_prob, rel=1e-4)

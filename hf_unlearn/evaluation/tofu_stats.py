@@ -163,10 +163,13 @@ def evaluate_split(
     template: str | PromptTemplate | None = None,
     answer_nll_values: np.ndarray | None = None,
     progress: bool = True,
+    generate: bool = True,
 ) -> dict[str, Any]:
     """TOFU statistics of one split: aggregates and per-example values (see the module docstring).
 
     ``answer_nll_values`` (the answers' average NLLs, when already computed) skips scoring the answers again.
+    ``generate=False`` scores only (probabilities and truth ratios, the inputs of forget quality): no greedy
+    answers, ``rouge_l`` and the generations are ``None``.
     """
     template = resolve_template(tokenizer, template)
     questions = [r["question"] for r in rows]
@@ -181,12 +184,12 @@ def evaluate_split(
     generations, rouge = _generate_split(
         model, tokenizer, spec, questions, answers, generation_kwargs=generation_kwargs, batch_size=batch_size,
         max_new_tokens=max_new_tokens, template=template, progress=progress,
-    )
+    ) if generate else (None, None)
     return {
         "config": spec.config,
         "num_examples": len(rows),
         "prob": float(np.mean(probs)),
-        "rouge_l": float(np.mean(rouge)),
+        "rouge_l": float(np.mean(rouge)) if generate else None,
         "truth_ratio": float(tr["truth_ratio"]),
         "truth_ratio_aggregator": spec.aggregator,
         "num_truncated": _split_truncated(model, tokenizer, rows, spec, questions, answers, perturbed, template),
