@@ -100,28 +100,24 @@ def _fmt(value: float | None) -> str:
 
 def score_points(path: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]], reference_tr: list[float],
                  points: list[int]) -> list[dict[str, Any]]:
-    """Each point's forget truth ratios and forget quality (the model is restored after each)."""
-    import torch
-
+    """Each point's forget truth ratios and forget quality (the model is put back exactly after each, as
+    :meth:`~hf_unlearn.methods.grom.GROMPath.select` does, with its own helpers)."""
     from hf_unlearn.evaluation.metrics import forget_quality_interval
     from hf_unlearn.evaluation.tofu import model_autocast
     from hf_unlearn.evaluation.tofu_stats import evaluate_split, evaluation_splits
+    from hf_unlearn.methods.grom.strength_path import _add_deltas, _restore
 
     spec = evaluation_splits("forget10")[0]
     modules = dict(model.named_modules())
     saved = {n: modules[n].weight.detach().clone() for n in sorted({n for unit in path.unit_deltas for n in unit})}
     out = []
     for i in points:
-        with torch.no_grad():
-            for name, delta in path.point_deltas(i).items():
-                modules[name].weight.add_(delta.to(modules[name].weight.dtype))
+        _add_deltas(modules, path.point_deltas(i))
         try:
             with model_autocast(model, EVAL_KWARGS["autocast_dtype"]):
                 split = evaluate_split(model, tokenizer, rows, spec, progress=False, generate=False)
         finally:
-            with torch.no_grad():
-                for name, weight in saved.items():
-                    modules[name].weight.copy_(weight)
+            _restore(modules, saved)
         tr = split["per_example"]["truth_ratio"]
         fq = forget_quality_interval(tr, reference_tr)
         out.append({"forget_quality": fq["forget_quality"], "forget_quality_low": fq["forget_quality_low"],
