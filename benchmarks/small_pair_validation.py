@@ -1,0 +1,388 @@
+"""TOFU forget quality of every candidate a method's strength selection measured on a TOFU-small pair, beside the
+selection criterion's record of the same candidates from a bench run.
+
+``hf-unlearn bench --layout v2 --select`` records, for each method, the criterion's measurement of every candidate
+(the NLL shift gap against the holdout authors, the retain change) and the candidate its rule chose; TOFU's forget
+quality is measured for the chosen candidate only. This script measures it for all of them, scoring TOFU's forget
+split without generation (:func:`~hf_unlearn.evaluation.tofu_stats.evaluate_split` with ``generate=False``): the
+per-question truth ratios ``tr_i = exp(NLL(paraphrased_i) - mean_j NLL(perturbed_ij))`` and forget quality
+``KS_pvalue({tr_i}, {tr_i^ref})`` against the retain reference's, with its bootstrap interval.
+
+* ``--method grom``: the exact path is refitted (each point's edit norm checked against the bench's record before
+  anything is scored) and each point's edit applied to the target in turn, with GROM's own helpers.
+* ``--method t3``: the head is refitted with the bench's seed (its fit report checked against the bench's), and all
+  16 ``(T, w)`` points are scored from one pass of the base over the forget split
+  (:func:`~hf_unlearn.methods.t3.scoring.t3_candidate_log_probs`, replayed per point by :class:`SharedPassScorers`).
+* any trainer (``--method npo``, ``grad_diff``, ...): the bench's run is repeated with the bench's criterion, and a
+  :class:`ForgetQualityProbe` scores every checkpoint the criterion measures (steps 0, every ``selection_steps``,
+  the last). The re-run's own record is the one reported; its gaps are compared with the bench's.
+
+It reports the Spearman rank correlation of the criterion's closeness ``-|gap|`` with forget quality, and how far
+the chosen candidate is from the best one by forget quality among those within the criterion's retain tolerance
+(the rule's own constraint): ``log10(best FQ / chosen FQ)``. Model utility needs generation and is measured for the
+chosen candidate only (by the bench), so the constraint here is the retain tolerance, not the utility bar.
+
+    HF_UNLEARN_TOFU_DIR=TOFU_DIR python benchmarks/small_pair_validation.py --method t3 --cache-dir runs/cache \\
+        --bench-partial benchmarks/results/smollm2-135m_tofu_v2_equivalence/smollm2-135m_tofu_v2.partial.json \\
+        --output benchmarks/results/smollm2-135m_tofu_v2_equivalence/t3_grid_validation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from transformers import TrainerCallback  # noqa: E402
+
+EVAL_KWARGS = {"max_new_tokens": 64, "autocast_dtype": "bfloat16"}  # the v2 bench's (its gate reports are kept)
+NORM_RTOL = 1e-3
+T3_FIT_CHECKS = ("steps_run", "best_epoch", "heldout_accuracy", "train_accuracy", "fit_forget_examples")
+MEASURED = ("shift_gap", "equivalence_pvalue", "retain_change")
+
+
+def bench_record(partial: str | os.PathLike, method: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``method``'s row of a bench partial (or results) file and its selection record."""
+    saved = json.loads(Path(partial).read_text(encoding="utf-8"))
+    row = saved["grid"][method][0]
+    return row, row["info"]["selection"]
+
+
+def check_path(points: list[dict[str, Any]], norms: list[float], record: dict[str, Any]) -> None:
+    """Refuse to score a GROM path other than the bench's: the same grid, in the same order, the same edit norms."""
+    saved = record["candidates"]
+    if len(saved) != len(points):
+        raise ValueError(f"The refitted path has {len(points)} points; the bench's had {len(saved)}.")
+    for i, (point, norm, cand) in enumerate(zip(points, norms, saved)):
+        same = all(math.isclose(point[k], cand[k]) for k in ("scale", "retain_weight", "ridge"))
+        if not same or not math.isclose(norm, cand["edit_norm"], rel_tol=NORM_RTOL):
+            raise ValueError(f"Point {i} differs from the bench's: {point} norm {norm} against {cand}.")
+
+
+def check_t3_fit(report: dict[str, Any], bench_info: dict[str, Any]) -> None:
+    """Refuse to score a T3 head other than the bench's: its fit report (steps, best epoch, accuracies) must match."""
+    differ = {k: (report.get(k), bench_info.get(k)) for k in T3_FIT_CHECKS
+              if not math.isclose(float(report.get(k, math.nan)), float(bench_info.get(k, math.nan)), rel_tol=1e-6)}
+    if differ:
+        raise ValueError(f"The refitted head differs from the bench's (refit, bench): {differ}.")
+
+
+def gap_agreement(record: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:
+    """How closely a re-run's criterion record repeats the bench's: the same candidates, the largest gap change,
+    the same choice."""
+    same = record["candidates"] == bench["candidates"]
+    gaps = [abs(a["shift_gap"] - b["shift_gap"]) for a, b in zip(record["measurements"], bench["measurements"])]
+    return {"same_candidates": same, "max_abs_gap_difference": max(gaps) if same and gaps else None,
+            "same_choice": same and record["index"] == bench["index"]}
+
+
+def summarize(record: dict[str, Any], fq: list[dict[str, Any]], tolerance: float) -> dict[str, Any]:
+    """The chosen candidate against the best within the retain tolerance, and the criterion's rank agreement."""
+    from scipy.stats import spearmanr
+
+    changes = [m["retain_change"] for m in record["measurements"]]
+    eligible = [i for i, c in enumerate(changes) if c <= tolerance]
+    best = max(eligible, key=lambda i: (fq[i]["forget_quality"], -i)) if eligible else None
+    chosen = record["index"]
+    closeness = [-abs(m["shift_gap"]) for m in record["measurements"]]
+    rho, p = spearmanr(closeness, [f["forget_quality"] for f in fq])
+    regret = (math.log10(fq[best]["forget_quality"] / fq[chosen]["forget_quality"])
+              if best is not None and fq[chosen]["forget_quality"] > 0 else None)
+    return {"chosen": chosen, "best_within_tolerance": best, "log10_regret": regret,
+            "spearman_closeness_vs_fq": float(rho), "spearman_p": float(p), "retain_tolerance": tolerance}
+
+
+def _label(candidate: dict[str, Any]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in candidate.items() if k != "edit_norm")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    lines = [f"# Candidates of {result.get('title', result['method'])} on {result['pair']}: the criterion against TOFU's "
+             "forget quality", "",
+             f"Chosen candidate {s['chosen']}; best forget quality within the retain tolerance {s['retain_tolerance']}:"
+             f" candidate {s['best_within_tolerance']}; log10(best / chosen) = {_fmt(s['log10_regret'])}. Spearman "
+             f"rank correlation of the criterion's closeness -|gap| with forget quality over the "
+             f"{len(result['points'])} candidates: {s['spearman_closeness_vs_fq']:.2f} (p = {s['spearman_p']:.2g}).",
+             "", "| # | candidate | NLL shift gap | equivalence p | retain change | forget quality (95% interval) | "
+             "forget truth ratio | forget prob | |", "|" + "---|" * 9]
+    for i, p in enumerate(result["points"]):
+        mark = " ".join(m for m, on in (("chosen", i == s["chosen"]), ("best", i == s["best_within_tolerance"]),
+                                        ("outside tolerance", p["retain_change"] > s["retain_tolerance"])) if on)
+        lines.append(f"| {i} | {_label(p['candidate'])} | {p['shift_gap']:+.3f} | {p['equivalence_pvalue']:.3g} | "
+                     f"{p['retain_change']:+.3f} | {p['forget_quality']:.3g} ({p['forget_quality_low']:.2g} - "
+                     f"{p['forget_quality_high']:.2g}) | {p['forget_truth_ratio']:.3f} | {p['forget_prob']:.3f} | "
+                     f"{mark} |")
+    lines += ["", f"The chosen candidate's forget quality as the bench measured it (full evaluation): "
+              f"{result['bench_chosen_forget_quality']:.3g}; here {result['points'][s['chosen']]['forget_quality']:.3g}."]
+    if result.get("bench_agreement"):
+        a = result["bench_agreement"]
+        lines.append(f"The re-run against the bench's record: same candidates {a['same_candidates']}, largest gap "
+                     f"difference {_fmt(a['max_abs_gap_difference'], '.2g')}, same choice {a['same_choice']}.")
+    lines.append(f"Wall time: fit {result['fit_seconds']:.0f} s, scoring {result['scoring_seconds']:.0f} s.")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def score_forget(model: Any, tokenizer: Any, rows: list[dict[str, Any]], reference_tr: list[float],
+                 scorer: Any = None) -> dict[str, Any]:
+    """One candidate's forget truth ratios, truth ratio, probability and forget quality (with its interval)."""
+    from hf_unlearn.evaluation.metrics import forget_quality_interval
+    from hf_unlearn.evaluation.tofu import model_autocast
+    from hf_unlearn.evaluation.tofu_stats import evaluate_split, evaluation_splits
+
+    spec = evaluation_splits("forget10")[0]
+    with model_autocast(model, EVAL_KWARGS["autocast_dtype"]):
+        split = evaluate_split(model, tokenizer, rows, spec, scorer=scorer, progress=False, generate=False)
+    tr = split["per_example"]["truth_ratio"]
+    fq = forget_quality_interval(tr, reference_tr)
+    return {"forget_quality": fq["forget_quality"], "forget_quality_low": fq["forget_quality_low"],
+            "forget_quality_high": fq["forget_quality_high"], "forget_truth_ratio": split["truth_ratio"],
+            "forget_prob": split["prob"], "truth_ratios": tr}
+
+
+class SharedPassScorers:
+    """Token scorers for ``K`` candidates from one pass: ``per_batch(input_ids, attention_mask, position_ids,
+    labels)`` gives every candidate's log-probabilities (``[B, L, K]``); :meth:`scorer` ``k`` returns slice ``k``.
+    The first scoring loop computes and keeps each batch; every later loop must present the same batches in the
+    same order (a deterministic loop such as ``evaluate_split``'s), which is checked, and replays them."""
+
+    def __init__(self, per_batch: Any) -> None:
+        self.per_batch = per_batch
+        self.kept: list[tuple[Any, Any, Any]] = []
+
+    def scorer(self, k: int) -> Any:
+        import torch
+
+        calls = itertools.count()
+
+        def score(input_ids, attention_mask, position_ids, labels):
+            i = next(calls)
+            if i == len(self.kept):
+                self.kept.append((input_ids.clone(), labels.clone(),
+                                  self.per_batch(input_ids, attention_mask, position_ids, labels)))
+            ids, kept_labels, out = self.kept[i]
+            if not (torch.equal(ids, input_ids) and torch.equal(kept_labels, labels)):
+                raise RuntimeError(f"Batch {i} differs from the first scoring loop's; it cannot be replayed.")
+            return out[..., k]
+
+        return score
+
+
+class ForgetQualityProbe(TrainerCallback):
+    """Score TOFU's forget split (``score(model)``) at every checkpoint a
+    :class:`~hf_unlearn.selection.SelectionCallback` with the same ``selection_steps`` measures: step 0, every
+    ``selection_steps`` optimizer steps, and the last step (before the selection restores the chosen weights, when
+    the probe is listed first). ``scores[step]`` is what ``score`` returned; the model's train/eval mode is kept."""
+
+    def __init__(self, score: Any, selection_steps: int) -> None:
+        self.score = score
+        self.selection_steps = int(selection_steps)
+        self.scores: dict[int, Any] = {}
+        self.seconds: dict[int, float] = {}
+
+    def _probe(self, state: Any, model: Any) -> None:
+        step = int(state.global_step)
+        if step in self.scores:
+            return
+        training, start = model.training, time.perf_counter()
+        model.eval()
+        try:
+            self.scores[step] = self.score(model)
+        finally:
+            model.train(training)
+        self.seconds[step] = time.perf_counter() - start
+        print(f"step {step}: forget quality {self.scores[step].get('forget_quality', math.nan):.3g}", flush=True)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._probe(state, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.selection_steps == 0:
+            self._probe(state, model)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self._probe(state, model)
+
+
+class Pair:
+    """The bench's TOFU-small pair from its cache, its rows, and the retain reference's forget truth ratios."""
+
+    def __init__(self, subject: str, data: str, cache_dir: str, max_rows: int | None) -> None:
+        from hf_unlearn.bench.rows import forget_rows_with_other_answers
+        from hf_unlearn.bench.subjects import SmallRecipe, build_small_pair, gate_reports, load_tiny
+        from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
+
+        self.subject = subject
+        self.pair = build_small_pair(subject, data, recipe=SmallRecipe.v2(subject), cache_dir=cache_dir,
+                                     progress=False)
+        reports = gate_reports(self.pair, EVAL_KWARGS)
+        if reports is None:
+            raise SystemExit(f"{self.pair.target} holds no gate reports evaluated with {EVAL_KWARGS}; run the bench "
+                             "first.")
+        _, self.tokenizer = load_tiny(self.pair.target)
+        self.forget = forget_rows_with_other_answers(self.pair.forget_split, self.pair.source)
+        self.retain = load_tofu_rows(RETAIN_FOR_FORGET[self.pair.forget_split], self.pair.source)
+        self.eval_rows = load_tofu_rows(f"{self.pair.forget_split}_perturbed", self.pair.source)[:max_rows]
+        self.reference_tr = reports[1]["forget_truth_ratios"][:len(self.eval_rows)]
+
+    def target(self) -> Any:
+        from hf_unlearn.bench.subjects import load_tiny
+
+        model, _ = load_tiny(self.pair.target)
+        model.eval()
+        return model
+
+    def score(self, model: Any, scorer: Any = None) -> dict[str, Any]:
+        return score_forget(model, self.tokenizer, self.eval_rows, self.reference_tr, scorer=scorer)
+
+
+def validate_grom(ctx: Pair, row: dict[str, Any], record: dict[str, Any], indices: list[int]) -> dict[str, Any]:
+    """Refit GROM's path, check it is the bench's, and score each point with its edit applied (the model is put
+    back exactly after each, with :meth:`~hf_unlearn.methods.grom.GROMPath.select`'s own helpers)."""
+    from hf_unlearn.methods.grom import GROMConfig, fit_grom_path
+    from hf_unlearn.methods.grom.strength_path import _add_deltas, _restore
+
+    model = ctx.target()
+    start = time.perf_counter()
+    path = fit_grom_path(model, ctx.tokenizer, ctx.forget, ctx.retain, GROMConfig(progress=False, **row["settings"]))
+    fit_seconds = time.perf_counter() - start
+    check_path(path.points, path.norms, record)
+    modules = dict(model.named_modules())
+    saved = {n: modules[n].weight.detach().clone() for n in sorted({n for unit in path.unit_deltas for n in unit})}
+    start, scored = time.perf_counter(), {}
+    for i in indices:
+        _add_deltas(modules, path.point_deltas(i))
+        try:
+            scored[i] = ctx.score(model)
+        finally:
+            _restore(modules, saved)
+        print(f"point {i}: forget quality {scored[i]['forget_quality']:.3g}", flush=True)
+    return {"record": record, "scored": scored, "fit_seconds": fit_seconds,
+            "scoring_seconds": time.perf_counter() - start}
+
+
+def validate_t3(ctx: Pair, row: dict[str, Any], record: dict[str, Any], indices: list[int]) -> dict[str, Any]:
+    """Refit T3's head as the bench did (same seed and settings; its fit report checked against the bench's), then
+    score every ``(T, w)`` of the record from one pass of the base over the forget split."""
+    import torch
+
+    from hf_unlearn.methods.t3 import T3ClassifierConfig, fit_t3
+    from hf_unlearn.methods.t3.scoring import t3_candidate_log_probs
+    from hf_unlearn.run import DEFAULT_SEED
+
+    model = ctx.target()
+    torch.manual_seed(row["settings"].get("seed", DEFAULT_SEED))  # as run_with_selection seeds a selector's run
+    start = time.perf_counter()
+    head = fit_t3(model, ctx.tokenizer, ctx.forget, ctx.retain, T3ClassifierConfig(**row["settings"]), progress=False)
+    fit_seconds = time.perf_counter() - start
+    check_t3_fit(head.fit_report, row["info"])
+    head.check_base(model)
+    settings = [(c["temperature"], c["tilt_weight"]) for c in record["candidates"]]
+    shared = SharedPassScorers(lambda ids, mask, pos, labels: t3_candidate_log_probs(
+        model, head, ids, labels, mask, pos, settings))
+    start, scored = time.perf_counter(), {}
+    for i in indices:
+        scored[i] = ctx.score(model, scorer=shared.scorer(i))
+        print(f"(T, w) = {settings[i]}: forget quality {scored[i]['forget_quality']:.3g}", flush=True)
+    return {"record": record, "scored": scored, "fit_seconds": fit_seconds,
+            "scoring_seconds": time.perf_counter() - start}
+
+
+def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], method: str,
+                     target_criterion: dict[str, Any]) -> dict[str, Any]:
+    """Repeat the bench's run of a trainer with the bench's criterion and a :class:`ForgetQualityProbe` at every
+    checkpoint the criterion measures; the re-run's own record is the one scored."""
+    from hf_unlearn.bench.criterion import selection_criterion_options
+    from hf_unlearn.bench.subjects import small_retain_validation_rows
+    from hf_unlearn.data import HOLDOUT_FOR_FORGET, load_tofu_rows
+    from hf_unlearn.run import run_with_selection
+    from hf_unlearn.selection import SelectionCriterion
+
+    steps = [c["step"] for c in record["candidates"]]
+    selection_steps = steps[1] - steps[0]
+    holdout = load_tofu_rows(HOLDOUT_FOR_FORGET[ctx.pair.forget_split], ctx.pair.source)  # as the bench selects
+    validation = small_retain_validation_rows(ctx.pair.source)
+    template = row["settings"].get("prompt_template")
+    options = selection_criterion_options(ctx.pair, ctx.forget, holdout, validation, ctx.tokenizer, {template})
+    original = {k: v for k, v in target_criterion.items() if k.endswith("_nll")}  # the bench's target figures
+    criterion = SelectionCriterion(ctx.forget, holdout, validation, template=template, **options[template],
+                                   original=original)
+    probe = ForgetQualityProbe(ctx.score, selection_steps)
+    model = ctx.target()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"validate-{method}-") as work:
+        result = run_with_selection(method, model, ctx.tokenizer, ctx.forget, ctx.retain, work, dict(row["settings"]),
+                                    criterion, selection_steps=selection_steps, callbacks=[probe], quiet=True)
+    rerun = result.info["selection"]
+    scored = {i: probe.scores[c["step"]] for i, c in enumerate(rerun["candidates"])}
+    scoring_seconds = sum(probe.seconds.values())
+    return {"record": rerun, "scored": scored, "bench_agreement": gap_agreement(rerun, record),
+            "fit_seconds": time.perf_counter() - start - scoring_seconds, "scoring_seconds": scoring_seconds}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--method", required=True, help="grom, t3, or a trainer the bench selected (npo, ...)")
+    parser.add_argument("--subject", default="smollm2-135m")
+    parser.add_argument("--data", default=os.environ.get("HF_UNLEARN_TOFU_DIR", "locuslab/TOFU"))
+    parser.add_argument("--cache-dir", required=True, help="the bench's cache (its pair is reused)")
+    parser.add_argument("--bench-partial", required=True, help="the bench's partial (or results) JSON")
+    parser.add_argument("--output", required=True, help="JSON; the table goes beside it as .md")
+    parser.add_argument("--points", type=int, nargs="+", default=None,
+                        help="score only these candidates of GROM or T3 (a check)")
+    parser.add_argument("--max-rows", type=int, default=None, help="score only the first N forget rows (a check)")
+    args = parser.parse_args(argv)
+
+    from hf_unlearn import registry
+    from hf_unlearn.bench.resume import model_fingerprint
+
+    row, record = bench_record(args.bench_partial, args.method)
+    trainer = registry.get_method(args.method).selection in (registry.BEST_CHECKPOINT, registry.OWN_STOP)
+    if trainer and args.points is not None:
+        parser.error("--points applies to GROM's path and T3's grid; a trainer's checkpoints come from one run.")
+    ctx = Pair(args.subject, args.data, args.cache_dir, args.max_rows)
+    indices = args.points if args.points is not None else list(range(len(record["candidates"])))
+    if args.method == "grom":
+        run = validate_grom(ctx, row, record, indices)
+    elif args.method == "t3":
+        run = validate_t3(ctx, row, record, indices)
+    elif trainer:
+        target = json.loads(Path(args.bench_partial).read_text(encoding="utf-8"))["target"]
+        run = validate_trainer(ctx, row, record, args.method, target["criterion"])
+        indices = list(run["scored"])
+    else:
+        parser.error(f"{args.method!r} has no candidates this script knows how to score.")
+    record = run["record"]
+    points = [{"candidate": record["candidates"][i], **{k: record["measurements"][i][k] for k in MEASURED},
+               **run["scored"][i]} for i in indices]
+    result = {"method": args.method, "title": registry.get_method(args.method).title, "pair": f"{args.subject} TOFU-small v2",
+              "target_fingerprint": model_fingerprint(ctx.pair.target), "forget_rows": len(ctx.eval_rows),
+              "points": points, "bench_chosen_forget_quality": row["forget_quality"],
+              "bench_agreement": run.get("bench_agreement"), "fit_seconds": run["fit_seconds"],
+              "scoring_seconds": run["scoring_seconds"]}
+    if args.points is None:
+        result["summary"] = summarize(record, [run["scored"][i] for i in indices], record["rule"]["retain_tolerance"])
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if "summary" in result:
+        out.with_suffix(".md").write_text(markdown(result))
+        print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
