@@ -50,9 +50,8 @@ T3_FIT_CHECKS = ("steps_run", "best_epoch", "heldout_accuracy", "train_accuracy"
 MEASURED = ("shift_gap", "equivalence_pvalue", "retain_change")
 
 
-def bench_record(partial: str | os.PathLike, method: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``method``'s row of a bench partial (or results) file and its selection record."""
-    saved = json.loads(Path(partial).read_text(encoding="utf-8"))
+def bench_record(saved: dict[str, Any], method: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``method``'s row of a bench partial (or results) file's contents and its selection record."""
     row = saved["grid"][method][0]
     return row, row["info"]["selection"]
 
@@ -225,7 +224,6 @@ class Pair:
         from hf_unlearn.bench.subjects import SmallRecipe, build_small_pair, gate_reports, load_tiny
         from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
 
-        self.subject = subject
         self.pair = build_small_pair(subject, data, recipe=SmallRecipe.v2(subject), cache_dir=cache_dir,
                                      progress=False)
         reports = gate_reports(self.pair, EVAL_KWARGS)
@@ -306,15 +304,13 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
     """Repeat the bench's run of a trainer with the bench's criterion and a :class:`ForgetQualityProbe` at every
     checkpoint the criterion measures; the re-run's own record is the one scored."""
     from hf_unlearn.bench.criterion import selection_criterion_options
-    from hf_unlearn.bench.subjects import small_retain_validation_rows
-    from hf_unlearn.data import HOLDOUT_FOR_FORGET, load_tofu_rows
+    from hf_unlearn.bench.runner import _subject_selection_rows
     from hf_unlearn.run import run_with_selection
     from hf_unlearn.selection import SelectionCriterion
 
     steps = [c["step"] for c in record["candidates"]]
     selection_steps = steps[1] - steps[0]
-    holdout = load_tofu_rows(HOLDOUT_FOR_FORGET[ctx.pair.forget_split], ctx.pair.source)  # as the bench selects
-    validation = small_retain_validation_rows(ctx.pair.source)
+    holdout, validation = _subject_selection_rows(ctx.pair)  # the bench's own selection rows
     template = row["settings"].get("prompt_template")
     options = selection_criterion_options(ctx.pair, ctx.forget, holdout, validation, ctx.tokenizer, {template})
     original = {k: v for k, v in target_criterion.items() if k.endswith("_nll")}  # the bench's target figures
@@ -349,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from hf_unlearn import registry
     from hf_unlearn.bench.resume import model_fingerprint
 
-    row, record = bench_record(args.bench_partial, args.method)
+    saved = json.loads(Path(args.bench_partial).read_text(encoding="utf-8"))
+    row, record = bench_record(saved, args.method)
     trainer = registry.get_method(args.method).selection in (registry.BEST_CHECKPOINT, registry.OWN_STOP)
     if trainer and args.points is not None:
         parser.error("--points applies to GROM's path and T3's grid; a trainer's checkpoints come from one run.")
@@ -360,8 +357,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     elif args.method == "t3":
         run = validate_t3(ctx, row, record, indices)
     elif trainer:
-        target = json.loads(Path(args.bench_partial).read_text(encoding="utf-8"))["target"]
-        run = validate_trainer(ctx, row, record, args.method, target["criterion"])
+        run = validate_trainer(ctx, row, record, args.method, saved["target"]["criterion"])
         indices = list(run["scored"])
     else:
         parser.error(f"{args.method!r} has no candidates this script knows how to score.")
