@@ -38,6 +38,27 @@ def test_selected_summary_names_the_chosen_candidate_and_its_criterion():
     assert selected_summary(None) is None
 
 
+def test_selected_summary_of_an_own_stop_shows_the_stopped_model_and_keeps_the_rules_pick():
+    from hf_unlearn.bench.report import selection_table
+    from hf_unlearn.bench.rows import selection_applied
+
+    record = {"index": 0, "chosen": {"step": 0}, "reason": "why", "warning": "far",
+              "candidates": [{"step": 0}, {"step": 8}, {"step": 11}],
+              "measurements": [{"forget_holdout_pvalue": 0.1, "retain_change": 0.0},
+                               {"forget_holdout_pvalue": 0.2, "retain_change": 0.05},
+                               {"forget_holdout_pvalue": 0.7, "retain_change": 0.3}]}
+    out = selected_summary(record, applied=False)
+    assert out["candidate"] == {"step": 11} and out["index"] == 2 and out["applied"] is False
+    assert out["criterion"]["forget_holdout_pvalue"] == 0.7 and out["criterion"]["retain_change"] == 0.3
+    assert out["warning"] is None
+    assert out["criterion_choice"] == {"candidate": {"step": 0}, "index": 0, "reason": "why", "warning": "far"}
+    assert criterion_p_value({"selected": out}) == 0.7  # the correlation takes the model that was evaluated
+    table = selection_table({"rows": {"m": {"method": "m", "selected": out, "forget_quality": 0.5}}})
+    assert "own stop, step=11 (the rule's pick step=0 not applied)" in table
+    assert selected_summary(record)["candidate"] == {"step": 0}  # applied: the rule's pick
+    assert selection_applied("npo") and not selection_applied("masc")
+
+
 @pytest.mark.slow
 def test_comparison_with_selection_records_each_methods_choice(tiny_pair, tmp_path):
     from hf_unlearn.bench.runner import run_comparison

@@ -169,7 +169,8 @@ def _interval(row: dict[str, Any]) -> str:
 
 
 def selection_table(results: dict[str, Any]) -> str | None:
-    """One row per method run with selection: the chosen candidate, how many were measured, the criterion at the
+    """One row per method run with selection: the chosen candidate (for a method that stops by its own rule, its
+    stop, with the rule's unapplied pick beside it), how many were measured, the criterion at the
     chosen one (forget-minus-holdout NLL shift gap, its equivalence and difference p-values, Min-K% AUC, retain
     change in nats/token), whether the choice carries a warning,
     TOFU's forget quality with its bootstrap 95% interval; then the criterion's rank correlation with forget
@@ -187,6 +188,10 @@ def selection_table(results: dict[str, Any]) -> str | None:
         crit = sel.get("criterion") or {}
         candidate = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                               for k, v in (sel.get("candidate") or {}).items())
+        if sel.get("applied") is False:  # a method's own stop: the row is its last candidate
+            picked = (sel.get("criterion_choice") or {}).get("candidate") or {}
+            pick = ", ".join(f"{k}={v}" for k, v in picked.items())
+            candidate = f"own stop, {candidate} (the rule's pick {pick or 'n/a'} not applied)"
         body.append([name, candidate or "n/a", str(sel.get("num_candidates", "n/a")),
                      num(crit.get("shift_gap"), "+.3f"), num(crit.get("equivalence_pvalue"), ".3g"),
                      num(crit.get("forget_holdout_pvalue"), ".3g"), num(crit.get("mia_auc"), ".3f"),

@@ -152,7 +152,7 @@ def _unlearn(row: dict[str, Any], method: str, settings: dict[str, Any], target_
             result = run_with_selection(method, model, tokenizer, forget_rows, retain_rows, work, settings,
                                         criterion, selection_steps=selection_steps, callbacks=callbacks,
                                         quiet=quiet)
-            row["selected"] = selected_summary(result.info.get("selection"))
+            row["selected"] = selected_summary(result.info.get("selection"), applied=selection_applied(method))
     return result, mem
 
 
@@ -205,22 +205,43 @@ def _interval_columns(interval: dict[str, float] | None) -> dict[str, float | No
             "forget_quality_high": (interval or {}).get("forget_quality_high")}
 
 
-def selected_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
+def selection_applied(method: str) -> bool:
+    """Whether ``method``'s row is the criterion's pick (False for a method that stops by its own rule, whose
+    selection record is only kept beside it)."""
+    from .. import registry
+
+    return registry.get_method(method).selection != registry.OWN_STOP
+
+
+def selected_summary(record: dict[str, Any] | None, applied: bool = True) -> dict[str, Any] | None:
     """What a row shows of a selection record: the chosen candidate, how many were measured, why it was chosen,
-    the fallback warning (if any) and the criterion's figures at the chosen candidate."""
+    the fallback warning (if any) and the criterion's figures at the chosen candidate.
+
+    ``applied=False`` (a method that stops by its own rule: the criterion is recorded beside it, nothing restored):
+    the row's model is the last candidate measured, so the summary shows that candidate and its figures, with
+    ``applied`` False and the rule's own pick under ``criterion_choice`` (candidate, index, reason, warning)."""
     if not record:
         return None
     index = record.get("index")
     measured = record.get("measurements") or []
-    chosen = measured[index] if isinstance(index, int) and 0 <= index < len(measured) else {}
-    return {
+    shown = index if applied else len(measured) - 1
+    figures = measured[shown] if isinstance(shown, int) and 0 <= shown < len(measured) else {}
+    summary = {
         "candidate": record.get("chosen"), "index": index, "num_candidates": len(measured),
         "reason": record.get("reason"), "warning": record.get("warning"),
-        "criterion": {k: chosen.get(k) for k in ("shift_gap", "shift_gap_se", "shift_gap_df", "equivalence_pvalue",
-                                                 "forget_holdout_pvalue", "forget_holdout_ks_pvalue",
-                                                 "forget_holdout_ks", "mia_auc", "retain_change", "forget_nll",
-                                                 "holdout_nll")},
+        "criterion": {k: figures.get(k) for k in ("shift_gap", "shift_gap_se", "shift_gap_df", "equivalence_pvalue",
+                                                  "forget_holdout_pvalue", "forget_holdout_ks_pvalue",
+                                                  "forget_holdout_ks", "mia_auc", "retain_change", "forget_nll",
+                                                  "holdout_nll")},
     }
+    if not applied:
+        candidates = record.get("candidates") or []
+        summary.update(
+            candidate=candidates[shown] if 0 <= shown < len(candidates) else None, index=shown, applied=False,
+            reason="the method's own stop: the model is the last candidate measured; the rule's pick was not applied",
+            warning=None, criterion_choice={"candidate": record.get("chosen"), "index": index,
+                                            "reason": record.get("reason"), "warning": record.get("warning")})
+    return summary
 
 
 def copy_extra_metrics(row: dict[str, Any], metrics: dict[str, Any]) -> None:
