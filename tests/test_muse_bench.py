@@ -87,22 +87,33 @@ def test_tiny_pair_passes_the_gate(muse_pair):
 def test_runner_two_methods_and_an_error_row(muse_pair, tmp_path):
     from hf_unlearn.bench.muse_runner import run_muse_bench, write_muse_results
 
-    results = run_muse_bench(muse_pair, ["grad_diff", "grom", "dpo"], subject="tiny", progress=False)
+    results = run_muse_bench(muse_pair, ["grad_diff", "grom", "masc", "dpo"], subject="tiny", progress=False)
     rows = results["rows"]
-    for method in ("grad_diff", "grom"):
+    for method in ("grad_diff", "grom", "masc"):
         row = rows[method]
         assert row["error"] is None, row.get("traceback")
         assert row["selected"] is not None and row["candidates"]
         assert all(isinstance(row[k], float) for k in ("verbmem_forget", "knowmem_forget", "privleak",
                                                         "knowmem_retain"))
     assert rows["grad_diff"]["steps"] == results["settings"]["grad_diff"]["max_steps"]
+    assert rows["grad_diff"]["selected"].get("applied", True) is True
+    # MASC stops by its own rule: its row is the last candidate measured, with that candidate's criterion figures;
+    # the criterion's own pick is kept beside it, not applied
+    masc = rows["masc"]["selected"]
+    assert masc["applied"] is False and masc["index"] == masc["num_candidates"] - 1
+    assert masc["candidate"] == rows["masc"]["candidates"][-1]["candidate"]
+    assert masc["criterion"]["retain_change"] == rows["masc"]["candidates"][-1]["retain_change"]
+    assert masc["criterion_choice"]["index"] in range(masc["num_candidates"])
     # DPO needs question/answer rows: its refusal is a row, not a crash
     assert rows["dpo"]["error"].startswith("ValueError") and rows["dpo"]["failed_phase"] == "training"
     paths = write_muse_results(results, tmp_path / "muse", command="pytest")
     saved = json.loads(paths["json"].read_text())
-    assert saved["gate"]["passed"] == results["gate"]["passed"] and set(saved["rows"]) == {"grad_diff", "grom", "dpo"}
+    assert saved["gate"]["passed"] == results["gate"]["passed"] and set(saved["rows"]) == {"grad_diff", "grom", "masc", "dpo"}
     table = paths["markdown"].read_text()
     assert "sanity gate" in table.splitlines()[2] and "| grom |" in table and "failed (training)" in table
+    pick = masc["criterion_choice"]["candidate"]["step"]
+    assert f"| own stop, step {masc['candidate']['step']} (" in table
+    assert f"the criterion's pick step {pick} not applied" in table
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary file
 

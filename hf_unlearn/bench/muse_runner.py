@@ -68,23 +68,22 @@ def run_muse_one(
     with MUSE; one result row. ``documents``: ``{"forget", "retain"}`` as ``datasets.Dataset`` text columns."""
     from transformers import AutoModelForCausalLM
 
-    from .. import registry
     from ..evaluation import evaluate_muse
     from ..run import run_with_selection
-    from .rows import selected_summary
+    from .rows import selected_summary, selection_applied
 
     row: dict[str, Any] = {"method": method, "settings": settings, "error": None}
-    try:  # "best_checkpoint", "own_stop" (the criterion only recorded) or a method's own selector
-        row["selection_kind"] = registry.get_method(method).selection
+    try:  # False for a method that stops by its own rule (the criterion only recorded beside it)
+        applied = selection_applied(method)
     except KeyError:
-        row["selection_kind"] = None
+        applied = True
     work = Path(work_dir or tempfile.mkdtemp(prefix=f"hf_unlearn_muse_{method}_"))
     phase = "training"
     try:
         model = AutoModelForCausalLM.from_pretrained(pair.target)
         result = run_with_selection(method, model, tokenizer, documents["forget"], documents["retain"], work,
                                     settings, criterion, selection_steps=selection_steps, quiet=True)
-        row["selected"] = selected_summary(result.info.get("selection"))
+        row["selected"] = selected_summary(result.info.get("selection"), applied=applied)
         row["candidates"] = candidate_figures(result.info.get("selection"))
         row["seconds"] = result.seconds
         row["steps"] = result.info.get("global_step")
@@ -202,8 +201,10 @@ def _selected_cell(row: dict[str, Any]) -> str:
     figures = chosen.get("criterion") or {}
     text = f"{candidate} ({chosen.get('index')} of {chosen.get('num_candidates')}; retain change " \
            f"{_fmt(figures.get('retain_change'), '+.3f')})"
-    if row.get("selection_kind") == "own_stop":  # the method stopped by its own rule; the criterion only looked
-        text = f"own stop at step {row.get('steps')}; the criterion's pick: {text}"
+    if chosen.get("applied") is False:  # the method stopped by its own rule; the criterion only looked
+        pick = (chosen.get("criterion_choice") or {}).get("candidate")
+        pick = ", ".join(f"{k} {v}" for k, v in pick.items()) if isinstance(pick, dict) else pick
+        text = f"own stop, {text}; the criterion's pick {pick or 'n/a'} not applied"
     return text + (" †" if chosen.get("warning") else "")
 
 
