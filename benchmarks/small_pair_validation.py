@@ -127,6 +127,9 @@ def markdown(result: dict[str, Any]) -> str:
         a = result["bench_agreement"]
         lines.append(f"The re-run against the bench's record: same candidates {a['same_candidates']}, largest gap "
                      f"difference {_fmt(a['max_abs_gap_difference'], '.2g')}, same choice {a['same_choice']}.")
+        if "target_agreement" in a:
+            lines.append(f"The target's criterion NLLs on this pair against the bench's: largest difference "
+                         f"{a['target_agreement']:.2g} nats/token (0 on the bench's own pair).")
     lines.append(f"Wall time: fit {result['fit_seconds']:.0f} s, scoring {result['scoring_seconds']:.0f} s.")
     return "\n".join(lines) + "\n"
 
@@ -302,7 +305,12 @@ def validate_t3(ctx: Pair, row: dict[str, Any], record: dict[str, Any], indices:
 def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], method: str,
                      target_criterion: dict[str, Any]) -> dict[str, Any]:
     """Repeat the bench's run of a trainer with the bench's criterion and a :class:`ForgetQualityProbe` at every
-    checkpoint the criterion measures; the re-run's own record is the one scored."""
+    checkpoint the criterion measures; the re-run's own record is the one scored.
+
+    The criterion's original figures (the retain change's zero) are the target's, measured here on the pair in hand
+    as the bench measures them; on the bench's own pair they equal its record (``target_agreement`` gives the largest
+    difference), and a pair rebuilt elsewhere, whose weights differ by the machine's rounding, is measured against
+    its own target."""
     from hf_unlearn.bench.criterion import selection_criterion_options
     from hf_unlearn.bench.runner import _subject_selection_rows
     from hf_unlearn.run import run_with_selection
@@ -313,11 +321,15 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
     holdout, validation = _subject_selection_rows(ctx.pair)  # the bench's own selection rows
     template = row["settings"].get("prompt_template")
     options = selection_criterion_options(ctx.pair, ctx.forget, holdout, validation, ctx.tokenizer, {template})
-    original = {k: v for k, v in target_criterion.items() if k.endswith("_nll")}  # the bench's target figures
+    model = ctx.target()
+    if None not in options:  # the bench measures the target without a template
+        options.update(selection_criterion_options(ctx.pair, ctx.forget, holdout, validation, ctx.tokenizer, {None}))
+    own = SelectionCriterion(ctx.forget, holdout, validation, **options[None]).measure(model, ctx.tokenizer)
+    original = {k: v for k, v in own.items() if k.endswith("_nll")}
+    agreement = max(abs(v - target_criterion[k]) for k, v in original.items())
     criterion = SelectionCriterion(ctx.forget, holdout, validation, template=template, **options[template],
                                    original=original)
     probe = ForgetQualityProbe(ctx.score, selection_steps)
-    model = ctx.target()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"validate-{method}-") as work:
         result = run_with_selection(method, model, ctx.tokenizer, ctx.forget, ctx.retain, work, dict(row["settings"]),
@@ -325,7 +337,8 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
     rerun = result.info["selection"]
     scored = {i: probe.scores[c["step"]] for i, c in enumerate(rerun["candidates"])}
     scoring_seconds = sum(probe.seconds.values())
-    return {"record": rerun, "scored": scored, "bench_agreement": gap_agreement(rerun, record),
+    return {"record": rerun, "scored": scored, "bench_agreement": {**gap_agreement(rerun, record),
+                                                                   "target_agreement": agreement},
             "fit_seconds": time.perf_counter() - start - scoring_seconds, "scoring_seconds": scoring_seconds}
 
 
