@@ -326,7 +326,7 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
         options.update(selection_criterion_options(ctx.pair, ctx.forget, holdout, validation, ctx.tokenizer, {None}))
     own = SelectionCriterion(ctx.forget, holdout, validation, **options[None]).measure(model, ctx.tokenizer)
     original = {k: v for k, v in own.items() if k.endswith("_nll")}
-    agreement = max(abs(v - target_criterion[k]) for k, v in original.items())
+    agreement = max(abs(v - target_criterion[k]) for k, v in original.items() if v is not None)
     criterion = SelectionCriterion(ctx.forget, holdout, validation, template=template, **options[template],
                                    original=original)
     probe = ForgetQualityProbe(ctx.score, selection_steps)
