@@ -309,8 +309,8 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
 
     The criterion's original figures (the retain change's zero) are the target's, measured here on the pair in hand
     as the bench measures them; on the bench's own pair they equal its record (``target_agreement`` gives the largest
-    difference), and a pair rebuilt elsewhere, whose weights differ by the machine's rounding, is measured against
-    its own target."""
+    difference), and a pair rebuilt where other kernels round its training differently is measured against its own
+    target."""
     from hf_unlearn.bench.criterion import selection_criterion_options
     from hf_unlearn.bench.runner import _subject_selection_rows
     from hf_unlearn.run import run_with_selection
