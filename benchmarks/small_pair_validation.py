@@ -320,10 +320,9 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
     selection_steps = steps[1] - steps[0]
     holdout, validation = _subject_selection_rows(ctx.pair)  # the bench's own selection rows
     template = row["settings"].get("prompt_template")
-    options = selection_criterion_options(ctx.pair, ctx.forget, holdout, validation, ctx.tokenizer, {template})
+    # the method's template, and none: the bench measures the target without one
+    options = selection_criterion_options(ctx.pair, ctx.forget, holdout, validation, ctx.tokenizer, {template, None})
     model = ctx.target()
-    if None not in options:  # the bench measures the target without a template
-        options.update(selection_criterion_options(ctx.pair, ctx.forget, holdout, validation, ctx.tokenizer, {None}))
     own = SelectionCriterion(ctx.forget, holdout, validation, **options[None]).measure(model, ctx.tokenizer)
     original = {k: v for k, v in own.items() if k.endswith("_nll")}
     agreement = max(abs(v - target_criterion[k]) for k, v in original.items() if v is not None)

@@ -190,20 +190,23 @@ def _fmt(value: Any, fmt: str = ".1f") -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def _candidate_text(candidate: Any) -> Any:
+    """A candidate's settings as ``"name value, ..."`` (its edit norm left out); anything but a dict as it is."""
+    if not isinstance(candidate, dict):
+        return candidate
+    return ", ".join(f"{k} {_fmt(v, '.3g') if isinstance(v, float) else v}" for k, v in candidate.items()
+                     if k != "edit_norm")
+
+
 def _selected_cell(row: dict[str, Any]) -> str:
     chosen = row.get("selected") or {}
     if not chosen:
         return ""
-    candidate = chosen.get("candidate")
-    if isinstance(candidate, dict):
-        candidate = ", ".join(f"{k} {_fmt(v, '.3g') if isinstance(v, float) else v}" for k, v in candidate.items()
-                              if k != "edit_norm")
     figures = chosen.get("criterion") or {}
-    text = f"{candidate} ({chosen.get('index')} of {chosen.get('num_candidates')}; retain change " \
-           f"{_fmt(figures.get('retain_change'), '+.3f')})"
+    text = f"{_candidate_text(chosen.get('candidate'))} ({chosen.get('index')} of {chosen.get('num_candidates')}; " \
+           f"retain change {_fmt(figures.get('retain_change'), '+.3f')})"
     if chosen.get("applied") is False:  # the method stopped by its own rule; the criterion only looked
-        pick = (chosen.get("criterion_choice") or {}).get("candidate")
-        pick = ", ".join(f"{k} {v}" for k, v in pick.items()) if isinstance(pick, dict) else pick
+        pick = _candidate_text((chosen.get("criterion_choice") or {}).get("candidate"))
         text = f"own stop, {text}; the criterion's pick {pick or 'n/a'} not applied"
     return text + (" †" if chosen.get("warning") else "")
 

@@ -168,6 +168,11 @@ def _interval(row: dict[str, Any]) -> str:
     return f"{ci['forget_quality_low']:.2g} - {ci['forget_quality_high']:.2g}"
 
 
+def _settings_text(candidate: dict[str, Any] | None) -> str:
+    """A selection candidate as ``"name=value, ..."`` (floats as ``:g``); ``""`` for none."""
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in (candidate or {}).items())
+
+
 def selection_table(results: dict[str, Any]) -> str | None:
     """One row per method run with selection: the chosen candidate (for a method that stops by its own rule, its
     stop, with the rule's unapplied pick beside it), how many were measured, the criterion at the
@@ -186,11 +191,9 @@ def selection_table(results: dict[str, Any]) -> str | None:
     for name, row in rows:
         sel = row["selected"]
         crit = sel.get("criterion") or {}
-        candidate = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                              for k, v in (sel.get("candidate") or {}).items())
+        candidate = _settings_text(sel.get("candidate"))
         if sel.get("applied") is False:  # a method's own stop: the row is its last candidate
-            picked = (sel.get("criterion_choice") or {}).get("candidate") or {}
-            pick = ", ".join(f"{k}={v}" for k, v in picked.items())
+            pick = _settings_text((sel.get("criterion_choice") or {}).get("candidate"))
             candidate = f"own stop, {candidate} (the rule's pick {pick or 'n/a'} not applied)"
         body.append([name, candidate or "n/a", str(sel.get("num_candidates", "n/a")),
                      num(crit.get("shift_gap"), "+.3f"), num(crit.get("equivalence_pvalue"), ".3g"),
