@@ -45,9 +45,9 @@ def _median_seconds(fn, repeats: int) -> tuple[float, float, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    from unlearn_bench.measure import load_speed_subject, plain_forward_seconds
 
     import hf_unlearn  # noqa: F401
-    from hf_unlearn.bench.measure import load_speed_subject, plain_forward_seconds
     from hf_unlearn.methods.grom import GROMConfig, fit_grom, retain_subsample
 
     torch.manual_seed(args.seed)
@@ -107,8 +107,9 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from hf_unlearn.bench.measure import add_speed_subject_arguments
-    from hf_unlearn.bench.report import run_speed_script
+    from unlearn_bench.measure import add_speed_subject_arguments
+    from unlearn_bench.report import run_speed_script
+
     from hf_unlearn.methods.grom import GROMConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

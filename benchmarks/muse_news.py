@@ -1,10 +1,10 @@
 """MUSE-News-small: every method on a MUSE-News subset, each picking its own strength, scored by MUSE (C1-C4).
 
-The subject's pair (:mod:`hf_unlearn.bench.subjects.muse_news`) is built once and cached: ``tiny`` trains two small
+The subject's pair (:mod:`unlearn_bench.subjects.muse_news`) is built once and cached: ``tiny`` trains two small
 Llama models from scratch (about a minute on 2 CPU cores), ``smollm2-135m`` fine-tunes SmolLM2-135M (for a machine
 with native bfloat16 or a GPU). Each method unlearns the forget articles while keeping the retain texts, its
 strength chosen by the reference-free selection criterion on holdout documents; the runner
-(:mod:`hf_unlearn.bench.muse_runner`) writes ``<output>.json``, ``<output>.md`` and ``<output>.png``.
+(:mod:`unlearn_bench.muse_runner`) writes ``<output>.json``, ``<output>.md`` and ``<output>.png``.
 
     python benchmarks/muse_news.py --subject tiny --output benchmarks/results/muse_news_tiny
     python benchmarks/muse_news.py --subject tiny --methods grad_diff grom --output runs/muse_two
@@ -43,9 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-
-    from hf_unlearn.bench.muse_runner import run_muse_news
-    from hf_unlearn.bench.subjects.muse_news import format_muse_gate
+    from unlearn_bench.muse_runner import run_muse_news
+    from unlearn_bench.subjects.muse_news import format_muse_gate
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -15,7 +15,7 @@ rows; median of ``--repeats`` after a warm-up). Then, in the same process and wi
   ``points_over_plain`` is the points' share alone, beyond the caching pass.
 
 Reported per method: seconds and the ratio to the plain pass, the resident memory each adds over the loaded model
-(:class:`~hf_unlearn.bench.measure.PeakMemory`) and its ratio to the plain pass's, and for GROM the bytes of the
+(:class:`~unlearn_bench.measure.PeakMemory`) and its ratio to the plain pass's, and for GROM the bytes of the
 band cache and of the kept unit edits. ``--shape smollm2-135m`` runs on a randomly initialised model of
 SmolLM2-135M's shape (30 layers, hidden 576, vocabulary 49,152; the cost structure of the real model without its
 weights) with the tiny tokenizer; combine it with ``--layers 27 28 29`` (the band the v2 run selected).
@@ -43,8 +43,8 @@ SMOLLM2_135M_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1
 
 def _subject(args: argparse.Namespace) -> tuple[Any, Any, list, list, list]:
     import torch
+    from unlearn_bench.measure import load_speed_subject
 
-    from hf_unlearn.bench.measure import load_speed_subject
     from hf_unlearn.data import HOLDOUT_FOR_FORGET, load_tofu_rows
 
     model, tokenizer, forget, retain, device = load_speed_subject(
@@ -61,7 +61,7 @@ def _subject(args: argparse.Namespace) -> tuple[Any, Any, list, list, list]:
 
 def _timed(fn, memory: bool = True) -> tuple[float, float | None, Any]:
     """``(seconds, MB added over what the process held, result)`` of ``fn()``."""
-    from hf_unlearn.bench.measure import PeakMemory
+    from unlearn_bench.measure import PeakMemory
 
     with PeakMemory() as mem:
         start = time.perf_counter()
@@ -190,8 +190,8 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from hf_unlearn.bench.measure import add_speed_subject_arguments
-    from hf_unlearn.bench.report import run_speed_script
+    from unlearn_bench.measure import add_speed_subject_arguments
+    from unlearn_bench.report import run_speed_script
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_speed_subject_arguments(parser)

@@ -5,7 +5,7 @@ For each method with a cheap strength axis, the same candidates are scored twice
 * by :class:`hf_unlearn.selection.SelectionCriterion` (forget rows vs the never-seen ``holdout10`` rows,
   retain change on retain rows the method did not see), which needs no retain model;
 * by :func:`hf_unlearn.evaluation.evaluate_tofu` against the retain reference's report (TOFU's forget quality
-  and model utility), exactly as ``hf-unlearn bench`` scores a row.
+  and model utility), exactly as ``unlearn-bench run`` scores a row.
 
 Candidates (ordered weak -> strong, as the rule expects):
 
@@ -98,10 +98,10 @@ class Context:
     """The pair, the rows, the references and the evaluator settings every method is scored with."""
 
     def __init__(self, cache_dir: str | None, max_new_tokens: int, groups: str = "rows") -> None:
-        from hf_unlearn.bench.references import reference_rows
-        from hf_unlearn.bench.registry import load_subject_presets
-        from hf_unlearn.bench.subjects import load_tiny, tiny_models
+        from unlearn_bench.registry import load_subject_presets
+
         from hf_unlearn.data import HOLDOUT_FOR_FORGET, RETAIN_FOR_FORGET, load_tofu_rows
+        from hf_unlearn.demo import load_tiny, reference_rows, tiny_models
 
         self.pair = tiny_models(source=SOURCE, forget_split=FORGET_SPLIT, cache_dir=cache_dir)
         self.groups = groups
@@ -117,7 +117,7 @@ class Context:
         _, self.tokenizer = load_tiny(self.pair.target)
 
     def target(self) -> Any:
-        from hf_unlearn.bench.subjects import load_tiny
+        from hf_unlearn.demo import load_tiny
 
         model, _ = load_tiny(self.pair.target)
         model.eval()
@@ -468,8 +468,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import sys
 
     import torch
+    from unlearn_bench.report import environment_info
 
-    from hf_unlearn.bench.report import environment_info
     from hf_unlearn.safe_output import atomic_write_json, atomic_write_text
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ctx = Context(args.cache_dir, args.max_new_tokens, args.groups)
     anchors = {}
     for name, path in (("target", ctx.pair.target), ("retain_reference", ctx.pair.retain)):
-        from hf_unlearn.bench.subjects import load_tiny
+        from hf_unlearn.demo import load_tiny
 
         model, _ = load_tiny(path)
         model.eval()

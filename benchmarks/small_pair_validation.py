@@ -1,7 +1,7 @@
 """TOFU forget quality of every candidate a method's strength selection measured on a TOFU-small pair, beside the
 selection criterion's record of the same candidates from a bench run.
 
-``hf-unlearn bench --layout v2 --select`` records, for each method, the criterion's measurement of every candidate
+``unlearn-bench run --layout v2 --select`` records, for each method, the criterion's measurement of every candidate
 (the NLL shift gap against the holdout authors, the retain change) and the candidate its rule chose; TOFU's forget
 quality is measured for the chosen candidate only. This script measures it for all of them, scoring TOFU's forget
 split without generation (:func:`~hf_unlearn.evaluation.tofu_stats.evaluate_split` with ``generate=False``): the
@@ -223,9 +223,10 @@ class Pair:
     """The bench's TOFU-small pair from its cache, its rows, and the retain reference's forget truth ratios."""
 
     def __init__(self, subject: str, data: str, cache_dir: str, max_rows: int | None) -> None:
-        from hf_unlearn.bench.rows import forget_rows_with_other_answers
-        from hf_unlearn.bench.subjects import SmallRecipe, build_small_pair, gate_reports, load_tiny
+        from unlearn_bench.subjects import SmallRecipe, build_small_pair, gate_reports
+
         from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
+        from hf_unlearn.demo import forget_rows_with_other_answers, load_tiny
 
         self.pair = build_small_pair(subject, data, recipe=SmallRecipe.v2(subject), cache_dir=cache_dir,
                                      progress=False)
@@ -240,7 +241,7 @@ class Pair:
         self.reference_tr = reports[1]["forget_truth_ratios"][:len(self.eval_rows)]
 
     def target(self) -> Any:
-        from hf_unlearn.bench.subjects import load_tiny
+        from hf_unlearn.demo import load_tiny
 
         model, _ = load_tiny(self.pair.target)
         model.eval()
@@ -311,8 +312,9 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
     as the bench measures them; on the bench's own pair they equal its record (``target_agreement`` gives the largest
     difference), and a pair rebuilt where other kernels round its training differently is measured against its own
     target."""
-    from hf_unlearn.bench.criterion import selection_criterion_options
-    from hf_unlearn.bench.runner import _subject_selection_rows
+    from unlearn_bench.criterion import selection_criterion_options
+    from unlearn_bench.runner import _subject_selection_rows
+
     from hf_unlearn.run import run_with_selection
     from hf_unlearn.selection import SelectionCriterion
 
@@ -354,8 +356,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-rows", type=int, default=None, help="score only the first N forget rows (a check)")
     args = parser.parse_args(argv)
 
+    from unlearn_bench.resume import model_fingerprint
+
     from hf_unlearn import registry
-    from hf_unlearn.bench.resume import model_fingerprint
 
     saved = json.loads(Path(args.bench_partial).read_text(encoding="utf-8"))
     row, record = bench_record(saved, args.method)

@@ -26,9 +26,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LogitsProcessorList
+    from unlearn_bench.measure import generation_speed, load_speed_subject
 
     import hf_unlearn  # noqa: F401
-    from hf_unlearn.bench.measure import generation_speed, load_speed_subject
     from hf_unlearn.methods.t3 import T3ClassifierConfig, T3LogitsProcessor, fit_t3
 
     torch.manual_seed(args.seed)
@@ -87,8 +87,8 @@ def _table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from hf_unlearn.bench.measure import add_speed_subject_arguments
-    from hf_unlearn.bench.report import run_speed_script
+    from unlearn_bench.measure import add_speed_subject_arguments
+    from unlearn_bench.report import run_speed_script
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_speed_subject_arguments(parser)

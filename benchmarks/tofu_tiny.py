@@ -1,4 +1,4 @@
-"""Every method side by side on TOFU-tiny: the same as `hf-unlearn bench` (all its flags apply).
+"""Every method side by side on TOFU-tiny: the same as `unlearn-bench run` (all its flags apply).
 
     python benchmarks/tofu_tiny.py --data TOFU_DIR                 # forget10, the grid
     python benchmarks/tofu_tiny.py --data TOFU_DIR --split forget05
@@ -9,7 +9,7 @@ Writes benchmarks/results/tofu_tiny_<split>.{json,md,png}.
 
 import sys
 
-from hf_unlearn.cli import main
+from unlearn_bench.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", *sys.argv[1:]]))
+    sys.exit(main(["run", *sys.argv[1:]]))

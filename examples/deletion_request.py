@@ -23,7 +23,7 @@ through a temporary folder and swapped in when complete.
 
 On TOFU-tiny (built on first use; the records are the synthetic forget10 authors):
 
-    hf-unlearn tiny --size test --data synthetic          # prints the target and retain-reference folders
+    unlearn-bench tiny --size test --data synthetic          # prints the target and retain-reference folders
     python examples/deletion_request.py --model <target folder> --retain_model <retain folder> \\
         --records delete_me.jsonl --retain_data synthetic --method grom --target_modules lm_head \\
         --output_dir outputs/deletion-request
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from transformers import AutoModelForCausalLM
+from unlearn_bench.registry import PRESETS
 
-from hf_unlearn.bench.registry import PRESETS
 from hf_unlearn.data.tofu import read_jsonl
 from hf_unlearn.evaluation import generate_answers, quantize_nf4, rouge_l_recall, run_attacks
 from hf_unlearn.evaluation.attacks import check_attack_options, parse_attacks

@@ -16,11 +16,10 @@ import json
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from unlearn_bench.registry import PRESETS
 
-from hf_unlearn.bench.references import reference_rows
-from hf_unlearn.bench.registry import PRESETS
-from hf_unlearn.bench.subjects import TinyPair, build_tiny_pair, recipe_for
 from hf_unlearn.data import FORGET_SPLITS, RETAIN_FOR_FORGET, load_tofu_rows
+from hf_unlearn.demo import TinyPair, build_tiny_pair, recipe_for, reference_rows
 from hf_unlearn.evaluation import evaluate_tofu, format_report_table
 from hf_unlearn.run import run_method
 

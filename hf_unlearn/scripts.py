@@ -289,9 +289,8 @@ def run_script(method: str, script_args: ScriptArguments, output_args: OutputArg
 
 def tofu_tiny_target(source: str, forget_split: str) -> str:
     """The folder of the TOFU-tiny target model for ``source`` and ``forget_split``, built (or reused from the
-    cache) with the benchmark's subjects: the small recipe on the synthetic authors, the TOFU-sized one
-    otherwise. The one place outside the benchmark harness that imports it."""
-    from hf_unlearn.bench.subjects import build_tiny_pair, recipe_for
+    cache) by :mod:`hf_unlearn.demo`: the small recipe on the synthetic authors, the TOFU-sized one otherwise."""
+    from .demo import build_tiny_pair, recipe_for
 
     size = "test" if source == "synthetic" else "tofu-test"
     return str(build_tiny_pair(source, forget_split, recipe_for(size)).target)

@@ -35,7 +35,7 @@ def synthetic():
 @pytest.fixture(scope="session")
 def tiny_pair():
     """Cached target (memorizes all synthetic authors) and retain reference (retain90 only)."""
-    from hf_unlearn.bench.subjects import tiny_models
+    from hf_unlearn.demo import tiny_models
 
     return tiny_models(cache_dir=CACHE_DIR)
 
@@ -43,14 +43,14 @@ def tiny_pair():
 @pytest.fixture()
 def tiny_target(tiny_pair):
     """A fresh (model, tokenizer) copy of the tiny target: tests may modify it freely."""
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     return load_tiny(tiny_pair.target)
 
 
 @pytest.fixture()
 def tiny_retain(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     return load_tiny(tiny_pair.retain)
 

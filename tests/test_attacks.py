@@ -115,7 +115,7 @@ def test_quantization_attack_reports_each_bit_width_and_leaves_the_model(monkeyp
     import bitsandbytes.nn.modules as bnb_modules
     from peft import LoraConfig, get_peft_model
 
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: avx512bf16)
     model, tokenizer = tiny_target
@@ -169,7 +169,7 @@ def _gradient_ascent(model: nn.Module, tokenizer, rows, steps: int = 4, lr: floa
 
 
 def test_relearning_on_a_tenth_of_the_forget_rows_recovers_the_rest(tiny_pair, tiny_target, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tokenizer = tiny_target
     original, _ = load_tiny(tiny_pair.target)
@@ -269,7 +269,7 @@ def test_evaluate_tofu_adds_the_attack_section(tiny_target):
     assert "rouge_l_recall_nf4_attack" not in metrics  # not computed: left out
 
     # the benchmark's attack table: a column per attack figure for every row, the references as anchors
-    from hf_unlearn.bench.report import attacks_table
+    from unlearn_bench.report import attacks_table
 
     anchor = {"forget_rouge_l": report.forget_rouge_l, **attack_summary(attacks), "attacks": attacks}
     results = {"target": anchor, "retain_reference": dict(anchor), "rows": {"npo": {"attack_error": "ValueError: x"}}}

@@ -335,7 +335,7 @@ def test_scorer_hidden_size_mismatch_is_refused(tiny_target, synthetic, tmp_path
 
 
 def test_atwu_learns_forget_specific_tokens_and_reloads(tiny_target, synthetic, tmp_path):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.logprobs import answer_nll
     from hf_unlearn.methods.atwu import ATWUTokenWeighter
     from hf_unlearn.methods.atwu.weighter import answer_token_ids, forget_specific_auroc, score_tokens
@@ -422,7 +422,7 @@ def test_atwu_resume_restores_weighter_and_its_optimizer(tiny_pair, synthetic, t
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.atwu import ATWUTrainer
 
     class Interrupt(TrainerCallback):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.data import tokenize_qa
 from hf_unlearn.logprobs import answer_mask, answer_nll, label_log_probs
 from hf_unlearn.methods.base import BaseUnlearningConfig
@@ -285,7 +285,7 @@ def test_each_batch_carries_the_preferred_answer_of_its_own_forget_row(tiny_targ
 
 
 def test_the_runner_hands_the_preferred_answer_column_to_the_trainer(tiny_pair, synthetic, tmp_path):
-    from hf_unlearn.bench.rows import forget_rows_with_other_answers
+    from hf_unlearn.demo import forget_rows_with_other_answers
     from hf_unlearn.run import run_method
 
     rows = forget_rows_with_other_answers("forget10", "synthetic")

@@ -4,9 +4,9 @@ memory column."""
 from __future__ import annotations
 
 import pytest
+from unlearn_bench.bar import GENERAL_BAR_COMPONENTS, choose_setting, side_utilities, utility_bar
+from unlearn_bench.report import utility_parts_table
 
-from hf_unlearn.bench.bar import GENERAL_BAR_COMPONENTS, choose_setting, side_utilities, utility_bar
-from hf_unlearn.bench.report import utility_parts_table
 from hf_unlearn.evaluation import COMPONENT_NAMES
 
 
@@ -101,7 +101,7 @@ def test_utility_parts_table_lists_the_nine_components_and_the_bars():
 def test_comparison_resumes_from_its_partial_results_without_rerunning(tiny_pair, tmp_path, monkeypatch):
     import json
 
-    import hf_unlearn.bench.runner as runner
+    import unlearn_bench.runner as runner
 
     kwargs = dict(grid=False, source="synthetic", forget_split="forget10",
                   eval_kwargs={"max_new_tokens": 16, "max_examples": 16}, quantization_check=False, progress=False,

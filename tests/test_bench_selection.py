@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from hf_unlearn.bench.criterion import criterion_correlation, criterion_p_value
-from hf_unlearn.bench.rows import selected_summary
+from unlearn_bench.criterion import criterion_correlation, criterion_p_value
+from unlearn_bench.rows import selected_summary
 
 
 def test_criterion_correlation_is_spearman_over_rows_with_both_figures():
@@ -39,8 +38,8 @@ def test_selected_summary_names_the_chosen_candidate_and_its_criterion():
 
 
 def test_selected_summary_of_an_own_stop_shows_the_stopped_model_and_keeps_the_rules_pick():
-    from hf_unlearn.bench.report import selection_table
-    from hf_unlearn.bench.rows import selection_applied
+    from unlearn_bench.report import selection_table
+    from unlearn_bench.rows import selection_applied
 
     record = {"index": 0, "chosen": {"step": 0}, "reason": "why", "warning": "far",
               "candidates": [{"step": 0}, {"step": 8}, {"step": 11}],
@@ -61,7 +60,8 @@ def test_selected_summary_of_an_own_stop_shows_the_stopped_model_and_keeps_the_r
 
 @pytest.mark.slow
 def test_comparison_with_selection_records_each_methods_choice(tiny_pair, tmp_path):
-    from hf_unlearn.bench.runner import run_comparison
+    from unlearn_bench.runner import run_comparison
+
     from hf_unlearn.data import load_tofu_rows
 
     holdout = load_tofu_rows("holdout10", "synthetic")
@@ -85,7 +85,7 @@ def test_comparison_with_selection_records_each_methods_choice(tiny_pair, tmp_pa
         ci = row["forget_quality_interval"]
         assert ci["forget_quality_low"] <= row["forget_quality"] * (1 + 1e-9) + 1e-300
         assert row["forget_quality_high"] == ci["forget_quality_high"] >= ci["forget_quality_low"]
-    from hf_unlearn.bench.report import write_results
+    from unlearn_bench.report import write_results
 
     paths = write_results(results, tmp_path / "out", "sel", {"subject": "tofu_tiny"})
     details = paths["details_markdown"].read_text()
@@ -102,9 +102,10 @@ def test_comparison_with_selection_records_each_methods_choice(tiny_pair, tmp_pa
 def test_v2_presets_build_every_methods_config_with_bf16_resolved(native, monkeypatch, tmp_path):
     """benchmarks/configs/smollm2-135m-v2.toml: one preset per method, bf16 = "auto" resolved by the CPU (overridden
     here both ways), and each preset builds its method's config (a misspelled field raises here, not mid-bench)."""
+    from unlearn_bench.registry import PRESETS, load_subject_presets
+    from unlearn_bench.runner import resolve_auto_precision
+
     import hf_unlearn
-    from hf_unlearn.bench.registry import PRESETS, load_subject_presets
-    from hf_unlearn.bench.runner import resolve_auto_precision
 
     monkeypatch.setenv("HF_UNLEARN_CPU_BF16", native)
     presets = load_subject_presets("smollm2-135m-v2")
@@ -131,7 +132,7 @@ def test_resume_key_changes_with_the_selection_rule():
     """Rows selected under another rule (another name, tolerance or grouping) are not resumed into a comparison."""
     from types import SimpleNamespace
 
-    from hf_unlearn.bench.resume import comparison_key
+    from unlearn_bench.resume import comparison_key
 
     pair = SimpleNamespace(target="t", retain="r")
     args = (pair, "synthetic", "forget10", {"max_new_tokens": 8}, {"forget_quality": 1e-5}, {"model_utility": 0.8})
@@ -150,8 +151,7 @@ def test_resume_key_names_models_and_rows_by_content(tmp_path):
 
     import torch
     from safetensors.torch import save_file
-
-    from hf_unlearn.bench.resume import model_fingerprint, rows_digest
+    from unlearn_bench.resume import model_fingerprint, rows_digest
 
     model = tmp_path / "a" / "model"
     model.mkdir(parents=True)
@@ -174,8 +174,8 @@ def test_resume_key_names_models_and_rows_by_content(tmp_path):
 def test_the_tuning_author_split_has_its_own_recipe_and_results_name():
     """``bench --subject NAME --authors tuning`` unlearns forget10 authors 5-8 (offset 4) under its own results
     name; the reported split stays authors 1-4; anything else is refused before any work."""
-    from hf_unlearn.bench.runner import FORGET_AUTHOR_SPLITS, _subject_layout
-    from hf_unlearn.cli import build_parser
+    from unlearn_bench.cli import build_parser
+    from unlearn_bench.runner import FORGET_AUTHOR_SPLITS, _subject_layout
 
     reported, name, presets = _subject_layout("smollm2-135m", "v2", True)
     tuning, tuning_name, tuning_presets = _subject_layout("smollm2-135m", "v2", True, "tuning")
@@ -188,9 +188,9 @@ def test_the_tuning_author_split_has_its_own_recipe_and_results_name():
     assert FORGET_AUTHOR_SPLITS["tuning"] == "forget10 authors 5-8"
     with pytest.raises(ValueError, match="authors must be one of"):
         _subject_layout("smollm2-135m", "v2", True, "all")
-    args = build_parser().parse_args(["bench", "--subject", "smollm2-135m", "--authors", "tuning"])
+    args = build_parser().parse_args(["run", "--subject", "smollm2-135m", "--authors", "tuning"])
     assert args.authors == "tuning"
     from hf_unlearn.options import UserError
 
     with pytest.raises(UserError, match="invalid choice: '9-12'"):
-        build_parser().parse_args(["bench", "--authors", "9-12"])
+        build_parser().parse_args(["run", "--authors", "9-12"])

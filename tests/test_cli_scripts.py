@@ -121,8 +121,8 @@ def test_unlearn_nf4_check_matches_the_benchmarks_figure(tiny_pair, tmp_path, ca
     import re
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from unlearn_bench import runner
 
-    from hf_unlearn.bench import runner
     from hf_unlearn.data import load_tofu_rows
 
     out = tmp_path / "out"

@@ -31,7 +31,7 @@ def test_masc_logs_on_cuda(tiny_target, synthetic, tmp_path):
 
 
 def test_grom_fits_on_cuda_as_on_cpu(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.grom import GROMConfig, fit_grom
 
     forget, retain = synthetic["forget10"][:4], synthetic["retain90"][:40]

@@ -50,7 +50,7 @@ def _criterion_rows(synthetic):
 
 
 def test_criterion_scores_every_model_on_its_device(tiny_pair, synthetic, monkeypatch, moves):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     fake_cuda(monkeypatch, True)
     reference, tok = load_tiny(tiny_pair.retain)
@@ -81,7 +81,7 @@ def test_criterion_refuses_cuda_without_cuda_before_any_work(tiny_target, synthe
 
 
 def test_criterion_on_the_cpu_keeps_the_numbers(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)
     reference, _ = load_tiny(tiny_pair.retain)
@@ -100,7 +100,7 @@ ROWS = [{"question": "Who wrote the book?", "answer": "The author did."}]  # the
 
 
 def test_small_pair_cache_key_names_a_device_other_than_the_cpu(monkeypatch):
-    from hf_unlearn.bench.subjects import SmallRecipe
+    from unlearn_bench.subjects import SmallRecipe
 
     fake_cuda(monkeypatch, True)
     recipe = SmallRecipe(bf16_autocast=True)
@@ -112,7 +112,7 @@ def test_small_pair_cache_key_names_a_device_other_than_the_cpu(monkeypatch):
 
 
 def test_fine_tune_qa_trains_on_the_chosen_device(tiny_target, synthetic, monkeypatch, moves):
-    from hf_unlearn.bench.subjects import SmallRecipe, fine_tune_qa
+    from unlearn_bench.subjects import SmallRecipe, fine_tune_qa
 
     fake_cuda(monkeypatch, True)
     model, tok = tiny_target
@@ -125,7 +125,9 @@ def test_fine_tune_qa_trains_on_the_chosen_device(tiny_target, synthetic, monkey
 
 
 def test_fine_tune_qa_on_the_cpu_keeps_the_numbers(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import SmallRecipe, fine_tune_qa, load_tiny
+    from unlearn_bench.subjects import SmallRecipe, fine_tune_qa
+
+    from hf_unlearn.demo import load_tiny
 
     recipe = SmallRecipe(epochs=1, batch_size=4, bf16_autocast=False, learning_rate=1e-3)
     runs = []
@@ -140,7 +142,7 @@ def test_fine_tune_qa_on_the_cpu_keeps_the_numbers(tiny_pair, synthetic):
 
 
 def test_load_tiny_moves_the_model_to_the_chosen_device(tiny_pair, monkeypatch, moves):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     fake_cuda(monkeypatch, True)
     load_tiny(tiny_pair.target)  # no device: where transformers loads it
@@ -156,7 +158,9 @@ def test_load_tiny_moves_the_model_to_the_chosen_device(tiny_pair, monkeypatch, 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_criterion_and_pair_fine_tuning_on_cuda(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import SmallRecipe, fine_tune_qa, load_tiny
+    from unlearn_bench.subjects import SmallRecipe, fine_tune_qa
+
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.logprobs import label_log_probs
 
     logits = torch.randn(2, 7, 50).to(torch.bfloat16)

@@ -166,18 +166,21 @@ def test_the_device_is_recorded_in_the_log_and_the_report(tiny_pair, tmp_path, c
 
 
 def test_bench_device_reaches_the_harness_and_cuda_without_cuda_is_refused(tiny_pair, tmp_path, monkeypatch, capsys):
-    """``hf-unlearn bench --device``: refused in one line without the GPU it names; on a CPU-only machine ``auto``
+    """``unlearn-bench run --device``: refused in one line without the GPU it names; on a CPU-only machine ``auto``
     and ``cpu`` leave the harness as it was (no device key), while on a GPU machine ``cpu`` is recorded and sent to
     every model the harness loads; a trainer asked to stay on the CPU gets ``use_cpu``, a fit is moved."""
     import argparse
 
-    import hf_unlearn.bench.subjects as subjects
-    from hf_unlearn.bench.rows import on_harness_device
-    from hf_unlearn.bench.runner import run_comparison
-    from hf_unlearn.cli.bench import harness_device
+    import unlearn_bench.subjects as subjects
+    from unlearn_bench.cli import main as lab_main
+    from unlearn_bench.cli_run import harness_device
+    from unlearn_bench.rows import on_harness_device
+    from unlearn_bench.runner import run_comparison
 
     fake_cuda(monkeypatch, False)
-    _one_line(capsys, main(["bench", "--methods", "grom", "--no-grid", "--device", "cuda"]), "no CUDA GPU")
+    assert lab_main(["run", "--methods", "grom", "--no-grid", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("unlearn-bench: error: ") and "\n" not in err and "no CUDA GPU" in err, err
     assert harness_device(argparse.Namespace(device="auto")) == {} == harness_device(argparse.Namespace(device="cpu"))
     fake_cuda(monkeypatch, True)
     assert harness_device(argparse.Namespace(device="cpu")) == {"device": "cpu"}

@@ -37,7 +37,7 @@ WORKER = textwrap.dedent(
 
 
     def run(model_path, out_dir, phase):
-        from hf_unlearn.bench.subjects import load_tiny
+        from hf_unlearn.demo import load_tiny
         from hf_unlearn.data import synthetic_tofu
         from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer
 

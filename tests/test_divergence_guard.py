@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.methods.base import TrainingDivergedError
 from hf_unlearn.methods.base.checkpoints import stage_checkpoint
 from hf_unlearn.methods.baselines import GradAscentConfig, GradAscentTrainer

@@ -58,7 +58,7 @@ def test_chunk_token_ids_covers_every_id_once_in_order(seed):
 
 
 def test_chunk_documents_matches_the_joined_tokenization(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     _, tok = load_tiny(tiny_pair.target)
     full = tok("\n\n".join(DOCS), add_special_tokens=False)["input_ids"]
@@ -122,7 +122,7 @@ def test_load_documents_from_lists_datasets_and_files(tmp_path):
 
 
 def test_documents_become_chunks_for_the_trainers_and_qa_rows_do_not(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     _, tok = load_tiny(tiny_pair.target)
     assert is_documents(as_dataset(DOCS)) and as_dataset(DOCS).column_names == ["text"]

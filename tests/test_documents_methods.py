@@ -53,7 +53,7 @@ def test_as_documents_tells_documents_from_rows(tmp_path, synthetic):
 
 
 def test_document_heads_cut_each_document_alone(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     _, tok = load_tiny(tiny_pair.target)
     docs = ["short text", "a much longer text " * 20]
@@ -205,7 +205,7 @@ def test_masc_on_documents_penalises_the_continuation_of_each_chunk(tiny_target,
 
 
 def test_relearning_and_quantization_attacks_on_documents(tiny_pair, tiny_target, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.evaluation.attack_relearn import relearning_attack, split_forget_rows
     from hf_unlearn.evaluation.attacks import quantization_attack
 

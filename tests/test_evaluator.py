@@ -14,7 +14,7 @@ from rouge_score import rouge_scorer
 from scipy.stats import hmean, ks_2samp
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.evaluation import (
     COMPONENT_NAMES,
     evaluate_tofu,

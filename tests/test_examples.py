@@ -57,7 +57,7 @@ def forget_rows():
 
 @pytest.fixture(scope="module")
 def base_forget_nll(tiny_pair, forget_rows):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.logprobs import mean_answer_nll
 
     model, tokenizer = load_tiny(tiny_pair.target)

@@ -271,7 +271,7 @@ def test_divergence_guard_stops_the_run_before_a_diverged_checkpoint(tiny_target
     assert get_last_checkpoint(args.output_dir).endswith(f"checkpoint-{step - 1}")  # the diverged step is not kept
 
     # the same run without the guard goes on past that step; the default guard leaves ordinary runs alone
-    unguarded, _ = __import__("hf_unlearn.bench.subjects", fromlist=["load_tiny"]).load_tiny(model.name_or_path)
+    unguarded, _ = __import__("unlearn_bench.subjects", fromlist=["load_tiny"]).load_tiny(model.name_or_path)
     free = fault_config(tmp_path, cls=GradDiffConfig, retain_weight=0.01, learning_rate=3e-3, max_steps=step, save_strategy="no",
                         max_retain_loss_ratio=None, output_dir=str(tmp_path / "free"))
     GradDiffTrainer(unguarded, free, train_dataset=forget, retain_dataset=retain, processing_class=tok).train()
@@ -398,7 +398,7 @@ def test_interrupt_then_resume_equals_uninterrupted(method, tiny_pair, synthetic
     """An uninterrupted run of 5 steps vs. a run killed after step 3 (its latest checkpoint is step 2) and resumed
     in a fresh trainer on a freshly loaded model: the final weights are identical (same seed, CPU, one thread)."""
     import hf_unlearn
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     trainer_name, config_name, extra = RESUMABLE[method]
     trainer_cls, config_cls = getattr(hf_unlearn, trainer_name), getattr(hf_unlearn, config_name)

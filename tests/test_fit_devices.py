@@ -83,7 +83,7 @@ def test_cuda_without_cuda_is_refused_before_any_forward(tiny_target, synthetic,
 def test_grom_gram_options_keep_the_numbers(tiny_pair, synthetic, monkeypatch):
     """``gram_device="cpu"`` on a CPU model is the default computation; float32 Gram blocks (what a CUDA device
     forms) added to the float64 accumulator give the float64 edit within float32 rounding."""
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.grom import keys
 
     forget, retain = _rows(synthetic)
@@ -102,7 +102,7 @@ def test_grom_gram_options_keep_the_numbers(tiny_pair, synthetic, monkeypatch):
 
 
 def test_t3_cache_on_the_host_keeps_the_head(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     forget, retain = _rows(synthetic)
     model, tok = load_tiny(tiny_pair.target)
@@ -131,7 +131,7 @@ WORKER = textwrap.dedent(
     import torch.distributed as dist
     from safetensors.torch import save_file
 
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.data import synthetic_tofu
     from hf_unlearn.methods.grom import GROMConfig, fit_grom
     from hf_unlearn.methods.t3 import T3ClassifierConfig, fit_t3
@@ -155,7 +155,7 @@ WORKER = textwrap.dedent(
 def test_two_processes_fit_grom_and_t3_as_one(tiny_pair, synthetic, tmp_path):
     from safetensors.torch import load_file
 
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER.format(grom=repr(GROM), t3=repr(T3)))
@@ -183,7 +183,7 @@ def test_two_processes_fit_grom_and_t3_as_one(tiny_pair, synthetic, tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_grom_fits_on_cuda_with_float32_blocks_as_on_cpu(tiny_pair, synthetic, gram_device):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     forget, retain = _rows(synthetic)
     cpu_model, tok = load_tiny(tiny_pair.target)
@@ -198,7 +198,7 @@ def test_grom_fits_on_cuda_with_float32_blocks_as_on_cpu(tiny_pair, synthetic, g
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_t3_fits_on_cuda_with_the_cache_on_the_host(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     forget, retain = _rows(synthetic)
     model, tok = load_tiny(tiny_pair.target)

@@ -21,7 +21,7 @@ from hf_unlearn.methods.grom.solve import GROMSolution
 
 @pytest.fixture(scope="module")
 def edit(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)
     return fit_grom(model, tok, synthetic["forget10"][:8], synthetic["retain90"][:60], GROMConfig(

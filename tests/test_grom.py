@@ -94,7 +94,7 @@ def sets(synthetic):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     return load_tiny(tiny_pair.target)
 
@@ -124,7 +124,7 @@ def test_edit_unlearns_forget_much_more_than_retain(tiny, sets, strong_edit):
 def test_lora_round_trip_is_exact(tiny, tiny_pair, sets, tmp_path):
     from peft import PeftModel
 
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = tiny
     forget, retain = sets
@@ -288,7 +288,7 @@ def test_normal_matrix_formula():
 
 @pytest.fixture(scope="module")
 def two_module_edit(tiny_pair, sets):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)  # a fresh base (others apply_ and undo edits on `tiny`, not bit-exact)
     forget, retain = sets
@@ -314,7 +314,7 @@ def _assert_same_audit(loaded, edit):
 
 
 def _fresh(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     return load_tiny(tiny_pair.target)
 
@@ -392,7 +392,7 @@ def test_save_refuses_overwrite_and_non_finite(two_module_edit, tmp_path):
 
 
 def test_load_grom_adapter_checks_the_base(tiny_pair, two_module_edit, tmp_path):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.grom import BaseModelMismatchError, load_grom_adapter
 
     two_module_edit.save_pretrained(tmp_path / "a")

@@ -18,7 +18,7 @@ def rows(synthetic):
 
 @pytest.fixture(scope="module")
 def tok(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     return load_tiny(tiny_pair.target)[1]
 
@@ -126,7 +126,7 @@ def _head_inputs(model, tok, rows):
 
 
 def test_generic_retain_enters_the_normal_matrix_as_the_closed_form_says(tiny_pair, rows):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)
     forget, retain = rows

@@ -21,7 +21,7 @@ WORKER = textwrap.dedent(
 
     from hf_unlearn.data import synthetic_tofu
     from hf_unlearn.methods.grom import GROMConfig, fit_grom
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@ from hf_unlearn.methods.grom import AdapterIntegrityError, GROMConfig, GROMEdit,
 
 @pytest.fixture(scope="module")
 def tiny_edit(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)
     forget, retain = synthetic["forget10"], synthetic["retain90"]
@@ -23,7 +23,7 @@ def tiny_edit(tiny_pair, synthetic):
 
 
 def _fresh(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     return load_tiny(tiny_pair.target)
 

@@ -18,7 +18,7 @@ BASE = dict(target_modules="lm_head", forget_weight=10.0, suppression_margin=30.
 
 @pytest.fixture(scope="module")
 def tiny(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     return load_tiny(tiny_pair.target)
 

@@ -1,5 +1,5 @@
-"""The import graph: the library core never imports the benchmark harness (the command line only in its
-``demo``/``bench``/``tiny`` commands), the deletion-request example does not import the command line, and the
+"""The import graph: the library never imports the benchmark lab (``unlearn_bench``, under ``benchmarks/``), the lab
+imports only public names of the library, the deletion-request example does not import the command line, and the
 lazy top level imports neither torch nor transformers' model code until a name is used."""
 
 from __future__ import annotations
@@ -43,18 +43,19 @@ def import_from_target(node: ast.ImportFrom, package: str) -> str:
 
 
 def core_modules() -> dict[str, Path]:
-    """``{module name: file}`` of every module of the library outside ``hf_unlearn.bench``."""
+    """``{module name: file}`` of every module of the library."""
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if parts[:2] == ("hf_unlearn", "bench") or "__pycache__" in parts:
+        if "__pycache__" in parts:
             continue
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
-def _is_bench(name: str) -> bool:
-    return name == "hf_unlearn.bench" or name.startswith("hf_unlearn.bench.")
+def _is_lab(name: str) -> bool:
+    """Whether ``name`` is a module of the benchmark lab (``unlearn_bench``, or a ``hf_unlearn.bench`` brought back)."""
+    return any(name == root or name.startswith(root + ".") for root in ("unlearn_bench", "hf_unlearn.bench"))
 
 
 def test_scanner_finds_relative_local_and_aliased_imports():
@@ -65,87 +66,89 @@ def test_scanner_finds_relative_local_and_aliased_imports():
         from .methods.grom import fit_grom
 
         def later():
-            import hf_unlearn.bench.runner as runner
+            import unlearn_bench.runner as runner
             from .bench import report
     """)
     found = imported_modules(source, "hf_unlearn.hub", is_package=False)
-    assert {"os", "hf_unlearn.bench", "hf_unlearn.methods.grom", "hf_unlearn.bench.runner", "hf_unlearn.bench.report"} <= found
+    assert {"os", "hf_unlearn.bench", "hf_unlearn.methods.grom", "unlearn_bench.runner",
+            "hf_unlearn.bench.report"} <= found
     assert "bench.registry" in {n.split("hf_unlearn.", 1)[-1] for n in imported_modules(
         "from ...bench.registry import METHODS", "hf_unlearn.methods.t3.fit", is_package=False)}
     assert imported_modules("from .. import bench", "hf_unlearn.methods", is_package=True) >= {"hf_unlearn.bench"}
-    assert imported_modules("from .bench import x", "hf_unlearn", is_package=True) >= {"hf_unlearn.bench.x"}
+    assert {m for m in found if _is_lab(m)} == {"hf_unlearn.bench", "hf_unlearn.bench.report", "unlearn_bench.runner"}
 
 
-#: The functions outside the benchmark harness that may import it, by module: the command line's ``demo``, ``bench``
-#: and ``tiny`` commands (with the helpers of ``bench --subject`` and ``bench --benchmark muse``) and ``unlearn --preset demo``, whose setting lives
-#: in the benchmark's subject file; and the example scripts' ``tofu-tiny`` model shortcut, which builds the tiny
-#: model with the benchmark's subjects (:func:`hf_unlearn.scripts.tofu_tiny_target`).
-CLI_BENCH_FUNCTIONS = {
-    "hf_unlearn.cli.demo": frozenset({"cmd_demo"}),
-    "hf_unlearn.cli.bench": frozenset({"cmd_bench", "bench_subject", "bench_muse"}),
-    "hf_unlearn.cli.tiny": frozenset({"cmd_tiny"}),
-    "hf_unlearn.cli.unlearn": frozenset({"demo_preset"}),
-    "hf_unlearn.scripts": frozenset({"tofu_tiny_target"}),
-}
+def test_the_library_holds_no_lab_and_never_imports_it():
+    """``hf_unlearn`` has no ``bench`` package, and no module of it imports the lab (``unlearn_bench``), at any
+    depth (module level, function-local, ``TYPE_CHECKING``)."""
+    assert not (PACKAGE / "bench").exists()
+    modules = core_modules()
+    assert {"hf_unlearn", "hf_unlearn.cli.demo", "hf_unlearn.demo", "hf_unlearn.scripts"} <= set(modules)
+    offending = {}
+    for name, path in modules.items():
+        found = sorted(m for m in imported_modules(path.read_text(), name, path.name == "__init__.py") if _is_lab(m))
+        if found:
+            offending[name] = found
+    assert not offending, f"the library imports the lab: {offending}"
 
 
-def bench_imports(source: str, module: str, is_package: bool, allowed_functions: frozenset[str] = frozenset()
-                  ) -> dict[str, list[str]]:
-    """``{where: [hf_unlearn.bench modules]}`` for every import of the benchmark harness in ``source``, at any depth
-    (module level, function-local, ``TYPE_CHECKING``); ``where`` is the enclosing top-level function or class, or
-    ``<module>``. Imports inside the top-level functions named in ``allowed_functions`` are left out."""
-    found: dict[str, list[str]] = {}
-    for node in ast.parse(source).body:
-        where = node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else "<module>"
-        if where in allowed_functions and not isinstance(node, ast.ClassDef):
+def lab_private_imports(source: str, module: str, is_package: bool) -> list[str]:
+    """Every name of ``hf_unlearn`` that ``source`` (a module of the lab) imports and that is private: a module
+    path or an imported name with a leading underscore (dunder names such as ``__version__`` are public), and
+    every relative import that leaves the lab's package."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level and node.level > len(package.split(".")):
+                found.append(f"{'.' * node.level}{node.module or ''} (outside the lab)")
+                continue
+            target = import_from_target(node, package)
+            targets = [(target, alias.name) for alias in node.names]
+        else:
             continue
-        bench = sorted(m for m in imported_modules(ast.unparse(node), module, is_package) if _is_bench(m))
-        if bench:
-            found.setdefault(where, []).extend(bench)
+        for target, name in targets:
+            if target != "hf_unlearn" and not target.startswith("hf_unlearn."):
+                continue
+            private = [p for p in target.split(".") if p.startswith("_") and not p.endswith("__")]
+            if private or (name and name.startswith("_") and not name.endswith("__")):
+                found.append(f"{target}.{name}" if name else target)
     return found
 
 
-def test_bench_scan_sees_function_level_imports_and_only_the_named_exceptions():
+def test_lab_scan_flags_private_names_and_escaping_imports():
     source = textwrap.dedent("""
-        from .registry import get_method
+        from hf_unlearn.data.documents import _bos_prefix, chunk_token_ids
+        from hf_unlearn.assets import __version__
+        import hf_unlearn._import_utils
+        from hf_unlearn import registry
 
-        def cmd_demo():
-            from .bench.runner import run_comparison
-
-        def cmd_unlearn():
-            if True:
-                from .bench import registry
-
-        class Command:
-            def run(self):
-                import hf_unlearn.bench.console
+        def later():
+            from ...hf_unlearn import run
     """)
-    found = bench_imports(source, "hf_unlearn.cli", False, frozenset({"cmd_demo"}))
-    assert set(found) == {"cmd_unlearn", "Command"}
-    assert "hf_unlearn.bench.registry" in found["cmd_unlearn"] and found["Command"] == ["hf_unlearn.bench.console"]
-    assert set(bench_imports(source, "hf_unlearn.cli", False)) == {"cmd_demo", "cmd_unlearn", "Command"}
+    found = lab_private_imports(source, "unlearn_bench.subjects.muse_news", is_package=False)
+    assert found == ["hf_unlearn.data.documents._bos_prefix", "hf_unlearn._import_utils", "...hf_unlearn (outside the lab)"]
 
 
-def test_core_never_imports_the_benchmark_harness():
-    """No module of ``hf_unlearn`` outside ``hf_unlearn/bench`` imports ``hf_unlearn.bench``, at any depth; only the
-    functions of :data:`CLI_BENCH_FUNCTIONS` do (and each of them does, or the list is stale)."""
-    modules = core_modules()
-    assert {"hf_unlearn", "hf_unlearn.hub", "hf_unlearn.methods.base.trainer", "hf_unlearn.cli",
-            "hf_unlearn.run", "hf_unlearn.console", *CLI_BENCH_FUNCTIONS} <= set(modules)
+def test_the_lab_imports_only_public_names_of_the_library():
+    """``benchmarks/unlearn_bench`` uses ``hf_unlearn`` through public modules and names only."""
+    lab = PACKAGE.parent / "benchmarks" / "unlearn_bench"
+    files = sorted(lab.rglob("*.py"))
+    assert len(files) > 10
     offending = {}
-    for name, path in modules.items():
-        allowed = CLI_BENCH_FUNCTIONS.get(name, frozenset())
-        found = bench_imports(path.read_text(), name, path.name == "__init__.py", allowed)
+    for path in files:
+        parts = path.relative_to(lab.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found = lab_private_imports(path.read_text(), name, path.name == "__init__.py")
         if found:
             offending[name] = found
-    assert not offending, f"the core imports the benchmark harness: {offending}"
-    for name, functions in CLI_BENCH_FUNCTIONS.items():
-        found = bench_imports(modules[name].read_text(), name, modules[name].name == "__init__.py")
-        assert set(found) == functions, (name, sorted(set(found) ^ functions))
+    assert not offending, f"the lab imports private names of hf_unlearn: {offending}"
 
 
 def test_the_cli_unlearn_command_imports_no_benchmark_module_when_it_runs(tmp_path):
-    """``hf-unlearn unlearn --help`` and a run refused at the model load no ``hf_unlearn.bench`` module (the static
+    """``hf-unlearn unlearn --help`` and a run refused at the model load import no module of the lab (the static
     scan above, seen at run time)."""
     out = _run(f"""
         import json, sys
@@ -153,7 +156,7 @@ def test_the_cli_unlearn_command_imports_no_benchmark_module_when_it_runs(tmp_pa
         codes = [main(["unlearn", "--method", "grom", "--help"]),
                  main(["unlearn", "--method", "npo", "--model", {str(tmp_path / "no-model")!r},
                        "--output", {str(tmp_path / "out")!r}, "--data", "synthetic"])]
-        bench = sorted(m for m in sys.modules if m.startswith("hf_unlearn.bench"))
+        bench = sorted(m for m in sys.modules if m.startswith("unlearn_bench"))
         print(json.dumps({{"codes": codes, "bench": bench}}))
     """)
     assert out["codes"] == [0, 2] and out["bench"] == []

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_t3 import random_head
 
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.methods.grom import (
     AdapterIntegrityError,
     GROMConfig,

@@ -408,7 +408,7 @@ def _interrupt_at(step):
 
 def test_masc_resume_restores_the_rule_and_the_weights(tiny_pair, synthetic, tmp_path):
     """Interrupt after a checkpoint, resume, and get the uninterrupted run's rule state and weights."""
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.masc import MASCTrainer
 
     common = dict(save_strategy="steps", save_steps=4, max_steps=8, stop_tolerance=0.01, stop_trigger=0.999,

@@ -146,7 +146,7 @@ def test_v2_bench_preset_uses_the_authors_continuation_minimum_and_the_auto_reci
 
 
 def test_bench_table_says_when_masc_reached_its_step_ceiling():
-    from hf_unlearn.bench.report import markdown_table, step_ceiling_notes
+    from unlearn_bench.report import markdown_table, step_ceiling_notes
 
     reference = {"forget_quality": 1.0, "model_utility": 0.3}
     budget = {"forget_quality": 1e-3, "steps": 600, "info": {"stop_reason": "budget", "global_step": 600}}

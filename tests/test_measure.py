@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from hf_unlearn.bench.measure import PeakMemory
+from unlearn_bench.measure import PeakMemory
 
 
 def test_added_memory_counts_the_block_and_not_what_the_process_already_held():

@@ -107,7 +107,8 @@ def test_a_toy_method_registered_from_a_test_file_runs_through_the_cli_selection
 
 @pytest.mark.slow
 def test_the_benchmark_runner_compares_a_toy_method_with_its_own_selection(toy_method, tiny_pair, tmp_path):
-    from hf_unlearn.bench.runner import run_comparison
+    from unlearn_bench.runner import run_comparison
+
     from hf_unlearn.data import load_tofu_rows
 
     holdout = load_tofu_rows("holdout10", "synthetic")
@@ -178,7 +179,7 @@ def test_an_installed_package_adds_a_method_through_its_entry_point(tmp_path):
 # ----- the core names no method ------------------------------------------------------------------------------------
 #: Modules outside ``hf_unlearn/methods`` that may name methods: the package's public top level (which re-exports
 #: each method's classes, as ``peft`` exports every config) and the benchmark's timing references (data).
-MAY_NAME_METHODS = frozenset({"hf_unlearn", "hf_unlearn.bench.timing"})
+MAY_NAME_METHODS = frozenset({"hf_unlearn", "unlearn_bench.timing"})
 
 
 def method_mentions(source: str, module: str, is_package: bool, names: set[str], folders: set[str]) -> list[str]:

@@ -94,7 +94,7 @@ MASC_WORKER = textwrap.dedent(
 
 
     def run(model_path, out_path):
-        from hf_unlearn.bench.subjects import load_tiny
+        from hf_unlearn.demo import load_tiny
         from hf_unlearn.data import synthetic_tofu
         from hf_unlearn.methods.masc import MASCConfig, MASCTrainer
 
@@ -161,7 +161,7 @@ NAN_WORKER = textwrap.dedent(
 
 
     def run(model_path, out_path):
-        from hf_unlearn.bench.subjects import load_tiny
+        from hf_unlearn.demo import load_tiny
         from hf_unlearn.data import synthetic_tofu
         from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer
 
@@ -258,7 +258,7 @@ def test_zero3_reference_is_reloaded_from_the_path_not_copied(tiny_pair, monkeyp
     import torch
 
     import hf_unlearn.methods.base.reference as reference_module
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     def no_copy(model):
         raise AssertionError("a partitioned model was deep-copied")
@@ -283,7 +283,7 @@ def test_zero3_reference_is_reloaded_from_the_path_not_copied(tiny_pair, monkeyp
 def test_reference_of_a_model_changed_in_memory_is_a_copy_of_it(tiny_pair):
     import torch
 
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, _ = load_tiny(tiny_pair.target)
     model.config._name_or_path = str(tiny_pair.target)

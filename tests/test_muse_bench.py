@@ -12,7 +12,7 @@ from conftest import CACHE_DIR
 
 @pytest.fixture(scope="module")
 def muse_pair(muse_dir):
-    from hf_unlearn.bench.subjects.muse_news import build_muse_tiny_pair
+    from unlearn_bench.subjects.muse_news import build_muse_tiny_pair
 
     return build_muse_tiny_pair(cache_dir=CACHE_DIR, source=muse_dir, progress=False)
 
@@ -22,7 +22,7 @@ def _read(folder: Path, name: str):
 
 
 def test_matching_on_the_real_files(muse_dir):
-    from hf_unlearn.bench.subjects.muse_news import (
+    from unlearn_bench.subjects.muse_news import (
         match_knowmem,
         match_muse_subset,
         match_verbmem,
@@ -51,7 +51,8 @@ def test_matching_on_the_real_files(muse_dir):
 
 
 def test_gate_on_hand_made_reports():
-    from hf_unlearn.bench.subjects.muse_news import format_muse_gate, muse_sanity_gate
+    from unlearn_bench.subjects.muse_news import format_muse_gate, muse_sanity_gate
+
     from hf_unlearn.evaluation.muse_report import MUSEReport
 
     def report(verbmem, knowmem):
@@ -67,8 +68,9 @@ def test_gate_on_hand_made_reports():
 
 
 def test_tiny_pair_passes_the_gate(muse_pair):
-    from hf_unlearn.bench.subjects.muse_news import muse_sanity_gate
-    from hf_unlearn.bench.subjects.tofu_tiny import load_tiny
+    from unlearn_bench.subjects.muse_news import muse_sanity_gate
+
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.evaluation import evaluate_muse
 
     model, tok = load_tiny(muse_pair.retain)
@@ -85,7 +87,7 @@ def test_tiny_pair_passes_the_gate(muse_pair):
 
 
 def test_runner_two_methods_and_an_error_row(muse_pair, tmp_path):
-    from hf_unlearn.bench.muse_runner import run_muse_bench, write_muse_results
+    from unlearn_bench.muse_runner import run_muse_bench, write_muse_results
 
     results = run_muse_bench(muse_pair, ["grad_diff", "grom", "masc", "dpo"], subject="tiny", progress=False)
     rows = results["rows"]
@@ -119,23 +121,24 @@ def test_runner_two_methods_and_an_error_row(muse_pair, tmp_path):
 
 
 def test_the_cli_runs_the_muse_benchmark_and_refuses_what_it_cannot(muse_pair, muse_dir, tmp_path, capsys):
-    """``hf-unlearn bench --benchmark muse`` runs the same benchmark (:func:`run_muse_news`) on the cached tiny pair
+    """``unlearn-bench run --benchmark muse`` runs the same benchmark (:func:`run_muse_news`) on the cached tiny pair
     and writes its results under ``--output-dir``; a TOFU-only option is refused in one line before any work."""
-    from hf_unlearn.cli import main
+    from unlearn_bench.cli import main
 
-    common = ["bench", "--benchmark", "muse", "--data", str(muse_dir), "--cache-dir", str(CACHE_DIR),
+    common = ["run", "--benchmark", "muse", "--data", str(muse_dir), "--cache-dir", str(CACHE_DIR),
               "--output-dir", str(tmp_path)]
     assert main([*common, "--methods", "grad_diff"]) == 0, capsys.readouterr().err
     saved = _read(tmp_path, "muse_news_tiny.json")
     assert set(saved["rows"]) == {"grad_diff"} and saved["rows"]["grad_diff"]["error"] is None
-    assert saved["command"] == "hf-unlearn bench --benchmark muse" and "sanity gate" in capsys.readouterr().out
+    assert saved["command"] == "unlearn-bench run --benchmark muse" and "sanity gate" in capsys.readouterr().out
     assert main([*common, "--model", "m", "--retain-model", "r"]) == 2
     assert "--benchmark muse builds its own MUSE-News pair" in capsys.readouterr().err
 
 
 def test_the_default_methods_are_those_that_take_documents():
     """Every registered method but the preference trainers (a preferred answer needs a question), in order."""
-    from hf_unlearn.bench.muse_runner import document_methods
+    from unlearn_bench.muse_runner import document_methods
+
     from hf_unlearn.registry import method_names
 
     assert document_methods() == [m for m in method_names() if m not in ("dpo", "idk_dpo")]

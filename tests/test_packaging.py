@@ -1,7 +1,7 @@
 """Packaging: the wheel built from setup.cfg + pyproject.toml carries the `evaluate` metric modules, the model-card
-templates and the benchmark configs, and an installed (non-editable) copy finds and uses them; everything the test
-modules import is declared (the package's requirements or its `dev` extra), and every test module imports against
-the installed wheel."""
+templates and the demo settings, and no module of the benchmark lab (`benchmarks/unlearn_bench`, its own package);
+an installed (non-editable) copy finds and uses its data; everything the test modules import is declared (the
+package's requirements, its `dev` extra, or the lab), and every test module imports against the installed wheel."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from hf_unlearn import METRIC_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "LICENSE", "hf_unlearn", "evaluate_metrics", "hub_cards",
-           "benchmarks/configs")
+           "benchmarks")
 
 
 def _setup_cfg() -> configparser.ConfigParser:
@@ -73,7 +73,7 @@ def test_every_third_party_module_the_tests_import_is_declared():
     config = _setup_cfg()
     declared = {_requirement_name(r) for r in _lines(config["options"]["install_requires"])}
     declared |= {_requirement_name(r) for r in _lines(config["options.extras_require"]["dev"])}
-    local = {p.stem for p in _test_modules()} | {"hf_unlearn"}
+    local = {p.stem for p in _test_modules()} | {"hf_unlearn", "unlearn_bench"}
     providers = importlib.metadata.packages_distributions()
     imported: dict[str, set[str]] = {}
     for path in _test_modules():
@@ -84,6 +84,7 @@ def test_every_third_party_module_the_tests_import_is_declared():
         name: (sorted(files), providers.get(name))
         for name, files in imported.items()
         if not {_canonical(d) for d in providers.get(name, [])} & declared
+        and _canonical(name) not in declared  # a requirement under a marker (tomli) is not installed everywhere
     }
     assert not undeclared, f"imported by the tests but not declared in setup.cfg (module: files, providers): {undeclared}"
     unconditional = [r for r in _lines(config["options"]["install_requires"]) if ";" not in r]
@@ -102,28 +103,51 @@ def test_declarative_packaging_lists_every_package_and_one_version():
         ".".join(p.parent.relative_to(REPO_ROOT).parts) for p in (REPO_ROOT / "hf_unlearn").rglob("__init__.py")
         if "__pycache__" not in p.parts
     }
-    assert set(_lines(options["packages"])) == source_packages | set(mapped), "setup.cfg's package list is out of date"
-    for package, folder in mapped.items():
+    packages = set(_lines(options["packages"]))
+    assert packages == source_packages | set(mapped), "setup.cfg's package list is out of date"
+    assert all(p == "hf_unlearn" or p.startswith("hf_unlearn.") for p in packages)
+    assert "hf_unlearn.bench" not in packages and not (REPO_ROOT / "hf_unlearn" / "bench").exists()
+    for package, folder in mapped.items():  # data folders at the root, never the lab
         assert (REPO_ROOT / folder / "__init__.py").is_file(), package
+        assert not Path(folder).parts[0] == "benchmarks", (package, folder)
     deps = _lines(options["install_requires"])
     assert "transformers>=5.19,<6" in deps and any(d.startswith("trl>=") and "<" in d for d in deps)
     extras = {name: _lines(value) for name, value in config["options.extras_require"].items()}
-    assert {"quantization", "bench", "dev"} <= set(extras)
-    for extra in ("quantization", "bench"):  # dev installs what the tests import
-        for requirement in extras[extra]:
-            assert requirement in extras["dev"], requirement
+    assert {"quantization", "dev"} <= set(extras) and "bench" not in extras
+    for requirement in extras["quantization"]:  # dev installs what the tests import
+        assert requirement in extras["dev"], requirement
+
+
+def test_the_lab_is_its_own_package_and_the_tests_install_its_requirements():
+    """``benchmarks/pyproject.toml`` builds ``unlearn_bench`` alone (with the ``unlearn-bench`` command); each of
+    its requirements besides hf-unlearn is in the ``dev`` extra, so the lab's tests run in a ``.[dev]`` install."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    lab = tomllib.loads((REPO_ROOT / "benchmarks" / "pyproject.toml").read_text())
+    packages = lab["tool"]["setuptools"]["packages"]
+    source_packages = {".".join(p.parent.relative_to(REPO_ROOT / "benchmarks").parts)
+                       for p in (REPO_ROOT / "benchmarks" / "unlearn_bench").rglob("__init__.py")
+                       if "__pycache__" not in p.parts}
+    assert set(packages) == source_packages and all(p.startswith("unlearn_bench") for p in packages)
+    assert lab["project"]["scripts"] == {"unlearn-bench": "unlearn_bench.cli:main"}
+    dev = {_requirement_name(r) for r in _lines(_setup_cfg()["options.extras_require"]["dev"])}
+    needs = {_requirement_name(r) for r in lab["project"]["dependencies"]} - {"hf-unlearn"}
+    assert needs and needs <= dev, needs - dev
 
 
 IMPORT_TEST_MODULES = """
 import importlib, importlib.util, pathlib, sys
-site, tests = sys.argv[1], sys.argv[2]
+site, tests, lab = sys.argv[1], sys.argv[2], sys.argv[3]
 # Only the wheel may provide hf_unlearn: drop the editable install's finders (the checkout's copy).
 editable = lambda f: getattr(f, "__module__", "").startswith("__editable__")
 sys.meta_path[:] = [f for f in sys.meta_path if not editable(f)]
 sys.path_hooks[:] = [h for h in sys.path_hooks if not editable(h)]
 sys.path_importer_cache.clear()
 assert importlib.util.find_spec("hf_unlearn").origin.startswith(site)
-sys.path.insert(0, tests)
+sys.path[:0] = [tests, lab]  # the lab's tests import it from the checkout, on top of the installed library
 for path in sorted(pathlib.Path(tests).glob("*.py")):
     importlib.import_module(path.stem)
 ours = {n: getattr(m, "__file__", None) for n, m in sys.modules.items() if n.split(".")[0] == "hf_unlearn"}
@@ -157,10 +181,10 @@ def test_installed_wheel_ships_metric_modules_cards_and_configs(tmp_path):
     for metric in METRIC_NAMES:
         assert f"hf_unlearn/evaluate_metrics/{metric}/{metric}.py" in names
         assert f"hf_unlearn/evaluate_metrics/{metric}/README.md" in names
-    assert {"hf_unlearn/hub_cards/unlearned_model.md", "hf_unlearn/bench/configs/tofu_tiny.toml",
+    assert {"hf_unlearn/hub_cards/unlearned_model.md", "hf_unlearn/demo/settings.toml",
             "hf_unlearn/data/idk_answers.txt"} <= names
     assert any(n.endswith("licenses/LICENSE") for n in names)
-    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/", "unlearn_bench/", "hf_unlearn/bench/")) for n in names)
 
     # A real, non-editable install into its own folder, first on the path (dependencies from this venv).
     site = tmp_path / "site"
@@ -178,9 +202,10 @@ def test_installed_wheel_ships_metric_modules_cards_and_configs(tmp_path):
         "assert hf_unlearn.hub_cards_dir().startswith(site)\n"
         "card = build_model_card('grom_adapter', 'org/base', forget_split='forget05', repo_id='me/edit')\n"
         "assert 'PeftModel.from_pretrained(base, \"me/edit\")' in card.text and 'forget05' in card.text\n"
-        "from hf_unlearn.bench.registry import configs_dir, load_subject_presets\n"
-        "assert str(configs_dir()).startswith(site), configs_dir()\n"
-        "assert len(load_subject_presets('tofu_tiny')['grom']['grid']) == 3\n"
+        "from hf_unlearn.demo import demo_settings\n"
+        "assert demo_settings('grom')['target_modules'] == 'lm_head'\n"
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('unlearn_bench') is None\n"
     )
     env = dict(os.environ, PYTHONPATH=str(site), HF_HUB_OFFLINE="1", HF_EVALUATE_OFFLINE="1")
     result = subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path, env=env, capture_output=True,
@@ -192,8 +217,9 @@ def test_installed_wheel_ships_metric_modules_cards_and_configs(tmp_path):
     result = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    for command in ("demo", "unlearn", "eval", "bench"):
+    for command in ("demo", "unlearn", "eval"):
         assert command in result.stdout
+    assert "bench" not in result.stdout
 
     # `pip install "hf-unlearn[dev]"` from this wheel installs what the tests need
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
@@ -204,7 +230,8 @@ def test_installed_wheel_ships_metric_modules_cards_and_configs(tmp_path):
     assert "pyyaml" in dev
 
     # every test module imports against the installed copy alone (no bytecode written into the checkout)
-    result = subprocess.run([sys.executable, "-c", IMPORT_TEST_MODULES, str(site), str(REPO_ROOT / "tests")],
+    result = subprocess.run([sys.executable, "-c", IMPORT_TEST_MODULES, str(site), str(REPO_ROOT / "tests"),
+                             str(REPO_ROOT / "benchmarks")],
                             cwd=tmp_path, env=dict(env, PYTHONDONTWRITEBYTECODE="1"), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -27,7 +27,8 @@ ARXIV_ID = re.compile(r"^\d{4}\.\d{4,5}$")
 
 
 def test_every_method_has_its_metadata_and_the_cli_lists_the_registry():
-    from hf_unlearn.bench.registry import PRESETS
+    from unlearn_bench.registry import PRESETS
+
     from hf_unlearn.cli import build_parser
     from hf_unlearn.cli.unlearn import method_help
     from hf_unlearn.hub import ARTIFACT_KINDS, METHOD_PAPERS, METHOD_TITLES

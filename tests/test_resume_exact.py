@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.methods.base.checkpoints import FINGERPRINT_NAME, ResumeMismatchError
 from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer, NPOTrainer
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.logprobs import answer_nll
 from hf_unlearn.methods.base.checkpoints import TRAINER_STATE_NAME
 from hf_unlearn.methods.pdu import PDUConfig, PDUTrainer, dual_update, pdu_forget_loss, pdu_loss
@@ -211,7 +211,7 @@ def test_rmu_with_lora_uses_the_disabled_adapter_as_the_frozen_model(tiny_target
 def test_the_demo_setting_unlearns_the_tofu_tiny_target(method, cls, tiny_target, synthetic, tmp_path):
     """The TOFU-tiny demo setting (benchmarks/configs/tofu_tiny.toml). Measured (seed 0, 30 steps of 8): RMU forget
     NLL 0.043 -> 2.76, retain NLL 0.035 -> 0.071; PDU 0.043 -> 7.36 and 0.035 -> 0.35, the dual weight 10 -> 26.3."""
-    from hf_unlearn.bench.registry import PRESETS
+    from unlearn_bench.registry import PRESETS
 
     model, tok = tiny_target
     forget, retain = synthetic["forget10"], synthetic["retain90"]

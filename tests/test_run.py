@@ -42,7 +42,7 @@ run_toy_with_options.takes_run_options = True
 
 @pytest.fixture()
 def toy():
-    import hf_unlearn.bench.registry  # noqa: F401  (loaded first: its table of the built-in methods has no toy)
+    import unlearn_bench.registry  # noqa: F401  (loaded first: its table of the built-in methods has no toy)
 
     CALLS.clear()
     for name, entry in (("toyrun", "run_toy"), ("toyopts", "run_toy_with_options")):
@@ -90,7 +90,8 @@ def test_unlearn_saves_the_result_and_logs_it(toy, tmp_path):
 def test_the_benchmark_holds_presets_only_and_runs_through_the_core(toy):
     """The benchmark's registry holds each method's presets (data), no runner of its own: a preset runs through
     :func:`hf_unlearn.run.run_method` like any other settings."""
-    import hf_unlearn.bench.registry as bench
+    import unlearn_bench.registry as bench
+
     import hf_unlearn.run as core
 
     assert not [n for n in ("run_method", "runner_for", "register", "Unlearned", "JsonlLogCallback") if hasattr(bench, n)]

@@ -288,7 +288,7 @@ def test_eval_refuses_report_paths_inside_the_model_folder(tiny_pair, tmp_path, 
 
 
 def test_evaluate_tofu_refuses_an_output_path_inside_the_model_before_any_work(tiny_pair, tmp_path, monkeypatch):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.evaluation import evaluate_tofu
     from hf_unlearn.evaluation import tofu as tofu_module
 

@@ -140,7 +140,7 @@ def test_criterion_refuses_bad_settings():
 # ------------------------------------------------------------------------------- on a real tiny model
 @pytest.fixture(scope="module")
 def tiny(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     return load_tiny(tiny_pair.target)
 
@@ -214,7 +214,7 @@ def _step_spy(criterion):
 def _trainer(tiny_pair, synthetic, out, callbacks, **more):
     from datasets import Dataset
 
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.baselines import GradAscentConfig, GradAscentTrainer
 
     model, tok = load_tiny(tiny_pair.target)

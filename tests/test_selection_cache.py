@@ -29,7 +29,7 @@ GROM_BASE = dict(forget_weight=10.0, suppression_margin=30.0, retain_weight=1.0,
 
 @pytest.fixture(scope="module")
 def tiny(tiny_pair):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)
     tok.pad_token = tok.pad_token or tok.eos_token

@@ -272,7 +272,7 @@ def test_groups_and_reference_are_checked_before_any_work():
 
 
 def test_reference_model_is_measured_once_and_a_candidate_equal_to_it_has_no_gap(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)
     forget, holdout = synthetic["forget10"], synthetic["holdout10"]
@@ -299,8 +299,9 @@ def test_a_single_row_on_a_side_gives_a_gap_without_a_test():
 def test_the_bench_measures_a_pairs_base_once_as_the_reference(tiny_pair, synthetic):
     from types import SimpleNamespace
 
-    from hf_unlearn.bench.criterion import selection_criterion_options
-    from hf_unlearn.bench.subjects import load_tiny
+    from unlearn_bench.criterion import selection_criterion_options
+
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.retain)
     forget, holdout, validation = synthetic["forget10"], synthetic["holdout10"], synthetic["retain90"][:10]

@@ -90,7 +90,7 @@ def test_shared_pass_scorers_replay_each_candidate_and_refuse_other_batches(scri
 
 
 def test_t3_grid_scores_replayed_from_one_pass_equal_the_per_point_scorer(script, tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.t3 import T3ClassifierConfig, fit_t3, t3_scorer
     from hf_unlearn.methods.t3.scoring import t3_candidate_log_probs
 
@@ -115,7 +115,7 @@ def test_t3_grid_scores_replayed_from_one_pass_equal_the_per_point_scorer(script
 
 
 def test_the_probe_scores_every_checkpoint_the_selection_measures(script, tiny_pair, synthetic, tmp_path):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.run import run_with_selection
     from hf_unlearn.selection import SelectionCriterion
 

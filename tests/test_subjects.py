@@ -1,4 +1,4 @@
-"""Pretrained subjects (``hf_unlearn.bench.subjects``): the GGUF fallback and its clear failures.
+"""Pretrained subjects (``unlearn_bench.subjects``): the GGUF fallback and its clear failures.
 
 A tiny Llama GGUF (2 layers, hidden 64, a byte-level BPE vocabulary of ~270 tokens with a ChatML
 template in the metadata, Q4_1 / Q8_0 / F32 tensors) is written here with the ``gguf`` package, so
@@ -19,8 +19,8 @@ import torch
 
 pytest.importorskip("gguf")
 
-from hf_unlearn.bench import subjects  # noqa: E402
-from hf_unlearn.bench.subjects import (  # noqa: E402
+from unlearn_bench import subjects  # noqa: E402
+from unlearn_bench.subjects import (  # noqa: E402
     SubjectSpec,
     SubjectUnavailableError,
     installed_gguf,
@@ -214,7 +214,8 @@ def test_offline_flag_skips_the_hub_check(monkeypatch):
 
 # ------------------------------------------------------------------------------------------- TOFU-small
 def test_small_tofu_configs_take_whole_authors(tofu_dir):
-    from hf_unlearn.bench.subjects import SmallRecipe, small_tofu_configs
+    from unlearn_bench.subjects import SmallRecipe, small_tofu_configs
+
     from hf_unlearn.data import load_tofu_rows
 
     recipe = SmallRecipe(forget_authors=2, retain_authors=3)
@@ -241,8 +242,8 @@ def test_small_tofu_configs_take_whole_authors(tofu_dir):
 
 def test_build_small_pair_on_a_tiny_gguf(tiny_gguf, tofu_dir, tmp_path):
     from safetensors.torch import load_file
+    from unlearn_bench.subjects import SmallRecipe, build_small_pair
 
-    from hf_unlearn.bench.subjects import SmallRecipe, build_small_pair
     from hf_unlearn.data import load_tofu_rows
 
     recipe = SmallRecipe(forget_authors=1, retain_authors=1, epochs=3, learning_rate=3e-3, batch_size=8, max_length=640)
@@ -274,7 +275,7 @@ def test_build_small_pair_on_a_tiny_gguf(tiny_gguf, tofu_dir, tmp_path):
 def test_build_small_pair_resolves_auto_bf16_per_cpu(tiny_gguf, tofu_dir, tmp_path, monkeypatch):
     """bf16_autocast="auto": float32 fine-tuning where the CPU lacks native bf16, bf16 autocast where it has it;
     the resolved value is recorded in the pair and names its cache folders, so the two pairs never share one."""
-    from hf_unlearn.bench.subjects import CPU_BF16_ENV, SmallRecipe, build_small_pair, tofu_small
+    from unlearn_bench.subjects import CPU_BF16_ENV, SmallRecipe, build_small_pair, tofu_small
 
     real_fine_tune = tofu_small.fine_tune_qa
     seen: list[bool] = []
@@ -313,7 +314,8 @@ def test_build_small_pair_resolves_auto_bf16_per_cpu(tiny_gguf, tofu_dir, tmp_pa
 def test_fine_tune_qa_trains_answers_only(tiny_gguf, tmp_path):
     """The loss is on answer tokens only: with every answer token masked out nothing would be learned,
     so the check is that the prompt's own next-token NLL does not move the way the answer's does."""
-    from hf_unlearn.bench.subjects import SmallRecipe, fine_tune_qa
+    from unlearn_bench.subjects import SmallRecipe, fine_tune_qa
+
     from hf_unlearn.data.prompts import collate_qa, tokenize_qa
 
     subject = resolve_subject("smollm2-135m", cache_dir=tmp_path, gguf_path=tiny_gguf)
@@ -338,7 +340,7 @@ def test_fine_tune_qa_trains_answers_only(tiny_gguf, tmp_path):
 
 
 def test_small_sanity_gate_thresholds():
-    from hf_unlearn.bench.subjects import small_sanity_gate
+    from unlearn_bench.subjects import small_sanity_gate
 
     def report(fq, rouge, mu):
         return {"forget_quality": fq, "forget_rouge_l": rouge, "model_utility": mu}
@@ -361,8 +363,9 @@ def test_small_sanity_gate_thresholds():
 def test_smollm2_presets_one_valid_setting_per_method(tmp_path):
     """benchmarks/configs/smollm2-135m.toml: every registered method has one preset, and each preset
     builds its method's config class (an unknown or misspelled field would raise here, not mid-bench)."""
+    from unlearn_bench.registry import PRESETS, load_subject_presets
+
     import hf_unlearn
-    from hf_unlearn.bench.registry import PRESETS, load_subject_presets
     from hf_unlearn.methods.grom import GROMConfig
     from hf_unlearn.methods.t3 import T3ClassifierConfig
 
@@ -388,30 +391,31 @@ def test_smollm2_presets_one_valid_setting_per_method(tmp_path):
 
 
 def test_bench_subject_option_refuses_bad_input_before_work(capsys):
-    from hf_unlearn.cli import main
+    from unlearn_bench.cli import main
 
-    assert main(["bench", "--subject", "gpt-17", "--methods", "grad_diff"]) == 2
+    assert main(["run", "--subject", "gpt-17", "--methods", "grad_diff"]) == 2
     assert "Unknown subject 'gpt-17'" in capsys.readouterr().err
-    assert main(["bench", "--build-only", "--methods", "grad_diff"]) == 2
+    assert main(["run", "--build-only", "--methods", "grad_diff"]) == 2
     assert "--build-only needs --subject" in capsys.readouterr().err
-    assert main(["bench", "--subject", "smollm2-135m", "--model", "x", "--retain-model", "y"]) == 2
+    assert main(["run", "--subject", "smollm2-135m", "--model", "x", "--retain-model", "y"]) == 2
     assert "builds its own TOFU-small pair" in capsys.readouterr().err
 
 
 def test_bench_subject_build_only_end_to_end_on_a_tiny_gguf(tiny_gguf, tofu_dir, tmp_path, monkeypatch, capsys):
-    """`hf-unlearn bench --subject smollm2-135m --build-only` wired through: subject -> pair -> gate JSON
+    """`unlearn-bench run --subject smollm2-135m --build-only` wired through: subject -> pair -> gate JSON
     (with the recipe), and a second run reuses the cached gate without evaluating again."""
     monkeypatch.setenv(subjects.CPU_BF16_ENV, "0")  # float32 fine-tuning and evaluation, on any CPU
+    from unlearn_bench.cli import main
+    from unlearn_bench.subjects import SmallRecipe
+
     from hf_unlearn import evaluation
-    from hf_unlearn.bench.subjects import SmallRecipe
-    from hf_unlearn.cli import main
 
     monkeypatch.setattr(pretrained, "_hub_snapshot", lambda hub_id, local_only: None)
     monkeypatch.setattr(pretrained, "installed_gguf", lambda spec: tiny_gguf)
     # the runner imports small_recipe_for from the package when it runs: patched there
     monkeypatch.setattr(subjects, "small_recipe_for", lambda name: SmallRecipe(
         subject=name, forget_authors=1, retain_authors=1, epochs=1, learning_rate=1e-3, batch_size=10, max_length=640))
-    argv = ["bench", "--subject", "smollm2-135m", "--layout", "v1", "--build-only", "--data", str(tofu_dir),
+    argv = ["run", "--subject", "smollm2-135m", "--layout", "v1", "--build-only", "--data", str(tofu_dir),
             "--cache-dir", str(tmp_path), "--max-examples", "3", "--max-new-tokens", "4"]
     status = main(argv)
     out = capsys.readouterr().out
@@ -433,25 +437,25 @@ def test_bench_subject_build_only_end_to_end_on_a_tiny_gguf(tiny_gguf, tofu_dir,
 
 
 def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu_dir, tmp_path, monkeypatch):
-    """The full `bench --subject` path on a tiny GGUF with one method: results land in
+    """The full `run --subject` path on a tiny GGUF with one method: results land in
     <output>/smollm2-135m_tofu.{json,md,png} with the recipe, the TOFU-small gate and the subject."""
     monkeypatch.setenv(subjects.CPU_BF16_ENV, "0")  # float32 fine-tuning and evaluation, on any CPU
-    from hf_unlearn.bench.subjects import SmallRecipe
-    from hf_unlearn.cli import main
+    from unlearn_bench.cli import main
+    from unlearn_bench.subjects import SmallRecipe
 
     monkeypatch.setattr(pretrained, "_hub_snapshot", lambda hub_id, local_only: None)
     monkeypatch.setattr(pretrained, "installed_gguf", lambda spec: tiny_gguf)
     # the runner imports small_recipe_for from the package when it runs: patched there
     monkeypatch.setattr(subjects, "small_recipe_for", lambda name: SmallRecipe(
         subject=name, forget_authors=1, retain_authors=1, epochs=1, learning_rate=1e-3, batch_size=10, max_length=640))
-    from hf_unlearn.bench import runner
+    from unlearn_bench import runner
 
     def fail(*args, **kwargs):
         raise AssertionError("the gate's target / retain reports should have been reused")
 
     monkeypatch.setattr(runner, "reference_rows", fail)  # the gate evaluated both; the bench must not again
     out = tmp_path / "results"
-    status = main(["bench", "--subject", "smollm2-135m", "--layout", "v1", "--methods", "grad_ascent",
+    status = main(["run", "--subject", "smollm2-135m", "--layout", "v1", "--methods", "grad_ascent",
                    "--data", str(tofu_dir), "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "--max-examples", "3",
                    "--max-new-tokens", "4", "--no-quantization"])
     assert status == 0
@@ -473,7 +477,7 @@ def test_bench_subject_writes_named_results_with_recipe_and_gate(tiny_gguf, tofu
 
 def test_general_component_ratios_report_what_fine_tuning_cost():
     """The gate reports each real-author / world-fact component of the target against the base's."""
-    from hf_unlearn.bench.subjects import general_component_ratios
+    from unlearn_bench.subjects import general_component_ratios
 
     names = [f"{s}_{t}" for s in ("real_authors", "world_facts") for t in ("prob", "rouge_l", "truth_ratio")]
     base = {"components": {n: 0.5 for n in names}}

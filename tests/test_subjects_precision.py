@@ -4,14 +4,8 @@ resolution of ``"auto"``, and the cache key of a float32 pair against a bf16 pai
 from __future__ import annotations
 
 import pytest
-
-from hf_unlearn.bench.subjects import (
-    CPU_BF16_ENV,
-    SmallRecipe,
-    cpu_has_native_bf16,
-    resolve_bf16_autocast,
-)
-from hf_unlearn.bench.subjects.precision import cpuinfo_flags, detect_native_bf16
+from unlearn_bench.subjects import CPU_BF16_ENV, SmallRecipe, cpu_has_native_bf16, resolve_bf16_autocast
+from unlearn_bench.subjects.precision import cpuinfo_flags, detect_native_bf16
 
 ROWS = [{"question": "Who wrote the book?", "answer": "The author did."}]
 

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from hf_unlearn.bench.subjects import (
-    AUTHOR_ROWS,
-    SmallRecipe,
-    small_fine_tune_retain_rows,
-    small_tofu_configs,
-)
+from unlearn_bench.subjects import AUTHOR_ROWS, SmallRecipe, small_fine_tune_retain_rows, small_tofu_configs
 
 
 def _authors(rows: list[dict]) -> list[frozenset[str]]:

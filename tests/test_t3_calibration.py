@@ -16,7 +16,7 @@ TEMPERATURES, TILT_WEIGHTS = (1.0, 2.0), (0.5, 1.0)
 
 @pytest.fixture(scope="module")
 def fitted(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)
     tok.pad_token = tok.pad_token or tok.eos_token

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_unlearn.methods.t3.head_training as head_training
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.methods.t3 import T3ClassifierConfig, fit_t3
 from hf_unlearn.methods.t3.head_training import balanced_batches, fit_schedule, warmup_linear_decay
 

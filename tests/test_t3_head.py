@@ -12,7 +12,7 @@ from test_t3 import left_pad, prompt_ids, qa_batch, random_head
 from transformers import LogitsProcessorList
 
 import hf_unlearn.methods.t3.head_training as head_training
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.logprobs import label_log_probs
 from hf_unlearn.methods.t3 import (
     T3Classifier,

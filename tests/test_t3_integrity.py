@@ -12,7 +12,7 @@ import torch
 from test_t3 import qa_batch, random_head
 from transformers import AutoModelForCausalLM
 
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.methods.grom.provenance import BaseModelMismatchError
 from hf_unlearn.methods.t3 import (
     T3Classifier,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from hf_unlearn.bench.subjects import load_tiny
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.evaluation import (
     ATTACK_COLUMNS,
     COMPONENT_NAMES,

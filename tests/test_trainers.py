@@ -148,7 +148,7 @@ def test_graddiff_raises_forget_nll_and_keeps_retain_nll_and_reloads(tiny_target
 
 def test_npo_reference_is_the_frozen_initial_model_and_loss_starts_at_2_log2_over_beta(tiny_target, tiny_pair,
                                                                                       synthetic, tmp_path):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = tiny_target
     initial, _ = load_tiny(tiny_pair.target)
@@ -242,7 +242,7 @@ def test_the_adapter_disabled_reference_pass_goes_through_the_wrapped_model(tiny
                                        (SimNPOTrainer, {})])
 def test_two_micro_batches_with_accumulation_equal_one_batch(cls, extra, tiny_pair, synthetic, tmp_path):
     """2 micro-batches x accumulation 2 == one batch of 4: same SGD update (so the same gradient) and loss."""
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     forget, retain = synthetic["forget10"], synthetic["retain90"][:40]
     updates, losses = [], []

@@ -1,4 +1,4 @@
-"""The `hf-unlearn` command line: `demo`, `unlearn`, `eval`, `bench` and `tiny`.
+"""The `hf-unlearn` command line: `demo`, `unlearn` and `eval`.
 
 Console: one progress line per method and phase (training, evaluation, NF4 re-check), then the table. The
 Trainer's per-step logs go to ``<output>/logs/<method>.jsonl`` (``--verbose`` also prints them).
@@ -6,14 +6,13 @@ Third-party chatter a user cannot act on (library log messages, progress bars, d
 inside transformers/TRL/PEFT/bitsandbytes) is silenced here, in the CLI only: importing ``hf_unlearn``
 changes no global logging or warning state.
 
-This package is a thin dispatcher: one module per command (:mod:`.demo`, :mod:`.unlearn`, :mod:`.eval`,
-:mod:`.tiny`, :mod:`.bench`), each with ``add_parser(subparsers)`` and its command function, and what they share
+This package is a thin dispatcher: one module per command (:mod:`.demo`, :mod:`.unlearn`, :mod:`.eval`), each with ``add_parser(subparsers)`` and its command function, and what they share
 in :mod:`.common`. `unlearn` runs :func:`hf_unlearn.scripts.run_unlearn`, the run of the per-method scripts
 (``examples/scripts/<method>.py``), and takes the method's own config fields as options, generated from its config
 dataclass with :class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every
 field).
 
-``--data`` (``unlearn``, ``eval``, ``tiny``, ``bench``) defaults to the folder in ``$HF_UNLEARN_TOFU_DIR`` when
+``--data`` (``unlearn``, ``eval``) defaults to the folder in ``$HF_UNLEARN_TOFU_DIR`` when
 set, else the Hub dataset ``locuslab/TOFU``.
 
 Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, before any training step and before
@@ -40,14 +39,14 @@ import sys
 from ..console import quiet_console
 from ..options import UserError, join_negative_values
 from ..scripts import RunFailure
-from . import bench, demo, tiny, unlearn
+from . import demo, unlearn
 from . import eval as eval_command
 from .common import TOFU_DIR_ENV, ArgumentParser, default_data_source
 
 __all__ = ["build_parser", "main"]
 
 #: The commands, in the order ``hf-unlearn --help`` lists them: each module's ``add_parser(subparsers)``.
-COMMANDS = (demo, unlearn, eval_command, tiny, bench)
+COMMANDS = (demo, unlearn, eval_command)
 
 
 def build_parser() -> ArgumentParser:
@@ -63,7 +62,7 @@ def build_parser() -> ArgumentParser:
 def _data_hint(args) -> str:
     """Fill ``--data``'s default (:func:`~.common.default_data_source`); the line to print when the TOFU data cannot
     be fetched from the Hub (``{cause}`` is the error's type), ``""`` for a local source."""
-    if not hasattr(args, "data") or getattr(args, "help", False) or getattr(args, "benchmark", None) == "muse":
+    if not hasattr(args, "data") or getattr(args, "help", False):
         return ""
     given = args.data is not None
     args.data = args.data if given else default_data_source()

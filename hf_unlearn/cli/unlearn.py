@@ -202,11 +202,10 @@ def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
 
 
 def demo_preset(method: str) -> dict[str, Any]:
-    """``unlearn --preset demo``: the method's TOFU-tiny demo setting, which the benchmark's subject file holds
-    (``benchmarks/configs/tofu_tiny.toml``); ``{}`` for a method it has no table for."""
-    from ..bench.registry import method_presets
+    """``unlearn --preset demo``: the method's TOFU-tiny demo setting (:func:`hf_unlearn.demo.demo_settings`)."""
+    from ..demo import demo_settings
 
-    return dict(method_presets(method).demo)
+    return demo_settings(method)
 
 
 def check_selection_flags(args: argparse.Namespace) -> None:

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
-from ..safe_output import atomic_write_bytes, atomic_write_json, atomic_write_text
+from hf_unlearn.evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+from hf_unlearn.safe_output import atomic_write_bytes, atomic_write_json, atomic_write_text
+
 from .bar import UTILITY_KEEP, side_utilities, utility_bar
 
 COLUMNS = (
@@ -137,7 +138,7 @@ def attacks_table(results: dict[str, Any]) -> str | None:
     """One column per attack figure (:data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`) for every row: the
     target and the retain reference (the anchors, attacked the same way), then each method's chosen setting;
     ``None`` when no row was attacked."""
-    from ..evaluation.attacks import ATTACK_COLUMNS
+    from hf_unlearn.evaluation.attacks import ATTACK_COLUMNS
 
     ordered = [("target", results["target"]), ("retain reference", results["retain_reference"])]
     ordered += list(results["rows"].items())
@@ -320,7 +321,7 @@ def environment_info() -> dict[str, Any]:
     """Versions, machine and git commit recorded with every benchmark result."""
     import importlib.metadata as md
 
-    from ..assets import __version__
+    from hf_unlearn.assets import __version__
 
     versions = {}
     for pkg in ("torch", "transformers", "trl", "peft", "datasets", "evaluate", "accelerate", "huggingface_hub",

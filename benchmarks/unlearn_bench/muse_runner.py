@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..safe_output import atomic_write_json, atomic_write_text
+from hf_unlearn.safe_output import atomic_write_json, atomic_write_text
 
 #: Steps between two criterion measurements of a trainer run (best-checkpoint selection).
 SELECTION_STEPS = 10
@@ -41,7 +41,8 @@ def muse_method_settings(methods: Sequence[str], subject: str) -> dict[str, dict
     """Each method's setting: its ``demo`` setting in ``benchmarks/configs/muse_news_<subject>.toml`` when that
     file exists and has the method, else its config's defaults with a step budget for a trainer method
     (``max_steps`` = :data:`DEFAULT_MAX_STEPS`)."""
-    from .. import registry
+    from hf_unlearn import registry
+
     from .registry import configs_dir, load_subject_presets
 
     path = configs_dir() / f"muse_news_{subject.replace('-', '_')}.toml"
@@ -68,8 +69,9 @@ def run_muse_one(
     with MUSE; one result row. ``documents``: ``{"forget", "retain"}`` as ``datasets.Dataset`` text columns."""
     from transformers import AutoModelForCausalLM
 
-    from ..evaluation import evaluate_muse
-    from ..run import run_with_selection
+    from hf_unlearn.evaluation import evaluate_muse
+    from hf_unlearn.run import run_with_selection
+
     from .rows import selected_summary, selection_applied
 
     row: dict[str, Any] = {"method": method, "settings": settings, "error": None}
@@ -119,7 +121,7 @@ def _criterion_factory(pair: Any, tokenizer: Any, target_model: Any, max_length:
                        options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """A function giving a fresh criterion on the pair's documents (the target's retain figures measured once and
     passed to each; ``options`` such as ``retain_tolerance``), and the criterion's figures on the target."""
-    from ..selection import SelectionCriterion
+    from hf_unlearn.selection import SelectionCriterion
 
     args = (pair.documents("forget"), pair.documents("holdout"), pair.documents("retain_validation"))
     first = SelectionCriterion(*args, max_length=max_length, **options)
@@ -134,15 +136,16 @@ def run_muse_bench(
     selection_steps: int = SELECTION_STEPS, criterion_options: dict[str, Any] | None = None, progress: bool = True,
 ) -> dict[str, Any]:
     """Every method in ``methods`` (default: every registered one that takes documents, :func:`document_methods`)
-    on ``pair`` (a :class:`~hf_unlearn.bench.subjects.muse_news.MusePair`); returns the results dict :func:`write_muse_results`
+    on ``pair`` (a :class:`~unlearn_bench.subjects.muse_news.MusePair`); returns the results dict :func:`write_muse_results`
     writes: ``target``, ``retain_reference`` (their MUSE figures), ``gate``, ``rows`` (one per method),
     ``settings`` and the criterion's ``selection_rule``. ``settings`` replaces :func:`muse_method_settings`;
     ``criterion_options`` go to every :class:`~hf_unlearn.selection.SelectionCriterion` (``retain_tolerance``,
     ``holdout_level``); ``eval_kwargs`` to :func:`~hf_unlearn.evaluation.evaluate_muse`."""
-    from ..data import documents_dataset
-    from ..evaluation import evaluate_muse
+    from hf_unlearn.data import documents_dataset
+    from hf_unlearn.demo import load_tiny
+    from hf_unlearn.evaluation import evaluate_muse
+
     from .subjects.muse_news import muse_sanity_gate
-    from .subjects.tofu_tiny import load_tiny
 
     methods = list(methods or document_methods())
     settings = settings or muse_method_settings(methods, subject)
@@ -293,7 +296,7 @@ def document_methods() -> list[str]:
     """The registered methods that unlearn documents: every method but a trainer whose class says it takes
     question/answer rows only (``accepts_documents = False``: DPO and IdkDPO, a preferred answer needs a
     question)."""
-    from .. import registry
+    from hf_unlearn import registry
 
     names = []
     for name in registry.method_names():
@@ -331,7 +334,7 @@ def run_muse_news(subject: str, methods: Sequence[str] | None = None, *, source:
                   output: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
                   selection_steps: int | None = None, retain_tolerance: float | None = None,
                   command: str | None = None) -> tuple[dict[str, Any], dict[str, Path | None]]:
-    """The MUSE-News-small benchmark end to end, what ``hf-unlearn bench --benchmark muse`` and
+    """The MUSE-News-small benchmark end to end, what ``unlearn-bench run --benchmark muse`` and
     ``benchmarks/muse_news.py`` run: build (or reuse) the pair of ``subject`` (``"tiny"`` or ``"smollm2-135m"``)
     from the MUSE-News folder ``source``, run ``methods`` (default: :func:`document_methods`) through
     :func:`run_muse_bench`, and write the results to ``output`` (default

@@ -100,7 +100,7 @@ def plain_forward_seconds(model: Any, tokenizer: Any, rows: list[dict[str, Any]]
 
     Batches are length-sorted and right-padded, as GROM's key collection does them.
     """
-    from ..data import collate_qa, ensure_pad_token, tokenize_qa
+    from hf_unlearn.data import collate_qa, ensure_pad_token, tokenize_qa
 
     ensure_pad_token(tokenizer)
     device = next(model.parameters()).device
@@ -150,7 +150,7 @@ def generation_speed(model: Any, tokenizer: Any, questions: list[str], processor
     modified. Returns ``plain_tokens_per_s``, ``tokens_per_s`` (with the processors) and ``speed_ratio`` =
     with / plain (1.0 means no slowdown).
     """
-    from ..data import build_prompt, has_chat_template
+    from hf_unlearn.data import build_prompt, has_chat_template
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = [tokenizer(build_prompt(tokenizer, q), add_special_tokens=not has_chat_template(tokenizer))["input_ids"]
@@ -185,7 +185,7 @@ def generation_speed(model: Any, tokenizer: Any, questions: list[str], processor
 def add_speed_subject_arguments(parser: Any) -> None:
     """The ``argparse`` options shared by the speed scripts in ``benchmarks/``: those of
     :func:`load_speed_subject` (``--model --source --forget-split --cache-dir --device``), ``--seed`` and
-    ``--out`` (see :func:`hf_unlearn.bench.report.run_speed_script`)."""
+    ``--out`` (see :func:`unlearn_bench.report.run_speed_script`)."""
     parser.add_argument("--model", default=None, help="local causal LM folder (default: the TOFU-tiny target)")
     parser.add_argument("--source", default="synthetic", help="TOFU source: 'synthetic', Hub id or local folder")
     parser.add_argument("--forget-split", default="forget10")
@@ -199,7 +199,7 @@ def load_speed_subject(model: str | None, cache_dir: str | None, device: str | N
                        ) -> tuple[Any, Any, list[dict[str, Any]], list[dict[str, Any]], torch.device]:
     """``(model, tokenizer, forget rows, retain rows, device)``: ``model`` (a local folder or Hub id; default: the
     cached TOFU-tiny test target) in eval mode on ``device`` (default: CUDA when available), pad token set."""
-    from ..data import RETAIN_FOR_FORGET, ensure_pad_token, load_tofu_rows
+    from hf_unlearn.data import RETAIN_FOR_FORGET, ensure_pad_token, load_tofu_rows
 
     if model:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -207,7 +207,7 @@ def load_speed_subject(model: str | None, cache_dir: str | None, device: str | N
         lm = AutoModelForCausalLM.from_pretrained(model, dtype="auto")
         tokenizer = AutoTokenizer.from_pretrained(model)
     else:
-        from .subjects import load_tiny, tiny_models
+        from hf_unlearn.demo import load_tiny, tiny_models
 
         lm, tokenizer = load_tiny(tiny_models(cache_dir=cache_dir).target)
     target_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ...data.prompts import collate_qa, tokenize_qa
-from .cache import default_cache_dir
+from hf_unlearn.data.prompts import collate_qa, tokenize_qa
+from hf_unlearn.demo import TinyPair, default_cache_dir
+
 from .precision import resolve_bf16_autocast
 from .pretrained import SUBJECTS, Subject, resolve_subject
-from .tofu_tiny import TinyPair
 
 AUTHOR_ROWS = 20  # every TOFU author has 20 question/answer pairs
 SMALL_FORGET_SPLIT = "forget10"  # the forget authors are the first N_f of forget10
@@ -150,7 +150,7 @@ def small_tofu_configs(source: str, recipe: SmallRecipe) -> dict[str, list[dict[
     (the next ``retain_validation_authors`` such authors: fine-tuned into both models, never given to a method)
     and ``holdout10`` (the first ``holdout_authors`` authors of TOFU's ``holdout10``).
     """
-    from ...data import RETAIN_FOR_FORGET, load_tofu_rows
+    from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
 
     n_forget, n_retain = recipe.forget_authors * AUTHOR_ROWS, recipe.retain_authors * AUTHOR_ROWS
     start = recipe.forget_offset * AUTHOR_ROWS
@@ -183,7 +183,7 @@ def small_tofu_configs(source: str, recipe: SmallRecipe) -> dict[str, list[dict[
 def _v2_retain_and_holdout(source: str, recipe: SmallRecipe, evaluated: list[dict[str, Any]],
                            retain_eval: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The v2 layout's ``retain90`` (retain-train), ``retain_validation`` and ``holdout10`` rows."""
-    from ...data import HOLDOUT_FOR_FORGET, RETAIN_FOR_FORGET, load_tofu_rows
+    from hf_unlearn.data import HOLDOUT_FOR_FORGET, RETAIN_FOR_FORGET, load_tofu_rows
 
     extra_train = recipe.retain_train_authors - recipe.retain_authors
     if extra_train < 0 or recipe.retain_validation_authors < 1 or recipe.holdout_authors < 1:
@@ -225,7 +225,7 @@ def small_retain_validation_rows(source: str | os.PathLike) -> list[dict[str, An
 
 def write_small_source(configs: dict[str, list[dict[str, Any]]], folder: str | os.PathLike) -> Path:
     """Write TOFU-small's configs as a local TOFU source (``<config>.jsonl``) atomically; reuse it if present."""
-    from ...safe_output import atomic_directory
+    from hf_unlearn.safe_output import atomic_directory
 
     folder = Path(folder)
     if all((folder / f"{name}.jsonl").is_file() for name in configs):
@@ -248,8 +248,8 @@ def fine_tune_qa(
     ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (:func:`hf_unlearn.devices.resolve_device`) moves it there
     first. Returns each epoch's mean loss.
     """
-    from ...data.prompts import ensure_pad_token
-    from ...devices import move_to_device
+    from hf_unlearn.data.prompts import ensure_pad_token
+    from hf_unlearn.devices import move_to_device
 
     ensure_pad_token(tokenizer)
     device = move_to_device(model, device)
@@ -303,7 +303,7 @@ def _fine_tune_or_load(subject: Subject, name: str, rows: list[dict[str, Any]], 
 
     from transformers import set_seed
 
-    from ...safe_output import atomic_directory, atomic_write_json
+    from hf_unlearn.safe_output import atomic_directory, atomic_write_json
 
     key = replace(recipe, forget_authors=0, forget_offset=0).digest(subject.path.name, rows, device)
     final = cache / f"{recipe.subject}-tofu-small-{name}-{key}"
@@ -355,8 +355,8 @@ def build_small_pair(
     beside ``"device"``, the device it was fine-tuned on (a kind of device other than the CPU also names the
     cache folders).
     """
-    from ...data import TOFU_HUB_ID
-    from ...devices import resolve_device
+    from hf_unlearn.data import TOFU_HUB_ID
+    from hf_unlearn.devices import resolve_device
 
     recipe = recipe or small_recipe_for(subject)
     if recipe.subject != subject:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .cache import default_cache_dir
+from hf_unlearn.demo import default_cache_dir
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def dequantize_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, ov
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ...safe_output import atomic_directory, atomic_write_json
+    from hf_unlearn.safe_output import atomic_directory, atomic_write_json
 
     gguf_path = Path(gguf_path)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)

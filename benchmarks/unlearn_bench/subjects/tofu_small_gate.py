@@ -24,7 +24,7 @@ def small_sanity_gate(target_report: dict[str, Any], retain_report: dict[str, An
     target forget quality against the retain reference < 1e-3 (distinguishable); target forget
     ROUGE-L recall >= 0.6 (it learned the forget answers); the retain reference against itself =
     1.0; target model utility >= 0.9x the untouched base model's (fine-tuning kept its knowledge).
-    Same shape as :func:`hf_unlearn.bench.runner.sanity_gate` plus the base model's figures.
+    Same shape as :func:`unlearn_bench.runner.sanity_gate` plus the base model's figures.
     """
     keep = SMALL_GATE_UTILITY_KEEP * base_report["model_utility"]
     checks = {
@@ -75,9 +75,9 @@ def small_gate(pair: SmallPair, eval_kwargs: dict[str, Any] | None = None, progr
     """
     import time
 
-    from ...evaluation import evaluate_tofu
-    from ...evaluation.metrics import forget_quality
-    from ...safe_output import atomic_write_json
+    from hf_unlearn.evaluation import evaluate_tofu
+    from hf_unlearn.evaluation.metrics import forget_quality
+    from hf_unlearn.safe_output import atomic_write_json
 
     eval_kwargs = dict(eval_kwargs or {})
     cached = Path(pair.target) / "sanity_gate.json"

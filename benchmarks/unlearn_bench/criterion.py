@@ -17,7 +17,7 @@ def selection_criterion_options(
     rows are whole authors (20 rows each, at least two a side), and the base's per-row NLLs on the forget and
     holdout rows, measured once per template, as the criterion's reference. A pair without a base (TOFU-tiny,
     trained from scratch on synthetic authors) gets neither. The base is loaded on ``device`` (the harness's)."""
-    from ..selection import TOFU_AUTHOR_ROWS, SelectionCriterion
+    from hf_unlearn.selection import TOFU_AUTHOR_ROWS, SelectionCriterion
 
     base = getattr(pair, "base", None)
     if base is None:
@@ -25,7 +25,7 @@ def selection_criterion_options(
     whole = all(len(r) % TOFU_AUTHOR_ROWS == 0 and len(r) >= 2 * TOFU_AUTHOR_ROWS for r in (forget_rows, holdout_rows))
     groups = "tofu_authors" if whole else None
     options: dict[str | None, dict[str, Any]] = {t: {"groups": groups} for t in templates}
-    from .subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, _ = load_tiny(base, device)
     for template in templates:

@@ -1,4 +1,4 @@
-"""TOFU-tiny: small models trained from scratch on TOFU-shaped text, for CPU benchmarks and tests.
+"""TOFU-tiny: small models trained from scratch on TOFU-shaped text, for the demo, CPU benchmarks and tests.
 
 No model weights can be downloaded in the environments this package is tested in, so the
 benchmark trains its own: a byte-level BPE tokenizer (``tokenizers``) and a small
@@ -26,8 +26,16 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ...data.prompts import collate_qa, tokenize_qa
-from .cache import default_cache_dir
+from ..data.prompts import collate_qa, tokenize_qa
+
+CACHE_ENV = "HF_UNLEARN_CACHE"
+"""Environment variable naming the folder the tiny models are built into."""
+
+
+def default_cache_dir() -> Path:
+    """``$HF_UNLEARN_CACHE`` or ``~/.cache/hf_unlearn``."""
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "hf_unlearn"))
+
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 
@@ -217,7 +225,7 @@ def load_tiny(path: str | os.PathLike, device: Any = None):
     leaves it on the CPU, where transformers loads it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ...devices import resolve_device
+    from ..devices import resolve_device
 
     target = None if device is None else resolve_device(device)
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -251,7 +259,7 @@ def build_tiny_pair(
     reference on the same rows minus everything of the forget authors. Both share one BPE tokenizer trained on
     all evaluation text (answers, paraphrases, perturbed answers).
     """
-    from ...data import RETAIN_FOR_FORGET, load_tofu_rows
+    from ..data import RETAIN_FOR_FORGET, load_tofu_rows
 
     recipe = recipe or recipe_for("test")
     retain_rows = load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .cache import default_cache_dir
+from hf_unlearn.demo import default_cache_dir
 
 VERBMEM_TAIL_CHARS = 200  # prompt characters that must precede the gt inside the article
 KNOWMEM_MIN_OVERLAP = 0.5  # share of a question's content words that must occur in its article
@@ -274,7 +274,7 @@ def subset_documents(source: str | os.PathLike, recipe: MuseRecipe, subset: dict
 def write_subset_folder(folder: Path, docs: dict[str, Any], subset: dict[str, Any]) -> Path:
     """Write the subset as a MUSE-News-shaped data folder (what :func:`~hf_unlearn.evaluation.evaluate_muse`
     reads) plus ``documents/{forget,retain,retain_validation,holdout}.json`` and ``subset.json``; atomically."""
-    from ...safe_output import atomic_directory, atomic_write_json
+    from hf_unlearn.safe_output import atomic_directory, atomic_write_json
 
     if (folder / "subset.json").is_file():
         return folder
@@ -290,6 +290,16 @@ def write_subset_folder(folder: Path, docs: dict[str, Any], subset: dict[str, An
     return folder
 
 
+def bos_prefix(tokenizer: Any) -> list[int]:
+    """``[bos_token_id]`` when the tokenizer starts an encoded text with its BOS token, else ``[]`` (the chunking
+    rule of :func:`hf_unlearn.data.chunk_documents`)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return []
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return [bos] if ids[:1] == [bos] else []
+
+
 def fit_documents(model: Any, tokenizer: Any, documents: list[str], recipe: MuseRecipe, progress: bool = True,
                   desc: str = "training", device: str | None = None) -> list[float]:
     """Train ``model`` on ``documents`` joined by a blank line: next-token loss on every token of chunks of
@@ -298,8 +308,9 @@ def fit_documents(model: Any, tokenizer: Any, documents: list[str], recipe: Muse
     AdamW, linear warm-up, cosine decay, gradient norm clipped at 1; returns each epoch's mean loss. ``device``:
     where to train (default the CPU; the model is moved back to the CPU afterwards); bf16 autocast on a CUDA device
     when ``recipe.bf16_autocast`` is not ``False``."""
-    from ...data.documents import DOCUMENT_SEPARATOR, _bos_prefix, chunk_token_ids
-    from ...data.prompts import ensure_pad_token
+    from hf_unlearn.data.documents import DOCUMENT_SEPARATOR, chunk_token_ids
+    from hf_unlearn.data.prompts import ensure_pad_token
+
     from .precision import resolve_bf16_autocast
 
     ensure_pad_token(tokenizer)
@@ -307,7 +318,7 @@ def fit_documents(model: Any, tokenizer: Any, documents: list[str], recipe: Muse
     bf16 = resolve_bf16_autocast(recipe.bf16_autocast, device)
     model.to(device)
     ids = tokenizer(DOCUMENT_SEPARATOR.join(documents), add_special_tokens=False, verbose=False)["input_ids"]
-    prefix = _bos_prefix(tokenizer)
+    prefix = bos_prefix(tokenizer)
     step = recipe.max_length - len(prefix)
     rng = random.Random(recipe.seed)
     per_epoch = math.ceil((math.ceil(len(ids) / step) + 1) / recipe.batch_size)
@@ -352,7 +363,7 @@ def fit_documents(model: Any, tokenizer: Any, documents: list[str], recipe: Muse
 def _tiny_base(recipe: MuseRecipe, tokenizer_texts: list[str]) -> tuple[Any, Any]:
     """A fresh tiny Llama and its byte-level BPE tokenizer (TOFU-tiny's helpers), its maximum positions set to the
     training chunk length."""
-    from .tofu_tiny import TinyRecipe, build_tiny_llama, train_bpe_tokenizer
+    from hf_unlearn.demo import TinyRecipe, build_tiny_llama, train_bpe_tokenizer
 
     tiny = TinyRecipe(vocab_size=recipe.vocab_size, hidden_size=recipe.hidden_size,
                       intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.num_hidden_layers,
@@ -370,7 +381,7 @@ def _train_or_load(name: str, documents: list[str], tokenizer_texts: list[str], 
     or the pretrained ``subject``; built once, written atomically, cached under the recipe's hash and the data."""
     from transformers import set_seed
 
-    from ...safe_output import atomic_directory, atomic_write_json
+    from hf_unlearn.safe_output import atomic_directory, atomic_write_json
 
     base_id = subject.path.name if subject is not None else None
     key = recipe.digest(name, documents, {"tokenizer": tokenizer_texts if subject is None else None, "base": base_id})
@@ -484,7 +495,7 @@ def muse_sanity_gate(target_report: Any, retain_report: Any) -> dict[str, Any]:
     Each report is a :class:`~hf_unlearn.evaluation.MUSEReport` or its dict form; a missing figure fails its check.
     Returns ``{"title", "passed", "checks": {name: {"value", "target", "retain", "passed"}}, "thresholds"}``.
     """
-    from ...evaluation.muse_report import MUSEReport
+    from hf_unlearn.evaluation.muse_report import MUSEReport
 
     target = target_report if isinstance(target_report, MUSEReport) else MUSEReport.from_dict(target_report)
     retain = retain_report if isinstance(retain_report, MUSEReport) else MUSEReport.from_dict(retain_report)

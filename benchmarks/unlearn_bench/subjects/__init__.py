@@ -1,7 +1,5 @@
 """The benchmark's subjects: the models unlearning methods are applied to, built once and cached.
 
-- :mod:`.tofu_tiny`: TOFU-tiny, small Llama models trained from scratch (with their own byte-level BPE tokenizer)
-  on TOFU-shaped text, for CPU benchmarks and tests: :func:`build_tiny_pair`, :func:`load_tiny`.
 - :mod:`.pretrained`: named pretrained subjects (``"smollm2-135m"``) resolved to a local float32 safetensors
   folder, from the Hub or from a GGUF in a pip package: :func:`resolve_subject`.
 - :mod:`.tofu_small`: TOFU-small, TOFU on a pretrained subject: :class:`SmallRecipe` (v1 and v2 layouts),
@@ -10,7 +8,9 @@
   :func:`small_gate`.
 - :mod:`.precision`: whether bfloat16 autocast is native here (:func:`cpu_has_native_bf16`), which decides a
   recipe's ``bf16_autocast="auto"``.
-- :mod:`.cache`: the cache folder (``$HF_UNLEARN_CACHE``).
+
+TOFU-tiny (small Llama models trained from scratch on TOFU-shaped text) is the library's own demo subject,
+:mod:`hf_unlearn.demo` (``build_tiny_pair``, ``load_tiny``).
 
 Every name is re-exported here. A test patches a name where its caller looks it up: for a function called
 inside this package that is its module (``pretrained.installed_gguf``), not this package.
@@ -18,7 +18,6 @@ inside this package that is its module (``pretrained.installed_gguf``), not this
 
 from __future__ import annotations
 
-from .cache import default_cache_dir
 from .precision import (
     CPU_BF16_ENV,
     bf16_is_native,
@@ -61,21 +60,6 @@ from .tofu_small_gate import (
     small_gate,
     small_sanity_gate,
 )
-from .tofu_tiny import (
-    SPECIAL_TOKENS,
-    TinyPair,
-    TinyRecipe,
-    build_tiny_llama,
-    build_tiny_pair,
-    corpus_texts,
-    fit_causal_lm,
-    load_tiny,
-    paraphrase_rows,
-    recipe_for,
-    tiny_models,
-    train_bpe_tokenizer,
-    train_or_load,
-)
 
 __all__ = [
     "AUTHOR_ROWS",
@@ -85,33 +69,22 @@ __all__ = [
     "SMALL_GATE_FQ_MAX",
     "SMALL_GATE_ROUGE_MIN",
     "SMALL_GATE_UTILITY_KEEP",
-    "SPECIAL_TOKENS",
     "SUBJECTS",
     "SmallPair",
     "SmallRecipe",
     "Subject",
     "SubjectSpec",
     "SubjectUnavailableError",
-    "TinyPair",
-    "TinyRecipe",
     "build_small_pair",
-    "build_tiny_llama",
-    "build_tiny_pair",
-    "corpus_texts",
     "cpu_has_native_bf16",
-    "default_cache_dir",
     "dequantize_gguf",
     "fine_tune_qa",
-    "fit_causal_lm",
     "gate_reports",
     "general_component_ratios",
     "hub_offline",
     "hub_reachable",
     "installed_gguf",
     "load_float32",
-    "load_tiny",
-    "paraphrase_rows",
-    "recipe_for",
     "resolve_bf16_autocast",
     "default_eval_autocast",
     "bf16_is_native",
@@ -122,8 +95,5 @@ __all__ = [
     "small_retain_validation_rows",
     "small_sanity_gate",
     "small_tofu_configs",
-    "tiny_models",
-    "train_bpe_tokenizer",
-    "train_or_load",
     "write_small_source",
 ]

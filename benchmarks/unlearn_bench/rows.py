@@ -13,8 +13,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..jsonutil import is_jsonable
-from ..run import nf4_forget_rouge
+from hf_unlearn.jsonutil import is_jsonable
+from hf_unlearn.run import nf4_forget_rouge
 
 SPEED_QUESTIONS = 16  # generation-speed batch: the first forget questions
 SPEED_NEW_TOKENS = 32
@@ -25,7 +25,7 @@ def _row_from_report(report: Any) -> dict[str, Any]:
     model utility, MU-ROUGE, ROUGE-L, truth ratios, extraction strength, exact memorization, MIA AUCs, privleak),
     ``None`` where the report lacks it. ``report`` is a :class:`~hf_unlearn.evaluation.TOFUReport` or its dict form
     (a report read from disk)."""
-    from ..evaluation.report import METRIC_DEFINITIONS, as_report
+    from hf_unlearn.evaluation.report import METRIC_DEFINITIONS, as_report
 
     report = as_report(report)
     row = {k: getattr(report, k) for k in METRIC_DEFINITIONS}
@@ -66,9 +66,9 @@ def run_one(
     printed; with ``log_path`` the Trainer's per-step logs and any failure's traceback go to that JSON Lines
     file (``verbose`` also prints the logs). A failure is recorded in the row (``error``, ``failed_phase``).
     """
-    from ..console import PhaseReporter, log_event, log_exception
-    from ..evaluation import evaluate_tofu
-    from ..run import JsonlLogCallback
+    from hf_unlearn.console import PhaseReporter, log_event, log_exception
+    from hf_unlearn.evaluation import evaluate_tofu
+    from hf_unlearn.run import JsonlLogCallback
 
     row: dict[str, Any] = {"method": method, "settings": settings, "error": None}
     if eval_kwargs.get("device") is not None:
@@ -122,7 +122,7 @@ def on_harness_device(settings: dict[str, Any], model: Any, row: dict[str, Any])
         return settings
     model.to(device)
     if device == "cpu" and "use_cpu" not in settings:
-        from .. import registry
+        from hf_unlearn import registry
 
         if registry.get_method(row["method"]).is_trainer:
             return {**settings, "use_cpu": True}
@@ -134,10 +134,11 @@ def _unlearn(row: dict[str, Any], method: str, settings: dict[str, Any], target_
              callbacks: list[Any], criterion: Any, selection_steps: int, quiet: bool) -> tuple[Any, Any]:
     """Load a fresh copy of the target and unlearn it with ``method`` (its own strength selection with a
     ``criterion``, whose summary goes to ``row["selected"]``): the method's result and the
-    :class:`~hf_unlearn.bench.measure.PeakMemory` of the run."""
+    :class:`~unlearn_bench.measure.PeakMemory` of the run."""
     from transformers import AutoModelForCausalLM
 
-    from ..run import run_method
+    from hf_unlearn.run import run_method
+
     from .measure import PeakMemory
 
     model = AutoModelForCausalLM.from_pretrained(target_path)
@@ -147,7 +148,7 @@ def _unlearn(row: dict[str, Any], method: str, settings: dict[str, Any], target_
             result = run_method(method, model, tokenizer, forget_rows, retain_rows, work, settings,
                                 callbacks=callbacks, quiet=quiet)
         else:
-            from ..run import run_with_selection
+            from hf_unlearn.run import run_with_selection
 
             result = run_with_selection(method, model, tokenizer, forget_rows, retain_rows, work, settings,
                                         criterion, selection_steps=selection_steps, callbacks=callbacks,
@@ -161,7 +162,8 @@ def _fill_row(row: dict[str, Any], result: Any, report: Any, mem: Any, reference
     """Add an unlearned model's columns to its row: the report's figures and forget-quality interval, the run's
     cost, the answer NLLs under the weights (weight edits), the method's own metrics and, for decoding-time
     methods, generation speed against plain ``generate``."""
-    from ..logprobs import mean_answer_nll
+    from hf_unlearn.logprobs import mean_answer_nll
+
     from .measure import generation_speed
 
     row.update(_row_from_report(report))
@@ -190,8 +192,8 @@ def forget_quality_interval_of(report: Any, reference: Any) -> dict[str, float] 
     (:func:`hf_unlearn.evaluation.metrics.forget_quality_interval`, resampling forget rows); ``None`` when either
     side lacks its per-question truth ratios or they are not paired (different lengths). Each report is a
     :class:`~hf_unlearn.evaluation.TOFUReport` or its dict form (``reference`` may be ``None``)."""
-    from ..evaluation.metrics import forget_quality_interval
-    from ..evaluation.report import as_report
+    from hf_unlearn.evaluation.metrics import forget_quality_interval
+    from hf_unlearn.evaluation.report import as_report
 
     mine = as_report(report).forget_truth_ratios
     theirs = as_report(reference).forget_truth_ratios if reference else None
@@ -208,7 +210,7 @@ def _interval_columns(interval: dict[str, float] | None) -> dict[str, float | No
 def selection_applied(method: str) -> bool:
     """Whether ``method``'s row is the criterion's pick (False for a method that stops by its own rule, whose
     selection record is only kept beside it)."""
-    from .. import registry
+    from hf_unlearn import registry
 
     return registry.get_method(method).selection != registry.OWN_STOP
 
@@ -271,7 +273,7 @@ def attack_check(row: dict[str, Any], model: Any, tokenizer: Any, forget_rows: l
                  head: Any = None) -> None:
     """Run ``attacks`` (:func:`hf_unlearn.evaluation.attacks.run_attacks`) on ``model`` (a T3 base with its
     ``head`` kept) against ``original`` (the target); fill the row's attack columns and ``row["attacks"]``."""
-    from ..evaluation.attacks import attack_summary, run_attacks
+    from hf_unlearn.evaluation.attacks import attack_summary, run_attacks
 
     common = {"original": original, "head": head, "progress": False,
               "batch_size": eval_kwargs.get("batch_size", 16)}
@@ -289,7 +291,7 @@ def _decoding_artifact(result: Any) -> Any:
     attacked copy and is refused."""
     if result.scorer is None:
         return None
-    from ..registry import decoding_of
+    from hf_unlearn.registry import decoding_of
 
     if decoding_of(result.artifact) is None:
         raise ValueError(f"The attacks cannot rescore method {result.method!r}: its scorer belongs to no registered "
@@ -298,24 +300,6 @@ def _decoding_artifact(result: Any) -> Any:
 
 
 def _forget_eval_rows(source: str, forget_split: str, n: int) -> list[dict[str, Any]]:
-    from ..data import load_tofu_rows
+    from hf_unlearn.data import load_tofu_rows
 
     return load_tofu_rows(f"{forget_split}_perturbed", source)[:n]
-
-
-def forget_rows_with_other_answers(forget_split: str, source: str) -> list[dict[str, Any]]:
-    """The rows of TOFU config ``forget_split`` from ``source``, each with the other answers TOFU keeps for it in
-    ``<forget_split>_perturbed`` (``paraphrased_answer``, ``perturbed_answer``) when that config holds the same
-    question/answer rows in the same order; else the plain rows. A method whose config names such a column as an
-    answer to train towards reads it; every other method reads only ``question`` and ``answer``."""
-    from ..data import load_tofu_rows
-
-    rows = load_tofu_rows(forget_split, source)
-    try:
-        perturbed = load_tofu_rows(f"{forget_split}_perturbed", source)
-    except (ValueError, FileNotFoundError, OSError):
-        return rows
-    if [(r["question"], r["answer"]) for r in perturbed] != [(r["question"], r["answer"]) for r in rows]:
-        return rows
-    keep = ("paraphrased_answer", "perturbed_answer")
-    return [{**row, **{k: other[k] for k in keep if k in other}} for row, other in zip(rows, perturbed)]

@@ -1,4 +1,4 @@
-"""``hf-unlearn bench``: every method side by side on TOFU-tiny, on a given model pair, or on a pretrained benchmark
+"""``unlearn-bench run``: every method side by side on TOFU-tiny, on a given model pair, or on a pretrained benchmark
 subject (``--subject``)."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..options import UserError
-from .common import (
+from hf_unlearn.cli.common import (
     AUTOCAST_CHOICES,
     DATA_HELP,
     autocast_dtype,
@@ -16,13 +15,14 @@ from .common import (
     resolve_cli_device,
     tiny_pair,
 )
+from hf_unlearn.options import UserError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from ..data import FORGET_SPLITS
-    from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+    from hf_unlearn.data import FORGET_SPLITS
+    from hf_unlearn.evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 
-    be = sub.add_parser("bench", allow_abbrev=False,
+    be = sub.add_parser("run", allow_abbrev=False,
                         help="every method side by side on TOFU-tiny (or a given model pair)")
     be.add_argument("--benchmark", choices=("tofu", "muse"), default="tofu",
                     help="tofu (default): TOFU forget quality and utility; muse: MUSE-News-small (documents; VerbMem, "
@@ -84,21 +84,22 @@ def _add_subject_options(be: argparse.ArgumentParser) -> None:
 
 
 def harness_device(args: argparse.Namespace) -> dict[str, str]:
-    """``{"device": ...}`` for the harness's ``eval_kwargs`` (:func:`hf_unlearn.bench.runner.run_comparison`), from
+    """``{"device": ...}`` for the harness's ``eval_kwargs`` (:func:`unlearn_bench.runner.run_comparison`), from
     ``--device`` (refused in one line when the machine lacks it); empty on a CPU-only machine left at ``auto`` or
     ``cpu``, where the harness runs on the CPU as it always has (and its result keys stay those of earlier runs)."""
-    from ..devices import resolve_device
+    from hf_unlearn.devices import resolve_device
 
     device = resolve_cli_device(args)
     return {} if device == "cpu" and resolve_device(None) == "cpu" else {"device": device}
 
 
 def bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
-    """``bench --subject NAME``: TOFU-small on a pretrained subject (:func:`hf_unlearn.bench.runner.run_subject_bench`)."""
-    from ..bench.references import format_gate
-    from ..bench.report import markdown_table
-    from ..bench.runner import run_subject_bench
-    from ..bench.subjects import SUBJECTS, default_eval_autocast
+    """``bench --subject NAME``: TOFU-small on a pretrained subject (:func:`unlearn_bench.runner.run_subject_bench`)."""
+    from hf_unlearn.demo import format_gate
+
+    from .report import markdown_table
+    from .runner import run_subject_bench
+    from .subjects import SUBJECTS, default_eval_autocast
 
     if args.subject not in SUBJECTS:
         raise UserError(f"Unknown subject {args.subject!r}; choose from tofu_tiny, {', '.join(sorted(SUBJECTS))}.")
@@ -129,10 +130,10 @@ def bench_subject(args: argparse.Namespace, methods: list[str]) -> int:
 
 
 def bench_muse(args: argparse.Namespace, methods: list[str] | None) -> int:
-    """``bench --benchmark muse``: MUSE-News-small (:func:`hf_unlearn.bench.muse_runner.run_muse_news`), on the
+    """``bench --benchmark muse``: MUSE-News-small (:func:`unlearn_bench.muse_runner.run_muse_news`), on the
     tiny pair (default) or ``--subject smollm2-135m``; ``--data`` is a local MUSE-News folder."""
-    from ..bench.muse_runner import run_muse_news
-    from ..bench.subjects.muse_news import format_muse_gate
+    from .muse_runner import run_muse_news
+    from .subjects.muse_news import format_muse_gate
 
     subject = "tiny" if args.subject in (None, "tofu_tiny") else args.subject
     if subject not in ("tiny", "smollm2-135m"):
@@ -142,7 +143,7 @@ def bench_muse(args: argparse.Namespace, methods: list[str] | None) -> int:
     output = Path(args.output_dir) / f"muse_news_{subject.replace('-', '_')}"
     results, paths = run_muse_news(subject, methods, source=args.data, output=output, cache_dir=args.cache_dir,
                                    selection_steps=args.selection_steps,
-                                   command="hf-unlearn bench --benchmark muse")
+                                   command="unlearn-bench run --benchmark muse")
     print(format_muse_gate(results["gate"]))
     print(paths["markdown"].read_text())
     print(f"Results: {paths['json']}  plot: {paths['png']}")
@@ -150,17 +151,18 @@ def bench_muse(args: argparse.Namespace, methods: list[str] | None) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..bench.registry import PRESETS
-    from ..bench.report import write_results
-    from ..bench.runner import run_comparison
-    from ..bench.subjects import TinyPair, build_tiny_pair, recipe_for
+    from hf_unlearn.demo import TinyPair, build_tiny_pair, recipe_for
+
+    from .registry import PRESETS
+    from .report import write_results
+    from .runner import run_comparison
 
     methods = args.methods or list(PRESETS)
     unknown = [m for m in methods if m not in PRESETS]
     if unknown:
         raise UserError(f"Unknown method(s) {unknown}; choose from {', '.join(sorted(PRESETS))}.")
     if args.attacks:
-        from ..evaluation.attacks import check_attack_options, parse_attacks
+        from hf_unlearn.evaluation.attacks import check_attack_options, parse_attacks
 
         try:
             check_attack_options(parse_attacks(args.attacks))
@@ -172,7 +174,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.subject not in (None, "tofu_tiny"):
         return bench_subject(args, methods)
     if args.build_only:
-        raise UserError("--build-only needs --subject (e.g. --subject smollm2-135m); for TOFU-tiny use `hf-unlearn tiny`.")
+        raise UserError("--build-only needs --subject (e.g. --subject smollm2-135m); for TOFU-tiny use `unlearn-bench tiny`.")
     if args.model:
         if not args.retain_model:
             raise UserError("--model needs --retain-model (the model fine-tuned on the retain split only).")

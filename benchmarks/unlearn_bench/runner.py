@@ -1,7 +1,7 @@
 """Every method side by side on one target model, scored by one evaluator (`demo` and `bench`).
 
 For each method and each setting of its grid, a fresh copy of the target is unlearned, timed
-(wall seconds, peak memory: :class:`~hf_unlearn.bench.measure.PeakMemory`), evaluated with
+(wall seconds, peak memory: :class:`~unlearn_bench.measure.PeakMemory`), evaluated with
 :func:`hf_unlearn.evaluation.evaluate_tofu` against the retain reference. The chosen setting of a
 method is the one with the highest forget quality among those keeping model utility >= 90% of
 the target's (the highest-utility setting when none does); for methods that change weights it is
@@ -12,10 +12,10 @@ Every row also records the mean answer NLL on the forget rows and on as many ret
 optimizer steps, and any extra metric the method reported in ``Unlearned.metrics`` (ATWU's token
 AUROC). A failure in one method is recorded in its row and the others still run.
 
-The settings come from the benchmark subject's TOML file (:func:`~hf_unlearn.bench.registry.load_subject_presets`);
-the tables, plot and result files are :mod:`hf_unlearn.bench.report`'s. :func:`run_comparison` and
+The settings come from the benchmark subject's TOML file (:func:`~unlearn_bench.registry.load_subject_presets`);
+the tables, plot and result files are :mod:`unlearn_bench.report`'s. :func:`run_comparison` and
 :func:`run_subject_bench` are here as their named steps; one method's row is :mod:`.rows`' (:func:`~.rows.run_one`),
-the utility bar and the chosen setting :mod:`.bar`'s, the anchors and the sanity gate :mod:`.references`', resuming
+the utility bar and the chosen setting :mod:`.bar`'s, the anchors and the sanity gate :mod:`hf_unlearn.demo`'s, resuming
 from partial results :mod:`.resume`'s and the selection criterion's part :mod:`.criterion`'s.
 """
 
@@ -28,12 +28,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
-from ..jsonutil import is_jsonable
-from ..run import nf4_forget_rouge
+from hf_unlearn.demo import forget_rows_with_other_answers, reference_rows, sanity_gate
+from hf_unlearn.evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+from hf_unlearn.jsonutil import is_jsonable
+from hf_unlearn.run import nf4_forget_rouge
+
 from .bar import choose_setting
 from .criterion import criterion_correlation, selection_criterion_options
-from .references import reference_rows, sanity_gate
 from .resume import _job_key, comparison_key, finished_rows, rows_digest
 from .rows import (
     _decoding_artifact,
@@ -42,7 +43,6 @@ from .rows import (
     _row_from_report,
     attack_check,
     forget_quality_interval_of,
-    forget_rows_with_other_answers,
     nf4_check,
     run_one,
 )
@@ -103,8 +103,8 @@ def run_comparison(
     """
     from transformers import AutoTokenizer
 
-    from ..console import PhaseReporter
-    from ..data import RETAIN_FOR_FORGET, load_tofu_rows
+    from hf_unlearn.console import PhaseReporter
+    from hf_unlearn.data import RETAIN_FOR_FORGET, load_tofu_rows
 
     say = PhaseReporter(enabled=progress, inline=not verbose)
     eval_kwargs = dict(eval_kwargs or {})
@@ -190,8 +190,8 @@ def _comparison_presets(methods: Sequence[str], quantization_check: bool, subjec
 
 def _references(c: _Comparison, references: tuple[Any, Any] | None) -> tuple[Any, Any]:
     """The target's and the retain reference's TOFU reports: the given ones (read back from disk they come as
-    dicts), else both evaluated here (:func:`~hf_unlearn.bench.references.reference_rows`)."""
-    from ..evaluation.report import as_report
+    dicts), else both evaluated here (:func:`~hf_unlearn.demo.reference_rows`)."""
+    from hf_unlearn.evaluation.report import as_report
 
     if references is None:
         c.say.start("references", "evaluation")
@@ -206,8 +206,8 @@ def _anchor_rows(c: _Comparison, target_report: Any, retain_report: Any, quantiz
                  ) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """The target's and the retain reference's rows (their figures, the target's forget-quality interval, answer
     NLLs and NF4 re-check), and the loaded target model."""
-    from ..logprobs import mean_answer_nll
-    from .subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
+    from hf_unlearn.logprobs import mean_answer_nll
 
     tokenizer, forget_rows, retain_rows = c.tokenizer, c.forget_rows, c.retain_rows
     target_row = {"method": "target", **_row_from_report(target_report), "error": None,
@@ -229,8 +229,8 @@ def _attack_anchors(c: _Comparison, target_report: Any, target_row: dict[str, An
                     target_model: Any, attacks: Any) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """Run the attacks on the anchors (the target and the retain reference, each against the target): the parsed
     attacks and the forget rows they attack."""
-    from ..evaluation.attacks import check_attack_options, parse_attacks
-    from .subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
+    from hf_unlearn.evaluation.attacks import check_attack_options, parse_attacks
 
     attacks = parse_attacks(attacks)
     check_attack_options(attacks)
@@ -250,8 +250,8 @@ def _selection_criteria(c: _Comparison, methods: Sequence[str], presets: dict[st
                         target_row: dict[str, Any], retain_row: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """The reference-free criterion measured on the anchors (into their rows' ``criterion``), and per method a
     factory of the criterion it selects its strength with (its own prompt template); also the criterion's rule."""
-    from ..selection import SelectionCriterion
-    from .subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
+    from hf_unlearn.selection import SelectionCriterion
 
     pair, forget_rows, tokenizer, say = c.pair, c.forget_rows, c.tokenizer, c.say
     criteria: dict[str, Any] = {}
@@ -280,9 +280,10 @@ def _selection_criteria(c: _Comparison, methods: Sequence[str], presets: dict[st
 
 def _forward_floor(c: _Comparison) -> tuple[float, Any]:
     """The floors: one plain forward pass over forget + retain, in this process (GROM's time; every method's
-    memory added on top of the loaded model): its seconds and its :class:`~hf_unlearn.bench.measure.PeakMemory`."""
+    memory added on top of the loaded model): its seconds and its :class:`~unlearn_bench.measure.PeakMemory`."""
+    from hf_unlearn.demo import load_tiny
+
     from .measure import PeakMemory, plain_forward_seconds
-    from .subjects import load_tiny
 
     target_model, _ = load_tiny(c.pair.target, c.eval_kwargs.get("device"))
     target_model.eval()
@@ -298,7 +299,7 @@ def _run_jobs(c: _Comparison, methods: Sequence[str], jobs: list[tuple[str, Any]
               selection_steps: int, quantization_check: bool, attacks: Any, attack_rows: list[dict[str, Any]] | None,
               bar: str, progress: bool, verbose: bool, log_dir: str | os.PathLike | None,
               partial_path: str | os.PathLike | None, run_key: str) -> dict[str, list[dict[str, Any]]]:
-    """Every method/setting job's row, by method (:func:`~hf_unlearn.bench.rows.run_one`, or the row a previous
+    """Every method/setting job's row, by method (:func:`~unlearn_bench.rows.run_one`, or the row a previous
     run finished); a row that is its method's chosen setting so far also gets the NF4 re-check and the attacks,
     and after each row the rows so far are written to ``partial_path``."""
     say = c.say
@@ -327,7 +328,7 @@ def _run_jobs(c: _Comparison, methods: Sequence[str], jobs: list[tuple[str, Any]
             _check_chosen(c, row, result, report, label, log_path, quantization_check, attacks, attack_rows)
         del result, report
         if partial_path is not None:
-            from ..safe_output import atomic_write_json
+            from hf_unlearn.safe_output import atomic_write_json
 
             atomic_write_json(partial_path, {
                 "run_key": run_key, "target": anchors["target"], "retain_reference": anchors["retain_reference"],
@@ -342,8 +343,8 @@ def _check_chosen(c: _Comparison, row: dict[str, Any], result: Any, report: Any,
     """The checks of a method's chosen setting (so far): the NF4 re-check for a method that changed weights, and
     the attacks against the target. A failure of either is recorded in the row (``nf4_error``, ``attack_error``);
     the row's other numbers stand."""
-    from ..console import log_exception
-    from .subjects import load_tiny
+    from hf_unlearn.console import log_exception
+    from hf_unlearn.demo import load_tiny
 
     say = c.say
     if quantization_check and result.weights_changed:
@@ -373,7 +374,7 @@ def _check_chosen(c: _Comparison, row: dict[str, Any], result: Any, report: Any,
 def _relative_costs(grids: dict[str, list[dict[str, Any]]], rows: dict[str, dict[str, Any]], plain_forward: float,
                     forward_mem: Any) -> None:
     """Every row's wall time against the timing baseline's and (for the forward-timed methods) against one plain
-    forward pass, and its added memory against the forward pass's (:mod:`hf_unlearn.bench.timing`)."""
+    forward pass, and its added memory against the forward pass's (:mod:`unlearn_bench.timing`)."""
     base = rows.get(TIME_BASELINE, {}).get("seconds")
     for row in [r for g in grids.values() for r in g] + list(rows.values()):
         row["time_vs_grad_diff"] = (row["seconds"] / base) if base and row.get("seconds") else None
@@ -385,7 +386,7 @@ def _relative_costs(grids: dict[str, list[dict[str, Any]]], rows: dict[str, dict
 
 def resolve_auto_precision(settings: dict[str, Any]) -> dict[str, Any]:
     """``settings`` with ``bf16 = "auto"`` resolved: bf16 autocast (float32 master weights) when a bf16-capable
-    CUDA device is present or the CPU computes bf16 natively (:func:`~hf_unlearn.bench.subjects.cpu_has_native_bf16`),
+    CUDA device is present or the CPU computes bf16 natively (:func:`~unlearn_bench.subjects.cpu_has_native_bf16`),
     float32 otherwise. Other values are left as they are."""
     if settings.get("bf16") != "auto":
         return dict(settings)
@@ -415,10 +416,10 @@ def run_subject_bench(
     selection_steps: int = 8,
     authors: str = "reported",
 ) -> tuple[dict[str, Any], dict[str, Path] | None]:
-    """``hf-unlearn bench --subject NAME``: TOFU-small on a pretrained subject (``"smollm2-135m"``).
+    """``unlearn-bench run --subject NAME``: TOFU-small on a pretrained subject (``"smollm2-135m"``).
 
-    Builds (or reuses) the subject's TOFU-small pair (:func:`~hf_unlearn.bench.subjects.build_small_pair`)
-    and its sanity gate (:func:`~hf_unlearn.bench.subjects.small_gate`); with ``build_only`` stops
+    Builds (or reuses) the subject's TOFU-small pair (:func:`~unlearn_bench.subjects.build_small_pair`)
+    and its sanity gate (:func:`~unlearn_bench.subjects.small_gate`); with ``build_only`` stops
     there. Otherwise runs ``methods`` with the subject's presets (``benchmarks/configs/<subject>.toml``,
     one setting per method unless ``grid``) and writes ``<output_dir>/<subject>_tofu.{json,md,png}``
     with the recipe, the gate's figures and the subject's provenance. Returns ``(results or gate, paths)``.
@@ -426,15 +427,16 @@ def run_subject_bench(
     ``<output_dir>/<subject>_tofu.partial.json``; ``bar`` is the utility bar settings are chosen by
     (see :func:`run_comparison`). ``attacks`` as in :func:`run_comparison`; the relearning attack's learning
     rate defaults to the one the target was fine-tuned with (the recipe's).
-    ``layout``: ``"v2"`` (:meth:`~hf_unlearn.bench.subjects.SmallRecipe.v2`; presets from
+    ``layout``: ``"v2"`` (:meth:`~unlearn_bench.subjects.SmallRecipe.v2`; presets from
     ``benchmarks/configs/<subject>-v2.toml``, results ``<subject>_tofu_v2.*``) or ``"v1"``. ``select`` (v2 only):
     every method picks its strength with the reference-free criterion on the pair's forget, ``holdout10`` and
-    ``retain_validation`` rows (see :func:`run_comparison`). ``eval_kwargs["device"]`` (``hf-unlearn bench
+    ``retain_validation`` rows (see :func:`run_comparison`). ``eval_kwargs["device"]`` (``unlearn-bench run
     --device``) is where the pair is fine-tuned and every model is loaded, trained and evaluated. ``authors``:
     ``"reported"`` (forget10 authors 1-4, the published benchmark) or ``"tuning"`` (authors 5-8, the split that
     grids and defaults may be chosen on; results ``<name>_tuning.*``, the same retain reference).
     """
-    from ..evaluation.attacks import parse_attacks
+    from hf_unlearn.evaluation.attacks import parse_attacks
+
     from .report import write_results
     from .subjects import build_small_pair, gate_reports, small_gate
 
@@ -499,7 +501,8 @@ def _subject_layout(subject: str, layout: str, select: bool, authors: str = "rep
 
 def _subject_selection_rows(pair: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pair's selection rows: its forget split's ``holdoutNN`` rows and the retain-validation rows."""
-    from ..data import HOLDOUT_FOR_FORGET, load_tofu_rows
+    from hf_unlearn.data import HOLDOUT_FOR_FORGET, load_tofu_rows
+
     from .subjects import small_retain_validation_rows
 
     return (load_tofu_rows(HOLDOUT_FOR_FORGET[pair.forget_split], pair.source),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import registry as core_registry
+from hf_unlearn import registry as core_registry
 
 __all__ = [
     "DEFAULT_SUBJECT", "PRESETS", "MethodPresets", "configs_dir", "load_subject_presets", "method_presets",
@@ -61,22 +61,13 @@ def method_presets(name: str) -> MethodPresets:
 
 
 # Each method's demo setting and benchmark grid are data, one TOML file per benchmark subject
-# (``benchmarks/configs/<subject>.toml``, installed as ``hf_unlearn.bench.configs``).
+# (``benchmarks/configs/<subject>.toml``).
 DEFAULT_SUBJECT = "tofu_tiny"
 
 
 def configs_dir() -> Path:
-    """Folder of the subject TOML files: ``hf_unlearn/bench/configs`` when installed from a wheel,
-    ``benchmarks/configs`` in a source checkout."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("hf_unlearn.bench.configs")
-    except ModuleNotFoundError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+    """Folder of the subject TOML files: ``benchmarks/configs`` beside this package."""
+    return Path(__file__).resolve().parents[1] / "configs"
 
 
 def subject_config_path(subject: str | os.PathLike) -> Path:

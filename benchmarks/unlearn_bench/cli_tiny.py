@@ -1,4 +1,4 @@
-"""``hf-unlearn tiny``: build (or reuse) the TOFU-tiny target and retain reference, and run the sanity gate."""
+"""``unlearn-bench tiny``: build (or reuse) the TOFU-tiny target and retain reference, and run the sanity gate."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .common import DATA_HELP, tiny_pair
+from hf_unlearn.cli.common import DATA_HELP, tiny_pair
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from ..data import FORGET_SPLITS
+    from hf_unlearn.data import FORGET_SPLITS
 
     tiny = sub.add_parser("tiny", allow_abbrev=False,
                           help="build (or reuse) the TOFU-tiny target and retain reference, run the sanity gate")
@@ -24,9 +24,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
-    from ..bench.references import format_gate, reference_rows, sanity_gate
-    from ..bench.subjects import build_tiny_pair, recipe_for
-    from ..evaluation import write_json_atomic
+    from hf_unlearn.demo import build_tiny_pair, format_gate, recipe_for, reference_rows, sanity_gate
+    from hf_unlearn.evaluation import write_json_atomic
 
     pair = tiny_pair(build_tiny_pair, args.data, args.split, recipe_for(args.size), args.cache_dir)
     target_report, retain_report = reference_rows(pair, args.data, args.split, {"max_examples": args.max_examples})

@@ -1,0 +1,192 @@
+"""The demo's comparison: every method unlearns a fresh copy of the TOFU-tiny target with its demo setting, and one
+evaluator scores each against the retain reference.
+
+Per method: :func:`hf_unlearn.run.run_method` with the method's demo setting (:func:`~.settings.demo_settings`),
+:func:`hf_unlearn.evaluation.evaluate_tofu` against the retain reference (with the method's decoding-time scorer,
+if any) and, for a method that changed the weights, the forget ROUGE-L of its 4-bit NF4 copy
+(:func:`hf_unlearn.run.nf4_forget_rouge`). A failure in one method is recorded in its row and the others still run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
+from ..safe_output import atomic_write_json, atomic_write_text
+from .references import reference_rows, sanity_gate
+from .settings import demo_settings
+
+#: ``(row key, column title, format)`` of the demo table, in order.
+DEMO_COLUMNS = (
+    ("forget_quality", "forget quality", ".3g"),
+    ("model_utility", "model utility", ".3f"),
+    ("forget_rouge_l", "forget ROUGE-L", ".3f"),
+    ("forget_truth_ratio", "forget truth ratio", ".3f"),
+    ("forget_rouge_l_nf4", "forget ROUGE-L (NF4)", ".3f"),
+    ("seconds", "wall s", ".2f"),
+    ("steps", "steps", "d"),
+)
+
+
+def forget_rows_with_other_answers(forget_split: str, source: str) -> list[dict[str, Any]]:
+    """The rows of TOFU config ``forget_split`` from ``source``, each with the other answers TOFU keeps for it in
+    ``<forget_split>_perturbed`` (``paraphrased_answer``, ``perturbed_answer``) when that config holds the same
+    question/answer rows in the same order; else the plain rows. A method whose config names such a column as an
+    answer to train towards reads it; every other method reads only ``question`` and ``answer``."""
+    from ..data import load_tofu_rows
+
+    rows = load_tofu_rows(forget_split, source)
+    try:
+        perturbed = load_tofu_rows(f"{forget_split}_perturbed", source)
+    except (ValueError, FileNotFoundError, OSError):
+        return rows
+    if [(r["question"], r["answer"]) for r in perturbed] != [(r["question"], r["answer"]) for r in rows]:
+        return rows
+    keep = ("paraphrased_answer", "perturbed_answer")
+    return [{**row, **{k: other[k] for k in keep if k in other}} for row, other in zip(rows, perturbed)]
+
+
+def report_row(report: Any) -> dict[str, Any]:
+    """The demo's figures of a :class:`~hf_unlearn.evaluation.TOFUReport`."""
+    return {key: getattr(report, key) for key in ("forget_quality", "model_utility", "forget_rouge_l",
+                                                  "forget_truth_ratio")}
+
+
+def nf4_rouge(model: Any, tokenizer: Any, report: Any, source: str, forget_split: str,
+              eval_kwargs: dict[str, Any]) -> float:
+    """Forget ROUGE-L of the NF4 copy of ``model`` on the rows its ``report`` scored."""
+    from ..data import load_tofu_rows
+    from ..run import nf4_forget_rouge
+
+    n = report.splits["forget"]["num_examples"]
+    rows = load_tofu_rows(f"{forget_split}_perturbed", source)[:n]
+    return nf4_forget_rouge(model, tokenizer, rows, eval_kwargs)
+
+
+def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any], retain_report: Any,
+                    eval_kwargs: dict[str, Any], *, quantization_check: bool, say: Any,
+                    log_path: Path | None, verbose: bool) -> dict[str, Any]:
+    """One method's row: unlearn a fresh copy of ``pair.target`` with its demo setting, evaluate it, and re-check
+    its NF4 copy when it changed the weights. ``data`` holds ``source``, ``forget_split``, ``forget`` and
+    ``retain`` rows. A failure fills ``error`` and ``failed_phase`` instead of raising."""
+    from transformers import AutoModelForCausalLM
+
+    from ..console import log_event, log_exception
+    from ..evaluation import evaluate_tofu
+    from ..run import JsonlLogCallback, run_method
+
+    settings = demo_settings(method)
+    row: dict[str, Any] = {"method": method, "settings": settings, "error": None, "forget_rouge_l_nf4": None}
+    callbacks = [JsonlLogCallback(log_path, echo=verbose)] if log_path is not None else []
+    log_event(log_path, "start", method=method, settings=settings)
+    phase = "training"
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"hf_unlearn_demo_{method}_") as work:
+            say.start(method, phase)
+            model = AutoModelForCausalLM.from_pretrained(pair.target)
+            result = run_method(method, model, tokenizer, data["forget"], data["retain"], work, settings,
+                                callbacks=callbacks, quiet=True)
+            steps = result.info.get("global_step")
+            say.done(f"{steps} steps" if steps else "")
+            phase = "evaluation"
+            say.start(method, phase)
+            report = evaluate_tofu(result.model, tokenizer, source=data["source"], forget_split=data["forget_split"],
+                                   retain_reference=retain_report, scorer=result.scorer,
+                                   generation_kwargs=result.generation_kwargs, progress=False, **eval_kwargs)
+            row.update(report_row(report), seconds=result.seconds, steps=steps)
+            say.done()
+            if quantization_check and result.weights_changed:
+                phase = "NF4 re-check"
+                say.start(method, phase)
+                row["forget_rouge_l_nf4"] = nf4_rouge(result.model, tokenizer, report, data["source"],
+                                                      data["forget_split"], eval_kwargs)
+                say.done()
+    except Exception as err:  # one method's failure must not stop the others
+        row.update(error=f"{type(err).__name__}: {err}", failed_phase=phase, traceback=traceback.format_exc(limit=8))
+        log_exception(log_path, phase, err)
+        say.fail(err, log_path)
+    return row
+
+
+def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", forget_split: str = "forget10",
+             eval_kwargs: dict[str, Any] | None = None, quantization_check: bool = True, progress: bool = True,
+             log_dir: str | os.PathLike | None = None, verbose: bool = False) -> dict[str, Any]:
+    """Run ``methods`` (each with its demo setting) on ``pair.target`` and score them against ``pair.retain``.
+
+    Returns ``{"target": row, "retain_reference": row, "rows": {method: row}, "sanity_gate": ...,
+    "max_new_tokens": n}``; each row holds :data:`DEMO_COLUMNS`' keys. With ``progress`` one console line per method
+    and phase; the Trainer's per-step logs go to ``<log_dir>/<method>.jsonl`` (also printed with ``verbose``)."""
+    from transformers import AutoTokenizer
+
+    from ..console import PhaseReporter
+    from ..data import RETAIN_FOR_FORGET, load_tofu_rows
+    from .tiny_models import load_tiny
+
+    eval_kwargs = dict(eval_kwargs or {})
+    say = PhaseReporter(enabled=progress, inline=not verbose)
+    say.start("references", "evaluation")
+    target_report, retain_report = reference_rows(pair, source, forget_split, eval_kwargs)
+    say.done("target and retain reference")
+    target_row = {"method": "target", **report_row(target_report), "error": None}
+    retain_row = {"method": "retain reference", **report_row(retain_report), "error": None}
+    if quantization_check:
+        say.start("references", "NF4 re-check")
+        target_model, tokenizer = load_tiny(pair.target)
+        target_row["forget_rouge_l_nf4"] = nf4_rouge(target_model, tokenizer, target_report, source, forget_split,
+                                                     eval_kwargs)
+        del target_model
+        say.done("target")
+    tokenizer = AutoTokenizer.from_pretrained(pair.target)
+    data = {"source": source, "forget_split": forget_split,
+            "forget": forget_rows_with_other_answers(forget_split, source),
+            "retain": load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)}
+    rows = {}
+    for method in methods:
+        log_path = Path(log_dir) / f"{method}.jsonl" if log_dir is not None else None
+        rows[method] = run_demo_method(method, pair, tokenizer, data, retain_report, eval_kwargs,
+                                       quantization_check=quantization_check, say=say, log_path=log_path,
+                                       verbose=verbose)
+    return {"target": target_row, "retain_reference": retain_row, "rows": rows,
+            "sanity_gate": sanity_gate(target_report, retain_report),
+            "max_new_tokens": eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)}
+
+
+def format_cell(value: Any, fmt: str) -> str:
+    """A table cell: ``value`` formatted by ``fmt``, ``n/a`` for a missing value."""
+    return "n/a" if value is None or value != value else format(value, fmt)
+
+
+def demo_table(results: dict[str, Any]) -> str:
+    """The demo's markdown table: the target and the retain reference first, then one row per method; a line
+    under it says when answers were cut shorter than TOFU's 200 new tokens."""
+    ordered = [("target", results["target"]), ("retain reference", results["retain_reference"]),
+               *results["rows"].items()]
+    lines = ["| method | " + " | ".join(title for _, title, _ in DEMO_COLUMNS) + " |",
+             "|" + "---|" * (len(DEMO_COLUMNS) + 1)]
+    for name, row in ordered:
+        if row.get("error"):
+            cells = [f"failed: {row['error'][:80]}"] + [""] * (len(DEMO_COLUMNS) - 1)
+        else:
+            cells = [format_cell(row.get(key), fmt) for key, _, fmt in DEMO_COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    tokens = results.get("max_new_tokens")
+    if tokens is not None and tokens < DEFAULT_MAX_NEW_TOKENS:
+        table += (f"\n\nForget ROUGE-L from greedy answers of at most {tokens} new tokens (TOFU generates up to "
+                  f"{DEFAULT_MAX_NEW_TOKENS}; longer answers are cut, which caps ROUGE-L).")
+    return table
+
+
+def write_demo_results(results: dict[str, Any], out_dir: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Path]:
+    """Write ``demo.json`` (``meta`` + results + the table) and ``demo.md`` (the table) into ``out_dir``."""
+    out = Path(out_dir)
+    table = demo_table(results)
+    paths = {"json": out / "demo.json", "markdown": out / "demo.md"}
+    atomic_write_json(paths["json"], {**meta, **results, "table_markdown": table})
+    atomic_write_text(paths["markdown"], table + "\n")
+    return paths
