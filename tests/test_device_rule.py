@@ -171,11 +171,12 @@ def test_bench_device_reaches_the_harness_and_cuda_without_cuda_is_refused(tiny_
     every model the harness loads; a trainer asked to stay on the CPU gets ``use_cpu``, a fit is moved."""
     import argparse
 
-    import unlearn_bench.subjects as subjects
     from unlearn_bench.cli import main as lab_main
     from unlearn_bench.cli_run import harness_device
     from unlearn_bench.rows import on_harness_device
     from unlearn_bench.runner import run_comparison
+
+    import hf_unlearn.demo.tofu_tiny as tofu_tiny
 
     fake_cuda(monkeypatch, False)
     assert lab_main(["run", "--methods", "grom", "--no-grid", "--device", "cuda"]) == 2
@@ -192,7 +193,7 @@ def test_bench_device_reaches_the_harness_and_cuda_without_cuda_is_refused(tiny_
         asked.append(device)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(subjects, "load_tiny", no_load)
+    monkeypatch.setattr(tofu_tiny, "load_tiny", no_load)  # where the references load the pair
     with pytest.raises(RuntimeError, match="stop here"):
         run_comparison(tiny_pair, ["grom"], grid=False, source="synthetic", forget_split="forget10",
                        eval_kwargs={"device": "cuda:0"}, quantization_check=False, progress=False)

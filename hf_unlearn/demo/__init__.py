@@ -1,6 +1,6 @@
 """The demo: tiny models trained from scratch on TOFU-shaped text, and every method compared on them.
 
-- :mod:`.tiny_models`: TOFU-tiny, a small ``LlamaForCausalLM`` (with its own byte-level BPE tokenizer) trained on
+- :mod:`.tofu_tiny`: TOFU-tiny, a small ``LlamaForCausalLM`` (with its own byte-level BPE tokenizer) trained on
   the question/answer text of every author (the *target*) and of the retain authors only (the *retain
   reference*), built once into a cache: :func:`build_tiny_pair`, :func:`load_tiny`.
 - :mod:`.references`: the target and the retain reference evaluated on TOFU, and the sanity gate that makes the
@@ -14,7 +14,7 @@ from __future__ import annotations
 from .compare import DEMO_COLUMNS, demo_table, forget_rows_with_other_answers, run_demo, write_demo_results
 from .references import format_gate, reference_rows, sanity_gate
 from .settings import demo_methods, demo_settings
-from .tiny_models import (
+from .tofu_tiny import (
     CACHE_ENV,
     TinyPair,
     TinyRecipe,

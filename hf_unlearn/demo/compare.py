@@ -125,7 +125,7 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
 
     from ..console import PhaseReporter
     from ..data import RETAIN_FOR_FORGET, load_tofu_rows
-    from .tiny_models import load_tiny
+    from .tofu_tiny import load_tiny
 
     eval_kwargs = dict(eval_kwargs or {})
     say = PhaseReporter(enabled=progress, inline=not verbose)

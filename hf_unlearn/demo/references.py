@@ -12,7 +12,7 @@ def reference_rows(pair: Any, source: str, forget_split: str, eval_kwargs: dict[
     (target report, retain report)."""
     from ..evaluation import evaluate_tofu
     from ..evaluation.metrics import forget_quality
-    from .tiny_models import load_tiny
+    from .tofu_tiny import load_tiny
 
     retain_model, tokenizer = load_tiny(pair.retain, eval_kwargs.get("device"))
     retain_report = evaluate_tofu(retain_model, tokenizer, source=source, forget_split=forget_split, progress=False, **eval_kwargs)
