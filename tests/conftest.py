@@ -1,4 +1,6 @@
-"""Shared fixtures: the TOFU copy beside the checkout, the synthetic set, tiny cached models."""
+"""Shared fixtures: the TOFU copy beside the checkout, the synthetic set, tiny cached models; and the ``lab`` mark
+on the test modules of the benchmark lab (``benchmarks/unlearn_bench``), which the default run leaves out and CI
+runs in its own pass (``pytest -m lab tests``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
+
+#: The test modules of the benchmark lab: every test in them is marked ``lab``.
+LAB_TEST_MODULES = frozenset({
+    "test_bench", "test_bench_bar", "test_bench_selection", "test_measure", "test_muse_bench",
+    "test_small_pair_validation", "test_subjects", "test_subjects_precision", "test_subjects_v2",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module is not None and item.module.__name__ in LAB_TEST_MODULES:
+            item.add_marker(pytest.mark.lab)
 
 
 @pytest.fixture(scope="session")
