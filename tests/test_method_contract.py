@@ -178,8 +178,8 @@ def test_an_installed_package_adds_a_method_through_its_entry_point(tmp_path):
 
 # ----- the core names no method ------------------------------------------------------------------------------------
 #: Modules outside ``hf_unlearn/methods`` that may name methods: the package's public top level (which re-exports
-#: each method's classes, as ``peft`` exports every config) and the benchmark's timing references (data).
-MAY_NAME_METHODS = frozenset({"hf_unlearn", "unlearn_bench.timing"})
+#: each method's classes, as ``peft`` exports every config).
+MAY_NAME_METHODS = frozenset({"hf_unlearn"})
 
 
 def method_mentions(source: str, module: str, is_package: bool, names: set[str], folders: set[str]) -> list[str]:
