@@ -14,22 +14,22 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from hf_unlearn.demo import load_tiny
 from hf_unlearn.data import tokenize_qa
+from hf_unlearn.demo import load_tiny
 from hf_unlearn.logprobs import answer_mask, answer_nll, label_log_probs
 from hf_unlearn.methods.base import BaseUnlearningConfig
 from hf_unlearn.methods.base.checkpoints import ResumeMismatchError
 from hf_unlearn.methods.baselines import (
     CEUConfig,
     CEUTrainer,
-    DPOConfig,
-    DPOTrainer,
     IdkDPOConfig,
     IdkDPOTrainer,
     SatImpConfig,
     SatImpTrainer,
     UNDIALConfig,
     UNDIALTrainer,
+    UnlearnDPOConfig,
+    UnlearnDPOTrainer,
     WGAConfig,
     WGATrainer,
     ceu_loss,
@@ -44,7 +44,7 @@ from hf_unlearn.methods.baselines import (
 datasets.disable_progress_bars()
 
 TRAINERS = {"wga": WGATrainer, "satimp": SatImpTrainer, "ceu": CEUTrainer, "undial": UNDIALTrainer,
-            "dpo": DPOTrainer, "idk_dpo": IdkDPOTrainer}
+            "dpo": UnlearnDPOTrainer, "idk_dpo": IdkDPOTrainer}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -60,7 +60,7 @@ def _config(cls, out, **overrides):
         output_dir=str(out), report_to="none", save_strategy="no", gradient_checkpointing=False, disable_tqdm=True,
         per_device_train_batch_size=4, max_steps=2, logging_steps=1, seed=0, learning_rate=1e-3,
     )
-    if cls is DPOConfig:
+    if cls is UnlearnDPOConfig:
         values["alternate_column"] = "perturbed_answer"
     values.update(overrides)
     return cls(**values)
@@ -180,7 +180,7 @@ def test_dpo_matches_a_per_sequence_loop_and_is_npo_without_the_preferred_answer
 def test_configs_carry_open_unlearnings_defaults_and_refuse_bad_values(tmp_path):
     out = str(tmp_path / "o")
     wga, satimp, ceu = WGAConfig(out), SatImpConfig(out), CEUConfig(out)
-    undial, dpo, idk = UNDIALConfig(out), DPOConfig(out), IdkDPOConfig(out)
+    undial, dpo, idk = UNDIALConfig(out), UnlearnDPOConfig(out), IdkDPOConfig(out)
     assert (wga.beta, wga.forget_weight, wga.retain_weight, wga.retain_loss, wga.learning_rate,
             wga.num_train_epochs) == (1.0, 1.0, 1.0, "nll", 1e-5, 5.0)
     assert (satimp.beta1, satimp.beta2, satimp.forget_weight, satimp.retain_weight) == (5.0, 1.0, 1.0, 0.1)
@@ -189,13 +189,13 @@ def test_configs_carry_open_unlearnings_defaults_and_refuse_bad_values(tmp_path)
     assert (dpo.beta, dpo.alternate_column, dpo.retain_weight) == (0.1, "alternate_answer", 1.0)
     assert (idk.beta, idk.idk_answers_file) == (0.1, None)
     for cls, field, value in ((WGAConfig, "beta", -1.0), (SatImpConfig, "beta2", math.inf), (UNDIALConfig, "beta", 0.0),
-                              (CEUConfig, "skip_first_answer_tokens", -1), (DPOConfig, "beta", 0.0),
+                              (CEUConfig, "skip_first_answer_tokens", -1), (UnlearnDPOConfig, "beta", 0.0),
                               (IdkDPOConfig, "retain_weight", -0.5), (WGAConfig, "retain_loss", "mse"),
-                              (DPOConfig, "alternate_column", " ")):
+                              (UnlearnDPOConfig, "alternate_column", " ")):
         with pytest.raises(ValueError, match=field):
             cls(out, **{field: value})
     base = {f.name for f in dataclasses.fields(BaseUnlearningConfig)}
-    for cls in (WGAConfig, SatImpConfig, CEUConfig, UNDIALConfig, DPOConfig, IdkDPOConfig):
+    for cls in (WGAConfig, SatImpConfig, CEUConfig, UNDIALConfig, UnlearnDPOConfig, IdkDPOConfig):
         own = [f for f in dataclasses.fields(cls) if f.name not in base]
         assert own and all(f.metadata.get("help") for f in own), cls
 
@@ -246,14 +246,14 @@ def test_dpo_refuses_rows_without_the_preferred_answer_before_any_work(tiny_targ
     forget, retain = synthetic["forget10"][:4], synthetic["retain90"][:8]
     out = tmp_path / "out"
     with pytest.raises(ValueError, match="'alternate_answer'.*idk_dpo"):
-        DPOTrainer(model, _config(DPOConfig, out, alternate_column="alternate_answer"), train_dataset=forget,
+        UnlearnDPOTrainer(model, _config(UnlearnDPOConfig, out, alternate_column="alternate_answer"), train_dataset=forget,
                    retain_dataset=retain, processing_class=tok)
     assert not out.exists()
     bad = [dict(r, alternate_answer="") for r in forget]
     with pytest.raises(ValueError, match="Forget row 0"):
-        DPOTrainer(model, _config(DPOConfig, out, alternate_column="alternate_answer"), train_dataset=bad,
+        UnlearnDPOTrainer(model, _config(UnlearnDPOConfig, out, alternate_column="alternate_answer"), train_dataset=bad,
                    processing_class=tok)
-    config = _config(DPOConfig, out, alternate_column="alternate_answer")
+    config = _config(UnlearnDPOConfig, out, alternate_column="alternate_answer")
     with pytest.raises(UserError, match="alternate_answer"):
         check_run_preconditions("dpo", config, model, tok, forget, retain)
     check_run_preconditions("dpo", config, model, tok, [dict(r, alternate_answer="No.") for r in forget], retain)
@@ -262,9 +262,9 @@ def test_dpo_refuses_rows_without_the_preferred_answer_before_any_work(tiny_targ
 def test_each_batch_carries_the_preferred_answer_of_its_own_forget_row(tiny_target, synthetic, tmp_path):
     model, tok = tiny_target
     forget = synthetic["forget10_perturbed"][:6]
-    trainer = DPOTrainer(model, _config(DPOConfig, tmp_path / "out"), train_dataset=forget,
+    trainer = UnlearnDPOTrainer(model, _config(UnlearnDPOConfig, tmp_path / "out"), train_dataset=forget,
                          retain_dataset=synthetic["retain90"][:10], processing_class=tok)
-    chosen = DPOTrainer.preferred_answers(datasets.Dataset.from_list(forget), trainer.args)
+    chosen = UnlearnDPOTrainer.preferred_answers(datasets.Dataset.from_list(forget), trainer.args)
     assert all(c in row["perturbed_answer"] for c, row in zip(chosen, forget))
     batch = trainer.data_collator([trainer.train_dataset[i] for i in (4, 1, 2)])
     assert {"retain_input_ids", "alternate_input_ids", "alternate_attention_mask", "alternate_labels"} <= set(batch)
@@ -301,7 +301,7 @@ def test_the_runner_hands_the_preferred_answer_column_to_the_trainer(tiny_pair, 
 # ----- the trainers: exact accumulation, exact resume, and each unlearns ------------------------------------------
 
 
-CONFIGS = {"wga": WGAConfig, "satimp": SatImpConfig, "ceu": CEUConfig, "undial": UNDIALConfig, "dpo": DPOConfig,
+CONFIGS = {"wga": WGAConfig, "satimp": SatImpConfig, "ceu": CEUConfig, "undial": UNDIALConfig, "dpo": UnlearnDPOConfig,
            "idk_dpo": IdkDPOConfig}
 
 

@@ -1,6 +1,6 @@
 """DPO unlearning (each forget row's alternate answer preferred over its answer, with a retain term), TRL-style.
 
-Every field of ``DPOConfig`` (and so of ``trl.SFTConfig`` / ``transformers.TrainingArguments``) is an option,
+Every field of ``UnlearnDPOConfig`` (and so of ``trl.SFTConfig`` / ``transformers.TrainingArguments``) is an option,
 plus the script arguments below; ``--help`` lists them all. The result is the unlearned model
 (``model.safetensors`` + tokenizer) in ``--output_dir``.
 

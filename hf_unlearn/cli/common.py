@@ -80,8 +80,8 @@ def resolve_cli_device(args: argparse.Namespace, method: str | None = None,
 
 
 def tiny_pair(build: Any, source: str, split: str, recipe: Any, cache_dir: str | None) -> Any:
-    """The TOFU-tiny pair from ``build`` (the benchmark's ``build_tiny_pair``, which the caller imports), with one
-    progress line."""
+    """The TOFU-tiny pair from ``build`` (:func:`hf_unlearn.demo.build_tiny_pair`, which the caller imports), with
+    one progress line."""
     from ..console import PhaseReporter
 
     say = PhaseReporter()

@@ -12,39 +12,16 @@ configs, the forget/retain pairing, the guards, the checkpoint staging and the s
 """
 # ruff: noqa: F401, I001  (a plain list of re-exports)
 
-from .config import FORGET_LOSSES, RETAIN_LOSSES, BaseUnlearningConfig, UnlearningConfig
-from .losses import LossDenominators, ScoredBatch, answer_mask, kl_retain_loss, nll_loss, sequence_log_probs
-from .pairing import (
-    MODEL_COLUMNS,
-    RETAIN_PREFIX,
-    PairedCollator,
-    PairedForgetRetainDataset,
-    PairingEpochCallback,
-    to_trl_format,
-)
-from .guards import (
-    NonFiniteLossError,
-    NonFiniteWeightsError,
-    RetainDivergenceGuard,
-    TrainingDivergedError,
-    fraction_of_vanishing_updates,
-    non_finite_parameters,
-)
-from .checkpoints import (
-    FINGERPRINT_NAME,
-    RUN_ENTRIES,
-    TRAINER_STATE_NAME,
-    ResumeMismatchError,
-    fingerprint_differences,
-    stage_checkpoint,
-)
+from .config import BaseUnlearningConfig, UnlearningConfig
+from .losses import kl_retain_loss, nll_loss, sequence_log_probs
+from .guards import NonFiniteLossError, NonFiniteWeightsError, TrainingDivergedError
+from .checkpoints import ResumeMismatchError
 from .trainer import UnlearningTrainer
 
+# What a user imports to write a method on this base: the configs, the trainer, the shared loss pieces, and the
+# errors a run raises.
 __all__ = [
-    "FINGERPRINT_NAME", "FORGET_LOSSES", "MODEL_COLUMNS", "RETAIN_LOSSES", "RETAIN_PREFIX", "RUN_ENTRIES",
-    "TRAINER_STATE_NAME", "BaseUnlearningConfig", "LossDenominators", "NonFiniteLossError", "NonFiniteWeightsError",
-    "PairedCollator", "PairedForgetRetainDataset", "PairingEpochCallback", "ResumeMismatchError",
-    "RetainDivergenceGuard", "ScoredBatch", "TrainingDivergedError", "UnlearningConfig", "UnlearningTrainer",
-    "answer_mask", "fingerprint_differences", "fraction_of_vanishing_updates", "kl_retain_loss", "nll_loss",
-    "non_finite_parameters", "sequence_log_probs", "stage_checkpoint", "to_trl_format",
+    "BaseUnlearningConfig", "NonFiniteLossError", "NonFiniteWeightsError", "ResumeMismatchError",
+    "TrainingDivergedError", "UnlearningConfig", "UnlearningTrainer", "kl_retain_loss", "nll_loss",
+    "sequence_log_probs",
 ]

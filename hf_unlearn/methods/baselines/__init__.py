@@ -7,8 +7,8 @@ NPO and SimNPO: thin presets of the shared trainer that train
 
 from ...registry import register_class as _register_class
 from .config import (
-    CEUConfig, DPOConfig, ForgetRetainConfig, GradAscentConfig, GradDiffConfig, IdkDPOConfig, NPOConfig,
-    PreferenceConfig, SatImpConfig, SimNPOConfig, UNDIALConfig, WGAConfig,
+    CEUConfig, ForgetRetainConfig, GradAscentConfig, GradDiffConfig, IdkDPOConfig, NPOConfig, PreferenceConfig,
+    SatImpConfig, SimNPOConfig, UNDIALConfig, UnlearnDPOConfig, WGAConfig,
 )
 from .loss import baseline_loss, dpo_loss, grad_ascent_loss, grad_diff_loss, npo_loss, simnpo_loss
 from .token_loss import ceu_loss, satimp_loss, undial_loss, wga_loss
@@ -16,18 +16,18 @@ from .trainer import (
     BaselineTrainer, GradAscentTrainer, GradDiffTrainer, NPOTrainer, SimNPOTrainer, baseline_objective,
 )
 from .token_trainer import CEUTrainer, ForgetRetainTrainer, SatImpTrainer, UNDIALTrainer, WGATrainer
-from .dpo import DPOTrainer, IdkDPOTrainer, PreferenceTrainer, load_idk_answers
+from .dpo import IdkDPOTrainer, PreferenceTrainer, UnlearnDPOTrainer, load_idk_answers
 
 for _trainer in (GradAscentTrainer, GradDiffTrainer, NPOTrainer, SimNPOTrainer, WGATrainer, SatImpTrainer,
-                 CEUTrainer, UNDIALTrainer, DPOTrainer, IdkDPOTrainer):
+                 CEUTrainer, UNDIALTrainer, UnlearnDPOTrainer, IdkDPOTrainer):
     _register_class(_trainer, artifact_kind="unlearned_model", trainer=True)
 del _trainer
 
+# What a user imports: each baseline's config and trainer, and the losses as pure functions.
 __all__ = [
-    "BaselineTrainer", "CEUConfig", "CEUTrainer", "DPOConfig", "DPOTrainer", "ForgetRetainConfig", "ForgetRetainTrainer",
-    "GradAscentConfig", "GradAscentTrainer", "GradDiffConfig", "GradDiffTrainer", "IdkDPOConfig", "IdkDPOTrainer",
-    "NPOConfig", "NPOTrainer", "PreferenceConfig", "PreferenceTrainer", "SatImpConfig", "SatImpTrainer",
-    "SimNPOConfig", "SimNPOTrainer", "UNDIALConfig", "UNDIALTrainer", "WGAConfig", "WGATrainer", "baseline_loss",
-    "baseline_objective", "ceu_loss", "dpo_loss", "grad_ascent_loss", "grad_diff_loss", "load_idk_answers",
-    "npo_loss", "satimp_loss", "simnpo_loss", "undial_loss", "wga_loss",
+    "BaselineTrainer", "CEUConfig", "CEUTrainer", "GradAscentConfig", "GradAscentTrainer", "GradDiffConfig",
+    "GradDiffTrainer", "IdkDPOConfig", "IdkDPOTrainer", "NPOConfig", "NPOTrainer", "SatImpConfig", "SatImpTrainer",
+    "SimNPOConfig", "SimNPOTrainer", "UNDIALConfig", "UNDIALTrainer", "UnlearnDPOConfig", "UnlearnDPOTrainer",
+    "WGAConfig", "WGATrainer", "ceu_loss", "dpo_loss", "grad_ascent_loss", "grad_diff_loss", "npo_loss",
+    "satimp_loss", "simnpo_loss", "undial_loss", "wga_loss",
 ]

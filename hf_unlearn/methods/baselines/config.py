@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..base.config import FORGET_LOSSES, RETAIN_LOSSES, BaseUnlearningConfig, UnlearningConfig
 
-__all__ = ["CEUConfig", "DPOConfig", "ForgetRetainConfig", "GradAscentConfig", "GradDiffConfig", "IdkDPOConfig",
+__all__ = ["CEUConfig", "UnlearnDPOConfig", "ForgetRetainConfig", "GradAscentConfig", "GradDiffConfig", "IdkDPOConfig",
            "NPOConfig", "PreferenceConfig", "SatImpConfig", "SimNPOConfig", "UNDIALConfig", "WGAConfig"]
 
 
@@ -193,7 +193,7 @@ class UNDIALConfig(ForgetRetainConfig):
 @dataclass
 class PreferenceConfig(ForgetRetainConfig):
     r"""
-    The DPO objective's fields, shared by [`DPOConfig`] and [`IdkDPOConfig`], with open-unlearning's defaults
+    The DPO objective's fields, shared by [`UnlearnDPOConfig`] and [`IdkDPOConfig`], with open-unlearning's defaults
     (`configs/trainer/DPO.yaml`, `configs/experiment/unlearn/tofu/idk.yaml`): `beta=0.1`,
     `forget_weight=retain_weight=1`, retain NLL, learning rate `1e-5`, 10 epochs.
 
@@ -210,9 +210,9 @@ class PreferenceConfig(ForgetRetainConfig):
 
 
 @dataclass
-class DPOConfig(PreferenceConfig):
+class UnlearnDPOConfig(PreferenceConfig):
     r"""
-    Configuration of [`DPOTrainer`]: DPO with a given alternate answer of each forget row preferred over its
+    Configuration of [`UnlearnDPOTrainer`]: DPO with a given alternate answer of each forget row preferred over its
     answer. Defaults as [`PreferenceConfig`].
 
     Parameters:

@@ -8,7 +8,7 @@ questions and prompt template, and each batch carries them beside the forget hal
 preferred answer, in every process and after a resume. They enter the run's fingerprint: a checkpoint written with
 other preferred answers is refused on resume.
 
-* :class:`DPOTrainer` reads the preferred answer from a column of the forget rows (``alternate_column``, by
+* :class:`UnlearnDPOTrainer` reads the preferred answer from a column of the forget rows (``alternate_column``, by
   default ``"alternate_answer"``; a list of strings, such as TOFU's ``perturbed_answer``, gives one drawn per row
   with ``seed``). A forget set without it is refused before any work.
 * :class:`IdkDPOTrainer` prefers a refusal answer drawn per row with ``seed`` from
@@ -32,10 +32,10 @@ from ..base.checkpoints import _rows_digest
 from ..base.losses import LossDenominators
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, as_dataset, to_trl_format
 from ..base.trainer import UnlearningTrainer
-from .config import DPOConfig, IdkDPOConfig, PreferenceConfig
+from .config import IdkDPOConfig, PreferenceConfig, UnlearnDPOConfig
 from .loss import dpo_loss
 
-__all__ = ["ALTERNATE_PREFIX", "DPOTrainer", "IdkDPOTrainer", "PreferenceTrainer", "load_idk_answers"]
+__all__ = ["ALTERNATE_PREFIX", "UnlearnDPOTrainer", "IdkDPOTrainer", "PreferenceTrainer", "load_idk_answers"]
 
 ALTERNATE_PREFIX = "alternate_"
 IDK_ANSWERS_FILE = "idk_answers.txt"
@@ -192,9 +192,9 @@ class PreferenceTrainer(UnlearningTrainer):
         return loss
 
 
-class DPOTrainer(PreferenceTrainer):
+class UnlearnDPOTrainer(PreferenceTrainer):
     """DPO (Rafailov et al. 2023) for unlearning: each forget row's ``alternate_column`` answer preferred over its
-    answer, :func:`~hf_unlearn.methods.baselines.loss.dpo_loss`, with the retain NLL. Defaults ([`DPOConfig`]):
+    answer, :func:`~hf_unlearn.methods.baselines.loss.dpo_loss`, with the retain NLL. Defaults ([`UnlearnDPOConfig`]):
     ``beta=0.1``, ``forget_weight=retain_weight=1``, column ``"alternate_answer"``."""
 
     _name = "DPO"
@@ -204,15 +204,15 @@ class DPOTrainer(PreferenceTrainer):
         "title": "Direct Preference Optimization: Your Language Model is Secretly a Reward Model", "id": "2305.18290"}
     _cli_help = "DPO preferring each forget row's alternate answer (column alternate_answer) over its answer"
     _tag_names = [*UnlearningTrainer._tag_names, "dpo"]
-    config_class = DPOConfig
+    config_class = UnlearnDPOConfig
 
     @classmethod
-    def forget_columns(cls, args: DPOConfig) -> tuple[str, ...]:
+    def forget_columns(cls, args: UnlearnDPOConfig) -> tuple[str, ...]:
         """Columns of the forget rows this trainer reads besides ``question`` and ``answer``."""
         return (args.alternate_column,)
 
     @classmethod
-    def preferred_answers(cls, forget: Dataset, args: DPOConfig) -> list[str]:
+    def preferred_answers(cls, forget: Dataset, args: UnlearnDPOConfig) -> list[str]:
         cls._check_tofu_rows(forget)
         column = args.alternate_column
         if column not in forget.column_names:

@@ -4,11 +4,10 @@ registers the method here."""
 # ruff: noqa: F401, I001  (a plain list of re-exports)
 
 from ...registry import register_class as _register_class
-from .config import RMU_ALL_PARAMETERS, RMU_WMDP_PARAMETERS, RMUConfig
+from .config import RMUConfig
 from .loss import activation_mse, rmu_control_vector, rmu_loss
 from .trainer import CONTROL_VECTOR_NAME, RMUTrainer
 
 _register_class(RMUTrainer, artifact_kind="unlearned_model", trainer=True)
 
-__all__ = ["CONTROL_VECTOR_NAME", "RMU_ALL_PARAMETERS", "RMU_WMDP_PARAMETERS", "RMUConfig", "RMUTrainer",
-           "activation_mse", "rmu_control_vector", "rmu_loss"]
+__all__ = ["RMUConfig", "RMUTrainer", "activation_mse", "rmu_control_vector", "rmu_loss"]

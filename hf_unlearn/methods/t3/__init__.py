@@ -13,12 +13,14 @@ hidden state of the prefix to one retain-vs-forget logit per vocabulary entry. G
 A head records a fingerprint of its base's weights and refuses any other model (:mod:`hf_unlearn.methods.t3.provenance`).
 """
 
+# ruff: noqa: F401  (names beside __all__ are imported here for the tests of the internals)
+
 from ...artifact_kinds import ArtifactKind as _ArtifactKind
 from ...artifact_kinds import config_base_model as _config_base_model
 from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
 from ...registry import register_class as _register_class
-from .cache import cache_answer_states, validate_t3_fit
-from .calibration import calibrate_t3, calibration_grid
+from .cache import validate_t3_fit
+from .calibration import calibrate_t3
 from .config import T3ClassifierConfig
 from .fit import fit_t3
 from .hidden import causal_mean_pool
@@ -50,8 +52,9 @@ _register_artifact_kind(_ArtifactKind(
     integrity=_t3_integrity_entry,
 ))
 
+# What a user imports: the head and its config, the fit and its calibration, the decoding processor and the exact
+# tilted scores. The other names imported above are for the tests of the internals.
 __all__ = [
-    "T3Classifier", "T3ClassifierConfig", "T3ClassifierOutput", "T3LogitsProcessor", "cache_answer_states",
-    "causal_mean_pool", "fit_t3", "t3_log_probs", "t3_scorer", "tilted_log_probs", "tilted_scores",
-    "validate_t3_fit", "calibrate_t3", "calibration_grid",
+    "T3Classifier", "T3ClassifierConfig", "T3ClassifierOutput", "T3LogitsProcessor", "calibrate_t3", "fit_t3",
+    "t3_log_probs", "t3_scorer", "tilted_log_probs",
 ]
