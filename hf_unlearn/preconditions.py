@@ -22,7 +22,8 @@ from .registry import get_method
 
 __all__ = [
     "TOKENIZER_FILES", "WEIGHT_FILES", "check_eval_configs", "check_push_target", "check_retain_reference",
-    "check_output_parent", "check_run_preconditions", "load_model", "load_rows", "prompt_fits", "rows_from_spec",
+    "check_no_remote_code", "check_output_parent", "check_run_preconditions", "load_model", "load_rows", "prompt_fits",
+    "rows_from_spec",
 ]
 
 #: Files of which a saved model folder holds at least one (weights) / a saved tokenizer at least one.
@@ -55,6 +56,39 @@ def _missing_model_folder(name_or_path: str) -> str | None:
     return None
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (``{}`` when there is no such file); one line when it is not one."""
+    import json
+
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} cannot be read as JSON ({type(err).__name__}: {_first_line(err)}).") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object.")
+    return data
+
+
+def check_no_remote_code(folder: str | os.PathLike) -> None:
+    """Refuse, before anything is loaded, a model folder that asks for code shipped with it: an ``auto_map`` in
+    ``config.json`` or ``tokenizer_config.json``, or a ``config.json`` whose ``model_type`` transformers does not
+    know (only the model's own Python files could build it). Reads the two files as JSON and imports nothing from
+    the folder; the package never passes ``trust_remote_code=True``, so no prompt asks to run such code either."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    folder = Path(folder)
+    fix = "hf-unlearn never runs code shipped with a model; pass a model of an architecture transformers provides."
+    for name in ("config.json", "tokenizer_config.json"):
+        if "auto_map" in _json_object(folder / name):
+            raise UserError(f"{folder / name} asks to run the model's own Python code (auto_map); {fix}")
+    model_type = _json_object(folder / "config.json").get("model_type")
+    if (folder / "config.json").is_file() and (not isinstance(model_type, str) or model_type not in CONFIG_MAPPING):
+        raise UserError(f"{folder / 'config.json'} names model_type {model_type!r}, which transformers does not know "
+                        f"(only the model's own code could build it); {fix}")
+
+
 def _check_model_folder(name_or_path: str) -> None:
     """The local folder ``name_or_path`` holds a saved model: ``config.json``, readable safetensors weights
     (:func:`~hf_unlearn.model_files.check_weight_files`; pickle weights alone are refused) and a tokenizer."""
@@ -72,6 +106,7 @@ def _check_model_folder(name_or_path: str) -> None:
             f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model into it "
             "with model.save_pretrained(folder), or pass the folder that holds the weights."
         )
+    check_no_remote_code(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise UserError(
             f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save the model's "
@@ -92,7 +127,8 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
     an empty, truncated or unreadable safetensors file, or no tokenizer; the weights lack one the model has
     (it would be initialised at random), hold one it does not have, or have another shape than ``config.json``
     says (tied weights such as an ``lm_head`` tied to the embeddings are not missing); a weight holds NaN or an
-    infinity. Never runs code shipped with a model (no ``trust_remote_code``)."""
+    infinity; the folder asks to run code shipped with the model (:func:`check_no_remote_code`). Every load passes
+    ``trust_remote_code=False``: code shipped with a model never runs, and no prompt offers to run it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .model_files import first_non_finite, loading_problems
@@ -108,7 +144,8 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
     where = "" if local else f": there is no local folder {name_or_path} in {os.getcwd()}, and as a Hub model id it"
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            name_or_path, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
+            name_or_path, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
+            trust_remote_code=False)
     except (OSError, ValueError, RuntimeError) as err:
         cause = f"{err.__class__.__name__}: {_first_line(err)}"
         raise UserError(f"Could not load the model {name_or_path!r}{where} failed to load ({cause}).{offline}"
@@ -123,7 +160,7 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
         raise UserError(f"The weights of {name_or_path} hold NaN or infinite values (first: {bad}); a model with "
                         "non-finite weights cannot be unlearned: restore the weights it was saved with.")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
     except (OSError, ValueError, TypeError) as err:
         raise UserError(
             f"Could not load the tokenizer of {name_or_path!r} ({err.__class__.__name__}: {_first_line(err)}); "

@@ -40,11 +40,11 @@ class InputChecksMixin:
         processing_class, forget, retain, eval_dataset)``."""
         self._input_dirs = self._model_dirs(model)
         self._check_output_dir_before_work(args)
-        model_config = AutoConfig.from_pretrained(model) if isinstance(model, str) else getattr(model, "config", None)
+        model_config = AutoConfig.from_pretrained(model, trust_remote_code=False) if isinstance(model, str) else getattr(model, "config", None)
         args = self._limit_max_length(args, model_config)
         if processing_class is None:
             model_id = model if isinstance(model, str) else get_config_model_id(model.config)
-            processing_class = AutoTokenizer.from_pretrained(model_id)
+            processing_class = AutoTokenizer.from_pretrained(model_id, trust_remote_code=False)
         template = getattr(args, "prompt_template", None)
         raw_forget = as_dataset(train_dataset)
         if len(raw_forget) == 0:
