@@ -47,6 +47,8 @@ TRAINING_RANGES: dict[str, str | tuple[str, str]] = {
     "eval_steps": "> 0",
     "eval_delay": ">= 0",
     "neftune_noise_alpha": ">= 0",
+    "seed": ("[0, 4294967295]", "NumPy and torch take seeds between 0 and 2**32 - 1"),
+    "data_seed": ("[0, 4294967295]", "NumPy and torch take seeds between 0 and 2**32 - 1"),
 }
 
 
