@@ -22,8 +22,8 @@ from .registry import get_method
 
 __all__ = [
     "TOKENIZER_FILES", "WEIGHT_FILES", "check_eval_configs", "check_push_target", "check_retain_reference",
-    "check_no_remote_code", "check_output_parent", "check_run_preconditions", "load_model", "load_rows", "prompt_fits",
-    "rows_from_spec",
+    "check_no_remote_code", "check_output_parent", "check_resume_request", "check_run_preconditions",
+    "load_model", "load_rows", "prompt_fits", "rows_from_spec", "run_request",
 ]
 
 #: Files of which a saved model folder holds at least one (weights) / a saved tokenizer at least one.
@@ -436,3 +436,44 @@ def check_output_parent(output: str | os.PathLike | None) -> None:
             if not parent.is_dir():
                 raise UserError(f"Output folder {output} cannot be written: {parent} is a file, not a folder.")
             return
+
+
+def _rows_digest(rows: Sequence[Any]) -> str:
+    """``"<count>:<SHA-256 of the rows as canonical JSON>"``."""
+    import hashlib
+    import json
+
+    text = json.dumps(list(rows), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return f"{len(rows)}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+
+
+def run_request(method: str, config: Any, forget: Sequence[Any], retain: Sequence[Any]) -> dict[str, Any]:
+    """What a trainer run is asked to do, known before the model loads: the method, the config's settings that
+    change the weights (those a checkpoint's run fingerprint tracks: not the run's length, where it writes or how
+    it logs) and the digests of the forget and retain rows as loaded."""
+    from .methods.base.checkpoints import _tracked_settings
+
+    return {"method": method, "settings": _tracked_settings(config),
+            "data": {"forget": _rows_digest(forget), "retain": _rows_digest(retain)}}
+
+
+def check_resume_request(folder: str | os.PathLike, request: dict[str, Any]) -> None:
+    """Refuse (one line, before the model loads) resuming the run in ``folder`` with another method, other
+    settings or other rows than its ``logs/run_request.json`` records; a folder without one (a run started
+    through the Python API) is left to the trainer's own check of the checkpoint."""
+    import json
+
+    from .methods.base.checkpoints import RUN_REQUEST_NAME, fingerprint_differences
+
+    path = Path(folder) / "logs" / RUN_REQUEST_NAME
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"--resume: {path} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
+    diffs = fingerprint_differences(saved, request)
+    if diffs:
+        shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+        raise UserError(f"--resume: the run in {folder} was started with another setting or other rows ({shown}); "
+                        "resume it with its own method, settings and rows, or start afresh in another folder.")

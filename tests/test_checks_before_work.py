@@ -112,3 +112,22 @@ def test_a_byte_order_mark_or_a_repeated_key_is_refused(tiny_pair, here, capsys,
 def test_a_seed_out_of_range_is_refused_before_the_model_loads(tiny_pair, here, capsys, seed):
     _refused_with_nothing_changed(capsys, here, _unlearn(tiny_pair, "--data", "synthetic", "--seed", seed,
                                                          method="grad_diff"), f"seed={seed}", "2**32 - 1")
+
+
+def test_a_resume_with_other_settings_or_rows_is_refused_before_the_model_loads(tiny_pair, here, capsys,
+                                                                                 monkeypatch):
+    run = _unlearn(tiny_pair, "--data", "synthetic", "--save_strategy", "steps", "--save_steps", "1",
+                   method="grad_diff")
+    assert main([*run, "--max_steps", "1"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    import hf_unlearn.scripts as scripts
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(scripts, "load_model", no_model)
+    _refused_with_nothing_changed(capsys, here, [*run, "--max_steps", "2", "--resume", "--learning_rate", "1e-4"],
+                                  "--resume", "learning_rate=1e-05 (now 0.0001)")
+    other_rows = [a if a != "synthetic" else "synthetic:1" for a in run]
+    _refused_with_nothing_changed(capsys, here, [*other_rows, "--max_steps", "2", "--resume"],
+                                  "other forget rows", "other retain rows")
