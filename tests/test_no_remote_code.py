@@ -2,7 +2,7 @@
 
 Every ``Auto*.from_pretrained`` / ``Auto*.from_config`` call of the package and its examples passes
 ``trust_remote_code=False`` (read from the source, so a new call without it fails here). Through the real CLI
-entry point, a model folder whose ``config.json`` or ``tokenizer_config.json`` asks for its own code (``auto_map``,
+entry point (``unlearn`` and ``eval``), a model folder whose ``config.json`` or ``tokenizer_config.json`` asks for its own code (``auto_map``,
 an unknown ``model_type``) is refused in one line before anything loads, even when the user would answer ``y`` at
 transformers' "Do you wish to run the custom code?" prompt: the prompt never shows, the model's Python file never
 runs, and the folder tree is unchanged.
@@ -90,13 +90,14 @@ def _code_model(tiny_pair, folder: Path, where: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("where, fragment", [
-    ("config.json", "auto_map"),
-    ("tokenizer_config.json", "auto_map"),
-    ("model_type", "model_type 'own_model'"),
+@pytest.mark.parametrize("command, where, fragment", [
+    ("unlearn", "config.json", "auto_map"),
+    ("unlearn", "tokenizer_config.json", "auto_map"),
+    ("unlearn", "model_type", "model_type 'own_model'"),
+    ("eval", "config.json", "auto_map"),
 ])
 def test_a_model_asking_for_its_own_code_is_refused_before_it_loads(tiny_pair, tmp_path, monkeypatch, capsys,
-                                                                      where, fragment):
+                                                                      command, where, fragment):
     model = _code_model(tiny_pair, tmp_path / "model", where)
     prompts: list[str] = []
 
@@ -107,8 +108,9 @@ def test_a_model_asking_for_its_own_code_is_refused_before_it_loads(tiny_pair, t
     monkeypatch.setattr("builtins.input", answer_yes)
     monkeypatch.chdir(tmp_path)
     before = _snapshot(tmp_path)
-    code = main(["unlearn", "--method", "grad_diff", "--model", str(model), "--data", "synthetic",
-                 "--output", str(tmp_path / "out"), "--max_steps", "1"])
+    argv = (["unlearn", "--method", "grad_diff", "--output", str(tmp_path / "out"), "--max_steps", "1"]
+            if command == "unlearn" else ["eval", "--output", str(tmp_path / "report.json")])
+    code = main([*argv, "--model", str(model), "--data", "synthetic"])
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert code == 2, (code, err, captured.out[-2000:])
