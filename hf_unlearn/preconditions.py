@@ -1,9 +1,12 @@
 """What a run would refuse, checked before any work and before any output folder is created.
 
 Each check ends with one :class:`~hf_unlearn.options.UserError` line naming the problem and the fix: a model
-path that does not exist, a folder without safetensors weights or tokenizer, a damaged weight file, weights that
-do not fit the config or hold NaN (:func:`load_model`, with :mod:`hf_unlearn.model_files`), a rows file or TOFU
-config with a bad row (:func:`load_rows`, :func:`rows_from_spec`), an output path below a file
+path that does not exist, a folder without safetensors weights or tokenizer, a folder that asks to run its own
+code (:func:`check_no_remote_code`), a damaged weight file, weights that do not fit the config or hold NaN
+(:func:`load_model`, with :mod:`hf_unlearn.model_files`), a rows file or TOFU config with a bad row, an empty
+document, a link inside a documents folder, a byte-order mark or a repeated JSON key (:func:`load_rows`,
+:func:`rows_from_spec`), a resume with another setting or other rows than the run it resumes
+(:func:`check_resume_request`), an output path below a file
 (:func:`check_output_parent`), a retain reference that is missing or made on other rows (:func:`check_retain_reference`),
 TOFU configs the evaluator needs but the data source lacks (:func:`check_eval_configs`), an invalid repo id or a
 missing token (:func:`check_push_target`), and what the method itself would refuse with this model and these
