@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"1/5 measuring the original model on {len(records)} records and {len(retain_eval)} retain rows")
     before = behaviour(model, tokenizer, records, retain_eval, args.max_new_tokens)
     if args.retain_model:
-        ref_model = AutoModelForCausalLM.from_pretrained(args.retain_model)
+        ref_model = AutoModelForCausalLM.from_pretrained(args.retain_model, trust_remote_code=False)
         reference = {"kind": "retain model", "model": args.retain_model,
                      "behaviour": behaviour(ref_model, tokenizer, records, retain_eval, args.max_new_tokens)}
         del ref_model

@@ -46,8 +46,8 @@ def main() -> None:
 
     settings = dict(PRESETS[args.method].demo)
     settings.update({k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)})
-    model = AutoModelForCausalLM.from_pretrained(pair.target)
-    tokenizer = AutoTokenizer.from_pretrained(pair.target)
+    model = AutoModelForCausalLM.from_pretrained(pair.target, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(pair.target, trust_remote_code=False)
     forget = load_tofu_rows(args.forget_split, args.data)
     retain = load_tofu_rows(RETAIN_FOR_FORGET[args.forget_split], args.data)
     out = Path(args.output) / args.method

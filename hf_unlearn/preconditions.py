@@ -1,9 +1,12 @@
 """What a run would refuse, checked before any work and before any output folder is created.
 
 Each check ends with one :class:`~hf_unlearn.options.UserError` line naming the problem and the fix: a model
-path that does not exist, a folder without safetensors weights or tokenizer, a damaged weight file, weights that
-do not fit the config or hold NaN (:func:`load_model`, with :mod:`hf_unlearn.model_files`), a rows file or TOFU
-config with a bad row (:func:`load_rows`, :func:`rows_from_spec`), an output path below a file
+path that does not exist, a folder without safetensors weights or tokenizer, a folder that asks to run its own
+code (:func:`check_no_remote_code`), a damaged weight file, weights that do not fit the config or hold NaN
+(:func:`load_model`, with :mod:`hf_unlearn.model_files`), a rows file or TOFU config with a bad row, an empty
+document, a link inside a documents folder, a byte-order mark or a repeated JSON key (:func:`load_rows`,
+:func:`rows_from_spec`), a resume with another setting or other rows than the run it resumes
+(:func:`check_resume_request`), an output path below a file
 (:func:`check_output_parent`), a retain reference that is missing or made on other rows (:func:`check_retain_reference`),
 TOFU configs the evaluator needs but the data source lacks (:func:`check_eval_configs`), an invalid repo id or a
 missing token (:func:`check_push_target`), and what the method itself would refuse with this model and these
@@ -22,7 +25,8 @@ from .registry import get_method
 
 __all__ = [
     "TOKENIZER_FILES", "WEIGHT_FILES", "check_eval_configs", "check_push_target", "check_retain_reference",
-    "check_output_parent", "check_run_preconditions", "load_model", "load_rows", "prompt_fits", "rows_from_spec",
+    "check_no_remote_code", "check_output_parent", "check_resume_request", "check_run_preconditions",
+    "load_model", "load_rows", "prompt_fits", "rows_from_spec", "run_request",
 ]
 
 #: Files of which a saved model folder holds at least one (weights) / a saved tokenizer at least one.
@@ -55,6 +59,39 @@ def _missing_model_folder(name_or_path: str) -> str | None:
     return None
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (``{}`` when there is no such file); one line when it is not one."""
+    import json
+
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} cannot be read as JSON ({type(err).__name__}: {_first_line(err)}).") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object.")
+    return data
+
+
+def check_no_remote_code(folder: str | os.PathLike) -> None:
+    """Refuse, before anything is loaded, a model folder that asks for code shipped with it: an ``auto_map`` in
+    ``config.json`` or ``tokenizer_config.json``, or a ``config.json`` whose ``model_type`` transformers does not
+    know (only the model's own Python files could build it). Reads the two files as JSON and imports nothing from
+    the folder; the package never passes ``trust_remote_code=True``, so no prompt asks to run such code either."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    folder = Path(folder)
+    fix = "hf-unlearn never runs code shipped with a model; pass a model of an architecture transformers provides."
+    for name in ("config.json", "tokenizer_config.json"):
+        if "auto_map" in _json_object(folder / name):
+            raise UserError(f"{folder / name} asks to run the model's own Python code (auto_map); {fix}")
+    model_type = _json_object(folder / "config.json").get("model_type")
+    if (folder / "config.json").is_file() and (not isinstance(model_type, str) or model_type not in CONFIG_MAPPING):
+        raise UserError(f"{folder / 'config.json'} names model_type {model_type!r}, which transformers does not know "
+                        f"(only the model's own code could build it); {fix}")
+
+
 def _check_model_folder(name_or_path: str) -> None:
     """The local folder ``name_or_path`` holds a saved model: ``config.json``, readable safetensors weights
     (:func:`~hf_unlearn.model_files.check_weight_files`; pickle weights alone are refused) and a tokenizer."""
@@ -72,6 +109,7 @@ def _check_model_folder(name_or_path: str) -> None:
             f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model into it "
             "with model.save_pretrained(folder), or pass the folder that holds the weights."
         )
+    check_no_remote_code(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise UserError(
             f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save the model's "
@@ -92,7 +130,8 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
     an empty, truncated or unreadable safetensors file, or no tokenizer; the weights lack one the model has
     (it would be initialised at random), hold one it does not have, or have another shape than ``config.json``
     says (tied weights such as an ``lm_head`` tied to the embeddings are not missing); a weight holds NaN or an
-    infinity. Never runs code shipped with a model (no ``trust_remote_code``)."""
+    infinity; the folder asks to run code shipped with the model (:func:`check_no_remote_code`). Every load passes
+    ``trust_remote_code=False``: code shipped with a model never runs, and no prompt offers to run it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .model_files import first_non_finite, loading_problems
@@ -108,7 +147,8 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
     where = "" if local else f": there is no local folder {name_or_path} in {os.getcwd()}, and as a Hub model id it"
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            name_or_path, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
+            name_or_path, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
+            trust_remote_code=False)
     except (OSError, ValueError, RuntimeError) as err:
         cause = f"{err.__class__.__name__}: {_first_line(err)}"
         raise UserError(f"Could not load the model {name_or_path!r}{where} failed to load ({cause}).{offline}"
@@ -123,7 +163,7 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
         raise UserError(f"The weights of {name_or_path} hold NaN or infinite values (first: {bad}); a model with "
                         "non-finite weights cannot be unlearned: restore the weights it was saved with.")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
     except (OSError, ValueError, TypeError) as err:
         raise UserError(
             f"Could not load the tokenizer of {name_or_path!r} ({err.__class__.__name__}: {_first_line(err)}); "
@@ -399,3 +439,44 @@ def check_output_parent(output: str | os.PathLike | None) -> None:
             if not parent.is_dir():
                 raise UserError(f"Output folder {output} cannot be written: {parent} is a file, not a folder.")
             return
+
+
+def _rows_digest(rows: Sequence[Any]) -> str:
+    """``"<count>:<SHA-256 of the rows as canonical JSON>"``."""
+    import hashlib
+    import json
+
+    text = json.dumps(list(rows), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return f"{len(rows)}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+
+
+def run_request(method: str, config: Any, forget: Sequence[Any], retain: Sequence[Any]) -> dict[str, Any]:
+    """What a trainer run is asked to do, known before the model loads: the method, the config's settings that
+    change the weights (those a checkpoint's run fingerprint tracks: not the run's length, where it writes or how
+    it logs) and the digests of the forget and retain rows as loaded."""
+    from .methods.base.checkpoints import _tracked_settings
+
+    return {"method": method, "settings": _tracked_settings(config),
+            "data": {"forget": _rows_digest(forget), "retain": _rows_digest(retain)}}
+
+
+def check_resume_request(folder: str | os.PathLike, request: dict[str, Any]) -> None:
+    """Refuse (one line, before the model loads) resuming the run in ``folder`` with another method, other
+    settings or other rows than its ``logs/run_request.json`` records; a folder without one (a run started
+    through the Python API) is left to the trainer's own check of the checkpoint."""
+    import json
+
+    from .methods.base.checkpoints import RUN_REQUEST_NAME, fingerprint_differences
+
+    path = Path(folder) / "logs" / RUN_REQUEST_NAME
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"--resume: {path} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
+    diffs = fingerprint_differences(saved, request)
+    if diffs:
+        shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+        raise UserError(f"--resume: the run in {folder} was started with another setting or other rows ({shown}); "
+                        "resume it with its own method, settings and rows, or start afresh in another folder.")

@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hf_unlearn.preconditions import check_run_preconditions, load_model, load_rows
+from hf_unlearn.preconditions import (
+    check_resume_request,
+    check_run_preconditions,
+    load_model,
+    load_rows,
+    run_request,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -146,7 +152,9 @@ def run_unlearn(
 
     Before any work: the settings and the output folder (:func:`check_output`), the rows as they load
     (:func:`hf_unlearn.preconditions.load_rows`), ``prepare(forget, retain) -> (criterion, retain)`` (the command
-    line's ``--select`` and its other checks; the criterion may be ``None``), the model (:func:`load_model`) and
+    line's ``--select`` and its other checks; the criterion may be ``None``), for ``--resume`` the run's recorded
+    request (:func:`~hf_unlearn.preconditions.check_resume_request`: the same method, settings and rows), the
+    model (:func:`load_model`) and
     what the method would refuse with it (:func:`check_run_preconditions`). The method then runs in a temporary
     folder swapped in when complete, or in the output folder itself when resuming or checkpointing; ``after(result,
     tokenizer, folder, phases)`` runs inside it (the command line's ``--eval``). The folder holds the method's artifact, the
@@ -159,12 +167,15 @@ def run_unlearn(
     from hf_unlearn.console import PhaseReporter, log_exception
     from hf_unlearn.data import RETAIN_FOR_FORGET
     from hf_unlearn.run import unlearn
-    from hf_unlearn.safe_output import atomic_directory, keep_failed
+    from hf_unlearn.safe_output import atomic_directory, atomic_write_json, keep_failed
 
     config = check_output(run)
     forget = load_rows(run.forget_split, run.data, run.forget_file)
     retain = load_rows(RETAIN_FOR_FORGET[run.forget_split], run.data, run.retain_file)
     criterion, retain = prepare(forget, retain) if prepare is not None else (None, retain)
+    request = run_request(run.method, config, forget, retain) if run.checkpointing or run.resume else None
+    if run.resume:
+        check_resume_request(run.folder, request)
     model, tokenizer = load_model(run.model, run.device)
     check_run_preconditions(run.method, config, model, tokenizer, forget, retain)
 
@@ -192,6 +203,10 @@ def run_unlearn(
     try:
         if run.checkpointing or run.resume:  # checkpoints must outlive an interrupted run: train in place
             out.mkdir(parents=True, exist_ok=True)
+            if not run.resume and os.environ.get("RANK", "0") == "0":  # one writer under a launch
+                from hf_unlearn.methods.base.checkpoints import RUN_REQUEST_NAME
+
+                atomic_write_json(out / "logs" / RUN_REQUEST_NAME, request)
             train(out)
         else:
             with atomic_directory(out, overwrite=run.overwrite, all_ranks=True) as work:

@@ -1,5 +1,7 @@
-"""Two CPU processes (torchrun, gloo) stay in step: the command line and the example scripts write one output
-folder (rank 0 creates and swaps it, the other rank writes into the same one), MASC's stop decision is the same on
+"""Two CPU processes (torchrun, gloo) stay in step: the command line under ``torchrun`` and an example script under
+``accelerate launch``, typed as a user types them (no ``--use_cpu``: on a machine without a GPU the Trainer runs on
+the CPU as one distributed run), write one output folder (rank 0 creates and swaps it, the other rank writes into
+the same one), MASC's stop decision is the same on
 every rank, and a non-finite loss on one rank makes every rank raise instead of leaving the others waiting.
 Each launch has a timeout, so a hang fails the test instead of stalling the run. With ZeRO-3 mocked (parameters of
 shape [0] carrying ds_shape): the reference model is reloaded from the folder, never copied, the vocabulary size
@@ -20,8 +22,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
-TRAIN = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3", "--logging_steps", "1",
-         "--use_cpu", "True", "--gradient_checkpointing", "False"]
+TRAIN = ["--max_steps", "2"]
+BIN = Path(sys.executable).parent
 
 
 def _free_port() -> int:
@@ -31,10 +33,14 @@ def _free_port() -> int:
 
 
 def _torchrun(args: list[str], log_path: Path, expect_ok: bool = True) -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    """``torchrun --nproc_per_node 2 <args>`` (a free rendezvous port through torchrun's ``PET_MASTER_PORT``)."""
+    return _launch([str(BIN / "torchrun"), "--nproc_per_node", "2", *args], log_path, expect_ok)
+
+
+def _launch(cmd: list[str], log_path: Path, expect_ok: bool = True) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "PET_MASTER_PORT": str(_free_port())}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(_free_port()), *args]
     with open(log_path, "w") as log:
         # own session, so that a timeout kills torchrun's workers too, not only the launcher
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -60,7 +66,8 @@ def _hidden_left(folder: Path) -> list[str]:
 def test_cli_with_step_checkpoints_writes_one_folder(tiny_pair, tmp_path):
     out = tmp_path / "run"
     _torchrun(["-m", "hf_unlearn.cli", "unlearn", "--method", "grad_diff", "--model", str(tiny_pair.target),
-               "--data", "synthetic", "--output", str(out), *TRAIN, "--save_strategy", "steps", "--save_steps", "1"],
+               "--data", "synthetic", "--output", str(out), *TRAIN, "--logging_steps", "1", "--save_strategy", "steps",
+               "--save_steps", "1"],
               tmp_path / "cli.log")
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     for n in (1, 2):
@@ -72,10 +79,11 @@ def test_cli_with_step_checkpoints_writes_one_folder(tiny_pair, tmp_path):
     assert _hidden_left(out) == []
 
 
-def test_example_script_swaps_in_one_folder(tiny_pair, tmp_path):
+def test_example_script_under_accelerate_launch_swaps_in_one_folder(tiny_pair, tmp_path):
     out = tmp_path / "script"
-    _torchrun([str(REPO / "examples" / "scripts" / "grad_diff.py"), "--model_name_or_path", str(tiny_pair.target),
-               "--dataset_name", "synthetic", "--output_dir", str(out), *TRAIN], tmp_path / "script.log")
+    _launch([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0",
+             str(REPO / "examples" / "scripts" / "grad_diff.py"), "--model_name_or_path", str(tiny_pair.target),
+             "--dataset_name", "synthetic", "--output_dir", str(out), *TRAIN], tmp_path / "script.log")
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert (out / "logs" / "grad_diff.jsonl").is_file()
     assert _hidden_left(out) == []  # rank 1 made no temporary folder of its own, rank 0 swapped the shared one

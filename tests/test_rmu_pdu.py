@@ -167,11 +167,28 @@ def test_rmu_refuses_a_layer_the_model_lacks_and_a_pattern_matching_nothing(tiny
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters()) and not out.exists()
     cli_out = tmp_path / "cli"
     assert main(["unlearn", "--method", "rmu", "--model", str(tiny_pair.target), "--data", "synthetic",
-                 "--output", str(cli_out)]) == 2  # the default layer 7
+                 "--output", str(cli_out), "--layer", "7"]) == 2
     err = capsys.readouterr().err
     assert "layer=7 does not exist" in err and len(err.strip().splitlines()) == 1 and not cli_out.exists()
-    with pytest.raises(ValueError, match="`layer` must be an integer >= 0"):
+    with pytest.raises(ValueError, match="`layer` must be None or an integer >= 0"):
         RMUConfig(output_dir=str(out), report_to="none", layer=-1)
+
+
+def test_rmu_default_layer_is_relative_to_the_model_depth(tiny_pair, tmp_path, capsys):
+    """``floor(7 * depth / 32)``: open-unlearning's layer 7 for a 32-layer model, a layer of any shallower one,
+    so the command line's default runs on the 2-layer tiny model (it steers layer 0)."""
+    import torch
+
+    from hf_unlearn.cli import main
+    from hf_unlearn.methods.rmu.config import default_layer
+
+    assert default_layer(32) == 7 and default_layer(None) == 7
+    for depth in range(1, 129):  # the deepest layer at or above 7/32 of the depth, by search
+        assert default_layer(depth) == max(k for k in range(depth) if 32 * k <= 7 * depth)
+    out = tmp_path / "cli"
+    assert main(["unlearn", "--method", "rmu", "--model", str(tiny_pair.target), "--data", "synthetic",
+                 "--output", str(out), "--max_steps", "1"]) == 0, capsys.readouterr().err
+    assert torch.load(out / "training_args.bin", weights_only=False).layer == 0
 
 
 def test_rmu_trains_only_the_chosen_parameters(tiny_target, synthetic, tmp_path):

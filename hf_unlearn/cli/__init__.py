@@ -19,10 +19,13 @@ Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, befor
 any output folder is created: an unknown method or option, a value of the wrong type or one the method's config
 refuses (for the trainers: a learning rate that is not a finite number > 0, zero or negative epochs,
 ``--max_steps 0``, a batch size below 1, ``--max_length`` below 2, any NaN or infinite value, a value outside
-its range, ``trust_remote_code``), an output folder that is unsafe or not writable, a model path that does not
-exist, a model folder without weights or without a tokenizer, or with pickle-only, damaged, non-finite or
-mismatched weights (:mod:`hf_unlearn.model_files`), a rows file or TOFU config with a missing, empty, null,
-non-string or not valid Unicode question or answer, forget rows that also occur in the retain rows, a forget prompt
+its range such as a seed outside 0..2**32 - 1, ``trust_remote_code``), an output folder that is unsafe or not
+writable, a model path that does not exist, a model folder without weights or without a tokenizer, one that asks
+to run its own code (``auto_map``, an unknown ``model_type``; no prompt is ever shown), or with pickle-only,
+damaged, non-finite or mismatched weights (:mod:`hf_unlearn.model_files`), a rows file or TOFU config with a
+missing, empty, null, non-string or not valid Unicode question or answer, an empty or whitespace-only document, a
+link inside a documents folder, a UTF-8 byte-order mark or a repeated key in JSON input, a ``--resume`` with
+another setting or other rows than the run it resumes, forget rows that also occur in the retain rows, a forget prompt
 that leaves no room for an answer token, a prompt template the tokenizer cannot render, a T3 ``--layer`` outside
 the model, a GROM ``--target_modules`` entry the model does not have, a retain reference that is missing,
 unreadable or (with ``--eval``) made on other rows, TOFU configs that ``--eval`` needs but the data source lacks,

@@ -12,13 +12,13 @@ starts every sequence with a BOS token gets one at the start of each chunk, insi
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .prompts import IGNORE_INDEX, ensure_pad_token
+from .strict_json import parse_json, refuse_byte_order_mark
 
 DOCUMENT_SEPARATOR = "\n\n"  # open-unlearning's PretrainingDataset joins the raw texts with a blank line
 DEFAULT_CHUNK_LENGTH = 2048  # open-unlearning's MUSE max_length
@@ -32,42 +32,55 @@ __all__ = [
 ]
 
 
-def _texts_from_items(items: Iterable[Any], text_key: str, origin: str) -> list[str]:
+def _texts_from_items(items: Iterable[Any], text_key: str, origin: str,
+                      item_names: Sequence[str] | None = None) -> list[str]:
+    """The texts of ``items`` (strings, or mappings with ``text_key``); a ``ValueError`` names ``origin`` and the
+    item (``item_names[i]``, else ``item i``) that is no text, or an empty or whitespace-only one."""
     out = []
     for i, item in enumerate(items):
+        name = item_names[i] if item_names is not None else f"item {i}"
         if isinstance(item, Mapping):
             if text_key not in item:
-                raise ValueError(f"{origin}: item {i} has no {text_key!r} field (fields: {sorted(map(str, item))}).")
+                raise ValueError(f"{origin}: {name} has no {text_key!r} field (fields: {sorted(map(str, item))}).")
             item = item[text_key]
         if not isinstance(item, str):
-            raise ValueError(f"{origin}: item {i} is a {type(item).__name__}, not a text.")
+            raise ValueError(f"{origin}: {name} is a {type(item).__name__}, not a text.")
+        if not item.strip():
+            raise ValueError(f"{origin}: {name} is an empty or whitespace-only document, so there is nothing in it to "
+                             "unlearn or keep; remove it or give it its text.")
         out.append(item)
     return out
 
 
 def _read_file(path: Path, text_key: str) -> list[str]:
+    """The documents of one file (see :func:`load_documents`): JSON read by
+    :func:`~hf_unlearn.data.strict_json.parse_json`, a UTF-8 byte-order mark refused in every kind."""
     suffix = path.suffix.lower()
+    if suffix not in DOCUMENT_FILE_SUFFIXES:
+        raise ValueError(f"{path}: documents are read from {', '.join(DOCUMENT_FILE_SUFFIXES)} files, not {suffix!r}.")
     text = path.read_text(encoding="utf-8")
+    refuse_byte_order_mark(text, str(path))
     if suffix == ".txt":
-        return [text]
+        return _texts_from_items([text], text_key, str(path), ["the file"])
     if suffix == ".jsonl":
-        items = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    items.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}: line {n} is not valid JSON ({err.msg}).") from None
-        return _texts_from_items(items, text_key, str(path))
-    if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON ({err.msg}).") from None
-        if isinstance(data, (str, Mapping)):
-            data = [data]
-        return _texts_from_items(data, text_key, str(path))
-    raise ValueError(f"{path}: documents are read from {', '.join(DOCUMENT_FILE_SUFFIXES)} files, not {suffix!r}.")
+        numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        items = [parse_json(line, f"{path}: line {n}") for n, line in numbered]
+        return _texts_from_items(items, text_key, str(path), [f"line {n}" for n, _ in numbered])
+    data = parse_json(text, str(path))
+    if isinstance(data, (str, Mapping)):
+        data = [data]
+    return _texts_from_items(data, text_key, str(path))
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """The documents files of ``folder`` in name order; a ``ValueError`` for a symbolic link among them (a link
+    may lead anywhere, a system file say, which would then be unlearned or kept)."""
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in DOCUMENT_FILE_SUFFIXES)
+    for file in files:
+        if file.is_symlink():
+            raise ValueError(f"{file} is a symbolic link (to {os.readlink(file)}); documents are read from the "
+                             "folder's own files only: copy the file into the folder instead.")
+    return files
 
 
 def load_documents(source: Any, *, text_key: str = "text") -> list[str]:
@@ -79,8 +92,10 @@ def load_documents(source: Any, *, text_key: str = "text") -> list[str]:
     single string or object is one document); a folder is every such file in it, in name order.
 
     Raises:
-        ValueError: an empty source, an item that is no text, a file of another kind, or a plain string that is
-            not an existing path (pass ``[text]`` for one document).
+        ValueError: an empty source, an item that is no text, an empty or whitespace-only document (naming the
+            file and line, or the item), a file of another kind, a symbolic link among a folder's files, a file
+            that starts with a UTF-8 byte-order mark, JSON that repeats a key in one object, or a plain string
+            that is not an existing path (pass ``[text]`` for one document).
         FileNotFoundError: a path that does not exist.
     """
     if isinstance(source, (str, os.PathLike)):
@@ -89,7 +104,7 @@ def load_documents(source: Any, *, text_key: str = "text") -> list[str]:
             raise ValueError("load_documents got a plain text; pass a list of documents ([text]) or a file path.")
         if not path.exists():
             raise FileNotFoundError(f"No documents at {path}.")
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in DOCUMENT_FILE_SUFFIXES) if path.is_dir() else [path]
+        files = _folder_files(path) if path.is_dir() else [path]
         docs = [d for f in files for d in _read_file(f, text_key)]
         origin = str(path)
     else:

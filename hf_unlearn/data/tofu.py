@@ -10,11 +10,12 @@ that is not UTF-8 text or not JSON.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from .strict_json import parse_json
 
 TOFU_HUB_ID = "locuslab/TOFU"
 SYNTHETIC_SOURCE = "synthetic"
@@ -114,7 +115,8 @@ def validate_rows(rows: list[dict[str, Any]], config: str, origin: str) -> None:
 
 def _read_jsonl_lines(path: str | os.PathLike) -> tuple[list[Any], list[int]]:
     """The JSON values of the non-blank lines of ``path`` and their line numbers; a ``ValueError`` names the file and
-    the line that is not UTF-8 text or not valid JSON."""
+    the line that is not UTF-8 text or not valid JSON (:func:`~hf_unlearn.data.strict_json.parse_json`: a
+    byte-order mark or a repeated key is refused too)."""
     rows, lines = [], []
     with open(path, "rb") as fh:
         for line_no, raw in enumerate(fh, 1):
@@ -123,13 +125,8 @@ def _read_jsonl_lines(path: str | os.PathLike) -> tuple[list[Any], list[int]]:
             except UnicodeDecodeError as err:
                 raise ValueError(f"{path}:{line_no}: not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1}); "
                                  "save the file as UTF-8.") from None
-            if line_no == 1 and line.startswith("\ufeff"):
-                line = line[1:]  # a UTF-8 byte order mark
             if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg}).") from None
+                rows.append(parse_json(line, f"{path}:{line_no}"))
                 lines.append(line_no)
     return rows, lines
 

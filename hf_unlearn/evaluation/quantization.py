@@ -190,7 +190,8 @@ def _load_bnb_copy(model: Any, quantization_config: Any, compute_dtype: torch.dt
     with tempfile.TemporaryDirectory(prefix="hf_unlearn_quantized_") as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         return AutoModelForCausalLM.from_pretrained(
-            tmp, quantization_config=quantization_config, device_map={"": str(device)}, dtype=compute_dtype
+            tmp, quantization_config=quantization_config, device_map={"": str(device)}, dtype=compute_dtype,
+            trust_remote_code=False,
         )
 
 

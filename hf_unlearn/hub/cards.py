@@ -12,6 +12,7 @@ method module. :func:`trainer_model_card` is the card of the unlearning trainers
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -98,6 +99,17 @@ def _inline(value: Any, cell: bool = False) -> str:
     in a table ``cell``, ``|`` is escaped."""
     text = _CONTROL.sub("", " ".join(str(value).split())).replace("`", "'")
     return text.replace("|", "\\|") if cell else text
+
+
+#: Markdown's inline markup characters, backslash-escaped in running text (:func:`_text`).
+_MARKDOWN_MARKUP = re.compile(r"([\\*_\[\]~|#!])")
+
+
+def _text(value: Any) -> str:
+    """``value`` as running text of the card body (not in a code span): :func:`_inline`, then ``&``, ``<`` and
+    ``>`` as HTML entities (raw HTML such as ``<!--`` cannot hide the rest of the card) and Markdown's inline markup
+    (``\\ * _ [ ] ~ | # !``) backslash-escaped, so the text renders as written."""
+    return _MARKDOWN_MARKUP.sub(r"\\\1", html.escape(_inline(value), quote=False))
 
 
 def _hub_id(name: str | None) -> str | None:
@@ -208,17 +220,18 @@ def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, me
                     paper: Mapping[str, str] | None, forget_split: str, dataset: str,
                     settings: Mapping[str, Any] | None, results: list, quantization: Mapping[str, Any] | None,
                     library: str) -> dict[str, Any]:
-    """What the card template is rendered with: the front matter's fields, and each text escaped for one line
-    (table cells for settings and quantization rows)."""
+    """What the card template is rendered with: the front matter's fields, each text on one line, code-span text
+    (method key, split, dataset, settings) by :func:`_inline` and running text (titles, names, quantization rows)
+    by :func:`_text`."""
     return dict(
         card_data.to_dict(), card_data=card_data.to_yaml(), kind=kind, repo_id=repo_id,
-        model_name=repo_id.split("/")[-1], base_model=str(base_model), method=_inline(method),
-        method_title=_inline(title if title is not None else METHOD_TITLES.get(method, method)),
+        model_name=_text(repo_id.split("/")[-1]), base_model=str(base_model), method=_inline(method),
+        method_title=_text(title if title is not None else METHOD_TITLES.get(method, method)),
         paper=_paper(paper if paper is not None else METHOD_PAPERS.get(method)),
         forget_split=_inline(forget_split), dataset=_inline(dataset),
         settings={_inline(k, cell=True): _inline(v, cell=True) for k, v in (settings or {}).items()},
-        results=[{"key": k, "type": t, "name": n, "value": v} for k, t, n, v in results],
-        quantization={_inline(k, cell=True): _inline(v, cell=True) for k, v in _quantization_rows(quantization).items()}
+        results=[{"key": k, "type": t, "name": _text(n), "value": v} for k, t, n, v in results],
+        quantization={_text(k): _text(v) for k, v in _quantization_rows(quantization).items()}
         if quantization else None,
         library_name=library, is_peft=library == "peft",
     )
@@ -306,8 +319,8 @@ def _with_muse_section(text: str, results: list, forget_split: str) -> str:
 
 
 def _paper(paper: Mapping[str, str] | None) -> dict[str, str] | None:
-    """The ``{"title", "id"}`` of a method's paper with both fields as one line of text (:func:`_inline`)."""
-    return None if paper is None else {k: _inline(v) for k, v in dict(paper).items()}
+    """The ``{"title", "id"}`` of a method's paper with both fields as one line of running text (:func:`_text`)."""
+    return None if paper is None else {k: _text(v) for k, v in dict(paper).items()}
 
 
 # ---------------------------------------------------------------------- trainer cards

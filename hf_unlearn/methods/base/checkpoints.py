@@ -21,7 +21,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ...safe_output import OutputWriteError, atomic_directory
 from .pairing import MODEL_COLUMNS
 
-__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "TRAINER_STATE_NAME", "CheckpointMixin", "ResumeMismatchError",
+__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "RUN_REQUEST_NAME", "TRAINER_STATE_NAME", "CheckpointMixin", "ResumeMismatchError",
            "fingerprint_differences", "stage_checkpoint"]
 
 # entries of a run folder that belong to the run, not to the final model: kept when the final model is swapped in
@@ -30,6 +30,9 @@ RUN_ENTRIES = (f"{PREFIX_CHECKPOINT_DIR}-*", "runs", "logs", "README.md")  # log
 TRAINER_STATE_NAME = "trainer_state.json"
 # the run's identity (method, settings, data digests) in every checkpoint, checked on resume
 FINGERPRINT_NAME = "unlearning_run.json"
+# what the command line asked a checkpointing run to do, in the run folder's logs/ before training starts: a resume
+# is compared with it before the model loads (hf_unlearn.preconditions.check_resume_request)
+RUN_REQUEST_NAME = "run_request.json"
 
 
 class ResumeMismatchError(ValueError):

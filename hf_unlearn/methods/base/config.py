@@ -47,6 +47,8 @@ TRAINING_RANGES: dict[str, str | tuple[str, str]] = {
     "eval_steps": "> 0",
     "eval_delay": ">= 0",
     "neftune_noise_alpha": ">= 0",
+    "seed": ("[0, 4294967295]", "NumPy and torch take seeds between 0 and 2**32 - 1"),
+    "data_seed": ("[0, 4294967295]", "NumPy and torch take seeds between 0 and 2**32 - 1"),
 }
 
 
@@ -185,8 +187,11 @@ class BaseUnlearningConfig(SFTConfig):
     > - `weight_decay`: Defaults to `0.01` instead of `0.0`.
     > - `bf16`: Defaults to `True` only when a bf16-capable GPU is present (instead of always), since CPU bf16
     >   autocast is slow and coarsens the log-likelihood differences the unlearning losses act on.
-    >   `bf16=True` on a machine with no accelerator means CPU autocast (float32 master weights) and sets
-    >   `use_cpu=True`, which transformers otherwise demands; on a CPU with AVX512-BF16 it is the faster choice.
+    >   `bf16=True` on a machine with no accelerator means CPU autocast (float32 master weights); on a CPU with
+    >   AVX512-BF16 it is the faster choice.
+    > - `use_cpu`: Set to `True` on a machine with no accelerator (no CUDA, XPU or MPS device), where the run is
+    >   on the CPU anyway: transformers then treats the processes of a `torchrun` / `accelerate launch` as one
+    >   distributed run (without it each process would train and save alone), and allows CPU bf16 autocast.
     """
 
     # Parameters whose default values are overridden from SFTConfig
@@ -245,8 +250,8 @@ class BaseUnlearningConfig(SFTConfig):
             self.activation_checkpointing = True
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and _bf16_available()
-        if self.bf16 and not self.use_cpu and not _accelerator_present():
-            self.use_cpu = True  # CPU bf16 autocast; transformers refuses bf16 without a GPU unless told use_cpu
+        if not self.use_cpu and not _accelerator_present():
+            self.use_cpu = True  # the CPU is the only device: one distributed run under a launch, CPU bf16 autocast
         if self.max_retain_loss_ratio is not None and not self.max_retain_loss_ratio > 1:
             raise ValueError(f"`max_retain_loss_ratio` must be > 1 (or None to disable), got {self.max_retain_loss_ratio}.")
         if not self.min_retain_loss_reference > 0:

@@ -18,12 +18,22 @@ from trl.trainer.utils import get_config_model_id
 
 from ...data import is_documents, model_max_positions, overlapping_examples
 from ...safe_output import check_output_dir
-from .checkpoints import _checkpoint_dirs
+from .checkpoints import RUN_REQUEST_NAME, _checkpoint_dirs
 from .config import BaseUnlearningConfig
 from .pairing import _identity_keys, as_dataset, to_trl_format
 from .reference import _local_dir
 
 __all__ = ["InputChecksMixin"]
+
+
+def _holds_request_only(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing but ``logs/run_request.json`` (written there just before the run)."""
+    logs = folder / "logs"
+    try:
+        return ([p.name for p in folder.iterdir()] == ["logs"] and not logs.is_symlink()
+                and [p.name for p in logs.iterdir()] == [RUN_REQUEST_NAME])
+    except OSError:
+        return False
 
 
 class InputChecksMixin:
@@ -40,11 +50,11 @@ class InputChecksMixin:
         processing_class, forget, retain, eval_dataset)``."""
         self._input_dirs = self._model_dirs(model)
         self._check_output_dir_before_work(args)
-        model_config = AutoConfig.from_pretrained(model) if isinstance(model, str) else getattr(model, "config", None)
+        model_config = AutoConfig.from_pretrained(model, trust_remote_code=False) if isinstance(model, str) else getattr(model, "config", None)
         args = self._limit_max_length(args, model_config)
         if processing_class is None:
             model_id = model if isinstance(model, str) else get_config_model_id(model.config)
-            processing_class = AutoTokenizer.from_pretrained(model_id)
+            processing_class = AutoTokenizer.from_pretrained(model_id, trust_remote_code=False)
         template = getattr(args, "prompt_template", None)
         raw_forget = as_dataset(train_dataset)
         if len(raw_forget) == 0:
@@ -105,9 +115,10 @@ class InputChecksMixin:
     def _check_output_dir_before_work(self, args: TrainingArguments) -> None:
         """Refuse an output folder overlapping the model folder, a non-empty one without ``overwrite``, or one that
         cannot be written. A folder holding checkpoints (a run that may be resumed) is accepted here; :meth:`train`
-        refuses it unless it resumes or ``overwrite=True``."""
+        refuses it unless it resumes or ``overwrite=True``. A folder holding only the command line's
+        ``logs/run_request.json`` (what it asked this run to do) counts as empty."""
         out = Path(args.output_dir)
-        overwrite = bool(getattr(args, "overwrite", False)) or bool(_checkpoint_dirs(out))
+        overwrite = bool(getattr(args, "overwrite", False)) or bool(_checkpoint_dirs(out)) or _holds_request_only(out)
         check_output_dir(out, self._input_dirs, overwrite=overwrite)
         self._run_dir_claimed = False  # set by train(): the run folder is then this run's to write
 

@@ -67,7 +67,8 @@ def model_parameter_count(model: Any) -> int:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(model, trust_remote_code=False), trust_remote_code=False)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     total = 0
     for name, param in base.named_parameters():

@@ -9,13 +9,29 @@ from typing import Any
 
 from ..base.config import BaseUnlearningConfig
 
-__all__ = ["RMU_ALL_PARAMETERS", "RMU_WMDP_PARAMETERS", "RMUConfig", "decoder_layer_count"]
+__all__ = ["RMU_ALL_PARAMETERS", "RMU_WMDP_PARAMETERS", "RMUConfig", "decoder_layer_count", "default_layer"]
 
 #: open-unlearning's ``configs/trainer/RMU.yaml``: every parameter is trained (``trainable_params_regex: [.*]``).
 RMU_ALL_PARAMETERS = ".*"
 #: The WMDP authors' choice (and the default of open-unlearning's ``RMU`` class): the MLP down-projections of
 #: the steered layer and the two below it, here for layer 7.
 RMU_WMDP_PARAMETERS = r"model\.layers\.(5|6|7)\.mlp\.down_proj\.weight"
+
+
+#: open-unlearning's (and the WMDP authors') steered layer and the depth of the 7B models it was chosen for.
+REFERENCE_LAYER, REFERENCE_DEPTH = 7, 32
+
+
+def default_layer(num_layers: int | None) -> int:
+    """RMU's default steered layer for a model of ``num_layers`` decoder layers: the relative depth of
+    open-unlearning's layer 7 in a 32-layer 7B model,
+
+        layer = floor(7 * num_layers / 32)
+
+    so 7 for 32 layers (Llama-2-7B, Zephyr-7B), 3 for 16, 1 for 8 and 0 below 5; 7 when the depth is unknown."""
+    if num_layers is None:
+        return REFERENCE_LAYER
+    return REFERENCE_LAYER * num_layers // REFERENCE_DEPTH
 
 
 def decoder_layer_count(model_config: Any) -> int | None:
@@ -45,9 +61,11 @@ class RMUConfig(BaseUnlearningConfig):
     ([`~hf_unlearn.methods.rmu.loss.rmu_loss`]). The defaults are open-unlearning's `configs/trainer/RMU.yaml`.
 
     Parameters:
-        layer (`int`, *optional*, defaults to `7`):
-            Decoder layer (0-based) whose output hidden state is steered: open-unlearning's
-            `module_regex: model\.layers\.7`. It must exist in the model (`0 <= layer < num_hidden_layers`); a
+        layer (`int` or `None`, *optional*, defaults to `None`):
+            Decoder layer (0-based) whose output hidden state is steered. `None` takes it from the model's depth:
+            `floor(7 * num_hidden_layers / 32)` ([`default_layer`]), the relative depth of open-unlearning's
+            `module_regex: model\.layers\.7` in a 32-layer 7B model, so 7 there and a valid layer for a model of
+            any depth. It must exist in the model (`0 <= layer < num_hidden_layers`); a
             layer out of range is refused before any work. It is read as transformers'
             `output_hidden_states[layer + 1]`, which for the last layer is the output after the model's final
             norm (open-unlearning's module hook reads it before that norm; for every other layer they agree).
@@ -73,10 +91,11 @@ class RMUConfig(BaseUnlearningConfig):
     > trainer defaults for TOFU).
     """
 
-    layer: int = field(
-        default=7,
-        metadata={"help": "Decoder layer (0-based) whose output hidden state is steered (open-unlearning: "
-                          "model.layers.7); must exist in the model."},
+    layer: int | None = field(
+        default=None,
+        metadata={"help": "Decoder layer (0-based) whose output hidden state is steered; must exist in the model. "
+                          "Default: floor(7 * num_hidden_layers / 32), the depth of open-unlearning's "
+                          "model.layers.7 in a 32-layer 7B model (7 there)."},
     )
     steering_coeff: float = field(
         default=2.0, metadata={"help": "Length of the random control vector the forget hidden states go to (> 0)."}
@@ -92,8 +111,9 @@ class RMUConfig(BaseUnlearningConfig):
     )
 
     def __post_init__(self):
-        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
-            raise ValueError(f"`layer` must be an integer >= 0 (a decoder layer index), got {self.layer!r}.")
+        if self.layer is not None and (isinstance(self.layer, bool) or not isinstance(self.layer, int)
+                                       or self.layer < 0):
+            raise ValueError(f"`layer` must be None or an integer >= 0 (a decoder layer index), got {self.layer!r}.")
         if not 0 < self.steering_coeff < math.inf:
             raise ValueError(f"`steering_coeff` must be a finite number > 0, got {self.steering_coeff}.")
         for name in ("forget_weight", "retain_weight"):
@@ -106,8 +126,11 @@ class RMUConfig(BaseUnlearningConfig):
         super().__post_init__()
 
     def check_layer(self, model_config: Any) -> None:
-        """Refuse (``ValueError``) a ``layer`` the model does not have."""
+        """Set an unset ``layer`` from the model's depth (:func:`default_layer`), then refuse (``ValueError``) a
+        ``layer`` the model does not have."""
         n = decoder_layer_count(model_config)
+        if self.layer is None:
+            self.layer = default_layer(n)
         if n is not None and self.layer >= n:
             raise ValueError(
                 f"RMU's layer={self.layer} does not exist: the model has {n} decoder layers (0..{n - 1}). Choose "

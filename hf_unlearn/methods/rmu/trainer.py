@@ -93,7 +93,7 @@ class RMUTrainer(UnlearningTrainer):
         if isinstance(model, (str, Path)):
             from transformers import AutoConfig
 
-            args.check_layer(AutoConfig.from_pretrained(str(model)))
+            args.check_layer(AutoConfig.from_pretrained(str(model), trust_remote_code=False))
         else:
             args.check_layer(getattr(model, "config", None))
             if isinstance(model, torch.nn.Module):
