@@ -21,9 +21,8 @@ import pytest
 from hf_unlearn.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-# the benchmark lab is checked where it lives once it is its own package
-SCANNED = [p for p in [*(REPO / "hf_unlearn").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
-           if "bench" not in p.relative_to(REPO).parts[:2]]
+SCANNED = [*(REPO / "hf_unlearn").rglob("*.py"), *(REPO / "examples").rglob("*.py"),
+           *(REPO / "benchmarks").rglob("*.py")]
 
 
 def _auto_loads_without_false(path: Path) -> list[str]:

@@ -204,8 +204,8 @@ def load_speed_subject(model: str | None, cache_dir: str | None, device: str | N
     if model:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        lm = AutoModelForCausalLM.from_pretrained(model, dtype="auto")
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype="auto", trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
     else:
         from hf_unlearn.demo import load_tiny, tiny_models
 

@@ -82,7 +82,7 @@ def run_muse_one(
     work = Path(work_dir or tempfile.mkdtemp(prefix=f"hf_unlearn_muse_{method}_"))
     phase = "training"
     try:
-        model = AutoModelForCausalLM.from_pretrained(pair.target)
+        model = AutoModelForCausalLM.from_pretrained(pair.target, trust_remote_code=False)
         result = run_with_selection(method, model, tokenizer, documents["forget"], documents["retain"], work,
                                     settings, criterion, selection_steps=selection_steps, quiet=True)
         row["selected"] = selected_summary(result.info.get("selection"), applied=applied)

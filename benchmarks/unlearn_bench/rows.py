@@ -141,7 +141,7 @@ def _unlearn(row: dict[str, Any], method: str, settings: dict[str, Any], target_
 
     from .measure import PeakMemory
 
-    model = AutoModelForCausalLM.from_pretrained(target_path)
+    model = AutoModelForCausalLM.from_pretrained(target_path, trust_remote_code=False)
     settings = on_harness_device(settings, model, row)
     with PeakMemory() as mem:
         if criterion is None:

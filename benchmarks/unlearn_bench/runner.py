@@ -109,7 +109,7 @@ def run_comparison(
     say = PhaseReporter(enabled=progress, inline=not verbose)
     eval_kwargs = dict(eval_kwargs or {})
     presets = _comparison_presets(methods, quantization_check, subject)
-    tokenizer = AutoTokenizer.from_pretrained(pair.target)  # the weights are loaded per method
+    tokenizer = AutoTokenizer.from_pretrained(pair.target, trust_remote_code=False)  # the weights are loaded per method
     c = _Comparison(pair, tokenizer, forget_rows_with_other_answers(forget_split, source),
                     load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source), source, forget_split, eval_kwargs, say)
     target_report, retain_report = _references(c, references)

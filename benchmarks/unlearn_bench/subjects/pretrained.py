@@ -71,7 +71,8 @@ def load_float32(path: str | os.PathLike):
     (the Hub's SmolLM2 is bfloat16; fine-tuning and evaluation here keep float32 master weights)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False),
+            AutoTokenizer.from_pretrained(path, trust_remote_code=False))
 
 
 def installed_gguf(spec: SubjectSpec) -> Path | None:
@@ -145,8 +146,9 @@ def dequantize_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, ov
     from hf_unlearn.safe_output import atomic_directory, atomic_write_json
 
     gguf_path = Path(gguf_path)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
+                                                 trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
