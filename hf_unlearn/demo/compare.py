@@ -88,7 +88,7 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
     try:
         with tempfile.TemporaryDirectory(prefix=f"hf_unlearn_demo_{method}_") as work:
             say.start(method, phase)
-            model = AutoModelForCausalLM.from_pretrained(pair.target)
+            model = AutoModelForCausalLM.from_pretrained(pair.target, trust_remote_code=False)
             result = run_method(method, model, tokenizer, data["forget"], data["retain"], work, settings,
                                 callbacks=callbacks, quiet=True)
             steps = result.info.get("global_step")
@@ -141,7 +141,7 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
                                                      eval_kwargs)
         del target_model
         say.done("target")
-    tokenizer = AutoTokenizer.from_pretrained(pair.target)
+    tokenizer = AutoTokenizer.from_pretrained(pair.target, trust_remote_code=False)
     data = {"source": source, "forget_split": forget_split,
             "forget": forget_rows_with_other_answers(forget_split, source),
             "retain": load_tofu_rows(RETAIN_FOR_FORGET[forget_split], source)}

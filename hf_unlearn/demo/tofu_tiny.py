@@ -228,10 +228,10 @@ def load_tiny(path: str | os.PathLike, device: Any = None):
     from ..devices import resolve_device
 
     target = None if device is None else resolve_device(device)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False)
     if target is not None:
         model.to(target)
-    return model, AutoTokenizer.from_pretrained(path)
+    return model, AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
 @dataclass
