@@ -12,8 +12,8 @@ last 20 of them held out as the criterion's retain-validation rows. No other for
 
 Writes ``benchmarks/results/fidelity_tiny/fidelity_<tiny|subject>_<tofu|synthetic|small>.json``. Figures:
 
-* ATWU: token AUROC against TOFU's answer spans (a token of a word with a digit, or of a capitalised word that
-  does not start a sentence: names, dates, places) and against forget-specific token ids, and forget quality
+* ATWU: token AUROC against TOFU's answer spans (a token of a word with a digit, or of a capitalised word other
+  than a common sentence opener: names, dates, places) and against forget-specific token ids, and forget quality
   (KS p-value of the forget rows' truth ratios against the retain reference's) before and after, per scorer
   reading (``token`` / ``predicting``) with and without the retain conflict;
 * MASC: its time to its stop as a ratio to GradDiff's time for the same step budget, in this process, and the
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ ROWS = {
 }
 
 
+#: Where the trainers' output folders go (nothing is saved in them).
+WORK = Path(tempfile.gettempdir()) / "hf_unlearn_fidelity"
 #: Learning rates of the runs (the TOFU-tiny bench's demo values unless given).
 LEARNING_RATES = {"atwu": 5e-4, "masc": 3e-3, "grad_diff": 3e-4}
 
@@ -94,9 +97,16 @@ def forget_quality(model_tr: np.ndarray, reference_tr: np.ndarray) -> float:
     return float(ks(model_tr, reference_tr)["forget_quality"])
 
 
+#: Capitalised words that open TOFU answers without naming anything.
+SENTENCE_STARTERS = {"The", "A", "An", "In", "His", "Her", "Their", "This", "These", "It", "He", "She", "They", "As",
+                     "Yes", "No", "One", "Some", "While", "With", "Although", "Despite", "Through", "By", "For",
+                     "Being", "Like", "Not", "To", "At", "On", "From", "Many", "Several", "Both", "Each", "I"}
+
+
 def span_labels(tok: Any, token_ids: list[int]) -> list[bool]:
-    """Per answer token: does it overlap a word with a digit, or a capitalised word that does not start a sentence
-    (TOFU's names, dates and places)? Characters are located by decoding the answer's token prefixes."""
+    """Per answer token: does it overlap a word with a digit, or a capitalised word other than a common sentence
+    opener (:data:`SENTENCE_STARTERS`): TOFU's names, dates and places? Characters are located by decoding the
+    answer's token prefixes."""
     ends, text = [], ""
     for k in range(len(token_ids)):
         text = tok.decode(token_ids[: k + 1])
@@ -104,9 +114,7 @@ def span_labels(tok: Any, token_ids: list[int]) -> list[bool]:
     spans = []
     for match in re.finditer(r"\S+", text):
         word = match.group().strip(".,;:!?\"'()")
-        before = text[: match.start()].rstrip()
-        starts_sentence = not before or before[-1] in ".!?"
-        if any(c.isdigit() for c in word) or (word[:1].isupper() and not starts_sentence):
+        if any(c.isdigit() for c in word) or (word[:1].isupper() and word.split("'")[0] not in SENTENCE_STARTERS):
             spans.append((match.start(), match.end()))
     labels, start = [], 0
     for end in ends:
@@ -140,8 +148,9 @@ def atwu(pair: Any, data: str, steps: int) -> dict[str, Any]:
                 torch.manual_seed(seed)
                 model, tok = load_tiny(pair.target)
                 args = ATWUConfig(
-                    output_dir="/tmp/fidelity_atwu", report_to="none", save_strategy="no", disable_tqdm=True,
-                    per_device_train_batch_size=8, learning_rate=LEARNING_RATES["atwu"], max_steps=steps, seed=seed, logging_steps=10,
+                    output_dir=str(WORK / "atwu"), report_to="none", save_strategy="no", disable_tqdm=True,
+                    per_device_train_batch_size=8, learning_rate=LEARNING_RATES["atwu"], max_steps=steps, seed=seed,
+                    logging_steps=10,
                     scorer_position=position, retain_conflict_weight=conflict,
                 )
                 trainer = ATWUTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
@@ -187,8 +196,8 @@ def masc(pair: Any, data: str, budget: int) -> dict[str, Any]:
     out: dict[str, Any] = {"budget_steps": budget, "start": criterion.measure(target, tok)}
 
     model, tok = load_tiny(pair.target)
-    graddiff = GradDiffTrainer(model, GradDiffConfig(output_dir="/tmp/fidelity_gd", learning_rate=LEARNING_RATES["grad_diff"],
-                                                     **common),
+    graddiff_args = GradDiffConfig(output_dir=str(WORK / "gd"), learning_rate=LEARNING_RATES["grad_diff"], **common)
+    graddiff = GradDiffTrainer(model, graddiff_args,
                                train_dataset=forget, retain_dataset=retain, processing_class=tok)
     start = time.perf_counter()
     graddiff.train()
@@ -203,7 +212,7 @@ def masc(pair: Any, data: str, budget: int) -> dict[str, Any]:
     }
     for name, (settings, rows) in variants.items():
         model, tok = load_tiny(pair.target)
-        args = MASCConfig(output_dir="/tmp/fidelity_masc", learning_rate=LEARNING_RATES["masc"], **common, **settings)
+        args = MASCConfig(output_dir=str(WORK / "masc"), learning_rate=LEARNING_RATES["masc"], **common, **settings)
         trainer = MASCTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok,
                               calibrate_stop_on=rows)
         start = time.perf_counter()
@@ -266,7 +275,7 @@ def main() -> None:
     parser.add_argument("--masc-budget", type=int, default=100)
     parser.add_argument("--atwu-steps", type=int, default=40)
     parser.add_argument("--subject", default=None,
-                        help="a TOFU-small subject (smollm2-135m): its v2 pair on forget10 authors 5-8 instead of TOFU-tiny")
+                        help="a TOFU-small subject (smollm2-135m): its v2 pair of forget10 authors 5-8, not TOFU-tiny")
     parser.add_argument("--atwu-lr", type=float, default=5e-4)
     parser.add_argument("--masc-lr", type=float, default=3e-3)
     parser.add_argument("--grad-diff-lr", type=float, default=3e-4)

@@ -37,13 +37,15 @@ class ATWUConfig(BaseUnlearningConfig):
     scores; tokens shared with the retain data (structure, common words) with low ones: the retain conflict is the
     signal that tells them apart, the first-order gradient of the retain loss after a model step weighted by `g`.
     Deviations from the paper, named: the conflict is taken through the output layer only (per-token gradients of
-    the whole model would cost one backward pass per token); the budget acts through the bias alone. Before the first model
-    step, `scorer_warmup_steps` weighter steps (model frozen) on the first forget training batches let the scores
+    the whole model would cost one backward pass per token); the budget acts through the bias alone.
+
+    Before the first model step, `scorer_warmup_steps` weighter steps (model frozen) on the first forget training batches let the scores
     order the tokens before they weight any update.
 
     Where the defaults come from: ATWU has no published code, so no default is an author's. The scorer defaults
     were measured on the tiny test model (the small Llama that memorises the synthetic TOFU set; forget10, 30
-    steps at lr 5e-4, batch 4): token-score AUROC against forget-specific tokens, mean of seeds 0-2, with
+    steps at lr 5e-4, batch 4; the weighter reading the predicting state, without the retain conflict): token-score
+    AUROC against forget-specific tokens, mean of seeds 0-2, with
     standardised inputs 0.824, centred-only 0.790, plus 5 warm-up steps 0.774, hard selection 0.701, a 10-step
     `c` schedule 0.784. The others (budget, weights, learning rates) are the method's design values, not tuned.
 

@@ -3,8 +3,8 @@
 The loss is ``forget_weight`` times the buffered hinge (:func:`hf_unlearn.methods.masc.loss.buffered_hinge_loss`) on the
 continuation of each forget answer (:func:`hf_unlearn.methods.masc.loss.continuation_mask`), plus
 ``retain_weight * KL(pi_0 || pi_theta)`` on retain answers (the paper's objective; the weights and thresholds come
-from the config's ``recipe``, ``"auto"`` resolved here from the model's parameter count, read from its config: the authors' small-model
-recipe below 2B parameters, their Llama-2-7B one above, recorded as ``MASCTrainer.recipe`` and in
+from the config's ``recipe``, ``"auto"`` resolved here from the model's parameter count, read from its config: the
+authors' small-model recipe below 2B parameters, their Llama-2-7B one above, recorded as ``MASCTrainer.recipe`` and in
 ``masc_stopping.json``). :class:`~hf_unlearn.methods.masc.stopping.MarginStoppingCallback` checks the authors'
 two-stage rule every ``check_every`` steps (stage 1: mean per-example violation rate of a few forget training
 batches ``<= stop_trigger``; stage 2: the plain mean of ``confirm_examples`` forget training examples, or its anytime
