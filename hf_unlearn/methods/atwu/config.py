@@ -123,10 +123,14 @@ class ATWUConfig(BaseUnlearningConfig):
         scorer_position (`str`, *optional*, defaults to `"token"`):
             The hidden state that scores answer token `t`: `"token"`, its own representation `h_t` (the paper's);
             `"predicting"`, the state `h_{t-1}` that predicts it (where its loss is computed; the earlier reading).
+            Measured on the tiny test model with the retain conflict (40 steps, seeds 0-1,
+            `benchmarks/fidelity_tiny.py`): token AUROC against the answers' name/date/place spans 0.64 (`"token"`)
+            and 0.69 (`"predicting"`), against forget-specific tokens 0.91 and 0.89.
         retain_conflict_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the retain-conflict term `mean_t g_t c_t` in the weighter step, `>= 0`. Each weighter step
             then runs one forward of the batch's retain part without gradient; `0` skips it and leaves the scorer
-            without the retain signal.
+            without the retain signal (measured as above: AUROC against forget-specific tokens 0.91 with it, 0.63
+            without).
 
     > [!NOTE]
     > Everything else is as in [`BaseUnlearningConfig`] (`learning_rate` `1e-5`, 10 epochs).
