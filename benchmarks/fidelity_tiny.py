@@ -3,7 +3,7 @@ tuning authors only: TOFU forget10 authors 5-8 (rows 80-159) are forgotten; hold
 the never-seen rows; the first 80 retain90 rows (the ones the tiny model trained on) are the retain rows, the
 last 20 of them held out as the criterion's retain-validation rows. No other forget10 author is used.
 
-    python benchmarks/fidelity_tiny.py --data ../shared/data/tofu                  # all three, ~10 min on 2 cores
+    python benchmarks/fidelity_tiny.py --data ../shared/data/tofu                  # all three, real TOFU text
     python benchmarks/fidelity_tiny.py --data ../shared/data/tofu --only masc,t3
 
     python benchmarks/fidelity_tiny.py --data synthetic --only masc              # the tests' cached tiny pair
