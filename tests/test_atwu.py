@@ -356,13 +356,13 @@ def test_atwu_learns_forget_specific_tokens_and_reloads(tiny_target, synthetic, 
     assert len(scores) == len(forget_rows)
     assert all(0.0 <= s <= 1.0 for ex in scores for s in ex["scores"])
     value = forget_specific_auroc(scores, answer_token_ids(tok, retain_rows))
-    # ~0.80 with this seed (gated, c = 50; the earlier exponent-only form: ~0.79); chance is 0.5 (sd ~0.035 for
-    # these ~80 vs ~820 tokens)
+    # ~0.86 with this seed (each token's own state, with the retain conflict; without it ~0.73); chance is 0.5
+    # (sd ~0.035 for these ~80 vs ~820 tokens)
     assert value > 0.7, value
 
     model = trainer.model
     nll_after = answer_nll(model, tok, [r["question"] for r in forget_rows], [r["answer"] for r in forget_rows]).mean()
-    assert nll_after > nll_before + 1.0
+    assert nll_after > nll_before + 0.5  # 0.04 -> ~0.78: the budget's fifth of the tokens is what is pushed
 
     # save_model writes the scorer beside the weights; reloading both gives the same scores
     out = tmp_path / "saved"
@@ -468,7 +468,7 @@ def test_atwu_config_fields_have_help_and_are_documented():
 
     base = {f.name for f in dataclasses.fields(BaseUnlearningConfig)}
     own = [f for f in dataclasses.fields(ATWUConfig) if f.name not in base]
-    assert len(own) == 20
+    assert len(own) == 22
     for f in own:
         assert f.metadata.get("help"), f.name
         assert f.default is not dataclasses.MISSING, f.name

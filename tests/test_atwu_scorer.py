@@ -76,7 +76,7 @@ def test_scorer_step_standardises_by_the_batch_statistics(tiny_target, synthetic
     mask[0, 2:5] = True
     mask[1, 1:6] = True
     lp = torch.full((2, 6), -0.1)
-    states = hidden[:, :-1][mask[:, 1:]]  # the states that score the masked labels
+    states = hidden[mask]  # the states that score the masked labels: each token's own
     trainer.scorer_step(lp, hidden, mask)
     torch.testing.assert_close(trainer.scorer.center, states.mean(0))  # the first update sets the statistics
     torch.testing.assert_close(trainer.scorer.variance, states.var(0, unbiased=False))

@@ -1,6 +1,7 @@
 """MASC's two recipes from its authors: the small-model (Qwen2.5) and the Llama-2-7B one, picked by the model's
 size under ``recipe="auto"`` when the trainer sees the model; explicit values win; no gradient clipping unless
-asked; the bench's v2 preset with the authors' 32/32 continuation minimum; a budget-ended run named in the table."""
+asked; the bench's v2 preset with the 8/8 continuation minimum; the count from the model's config (a partitioned
+model's parameters report ``numel() == 0``); a budget-ended run named in the table."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_named_recipes_are_the_authors_scripts(tmp_path):
         cfg = _config(tmp_path, recipe=recipe)
         assert (cfg.top_k, cfg.margin_beta, cfg.check_every, cfg.stop_probe_batches, cfg.confirm_rule) == (
             10, 1.0, 2, 2, "mean")
-        assert (cfg.continuation_min_prefix_tokens, cfg.continuation_min_suffix_tokens) == (32, 32)
+        assert (cfg.continuation_min_prefix_tokens, cfg.continuation_min_suffix_tokens) == (8, 8)  # not 32/32
         assert (cfg.continuation_cut_min_ratio, cfg.continuation_cut_max_ratio, cfg.learning_rate) == (0.2, 0.6, 1e-4)
     with pytest.raises(ValueError, match="recipe"):
         _config(tmp_path, recipe="qwen")
@@ -93,6 +94,28 @@ def test_parameter_count_of_a_path_a_module_and_a_lora_model(tiny_pair, tiny_tar
     assert model_parameter_count(lora) == n
 
 
+def test_parameter_count_from_the_config_equals_the_weights_and_ignores_partitioned_parameters(tiny_target):
+    from transformers import LlamaConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from hf_unlearn.methods.masc.config import config_parameter_count
+
+    model, _ = tiny_target
+    assert config_parameter_count(model.config) == sum(p.numel() for p in model.parameters())  # untied Llama
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    weights = sum(p.numel() for p in qwen.parameters())
+    assert abs(config_parameter_count(qwen.config) - weights) / weights < 0.01  # tied, q/k/v biases not counted
+    # ZeRO-3 (zero3_init_flag) leaves every process an empty placeholder for each parameter: numel() is 0
+    for param in model.parameters():
+        param.data = torch.empty(0)
+    assert sum(p.numel() for p in model.parameters()) == 0
+    model.config = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                               num_attention_heads=32)  # Llama-2-7B's shape: 6,738,415,616 parameters
+    assert model_parameter_count(model) == 6_738_415_616
+    resolved, record = MASCConfig(output_dir="unused", report_to="none").resolved_for(model)
+    assert resolved.recipe == "llama2-7b" and record["model_parameters"] == 6_738_415_616
+
+
 def test_trainer_resolves_auto_to_the_small_recipe_on_a_tiny_model_and_records_it(tiny_target, synthetic, tmp_path):
     from hf_unlearn.methods.masc import MASCTrainer
 
@@ -128,7 +151,7 @@ def test_no_gradient_clipping_unless_asked(tiny_target, synthetic, tmp_path, mon
     assert len(calls) == (2 if clips else 0)  # one clip per optimizer step when asked, none by default
 
 
-def test_v2_bench_preset_uses_the_authors_continuation_minimum_and_the_auto_recipe(tmp_path):
+def test_v2_bench_preset_uses_the_short_answer_continuation_minimum_and_the_auto_recipe(tmp_path):
     from pathlib import Path
 
     import tomllib
@@ -140,7 +163,7 @@ def test_v2_bench_preset_uses_the_authors_continuation_minimum_and_the_auto_reci
     settings.update(masc["settings"], **masc["demo"], bf16=False)
     assert "continuation_min_prefix_tokens" not in settings and "continuation_min_suffix_tokens" not in settings
     cfg = _config(tmp_path, **settings)
-    assert (cfg.continuation_min_prefix_tokens, cfg.continuation_min_suffix_tokens) == (32, 32)
+    assert (cfg.continuation_min_prefix_tokens, cfg.continuation_min_suffix_tokens) == (8, 8)
     assert cfg.recipe == "auto" and cfg.max_grad_norm == 0.0
     assert cfg.resolved_for(_Sized(134_515_008))[0].recipe == "small"  # SmolLM2-135M's parameter count
 

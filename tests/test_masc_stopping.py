@@ -154,3 +154,58 @@ def test_masc_authors_epoch_length_cycles_the_forget_set_over_the_retain_set(tin
     assert [tuple(data[i]["retain_input_ids"]) for i in range(len(data))] != partners  # redrawn each epoch
     loader = trainer.get_train_dataloader()
     assert len(loader) == math.ceil(180 / args.per_device_train_batch_size)
+
+
+def test_masc_calibrates_on_a_selection_criterions_holdout_rows_by_default(tiny_target, synthetic, tmp_path, caplog):
+    from hf_unlearn.methods.masc import MASCTrainer
+    from hf_unlearn.selection import SelectionCallback, SelectionCriterion
+
+    model, tok = tiny_target
+    forget, holdout = list(synthetic["forget10"]), list(synthetic["holdout10"])
+    criterion = SelectionCriterion(forget, holdout, list(synthetic["retain90"])[-4:])
+    args = _config(tmp_path, **STOPPING)
+    assert args.calibrate_stop  # the default
+    trainer = MASCTrainer(model, args, train_dataset=forget, retain_dataset=list(synthetic["retain90"])[:-4],
+                          processing_class=tok, callbacks=[SelectionCallback(criterion, restore=False)])
+    assert trainer.stopping_callback.calibrate
+    assert trainer.stopping_callback.rule["calibration_examples"] == len(holdout)
+    # without never-seen rows: one log line says the stop is the fixed threshold, and nothing is calibrated
+    with caplog.at_level("WARNING", logger="hf_unlearn.methods.masc.trainer"):
+        plain = _trainer(tiny_target, synthetic, tmp_path)
+    assert not plain.stopping_callback.calibrate and "calibration_examples" not in plain.stopping_callback.rule
+    lines = [r.getMessage() for r in caplog.records if "no holdout rows" in r.getMessage()]
+    assert len(lines) == 1 and f"stop_tolerance={plain.args.stop_tolerance:.4g}" in lines[0] and "\n" not in lines[0]
+    off = _trainer(tiny_target, synthetic, tmp_path, calibrate_stop_on=holdout, calibrate_stop=False)
+    assert not off.stopping_callback.calibrate
+
+
+def test_masc_refuses_a_threshold_below_the_holdout_state():
+    from hf_unlearn.methods.masc.stopping import MarginStoppingCallback
+
+    def callback(given, trigger=0.2, tolerance=0.2):
+        cb = MarginStoppingCallback(trigger=trigger, stop_tolerance=tolerance, calibrate=True, given=given)
+        cb.probe = lambda model, stage, step: [0.5, 0.7, 0.6]  # the never-seen rows' violation rates: mean 0.6
+        return cb
+
+    with pytest.raises(ValueError, match=r"stop_tolerance=0\.2 lies below the never-seen state.*0\.6"):
+        callback(("stop_tolerance",)).calibrate_thresholds(None)
+    with pytest.raises(ValueError, match=r"stop_trigger=0\.2 lies below"):
+        callback(("stop_trigger",), tolerance=0.7).calibrate_thresholds(None)
+    calibrated = callback(())  # recipe thresholds (not given) are replaced by the never-seen state
+    calibrated.calibrate_thresholds(None)
+    assert calibrated.trigger == calibrated.stop_tolerance == pytest.approx(0.6)
+    looser = callback(("stop_tolerance",), tolerance=0.7)  # a given threshold at or above it is kept
+    looser.calibrate_thresholds(None)
+    assert (looser.trigger, looser.stop_tolerance) == (pytest.approx(0.6), 0.7)
+    restored = MarginStoppingCallback(**looser.state()["args"])
+    restored.load_state(looser.state())
+    assert (restored.trigger, restored.stop_tolerance) == (pytest.approx(0.6), 0.7)
+
+
+def test_masc_trainer_refuses_a_given_tolerance_below_the_holdout_state_before_any_update(tiny_target, synthetic,
+                                                                                          tmp_path):
+    trainer = _trainer(tiny_target, synthetic, tmp_path, calibrate_stop_on=list(synthetic["holdout10"]),
+                       stop_tolerance=1e-4, max_steps=2)
+    with pytest.raises(ValueError, match="lies below the never-seen state"):
+        trainer.train()
+    assert trainer.state.global_step == 0

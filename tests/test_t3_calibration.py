@@ -55,6 +55,19 @@ def test_calibration_writes_the_rule_choice_into_the_config(fitted):
     assert criterion.original["retain_validation_nll"] < record.measurements[-1]["retain_validation_nll"] + 1e-9
 
 
+def test_calibration_judges_retain_damage_by_the_greedy_decoding(fitted):
+    _, _, clf, _, record = fitted
+    assert "greedy regret" in record.rule["retain_measure"]
+    by_point = {(c["temperature"], c["tilt_weight"]): m for c, m in zip(record.candidates, record.measurements)}
+    for m in record.measurements:  # the rule holds the greedy regret within the tolerance, not the NLL change
+        assert m["retain_change"] == m["retain_greedy_regret"] >= 0 and "retain_nll_change" in m
+        assert 0 <= m["retain_greedy_agreement"] <= 1
+    # (2, 0.5) decodes greedily as (1, 1): the same retain damage, though tempering raises its teacher-forced NLL
+    tempered, plain = by_point[(2.0, 0.5)], by_point[(1.0, 1.0)]
+    assert tempered["retain_change"] == pytest.approx(plain["retain_change"], abs=1e-3)
+    assert tempered["retain_nll_change"] > plain["retain_nll_change"]
+
+
 def test_calibration_survives_save_and_load(fitted, tmp_path):
     _, _, clf, _, record = fitted
     clf.save_pretrained(tmp_path)

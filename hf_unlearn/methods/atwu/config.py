@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..base.config import RETAIN_LOSSES, BaseUnlearningConfig, refuse_no_forget_term
 from .loss import SATGA_FORMS, SATGA_SELECTIONS
+from .weighter import SCORER_POSITIONS
 
 ATWU_FORGET_LOSSES = ("satga", "npo", "simnpo")
 
@@ -16,24 +17,35 @@ class ATWUConfig(BaseUnlearningConfig):
     Configuration class for the [`ATWUTrainer`].
 
     ATWU learns, while it unlearns, which forget answer tokens carry the information to remove. A linear weighter
-    `g_t = sigmoid(<w, (h_t - mu) / sigma> + b)` on the model's detached last-layer hidden states, standardised by
+    `g_t = sigmoid(<w, (h_t - mu) / sigma> + b)` on the model's detached last-layer hidden state of each forget
+    answer token (its own, `h_t`, as the paper's `sigmoid(<w, h_theta(x_t)>)`; `scorer_position`), standardised by
     their running mean `mu` and standard deviation `sigma` (`scorer_standardize`), weights each forget token, and
     two updates alternate:
 
     - *model step* (every optimizer step): `forget_weight * L_forget(theta; sg(g)) + retain_weight * retain`, the forget loss
       weighted by the (detached) scores;
     - *weighter step* (every `scorer_every` model steps, model frozen, own Adam optimizer with `scorer_lr`):
-      `L_forget(g; sg(theta)) + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_t > 0.5]) - budget)^2
-      + scorer_l2 * ||w||^2`.
+      `L_forget(g; sg(theta)) + retain_conflict_weight * mean_t g_t c_t + entropy_weight * H(g)
+      + budget_weight * (mean_t STE(1[g_b,t > 0.5]) - budget)^2 + scorer_l2 * ||w||^2`, with `c_t` the retain
+      conflict of token `t` (what gradient ascent on it costs the batch's retain answers through the output layer,
+      [`~hf_unlearn.methods.atwu.loss.retain_conflict`], normalised to a mean magnitude of 1) and
+      `g_b = sigmoid(sg(<w, h>) + b)`: the budget moves only the bias, the threshold, and the per-token terms
+      alone set the order of the tokens (a budget penalty through `w` moved all scores together at about 1000
+      times the forget term's per-token differences).
 
     Tokens that the model can forget without fighting the retain objective (forget-specific ones) end up with high
-    scores; tokens shared with the retain data (structure, common words) with low ones. Before the first model
-    step, `scorer_warmup_steps` weighter steps (model frozen) on the first forget training batches let the scores
+    scores; tokens shared with the retain data (structure, common words) with low ones: the retain conflict is the
+    signal that tells them apart, the first-order gradient of the retain loss after a model step weighted by `g`.
+    Deviations from the paper, named: the conflict is taken through the output layer only (per-token gradients of
+    the whole model would cost one backward pass per token); the budget acts through the bias alone.
+
+    Before the first model step, `scorer_warmup_steps` weighter steps (model frozen) on the first forget training batches let the scores
     order the tokens before they weight any update.
 
     Where the defaults come from: ATWU has no published code, so no default is an author's. The scorer defaults
     were measured on the tiny test model (the small Llama that memorises the synthetic TOFU set; forget10, 30
-    steps at lr 5e-4, batch 4): token-score AUROC against forget-specific tokens, mean of seeds 0-2, with
+    steps at lr 5e-4, batch 4; the weighter reading the predicting state, without the retain conflict): token-score
+    AUROC against forget-specific tokens, mean of seeds 0-2, with
     standardised inputs 0.824, centred-only 0.790, plus 5 warm-up steps 0.774, hard selection 0.701, a 10-step
     `c` schedule 0.784. The others (budget, weights, learning rates) are the method's design values, not tuned.
 
@@ -107,8 +119,18 @@ class ATWUConfig(BaseUnlearningConfig):
             keeps its own setting.
         scorer_warmup_steps (`int`, *optional*, defaults to `0`):
             Weighter-only steps (model frozen) before the first model step, on the first forget training
-            batches in order (cycled), `>= 0` (measured: 5 steps gave AUROC 0.774 against 0.824 without on the
-            tiny test run, where the scorer learns within the first model steps anyway).
+            batches in order (cycled), `>= 0`; they see no retain rows, so no retain conflict.
+        scorer_position (`str`, *optional*, defaults to `"token"`):
+            The hidden state that scores answer token `t`: `"token"`, its own representation `h_t` (the paper's);
+            `"predicting"`, the state `h_{t-1}` that predicts it (where its loss is computed; the earlier reading).
+            Measured on the tiny test model with the retain conflict (40 steps, seeds 0-1,
+            `benchmarks/fidelity_tiny.py`): token AUROC against the answers' name/date/place spans 0.64 (`"token"`)
+            and 0.69 (`"predicting"`), against forget-specific tokens 0.91 and 0.89.
+        retain_conflict_weight (`float`, *optional*, defaults to `1.0`):
+            Weight of the retain-conflict term `mean_t g_t c_t` in the weighter step, `>= 0`. Each weighter step
+            then runs one forward of the batch's retain part without gradient; `0` skips it and leaves the scorer
+            without the retain signal (measured as above: AUROC against forget-specific tokens 0.91 with it, 0.63
+            without).
 
     > [!NOTE]
     > Everything else is as in [`BaseUnlearningConfig`] (`learning_rate` `1e-5`, 10 epochs).
@@ -147,6 +169,15 @@ class ATWUConfig(BaseUnlearningConfig):
     scorer_warmup_steps: int = field(
         default=0, metadata={"help": "Weighter-only steps before the first model step (>= 0)."}
     )
+    scorer_position: str = field(
+        default="token",
+        metadata={"help": "Hidden state that scores a token: 'token' (its own, the paper's) or 'predicting' (the one "
+                          "that predicts it).", "choices": list(SCORER_POSITIONS)},
+    )
+    retain_conflict_weight: float = field(
+        default=1.0,
+        metadata={"help": "Weight of the retain-conflict term in the weighter step (>= 0; 0: no retain forward)."},
+    )
     saturation_c_warmup_steps: int = field(
         default=0, metadata={"help": "Ramp c linearly up to saturation_c over this many model steps (0: constant)."}
     )
@@ -173,11 +204,14 @@ class ATWUConfig(BaseUnlearningConfig):
             if isinstance(value, bool) or int(value) != value or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value}.")
             setattr(self, name, int(value))
+        if self.scorer_position not in SCORER_POSITIONS:
+            raise ValueError(f"scorer_position must be one of {list(SCORER_POSITIONS)}, got {self.scorer_position!r}.")
         if self.satga_selection not in SATGA_SELECTIONS:
             raise ValueError(f"satga_selection must be one of {list(SATGA_SELECTIONS)}, got {self.satga_selection!r}.")
         if not self.scorer_lr > 0:
             raise ValueError(f"scorer_lr must be > 0, got {self.scorer_lr}.")
-        for name in ("budget_weight", "entropy_weight", "scorer_l2", "saturation_c", "forget_weight", "retain_weight"):
+        for name in ("budget_weight", "entropy_weight", "scorer_l2", "saturation_c", "forget_weight", "retain_weight",
+                     "retain_conflict_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
         for name in ("saturation_beta", "npo_beta", "simnpo_beta"):

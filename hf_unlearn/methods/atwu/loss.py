@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..base.losses import _denominator
+from ..base.losses import _denominator, answer_mask
 
 
 def _atwu_float(x: torch.Tensor) -> torch.Tensor:
@@ -225,3 +225,46 @@ def budget_penalty(scores: torch.Tensor, mask: torch.Tensor, budget: float, thre
     selected = straight_through_indicator(_atwu_float(scores), threshold)
     fraction = (selected * mask).sum() / mask.sum().clamp(min=1)
     return (fraction - budget) ** 2
+
+
+def retain_conflict(
+    forget_logits: torch.Tensor, forget_labels: torch.Tensor, forget_states: torch.Tensor,
+    retain_logits: torch.Tensor, retain_labels: torch.Tensor, retain_states: torch.Tensor,
+) -> torch.Tensor:
+    """How much unlearning each forget answer token costs the retain answers, through the output layer.
+
+    With ``logits = W h`` (``h`` the last hidden state, ``W`` the output matrix), the gradient of one token's
+    log-probability is ``grad_W log p(y | h) = (e_y - p) h^T``. Gradient ascent on forget token ``t`` moves
+    ``W`` along ``-(e_{y_t} - p_t) h_t^T``, which changes the mean retain log-likelihood at first order by
+    ``-c_t`` times the step, with
+
+        c_t = < (e_{y_t} - p_t) h_t^T , mean_r (e_{y_r} - p_r) h_r^T >_F
+            = mean_r [(e_{y_t} - p_t) . (e_{y_r} - p_r)] * [h_t . h_r]
+
+    over the retain answer tokens ``r``. ``c_t > 0``: forgetting ``t`` also lowers the retain answers (a
+    structural token, shared with them); ``c_t ~ 0``: it does not (a forget-specific token). Aligned with the
+    labels as :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t]`` is label ``t``'s conflict, read from
+    the logits and hidden state at ``t - 1`` that predict it; 0 off the answer. Inputs ``[B, L, V]``,
+    ``[B, L]`` and ``[B, L, H]`` (detached; float32 math). Returns ``[B_f, L_f]`` float32."""
+    def deltas(logits: torch.Tensor, labels: torch.Tensor, states: torch.Tensor):
+        mask = answer_mask(labels)[:, 1:]
+        p = torch.softmax(logits[:, :-1][mask].detach().float(), dim=-1)
+        p[torch.arange(p.shape[0], device=p.device), labels[:, 1:][mask]] -= 1.0  # p - e_y: the sign cancels
+        return p, states[:, :-1][mask].detach().float(), mask
+
+    d_f, h_f, mask = deltas(forget_logits, forget_labels, forget_states)
+    d_r, h_r, _ = deltas(retain_logits, retain_labels, retain_states)
+    out = torch.zeros(forget_labels.shape, dtype=torch.float32, device=forget_logits.device)
+    if d_f.shape[0] and d_r.shape[0]:
+        out[:, 1:][mask] = ((d_f @ d_r.T) * (h_f @ h_r.T)).mean(dim=1)
+    return out
+
+
+def normalized_conflict(conflict: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``c_t / mean_s |c_s|`` over the masked tokens ``s`` (0 where ``mask`` is false, all 0 when every ``c`` is):
+    the retain conflict on a scale of 1, whatever the model's logit and hidden-state scales."""
+    mask = mask.bool()
+    scale = conflict[mask].abs().mean() if mask.any() else conflict.new_zeros(())
+    if not scale > 0:
+        return torch.zeros_like(conflict)
+    return torch.where(mask, conflict / scale, torch.zeros_like(conflict))

@@ -31,10 +31,18 @@ from datasets import Dataset
 
 from ...data.prepare import PromptTooLongError, prepare_qa
 from ..base.losses import LossDenominators
-from ..base.pairing import to_trl_format
+from ..base.pairing import RETAIN_PREFIX, to_trl_format
 from ..base.trainer import UnlearningTrainer
 from .config import ATWUConfig
-from .loss import budget_penalty, satga_plus_loss, score_entropy, weighted_npo_loss, weighted_simnpo_loss
+from .loss import (
+    budget_penalty,
+    normalized_conflict,
+    retain_conflict,
+    satga_plus_loss,
+    score_entropy,
+    weighted_npo_loss,
+    weighted_simnpo_loss,
+)
 from .weighter import (
     WEIGHTER_DIR,
     WEIGHTER_OPTIMIZER_NAME,
@@ -75,7 +83,7 @@ class ATWUTrainer(UnlearningTrainer):
         if scorer is None:  # every token starts at the budget: b = logit(budget), w = 0
             scorer = ATWUTokenWeighter(
                 hidden, init_bias=math.log(self.args.budget / (1.0 - self.args.budget)),
-                standardize=self.args.scorer_standardize,
+                standardize=self.args.scorer_standardize, position=self.args.scorer_position,
             )
         elif scorer.hidden_size != hidden:
             raise ValueError(
@@ -134,11 +142,19 @@ class ATWUTrainer(UnlearningTrainer):
         hidden_states: torch.Tensor,
         mask: torch.Tensor,
         ref_token_log_probs: torch.Tensor | None = None,
+        conflict: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One update of the scorer with the model frozen: the model's outputs enter detached, so only ``w`` and
-        ``b`` receive gradient. Minimises ``L_forget(g) + entropy_weight * H(g) + budget_weight * budget_penalty(g)
-        + scorer_l2 * ||w||^2`` on this batch (means over its own answer tokens) with the scorer's optimizer, and
-        returns (and logs) its terms."""
+        ``b`` receive gradient. Minimises ``L_forget(g) + retain_conflict_weight * mean_t g_t c_t + entropy_weight
+        * H(g) + budget_weight * budget_penalty(g_b) + scorer_l2 * ||w||^2`` on this batch (means over its own
+        answer tokens) with the scorer's optimizer, and returns (and logs) its terms.
+
+        ``conflict`` (``[B, L]``, label-aligned; :func:`~hf_unlearn.methods.atwu.loss.retain_conflict`): what
+        unlearning each token costs the retain answers, normalised to a mean magnitude of 1
+        (:func:`~hf_unlearn.methods.atwu.loss.normalized_conflict`); the term lowers the scores of the tokens whose
+        unlearning conflicts with the retain set, the first-order gradient of the retain loss after a model step
+        weighted by ``g``. The budget penalty reads ``g_b = sigmoid(sg(<w, h>) + b)``: it moves the bias alone,
+        i.e. the threshold, so that the order of the tokens is set by the per-token terms only."""
         args = self.args
         lp = token_log_probs.detach()
         ref = ref_token_log_probs.detach() if ref_token_log_probs is not None else None
@@ -156,11 +172,18 @@ class ATWUTrainer(UnlearningTrainer):
             variance = self.accelerator.reduce(variance, reduction="mean")
         self.scorer.update_statistics(center, variance)
         with torch.enable_grad():
-            g = self.scorer.label_scores(hidden_states.detach(), center, variance)
+            z = self.scorer.label_logits(hidden_states.detach(), center, variance)
+            g = torch.sigmoid(z)
+            bias = self.scorer.linear.bias[0]
             forget = self.weighted_forget_loss(lp, g, mask, ref)
             entropy = score_entropy(g, mask)
-            budget = budget_penalty(g, mask, args.budget)
+            budget = budget_penalty(torch.sigmoid(z.detach() + (bias - bias.detach())), mask, args.budget)
             loss = forget + args.entropy_weight * entropy + args.budget_weight * budget
+            if conflict is not None and args.retain_conflict_weight > 0:
+                weights = normalized_conflict(conflict.detach().to(g.device), mask)
+                conflict_term = (g * weights)[mask].sum() / mask.sum().clamp(min=1)
+                loss = loss + args.retain_conflict_weight * conflict_term
+                self.log_metric("scorer_retain_conflict", conflict_term.detach())
             if args.scorer_l2 > 0:
                 loss = loss + args.scorer_l2 * self.scorer.weight.pow(2).sum()
             self.scorer_optimizer.zero_grad(set_to_none=True)
@@ -178,6 +201,19 @@ class ATWUTrainer(UnlearningTrainer):
         for name, value in terms.items():
             self.log_metric(name, value)
         return {k: float(v) for k, v in terms.items()}
+
+    def batch_retain_conflict(self, model: Any, inputs: dict[str, Any], forget: Any) -> torch.Tensor | None:
+        """:func:`~hf_unlearn.methods.atwu.loss.retain_conflict` of the forget answer tokens against the batch's
+        retain answers (one forward of the retain part, without gradient); ``None`` without retain examples or
+        with ``retain_conflict_weight=0``."""
+        if self.args.retain_conflict_weight <= 0 or RETAIN_PREFIX + "input_ids" not in inputs:
+            return None
+        with torch.no_grad():
+            retain = self.score(model, inputs, RETAIN_PREFIX, output_hidden_states=True)
+            return retain_conflict(
+                forget.logits, forget.labels, forget.outputs.hidden_states[-1],
+                retain.logits, retain.labels, retain.outputs.hidden_states[-1],
+            )
 
     def _scorer_due(self, model: Any) -> bool:
         if not (self._in_training_step and model.training):
@@ -214,7 +250,8 @@ class ATWUTrainer(UnlearningTrainer):
         hidden = forget.outputs.hidden_states[-1].detach()
         ref = self.reference_scores(inputs).token_log_probs if self.args.forget_loss == "npo" else None
         if self._scorer_due(model):
-            self.scorer_step(forget.token_log_probs, hidden, forget.mask, ref)
+            conflict = self.batch_retain_conflict(model, inputs, forget)
+            self.scorer_step(forget.token_log_probs, hidden, forget.mask, ref, conflict)
         with torch.no_grad():
             scores = self.scorer.label_scores(hidden)
         forget_loss = self.weighted_forget_loss(forget.token_log_probs, scores, forget.mask, ref, denominators)

@@ -1,9 +1,9 @@
 """ATWU's learned token weighter and helpers to judge its scores.
 
 :class:`ATWUTokenWeighter` is the linear probe ``g_t = sigmoid(<w, (h - mu) / sigma> + b)`` on the model's
-(detached) last-layer hidden state ``h`` at the position where answer token ``t``'s loss is computed,
-i.e. the state from which the model predicts it (``h_{t-1}``, the same shift as
-:func:`hf_unlearn.logprobs.label_log_probs`). It is a ``huggingface_hub`` ``PyTorchModelHubMixin``
+(detached) last-layer hidden state ``h`` of answer token ``t`` itself (``h_t``, the ATWU paper's
+``sigmoid(<w, h_theta(x_t)>)``; ``position="predicting"`` reads instead the state the model predicts it from,
+``h_{t-1}``, where its loss is computed). It is a ``huggingface_hub`` ``PyTorchModelHubMixin``
 (``config.json`` + ``model.safetensors``, ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``); the
 trainer saves it beside the unlearned model in the subfolder ``atwu_weighter/`` (and in every checkpoint, with
 its optimizer state in ``atwu_weighter_optimizer.safetensors``). ``from_pretrained`` of an ATWU output folder
@@ -33,6 +33,9 @@ from ...data.prompts import PromptTemplate
 
 WEIGHTER_DIR = "atwu_weighter"
 WEIGHTER_OPTIMIZER_NAME = "atwu_weighter_optimizer.safetensors"
+#: Which hidden state scores answer token ``t``: ``"token"``, its own (``h_t``, the paper's ``h_theta(x_t)``);
+#: ``"predicting"``, the one the model predicts it from (``h_{t-1}``, where its loss is computed).
+SCORER_POSITIONS = ("token", "predicting")
 
 
 def model_hidden_size(model: Any) -> int:
@@ -73,8 +76,12 @@ class ATWUTokenWeighter(
     ``variance = 1``, i.e. centring only).
     """
 
-    def __init__(self, hidden_size: int, init_bias: float = 0.0, standardize: bool = True, eps: float = 1e-5):
+    def __init__(self, hidden_size: int, init_bias: float = 0.0, standardize: bool = True, eps: float = 1e-5,
+                 position: str = "token"):
         super().__init__()
+        if position not in SCORER_POSITIONS:
+            raise ValueError(f"position must be one of {list(SCORER_POSITIONS)}, got {position!r}.")
+        self.position = position
         if int(hidden_size) < 1:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}.")
         if not float(eps) > 0:
@@ -91,9 +98,10 @@ class ATWUTokenWeighter(
         self.register_buffer("num_center_updates", torch.zeros((), dtype=torch.long))
 
     @classmethod
-    def for_model(cls, model: Any, init_bias: float = 0.0, standardize: bool = True) -> ATWUTokenWeighter:
+    def for_model(cls, model: Any, init_bias: float = 0.0, standardize: bool = True,
+                  position: str = "token") -> ATWUTokenWeighter:
         """A fresh weighter sized for ``model``'s hidden states, on ``model``'s device."""
-        weighter = cls(model_hidden_size(model), init_bias=init_bias, standardize=standardize)
+        weighter = cls(model_hidden_size(model), init_bias=init_bias, standardize=standardize, position=position)
         try:
             weighter.to(next(model.parameters()).device)
         except (AttributeError, StopIteration):
@@ -135,19 +143,29 @@ class ATWUTokenWeighter(
         """Scores in ``[0, 1]`` of shape ``hidden_states.shape[:-1]``."""
         return torch.sigmoid(self.logits(hidden_states, center, variance))
 
+    def label_logits(
+        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """:meth:`logits` aligned with the labels as :func:`hf_unlearn.logprobs.label_log_probs` is,
+        ``[B, L, H] -> [B, L]``. ``position="token"``: ``out[:, t]`` reads ``h_t``, label ``t``'s own
+        representation (the labels are the inputs, so ``h_t`` is the state of token ``labels[:, t]`` itself);
+        ``"predicting"``: ``out[:, t]`` reads ``h_{t-1}``, from which the model predicts ``labels[:, t]``
+        (``out[:, 0]``, never scored, reads ``h_0``)."""
+        z = self.logits(hidden_states, center, variance)
+        return z if self.position == "token" else torch.cat([z[:, :1], z[:, :-1]], dim=1)
+
     def label_scores(
         self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Scores aligned with the labels as :func:`hf_unlearn.logprobs.label_log_probs` is, ``[B, L, H] -> [B, L]``:
-        ``out[:, t] = g(h_{t-1})``, the hidden state from which the model predicts ``labels[:, t]`` (where that
-        token's loss is computed). ``out[:, 0]`` (no context, never scored) is ``g(h_0)``."""
-        g = self(hidden_states, center, variance)
-        return torch.cat([g[:, :1], g[:, :-1]], dim=1)
+        """``sigmoid`` of :meth:`label_logits`: the scores of the labels, ``[B, L, H] -> [B, L]``."""
+        return torch.sigmoid(self.label_logits(hidden_states, center, variance))
 
-    @staticmethod
-    def scored_states(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def scored_states(self, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The hidden states :meth:`label_scores` reads for the ``mask``-ed label positions, ``[N, H]``."""
-        return hidden_states[:, :-1][mask[:, 1:].to(hidden_states.device)].detach()
+        mask = mask.to(hidden_states.device)
+        if self.position == "token":
+            return hidden_states[mask].detach()
+        return hidden_states[:, :-1][mask[:, 1:]].detach()
 
     @torch.no_grad()
     def update_statistics(

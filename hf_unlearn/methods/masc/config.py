@@ -59,23 +59,43 @@ def masc_recipe_for(num_parameters: int) -> str:
     return "small" if int(num_parameters) < MASC_SMALL_MODEL_MAX_PARAMETERS else "llama2-7b"
 
 
-def model_parameter_count(model: Any) -> int:
-    """Parameters of ``model`` without LoRA adapters (a PEFT model counts its base), 4-bit packed weights counted
-    unpacked; a name or path is counted from its config on the meta device (no weights are loaded)."""
-    if isinstance(model, (str, os.PathLike)):
-        from accelerate import init_empty_weights
-        from transformers import AutoConfig, AutoModelForCausalLM
+def config_parameter_count(config: Any) -> int:
+    """Parameters of a decoder-only transformer from its config alone (no weights are read):
 
-        with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(
-                AutoConfig.from_pretrained(model, trust_remote_code=False), trust_remote_code=False)
+    ``N = V*H*(1 + [not tie_word_embeddings]) + L*(H*d*(2*n_q + 2*n_kv) + 3*H*I + 2*H) + H``
+
+    with ``H`` ``hidden_size``, ``L`` ``num_hidden_layers``, ``V`` ``vocab_size``, ``I`` ``intermediate_size``
+    (``4H`` when absent), ``n_q`` ``num_attention_heads``, ``n_kv`` ``num_key_value_heads`` (``n_q`` when absent),
+    ``d`` ``head_dim`` (``H / n_q`` when absent): embeddings and an untied head, per layer the q/k/v/o
+    projections, a gated MLP (three ``H x I`` matrices, as Llama, Mistral and Qwen) and two norms, and a final
+    norm. Biases are not counted (Qwen's q/k/v biases are ``< 0.1%``); a two-matrix MLP (GPT-2) is over-counted by
+    ``H*I`` per layer. A multimodal config counts its text model (``get_text_config()``)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    tied = bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
+    per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inner + 2 * hidden
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+
+
+def model_parameter_count(model: Any) -> int:
+    """Parameters of ``model`` as ``recipe="auto"`` counts them: from its config (:func:`config_parameter_count`)
+    when it has one, so that a model whose parameters are partitioned (ZeRO-3, where ``numel()`` is 0 on every
+    process) or 4-bit packed is counted at its full size; a name or path is counted from its config
+    (``trust_remote_code=False``, no weights loaded). A module without a config counts its parameters, LoRA
+    adapters left out."""
+    if isinstance(model, (str, os.PathLike)):
+        from transformers import AutoConfig
+
+        return config_parameter_count(AutoConfig.from_pretrained(model, trust_remote_code=False))
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    total = 0
-    for name, param in base.named_parameters():
-        if "lora_" in name:
-            continue
-        total += param.numel() * (2 if type(param).__name__ == "Params4bit" else 1)
-    return total
+    config = getattr(base, "config", None)
+    if config is not None and hasattr(config, "hidden_size"):
+        return config_parameter_count(config)
+    return sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
 
 
 @dataclass
@@ -95,17 +115,22 @@ class MASCConfig(BaseUnlearningConfig):
       alpha 0.2, 64 confirmation examples. `"llama2-7b"`, their Llama-2-7B-chat script (`repro/run_masc_tofu.sh`):
       no retain term (`--lambda_retain 0.0`), `lambda_fg 0.05`, `rho 0.70`, `eta 0.25`, trigger and alpha 0.475,
       32 confirmation examples. `"auto"` (the default) takes `"small"` for a model of fewer than 2B parameters
-      (:data:`MASC_SMALL_MODEL_MAX_PARAMETERS`, hf-unlearn's boundary), else `"llama2-7b"`; the trainer resolves it
+      (:data:`MASC_SMALL_MODEL_MAX_PARAMETERS`, hf-unlearn's boundary), else `"llama2-7b"`, the count taken from
+      the model's config (:func:`config_parameter_count`: hidden size, layers, heads, MLP width, vocabulary), so a
+      model partitioned by ZeRO-3 is counted at its full size; the trainer resolves it
       when it sees the model and records it (`MASCTrainer.recipe`, `masc_stopping.json`). A recipe field left at
       `None` takes the recipe's value; a value given explicitly always wins. Until the trainer resolves `"auto"`
       the config shows the `"small"` values.
     - **(L2-7B)**: what both scripts set alike (`scripts/run_margin_unlearning.py` and its Qwen copy): top-10 self
-      rivals, `beta 1.0`, continuation cut 20-60% with 32/32 minimum prefix/suffix tokens, the plain-mean
+      rivals, `beta 1.0`, continuation cut 20-60%, the plain-mean
       confirmation (neither passes `--early_stop_confirm_use_ucb`), checks every 2 steps on 2 probe batches,
       constant `lr 1e-4`, batch 2, LoRA r 16 / alpha 32 / dropout 0.05 on q,k,v,o, 3 epochs, and no gradient
       clipping (`max_grad_norm=0`).
     - **(measured)**: the step budget `max_steps`, a ceiling (see the note below), and the effect of the retain
       KL (see `retain_weight`), on the tiny test model (the small Llama that memorises the synthetic TOFU set).
+    - **Deviations, named**: the continuation minimum is 8/8 prefix/suffix tokens where the authors set 32/32
+      (see `continuation_min_prefix_tokens`); the stop is calibrated on never-seen rows whenever the run has them
+      (`calibrate_stop`), where the authors stop at their fixed tolerance.
 
     Loss of a step: `forget_weight * (1/|A|) sum_{t in A} relu(m_t - (tau - eta)) / eta` over the *active*
     positions `A` (the continuation of each forget answer after a random cut, or the whole answer), plus
@@ -120,8 +145,14 @@ class MASCConfig(BaseUnlearningConfig):
     `mean + sqrt(log(1/delta_j) / (2 n))`, `delta_j = 6 delta / (pi^2 (j + 1)^2)` for the `j`-th confirmation
     (`"hoeffding"`). `stop_probe="heldout"` is the earlier rule: a held-out slice of the forget set
     (`validation_fraction`, never trained on) and a single stage, pooled token violation rate `<= stop_tolerance`.
-    `MASCTrainer(..., calibrate_stop_on=rows)` replaces `stop_trigger` and `stop_tolerance` at step 0 by the
-    starting model's mean per-example violation rate on `rows` (never-seen rows, e.g. holdout authors).
+    With `calibrate_stop=True` (the default) and never-seen rows (`MASCTrainer(..., calibrate_stop_on=rows)`, or
+    the holdout rows of a selection criterion), `stop_trigger` and `stop_tolerance` are replaced at step 0 by the
+    starting model's mean per-example violation rate on them: the paper stops when the forget rows look never
+    seen, and a fixed tolerance can lie below that state (on SmolLM2-135M, a model that never saw the forget
+    authors still predicts 57% of their answer tokens greedily, far above the small recipe's 0.2), so the rule
+    would overshoot. A threshold given explicitly below the never-seen state is refused at step 0, before any
+    update; one given at or above it is kept. Without never-seen rows one log line says the stop uses the fixed
+    threshold.
 
     The run ends when the rule fires; `max_steps` is only a ceiling. A run that reaches it records
     `stop_reason="budget"` (trainer, `masc_stopping.json`, the log history and the model card) with a warning.
@@ -161,12 +192,15 @@ class MASCConfig(BaseUnlearningConfig):
             Lower end of the uniform cut ratio (L2-7B).
         continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
             Upper end of the uniform cut ratio (L2-7B).
-        continuation_min_prefix_tokens (`int`, *optional*, defaults to `32`):
-            Answer tokens always left before the cut (L2-7B, and the authors' Qwen2.5 runs; the TOFU-tiny
-            benchmark uses 8 for its byte-level tokenizer). Answers shorter than min prefix + min suffix are
-            penalised whole.
-        continuation_min_suffix_tokens (`int`, *optional*, defaults to `32`):
-            Answer tokens always penalised after the cut (L2-7B; TOFU-tiny uses 8).
+        continuation_min_prefix_tokens (`int`, *optional*, defaults to `8`):
+            Answer tokens always left before the cut; answers shorter than min prefix + min suffix are penalised
+            whole. The authors set 32 (with 32 for the suffix), which on TOFU, whose median answer is about 36
+            SmolLM2 tokens, penalises almost every answer whole, the part that echoes the question included. 8
+            covers the question echo: on TOFU forget10 authors 5-8 an answer's leading words that restate the
+            question number 4 at the median and 14 at the 90th percentile, of a median 31.5-word answer, and the
+            random 20-60% cut covers the longer echoes of longer answers.
+        continuation_min_suffix_tokens (`int`, *optional*, defaults to `8`):
+            Answer tokens always penalised after the cut (the authors: 32).
         retain_weight (`float`, *optional*):
             Weight of `KL(pi_0 || pi_theta)` on retain answer tokens. Default: the recipe's (small 1, the paper's
             objective `KL + lambda * hinge`; llama2-7b 0). With `0` the retain set only counts the epoch
@@ -212,6 +246,11 @@ class MASCConfig(BaseUnlearningConfig):
         min_validation_positions (`int`, *optional*, defaults to `20`):
             `stop_probe="heldout"` only: the held-out slice needs `max(min_validation_positions,
             ceil(1 / alpha))` answer positions.
+
+        calibrate_stop (`bool`, *optional*, defaults to `True`):
+            Calibrate the trigger and `alpha` on never-seen rows when the run has them (`calibrate_stop_on`, or
+            a selection criterion's holdout rows): their starting violation rate; a threshold given below it is
+            refused. `stop_probe="train"` only.
 
         > Parameters that control LoRA (as TRL's `ModelConfig`; used when the trainer gets no `peft_config`)
 
@@ -294,10 +333,10 @@ class MASCConfig(BaseUnlearningConfig):
     continuation_cut_min_ratio: float = field(default=0.2, metadata={"help": "Lower end of the random cut ratio."})
     continuation_cut_max_ratio: float = field(default=0.6, metadata={"help": "Upper end of the random cut ratio."})
     continuation_min_prefix_tokens: int = field(
-        default=32, metadata={"help": "Answer tokens always kept before the cut (Llama-2: 32; scale to the tokenizer)."}
+        default=8, metadata={"help": "Answer tokens always kept before the cut (authors: 32; 8 fits TOFU's short answers)."}
     )
     continuation_min_suffix_tokens: int = field(
-        default=32, metadata={"help": "Answer tokens always penalised after the cut (Llama-2: 32)."}
+        default=8, metadata={"help": "Answer tokens always penalised after the cut (authors: 32)."}
     )
     retain_weight: float | None = field(
         default=None,
@@ -338,6 +377,12 @@ class MASCConfig(BaseUnlearningConfig):
         default=None,
         metadata={"help": "alpha: stop when the bound (or rate) is <= alpha (None: the recipe's; small 0.2, "
                           "llama2-7b 0.475)."},
+    )
+    calibrate_stop: bool = field(
+        default=True,
+        metadata={"help": "Calibrate the stop threshold on never-seen rows (calibrate_stop_on, or a selection "
+                          "criterion's holdout rows) when the run has them: the trigger and alpha become the starting "
+                          "model's violation rate there; a threshold given below it is refused."},
     )
     validation_fraction: float = field(
         default=0.1, metadata={"help": "stop_probe='heldout': fraction of the forget set held out."}

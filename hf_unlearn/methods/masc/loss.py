@@ -158,7 +158,8 @@ def continuation_mask(
       untouched and at least ``min_suffix_tokens`` are penalised.
 
     Returns a ``[B, L]`` boolean mask, a subset of ``mask``. The authors' TOFU run (Llama-2-7B) uses ratios in
-    ``[0.2, 0.6]`` and 32/32 minimum prefix/suffix tokens.
+    ``[0.2, 0.6]`` and 32/32 minimum prefix/suffix tokens (these defaults); ``MASCConfig`` defaults to 8/8, which
+    splits TOFU's short answers.
     """
     mask = mask.bool()
     n = mask.sum(-1)

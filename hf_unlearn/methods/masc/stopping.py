@@ -46,7 +46,8 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
     With ``calibrate=True`` the trigger and ``alpha`` are set at the start of training (step 0, before any
     update) to the mean per-example violation rate of never-seen rows under the starting model
     (``probe(model, "calibrate", 0)``): the rate a model shows on what it never learnt is what "forgotten"
-    looks like.
+    looks like. A threshold the user set (``given``: ``"stop_trigger"``, ``"stop_tolerance"``) is kept when it
+    is at or above that rate and refused below it (:meth:`calibrate_thresholds`).
 
     ``mode="heldout"`` (the earlier rule): ``probe(model, "heldout", step)`` returns ``(violations, positions)``
     of a held-out slice and training stops when their ratio is ``<= alpha``.
@@ -67,6 +68,7 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         rule: dict[str, Any] | None = None,
         confirm_rule: str = "mean",
         calibrate: bool = False,
+        given: tuple[str, ...] = (),
     ) -> None:
         if mode not in ("train", "heldout"):
             raise ValueError(f"mode must be 'train' or 'heldout', got {mode!r}.")
@@ -83,6 +85,7 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         self.delta = float(delta)
         self.confirm_rule = confirm_rule
         self.calibrate = bool(calibrate)
+        self.given = tuple(given)
         self.rule = dict(rule or {})
         self.violation_history: list[dict[str, Any]] = []
         self.stopped_at_step: int | None = None
@@ -103,7 +106,7 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
             "args": {
                 "mode": self.mode, "check_every": self.check_every, "trigger": self.trigger, "stop_tolerance": self.stop_tolerance,
                 "delta": self.delta, "rule": self.rule, "confirm_rule": self.confirm_rule,
-                "calibrate": self.calibrate,
+                "calibrate": self.calibrate, "given": list(self.given),
             },
             "attributes": {
                 "violation_history": [dict(h) for h in self.violation_history],
@@ -122,7 +125,8 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         for key, value in state.get("attributes", {}).items():
             setattr(self, key, value)
         if self.calibration:
-            self.trigger = self.stop_tolerance = float(self.calibration["threshold"])
+            self.trigger = float(self.calibration.get("trigger", self.calibration["threshold"]))
+            self.stop_tolerance = float(self.calibration.get("stop_tolerance", self.calibration["threshold"]))
 
     # ----- measuring ------------------------------------------------------------------------------------------------
 
@@ -141,17 +145,32 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         return {"step": int(step), "violation_rate": rate, "examples": len(rates), "triggered": rate <= self.trigger}
 
     def calibrate_thresholds(self, model: Any) -> dict[str, Any]:
-        """Set ``trigger`` and ``alpha`` to the mean per-example violation rate of the never-seen rows under
-        ``model`` (clipped into ``(0, 1)``); returns the calibration record."""
+        """Measure the never-seen state, the mean per-example violation rate ``r_0`` of the never-seen rows under
+        ``model`` (clipped into ``(0, 1)``), and set ``trigger`` and ``alpha`` to it; a threshold the user gave
+        (named in ``given``) is kept when it is ``>= r_0`` and refused when it is below (the forget rows would
+        have to violate less than rows the model never saw: an overshoot by construction). Returns the record."""
         rates = [float(r) for r in self._probe(model, "calibrate", 0)]
         rate = sum(rates) / len(rates)
         threshold = min(max(rate, 1e-6), 1.0 - 1e-6)
+        configured = {"stop_trigger": self.trigger, "stop_tolerance": self.stop_tolerance}
+        for name, value in configured.items():
+            if name in self.given and value < threshold:
+                raise ValueError(
+                    f"MASC's {name}={value:.4g} lies below the never-seen state: the starting model's violation rate "
+                    f"on the {len(rates)} holdout rows is {rate:.4g}, and a stop below it overshoots; give "
+                    f"{name} >= {rate:.4g} or leave it unset to calibrate it."
+                )
         self.calibration = {
             "examples": len(rates), "violation_rate": rate, "threshold": threshold,
             "configured_trigger": self.trigger, "configured_stop_tolerance": self.stop_tolerance,
         }
-        self.trigger = self.stop_tolerance = threshold
-        logger.info("MASC calibrated its trigger and tolerance to %.4f on %d never-seen rows.", threshold, len(rates))
+        if "stop_trigger" not in self.given:
+            self.trigger = threshold
+        if "stop_tolerance" not in self.given:
+            self.stop_tolerance = threshold
+        self.calibration.update(trigger=self.trigger, stop_tolerance=self.stop_tolerance)
+        logger.info("MASC calibrated its stop on %d never-seen rows: violation rate %.4f (trigger %.4f, alpha %.4f).",
+                    len(rates), rate, self.trigger, self.stop_tolerance)
         return self.calibration
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):

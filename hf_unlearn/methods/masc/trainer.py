@@ -3,8 +3,8 @@
 The loss is ``forget_weight`` times the buffered hinge (:func:`hf_unlearn.methods.masc.loss.buffered_hinge_loss`) on the
 continuation of each forget answer (:func:`hf_unlearn.methods.masc.loss.continuation_mask`), plus
 ``retain_weight * KL(pi_0 || pi_theta)`` on retain answers (the paper's objective; the weights and thresholds come
-from the config's ``recipe``, ``"auto"`` resolved here from the model's parameter count: the authors' small-model
-recipe below 2B parameters, their Llama-2-7B one above, recorded as ``MASCTrainer.recipe`` and in
+from the config's ``recipe``, ``"auto"`` resolved here from the model's parameter count, read from its config: the
+authors' small-model recipe below 2B parameters, their Llama-2-7B one above, recorded as ``MASCTrainer.recipe`` and in
 ``masc_stopping.json``). :class:`~hf_unlearn.methods.masc.stopping.MarginStoppingCallback` checks the authors'
 two-stage rule every ``check_every`` steps (stage 1: mean per-example violation rate of a few forget training
 batches ``<= stop_trigger``; stage 2: the plain mean of ``confirm_examples`` forget training examples, or its anytime
@@ -31,6 +31,7 @@ length; it only matters for an epoch budget).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -60,6 +61,8 @@ from .stopping import MarginStoppingCallback, split_validation
 
 ACTIVE_MASK_KEY = "masc_active_mask"
 
+logger = logging.getLogger(__name__)
+
 
 def _seeded(*keys: int) -> torch.Generator:
     """A CPU generator seeded by a fixed mix of integer keys (seed, step, ...)."""
@@ -83,9 +86,11 @@ class MASCTrainer(UnlearningTrainer):
     section.
 
     ``calibrate_stop_on``: rows the model never trained on (e.g. TOFU's holdout authors; refused when they share
-    a row with the forget or retain set). At step 0 the starting model's mean per-example violation rate on them
-    replaces ``stop_trigger`` and ``stop_tolerance``: the rule then stops once the forget set looks as the
-    never-seen rows do.
+    a row with the forget or retain set); without them, the holdout rows of a selection criterion among the
+    ``callbacks``. With ``calibrate_stop=True`` (the default) the starting model's mean per-example violation rate
+    on them at step 0 replaces ``stop_trigger`` and ``stop_tolerance`` (a threshold given below it is refused):
+    the rule then stops once the forget set looks as the never-seen rows do. Without such rows one log line
+    says the stop uses the fixed threshold.
 
     Example::
 
@@ -130,7 +135,8 @@ class MASCTrainer(UnlearningTrainer):
                 f"epoch_length={args.epoch_length!r} counts an epoch over the retain set too; pass a "
                 "`retain_dataset` (it is iterated even with retain_weight=0), or use epoch_length='forget'."
             )
-        calibration_rows = self._check_calibration_rows(calibrate_stop_on, forget, retain_dataset, args)
+        calibration_rows = self._check_calibration_rows(
+            self._never_seen_rows(calibrate_stop_on, callbacks, args), forget, retain_dataset, args)
         held_out = None
         if args.stop_probe == "heldout":
             forget, held_out = split_validation(forget, args.validation_fraction, args.seed)
@@ -164,7 +170,7 @@ class MASCTrainer(UnlearningTrainer):
                                                            seed=self.args.seed, cycle=True)
         rule = self._build_probes(calibration_rows, held_out, len(forget))
         rule["recipe"] = self.recipe = recipe
-        self._attach_stopping_rule(rule, calibrate=calibration_rows is not None)
+        self._attach_stopping_rule(rule, calibrate=calibration_rows is not None and args.calibrate_stop)
 
     def _build_probes(self, calibration_rows: Dataset | None, held_out: Dataset | None, num_train: int
                       ) -> dict[str, Any]:
@@ -201,6 +207,7 @@ class MASCTrainer(UnlearningTrainer):
             mode=self.args.stop_probe, check_every=self.args.check_every, trigger=self.args.stop_trigger,
             stop_tolerance=self.args.stop_tolerance, delta=self.args.confirm_delta, rule=rule,
             confirm_rule=self.args.confirm_rule, calibrate=calibrate,
+            given=tuple(k for k in ("stop_trigger", "stop_tolerance") if k in self.args.recipe_fields_given),
         )
         self.stopping_callback.probe = self.probe
         self.stopping_callback.agree = self._main_process_decides
@@ -210,6 +217,23 @@ class MASCTrainer(UnlearningTrainer):
 
     def _batches(self, rows: list[dict[str, Any]], batch_size: int) -> list[dict[str, torch.Tensor]]:
         return [self.data_collator(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+
+    @staticmethod
+    def _never_seen_rows(rows: Any, callbacks: Sequence[Any] | None, args: MASCConfig) -> Any:
+        """The rows the stop is calibrated on: ``calibrate_stop_on``, else the holdout rows of a selection
+        criterion among ``callbacks`` (``callback.criterion.holdout``), else ``None``, said in one log line when
+        ``calibrate_stop`` asks for a calibration the run cannot make."""
+        if rows is not None or not args.calibrate_stop or args.stop_probe != "train":
+            return rows
+        for callback in callbacks or ():
+            holdout = getattr(getattr(callback, "criterion", None), "holdout", None)
+            if holdout:
+                return list(holdout)
+        logger.warning(
+            "MASC: no holdout rows (calibrate_stop_on or a selection criterion's), so its stop uses the fixed "
+            "threshold stop_tolerance=%.4g, which may lie below the never-seen state and overshoot.",
+            args.stop_tolerance)
+        return None
 
     @staticmethod
     def _check_calibration_rows(

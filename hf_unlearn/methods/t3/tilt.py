@@ -52,3 +52,24 @@ def tilted_log_probs(
     return torch.log_softmax(
         tilted_scores(base_logits, guidance_logits, temperature, tilt_weight, log_f_floor), dim=-1
     )
+
+
+def greedy_regret(
+    base_logits: torch.Tensor, guidance_logits: torch.Tensor, settings: list[tuple[float, float]],
+    log_f_floor: float | None = None,
+) -> torch.Tensor:
+    """What greedy decoding under each ``(T, w)`` gives up of the base, per position (``[N, K]``, float32):
+
+        g_k = argmax_v ( log p_v / T_k + w_k * max(log sigmoid(guidance_v), floor) )
+        out[n, k] = max_v log p_v - log p_{g_k}
+
+    with ``log p = log_softmax(base_logits)``: 0 where the tilted greedy token is the base's own (a tempering
+    alone never changes it), and the base's log-probability drop to the token the tilted decoding picks where it
+    differs. ``base_logits`` and ``guidance_logits`` are ``[N, V]``; no floor when ``log_f_floor`` is None."""
+    log_p = torch.log_softmax(base_logits.float(), dim=-1)
+    top = log_p.max(dim=-1).values
+    out = torch.empty((log_p.shape[0], len(settings)), dtype=torch.float32, device=log_p.device)
+    for k, (temperature, tilt_weight) in enumerate(settings):
+        picked = tilted_scores(base_logits, guidance_logits, temperature, tilt_weight, log_f_floor).argmax(dim=-1)
+        out[:, k] = top - log_p.gather(-1, picked[:, None]).squeeze(-1)
+    return out
