@@ -74,7 +74,7 @@ def _rows(name: str, data: str, part: str | None = None) -> list[dict[str, Any]]
 def subjects(data: str, cache: Path) -> Any:
     """The tiny target and retain reference: the tests' pair for the synthetic set, the test-size TOFU pair
     (``tofu-test``) for real TOFU."""
-    from hf_unlearn.bench.subjects.tofu_tiny import build_tiny_pair, recipe_for
+    from hf_unlearn.demo import build_tiny_pair, recipe_for
 
     recipe = recipe_for("test" if data == "synthetic" else "tofu-test")
     return build_tiny_pair(data, "forget10", recipe, cache_dir=cache, progress=False)
@@ -129,7 +129,7 @@ def span_labels(tok: Any, token_ids: list[int]) -> list[bool]:
 
 
 def atwu(pair: Any, data: str, steps: int) -> dict[str, Any]:
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.atwu import ATWUConfig, ATWUTrainer
     from hf_unlearn.methods.atwu.weighter import answer_token_ids, auroc, forget_specific_auroc
 
@@ -181,7 +181,7 @@ def _criterion(data: str) -> Any:
 
 
 def masc(pair: Any, data: str, budget: int) -> dict[str, Any]:
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer
     from hf_unlearn.methods.masc import MASCConfig, MASCTrainer
 
@@ -235,7 +235,7 @@ def masc(pair: Any, data: str, budget: int) -> dict[str, Any]:
 
 
 def t3(pair: Any, data: str) -> dict[str, Any]:
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.t3 import T3ClassifierConfig, calibrate_t3, fit_t3, t3_scorer
 
     forget = _rows("forget10", data, "forget")
@@ -283,7 +283,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cache = args.cache or (".cache/tests" if args.data == "synthetic" else ".cache/fidelity")
     if args.subject:
-        from hf_unlearn.bench.subjects.tofu_small import SmallRecipe, build_small_pair
+        from unlearn_bench.subjects.tofu_small import SmallRecipe, build_small_pair
 
         pair = build_small_pair(args.subject, source=args.data, recipe=SmallRecipe.v2(args.subject, forget_offset=4),
                                 cache_dir=cache, progress=False)
