@@ -83,7 +83,7 @@ def _check_model_folder(name_or_path: str) -> None:
         raise UserError(" ".join(str(err).split())) from None
 
 
-def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
+def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
     """The causal LM and its tokenizer from a local folder or a Hub id, moved to ``device`` (a name that
     :func:`hf_unlearn.devices.resolve_device` returned; ``None`` leaves it on the CPU where transformers loads
     it) once every check passed, and refused in one line naming the problem
@@ -92,7 +92,8 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
     an empty, truncated or unreadable safetensors file, or no tokenizer; the weights lack one the model has
     (it would be initialised at random), hold one it does not have, or have another shape than ``config.json``
     says (tied weights such as an ``lm_head`` tied to the embeddings are not missing); a weight holds NaN or an
-    infinity. Never runs code shipped with a model (no ``trust_remote_code``)."""
+    infinity. ``dtype`` is ``from_pretrained``'s (``"auto"``, a ``torch.dtype``; ``None``: transformers' default).
+    Never runs code shipped with a model (no ``trust_remote_code``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .model_files import first_non_finite, loading_problems
@@ -108,7 +109,8 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
     where = "" if local else f": there is no local folder {name_or_path} in {os.getcwd()}, and as a Hub model id it"
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            name_or_path, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
+            name_or_path, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
+            **({} if dtype is None else {"dtype": dtype}))
     except (OSError, ValueError, RuntimeError) as err:
         cause = f"{err.__class__.__name__}: {_first_line(err)}"
         raise UserError(f"Could not load the model {name_or_path!r}{where} failed to load ({cause}).{offline}"
