@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TOFU_TINY", "OutputArguments", "RunFailure", "ScriptArguments", "UnlearnRun", "check_output", "load_forget_retain",
-    "load_model_and_tokenizer", "method_option_names", "method_parser", "model_path", "parse_script_args", "qa_dataset", "run_script",
+    "check_memory", "load_model_and_tokenizer", "method_option_names", "method_parser", "model_path", "parse_script_args", "qa_dataset", "run_script",
     "run_unlearn", "tofu_tiny_target",
 ]
 
@@ -172,6 +172,7 @@ def run_unlearn(
     forget = load_rows(run.forget_split, run.data, run.forget_file)
     retain = load_rows(RETAIN_FOR_FORGET[run.forget_split], run.data, run.retain_file)
     criterion, retain = prepare(forget, retain) if prepare is not None else (None, retain)
+    check_memory(run, config, forget, retain)
     options = run.model_options
     model, tokenizer = load_model(run.model, run.device, dtype=None if options is None else options.torch_dtype())
     check_run_preconditions(run.method, config, model, tokenizer, forget, retain)
@@ -218,6 +219,28 @@ def run_unlearn(
         phase = phases.name if state.get("failed") else "its run"
         raise RunFailure(say.fail(err, state.get("log"), phase=phase), printed=True) from err
     return state["result"]
+
+
+def check_memory(run: UnlearnRun, config: Any, forget: list, retain: list) -> None:
+    """On a CUDA device, refuse before the model loads (one line) a run whose memory plan does not fit the device
+    (:func:`hf_unlearn.memory_plan.check_run_memory`, from the model's config and tokenizer: the longest
+    forget or retain row sets the sequence length). A sharded launch (FSDP, DeepSpeed) is not checked: the plan
+    is for one process holding the whole model."""
+    from hf_unlearn.memory_plan import check_run_memory, device_capacity, dtype_bytes, sharded_launch
+
+    if device_capacity(run.device) is None or sharded_launch():
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    model_config = AutoConfig.from_pretrained(run.model)
+    tokenizer = AutoTokenizer.from_pretrained(run.model)
+    texts = [r.get("text") or f"{r.get('question', '')} {r.get('answer', '')}" if isinstance(r, dict) else str(r)
+             for r in [*forget, *(retain or [])]]
+    longest = max((len(ids) for ids in tokenizer(texts)["input_ids"]), default=1) + 32  # + the prompt template
+    seq_len = min(longest, getattr(config, "max_length", None) or longest)
+    dtype = run.model_options.dtype if run.model_options is not None else "auto"
+    check_run_memory(run.method, config, model_config, run.model_options, run.device, seq_len,
+                     weight_bytes=dtype_bytes(dtype, model_config))
 
 
 # ---------------------------------------------------------------------------------------------- the scripts
