@@ -95,7 +95,14 @@ def build_model(shape: str, layers: int | None, device: str, dtype: Any) -> Any:
 def step_plan(step: str, model: Any, tokenizer: Any, rows: dict[str, list], settings: dict[str, Any]) -> Any:
     """The memory plan (:mod:`hf_unlearn.memory_plan`) of a method's run (trainer steps, GROM, T3), or of one
     forward pass over a batch for the other entry points; ``None`` for the NF4 copy."""
-    from hf_unlearn.memory_plan import MethodNeeds, ModelShape, Settings, method_needs, plan_memory, run_settings
+    from hf_unlearn.memory_plan import (
+        MethodNeeds,
+        ModelShape,
+        Settings,
+        method_needs,
+        plan_memory,
+        run_settings,
+    )
     from hf_unlearn.model_options import ModelOptions
     from hf_unlearn.options import validate_settings
 
