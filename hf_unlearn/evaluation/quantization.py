@@ -255,7 +255,7 @@ def quantize_nf4(
         raise ValueError(f"method must be 'roundtrip' or 'bnb', got {method!r}.")
     device = torch.device(device) if device is not None else model_device(model)
     if compute_dtype is None:
-        compute_dtype = next(model.parameters()).dtype
+        compute_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if method == "roundtrip":
         return _roundtrip_model(model, compute_dtype, device)
     return _bnb_model(model, compute_dtype, device)
