@@ -102,9 +102,16 @@ def check_output(run: UnlearnRun) -> Any:
 
     out = run.folder
     config = validate_settings(run.method, run.settings, out)
-    if run.model_options is not None and run.model_options.use_peft and run.method not in TRAINER_CLASSES:
+    options = run.model_options
+    if options is not None and options.use_peft and run.method not in TRAINER_CLASSES:
         raise UserError(f"--use_peft trains a LoRA adapter with a trainer; {run.method} is not trained by one "
                         f"(trainer methods: {', '.join(TRAINER_CLASSES)}).")
+    if (options is not None and options.dtype == "float16" and run.method in TRAINER_CLASSES
+            and not options.use_peft and not getattr(config, "use_peft", False)):
+        raise UserError(f"--dtype float16 would train {run.method}'s float16 weights in place, with no float32 "
+                        "master weights or gradient scaling: AdamW's updates underflow. Load in --dtype float32 "
+                        "(add --fp16 True for mixed precision), --dtype bfloat16, or train an adapter with "
+                        "--use_peft.")
     inputs = [run.model, run.data if run.data and os.path.isdir(run.data) else None, run.forget_file, run.retain_file]
     try:
         if run.resume:

@@ -84,3 +84,16 @@ def test_use_peft_is_refused_for_a_method_without_a_trainer(tiny_pair, tmp_path,
                  "--output", str(tmp_path / "out"), "--use_peft"])
     assert code == 2 and "--use_peft" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_float16_weights_are_refused_for_a_full_finetune_before_work(tmp_path):
+    from hf_unlearn.scripts import UnlearnRun, check_output
+
+    def run(method, **options):
+        return UnlearnRun(method, "model", tmp_path / method, {}, "synthetic", model_options=ModelOptions(**options))
+
+    with pytest.raises(UserError, match="--dtype float16.*master weights"):
+        check_output(run("npo", dtype="float16"))
+    check_output(run("npo", dtype="float16", use_peft=True))  # the adapter trains in float32
+    check_output(run("npo", dtype="bfloat16"))
+    check_output(run("masc", dtype="float16"))  # MASC trains its own adapter
