@@ -125,3 +125,18 @@ def test_check_run_memory_asks_the_registry_what_the_method_needs(tmp_path):
                                     "cuda:0", 256, 2, capacity=80 * GIB)
     assert no_reference.parts["activations"] < plan.parts["activations"]  # no retain pairing: half the tokens
     assert check_run_memory("npo", npo, config, ModelOptions(), "cpu", 256, 4) is None  # nothing to check on a CPU
+
+
+def test_a_run_that_does_not_fit_the_gpu_is_refused_before_the_model_loads(tiny_pair, synthetic, tmp_path,
+                                                                           monkeypatch):
+    import hf_unlearn.memory_plan as memory_plan
+    import hf_unlearn.scripts as scripts
+    from hf_unlearn.model_options import ModelOptions
+    from hf_unlearn.scripts import UnlearnRun, run_unlearn
+
+    monkeypatch.setattr(memory_plan, "device_capacity", lambda device: 1000 if device == "cuda:0" else None)
+    monkeypatch.setattr(scripts, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    run = UnlearnRun("npo", str(tiny_pair.target), tmp_path / "out", {"max_steps": 1}, "synthetic",
+                     device="cuda:0", model_options=ModelOptions())
+    with pytest.raises(UserError, match=r"npo needs about .* on cuda:0, which holds 0\.0 GiB"):
+        run_unlearn(run)
