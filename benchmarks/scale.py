@@ -263,7 +263,7 @@ def _replan(record: dict[str, Any], shape: Any) -> int:
     optimizer, reference, extras) or with the depth (activations)."""
     from hf_unlearn.memory_plan import parameter_count
 
-    base = ModelShapeOf(record)
+    base = _record_shape(record)
     ratio = parameter_count(shape) / parameter_count(base)
     parts = dict(record["plan"])
     activations = parts.pop("activations", 0)
@@ -271,7 +271,8 @@ def _replan(record: dict[str, Any], shape: Any) -> int:
     return int(sum(v * ratio for v in parts.values()) + per_layer * (shape.num_layers + 1))
 
 
-def ModelShapeOf(record: dict[str, Any]) -> Any:  # noqa: N802 - reads like the class it builds
+def _record_shape(record: dict[str, Any]) -> Any:
+    """The :class:`~hf_unlearn.memory_plan.ModelShape` a record was measured at."""
     from hf_unlearn.memory_plan import ModelShape
 
     return ModelShape(**_shape_numbers(record["shape"], record["layers"]))
