@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from .locking import _world_size
@@ -95,9 +96,14 @@ def move_to_device(model: Any, device: Any = None) -> str:
     return name
 
 
+#: How long a process of a launch waits in a collective: rank 0 fits T3's head alone while the others wait in
+#: the broadcast of its result, which takes longer than torch's default timeout on a large model.
+LAUNCH_TIMEOUT = timedelta(hours=2)
+
+
 def join_launch() -> bool:
     """Join the process group of a launch of several processes when none is initialised yet (accelerate's
-    ``PartialState``). Returns whether this process is now in a group of more than one process (``False``
+    ``PartialState``, with :data:`LAUNCH_TIMEOUT`). Returns whether this process is now in a group of more than one process (``False``
     outside a launch, where nothing is started)."""
     import torch.distributed as dist
 
@@ -108,7 +114,7 @@ def join_launch() -> bool:
             return False
         from accelerate import PartialState
 
-        PartialState()
+        PartialState(timeout=LAUNCH_TIMEOUT)
     return dist.get_world_size() > 1
 
 

@@ -2,7 +2,8 @@
 from the config instead of from the weights.
 
 Under ZeRO-3 every process holds a parameter as a tensor of shape ``[0]`` that carries its full shape as
-``ds_shape``; FSDP's flat parameters hold a shard of a flattened tensor. Code that reads a size from
+``ds_shape``; FSDP's flat parameters hold a shard of a flattened tensor; FSDP2's parameters are ``DTensor``s
+whose ``shape`` is the whole tensor's while each process holds a ``Shard`` of it. Code that reads a size from
 ``weight.shape`` then reads 0 (or a shard's size): :func:`vocab_size` reads the vocabulary from the config when
 the LM head is partitioned, and :func:`is_partitioned` tells a caller that it cannot copy or read the weights
 locally.
@@ -15,14 +16,25 @@ from typing import Any
 __all__ = ["is_partitioned", "vocab_size"]
 
 
+def _is_sharded_dtensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is an FSDP2 parameter: a ``DTensor`` with a ``Shard`` placement (its ``shape`` is the
+    whole tensor's, its local values a shard)."""
+    try:
+        from torch.distributed.tensor import DTensor, Shard
+    except ImportError:  # pragma: no cover - a torch without torch.distributed
+        return False
+    return isinstance(tensor, DTensor) and any(isinstance(p, Shard) for p in tensor.placements)
+
+
 def _is_partitioned_tensor(tensor: Any) -> bool:
-    return hasattr(tensor, "ds_shape") or (getattr(tensor, "numel", None) is not None and tensor.numel() == 0
-                                           and tensor.dim() == 1)
+    return hasattr(tensor, "ds_shape") or _is_sharded_dtensor(tensor) or (
+        getattr(tensor, "numel", None) is not None and tensor.numel() == 0 and tensor.dim() == 1)
 
 
 def is_partitioned(model: Any) -> bool:
-    """Whether some parameter of ``model`` is a ZeRO-3 placeholder (it carries ``ds_shape``) or an empty
-    one-dimensional shard, so that its values are not all on this process."""
+    """Whether some parameter of ``model`` is a ZeRO-3 placeholder (it carries ``ds_shape``), an FSDP2 ``DTensor``
+    sharded over the processes, or an empty one-dimensional (FSDP1 flat) shard, so that its values are not all on
+    this process."""
     return any(_is_partitioned_tensor(p) for p in model.parameters())
 
 

@@ -121,7 +121,7 @@ def _check_model_folder(name_or_path: str) -> None:
         raise UserError(" ".join(str(err).split())) from None
 
 
-def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
+def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
     """The causal LM and its tokenizer from a local folder or a Hub id, moved to ``device`` (a name that
     :func:`hf_unlearn.devices.resolve_device` returned; ``None`` leaves it on the CPU where transformers loads
     it) once every check passed, and refused in one line naming the problem
@@ -131,7 +131,8 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
     (it would be initialised at random), hold one it does not have, or have another shape than ``config.json``
     says (tied weights such as an ``lm_head`` tied to the embeddings are not missing); a weight holds NaN or an
     infinity; the folder asks to run code shipped with the model (:func:`check_no_remote_code`). Every load passes
-    ``trust_remote_code=False``: code shipped with a model never runs, and no prompt offers to run it."""
+    ``trust_remote_code=False``: code shipped with a model never runs, and no prompt offers to run it. ``dtype`` is
+    ``from_pretrained``'s (``"auto"``, a ``torch.dtype``; ``None``: transformers' default)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .model_files import first_non_finite, loading_problems
@@ -148,7 +149,7 @@ def load_model(name_or_path: str, device: str | None = None) -> tuple[Any, Any]:
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             name_or_path, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
-            trust_remote_code=False)
+            trust_remote_code=False, **({} if dtype is None else {"dtype": dtype}))
     except (OSError, ValueError, RuntimeError) as err:
         cause = f"{err.__class__.__name__}: {_first_line(err)}"
         raise UserError(f"Could not load the model {name_or_path!r}{where} failed to load ({cause}).{offline}"

@@ -30,8 +30,8 @@ from .locking import _is_secondary_rank
 from .result import Unlearned, num_params
 from .selection import SelectionCallback, SelectionRecord
 
-__all__ = ["JsonlLogCallback", "check_inputs", "check_rows_given", "nf4_forget_rouge", "run_method",
-           "run_with_selection", "runner_for", "unlearn"]
+__all__ = ["JsonlLogCallback", "check_inputs", "check_rows_given", "nf4_forget_rouge", "release_training_state",
+           "run_method", "run_with_selection", "runner_for", "unlearn"]
 
 #: The seed :func:`run_method` sets (``torch.manual_seed``) before a method runs, unless told otherwise.
 DEFAULT_SEED = 0
@@ -79,11 +79,13 @@ def _trainer_runner(info: registry.MethodInfo) -> Callable[..., Unlearned]:
     """The runner of a trainer method: its spec's trainer class and config (imported when it runs) and, after
     training, its ``metrics`` hook. Besides the six arguments of every runner it takes the run options
     ``callbacks`` (extra ``TrainerCallback``s), ``quiet`` (drop the Trainer's console progress bar and log
-    printing), ``resume_from_checkpoint`` (passed to ``trainer.train``) and ``config`` (the config built from
-    the settings by the checks before work, so that it is built once)."""
+    printing), ``resume_from_checkpoint`` (passed to ``trainer.train``), ``config`` (the config built from
+    the settings by the checks before work, so that it is built once) and ``peft_config`` (the trainer's
+    ``peft_config=``: a LoRA adapter on the frozen base, whose disabled adapter is then the reference)."""
 
     def run(model, tokenizer, forget, retain, output_dir, settings, *, callbacks: Sequence[Any] = (),
-            quiet: bool = False, resume_from_checkpoint: str | bool | None = None, config: Any = None) -> Unlearned:
+            quiet: bool = False, resume_from_checkpoint: str | bool | None = None, config: Any = None,
+            peft_config: Any = None) -> Unlearned:
         trainer_cls = info.load_trainer_class()
         # The settings may override the run defaults (e.g. save_strategy="steps" to checkpoint and resume); a
         # config already built from them (by the checks before work) is used as it is.
@@ -98,6 +100,7 @@ def _trainer_runner(info: registry.MethodInfo) -> Callable[..., Unlearned]:
             model=model, args=args, train_dataset=_as_dataset(forget, forget_columns),
             retain_dataset=_as_dataset(retain) if needs_retain else None,
             processing_class=tokenizer, callbacks=list(callbacks) or None,
+            **({} if peft_config is None else {"peft_config": peft_config}),
         )
         if quiet:  # the console shows one line per phase; the per-step logs go to callbacks
             from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -251,6 +254,7 @@ def run_method(
     quiet: bool = False,
     resume_from_checkpoint: str | bool | None = None,
     config: Any = None,
+    peft_config: Any = None,
     runner: Callable[..., Unlearned] | None = None,
 ) -> Unlearned:
     """Run the registered method ``name`` on ``model`` with ``settings`` (fields of its config; default: the
@@ -258,8 +262,9 @@ def run_method(
 
     ``seed`` is set with ``torch.manual_seed`` first (``None``: left as it is). ``callbacks`` (extra
     ``TrainerCallback``s, e.g. a :class:`JsonlLogCallback`), ``quiet`` (no Trainer progress bar or log printing),
-    ``resume_from_checkpoint`` and ``config`` (the method's config already built from ``settings``) apply to the
-    trainer methods. ``runner`` replaces the registry's runner (:func:`runner_for`), for a caller that keeps its
+    ``resume_from_checkpoint``, ``config`` (the method's config already built from ``settings``) and
+    ``peft_config`` (a ``peft.LoraConfig``: train an adapter, the base frozen) apply to the trainer methods; a
+    ``peft_config`` for any other method is refused (``ValueError``). ``runner`` replaces the registry's runner (:func:`runner_for`), for a caller that keeps its
     own. Question/answer rows are checked first
     (:func:`check_rows_given`: a ``ValueError`` naming the first bad row).
     """
@@ -272,8 +277,13 @@ def run_method(
     if seed is not None:
         torch.manual_seed(seed)
     start = time.perf_counter()
+    if peft_config is not None and not getattr(run, "takes_run_options", False):
+        raise ValueError(f"{name} is not trained by a trainer; a LoRA adapter (peft_config, --use_peft) applies to "
+                         "the trainer methods only.")
     if getattr(run, "takes_run_options", False):
         built = {"config": config} if getattr(run, "takes_config", False) else {}
+        if peft_config is not None:
+            built["peft_config"] = peft_config
         result = run(model, tokenizer, forget, retain, output_dir, settings, callbacks=tuple(callbacks), quiet=quiet,
                      resume_from_checkpoint=resume_from_checkpoint, **built)
     else:
@@ -300,6 +310,7 @@ def unlearn(
     criterion: Any = None,
     selection_steps: int = 50,
     on_phase: Callable[[str], None] | None = None,
+    peft_config: Any = None,
 ) -> Unlearned:
     """Run ``method`` (:func:`run_method`) and save what it produced into ``output_dir``: the native artifact
     (:meth:`Unlearned.save_pretrained`), the tokenizer beside changed weights, and the selection record when a
@@ -310,7 +321,8 @@ def unlearn(
     (``echo_logs`` also prints them) followed by one ``trained`` record (with the device the result is on). With a ``criterion``
     (:class:`~hf_unlearn.selection.SelectionCriterion`) the method picks its own strength
     (:func:`~hf_unlearn.selection.run_with_selection`, measured every ``selection_steps`` optimizer steps for the
-    trainers). ``on_phase`` is told ``"training"`` and then ``"training (saving the result)"`` as they begin.
+    trainers). ``peft_config`` (a ``peft.LoraConfig``, a trainer method only) trains a LoRA adapter on the frozen
+    base. ``on_phase`` is told ``"training"`` and then ``"training (saving the result)"`` as they begin.
 
     Before any work, what the command line refuses is refused here too, as a ``ValueError`` with the same
     message (:func:`check_inputs`): a bad row, a setting the method's config refuses, forget rows that occur in
@@ -326,6 +338,8 @@ def unlearn(
     callbacks = [JsonlLogCallback(log_path, echo=echo_logs)] if log_path is not None else []
     options: dict[str, Any] = dict(seed=seed, callbacks=callbacks, quiet=quiet,
                                    resume_from_checkpoint=resume_from_checkpoint, config=config)
+    if peft_config is not None:
+        options["peft_config"] = peft_config
     if criterion is None:
         result = run_method(method, model, tokenizer, forget, retain, folder, settings, **options)
     else:
@@ -334,6 +348,7 @@ def unlearn(
     if on_phase is not None:
         on_phase("training (saving the result)")
     result.save_pretrained(folder)  # a trainer's save_model writes from the main process of a launch
+    release_training_state(result)
     main = not _is_secondary_rank()  # under torchrun / accelerate launch every process shares ``folder``
     if main and result.info.get("selection"):
         SelectionRecord.from_dict(result.info["selection"]).save(folder)
@@ -343,6 +358,16 @@ def unlearn(
         log_event(log_path, "trained", method=method, seconds=result.seconds, settings=dict(settings or {}),
                   device=device_of(result.model))
     return result
+
+
+def release_training_state(result: Unlearned) -> None:
+    """Free what only the run's training needed (a trainer's optimizer states, its frozen reference model;
+    ``release_training_state`` of the trainer in ``result.info["trainer"]``), before the evaluation, the NF4
+    re-check and the attacks use the memory. The trainer stays, for a later ``save_pretrained``."""
+    trainer = result.info.get("trainer")
+    release = getattr(trainer, "release_training_state", None)
+    if release is not None:
+        release()
 
 
 def nf4_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]],

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hf_unlearn.model_options import ModelOptions
 from hf_unlearn.preconditions import (
     check_resume_request,
     check_run_preconditions,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TOFU_TINY", "OutputArguments", "RunFailure", "ScriptArguments", "UnlearnRun", "check_output", "load_forget_retain",
-    "load_model_and_tokenizer", "method_parser", "model_path", "parse_script_args", "qa_dataset", "run_script",
+    "check_memory", "load_model_and_tokenizer", "method_option_names", "method_parser", "model_path", "parse_script_args", "qa_dataset", "run_script",
     "run_unlearn", "tofu_tiny_target",
 ]
 
@@ -66,7 +67,9 @@ class UnlearnRun:
     """One run of a method: the model (a folder or Hub id), the method and its settings (fields of its config),
     the rows (TOFU's ``forget_split`` of ``data`` and the retain split that complements it, or JSON Lines files of
     question/answer rows) and the output folder; ``device`` is a resolved device name (``None``: where
-    transformers loads the model)."""
+    transformers loads the model); ``model_options`` (:class:`~hf_unlearn.model_options.ModelOptions`, TRL's
+    ``--dtype`` / ``--use_peft`` / ``--lora_*``) the dtype the model loads in and the LoRA adapter a trainer
+    trains (``None``: transformers' default dtype, no adapter)."""
 
     method: str
     model: str
@@ -80,6 +83,7 @@ class UnlearnRun:
     resume: bool = False
     verbose: bool = False
     device: str | None = None
+    model_options: Any = None
 
     @property
     def folder(self) -> Path:
@@ -104,6 +108,16 @@ def check_output(run: UnlearnRun) -> Any:
 
     out = run.folder
     config = validate_settings(run.method, run.settings, out)
+    options = run.model_options
+    if options is not None and options.use_peft and run.method not in TRAINER_CLASSES:
+        raise UserError(f"--use_peft trains a LoRA adapter with a trainer; {run.method} is not trained by one "
+                        f"(trainer methods: {', '.join(TRAINER_CLASSES)}).")
+    if (options is not None and options.dtype == "float16" and run.method in TRAINER_CLASSES
+            and not options.use_peft and not getattr(config, "use_peft", False)):
+        raise UserError(f"--dtype float16 would train {run.method}'s float16 weights in place, with no float32 "
+                        "master weights or gradient scaling: AdamW's updates underflow. Load in --dtype float32 "
+                        "(add --fp16 True for mixed precision), --dtype bfloat16, or train an adapter with "
+                        "--use_peft.")
     inputs = [run.model, run.data if run.data and os.path.isdir(run.data) else None, run.forget_file, run.retain_file]
     try:
         if run.resume:
@@ -176,8 +190,11 @@ def run_unlearn(
     request = run_request(run.method, config, forget, retain) if run.checkpointing or run.resume else None
     if run.resume:
         check_resume_request(run.folder, request)
-    model, tokenizer = load_model(run.model, run.device)
+    check_memory(run, config, forget, retain)
+    options = run.model_options
+    model, tokenizer = load_model(run.model, run.device, dtype=None if options is None else options.torch_dtype())
     check_run_preconditions(run.method, config, model, tokenizer, forget, retain)
+    peft_config = None if options is None else options.peft_config()
 
     say = reporter or PhaseReporter(enabled=False)
     phases = _Phases(say, run.method)
@@ -189,7 +206,8 @@ def run_unlearn(
             phases.start("training")
             result = unlearn(run.method, model, tokenizer, forget, retain, work, run.settings, log_path=log_path,
                              echo_logs=run.verbose, quiet=True, resume_from_checkpoint=True if run.resume else None,
-                             criterion=criterion, selection_steps=selection_steps, on_phase=phases.entered)
+                             criterion=criterion, selection_steps=selection_steps, on_phase=phases.entered,
+                             peft_config=peft_config)
             state["result"] = result
             phases.done(f"{result.info['global_step']} steps" if result.info.get("global_step") else "")
             if after is not None:
@@ -225,6 +243,28 @@ def run_unlearn(
     return state["result"]
 
 
+def check_memory(run: UnlearnRun, config: Any, forget: list, retain: list) -> None:
+    """On a CUDA device, refuse before the model loads (one line) a run whose memory plan does not fit the device
+    (:func:`hf_unlearn.memory_plan.check_run_memory`, from the model's config and tokenizer: the longest
+    forget or retain row sets the sequence length). A sharded launch (FSDP, DeepSpeed) is not checked: the plan
+    is for one process holding the whole model."""
+    from hf_unlearn.memory_plan import check_run_memory, device_capacity, dtype_bytes, sharded_launch
+
+    if device_capacity(run.device) is None or sharded_launch():
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    model_config = AutoConfig.from_pretrained(run.model)
+    tokenizer = AutoTokenizer.from_pretrained(run.model)
+    texts = [r.get("text") or f"{r.get('question', '')} {r.get('answer', '')}" if isinstance(r, dict) else str(r)
+             for r in [*forget, *(retain or [])]]
+    longest = max((len(ids) for ids in tokenizer(texts)["input_ids"]), default=1) + 32  # + the prompt template
+    seq_len = min(longest, getattr(config, "max_length", None) or longest)
+    dtype = run.model_options.dtype if run.model_options is not None else "auto"
+    check_run_memory(run.method, config, model_config, run.model_options, run.device, seq_len,
+                     weight_bytes=dtype_bytes(dtype, model_config))
+
+
 # ---------------------------------------------------------------------------------------------- the scripts
 @dataclass
 class ScriptArguments:
@@ -245,6 +285,8 @@ class ScriptArguments:
                 "JSON Lines of texts)."})
     retain_file: str | None = field(default=None, metadata={
         "help": "What to keep: question/answer rows or documents, as --forget_file."})
+    #: TRL's model options (``--dtype``, ``--use_peft``, ``--lora_*``) read by :func:`parse_script_args`.
+    model_options: ModelOptions = field(default_factory=ModelOptions, init=False)
 
 
 @dataclass
@@ -266,18 +308,31 @@ def method_parser(method: str) -> HfArgumentParser:
     them all."""
     from transformers import HfArgumentParser
 
+    from hf_unlearn.model_options import model_options_dataclass
     from hf_unlearn.options import method_config_class, options_dataclass
 
-    return HfArgumentParser((ScriptArguments, OutputArguments, options_dataclass(method_config_class(method))))
+    return HfArgumentParser((ScriptArguments, OutputArguments, model_options_dataclass(method_option_names(method)),
+                             options_dataclass(method_config_class(method))))
+
+
+def method_option_names(method: str) -> frozenset[str]:
+    """The option names of ``method``'s config: a model option of the same name (a config that trains its own
+    LoRA adapter has ``use_peft``, ``lora_r``, ...) is the method's."""
+    from hf_unlearn.options import method_config_class, option_fields
+
+    return frozenset(f.name for f in option_fields(method_config_class(method)))
 
 
 def parse_script_args(method: str, argv: list[str] | None = None) -> tuple[ScriptArguments, OutputArguments,
                                                                             dict[str, Any]]:
     """``(script_args, output_args, settings)`` from ``argv`` (default ``sys.argv[1:]``): the settings are the
     method options given (:func:`hf_unlearn.options.parse_method_settings`, as ``hf-unlearn unlearn`` reads
-    them). ``-h`` / ``--help`` prints :func:`method_parser`'s help and exits."""
+    them) and ``script_args.model_options`` TRL's model options given (``--dtype``, ``--use_peft``, ``--lora_*``;
+    :func:`~hf_unlearn.model_options.parse_model_options`). ``-h`` / ``--help`` prints :func:`method_parser`'s
+    help and exits."""
     from transformers import HfArgumentParser
 
+    from hf_unlearn.model_options import parse_model_options
     from hf_unlearn.options import join_negative_values, parse_method_settings
 
     argv = join_negative_values(list(sys.argv[1:] if argv is None else argv))
@@ -287,6 +342,7 @@ def parse_script_args(method: str, argv: list[str] | None = None) -> tuple[Scrip
     script_args, output_args, rest = common.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if output_args.output_dir is None:
         output_args.output_dir = f"outputs/{method}"
+    script_args.model_options, rest = parse_model_options(rest, method_option_names(method))
     return script_args, output_args, parse_method_settings(method, rest)
 
 
@@ -298,7 +354,7 @@ def run_script(method: str, script_args: ScriptArguments, output_args: OutputArg
         method, model_path(script_args), output_args.output_dir, settings, script_args.dataset_name,
         forget_split=script_args.forget_split, forget_file=script_args.forget_file,
         retain_file=script_args.retain_file, overwrite=output_args.overwrite, resume=output_args.resume,
-        verbose=output_args.verbose,
+        verbose=output_args.verbose, model_options=script_args.model_options,
     ))
 
 

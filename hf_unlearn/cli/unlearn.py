@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..devices import DEVICE_HELP
+from ..model_options import parse_model_options
 from ..options import UserError, config_parser, method_config_class, parse_method_settings
 from ..preconditions import (
     check_eval_configs,
@@ -24,7 +25,7 @@ from ..preconditions import (
     rows_from_spec,
 )
 from ..registry import method_names
-from ..scripts import RunFailure, UnlearnRun, run_unlearn
+from ..scripts import RunFailure, UnlearnRun, method_option_names, run_unlearn
 from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
 
 
@@ -134,11 +135,12 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
         return unlearn_help(args.subparser, args.method)
     method = _checked_method(args)
     check_selection_flags(args)
+    model_options, extra = parse_model_options(extra, method_option_names(method))
     settings = parse_method_settings(method, extra, demo_preset(method) if args.preset == "demo" else {})
     device = resolve_cli_device(args, method, settings)
     run = UnlearnRun(method, args.model, args.output, settings, args.data, forget_split=args.forget_split,
                      forget_file=args.forget_file, retain_file=args.retain_file, overwrite=args.overwrite,
-                     resume=args.resume, verbose=args.verbose, device=device)
+                     resume=args.resume, verbose=args.verbose, device=device, model_options=model_options)
     state: dict[str, Any] = {}
 
     def prepare(forget: list, retain: list) -> tuple[Any, list]:
@@ -188,6 +190,7 @@ def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
     each method's config class)."""
     print(parser.format_help())
     if method:
+        print(model_options_help(method))
         print(config_parser(method).format_help())
     else:
         print("Method options: every field of the method's config is an option. List them with\n"
@@ -199,6 +202,21 @@ def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
                 continue
             print(f"  {name:12s} {cls.__module__}.{cls.__name__}")
     return 0
+
+
+def model_options_help(method: str) -> str:
+    """The help of TRL's model options (``--dtype``, ``--use_peft``, ``--lora_*``) that ``method``'s config does
+    not have itself."""
+    from transformers import HfArgumentParser
+
+    from ..model_options import model_options_dataclass
+
+    parser = HfArgumentParser(model_options_dataclass(method_option_names(method)), add_help=False,
+                              prog=f"hf-unlearn unlearn --method {method}",
+                              description="Model options (trl.ModelConfig's): the dtype the model loads in and the "
+                                          "LoRA adapter a trainer trains (its reference is then the base with the "
+                                          "adapter disabled).")
+    return parser.format_help()
 
 
 def demo_preset(method: str) -> dict[str, Any]:

@@ -231,7 +231,7 @@ def _fallback_unpackable_layers(model: nn.Module, compute_dtype: torch.dtype) ->
 
 def quantize_nf4(
     model: Any,
-    compute_dtype: torch.dtype = torch.float32,
+    compute_dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     method: Literal["roundtrip", "bnb"] = "roundtrip",
 ) -> Any:
@@ -242,7 +242,9 @@ def quantize_nf4(
     ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")`` does. ``method="roundtrip"`` (default)
     evaluates the dequantized NF4 weights in ``compute_dtype``, independent of the CPU's kernels;
     ``method="bnb"`` loads real ``Linear4bit`` layers (saved as safetensors, reloaded with that config), with the
-    round trip for shapes the AVX512-BF16 CPU kernel refuses. ``device`` defaults to the model's device.
+    round trip for shapes the AVX512-BF16 CPU kernel refuses. ``compute_dtype`` defaults to the model's own dtype
+    (``bnb_4bit_compute_dtype``), so a bfloat16 or float16 model is copied in half precision, never widened to a
+    float32 copy; only one weight at a time is widened to quantize it. ``device`` defaults to the model's device.
 
     Example::
 
@@ -253,6 +255,8 @@ def quantize_nf4(
     if method not in ("roundtrip", "bnb"):
         raise ValueError(f"method must be 'roundtrip' or 'bnb', got {method!r}.")
     device = torch.device(device) if device is not None else model_device(model)
+    if compute_dtype is None:
+        compute_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if method == "roundtrip":
         return _roundtrip_model(model, compute_dtype, device)
     return _bnb_model(model, compute_dtype, device)

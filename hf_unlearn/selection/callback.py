@@ -157,13 +157,15 @@ class SelectionCallback(_TrainerCallback, _ExportableState):
 
     @staticmethod
     def _check_not_sharded(args: Any, model: Any) -> None:
-        """Refuse a run whose weights are partitioned across processes (DeepSpeed ZeRO-3, FSDP): the callback
+        """Refuse a run whose weights are partitioned across processes (DeepSpeed ZeRO-3, FSDP 1 or 2, from the
+        Trainer's ``fsdp`` option, accelerate's launch or ``DTensor`` parameters): the callback
         copies and restores the trainable parameters locally, which would keep and restore shards only."""
         from transformers.integrations import is_deepspeed_zero3_enabled
 
         from ..partitioning import is_partitioned
 
-        sharded = bool(getattr(args, "fsdp", None)) or is_deepspeed_zero3_enabled()
+        sharded = (bool(getattr(args, "fsdp", None)) or is_deepspeed_zero3_enabled()
+                   or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"))
         if sharded or (model is not None and is_partitioned(model)):
             raise ValueError(
                 "SelectionCallback keeps and restores the trainable weights on each process, and under DeepSpeed "

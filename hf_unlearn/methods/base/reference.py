@@ -16,7 +16,11 @@ from trl.trainer.utils import create_model_from_path
 
 from ...model_copy import independent_copy
 
-__all__ = ["ReferenceModelMixin"]
+__all__ = ["RELOAD_WITHOUT_DEVICE_MAP", "ReferenceModelMixin"]
+
+#: Launch types under which the reference is reloaded without ``device_map="auto"`` (TRL's default on a GPU):
+#: spread over every GPU before DDP, DeepSpeed or FSDP wraps it, it would not be this process's model.
+RELOAD_WITHOUT_DEVICE_MAP = ("MULTI_GPU", "DEEPSPEED", "FSDP")
 
 
 def _local_dir(path: Any) -> str | None:
@@ -83,8 +87,8 @@ class ReferenceModelMixin:
 
         kwargs = dict(self.args.model_init_kwargs or {})
         kwargs.setdefault("dtype", live.dtype)
-        if self.args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
-            kwargs["device_map"] = None
+        if self.args.distributed_state.distributed_type in RELOAD_WITHOUT_DEVICE_MAP or self.is_fsdp_enabled:
+            kwargs["device_map"] = None  # each process loads it whole; DDP / DeepSpeed / FSDP place or shard it
         try:
             ref = create_model_from_path(path, **kwargs)
         except Exception:

@@ -444,6 +444,20 @@ class UnlearningTrainer(
 
     # ----- end of a run ------------------------------------------------------------------------------------------
 
+    def release_training_state(self) -> None:
+        """Drop what only training needs, so that what runs after it (the evaluation, the NF4 re-check, the
+        attacks) has the memory: the optimizer and its states, the learning-rate scheduler, the frozen reference
+        model and accelerate's references to its prepared objects. The trained model and what :meth:`save_model`
+        writes stay; the trainer cannot train again afterwards."""
+        self.optimizer = self.lr_scheduler = None
+        self.callback_handler.optimizer = self.callback_handler.lr_scheduler = None
+        self.ref_model = None
+        self.model_wrapped = self.model
+        self.accelerator.free_memory()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def end_training(self) -> None:
         """Finish a distributed run cleanly: release the DDP wrapper, then destroy the process group.
 

@@ -1,0 +1,306 @@
+"""The memory a run needs on one device, estimated before any work from the model's config (no weights loaded).
+
+In the spirit of ``accelerate estimate-memory``: from the model's shape (:class:`ModelShape`, read from its
+``config.json``), what the method needs (:class:`MethodNeeds`: whether it trains, whether its objective reads a
+frozen reference model, the retain pairing, the extra buffers its config declares), the dtype, LoRA, the batch and
+the sequence length, :func:`plan_memory` adds up the peak: weights, gradients, optimizer states, the reference
+model, activations and the method's extras. :func:`check_plan_fits` refuses, in one line, a plan that does not fit
+the device, naming options that would make it fit (:func:`fitting_options`)::
+
+    shape = ModelShape.from_config(AutoConfig.from_pretrained("meta-llama/Llama-3.1-8B"))
+    needs, settings = MethodNeeds(trains=True, reference=True), Settings(weight_bytes=2, batch=4, seq_len=256)
+    plan_memory(shape, needs, settings).total / 2**30      # GiB
+    check_plan_fits(shape, needs, settings, 80 * 2**30, "npo", "cuda:0")   # UserError when it does not fit
+
+Before a run, :func:`check_run_memory` asks the registry what the method needs (:func:`method_needs`) and checks
+the plan against the device's memory (on a CUDA device; elsewhere nothing is refused).
+
+A method declares buffers of its own (a closed-form edit's second moments, a cache) through its config: a config
+may define ``extra_memory_bytes(shape, weight_bytes) -> {name: bytes}``; the core reads nothing else of a method.
+The estimate is for one process holding the whole model (no sharding); the constants of the activation terms are
+approximations of what transformers' Llama-family decoder layers keep for the backward pass, measured against
+real runs by ``benchmarks/scale.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ADAM_STATES", "MethodNeeds", "MemoryPlan", "ModelShape", "Settings", "activation_bytes", "check_plan_fits",
+    "check_run_memory", "device_capacity", "dtype_bytes", "sharded_launch", "fitting_options", "format_gib", "lora_parameter_count", "method_needs",
+    "parameter_count", "plan_memory", "run_settings",
+]
+
+GIB = 2**30
+#: AdamW keeps two moments per trainable parameter, in the parameter's dtype.
+ADAM_STATES = 2
+#: Bytes a decoder layer keeps per token for the backward pass, in units of the activation dtype: about
+#: ``LAYER_H`` hidden-width tensors (norm inputs and outputs, q/k/v, attention output, residuals) and
+#: ``LAYER_M`` MLP-width tensors (gate, up, activation, product).
+LAYER_H, LAYER_M = 12, 4
+#: Vocabulary-width tensors per token in the loss: the logits (activation dtype) and the float32 log-softmax and
+#: its gradient.
+LOGIT_F32_COPIES = 2
+#: PEFT's default LoRA targets for Llama-family models, and the modules of ``"all-linear"``.
+DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate reads of a decoder-only model's config."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    head_dim: int | None = None
+    tie_word_embeddings: bool = False
+
+    @property
+    def head_width(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelShape:
+        """The shape of a transformers ``PretrainedConfig`` (Llama, Mistral, Qwen and alike; ``text_config`` of a
+        composite config)."""
+        config = getattr(config, "text_config", None) or config
+        heads = config.num_attention_heads
+        return cls(
+            hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers, num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads, vocab_size=config.vocab_size,
+            head_dim=getattr(config, "head_dim", None), tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``{module: (in_features, out_features)}`` of one decoder layer's linear modules."""
+        h, m, q, kv = self.hidden_size, self.intermediate_size, self.num_heads * self.head_width, \
+            self.num_kv_heads * self.head_width
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, m), "up_proj": (h, m), "down_proj": (m, h)}
+
+
+def parameter_count(shape: ModelShape) -> int:
+    """``P = V h (2 - tied) + L (sum_j in_j out_j + 2 h) + h``: the embeddings and the output head (one matrix
+    when tied), each layer's seven linear maps (:meth:`ModelShape.linear_shapes`) and two norms, the final norm."""
+    layer = sum(i * o for i, o in shape.linear_shapes().values()) + 2 * shape.hidden_size
+    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
+    return embeddings + shape.num_layers * layer + shape.hidden_size
+
+
+def lora_parameter_count(shape: ModelShape, r: int, targets: Any = None) -> int:
+    """``L * sum_{j in targets} r (in_j + out_j)``: LoRA's ``A`` (``r x in``) and ``B`` (``out x r``) on each target
+    module of every layer. ``targets``: module names, ``"all-linear"``, or ``None`` (PEFT's Llama default, q and
+    v)."""
+    if targets is None:
+        targets = DEFAULT_LORA_TARGETS
+    elif isinstance(targets, str):
+        targets = ALL_LINEAR if targets == "all-linear" else (targets,)
+    shapes = shape.linear_shapes()
+    per_layer = sum(r * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
+    return shape.num_layers * per_layer
+
+
+def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointing: bool, backward: bool) -> int:
+    """Peak activation memory for ``tokens`` tokens in one forward (and backward) pass.
+
+    With a backward pass: ``layers * tokens * (LAYER_H h + LAYER_M m) * b`` (each layer's saved tensors; with
+    gradient checkpointing ``L * tokens * h * b`` for the layer inputs plus one layer recomputed) plus the loss's
+    ``tokens * V * (b + 4 * LOGIT_F32_COPIES)``. Without one (evaluation, a reference pass): one layer's tensors
+    and the logits, ``tokens * (LAYER_H h + LAYER_M m) * b + tokens * V * (b + 4)``."""
+    h, m, v = shape.hidden_size, shape.intermediate_size, shape.vocab_size
+    one_layer = tokens * (LAYER_H * h + LAYER_M * m) * act_bytes
+    if not backward:
+        return one_layer + tokens * v * (act_bytes + 4)
+    layers = shape.num_layers * tokens * h * act_bytes + one_layer if checkpointing else shape.num_layers * one_layer
+    return layers + tokens * v * (act_bytes + 4 * LOGIT_F32_COPIES)
+
+
+@dataclass(frozen=True)
+class MethodNeeds:
+    """What a method needs beyond the model: whether it trains (gradients, optimizer), whether its objective reads
+    a frozen reference model, whether each forget example is paired with a retain example (twice the tokens per
+    step), and the extra buffers its config declares (``{name: bytes}``)."""
+
+    trains: bool = True
+    reference: bool = False
+    retain_pairing: bool = True
+    extra: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's settings the estimate reads: bytes per weight (4 float32, 2 bfloat16/float16), LoRA rank and
+    targets (``lora_r=None``: full fine-tuning), batch per device, sequence length, gradient checkpointing."""
+
+    weight_bytes: int = 4
+    lora_r: int | None = None
+    lora_targets: Any = None
+    batch: int = 8
+    seq_len: int = 512
+    checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The estimated peak bytes, by part."""
+
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        """``"weights 15.0, gradients 15.0, ..."`` (GiB, non-zero parts)."""
+        return ", ".join(f"{k} {format_gib(v)}" for k, v in self.parts.items() if v)
+
+
+def plan_memory(shape: ModelShape, needs: MethodNeeds, settings: Settings) -> MemoryPlan:
+    """The peak of one training step (or one forward pass for a method that does not train):
+
+    * weights ``P b_w`` (:func:`parameter_count`), and a LoRA adapter ``P_lora * 4`` (PEFT keeps it in float32);
+    * gradients and AdamW's two moments of the trainable parameters: ``T b_t (1 + ADAM_STATES)`` with
+      ``T = P, b_t = b_w`` (full fine-tuning) or ``T = P_lora, b_t = 4`` (LoRA);
+    * the frozen reference ``P b_w`` when the objective reads one and no adapter is trained (with LoRA the
+      reference is the base with the adapter disabled: no copy);
+    * activations (:func:`activation_bytes`) for ``batch * seq_len`` tokens, twice that with the retain pairing;
+    * the method's declared extras.
+    """
+    params = parameter_count(shape)
+    lora = lora_parameter_count(shape, settings.lora_r, settings.lora_targets) if settings.lora_r else 0
+    trainable, trainable_bytes = (lora, 4) if settings.lora_r else (params, settings.weight_bytes)
+    trains = needs.trains
+    tokens = settings.batch * settings.seq_len * (2 if needs.retain_pairing and trains else 1)
+    parts = {
+        "weights": params * settings.weight_bytes + lora * 4,
+        "gradients": trainable * trainable_bytes if trains else 0,
+        "optimizer": ADAM_STATES * trainable * trainable_bytes if trains else 0,
+        "reference": params * settings.weight_bytes if needs.reference and not settings.lora_r else 0,
+        "activations": activation_bytes(shape, tokens, settings.weight_bytes, settings.checkpointing, trains),
+    }
+    parts.update({name: int(value) for name, value in needs.extra.items()})
+    return MemoryPlan(parts)
+
+
+#: What :func:`fitting_options` may propose, as ``(option text, settings change)``.
+_REMEDIES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--gradient_checkpointing True", {"checkpointing": True}),
+    ("--use_peft", {"lora_r": 16}),
+    ("--dtype bfloat16", {"weight_bytes": 2}),
+    ("--per_device_train_batch_size 1", {"batch": 1}),
+)
+
+
+def fitting_options(shape: ModelShape, needs: MethodNeeds, settings: Settings, capacity: int) -> list[str] | None:
+    """The smallest set of :data:`_REMEDIES` (fewest options, in their order) under which :func:`plan_memory` fits
+    ``capacity`` bytes, as option texts; ``[]`` when it fits as it is, ``None`` when nothing proposed fits.
+    Options that change nothing (LoRA already on, already half precision) are not proposed; LoRA only for a
+    method that trains."""
+    remedies = [(text, change) for text, change in _REMEDIES
+                if any(getattr(settings, k) != v for k, v in change.items())
+                and (needs.trains or "lora_r" not in change)
+                and not ("lora_r" in change and settings.lora_r)
+                and not ("weight_bytes" in change and settings.weight_bytes <= 2)]
+    for size in range(len(remedies) + 1):
+        for combo in itertools.combinations(remedies, size):
+            changed = dataclasses.replace(settings, **{k: v for _, c in combo for k, v in c.items()})
+            if plan_memory(shape, needs, changed).total <= capacity:
+                return [text for text, _ in combo]
+    return None
+
+
+def format_gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def check_plan_fits(shape: ModelShape, needs: MethodNeeds, settings: Settings, capacity: int, method: str,
+                    device: str) -> MemoryPlan:
+    """The plan, or :class:`~hf_unlearn.options.UserError` (one line) when it exceeds ``capacity`` bytes: the
+    estimate by part and the options that would make it fit."""
+    from .options import UserError
+
+    plan = plan_memory(shape, needs, settings)
+    if plan.total <= capacity:
+        return plan
+    fix = fitting_options(shape, needs, settings, capacity)
+    hint = ("; it fits with " + " ".join(fix)) if fix else "; no single-device setting fits: shard it (FSDP)"
+    raise UserError(f"{method} needs about {format_gib(plan.total)} on {device}, which holds "
+                    f"{format_gib(capacity)} ({plan.describe()}){hint}.")
+
+
+def method_needs(method: str, config: Any, shape: ModelShape, weight_bytes: int) -> MethodNeeds:
+    """What the registered ``method`` needs with ``config``, from its spec: a trainer trains; its class says
+    whether the objective reads the reference (``needs_reference_model``) and the retain set (``needs_retain``);
+    the config may declare extra buffers (``extra_memory_bytes(shape, weight_bytes)``)."""
+    from .registry import get_method
+
+    info = get_method(method)
+    declared = getattr(config, "extra_memory_bytes", None)
+    extra = dict(declared(shape, weight_bytes)) if callable(declared) else {}
+    if not info.is_trainer:
+        return MethodNeeds(trains=False, reference=False, retain_pairing=False, extra=extra)
+    trainer_cls = info.load_trainer_class()
+    return MethodNeeds(trains=True, reference=bool(trainer_cls.needs_reference_model(config)),
+                       retain_pairing=bool(trainer_cls.needs_retain(config)), extra=extra)
+
+
+def run_settings(config: Any, model_options: Any, weight_bytes: int, seq_len: int) -> Settings:
+    """The :class:`Settings` of a run: LoRA from the model options (``use_peft``, ``lora_r``,
+    ``lora_target_modules``) or from the method's own config fields of those names, the batch and gradient
+    checkpointing from the config (``per_device_train_batch_size``, ``gradient_checkpointing``)."""
+    source = config if hasattr(config, "use_peft") else model_options
+    use_peft = bool(getattr(source, "use_peft", False))
+    return Settings(
+        weight_bytes=weight_bytes, lora_r=getattr(source, "lora_r", 16) if use_peft else None,
+        lora_targets=getattr(source, "lora_target_modules", None) if use_peft else None,
+        batch=int(getattr(config, "per_device_train_batch_size", 1) or 1), seq_len=seq_len,
+        checkpointing=bool(getattr(config, "gradient_checkpointing", False)),
+    )
+
+
+def device_capacity(device: str | None) -> int | None:
+    """The memory of a CUDA ``device`` in bytes; ``None`` for any other device (nothing is refused there)."""
+    if not device or not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+
+
+def check_run_memory(method: str, config: Any, model_config: Any, model_options: Any, device: str | None,
+                     seq_len: int, weight_bytes: int = 4, capacity: int | None = None) -> MemoryPlan | None:
+    """Refuse before any work (one line, :func:`check_plan_fits`) a run whose plan exceeds the device's memory
+    (``capacity``, default :func:`device_capacity`); ``None`` where there is nothing to check against."""
+    capacity = device_capacity(device) if capacity is None else capacity
+    if capacity is None:
+        return None
+    shape = ModelShape.from_config(model_config)
+    needs = method_needs(method, config, shape, weight_bytes)
+    settings = run_settings(config, model_options, weight_bytes, seq_len)
+    return check_plan_fits(shape, needs, settings, capacity, method, str(device))
+
+
+def dtype_bytes(dtype: str | None, model_config: Any = None) -> int:
+    """Bytes per weight of ``--dtype`` (``"auto"``/``None``: the checkpoint's ``dtype`` in its config, float32 when
+    it names none)."""
+    if dtype in (None, "auto"):
+        dtype = str(getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None) or "float32")
+    return 2 if str(dtype).replace("torch.", "") in ("bfloat16", "float16") else 4
+
+
+def sharded_launch() -> bool:
+    """Whether accelerate launched this process to shard the model (FSDP or DeepSpeed), where the one-process
+    plan does not apply."""
+    import os
+
+    return any(os.environ.get(k, "").lower() in ("1", "true") for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"))
