@@ -12,7 +12,6 @@ with a time limit), and a dead run's temporary folder is removed by the next run
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import signal
