@@ -14,7 +14,7 @@ the path is refused in one line), and nothing else in the package writes a file 
   :mod:`hf_unlearn.locking`); on any failure the previous output is left exactly as it was.
 * :func:`keep_failed` moves a failed run's own work folder beside the output under a name no other folder has.
 * :func:`atomic_write_text`, :func:`atomic_write_bytes` and :func:`atomic_write_json` write one file through a
-  temporary file in the same folder, ``fsync`` and ``os.replace``.
+  temporary file in the same folder, ``fsync`` and ``os.replace``; :func:`append_text` appends to a log.
 
 Folders created here get the mode an ``os.mkdir`` would give them (``0o777`` less the umask), not the ``0o700``
 of a temporary folder, so that a shared model folder stays readable by the group.
@@ -51,6 +51,7 @@ __all__ = [
     "OutputDirError",
     "OutputLockedError",
     "OutputWriteError",
+    "append_text",
     "atomic_directory",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -395,6 +396,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def append_text(path: str | os.PathLike, text: str) -> Path:
+    """Append ``text`` (UTF-8) to the file ``path`` (a log), creating it and its folders when missing; the path
+    passes :func:`gated_path` and the file is opened with ``O_NOFOLLOW``, so a log is never written through a
+    link."""
+    path = gated_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)
     return path
 
 

@@ -159,7 +159,7 @@ def run_unlearn(
     from hf_unlearn.console import PhaseReporter, log_exception
     from hf_unlearn.data import RETAIN_FOR_FORGET
     from hf_unlearn.run import unlearn
-    from hf_unlearn.safe_output import atomic_directory, keep_failed
+    from hf_unlearn.safe_output import atomic_directory, gated_path, keep_failed
 
     config = check_output(run)
     forget = load_rows(run.forget_split, run.data, run.forget_file)
@@ -191,7 +191,7 @@ def run_unlearn(
     out = run.folder
     try:
         if run.checkpointing or run.resume:  # checkpoints must outlive an interrupted run: train in place
-            out.mkdir(parents=True, exist_ok=True)
+            gated_path(out).mkdir(parents=True, exist_ok=True)
             train(out)
         else:
             with atomic_directory(out, overwrite=run.overwrite, all_ranks=True) as work:

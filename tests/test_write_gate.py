@@ -148,3 +148,118 @@ def test_after_a_killed_run_the_message_names_resume_and_the_stale_lock_is_one_p
     stale = [r for r in caplog.records if "stale lock" in r.getMessage()]
     assert len(stale) == 1 and f"pid {pid} " in stale[0].getMessage() and "\n" not in stale[0].getMessage()
     assert not [w for w in caught if "stale lock" in str(w.message)]
+
+
+# ------------------------------------------------------------------------------------ every writer passes the gate
+PACKAGE = Path(__file__).resolve().parents[1] / "hf_unlearn"
+#: The gate itself: the only modules that write a path without first handing it to the gate.
+GATE_MODULES = {"write_gate.py", "safe_output.py", "locking.py"}
+#: Calls that write, remove or create a path: ``module.function`` ones, methods of any object, and the builtin
+#: ``open`` with a writing mode.
+MODULE_WRITERS = {
+    "os": {"replace", "rename", "remove", "unlink", "rmdir", "mkdir", "makedirs", "link", "symlink", "open",
+           "truncate"},
+    "shutil": {"rmtree", "copy", "copy2", "copyfile", "copytree", "move"},
+    "tempfile": {"mkdtemp", "mkstemp", "TemporaryDirectory", "NamedTemporaryFile"},
+    "torch": {"save"}, "json": {"dump"},
+}
+METHOD_WRITERS = {"write_text", "write_bytes", "mkdir", "unlink", "rmdir", "touch", "symlink_to", "hardlink_to",
+                  "save_pretrained", "to_json_file", "save_file"}
+#: Calls that pass a path through the gate (the path they return, lock or build is then safe to write into).
+GATE_CALLS = {"gated_path", "atomic_directory", "output_lock", "check_output_dir"}
+#: Writers that need no gate of their own, each with the reason: they write only into a folder the system made
+#: for them (a ``tempfile`` folder no user named), or only into the folder the Trainer hands them, which the run's
+#: save or checkpoint built through the gate.
+EXEMPT = {
+    "evaluation/quantization.py:_load_bnb_copy": "a tempfile folder of its own",
+    "hub/publish.py:_save_artifact": "into _upload's tempfile folder",
+    "hub/publish.py:_upload": "a tempfile folder of its own",
+    "hub/spaces.py:push_metric_space": "a tempfile folder of its own",
+    "methods/grom/edit.py:GROMEdit.push_to_hub": "a tempfile folder of its own",
+    "methods/atwu/trainer.py:ATWUTrainer._save": "the Trainer's save folder (save_model or checkpoint staging)",
+    "methods/atwu/weighter.py:save_optimizer_state": "the Trainer's checkpoint staging folder",
+    "methods/rmu/trainer.py:RMUTrainer._save_optimizer_and_scheduler": "the Trainer's checkpoint staging folder",
+}
+
+
+def _writer_name(call) -> str | None:
+    import ast
+
+    func = call.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in MODULE_WRITERS:
+        return f"{func.value.id}.{func.attr}" if func.attr in MODULE_WRITERS[func.value.id] else None
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name == "open" and isinstance(func, ast.Name):
+        mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+        return "open" if isinstance(mode, ast.Constant) and set(str(mode.value)) & set("wax+") else None
+    return name if name in METHOD_WRITERS else None
+
+
+def package_writers(root: Path = PACKAGE) -> dict[str, tuple[list[str], bool]]:
+    """Every top-level function or method of the package (outside the gate and the benchmark lab) that writes:
+    ``module:qualname -> (its writing calls, whether it passes a path through the gate)``."""
+    import ast
+
+    found = {}
+    for py in sorted(root.rglob("*.py")):
+        rel = py.relative_to(root).as_posix()
+        if rel in GATE_MODULES or rel.startswith("bench/"):
+            continue
+        tree = ast.parse(py.read_text())
+        units = [(n.name, n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        units += [(f"{c.name}.{n.name}", n) for c in tree.body if isinstance(c, ast.ClassDef)
+                  for n in c.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for qualname, unit in units:
+            calls = [n for n in ast.walk(unit) if isinstance(n, ast.Call)]
+            writes = [f"{w}@{c.lineno}" for c in calls if (w := _writer_name(c))]
+            gated = any((c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", None))
+                        in GATE_CALLS for c in calls)
+            if writes:
+                found[f"{rel}:{qualname}"] = (writes, gated)
+    return found
+
+
+def test_every_writer_of_the_package_passes_its_path_through_the_gate():
+    writers = package_writers()
+    bypassing = {name: writes for name, (writes, gated) in writers.items() if not gated and name not in EXEMPT}
+    assert not bypassing, f"writers that do not pass their path through the write gate: {bypassing}"
+    assert not set(EXEMPT) - set(writers), f"exempt writers that no longer write: {set(EXEMPT) - set(writers)}"
+    # the scan sees the writers it must: the checkpoint staging, a trainer's extra files, the saved result
+    assert {"methods/base/checkpoints.py:stage_checkpoint", "result.py:Unlearned.save_pretrained",
+            "methods/rmu/trainer.py:RMUTrainer._save_optimizer_and_scheduler"} <= set(writers)
+
+
+def test_the_writer_scan_flags_a_writer_that_bypasses_the_gate(tmp_path):
+    (tmp_path / "mod.py").write_text(textwrap.dedent(
+        """
+        import json, os, shutil
+        from pathlib import Path
+
+        def report(path, obj):
+            with open(path, "w") as fh:
+                json.dump(obj, fh)
+
+        def log(path):
+            with open(path, mode="a") as fh:
+                fh.write("x")
+
+        def reads(path):
+            with open(path) as fh:
+                return fh.read()
+
+        class Saver:
+            def save(self, model, out):
+                model.save_pretrained(out)
+
+            def clean(self, out):
+                shutil.rmtree(out)
+
+        def gated(out):
+            out = gated_path(out)
+            Path(out).mkdir()
+        """
+    ))
+    found = package_writers(tmp_path)
+    assert {k: gated for k, (_, gated) in found.items()} == {
+        "mod.py:report": False, "mod.py:log": False, "mod.py:Saver.save": False, "mod.py:Saver.clean": False,
+        "mod.py:gated": True}
