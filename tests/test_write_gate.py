@@ -263,3 +263,15 @@ def test_the_writer_scan_flags_a_writer_that_bypasses_the_gate(tmp_path):
     assert {k: gated for k, (_, gated) in found.items()} == {
         "mod.py:report": False, "mod.py:log": False, "mod.py:Saver.save": False, "mod.py:Saver.clean": False,
         "mod.py:gated": True}
+
+
+def test_every_test_the_safety_table_names_exists():
+    import re
+
+    tests = PACKAGE.parent / "tests"
+    named, current = [], None
+    for match in re.finditer(r"`(?:(test_\w+\.py)::|::)(test_\w+)`", (PACKAGE.parent / "docs" / "safety.md").read_text()):
+        current = match.group(1) or current
+        named.append((current, match.group(2)))
+    missing = [(f, t) for f, t in named if f"def {t}(" not in (tests / f).read_text()]
+    assert named and not missing, missing
