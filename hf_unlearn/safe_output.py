@@ -165,7 +165,7 @@ def check_output_dir(
             if checkpoints:
                 raise OutputDirError(
                     f"Output folder {out} holds an interrupted run (its last checkpoint {checkpoints[-1]}); pass "
-                    "--resume (Python: resume_from_checkpoint=True) to continue it, or --overwrite to discard it."
+                    "--resume (Python: resume_from_checkpoint=True) to continue it, or give another output folder."
                 )
             raise OutputDirError(
                 f"Output folder {out} is not empty; pass overwrite=True (CLI: --overwrite) to replace it. "
