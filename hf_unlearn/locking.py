@@ -248,6 +248,8 @@ def _acquire(path: Path) -> _Held:
         held.lock.acquire()
     except filelock.Timeout:
         _remove_created(created)
+        if not os.path.lexists(path):  # filelock retries a file the system will not create until its timeout
+            raise _lock_refused(path, "cannot be created there") from None
         raise OutputLockedError(_locked_message(path, lock_holder(_folder_of(path)) or {})) from None
     except OutputDirError:
         _remove_created(created)

@@ -212,6 +212,7 @@ def test_an_output_whose_lock_cannot_be_created_is_one_line(tiny_pair, tmp_path)
     err = done.stderr.strip()
     assert done.returncode == 2, done
     assert err.startswith("hf-unlearn: error: ") and "\n" not in err and "/proc/x" in err, err
+    assert "cannot be" in err and "in use" not in err, err
 
 
 # ------------------------------------------------------------------------------------ a dead run's leftovers
