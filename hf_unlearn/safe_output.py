@@ -160,11 +160,11 @@ def check_output_dir(
         if not out.is_dir():
             raise OutputDirError(f"Output path {out} exists and is not a folder.")
         if any(out.iterdir()) and not overwrite:
-            steps = [p.name for p in out.glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit()]
-            checkpoints = sorted(steps, key=lambda name: int(name[11:]))
-            if checkpoints:
+            steps = [int(p.name[len("checkpoint-"):]) for p in out.glob("checkpoint-*")
+                     if p.is_dir() and p.name[len("checkpoint-"):].isdigit()]
+            if steps:
                 raise OutputDirError(
-                    f"Output folder {out} holds an interrupted run (its last checkpoint {checkpoints[-1]}); pass "
+                    f"Output folder {out} holds an interrupted run (its last checkpoint checkpoint-{max(steps)}); pass "
                     "--resume (Python: resume_from_checkpoint=True) to continue it, or give another output folder."
                 )
             raise OutputDirError(
