@@ -20,8 +20,9 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TextIO
+
+from .safe_output import append_text
 
 #: Third-party packages whose log messages, progress bars and warnings :func:`quiet_console` hides.
 THIRD_PARTY = ("transformers", "trl", "peft", "accelerate", "bitsandbytes", "datasets", "huggingface_hub", "torch")
@@ -84,11 +85,8 @@ def log_event(path: str | os.PathLike | None, event: str, **fields: Any) -> None
     """Append one ``{"event": ...}`` record to the JSON Lines log at ``path`` (no-op when ``None``)."""
     if path is None:
         return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {"event": event, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, default=str) + "\n")
+    append_text(path, json.dumps(record, default=str) + "\n")
 
 
 def log_exception(path: str | os.PathLike | None, phase: str, error: BaseException) -> None:

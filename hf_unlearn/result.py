@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .locking import _is_secondary_rank
+from .safe_output import gated_path
 
 __all__ = ["Decoding", "Unlearned", "num_params"]
 
@@ -77,6 +78,7 @@ class Unlearned:
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save the native artifact; trainer methods save through ``trainer.save_model`` so that what they keep
         beside the weights (a stopping record, a token scorer) is written too."""
+        path = gated_path(path)  # never through a link (a trainer's save_model checks the folder further)
         trainer = self.info.get("trainer")
         if trainer is not None:
             trainer.save_model(str(path))

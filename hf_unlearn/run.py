@@ -28,6 +28,7 @@ from transformers import TrainerCallback
 from . import registry
 from .locking import _is_secondary_rank
 from .result import Unlearned, num_params
+from .safe_output import append_text, gated_path
 from .selection import SelectionCallback, SelectionRecord
 
 __all__ = ["JsonlLogCallback", "check_inputs", "check_rows_given", "nf4_forget_rouge", "release_training_state",
@@ -50,9 +51,7 @@ class JsonlLogCallback(TrainerCallback):
             return
         record = {"step": state.global_step, "epoch": state.epoch, **logs}
         line = json.dumps(record, default=lambda v: v.item() if hasattr(v, "item") else str(v))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        append_text(self.path, line + "\n")
         if self.echo:
             print(line, flush=True)
 
@@ -347,6 +346,7 @@ def unlearn(
                                     criterion, selection_steps=selection_steps, **options)
     if on_phase is not None:
         on_phase("training (saving the result)")
+    folder = gated_path(folder)
     result.save_pretrained(folder)  # a trainer's save_model writes from the main process of a launch
     release_training_state(result)
     main = not _is_secondary_rank()  # under torchrun / accelerate launch every process shares ``folder``

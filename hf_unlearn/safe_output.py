@@ -1,23 +1,20 @@
-"""Safe outputs: every artifact hf-unlearn writes goes through a temporary path and a rename.
+"""Safe outputs: every path hf-unlearn writes passes the write gate, and every artifact goes through a temporary
+path and a rename.
 
-A user points hf-unlearn at their only copy of a model, so nothing here may destroy or mix outputs:
+A user points hf-unlearn at their only copy of a model, so nothing here may destroy or mix outputs. Every function
+below first passes its path through :func:`gated_path` (:mod:`hf_unlearn.write_gate`: a symbolic link anywhere in
+the path is refused in one line), and nothing else in the package writes a file or folder a user named.
 
 * :func:`check_output_dir` refuses, *before any work*, an output folder that equals, lies inside or contains an
-  input model folder, a non-empty output folder without ``overwrite=True``, and a parent that is not writable.
+  input, a non-empty output folder without ``overwrite=True``, a parent that is not writable and a folder another
+  live process holds; :func:`check_report_path` refuses a report path inside an input, a folder, or an existing
+  file without ``overwrite=True``.
 * :func:`atomic_directory` builds a whole result folder in a temporary sibling and swaps it in only when the
-  ``with`` block finished without an exception; on any failure (full disk, read-only folder, an exception in the
-  caller's code) the previous output is left exactly as it was and the temporary folder is removed.
-* :func:`output_lock` (:mod:`hf_unlearn.locking`) holds an exclusive lock on an output folder (the lock file
-  ``<folder>.lock`` beside it, naming the holder's pid, host and start time) while a run writes it: a second
-  process that wants to write the same folder is refused before any work with one line naming the holder
-  (:class:`OutputLockedError`). :func:`check_output_dir` refuses a folder that another live process holds, and
-  :func:`atomic_directory` holds the lock while it builds and swaps. The lock file is never opened through a link;
-  a dead holder's lock is taken over, and the temporary folders it left beside the output are removed.
-* :func:`check_report_path` refuses, before any work, a report path inside an input (the model being
-  evaluated), a link, or a folder; :func:`keep_failed` moves a failed run's own work folder beside the output
-  under a name no other folder has, replacing nothing.
+  ``with`` block finished without an exception, holding the folder's lock (:func:`output_lock`,
+  :mod:`hf_unlearn.locking`); on any failure the previous output is left exactly as it was.
+* :func:`keep_failed` moves a failed run's own work folder beside the output under a name no other folder has.
 * :func:`atomic_write_text`, :func:`atomic_write_bytes` and :func:`atomic_write_json` write one file through a
-  temporary file in the same folder, ``fsync`` and ``os.replace``.
+  temporary file in the same folder, ``fsync`` and ``os.replace``; :func:`append_text` appends to a log.
 
 Folders created here get the mode an ``os.mkdir`` would give them (``0o777`` less the umask), not the ``0o700``
 of a temporary folder, so that a shared model folder stays readable by the group.
@@ -38,9 +35,6 @@ from typing import Any
 
 from .locking import (
     LOCK_SUFFIX,
-    OutputDirError,
-    OutputLockedError,
-    OutputWriteError,
     _all_ranks_ok,
     _is_secondary_rank,
     _locked_message,
@@ -51,17 +45,20 @@ from .locking import (
     lock_path,
     output_lock,
 )
+from .write_gate import OutputDirError, OutputLockedError, OutputWriteError, gated_path
 
 __all__ = [
     "OutputDirError",
     "OutputLockedError",
     "OutputWriteError",
+    "append_text",
     "atomic_directory",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
     "check_output_dir",
     "check_report_path",
+    "gated_path",
     "keep_failed",
     "lock_path",
     "lock_holder",
@@ -70,10 +67,6 @@ __all__ = [
 
 #: The suffix of the folder beside an output where the CLI keeps a failed run's work (:func:`keep_failed`).
 FAILED_SUFFIX = ".failed"
-
-
-def _resolved(path: str | os.PathLike) -> Path:
-    return Path(path).expanduser().resolve()
 
 
 # ----- folder modes ---------------------------------------------------------------------------------------------
@@ -131,20 +124,22 @@ def check_output_dir(
     overwrite: bool = False,
     siblings: Iterable[str] = (),
 ) -> Path:
-    """Validate ``output_dir`` before any work; return it resolved.
+    """Validate ``output_dir`` before any work; return it absolute.
 
     Raises :class:`OutputDirError` when the folder
 
+    * goes through a symbolic link anywhere in its path (:func:`gated_path`),
     * equals, lies inside, or contains any existing local folder in ``inputs`` (a model or data folder; Hub ids
       that are not local paths are ignored); its lock file ``<folder>.lock`` and each ``<folder><suffix>`` of
       ``siblings`` (paths beside it that the run may write, e.g. the CLI's ``.failed``) are checked the same way,
-    * exists and is not empty while ``overwrite`` is false,
+    * exists and is not empty while ``overwrite`` is false (one holding ``checkpoint-*`` folders is named as an
+      interrupted run, to resume),
     * exists and is not a folder,
     * cannot be created/written (its nearest existing ancestor is not writable),
     * or is locked by another live process (:class:`OutputLockedError`, naming the holder; see
       :func:`output_lock`).
     """
-    out = _resolved(output_dir)
+    out = gated_path(output_dir)
     holder = None if _is_secondary_rank() else lock_holder(out)
     if holder is not None:
         raise OutputLockedError(_locked_message(lock_path(out), holder))
@@ -165,6 +160,13 @@ def check_output_dir(
         if not out.is_dir():
             raise OutputDirError(f"Output path {out} exists and is not a folder.")
         if any(out.iterdir()) and not overwrite:
+            steps = [int(p.name[len("checkpoint-"):]) for p in out.glob("checkpoint-*")
+                     if p.is_dir() and p.name[len("checkpoint-"):].isdigit()]
+            if steps:
+                raise OutputDirError(
+                    f"Output folder {out} holds an interrupted run (its last checkpoint checkpoint-{max(steps)}); pass "
+                    "--resume (Python: resume_from_checkpoint=True) to continue it, or give another output folder."
+                )
             raise OutputDirError(
                 f"Output folder {out} is not empty; pass overwrite=True (CLI: --overwrite) to replace it. "
                 "The new result is built beside it and swapped in only when complete."
@@ -191,21 +193,19 @@ def _local_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
     return found
 
 
-def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
-    """Validate a report file path before any work; return it absolute (its folder resolved, its name kept).
+def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (),
+                      overwrite: bool = False) -> Path:
+    """Validate a report file path before any work; return it absolute.
 
-    Raises :class:`OutputDirError` when the path equals or lies inside an existing local path of ``inputs`` (the
-    model folder being evaluated, a data folder, a reference file), is a symbolic link or a folder, or cannot be
-    written (its nearest existing folder is not writable). Reports are then written with :func:`atomic_write_json`,
-    which replaces the file by a rename and so never writes through a link.
-    """
+    Raises :class:`OutputDirError` when the path goes through a symbolic link anywhere (:func:`gated_path`), names
+    a folder, is an existing file while ``overwrite`` is false (a hard link too: it is replaced by a rename, so its
+    other names keep their content), equals or lies inside an existing local path of ``inputs`` (the model folder
+    being evaluated, a data folder, a reference file), or cannot be written (its nearest existing folder is not
+    writable). Reports are then written with :func:`atomic_write_json`."""
     given = Path(path).expanduser()
     if not given.name or given.name in (".", ".."):
         raise OutputDirError(f"Report path {path} names a folder; give a file path for the JSON.")
-    target = given.parent.resolve() / given.name
-    if target.is_symlink():
-        raise OutputDirError(f"Report path {path} is a symbolic link; give a plain file path (hf-unlearn never "
-                             "writes through a link).")
+    target = gated_path(path, "Report path")
     if target.is_dir():
         raise OutputDirError(f"Report path {path} is a folder; give a file path for the JSON.")
     for src in _local_inputs(inputs):
@@ -214,6 +214,8 @@ def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLik
                 f"Report path {path} lies inside the input {src}; write the report outside the model folder so "
                 "none of its files can be replaced."
             )
+    if target.exists() and not overwrite:
+        raise OutputDirError(f"Report path {path} exists; pass overwrite=True (CLI: --overwrite) to replace it.")
     probe = target.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -229,7 +231,7 @@ def keep_failed(work: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     new name is claimed with an exclusive ``mkdir`` and ``work`` is renamed onto that empty folder, so no existing
     file or folder is ever replaced or deleted. Raises :class:`OutputWriteError` when no name can be claimed.
     """
-    out = _resolved(output_dir)
+    out = gated_path(output_dir)
     if _is_secondary_rank():  # the main process of a distributed launch moves the shared work folder
         return Path(work)
     stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
@@ -288,7 +290,7 @@ def atomic_directory(
             yield tmp
         return
     keep = tuple(keep)
-    final = _resolved(final_dir)
+    final = gated_path(final_dir)
     with output_lock(final, enabled=None if lock else False):
         before = _folder_state(final)
         if before is not None and before[2] and not overwrite:
@@ -332,7 +334,7 @@ def atomic_directory(
 def _atomic_directory_all_ranks(final_dir: str | os.PathLike, overwrite: bool, keep: tuple[str, ...],
                                 lock: bool) -> Iterator[Path]:
     """:func:`atomic_directory` entered by every process of a launch: rank 0 owns the folder, all share it."""
-    final = _resolved(final_dir)
+    final = gated_path(final_dir)
     main = not _is_secondary_rank()
     owner = atomic_directory(final, overwrite=overwrite, keep=keep, lock=lock) if main else None
     failure: BaseException | None = None
@@ -379,8 +381,9 @@ def _atomic_directory_all_ranks(final_dir: str | os.PathLike, overwrite: bool, k
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder, ``fsync`` and a rename. The file gets
-    the mode ``open`` would give it (``0o666`` less the umask), not ``mkstemp``'s ``0o600``."""
-    path = Path(path)
+    the mode ``open`` would give it (``0o666`` less the umask), not ``mkstemp``'s ``0o600``. A path through a
+    symbolic link anywhere, the file's own name included, is refused (:func:`gated_path`)."""
+    path = gated_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -393,6 +396,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def append_text(path: str | os.PathLike, text: str) -> Path:
+    """Append ``text`` (UTF-8) to the file ``path`` (a log), creating it and its folders when missing; the path
+    passes :func:`gated_path` and the file is opened with ``O_NOFOLLOW``, so a log is never written through a
+    link."""
+    path = gated_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)
     return path
 
 

@@ -181,7 +181,7 @@ def run_unlearn(
     from hf_unlearn.console import PhaseReporter, log_exception
     from hf_unlearn.data import RETAIN_FOR_FORGET
     from hf_unlearn.run import unlearn
-    from hf_unlearn.safe_output import atomic_directory, atomic_write_json, keep_failed
+    from hf_unlearn.safe_output import atomic_directory, atomic_write_json, gated_path, keep_failed
 
     config = check_output(run)
     forget = load_rows(run.forget_split, run.data, run.forget_file)
@@ -220,7 +220,7 @@ def run_unlearn(
     out = run.folder
     try:
         if run.checkpointing or run.resume:  # checkpoints must outlive an interrupted run: train in place
-            out.mkdir(parents=True, exist_ok=True)
+            gated_path(out).mkdir(parents=True, exist_ok=True)
             if not run.resume and os.environ.get("RANK", "0") == "0":  # one writer under a launch
                 from hf_unlearn.methods.base.checkpoints import RUN_REQUEST_NAME
 

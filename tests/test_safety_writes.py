@@ -12,7 +12,6 @@ with a time limit), and a dead run's temporary folder is removed by the next run
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -213,6 +212,7 @@ def test_an_output_whose_lock_cannot_be_created_is_one_line(tiny_pair, tmp_path)
     err = done.stderr.strip()
     assert done.returncode == 2, done
     assert err.startswith("hf-unlearn: error: ") and "\n" not in err and "/proc/x" in err, err
+    assert "cannot be" in err and "in use" not in err, err
 
 
 # ------------------------------------------------------------------------------------ a dead run's leftovers
@@ -229,7 +229,7 @@ HOLDER = textwrap.dedent(
 )
 
 
-def test_the_next_run_removes_a_killed_runs_temporary_folder_and_lock(tmp_path):
+def test_the_next_run_removes_a_killed_runs_temporary_folder_and_lock(tmp_path, caplog):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "RANK"}
     child = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -248,9 +248,9 @@ def test_the_next_run_removes_a_killed_runs_temporary_folder_and_lock(tmp_path):
         (folder / "keep.txt").write_text("keep")
     link = tmp_path / f".out.tmp-{child.pid}-link"
     link.symlink_to(tmp_path / "mine")
-    with pytest.warns(UserWarning, match=rf"pid {child.pid} .*no longer running; removed its temporary folder"):
-        with atomic_directory(out) as new:
-            (new / "model.bin").write_bytes(b"whole")
+    with atomic_directory(out) as new:
+        (new / "model.bin").write_bytes(b"whole")
+    assert f"pid {child.pid} " in caplog.text and "no longer running; removed its temporary folder" in caplog.text
     assert not tmp.exists() and (out / "model.bin").read_bytes() == b"whole" and not lock_path(out).exists()
     assert all((folder / "keep.txt").read_text() == "keep" for folder in others)
     assert link.is_symlink() and (tmp_path / "mine" / "keep.txt").is_file()
@@ -276,8 +276,8 @@ def test_eval_refuses_report_paths_inside_the_model_folder(tiny_pair, tmp_path, 
     for extra, fragment in (
         (["--output", str(model / "model.safetensors")], "lies inside the input"),
         (["--save-truth-ratios", str(model / "config.json")], "lies inside the input"),
-        (["--output", str(tmp_path / "into-model" / "report.json")], "lies inside the input"),
-        (["--output", str(link)], "is a symbolic link"),
+        (["--output", str(tmp_path / "into-model" / "report.json")], "goes through the symbolic link"),
+        (["--output", str(link)], "goes through the symbolic link"),
         (["--output", str(tmp_path / "r.json"), "--save-truth-ratios", str(tmp_path / "r.json")], "the same file"),
     ):
         assert main(base + extra) == 2, extra
@@ -303,11 +303,15 @@ def test_evaluate_tofu_refuses_an_output_path_inside_the_model_before_any_work(t
     assert folder_digest(model_dir) == before and not loads
 
 
-def test_atomic_writes_replace_a_link_instead_of_writing_through_it(tmp_path):
+def test_atomic_writes_refuse_a_link_anywhere_in_the_path(tmp_path):
     victim = tmp_path / "victim.bin"
     victim.write_bytes(b"precious")
+    (tmp_path / "elsewhere").mkdir()
     link = tmp_path / "report.json"
     link.symlink_to(victim)
-    atomic_write_json(link, {"ok": True})
-    assert victim.read_bytes() == b"precious"
-    assert not link.is_symlink() and json.loads(link.read_text()) == {"ok": True}
+    (tmp_path / "plink").symlink_to(tmp_path / "elsewhere")
+    for path in (link, tmp_path / "plink" / "report.json"):
+        with pytest.raises(OutputDirError, match="symbolic link"):
+            atomic_write_json(path, {"ok": True})
+    assert victim.read_bytes() == b"precious" and link.is_symlink()
+    assert not any((tmp_path / "elsewhere").iterdir())

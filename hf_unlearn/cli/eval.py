@@ -35,6 +35,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     help="prompt template the model was fine-tuned with (default: its chat template, else plain)")
     ev.add_argument("--save-truth-ratios", help="write this model's forget truth ratios (use for a retain model)")
     ev.add_argument("--output", help="report JSON path")
+    ev.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --output / --save-truth-ratios file (refused without it)")
     ev.add_argument("--batch-size", type=int, default=16)
     ev.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                     help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
@@ -152,7 +154,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _check_eval_report_paths(args: argparse.Namespace) -> None:
     """``eval --output`` / ``--save-truth-ratios``: file paths outside every input (the model folder, the model
     before unlearning, a data folder, the retain reference), no link, no folder, writable, and not the same file
-    (:func:`hf_unlearn.safe_output.check_report_path`); one line before any model loads."""
+    (:func:`hf_unlearn.safe_output.check_report_path`), and no existing file without ``--overwrite``; one line
+    before any model loads."""
     from ..safe_output import OutputDirError, check_report_path
 
     inputs = [args.model, args.attack_original, args.retain_reference,
@@ -161,7 +164,7 @@ def _check_eval_report_paths(args: argparse.Namespace) -> None:
     for path in (args.output, args.save_truth_ratios):
         if path:
             try:
-                targets.append(check_report_path(path, inputs))
+                targets.append(check_report_path(path, inputs, overwrite=args.overwrite))
             except OutputDirError as err:
                 raise UserError(str(err)) from None
     if len(targets) == 2 and targets[0] == targets[1]:

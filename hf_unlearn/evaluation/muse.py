@@ -326,7 +326,8 @@ def evaluate_muse(
         batch_size: generation and scoring batch size.
         verbmem_max_new_tokens, knowmem_max_new_tokens: the continuation and answer lengths (MUSE's 128 and 32).
         progress: show progress bars.
-        output_path: if given, the report is written there as JSON (atomically).
+        output_path: if given, the report is written there as JSON (atomically; refused before any work as
+            :func:`hf_unlearn.safe_output.check_report_path` refuses it; an existing file is replaced).
         model_name: name recorded in the report (default: the model's ``name_or_path``).
         scorer, generation_kwargs: for a method that changes decoding rather than weights (an
             :class:`~hf_unlearn.result.Unlearned`'s ``scorer`` and ``generation_kwargs``, as for
@@ -384,7 +385,7 @@ def _check_inputs(
     if output_path is not None:  # never a report inside the model, the tokenizer or the data folder
         config = getattr(model, "config", None)
         check_report_path(output_path, [getattr(config, "_name_or_path", None),
-                                        getattr(tokenizer, "name_or_path", None), source])
+                                        getattr(tokenizer, "name_or_path", None), source], overwrite=True)
     ref_auc, ref_source = reference_auc_of(retain_reference) if "privleak" in criteria else (None, None)
     if ref_auc is not None and not 0 < ref_auc <= 1:
         raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")

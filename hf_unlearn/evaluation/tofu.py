@@ -162,8 +162,9 @@ def evaluate_tofu(
             300 rows, open-unlearning all of them: ``None``). Recorded in the report.
         progress: show progress bars.
         output_path: if given, the report is written there as JSON (atomically). A path inside the model's own
-            folder (its ``name_or_path``), the tokenizer's or a local ``source`` folder, a link or a folder is
-            refused before any work (:func:`hf_unlearn.safe_output.check_report_path`).
+            folder (its ``name_or_path``), the tokenizer's or a local ``source`` folder, a path through a link or
+            a folder is refused before any work (:func:`hf_unlearn.safe_output.check_report_path`); an existing
+            file is replaced.
         model_name: name recorded in the report (default: the model's ``name_or_path``).
         template: prompt template (preset name or :class:`~hf_unlearn.data.PromptTemplate`); ``None`` is the
             tokenizer's chat template when it has one, else the ``plain`` preset.
@@ -257,7 +258,8 @@ def _check_inputs(
     if output_path is not None:
         from ..safe_output import check_report_path
 
-        check_report_path(output_path, [_model_name(model), getattr(tokenizer, "name_or_path", None), source])
+        check_report_path(output_path, [_model_name(model), getattr(tokenizer, "name_or_path", None), source],
+                          overwrite=True)
     specs = evaluation_splits(forget_split)
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
         if not isinstance(value, int) or value < 1:

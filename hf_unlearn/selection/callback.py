@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..jsonutil import json_safe
+from ..safe_output import gated_path
 from .criterion import SelectionCriterion
 from .record import SELECTION_WEIGHTS, SelectionRecord, select_candidate
 
@@ -95,7 +96,7 @@ class SelectionCallback(_TrainerCallback, _ExportableState):
             return
         from safetensors.torch import save_file
 
-        folder = self._best_dir(args)
+        folder = gated_path(self._best_dir(args))
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / (SELECTION_WEIGHTS + ".partial")
         save_file(weights, str(tmp))
@@ -190,7 +191,7 @@ class SelectionCallback(_TrainerCallback, _ExportableState):
             return
         from safetensors.torch import save_file
 
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = gated_path(Path(args.output_dir) / f"checkpoint-{state.global_step}")
         if folder.is_dir() and getattr(state, "is_world_process_zero", True):  # one writer per launch
             save_file(self._best, str(folder / SELECTION_WEIGHTS))
 

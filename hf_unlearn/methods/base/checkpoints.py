@@ -18,7 +18,7 @@ from datasets import Dataset
 from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ...safe_output import OutputWriteError, atomic_directory
+from ...safe_output import OutputWriteError, atomic_directory, atomic_write_text, gated_path
 from .pairing import MODEL_COLUMNS
 
 __all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "RUN_REQUEST_NAME", "TRAINER_STATE_NAME", "CheckpointMixin", "ResumeMismatchError",
@@ -66,7 +66,7 @@ def stage_checkpoint(
     an incomplete checkpoint: ``run_dir`` only ever holds complete checkpoints (the hidden staging folder is
     not one). ``wait_for_everyone`` is the barrier (``accelerator.wait_for_everyone``; a no-op with one process).
     """
-    run_dir = Path(run_dir)
+    run_dir = gated_path(run_dir)
     staging = run_dir / f".{name}.staging"
     if is_main_process:
         shutil.rmtree(staging, ignore_errors=True)
@@ -177,13 +177,11 @@ class CheckpointMixin:
             finally:
                 self._staging_dir = None
             if is_main:
-                from ...safe_output import atomic_write_text
-
                 text = json.dumps(self.run_fingerprint(), indent=2, sort_keys=True)  # a setting may be inf
                 atomic_write_text(staging / name / FINGERPRINT_NAME, text + "\n")
 
         if is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            gated_path(run_dir).mkdir(parents=True, exist_ok=True)
         stage_checkpoint(run_dir, name, write, is_main, self.accelerator.wait_for_everyone)
         for attr in ("best_model_checkpoint",):
             value = getattr(self.state, attr, None)
