@@ -171,6 +171,7 @@ GATE_CALLS = {"gated_path", "atomic_directory", "output_lock", "check_output_dir
 #: for them (a ``tempfile`` folder no user named), or only into the folder the Trainer hands them, which the run's
 #: save or checkpoint built through the gate.
 EXEMPT = {
+    "demo/compare.py:run_demo_method": "a tempfile folder of its own",
     "evaluation/quantization.py:_load_bnb_copy": "a tempfile folder of its own",
     "hub/publish.py:_save_artifact": "into _upload's tempfile folder",
     "hub/publish.py:_upload": "a tempfile folder of its own",

@@ -17,8 +17,6 @@ import json
 import math
 import os
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.prompts import collate_qa, tokenize_qa
+from ..safe_output import atomic_directory
+from ..write_gate import OutputDirError
 
 CACHE_ENV = "HF_UNLEARN_CACHE"
 """Environment variable naming the folder the tiny models are built into."""
@@ -202,19 +202,19 @@ def train_or_load(
     final = cache / f"{name}-{key}"
     if (final / "model.safetensors").is_file():
         return final
-    cache.mkdir(parents=True, exist_ok=True)
     set_seed(recipe.seed)
     tokenizer = train_bpe_tokenizer(tokenizer_texts, recipe.vocab_size)
     model = build_tiny_llama(tokenizer, recipe)
     history = fit_causal_lm(model, tokenizer, rows, recipe, progress=progress)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "tofu_tiny.json").write_text(json.dumps({"recipe": asdict(recipe), "loss_history": history, "num_rows": len(rows)}, indent=2))
     try:
-        tmp.rename(final)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_directory(final) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            info = {"recipe": asdict(recipe), "loss_history": history, "num_rows": len(rows)}
+            (tmp / "tofu_tiny.json").write_text(json.dumps(info, indent=2))
+    except OutputDirError:  # another process built the same entry first
+        if not (final / "model.safetensors").is_file():
+            raise
     return final
 
 
