@@ -13,16 +13,16 @@ LoRA adapter, with exact per-example influence by the Woodbury identity.
 
 from ...artifact_kinds import ArtifactKind as _ArtifactKind
 from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
+from ...integrity import AdapterIntegrityError, BaseModelMismatchError
 from ...registry import register_class as _register_class
 from .attribution import attribution_scores, find_target_modules, lm_head_is_tied, select_band
 from .config import GROMConfig
-from .edit import GROMEdit, load_grom_adapter, untie_lm_head
+from .edit import GROMEdit, check_base, load_grom_adapter, untie_lm_head
 from .fit import fit_grom
 from .inputs import check_grom_inputs, model_max_positions, retain_subsample
 from .peft_export import GROM_METADATA as _GROM_METADATA
-from .peft_export import AdapterIntegrityError, LoraFactors, adapter_digest, lora_factors
+from .peft_export import LoraFactors, adapter_digest, lora_factors
 from .peft_export import grom_integrity_entry as _grom_integrity_entry
-from .provenance import BaseModelMismatchError, base_fingerprint, check_base, file_sha256, weight_fingerprint
 from .solve import GROMSolution, grom_objective, normal_matrix, solve_grom, woodbury_drop
 from .strength_path import GROMPath, fit_grom_path, grom_path_from_edit
 from .targets import specificity_weights
@@ -44,8 +44,8 @@ _register_artifact_kind(_ArtifactKind(
 
 __all__ = [
     "AdapterIntegrityError", "BaseModelMismatchError", "GROMConfig", "GROMEdit", "GROMSolution", "LoraFactors",
-    "adapter_digest", "attribution_scores", "base_fingerprint", "check_base", "check_grom_inputs", "file_sha256",
+    "adapter_digest", "attribution_scores", "check_base", "check_grom_inputs",
     "find_target_modules", "fit_grom", "grom_objective", "lm_head_is_tied", "load_grom_adapter", "lora_factors",
     "model_max_positions", "normal_matrix", "retain_subsample", "select_band", "solve_grom", "specificity_weights",
-    "untie_lm_head", "weight_fingerprint", "woodbury_drop", "GROMPath", "fit_grom_path", "grom_path_from_edit",
+    "untie_lm_head", "woodbury_drop", "GROMPath", "fit_grom_path", "grom_path_from_edit",
 ]
