@@ -86,7 +86,8 @@ class GROMConfig:
         retain_weight (`float`, defaults to `1.0`): `w_r`.
         generic_retain_weight (`float`, defaults to `1.0`): `w_g`, weight of the general rows' keys.
         ridge (`float`, defaults to `1e-2`): `mu`.
-        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export (truncated SVD, error reported).
+        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export besides the factor budget
+            `floor(d_in d_out / (d_in + d_out))` (truncated SVD, error reported).
         suppression_margin (`float`, defaults to `30.0`): `kappa`, nats below the best competitors.
         specificity_power (`float`, defaults to `1.0`): `gamma`.
         specificity_smoothing (`float`, defaults to `0.5`): `beta`.
@@ -155,9 +156,10 @@ class GROMConfig:
     )
     max_rank: int | None = field(
         default=None,
-        metadata={"help": "None (exact export) or the largest LoRA rank of the PEFT adapter; an edit of higher rank "
-                  "is truncated by SVD and the relative Frobenius error is reported (and written in the adapter "
-                  "metadata)."},
+        metadata={"help": "None or the largest LoRA rank of the PEFT adapter. Every module's rank is also capped at "
+                  "floor(d_in d_out / (d_in + d_out)), where the factors hold as many numbers as P; an edit of "
+                  "higher rank is truncated by SVD and the relative Frobenius error is reported (and written in the "
+                  "adapter metadata)."},
     )
     suppression_margin: float = field(
         default=30.0,
