@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    result: dict[str, Any] = {"command": "python " + " ".join(["benchmarks/grom_speed.py", *sys.argv[1:]])}
+    shown = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
+    result: dict[str, Any] = {"command": "python " + " ".join(["benchmarks/grom_speed.py", *shown])}
     if not args.skip_run:
         result["end_to_end"] = run_end_to_end(args)
     result["export_shapes"] = [run_export_shape(*shape, args.dense_svd, args.seed) for shape in args.export_shape]
