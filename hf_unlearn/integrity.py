@@ -16,7 +16,7 @@ A tensor's digest is computed once and kept for the process, keyed by the tensor
 counter and is not seen.
 
 Files: :func:`file_sha256` digests a file; an artifact records the digests of its files in a manifest
-(``grom_metadata.json``, ``t3_integrity.json``), and :func:`manifest_digest` (the SHA-256 of that manifest) is what a
+(a JSON file in the artifact's folder), and :func:`manifest_digest` (the SHA-256 of that manifest) is what a
 user pins (``expected_sha256=``, checked by :func:`check_pinned_digest`) and a pushed model card records
 (:func:`integrity_entry`). :func:`confined_file` keeps every file name a manifest gives inside the artifact's folder.
 """
@@ -37,7 +37,7 @@ _HASH_CHUNK = 1 << 26  # elements copied to the host at a time
 
 
 class BaseModelMismatchError(ValueError):
-    """An artifact (GROM adapter, T3 head) attached to a base model other than the one it was fitted on."""
+    """An artifact (an adapter, a decoding head) attached to a base model other than the one it was fitted on."""
 
 
 class AdapterIntegrityError(ValueError):
