@@ -82,7 +82,8 @@ def test_untied_lm_head_edit_leaves_input_embeddings_unchanged(tok, rows, tmp_pa
 
     merged = edit.to_peft(model).merge_and_unload()
     assert torch.equal(merged.model.embed_tokens.weight, embed0)  # untouched, not recomputed
-    torch.testing.assert_close(merged.lm_head.weight, embed0 + p, rtol=1e-5, atol=1e-6)  # float32 B A vs P
+    err = edit.lora_factors()["lm_head"].relative_error  # the export's recorded error (its rank cap may bind)
+    assert float((merged.lm_head.weight - embed0 - p).norm()) <= (err + 1e-5) * float(p.norm())
 
     edit.save_pretrained(tmp_path / "a")
     meta = json.loads((tmp_path / "a" / "grom_metadata.json").read_text())
@@ -90,7 +91,7 @@ def test_untied_lm_head_edit_leaves_input_embeddings_unchanged(tok, rows, tmp_pa
     fresh = _llama(tok, 2, tied=True)
     merged = load_grom_adapter(fresh, tmp_path / "a").merge_and_unload()
     assert torch.equal(merged.model.embed_tokens.weight, embed0)
-    torch.testing.assert_close(merged.lm_head.weight, embed0 + p, rtol=1e-5, atol=1e-6)
+    assert float((merged.lm_head.weight - embed0 - p).norm()) <= (err + 1e-5) * float(p.norm())
 
     applied = edit.apply_(_llama(tok, 2, tied=True))
     assert torch.equal(applied.model.embed_tokens.weight, embed0)
@@ -101,7 +102,7 @@ def test_untied_lm_head_edit_leaves_input_embeddings_unchanged(tok, rows, tmp_pa
     plain = PeftModel.from_pretrained(_llama(tok, 2, tied=True), tmp_path / "a")
     assert torch.equal(plain.get_base_model().model.embed_tokens.weight, embed0)
     plain_merged = plain.merge_and_unload()
-    torch.testing.assert_close(plain_merged.model.embed_tokens.weight, embed0 + p, rtol=1e-5, atol=1e-6)
+    assert float((plain_merged.model.embed_tokens.weight - embed0 - p).norm()) <= (err + 1e-5) * float(p.norm())
 
 
 # ----- general retain rows -----------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ def tiny_edit(tiny_pair, synthetic):
 
     model, tok = load_tiny(tiny_pair.target)
     forget, retain = synthetic["forget10"], synthetic["retain90"]
-    return fit_grom(model, tok, forget[:6], retain[:40], GROMConfig(
+    return fit_grom(model, tok, forget[:2], retain[:40], GROMConfig(
         target_modules=["down_proj", "lm_head"], layers=[1], progress=False))
 
 
@@ -49,7 +49,7 @@ def _rerecord_digest(folder, name):
 
 
 def test_digests_recorded_and_clean_adapter_loads(tiny_pair, tiny_edit, tmp_path):
-    from hf_unlearn.methods.grom import file_sha256
+    from hf_unlearn.integrity import file_sha256
 
     out = tmp_path / "a"
     tiny_edit.save_pretrained(out)
@@ -62,7 +62,7 @@ def test_digests_recorded_and_clean_adapter_loads(tiny_pair, tiny_edit, tmp_path
     model, _ = _fresh(tiny_pair)
     loaded = GROMEdit.from_pretrained(out, model=model)
     for name, p in tiny_edit.deltas.items():
-        torch.testing.assert_close(loaded.deltas[name], p, rtol=0, atol=0)  # the saved float64 P, cast back
+        torch.testing.assert_close(loaded.deltas[name], p, rtol=1e-6, atol=1e-9)  # P recomputed from the audit
     assert load_grom_adapter(model, out) is not None
 
 
@@ -85,7 +85,7 @@ def test_lora_b_times_ten_is_refused(tiny_pair, tiny_edit, tmp_path):
 def test_audit_delta_times_ten_is_refused(tiny_pair, tiny_edit, tmp_path):
     out = tmp_path / "a"
     tiny_edit.save_pretrained(out)
-    _scale_tensor(out / "grom_audit.safetensors", "delta/model.layers.1.mlp.down_proj", 10.0)
+    _scale_tensor(out / "grom_audit.safetensors", "targets/model.layers.1.mlp.down_proj", 10.0)
     with pytest.raises(AdapterIntegrityError, match=r"grom_audit\.safetensors was modified after it was saved"):
         GROMEdit.from_pretrained(out)
     _rerecord_digest(out, "grom_audit.safetensors")
@@ -212,13 +212,15 @@ def test_bad_rows_and_unknown_modules_are_refused_before_any_forward_pass(tiny_p
     counter.handle.remove()
 
 
-def test_weight_fingerprint_is_public_and_value_based():
-    from hf_unlearn.methods.grom import weight_fingerprint
+def test_tensor_digest_is_of_the_stored_bytes():
+    from hf_unlearn.integrity import tensor_sha256
 
     w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    fp = weight_fingerprint(w)
-    assert fp["shape"] == [3, 4] and fp["sha256"] == hashlib.sha256(w.numpy().tobytes()).hexdigest()
-    assert weight_fingerprint(w.T.contiguous().T)["sha256"] == fp["sha256"]  # layout does not matter
+    digest = tensor_sha256(w)
+    assert digest == hashlib.sha256(w.numpy().tobytes()).hexdigest()
+    assert tensor_sha256(w.T.contiguous().T) == digest  # layout does not matter
+    half = w.to(torch.bfloat16)
+    assert tensor_sha256(half) == hashlib.sha256(half.view(torch.int16).numpy().tobytes()).hexdigest() != digest
     bumped = w.clone()
     bumped[0, 0] += 1e-3
-    assert weight_fingerprint(bumped)["sha256"] != fp["sha256"]
+    assert tensor_sha256(bumped) != digest

@@ -13,7 +13,7 @@ from test_t3 import qa_batch, random_head
 from transformers import AutoModelForCausalLM
 
 from hf_unlearn.demo import load_tiny
-from hf_unlearn.methods.grom.provenance import BaseModelMismatchError
+from hf_unlearn.integrity import BaseModelMismatchError
 from hf_unlearn.methods.t3 import (
     T3Classifier,
     T3ClassifierConfig,
@@ -139,7 +139,7 @@ def test_same_weights_under_another_path_are_accepted(target, synthetic, tmp_pat
     assert clf.config.base_weights_fingerprint == base_weights_fingerprint(model)
     clf.save_pretrained(tmp_path / "head")
     saved = json.loads((tmp_path / "head" / "config.json").read_text())
-    assert saved["base_weights_fingerprint"]["sha256"] == clf.config.base_weights_fingerprint["sha256"]
+    assert saved["base_weights_fingerprint"]["parameters"] == clf.config.base_weights_fingerprint["parameters"]
     model.save_pretrained(tmp_path / "elsewhere" / "copy")
     moved = AutoModelForCausalLM.from_pretrained(tmp_path / "elsewhere" / "copy").eval()
     assert moved.name_or_path != model.name_or_path
@@ -151,8 +151,9 @@ def test_same_weights_under_another_path_are_accepted(target, synthetic, tmp_pat
     # same weights, another process path for loading: float32 results agree to rounding
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     T3LogitsProcessor(moved, head).close()
-    # the same weights held in bfloat16 match the bfloat16 digest
-    T3LogitsProcessor(copy.deepcopy(moved).to(torch.bfloat16), head).close()
+    # the fingerprint is of the stored bytes: the same weights held in bfloat16 are refused, naming the dtype
+    with pytest.raises(BaseModelMismatchError, match="dtype bfloat16 != float32"):
+        T3LogitsProcessor(copy.deepcopy(moved).to(torch.bfloat16), head)
 
 
 def test_other_weights_under_the_same_name_are_refused(target, tiny_retain):

@@ -15,18 +15,18 @@ LoRA adapter, with exact per-example influence by the Woodbury identity.
 
 from ...artifact_kinds import ArtifactKind as _ArtifactKind
 from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
+from ...integrity import AdapterIntegrityError, BaseModelMismatchError
 from ...registry import register_class as _register_class
-from .attribution import find_target_modules
+from .attribution import attribution_scores, find_target_modules, lm_head_is_tied, select_band
 from .config import GROMConfig
-from .edit import GROMEdit, load_grom_adapter
+from .edit import GROMEdit, check_base, load_grom_adapter, untie_lm_head
 from .fit import fit_grom
 from .inputs import check_grom_inputs, model_max_positions, retain_subsample
 from .peft_export import GROM_METADATA as _GROM_METADATA
-from .peft_export import AdapterIntegrityError, adapter_digest, lora_factors
+from .peft_export import LoraFactors, adapter_digest, lora_factors
 from .peft_export import grom_integrity_entry as _grom_integrity_entry
-from .provenance import BaseModelMismatchError, file_sha256, weight_fingerprint
-from .solve import grom_objective, solve_grom, woodbury_drop
-from .strength_path import GROMPath, fit_grom_path
+from .solve import GROMSolution, grom_objective, normal_matrix, solve_grom, woodbury_drop
+from .strength_path import GROMPath, fit_grom_path, grom_path_from_edit
 from .targets import specificity_weights
 
 _register_class(GROMEdit, artifact_kind="grom_adapter", entry_point="hf_unlearn.methods.grom.runner:run_grom",

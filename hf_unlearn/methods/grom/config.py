@@ -34,42 +34,8 @@ class GROMConfig:
     general rows (``fit_grom(..., generic_retain=rows)``; the term is absent without them) and ``D``
     (``d_out x s``) the desired output changes (targets).
 
-    Where each default comes from. *From the method's description*: a closed-form edit of residual writers
-    (``target_modules="down_proj"``), a contiguous band of *late* layers chosen by attribution
-    (``candidate_layers=None``: the last third of the layers), the margin-suppression objective with
-    specificity weights, the ridge-regularised normal equations. *Measured here* (TOFU-tiny, a 2-layer model
-    that memorises its synthetic authors, and SmolLM2-135M: 30 layers, hidden 576, MLP width 1536,
-    vocabulary 49,152, tied embeddings):
-
-    * ``target_modules="down_proj"``: the MLP down-projections write into the residual stream and exist in
-      every Llama/Qwen/Mistral block. The LM head is the stronger and more specific target on TOFU-tiny (its
-      logit targets are exact); models with tied embeddings (SmolLM2, most small pretrained LMs) can edit it
-      only with ``untie_lm_head=True``, which edits a separate copy of the head.
-    * ``layers="auto"``, ``candidate_layers=None``, ``num_layers=None``: logit-lens attribution picks a
-      contiguous band of ``ceil(L / 10)`` layers (1 of TOFU-tiny's 2, 3 of SmolLM2's 30) among the last
-      ``ceil(L / 3)`` (the late layers: TOFU-tiny's layer 1, SmolLM2's layers 20-29). The targets are
-      first-order through the final norm and unembedding, so every block after the band is ignored: an
-      attribution free to scan all 30 layers of SmolLM2-135M picked layers 5-7 on TOFU ``forget10`` authors
-      5-8 (forget quality 1.4e-3 at model utility 0.017), where ``layers=[25, 26, 27]`` gave forget quality
-      0.56 at utility 0.193. The band width shares the drop (each of ``k`` edited modules takes ``1/k``).
-    * ``suppression_margin=30``, ``forget_weight=10``, ``retain_weight=1``, ``ridge=1e-2`` (target strength):
-      tuned on TOFU-tiny, where with ``target_modules="lm_head"`` they raise the forget answer NLL by about
-      +2.5 nats/token while the retain NLL moves by about +0.14; a ``down_proj`` edit there is less specific.
-      Each is scale-free: ``kappa`` is in nats of the logit margin whatever the vocabulary, and ``w_f``,
-      ``w_r``, ``w_g`` weigh *mean* squared errors per key, independent of how many keys are read. On
-      SmolLM2-135M ``A``'s diagonal averaged 3.7, so ``mu = 1e-2`` is a light regulariser (about 0.3% of it);
-      there ``retain_weight=10`` with the late band gave forget quality 0.013 at utility 0.237. Raise
-      ``retain_weight`` (or lower ``suppression_margin``) for a gentler, more specific edit.
-    * ``generic_retain_weight=1``: not tuned; the general rows weigh as much as the retain rows (each term is a
-      mean over its own keys).
-    * ``specificity_smoothing=0.5``, ``specificity_smoothing_mode="fraction"``: each token distribution is
-      its empirical rate mixed with the uniform one, ``beta`` being the smoothing mass as a fraction of the
-      set's own token count, so forget and retain *rates* are compared whatever the vocabulary size. The
-      ``"pseudo_count"`` mode adds ``beta`` to every one of the ``V`` counts; with SmolLM2's 49,152 tokens its
-      mass ``beta V`` (24,576) exceeded the 3,105 forget tokens of ``forget10``, so it compared raw counts.
-    * ``retain_sample=256`` rows for ``X_r X_r^T``: the default sample of TOFU ``retain90`` has 9,555 answer
-      tokens (retain keys) with SmolLM2's tokenizer, over 6 times the 1536 input dimensions of its
-      down-projection, so ``X_r X_r^T`` is well determined; TOFU-tiny's 180 synthetic retain rows are all read.
+    Where each default comes from (the method's description, or measurements on TOFU-tiny and SmolLM2-135M):
+    ``docs/methods/grom.md``.
 
     Fields in :data:`RUNTIME_FIELDS` (``batch_size``, ``max_stat_memory_gb``, ``progress``) only change how the
     fit runs; :meth:`saved_dict` leaves them out of a saved adapter.
@@ -86,7 +52,8 @@ class GROMConfig:
         retain_weight (`float`, defaults to `1.0`): `w_r`.
         generic_retain_weight (`float`, defaults to `1.0`): `w_g`, weight of the general rows' keys.
         ridge (`float`, defaults to `1e-2`): `mu`.
-        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export (truncated SVD, error reported).
+        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export besides the factor budget
+            `floor(d_in d_out / (d_in + d_out))` (truncated SVD, error reported).
         suppression_margin (`float`, defaults to `30.0`): `kappa`, nats below the best competitors.
         specificity_power (`float`, defaults to `1.0`): `gamma`.
         specificity_smoothing (`float`, defaults to `0.5`): `beta`.
@@ -155,9 +122,10 @@ class GROMConfig:
     )
     max_rank: int | None = field(
         default=None,
-        metadata={"help": "None (exact export) or the largest LoRA rank of the PEFT adapter; an edit of higher rank "
-                  "is truncated by SVD and the relative Frobenius error is reported (and written in the adapter "
-                  "metadata)."},
+        metadata={"help": "None or the largest LoRA rank of the PEFT adapter. Every module's rank is also capped at "
+                  "floor(d_in d_out / (d_in + d_out)), where the factors hold as many numbers as P; an edit of "
+                  "higher rank is truncated by SVD and the relative Frobenius error is reported (and written in the "
+                  "adapter metadata)."},
     )
     suppression_margin: float = field(
         default=30.0,

@@ -4,10 +4,10 @@ Persistence: :meth:`GROMEdit.save_pretrained` writes a PEFT LoRA adapter (``Peft
 loads it) plus ``grom_metadata.json`` (config, layer scores, the base-model fingerprint) and
 ``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs), the metadata recording the SHA-256 of
 the other files; :meth:`GROMEdit.from_pretrained` restores it from a folder or a Hub repo, refuses files
-that differ from the saved ones (:class:`~hf_unlearn.methods.grom.peft_export.AdapterIntegrityError`) and an audit
+that differ from the saved ones (:class:`~hf_unlearn.integrity.AdapterIntegrityError`) and an audit
 whose ``P`` is not the adapter's ``B A`` (the reading and checking is in :mod:`hf_unlearn.methods.grom.loading`),
 and, given a model, refuses a base other than the one the edit was solved against
-(:mod:`hf_unlearn.methods.grom.provenance`); :meth:`GROMEdit.push_to_hub` uploads the saved folder in one commit.
+(:mod:`hf_unlearn.integrity`); :meth:`GROMEdit.push_to_hub` uploads the saved folder in one commit.
 
 Tied embeddings: with ``GROMConfig(untie_lm_head=True)`` an LM head tied to the input embeddings can be
 edited; :meth:`GROMEdit.to_peft`, :meth:`GROMEdit.apply_` and :func:`load_grom_adapter` first give the model
@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ...integrity import check_model_fingerprint, check_pinned_digest, confined_file
 from ...jsonutil import json_safe
 from .attribution import lm_head_is_tied
 from .config import GROMConfig
@@ -39,19 +40,30 @@ from .peft_export import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     GROM_AUDIT,
+    GROM_METADATA,
+    LoraFactors,
     _check_finite,
     adapter_state_dict,
-    check_pinned_digest,
-    confined_file,
     lora_config,
     lora_factors,
+    pack_lower,
     record_integrity,
     save_adapter,
     to_peft_model,
 )
 from .peft_export import verify_integrity as _verify_files
-from .provenance import check_base
-from .solve import GROMSolution, woodbury_drop
+from .solve import GROMSolution, low_rank_form, woodbury_drop
+
+_BASE_FIX = ("A GROM edit P is only valid for the weights it was solved with; load it onto that base (adapter "
+             "base_model_name_or_path), or refit fit_grom on this one. Applying it here would silently change the "
+             "model.")
+
+
+def check_base(fingerprint: dict[str, Any] | None, model: Any, what: str = "This GROM adapter") -> None:
+    """Refuse (:class:`~hf_unlearn.integrity.BaseModelMismatchError`) a ``model`` whose weights are not the ones
+    the edit was solved against (:func:`~hf_unlearn.integrity.check_model_fingerprint`: every parameter, so a
+    change in a layer before the edited ones is refused too)."""
+    check_model_fingerprint(fingerprint, model, what, _BASE_FIX)
 
 
 @dataclass
@@ -62,7 +74,7 @@ class GROMEdit:
     (``W <- W + P``). ``layer_scores``: the logit-lens attribution per candidate layer (``layers="auto"``).
     ``influence(i)`` audits forget example ``i`` exactly; ``to_peft`` / ``save_pretrained`` export the edit
     as a LoRA adapter, ``from_pretrained`` / ``push_to_hub`` reload and publish it. ``base_fingerprint``
-    identifies the base weights the edit was solved against (see :mod:`hf_unlearn.methods.grom.provenance`);
+    identifies the base weights the edit was solved against (see :mod:`hf_unlearn.integrity`);
     ``retain_indices`` are the retain rows that were read. ``untied_lm_head`` names the edited LM head when it
     was tied to the input embeddings (``GROMConfig.untie_lm_head``): the edit applies to an untied copy.
     """
@@ -86,6 +98,7 @@ class GROMEdit:
     base_fingerprint: dict[str, Any] | None = None
     retain_indices: list[int] = field(default_factory=list)
     untied_lm_head: str | None = None
+    _factors: dict[str, LoraFactors] | None = field(default=None, init=False, repr=False, compare=False)
 
     def influence(self, example_index: int) -> dict[str, torch.Tensor]:
         """Exact change of each ``P`` (float64) if forget example ``example_index`` were dropped.
@@ -108,16 +121,25 @@ class GROMEdit:
             out[name] = woodbury_drop(sol, self.forget_keys[name][r], self.targets[name][r]).cpu()
         return out
 
-    def lora_factors(self) -> dict[str, Any]:
-        """``{module: LoraFactors}`` reproducing each ``P`` (exact up to float rounding unless ``max_rank`` binds)."""
-        return {n: lora_factors(p, self.config.max_rank) for n, p in self.deltas.items()}
+    def lora_factors(self) -> dict[str, LoraFactors]:
+        """``{module: LoraFactors}`` reproducing each ``P`` (:func:`~hf_unlearn.methods.grom.peft_export.lora_factors`:
+        exact up to float rounding unless its rank cap binds), from the edit's low-rank form ``(w_f/s) D`` times
+        ``X_f^T A^{-1}`` when it carries its solution, else from ``P``; computed once per edit."""
+        if self._factors is None:
+            factors = {}
+            for name, p in self.deltas.items():
+                sol = self.solutions.get(name)
+                form = low_rank_form(sol, self.forget_keys[name], self.targets[name]) if sol is not None else None
+                factors[name] = lora_factors(p, self.config.max_rank, low_rank=form)
+            self._factors = factors
+        return self._factors
 
     def _export(self) -> tuple[Any, dict[str, torch.Tensor], dict[str, Any]]:
         _check_finite(self.deltas, "edit")
         factors = self.lora_factors()
         rank = max(f.rank for f in factors.values())
-        config = lora_config(list(self.deltas), rank, self.base_model_name_or_path)
-        state = adapter_state_dict(factors, rank)
+        config = lora_config({n: f.rank for n, f in factors.items()}, self.base_model_name_or_path)
+        state = adapter_state_dict(factors)
         meta = {
             "method": "GROM",
             "formula": "P = (w_f/s) D X_f^T A^{-1}, "
@@ -144,7 +166,7 @@ class GROMEdit:
         return {n: f.relative_error for n, f in self.lora_factors().items()}
 
     def verify_base(self, model: Any) -> None:
-        """Raise :class:`hf_unlearn.methods.grom.provenance.BaseModelMismatchError` unless ``model``'s edited modules hold
+        """Raise :class:`~hf_unlearn.integrity.BaseModelMismatchError` unless ``model``'s edited modules hold
         the weights this edit was solved against."""
         check_base(self.base_fingerprint, model)
 
@@ -161,10 +183,11 @@ class GROMEdit:
         return to_peft_model(model, config, state)
 
     def _audit_state(self) -> dict[str, torch.Tensor]:
+        """What :meth:`influence` needs and nothing more: per module the lower triangle of the Cholesky factor of
+        ``A`` (float64, packed by rows), ``c_f``, the forget keys and targets (``P`` is recomputed from them)."""
         out: dict[str, torch.Tensor] = {"example_ids": self.example_ids.to(torch.long).cpu()}
         for name, sol in self.solutions.items():
-            out[f"delta/{name}"] = sol.delta.to(torch.float64).cpu()
-            out[f"chol/{name}"] = sol.chol.to(torch.float64).cpu()
+            out[f"chol_lower/{name}"] = pack_lower(sol.chol.to(torch.float64)).cpu()
             out[f"forget_scale/{name}"] = torch.tensor([sol.forget_scale], dtype=torch.float64)
             out[f"forget_keys/{name}"] = self.forget_keys[name].cpu()
             out[f"targets/{name}"] = self.targets[name].cpu()
@@ -176,10 +199,11 @@ class GROMEdit:
         """Write the edit as the folder ``save_directory``; load it with ``PeftModel.from_pretrained(base, dir)``
         or :meth:`from_pretrained` / :func:`load_grom_adapter` (which check the base).
 
-        Files: ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT LoRA, ``B @ A = P``),
-        ``grom_metadata.json`` (saved config, layer scores, truncation errors, base fingerprint) and, with
-        ``save_audit``, ``grom_audit.safetensors`` (the float64 ``P``, the Cholesky factor of ``A``, the forget
-        keys and targets: what :meth:`influence` needs; ``d_in^2 + s (d_in + d_out)`` numbers per module).
+        Files: ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT LoRA, ``B @ A = P``, each module
+        at its own rank, never more numbers than ``P``), ``grom_metadata.json`` (saved config, layer scores, ranks
+        and reconstruction errors, base fingerprint) and, with ``save_audit``, ``grom_audit.safetensors`` (the
+        packed float64 Cholesky factor of ``A``, ``c_f``, the forget keys and targets: what :meth:`influence`
+        needs; ``d_in (d_in + 1) / 2 + s (d_in + d_out)`` numbers per module).
         The folder is built beside ``save_directory`` and swapped in when complete; a non-empty folder is
         refused unless ``overwrite``; non-finite values are refused before anything is written.
         """
@@ -206,14 +230,14 @@ class GROMEdit:
 
         Checked before anything is used: ``grom_metadata.json`` parses and names its modules; every file it
         records a SHA-256 for (``adapter_config.json``, ``adapter_model.safetensors``, the audit) has that digest
-        (:class:`~hf_unlearn.methods.grom.peft_export.AdapterIntegrityError` otherwise; ``verify_integrity=False`` skips
+        (:class:`~hf_unlearn.integrity.AdapterIntegrityError` otherwise; ``verify_integrity=False`` skips
         this, e.g. for an adapter saved without digests); the audit the metadata names is present (refused when
         missing unless ``allow_missing_audit=True``, which loads ``P = B A`` from the adapter without the audit);
-        every module has its LoRA factors; and the audit's float64 ``P`` equals the adapter's
-        ``(lora_alpha / r) B A`` within the export's recorded relative Frobenius error plus ``1e-4`` (float32
+        every module has its LoRA factors; and the audit's float64 ``P`` (recomputed from its Cholesky factor, keys and
+        targets) equals the adapter's ``(lora_alpha / r) B A`` within the export's recorded relative Frobenius error plus ``1e-4`` (float32
         factors). The audit state (for :meth:`influence`) is restored when present. With ``model``, the edit is
         checked against it: a base other than the one it was solved against is refused with
-        :class:`hf_unlearn.methods.grom.provenance.BaseModelMismatchError`.
+        :class:`~hf_unlearn.integrity.BaseModelMismatchError`.
 
         Every file name the metadata gives must be a plain name inside the folder (no ``..``, absolute path or link
         out). The digests live in the metadata, so they catch accidents and naive edits; ``expected_sha256`` (the
@@ -224,10 +248,10 @@ class GROMEdit:
         """
         folder = _resolve_folder(path_or_repo_id, revision, token, cache_dir, local_files_only)
         what = f"The GROM adapter {path_or_repo_id}"
-        check_pinned_digest(folder, expected_sha256, what)
+        check_pinned_digest(folder, expected_sha256, what, GROM_METADATA)
         meta = _read_metadata(folder, path_or_repo_id)
         audit_name = meta.get("audit_file")
-        audit_path = confined_file(folder, audit_name, what) if audit_name is not None else None
+        audit_path = confined_file(folder, audit_name, what, GROM_METADATA) if audit_name is not None else None
         if verify_integrity or expected_sha256 is not None:
             required = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, *([audit_name] if audit_name else []))
             _verify_files(folder, meta, what, required=required)
@@ -319,7 +343,7 @@ class GROMEdit:
 def load_grom_adapter(model: Any, path_or_repo_id: str | os.PathLike, **kwargs: Any) -> Any:
     """``PeftModel.from_pretrained(model, path)`` for a GROM adapter, after the checks of
     :meth:`GROMEdit.from_pretrained`: the files are the saved ones, and ``model`` is the base the edit was solved
-    against (a mismatch raises :class:`hf_unlearn.methods.grom.provenance.BaseModelMismatchError`; plain PEFT would load
+    against (a mismatch raises :class:`~hf_unlearn.integrity.BaseModelMismatchError`; plain PEFT would load
     it silently whenever module names and shapes fit). An edit of a tied LM head unties ``model`` first
     (:func:`untie_lm_head`), so merging leaves the input embeddings unchanged. ``kwargs``: ``revision``,
     ``token``, ``cache_dir``, ``local_files_only``, ``verify_integrity``, ``allow_missing_audit``,

@@ -27,12 +27,12 @@ from typing import Any
 import torch
 
 from ...data.prompts import collate_qa
+from ...integrity import model_fingerprint
 from .attribution import TargetModule, attribution_scores, select_band
 from .config import GROMConfig
 from .edit import GROMEdit
 from .inputs import _prepare, _Prepared
 from .keys import KeyCollector, _dist
-from .provenance import base_fingerprint
 from .solve import GROMSolution, solve_grom
 from .targets import corruption_targets, random_direction, specificity_weights, suppression_targets
 
@@ -119,7 +119,7 @@ def fit_grom(
             "seconds": elapsed,
         },
         base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
-        base_fingerprint=base_fingerprint(model, [t.name for t in edited]),
+        base_fingerprint=model_fingerprint(model),
         retain_indices=prep.retain_indices,
         untied_lm_head=prep.untied_lm_head,
     )

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from .peft_export import ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROM_AUDIT, GROM_METADATA, AdapterIntegrityError
-from .solve import GROMSolution
+from ...integrity import AdapterIntegrityError
+from .peft_export import ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROM_AUDIT, GROM_METADATA, unpack_lower
+from .solve import GROMSolution, delta_from_cholesky
 
 
 def _read_metadata(folder: Path, source: Any) -> dict[str, Any]:
@@ -56,20 +57,34 @@ def _load_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"{what}: {path.name} cannot be read as safetensors ({err}); restore the saved file.") from None
 
 
-def _lora_scaling(folder: Path, what: str) -> float:
-    """``lora_alpha / r`` of ``adapter_config.json`` (``lora_alpha / sqrt(r)`` with ``use_rslora``)."""
+def _lora_scaling(folder: Path, what: str) -> Any:
+    """``scaling(module)``: ``lora_alpha / r`` of ``adapter_config.json`` for that module (its ``rank_pattern`` /
+    ``alpha_pattern`` entries when present; ``lora_alpha / sqrt(r)`` with ``use_rslora``)."""
+    import re
+
     path = folder / ADAPTER_CONFIG
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
         rank, alpha = float(cfg["r"]), float(cfg["lora_alpha"])
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+        ranks = {str(k): float(v) for k, v in (cfg.get("rank_pattern") or {}).items()}
+        alphas = {str(k): float(v) for k, v in (cfg.get("alpha_pattern") or {}).items()}
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise ValueError(
             f"{what}: {ADAPTER_CONFIG} is missing or has no numeric r / lora_alpha ({type(err).__name__}); restore "
             "the saved file."
         ) from None
-    if not (rank > 0 and math.isfinite(alpha)):
-        raise ValueError(f"{what}: {ADAPTER_CONFIG} has r={rank}, lora_alpha={alpha}; restore the saved file.")
-    return alpha / (math.sqrt(rank) if cfg.get("use_rslora") else rank)
+
+    def pick(pattern: dict[str, float], default: float, name: str) -> float:
+        return next((v for k, v in pattern.items() if re.match(rf"(.*\.)?({k})$", name)), default)
+
+    def scaling(name: str) -> float:
+        r, a = pick(ranks, rank, name), pick(alphas, alpha, name)
+        if not (r > 0 and math.isfinite(a)):
+            raise ValueError(f"{what}: {ADAPTER_CONFIG} has r={r}, lora_alpha={a} for {name}; restore the saved file.")
+        return a / (math.sqrt(r) if cfg.get("use_rslora") else r)
+
+    scaling(".")  # the defaults are valid
+    return scaling
 
 
 #: Slack, beyond the export's recorded truncation error, of the check that the audit's ``P`` is the adapter's
@@ -140,14 +155,15 @@ def _read_audit(audit_path: Path | None, audit_name: str | None, allow_missing: 
 
 
 def _restore_modules(
-    modules: dict[str, Any], state: dict[str, torch.Tensor], scaling: float, audit: dict[str, torch.Tensor],
+    modules: dict[str, Any], state: dict[str, torch.Tensor], scaling: Any, audit: dict[str, torch.Tensor],
     what: str, audit_name: str | None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, GROMSolution], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``(deltas, solutions, forget keys, targets)`` of every module the metadata lists.
 
-    Without an audit, ``P = s B A`` with ``s = lora_alpha / r`` (:func:`_lora_scaling`); with one, ``P`` is the
-    audit's float64 delta, checked against ``s B A`` (:func:`_check_factors_match`), and the solution, keys and
-    targets :meth:`GROMEdit.influence` needs are restored with it. An adapter or audit missing a module's
+    Without an audit, ``P = s B A`` with ``s = lora_alpha / r`` of the module (:func:`_lora_scaling`); with one,
+    ``P = c_f D X_f^T A^{-1}`` is recomputed in float64 from the audit's Cholesky factor, keys and targets
+    (:func:`~hf_unlearn.methods.grom.solve.delta_from_cholesky`), checked against ``s B A``
+    (:func:`_check_factors_match`), and the solution :meth:`GROMEdit.influence` needs is restored with it. An adapter or audit missing a module's
     entries is refused.
     """
     deltas, solutions, keys, targets = {}, {}, {}, {}
@@ -158,21 +174,28 @@ def _restore_modules(
                 f"{what}: {ADAPTER_WEIGHTS} has no LoRA factors for module {name!r} that {GROM_METADATA} lists "
                 f"(keys {a_key} / {b_key}); the adapter is incomplete. Save it again with save_pretrained."
             )
-        product = scaling * (state[b_key].double() @ state[a_key].double())
+        product = scaling(name) * (state[b_key].double() @ state[a_key].double())
         if not audit:
             deltas[name] = product.float()
             continue
-        parts = {part: f"{part}/{name}" for part in ("delta", "chol", "forget_scale", "forget_keys", "targets")}
+        parts = {part: f"{part}/{name}" for part in ("chol_lower", "forget_scale", "forget_keys", "targets")}
         absent = [k for k in parts.values() if k not in audit]
         if absent:
             raise ValueError(
                 f"{what}: {audit_name} has no {absent} for module {name!r}; the audit is incomplete. Save the "
                 "edit again with save_pretrained."
             )
-        delta = audit[parts["delta"]]
+        try:
+            chol = unpack_lower(audit[parts["chol_lower"]].to(torch.float64))
+            forget_scale = float(audit[parts["forget_scale"]][0])
+            delta = delta_from_cholesky(chol, audit[parts["forget_keys"]], audit[parts["targets"]], forget_scale)
+        except (ValueError, RuntimeError, IndexError) as err:
+            raise AdapterIntegrityError(
+                f"{what}: the audit state of module {name!r} in {audit_name} does not fit together ({err}); restore "
+                "the saved file."
+            ) from None
         _check_factors_match(delta, product, info, name, what, audit_name)
-        sol = GROMSolution(delta=delta, chol=audit[parts["chol"]],
-                           forget_scale=float(audit[parts["forget_scale"]][0]))
+        sol = GROMSolution(delta=delta, chol=chol, forget_scale=forget_scale)
         solutions[name], keys[name], targets[name] = sol, audit[parts["forget_keys"]], audit[parts["targets"]]
         deltas[name] = sol.delta.float()
     return deltas, solutions, keys, targets

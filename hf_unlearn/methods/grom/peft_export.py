@@ -2,11 +2,16 @@
 
 A LoRA layer computes ``W x + (lora_alpha / r) B A x``. With ``lora_alpha = r`` the scaling is 1, so
 factors with ``B @ A == P`` reproduce the edit ``W + P`` exactly. ``P = (w_f/s) D X_f^T A^{-1}`` has rank
-at most ``min(s, d_in, d_out)``; its thin SVD ``P = U S V^T`` (float64) gives ``B = U_k S_k^{1/2}``,
-``A = S_k^{1/2} V_k^T`` with ``k`` the numerical rank, or ``k = max_rank`` when that is smaller, in which
-case the relative Frobenius error ``||P - B A||_F / ||P||_F = sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)`` is
-reported. All modules share one LoRA rank ``r`` (the largest ``k``); smaller factors are zero-padded,
-which leaves ``B @ A`` unchanged.
+at most ``min(s, d_in, d_out)`` and the exact low-rank form ``P = B_0 A_0`` with ``B_0 = (w_f/s) D`` and
+``A_0 = X_f^T A^{-1}`` (``s`` the number of forget keys). The factors never hold more numbers than ``P``: the
+rank is capped at :func:`factor_budget`, ``k (d_in + d_out) <= d_in d_out`` (and at ``max_rank`` when set).
+When ``s`` is within the cap the export is exact: ``A_0^T = Q R`` gives ``B = B_0 R^T``, ``A = Q^T`` (one QR on
+the device the edit was solved on, :func:`lora_factors`). Otherwise the thin SVD ``P = U S V^T`` (float64;
+through :func:`product_svd` when ``s < min(d_in, d_out)``) gives ``B = U_k S_k^{1/2}``, ``A = S_k^{1/2} V_k^T``
+truncated at the cap, and the relative Frobenius error
+``||P - B A||_F / ||P||_F = sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)`` is recorded in the adapter's metadata.
+Each module keeps its own rank (PEFT's ``rank_pattern``, with ``alpha_pattern`` equal to it, so every scaling
+``lora_alpha / r`` is 1).
 
 :func:`save_adapter` writes the adapter through :mod:`hf_unlearn.safe_output` (a new folder is built beside
 the target and swapped in when complete) and refuses non-finite factors before writing. It records the SHA-256
@@ -27,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ...integrity import AdapterIntegrityError, confined_file, file_sha256, integrity_entry, manifest_digest
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 GROM_METADATA = "grom_metadata.json"
 GROM_AUDIT = "grom_audit.safetensors"
@@ -35,75 +42,16 @@ ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT)
 INTEGRITY_ALGORITHM = "sha256"
 
 
-class AdapterIntegrityError(ValueError):
-    """A saved GROM adapter whose files are not the ones it was saved with (edited, replaced or missing)."""
-
-
 def file_digests(folder: Path, names: list[str]) -> dict[str, str]:
     """``{file name: SHA-256}`` of the files ``names`` in ``folder``."""
-    from .provenance import file_sha256
-
     return {n: file_sha256(folder / n) for n in names}
 
 
-def confined_file(folder: Path, name: Any, what: str, manifest: str = GROM_METADATA) -> Path:
-    """``folder / name`` for a file name read from ``manifest``, refused (:class:`AdapterIntegrityError`) unless it
-    is one plain name inside ``folder``: no ``..``, no absolute path, no separator, and no link that leads out of
-    the folder (a Hub download's links into its cache's ``blobs`` folder are followed)."""
-    plain = isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
-    if not plain:
-        raise AdapterIntegrityError(
-            f"{what}: {manifest} names the file {name!r}, which is not a plain file name inside the folder; the "
-            "metadata was tampered with or damaged. Restore it from the saved artifact."
-        )
-    path = folder / name
-    if path.is_symlink():
-        root = folder.resolve()
-        allowed = [root] + ([root.parents[1] / "blobs"] if root.parent.name == "snapshots" else [])
-        target = path.resolve()
-        if not any(target == r or r in target.parents for r in allowed):
-            raise AdapterIntegrityError(
-                f"{what}: {name} is a link to {target}, outside the folder; hf-unlearn reads an artifact's files "
-                "only from inside its folder. Replace the link by the saved file."
-            )
-    return path
-
-
-def adapter_digest(folder: str | os.PathLike, manifest: str = GROM_METADATA) -> str:
-    """The digest that identifies a saved artifact: the SHA-256 of its ``manifest`` (a GROM adapter's
-    ``grom_metadata.json``), which records the SHA-256 of each of its other files. Pin it when loading
-    (``expected_sha256=``) to refuse an artifact whose files and metadata were both rewritten."""
-    from .provenance import file_sha256
-
-    return file_sha256(Path(folder) / manifest)
-
-
-def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest: str = GROM_METADATA) -> None:
-    """Refuse (:class:`AdapterIntegrityError`) a folder whose :func:`adapter_digest` is not ``expected``
-    (``None``: nothing pinned, nothing checked)."""
-    if expected is None:
-        return
-    want = str(expected).strip().lower()
-    if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
-        raise ValueError(f"expected_sha256 must be a hex SHA-256 digest (64 characters), got {expected!r}.")
-    path = confined_file(folder, manifest, what, manifest)
-    if not path.is_file():
-        raise AdapterIntegrityError(f"{what}: {manifest} is missing, so the pinned digest cannot be checked.")
-    got = adapter_digest(folder, manifest)
-    if got != want:
-        raise AdapterIntegrityError(
-            f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these are not the files that "
-            "were saved (or pushed) with that digest. Download the artifact again from a source you trust."
-        )
-
-
-def integrity_entry(folder: str | os.PathLike, manifest: str) -> dict[str, str] | None:
-    """``{"manifest", "sha256"}``: the :func:`adapter_digest` of ``manifest`` in ``folder``, the entry a pushed
-    model card carries as ``hf_unlearn_integrity`` (the digest to pass as ``expected_sha256=`` when loading);
-    ``None`` when the folder holds no such manifest."""
-    if not (Path(folder) / manifest).is_file():
-        return None
-    return {"manifest": manifest, "sha256": adapter_digest(folder, manifest)}
+def adapter_digest(folder: str | os.PathLike) -> str:
+    """The digest that identifies a saved GROM adapter: the SHA-256 of its ``grom_metadata.json``
+    (:func:`hf_unlearn.integrity.manifest_digest`), which records the SHA-256 of each of its other files. Pin it
+    when loading (``expected_sha256=``) to refuse an adapter whose files and metadata were both rewritten."""
+    return manifest_digest(folder, GROM_METADATA)
 
 
 def grom_integrity_entry(folder: str | os.PathLike) -> dict[str, str] | None:
@@ -144,10 +92,8 @@ def verify_integrity(folder: Path, metadata: dict[str, Any], what: str,
             f"{what}: {GROM_METADATA} records no digest for {', '.join(unlisted)}, which every saved adapter has; "
             "the metadata was edited. Restore it from the saved adapter."
         )
-    from .provenance import file_sha256
-
     for name, want in sorted(record["files"].items()):
-        path = confined_file(folder, name, what)
+        path = confined_file(folder, name, what, GROM_METADATA)
         if not path.is_file():
             raise AdapterIntegrityError(
                 f"{what}: {name} is missing, but {GROM_METADATA} says it was saved with the adapter. Restore the "
@@ -164,7 +110,7 @@ def verify_integrity(folder: Path, metadata: dict[str, Any], what: str,
 @dataclass
 class LoraFactors:
     """``lora_A`` (``[k, d_in]``), ``lora_B`` (``[d_out, k]``), the rank ``k``, the relative Frobenius error
-    ``||P - B A||_F / ||P||_F`` (float64 round-off when not truncated) and whether ``max_rank`` cut the rank."""
+    ``||P - B A||_F / ||P||_F`` (float64 round-off when not truncated) and whether a rank cap cut the rank."""
 
     lora_A: torch.Tensor
     lora_B: torch.Tensor
@@ -173,32 +119,83 @@ class LoraFactors:
     truncated: bool
 
 
-def lora_factors(delta: torch.Tensor, max_rank: int | None = None, rtol: float = 1e-10) -> LoraFactors:
-    """Rank-``k`` factors of ``P`` from its float64 SVD (``k`` = numerical rank, capped by ``max_rank``)."""
-    p = delta.to(torch.float64)
-    u, s, vh = torch.linalg.svd(p, full_matrices=False)
-    total = float((s**2).sum())
-    rank = int((s > rtol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
-    rank = max(rank, 1)
-    truncated = max_rank is not None and rank > max_rank
-    if truncated:
-        rank = max_rank
-    tail = float((s[rank:] ** 2).sum())
-    err = (tail / total) ** 0.5 if total > 0 else 0.0
-    root = s[:rank].sqrt()
-    return LoraFactors(
-        lora_A=root[:, None] * vh[:rank], lora_B=u[:, :rank] * root[None, :], rank=rank, relative_error=err, truncated=truncated
-    )
+def factor_budget(d_out: int, d_in: int) -> int:
+    """The largest rank ``k`` whose factors hold no more numbers than the dense delta:
+    ``k (d_in + d_out) <= d_in d_out``, i.e. ``k = floor(d_in d_out / (d_in + d_out))`` (at least 1)."""
+    return max(1, (d_in * d_out) // (d_in + d_out))
 
 
-def lora_config(module_names: list[str], rank: int, base_model_name_or_path: str | None = None) -> Any:
-    """``LoraConfig`` targeting exactly ``module_names`` with ``r = lora_alpha = rank`` (scaling 1), no dropout."""
+def product_svd(left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD ``U S V^T`` of ``P = left @ right`` (``left [d_out, s]``, ``right [s, d_in]``) without forming
+    ``P``: with ``left = Q_l R_l`` and ``right^T = Q_r R_r`` (reduced QR), ``P = Q_l (R_l R_r^T) Q_r^T``, and the
+    SVD ``R_l R_r^T = U' S V'^T`` of the small core gives ``U = Q_l U'``, ``V = Q_r V'``. Float64."""
+    q_l, r_l = torch.linalg.qr(left.to(torch.float64))
+    q_r, r_r = torch.linalg.qr(right.to(torch.float64).T)
+    u, s, vh = torch.linalg.svd(r_l @ r_r.T, full_matrices=False)
+    return q_l @ u, s, vh @ q_r.T
+
+
+def lora_factors(
+    delta: torch.Tensor | None = None,
+    max_rank: int | None = None,
+    rtol: float = 1e-10,
+    *,
+    low_rank: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> LoraFactors:
+    """Rank-``k`` factors ``B A`` of ``P`` (float64, on the tensors' device), never more numbers than ``P``.
+
+    The rank cap is ``c = min(factor_budget(d_out, d_in), max_rank)``. With ``low_rank=(left, right)``,
+    ``P = left @ right`` of ``s <= c`` columns, the factors are exact: with the QR ``right^T = Q R``,
+    ``B = left R^T`` and ``A = Q^T`` (orthonormal rows, so the float32 factors reproduce ``P`` to float32
+    rounding), ``k = s``. Otherwise from the thin SVD ``P = U S V^T`` (:func:`product_svd` of the low-rank form
+    when ``s < min(d_in, d_out)``, else of the dense ``delta``): ``B = U_k S_k^{1/2}``, ``A = S_k^{1/2} V_k^T``,
+    ``k`` the numerical rank (``S_j > rtol S_0``) capped at ``c``; a cap that binds records the relative Frobenius
+    error ``||P - B A||_F / ||P||_F = sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)``.
+    """
+    if low_rank is not None:
+        left, right = low_rank
+        d_out, d_in, s = left.shape[0], right.shape[1], left.shape[1]
+    elif delta is not None:
+        (d_out, d_in), s = delta.shape, None
+    else:
+        raise ValueError("lora_factors needs the dense delta or its low-rank form.")
+    cap = min(factor_budget(d_out, d_in), max_rank or d_in * d_out)
+    if s is not None and s <= cap:
+        q, r = torch.linalg.qr(right.to(torch.float64).T)
+        return LoraFactors(lora_A=q.T, lora_B=left.to(torch.float64) @ r.T, rank=s, relative_error=0.0,
+                           truncated=False)
+    if s is not None and s < min(d_in, d_out):
+        u, sv, vh = product_svd(left, right)
+    elif delta is not None:
+        u, sv, vh = torch.linalg.svd(delta.to(torch.float64), full_matrices=False)
+    else:
+        u, sv, vh = torch.linalg.svd((left.to(torch.float64) @ right.to(torch.float64)), full_matrices=False)
+    total = float((sv**2).sum())
+    rank = max(int((sv > rtol * sv[0]).sum()) if sv.numel() and sv[0] > 0 else 0, 1)
+    truncated = rank > cap
+    rank = min(rank, cap)
+    err = (float((sv[rank:] ** 2).sum()) / total) ** 0.5 if total > 0 else 0.0
+    root = sv[:rank].sqrt()
+    return LoraFactors(lora_A=root[:, None] * vh[:rank], lora_B=u[:, :rank] * root[None, :], rank=rank,
+                       relative_error=err, truncated=truncated)
+
+
+def lora_config(ranks: dict[str, int], base_model_name_or_path: str | None = None) -> Any:
+    """``LoraConfig`` targeting exactly the modules of ``ranks`` (``{module: k}``), each with its own rank and
+    ``lora_alpha = k`` (scaling 1; ``rank_pattern`` / ``alpha_pattern``, ``r = lora_alpha`` the largest ``k``), no
+    dropout."""
+    import re
+
     from peft import LoraConfig
 
+    top = max(ranks.values())
+    pattern = {re.escape(name): k for name, k in ranks.items()}
     return LoraConfig(
-        r=rank,
-        lora_alpha=rank,
-        target_modules=list(module_names),
+        r=top,
+        lora_alpha=top,
+        rank_pattern=dict(pattern),
+        alpha_pattern=dict(pattern),
+        target_modules=list(ranks),
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",
@@ -207,16 +204,30 @@ def lora_config(module_names: list[str], rank: int, base_model_name_or_path: str
     )
 
 
-def adapter_state_dict(factors: dict[str, LoraFactors], rank: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """PEFT's saved-adapter key layout: ``base_model.model.<module>.lora_{A,B}.weight``, zero-padded to ``rank``."""
+def adapter_state_dict(factors: dict[str, LoraFactors], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """PEFT's saved-adapter key layout: ``base_model.model.<module>.lora_{A,B}.weight`` (each at its own rank)."""
     out = {}
     for name, f in factors.items():
-        a = torch.zeros(rank, f.lora_A.shape[1], dtype=torch.float64)
-        b = torch.zeros(f.lora_B.shape[0], rank, dtype=torch.float64)
-        a[: f.rank] = f.lora_A.cpu()
-        b[:, : f.rank] = f.lora_B.cpu()
-        out[f"base_model.model.{name}.lora_A.weight"] = a.to(dtype).contiguous()
-        out[f"base_model.model.{name}.lora_B.weight"] = b.to(dtype).contiguous()
+        out[f"base_model.model.{name}.lora_A.weight"] = f.lora_A.to("cpu", dtype).contiguous()
+        out[f"base_model.model.{name}.lora_B.weight"] = f.lora_B.to("cpu", dtype).contiguous()
+    return out
+
+
+def pack_lower(chol: torch.Tensor) -> torch.Tensor:
+    """The lower triangle of the square ``chol`` row by row (``d (d + 1) / 2`` numbers)."""
+    return torch.cat([chol[i, : i + 1] for i in range(chol.shape[0])])
+
+
+def unpack_lower(packed: torch.Tensor) -> torch.Tensor:
+    """The lower-triangular ``d x d`` matrix whose rows :func:`pack_lower` wrote (``d`` from the length)."""
+    d = int(round(((8 * packed.numel() + 1) ** 0.5 - 1) / 2))
+    if d * (d + 1) // 2 != packed.numel():
+        raise ValueError(f"{packed.numel()} numbers are not the lower triangle of a square matrix.")
+    out = packed.new_zeros(d, d)
+    start = 0
+    for i in range(d):
+        out[i, : i + 1] = packed[start:start + i + 1]
+        start += i + 1
     return out
 
 

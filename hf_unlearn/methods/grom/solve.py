@@ -115,9 +115,26 @@ def solve_grom(
                       generic_moment, num_generic, generic_weight)
     chol = cholesky_or_explain(a, ridge)
     c_f = forget_weight / xf.shape[0]
-    rhs = c_f * (xf.T @ dt)  # (w_f/s) X_f D^T, [d_in, d_out]
-    delta = torch.cholesky_solve(rhs, chol).T.contiguous()  # P = (A^{-1} rhs)^T, [d_out, d_in]
-    return GROMSolution(delta=delta, chol=chol, forget_scale=c_f)
+    return GROMSolution(delta=delta_from_cholesky(chol, xf, dt, c_f), chol=chol, forget_scale=c_f)
+
+
+def delta_from_cholesky(chol: torch.Tensor, forget_keys: torch.Tensor, targets: torch.Tensor,
+                        forget_scale: float) -> torch.Tensor:
+    """``P = c_f D X_f^T A^{-1} = (A^{-1} (c_f X_f D^T))^T`` (float64 ``[d_out, d_in]``) from the lower Cholesky
+    factor ``L`` of ``A = L L^T``, ``forget_keys = X_f^T`` (``[s, d_in]``), ``targets = D^T`` (``[s, d_out]``)."""
+    xf = forget_keys.to(device=chol.device, dtype=torch.float64)
+    rhs = forget_scale * (xf.T @ targets.to(device=chol.device, dtype=torch.float64))  # [d_in, d_out]
+    return torch.cholesky_solve(rhs, chol).T.contiguous()
+
+
+def low_rank_form(solution: GROMSolution, forget_keys: torch.Tensor, targets: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B_0, A_0)`` with ``P = B_0 A_0`` exactly: ``B_0 = c_f D`` (``[d_out, s]``) and
+    ``A_0 = X_f^T A^{-1} = (A^{-1} X_f)^T`` (``[s, d_in]``), float64, on the Cholesky factor's device."""
+    chol = solution.chol
+    xf = forget_keys.to(device=chol.device, dtype=torch.float64)
+    left = solution.forget_scale * targets.to(device=chol.device, dtype=torch.float64).T
+    return left, torch.cholesky_solve(xf.T, chol).T
 
 
 def grom_objective(

@@ -121,9 +121,9 @@ class T3Classifier(PreTrainedModel):
                         expected_sha256: str | None = None, **kwargs: Any) -> Any:
         """``PreTrainedModel.from_pretrained`` after checking the head's files against ``t3_integrity.json``
         (:func:`~hf_unlearn.methods.t3.provenance.verify_head_files`): a changed, unrecorded or missing file is
-        refused naming it (:class:`~hf_unlearn.methods.grom.peft_export.AdapterIntegrityError`), and so is a head
+        refused naming it (:class:`~hf_unlearn.integrity.AdapterIntegrityError`), and so is a head
         saved without the record unless ``verify_integrity=False``. ``expected_sha256`` pins the record itself
-        (the digest of ``t3_integrity.json``: :func:`~hf_unlearn.methods.grom.peft_export.adapter_digest`, or the
+        (the digest of ``t3_integrity.json``: :func:`~hf_unlearn.integrity.manifest_digest`, or the
         ``hf_unlearn_integrity`` entry of the pushed model card), which also refuses a head whose files and
         record were both rewritten. A Hub head is downloaded first and loaded from the files that were checked."""
         if pretrained_model_name_or_path is None or not (verify_integrity or expected_sha256 is not None):
@@ -161,7 +161,7 @@ class T3Classifier(PreTrainedModel):
         if cfg.base_num_hidden_layers is not None and n_layers is not None and n_layers != cfg.base_num_hidden_layers:
             problems.append(f"{n_layers} layers != {cfg.base_num_hidden_layers}")
         if problems:
-            from ..grom.provenance import BaseModelMismatchError
+            from ...integrity import BaseModelMismatchError
 
             raise BaseModelMismatchError(
                 "This T3 head was fitted on another base model: " + "; ".join(problems)

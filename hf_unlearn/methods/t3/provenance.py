@@ -1,19 +1,12 @@
-"""Provenance of a T3 head: a fingerprint of the base weights it was fitted on.
+"""Provenance of a T3 head: the fingerprint of the base weights it was fitted on, and its own files.
 
 A T3 head reads one layer's hidden states of one base model and tilts that model's next-token distribution;
-attached to another model of the same shapes it would be silently meaningless. The fingerprint covers every
-parameter of the base (each shared parameter once), in the order of ``named_parameters``, through GROM's
-per-weight digests (:func:`hf_unlearn.methods.grom.provenance.weight_fingerprint`: SHA-256 of the float32 bytes and of
-the bfloat16-rounded bytes)::
-
-    sha256      = SHA-256( "name:shape:sha256(float32 bytes)\\n" for every parameter )
-    sha256_bf16 = SHA-256( "name:shape:sha256(bfloat16 bytes)\\n" for every parameter )
-
-:func:`check_base_weights` accepts a model that matches either digest (the same weights in float32, or held in
-bfloat16 / float16) whatever path or name it was loaded from, and refuses every other one. A verified model is
-remembered by the identity, storage and version counter of its parameters, so the evaluator's per-batch
-scoring does not hash the weights again; an in-place change of a parameter bumps its version and is checked
-anew (a change made through ``param.data`` bypasses the version counter and is not seen).
+attached to another model of the same shapes it would be silently meaningless. The head's config records
+:func:`hf_unlearn.integrity.model_fingerprint` of the base (one SHA-256 per parameter in its stored dtype), and
+:func:`check_base_weights` accepts a model with those weights whatever path or name it was loaded from, and refuses
+every other one. Per-tensor digests are cached for the process (:func:`hf_unlearn.integrity.cached_tensor_sha256`),
+so the evaluator's per-batch scoring does not hash the weights again, and an in-place change of a parameter is
+checked anew.
 
 The head's own files: :func:`write_head_integrity` records the SHA-256 of ``config.json`` and the safetensors
 weights in ``t3_integrity.json`` at save time, and :func:`verify_head_files` checks them when the head is loaded
@@ -25,17 +18,20 @@ rewritten.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import weakref
 from pathlib import Path
 from typing import Any
 
-from ..grom.peft_export import AdapterIntegrityError
-from ..grom.provenance import BaseModelMismatchError, weight_fingerprint
-
-FINGERPRINT_VERSION = 1
+from ...integrity import (
+    AdapterIntegrityError,
+    check_model_fingerprint,
+    check_pinned_digest,
+    confined_file,
+    file_sha256,
+    integrity_entry,
+    model_fingerprint,
+)
 
 __all__ = [
     "T3_INTEGRITY", "t3_integrity_entry", "base_weights_fingerprint", "check_base_weights",
@@ -43,68 +39,19 @@ __all__ = [
 ]
 
 
-def _plain(model: Any) -> Any:
-    """The transformers model under a ``PeftModel`` (whose names carry a ``base_model.model.`` prefix)."""
-    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
-        return model.get_base_model()
-    return model
-
-
 def base_weights_fingerprint(model: Any) -> dict[str, Any]:
-    """``{"version", "algorithm", "parameters", "sha256", "sha256_bf16"}`` of every parameter of ``model``."""
-    full, bf16 = hashlib.sha256(), hashlib.sha256()
-    count = 0
-    for name, param in _plain(model).named_parameters():
-        digest = weight_fingerprint(param)
-        shape = "x".join(str(s) for s in param.shape)
-        full.update(f"{name}:{shape}:{digest['sha256']}\n".encode())
-        bf16.update(f"{name}:{shape}:{digest['sha256_bf16']}\n".encode())
-        count += 1
-    return {
-        "version": FINGERPRINT_VERSION,
-        "algorithm": "sha256 over (name, shape, sha256 of the float32 / bfloat16-rounded bytes) of every parameter",
-        "parameters": count,
-        "sha256": full.hexdigest(),
-        "sha256_bf16": bf16.hexdigest(),
-    }
-
-
-# model -> (fingerprint digest it matched, state of its parameters when it did)
-_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _state(model: Any) -> tuple:
-    return tuple((name, p.data_ptr(), p._version, tuple(p.shape), p.dtype)
-                 for name, p in _plain(model).named_parameters())
+    """The :func:`hf_unlearn.integrity.model_fingerprint` of ``model``, recorded in the head's config."""
+    return model_fingerprint(model)
 
 
 def check_base_weights(fingerprint: dict[str, Any] | None, model: Any, what: str = "This T3 head") -> None:
-    """Refuse (:class:`BaseModelMismatchError`, a ``ValueError``) a ``model`` whose weights are not the
-    fingerprinted ones; ``fingerprint=None`` (a head saved without one) is refused too."""
-    if not fingerprint or "sha256" not in fingerprint:
-        raise BaseModelMismatchError(
-            f"{what} records no fingerprint of its base model's weights, so hf-unlearn cannot check that it belongs "
-            "to this model; refit it with fit_t3 on this model and save it again."
-        )
-    state = _state(model)
-    try:
-        cached = _VERIFIED.get(model)
-    except TypeError:  # not weak-referenceable
-        cached = None
-    if cached is not None and cached == (fingerprint["sha256"], state):
-        return
-    got = base_weights_fingerprint(model)
-    if got["sha256"] != fingerprint["sha256"] and got["sha256_bf16"] != fingerprint.get("sha256_bf16"):
-        raise BaseModelMismatchError(
-            f"{what} was fitted on another base model: the weights differ (sha256 {got['sha256'][:12]} over "
-            f"{got['parameters']} parameters != {str(fingerprint['sha256'])[:12]} over "
-            f"{fingerprint.get('parameters')}). A T3 head only fits the model whose hidden states it was trained "
-            "on; attach it to that model, or refit it with fit_t3 on this one."
-        )
-    try:
-        _VERIFIED[model] = (fingerprint["sha256"], state)
-    except TypeError:
-        pass
+    """Refuse (:class:`~hf_unlearn.integrity.BaseModelMismatchError`, a ``ValueError``) a ``model`` whose weights
+    are not the fingerprinted ones; ``fingerprint=None`` (a head saved without one) is refused too."""
+    check_model_fingerprint(
+        fingerprint, model, what,
+        "A T3 head only fits the model whose hidden states it was trained on; attach it to that model, or refit it "
+        "with fit_t3 on this one.",
+    )
 
 
 # ----- the head's own files -------------------------------------------------------------------------------------
@@ -118,8 +65,6 @@ INTEGRITY_FORMAT = "hf_unlearn.t3_integrity"
 def t3_integrity_entry(folder: str | os.PathLike) -> dict[str, str] | None:
     """The ``{"manifest", "sha256"}`` entry a pushed card carries to pin a saved head (its ``t3_integrity.json``);
     ``None`` when the folder holds none."""
-    from ..grom.peft_export import integrity_entry
-
     return integrity_entry(folder, T3_INTEGRITY)
 
 
@@ -136,7 +81,6 @@ def head_files(folder: Path) -> list[str]:
 def write_head_integrity(folder: str | os.PathLike) -> Path:
     """Record the SHA-256 of every :func:`head_files` file of ``folder`` in ``t3_integrity.json`` (atomically)."""
     from ...safe_output import atomic_write_json
-    from ..grom.provenance import file_sha256
 
     folder = Path(folder)
     record = {"format": INTEGRITY_FORMAT, "algorithm": "sha256",
@@ -149,14 +93,11 @@ def _integrity_error(what: str, problem: str) -> AdapterIntegrityError:
 
 
 def verify_head_files(folder: Path, what: str, expected_sha256: str | None = None) -> None:
-    """Refuse (:class:`~hf_unlearn.methods.grom.peft_export.AdapterIntegrityError`, a ``ValueError``) a head folder
+    """Refuse (:class:`~hf_unlearn.integrity.AdapterIntegrityError`, a ``ValueError``) a head folder
     whose files differ from the digests ``t3_integrity.json`` records, whose record lacks one of its
     :func:`head_files`, names a file outside the folder, or is missing; with ``expected_sha256``, also one whose
     ``t3_integrity.json`` is not the pinned one (which catches a head whose weights and record were both
     rewritten)."""
-    from ..grom.peft_export import check_pinned_digest, confined_file
-    from ..grom.provenance import file_sha256
-
     check_pinned_digest(folder, expected_sha256, what, T3_INTEGRITY)
     path = confined_file(folder, T3_INTEGRITY, what, T3_INTEGRITY)
     if not path.is_file():
@@ -193,8 +134,6 @@ def head_folder(name_or_path: str | os.PathLike, load_kwargs: dict[str, Any]) ->
     """The local folder of a head: ``name_or_path`` (and its ``subfolder``) when it is a folder, else the Hub
     snapshot holding its ``t3_integrity.json`` and every file that record names, downloaded with the hub keyword
     arguments of ``load_kwargs`` (``revision``, ``token``, ``cache_dir``, ``local_files_only``)."""
-    from ..grom.peft_export import confined_file
-
     subfolder = load_kwargs.get("subfolder") or None
     local = Path(name_or_path).expanduser()
     if local.is_dir():

@@ -28,6 +28,25 @@ from .modeling import T3Classifier
 from .processor import validate_t3_arguments
 from .tilt import tilted_log_probs
 
+#: Float32 ``[positions, V]`` tensors alive at once while one chunk of positions is scored: the base logits in
+#: float32, ``log p``, the guidance logits, ``log f``, one candidate's scores and ``logsumexp``'s temporary.
+BUFFERS_PER_POSITION = 6
+#: Default memory budget of those buffers: small on the CPU (the ``K`` candidate passes over a chunk then stay in
+#: its cache), larger on an accelerator (fewer, larger kernels).
+CPU_SCORING_MEMORY = 32 * 2**20
+ACCELERATOR_SCORING_MEMORY = 2**30
+
+
+def chunk_positions(vocab_size: int, memory_bytes: int) -> int:
+    """Scored positions per chunk: ``max(1, floor(memory_bytes / (BUFFERS_PER_POSITION * 4 * V)))``, so the
+    chunk's float32 ``[positions, V]`` buffers fit in ``memory_bytes``."""
+    return max(1, int(memory_bytes) // (BUFFERS_PER_POSITION * 4 * int(vocab_size)))
+
+
+def default_scoring_memory(device: torch.device) -> int:
+    """:data:`CPU_SCORING_MEMORY` on the CPU, :data:`ACCELERATOR_SCORING_MEMORY` elsewhere."""
+    return CPU_SCORING_MEMORY if torch.device(device).type == "cpu" else ACCELERATOR_SCORING_MEMORY
+
 
 def candidate_answer_log_probs(
     base_logits: torch.Tensor,
@@ -89,12 +108,14 @@ def _base_pass(
     return logits, causal_mean_pool(captured[-1], attention_mask)
 
 
-def _answer_chunks(labels: torch.Tensor, chunk_positions: int):
-    """``(rows, cols, targets)`` of the scored positions, ``chunk_positions`` at a time: the prefix ends at ``cols``
-    and predicts ``targets = labels[rows, cols + 1]``."""
+def _answer_chunks(labels: torch.Tensor, logits: torch.Tensor, memory_bytes: int | None):
+    """``(rows, cols, targets)`` of the scored positions, :func:`chunk_positions` of them at a time for the
+    vocabulary of ``logits`` and ``memory_bytes`` (default :func:`default_scoring_memory` of their device): the
+    prefix ends at ``cols`` and predicts ``targets = labels[rows, cols + 1]``."""
     targets = labels[:, 1:]
     rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)
-    step = max(1, int(chunk_positions))
+    budget = default_scoring_memory(logits.device) if memory_bytes is None else memory_bytes
+    step = chunk_positions(logits.shape[-1], budget)
     for start in range(0, len(rows), step):
         b, t = rows[start : start + step], cols[start : start + step]
         yield b, t, targets[b, t]
@@ -114,7 +135,7 @@ def t3_log_probs(
     log_f_floor: float | None = None,
     allow_temperature_below_one: bool = False,
     check_base_weights: bool = True,
-    chunk_positions: int = 1024,
+    scoring_memory: int | None = None,
 ) -> torch.Tensor:
     """Per-token T3 log-probabilities of ``labels`` (``[B, L]``), aligned like
     :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t] = log q(labels[:, t] | input_ids[:, :t])``,
@@ -125,8 +146,9 @@ def t3_log_probs(
     ``check_base_weights`` compares the model's weights with the head's fingerprint (checked once per model
     state, see :mod:`hf_unlearn.methods.t3.provenance`).
     Padding (``attention_mask == 0``) is excluded from the pooled state, so left and right padding
-    give the same numbers. The tilted distribution is built for ``chunk_positions`` scored positions
-    at a time (memory ``chunk_positions x vocab``). An input longer than the base's maximum positions
+    give the same numbers. The tilted distribution is built for a chunk of scored positions at a time, sized so
+    its float32 ``[positions, vocab]`` buffers fit in ``scoring_memory`` bytes (:func:`chunk_positions`; default
+    :func:`default_scoring_memory`). An input longer than the base's maximum positions
     is refused (truncate it first).
     """
     temperature = classifier.config.temperature if temperature is None else temperature
@@ -138,7 +160,7 @@ def t3_log_probs(
     logits, pooled = _base_pass(model, classifier, input_ids, attention_mask, position_ids)
     result = torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
     head_device = classifier.device
-    for b, t, y in _answer_chunks(labels, chunk_positions):
+    for b, t, y in _answer_chunks(labels, logits, scoring_memory):
         guidance = classifier(pooled[b, t].to(head_device)).logits.to(logits.device)
         log_q = tilted_log_probs(logits[b, t], guidance, temperature, tilt_weight, log_f_floor)
         result[b, t + 1] = log_q.gather(-1, y.unsqueeze(-1)).squeeze(-1)
@@ -156,25 +178,20 @@ def t3_candidate_log_probs(
     settings: Sequence[tuple[float, float]],
     *,
     log_f_floor: float | None = None,
-    chunk_positions: int | None = None,
+    scoring_memory: int | None = None,
 ) -> torch.Tensor:
     """Per-token log-probabilities of ``labels`` under every ``(T, w)`` of ``settings`` from one forward of the
-    base (``[B, L, K]``, aligned as :func:`t3_log_probs`; :func:`candidate_answer_log_probs` per chunk of
-    ``chunk_positions`` scored positions, so the added memory is a few ``chunk_positions x vocab`` tensors).
-
-    ``chunk_positions`` defaults to ``2^20 / vocab`` (about 4 MB per tensor, 21 positions for a 49,152-token
-    vocabulary): the ``K`` passes over a chunk then stay in the CPU's cache, which made them about 4 times faster
-    than chunks of 256 positions on SmolLM2's vocabulary. ``settings`` are taken as given (validate them first);
+    base (``[B, L, K]``, aligned as :func:`t3_log_probs`; :func:`candidate_answer_log_probs` per chunk of scored
+    positions whose float32 ``[positions, vocab]`` buffers fit in ``scoring_memory`` bytes: :func:`chunk_positions`,
+    default :func:`default_scoring_memory`). ``settings`` are taken as given (validate them first);
     ``(1, 0)`` gives the base's own log-probabilities. ``log_f_floor`` defaults to the head's. The head and its
     base are checked by the caller.
     """
     log_f_floor = classifier.config.log_f_floor if log_f_floor is None else log_f_floor
     logits, pooled = _base_pass(model, classifier, input_ids, attention_mask, position_ids)
-    if chunk_positions is None:
-        chunk_positions = max(1, 2**20 // logits.shape[-1])
     result = torch.zeros((*labels.shape, len(settings)), dtype=torch.float32, device=logits.device)
     head_device = classifier.device
-    for b, t, y in _answer_chunks(labels, chunk_positions):
+    for b, t, y in _answer_chunks(labels, logits, scoring_memory):
         guidance = classifier(pooled[b, t].to(head_device)).logits.to(logits.device)
         result[b, t + 1] = candidate_answer_log_probs(logits[b, t], guidance, y, settings, log_f_floor)
     return result

@@ -1,0 +1,214 @@
+"""Integrity of saved artifacts and of the base model they belong to: file digests and weight fingerprints.
+
+Weights (an artifact fitted on one base model names that base by its weights)::
+
+    digest(W)       = SHA-256(bytes of W as stored: its own dtype, row-major order)
+    fingerprint(M)  = {name: (shape, dtype, digest(W))} for every parameter name of M
+
+Every name ``named_parameters(remove_duplicate=False)`` gives is listed, so a tied LM head is listed under its own
+name with the embedding's digest: untying it (a copy of the same values) leaves the fingerprint unchanged. A model
+matches a fingerprint when every recorded name is present with the recorded shape, dtype and digest and it has no
+other parameter; the same weights held in another dtype do not match (load the base in the recorded dtype).
+
+A tensor's digest is computed once and kept for the process, keyed by the tensor's identity and its state
+``(data_ptr, _version, shape, stride, dtype, device)``: an in-place change (``add_``, ``copy_``) bumps
+``_version`` and the digest is computed anew; a change written through ``param.data`` bypasses the version
+counter and is not seen.
+
+Files: :func:`file_sha256` digests a file; an artifact records the digests of its files in a manifest
+(a JSON file in the artifact's folder), and :func:`manifest_digest` (the SHA-256 of that manifest) is what a
+user pins (``expected_sha256=``, checked by :func:`check_pinned_digest`) and a pushed model card records
+(:func:`integrity_entry`). :func:`confined_file` keeps every file name a manifest gives inside the artifact's folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FINGERPRINT_VERSION = 2
+FINGERPRINT_ALGORITHM = "sha256 of the stored bytes (own dtype) of every named parameter"
+_HASH_CHUNK = 1 << 26  # elements copied to the host at a time
+
+
+class BaseModelMismatchError(ValueError):
+    """An artifact (an adapter, a decoding head) attached to a base model other than the one it was fitted on."""
+
+
+class AdapterIntegrityError(ValueError):
+    """A saved artifact whose files are not the ones it was saved with (edited, replaced, missing or out of its
+    folder)."""
+
+
+# ----- weights ----------------------------------------------------------------------------------------------------
+
+
+def tensor_sha256(tensor: torch.Tensor) -> str:
+    """``SHA-256(bytes of tensor in its stored dtype)`` (row-major; copied to the host in chunks)."""
+    digest = hashlib.sha256()
+    flat = tensor.detach().reshape(-1)
+    for start in range(0, flat.numel(), _HASH_CHUNK):
+        block = flat[start:start + _HASH_CHUNK].to("cpu").contiguous()
+        digest.update(memoryview(block.view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+# id(tensor) -> (weak reference to it, its state when hashed, digest)
+_DIGESTS: dict[int, tuple[weakref.ref, tuple, str]] = {}
+
+
+def _tensor_state(tensor: torch.Tensor) -> tuple:
+    return (tensor.data_ptr(), tensor._version, tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype,
+            str(tensor.device))
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    if _DIGESTS.get(key, (None,))[0] is ref:
+        del _DIGESTS[key]
+
+
+def cached_tensor_sha256(tensor: torch.Tensor) -> str:
+    """:func:`tensor_sha256`, computed once per tensor and state (see the module docstring) and kept for the
+    process while the tensor lives."""
+    key, state = id(tensor), _tensor_state(tensor)
+    entry = _DIGESTS.get(key)
+    if entry is not None and entry[0]() is tensor and entry[1] == state:
+        return entry[2]
+    digest = tensor_sha256(tensor)
+    try:
+        ref = weakref.ref(tensor, lambda r, k=key: _forget(k, r))
+    except TypeError:  # not weak-referenceable: not cached
+        return digest
+    _DIGESTS[key] = (ref, state, digest)
+    return digest
+
+
+def plain_model(model: Any) -> Any:
+    """The transformers model under a ``PeftModel`` (whose names carry a ``base_model.model.`` prefix)."""
+    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+        return model.get_base_model()
+    return model
+
+
+def model_fingerprint(model: Any) -> dict[str, Any]:
+    """``{"version", "algorithm", "parameters": {name: {"shape", "dtype", "sha256"}}}`` of every parameter name
+    of ``model`` (a ``PeftModel``'s base model), each digest by :func:`cached_tensor_sha256`."""
+    params = {
+        name: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "sha256": cached_tensor_sha256(p)}
+        for name, p in plain_model(model).named_parameters(remove_duplicate=False)
+    }
+    return {"version": FINGERPRINT_VERSION, "algorithm": FINGERPRINT_ALGORITHM, "parameters": params}
+
+
+def fingerprint_differences(recorded: dict[str, Any], model: Any) -> list[str]:
+    """One line per parameter where ``model`` differs from the ``recorded`` fingerprint's ``parameters``
+    (missing, extra, another shape, dtype or digest), in the model's parameter order."""
+    want = recorded["parameters"]
+    got = model_fingerprint(model)["parameters"]
+    problems = [f"{name}: missing" for name in want if name not in got]
+    dtypes: dict[tuple[str, str], list[str]] = {}
+    for name, have in got.items():
+        need = want.get(name)
+        if need is None:
+            problems.append(f"{name}: not in the base")
+        elif list(have["shape"]) != list(need.get("shape", [])):
+            problems.append(f"{name}: shape {have['shape']} != {need.get('shape')}")
+        elif have["dtype"] != need.get("dtype"):
+            dtypes.setdefault((have["dtype"], str(need.get("dtype"))), []).append(name)
+        elif have["sha256"] != need.get("sha256"):
+            problems.append(f"{name}: weights differ (sha256 {have['sha256'][:12]} != {str(need.get('sha256'))[:12]})")
+    for (have, need), names in dtypes.items():
+        problems.append(f"{names[0]}{f' and {len(names) - 1} more weights' if len(names) > 1 else ''}: dtype "
+                        f"{have} != {need} (load the base in {need})")
+    return problems
+
+
+def check_model_fingerprint(recorded: dict[str, Any] | None, model: Any, what: str, fix: str) -> None:
+    """Refuse (:class:`BaseModelMismatchError`) a ``model`` that does not match the ``recorded`` fingerprint
+    (:func:`fingerprint_differences`), naming up to four differences and ``fix``; a missing or older-format
+    fingerprint is refused too (nothing then says which base the artifact belongs to)."""
+    if (not isinstance(recorded, dict) or recorded.get("version") != FINGERPRINT_VERSION
+            or not isinstance(recorded.get("parameters"), dict)):
+        raise BaseModelMismatchError(
+            f"{what} records no fingerprint of its base model's weights in this hf-unlearn's format, so hf-unlearn "
+            f"cannot check that it belongs to this model. {fix}"
+        )
+    problems = fingerprint_differences(recorded, model)
+    if problems:
+        shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+        raise BaseModelMismatchError(f"{what} was fitted on another base model ({shown}). {fix}")
+
+
+# ----- files ------------------------------------------------------------------------------------------------------
+
+
+def file_sha256(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    """Hex SHA-256 digest of the bytes of the file at ``path`` (read in chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk_size), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def confined_file(folder: Path, name: Any, what: str, manifest: str) -> Path:
+    """``folder / name`` for a file name read from ``manifest``, refused (:class:`AdapterIntegrityError`) unless it
+    is one plain name inside ``folder``: no ``..``, no absolute path, no separator, and no link that leads out of
+    the folder (a Hub download's links into its cache's ``blobs`` folder are followed)."""
+    plain = isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+    if not plain:
+        raise AdapterIntegrityError(
+            f"{what}: {manifest} names the file {name!r}, which is not a plain file name inside the folder; the "
+            "metadata was tampered with or damaged. Restore it from the saved artifact."
+        )
+    path = folder / name
+    if path.is_symlink():
+        root = folder.resolve()
+        allowed = [root] + ([root.parents[1] / "blobs"] if root.parent.name == "snapshots" else [])
+        target = path.resolve()
+        if not any(target == r or r in target.parents for r in allowed):
+            raise AdapterIntegrityError(
+                f"{what}: {name} is a link to {target}, outside the folder; hf-unlearn reads an artifact's files "
+                "only from inside its folder. Replace the link by the saved file."
+            )
+    return path
+
+
+def manifest_digest(folder: str | os.PathLike, manifest: str) -> str:
+    """The digest that identifies a saved artifact: the SHA-256 of its ``manifest``, which records the SHA-256 of
+    each of its other files. Pinned when loading (``expected_sha256=``) it refuses an artifact whose files and
+    manifest were both rewritten."""
+    return file_sha256(Path(folder) / manifest)
+
+
+def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest: str) -> None:
+    """Refuse (:class:`AdapterIntegrityError`) a folder whose :func:`manifest_digest` is not ``expected``
+    (``None``: nothing pinned, nothing checked)."""
+    if expected is None:
+        return
+    want = str(expected).strip().lower()
+    if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
+        raise ValueError(f"expected_sha256 must be a hex SHA-256 digest (64 characters), got {expected!r}.")
+    path = confined_file(folder, manifest, what, manifest)
+    if not path.is_file():
+        raise AdapterIntegrityError(f"{what}: {manifest} is missing, so the pinned digest cannot be checked.")
+    got = manifest_digest(folder, manifest)
+    if got != want:
+        raise AdapterIntegrityError(
+            f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these are not the files that "
+            "were saved (or pushed) with that digest. Download the artifact again from a source you trust."
+        )
+
+
+def integrity_entry(folder: str | os.PathLike, manifest: str) -> dict[str, str] | None:
+    """``{"manifest", "sha256"}``: the :func:`manifest_digest` of ``manifest`` in ``folder``, the entry a pushed
+    model card carries as ``hf_unlearn_integrity`` (the digest to pass as ``expected_sha256=`` when loading);
+    ``None`` when the folder holds no such manifest."""
+    if not (Path(folder) / manifest).is_file():
+        return None
+    return {"manifest": manifest, "sha256": manifest_digest(folder, manifest)}
