@@ -74,7 +74,6 @@ def run_end_to_end(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from unlearn_bench.measure import load_speed_subject, plain_forward_seconds
 
-    from unlearn_bench.measure import load_speed_subject, plain_forward_seconds
     from hf_unlearn.methods.grom import GROMConfig, fit_grom_path, retain_subsample
     from hf_unlearn.selection import SelectionCriterion
 
@@ -178,7 +177,6 @@ def _table(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
-
     from unlearn_bench.report import print_and_save
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -61,7 +61,7 @@ def test_packed_cholesky_round_trip():
 
 @pytest.fixture(scope="module")
 def small_edit(tiny_pair, synthetic):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok = load_tiny(tiny_pair.target)
     edit = fit_grom(model, tok, synthetic["forget10"][:2], synthetic["retain90"][:40], GROMConfig(
@@ -77,7 +77,7 @@ def _numbers(path) -> int:
 def test_saved_adapter_reproduces_the_edit_and_is_no_larger(small_edit, tiny_pair, tmp_path):
     from peft import PeftModel
 
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
 
     model, tok, edit = small_edit
     edit.save_pretrained(tmp_path / "a")
@@ -114,7 +114,7 @@ def test_loaded_audit_is_exact_against_a_refit_without_the_example(small_edit, t
 
 
 def test_one_factorisation_per_run(tiny_pair, synthetic, tmp_path, monkeypatch):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.grom.runner import run_grom
 
     calls = []

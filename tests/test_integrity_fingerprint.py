@@ -64,7 +64,7 @@ def test_untying_the_head_keeps_the_fingerprint_and_another_dtype_is_refused():
 
 
 def test_grom_adapter_refuses_a_base_changed_before_the_edited_layer(tiny_pair, synthetic, tmp_path, hash_calls):
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.grom import GROMConfig, fit_grom, load_grom_adapter
 
     model, tok = load_tiny(tiny_pair.target)
