@@ -64,7 +64,7 @@ def _rows(source: str, n_holdout: int, n_validation: int) -> tuple[list, list, l
 def _load(folder: str, device: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, dtype="auto").to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype="auto", trust_remote_code=False).to(device).eval()
 
 
 def run_end_to_end(args: argparse.Namespace) -> dict[str, Any]:

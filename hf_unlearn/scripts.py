@@ -254,8 +254,8 @@ def check_memory(run: UnlearnRun, config: Any, forget: list, retain: list) -> No
         return
     from transformers import AutoConfig, AutoTokenizer
 
-    model_config = AutoConfig.from_pretrained(run.model)
-    tokenizer = AutoTokenizer.from_pretrained(run.model)
+    model_config = AutoConfig.from_pretrained(run.model, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(run.model, trust_remote_code=False)
     texts = [r.get("text") or f"{r.get('question', '')} {r.get('answer', '')}" if isinstance(r, dict) else str(r)
              for r in [*forget, *(retain or [])]]
     longest = max((len(ids) for ids in tokenizer(texts)["input_ids"]), default=1) + 32  # + the prompt template

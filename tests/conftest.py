@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -109,6 +110,9 @@ def fake_cuda(monkeypatch, available: bool, count: int = 1) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count if available else 0)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)  # a trainer config asks
+    # the memory plan reads the device's size: an 80 GiB GPU
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: SimpleNamespace(total_memory=80 * 2**30, name="fake GPU"))
     monkeypatch.delenv("LOCAL_RANK", raising=False)
 
 

@@ -271,7 +271,7 @@ def test_divergence_guard_stops_the_run_before_a_diverged_checkpoint(tiny_target
     assert get_last_checkpoint(args.output_dir).endswith(f"checkpoint-{step - 1}")  # the diverged step is not kept
 
     # the same run without the guard goes on past that step; the default guard leaves ordinary runs alone
-    unguarded, _ = __import__("unlearn_bench.subjects", fromlist=["load_tiny"]).load_tiny(model.name_or_path)
+    unguarded, _ = __import__("hf_unlearn.demo", fromlist=["load_tiny"]).load_tiny(model.name_or_path)
     free = fault_config(tmp_path, cls=GradDiffConfig, retain_weight=0.01, learning_rate=3e-3, max_steps=step, save_strategy="no",
                         max_retain_loss_ratio=None, output_dir=str(tmp_path / "free"))
     GradDiffTrainer(unguarded, free, train_dataset=forget, retain_dataset=retain, processing_class=tok).train()
