@@ -130,3 +130,27 @@ def test_refusals():
         paired_difference_by_author(lambda v, i: v[i].mean(), [1.0, 2.0], [1.0], [0, 1])
     with pytest.raises(ValueError, match="pairs the questions"):
         forget_quality_by_author([1.0, 2.0], [1.0, 2.0], [0])
+
+
+def test_a_reports_intervals_by_author_match_its_own_figures():
+    from hf_unlearn.evaluation.cluster_bootstrap import report_intervals_by_author
+
+    rng = np.random.default_rng(5)
+
+    def split(n):
+        return {"per_example": {"prob": rng.uniform(0.2, 0.9, n).tolist(), "rouge_l": rng.uniform(0.2, 1, n).tolist(),
+                                "truth_ratio": rng.uniform(0.1, 0.9, n).tolist()}}
+
+    splits = {"forget": split(40), "retain": split(60), "real_authors": split(25), "world_facts": split(30)}
+    reference = rng.uniform(0.3, 1.0, 40)
+    out = report_intervals_by_author(splits, reference, n_resamples=100)
+    components = []
+    for name in ("retain", "real_authors", "world_facts"):
+        rows = splits[name]["per_example"]
+        components += [np.mean(rows["prob"]), np.mean(rows["rouge_l"]),
+                       np.mean(np.maximum(0, 1 - np.asarray(rows["truth_ratio"])))]
+    assert out["model_utility"] == pytest.approx(metrics.model_utility(components), rel=1e-9)
+    assert out["forget_quality"] == pytest.approx(
+        metrics.forget_quality(splits["forget"]["per_example"]["truth_ratio"], reference)["forget_quality"])
+    assert out["model_utility_low"] <= out["model_utility"] <= out["model_utility_high"]
+    assert report_intervals_by_author(splits, None, n_resamples=20)["forget_quality"] is None

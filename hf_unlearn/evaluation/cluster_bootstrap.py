@@ -210,3 +210,42 @@ def paired_difference_by_author(
                             n_resamples=n_resamples, seed=seed)
     return {"difference": out["value"], "difference_low": out["low"], "difference_high": out["high"],
             "confidence": confidence, "n_resamples": n_resamples}
+
+
+#: The model-utility splits of a TOFU report and how their rows cluster: the retain split by author, the real
+#: authors and world facts row by row (each row its own entity).
+UTILITY_SPLIT_CLUSTERS = {"retain": "author", "real_authors": "row", "world_facts": "row"}
+
+
+def _split_clusters(n_rows: int, kind: str) -> np.ndarray:
+    return author_clusters(n_rows) if kind == "author" else row_clusters(n_rows)
+
+
+def report_intervals_by_author(
+    splits: Mapping[str, Mapping[str, Any]], reference_forget_truth_ratios: Sequence[float] | None = None, *,
+    confidence: float = 0.95, n_resamples: int = 1000, seed: int = 0,
+) -> dict[str, float | None]:
+    """A TOFU report's forget quality (with the KS statistic) and model utility, each with its interval by author.
+
+    ``splits`` is the report's ``splits`` (each with ``per_example`` ``prob``, ``rouge_l`` and ``truth_ratio``
+    lists); ``reference_forget_truth_ratios`` the retain reference's forget truth ratios (without them, forget
+    quality is ``None``). Forget and retain rows are clustered by author (:data:`TOFU_ROWS_PER_AUTHOR` rows each,
+    in order); real authors and world facts row by row (:data:`UTILITY_SPLIT_CLUSTERS`). Model utility's
+    components are the split means of the per-row probability, ROUGE-L recall and ``max(0, 1 - tr_i)``.
+    """
+    options = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
+    out: dict[str, float | None] = dict.fromkeys(
+        ("forget_quality", "forget_quality_low", "forget_quality_high", "ks_statistic", "ks_statistic_low",
+         "ks_statistic_high"))
+    forget_tr = splits["forget"]["per_example"]["truth_ratio"]
+    if reference_forget_truth_ratios is not None:
+        out.update(forget_quality_by_author(forget_tr, reference_forget_truth_ratios,
+                                            author_clusters(len(forget_tr)), **options))
+    utility = {}
+    for name, kind in UTILITY_SPLIT_CLUSTERS.items():
+        rows = splits[name]["per_example"]
+        scores = {"prob": rows["prob"], "rouge_l": rows["rouge_l"],
+                  "truth_ratio": truth_ratio_scores(rows["truth_ratio"], "true_better")}
+        utility[name] = (scores, _split_clusters(len(rows["prob"]), kind))
+    out.update(model_utility_by_author(utility, **options))
+    return out
