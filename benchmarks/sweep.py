@@ -43,7 +43,8 @@ protocol = _load_protocol()
 AUTHOR_OFFSETS = {"tuning": 4, "reported": 0, "replication": 12}
 AUTHOR_NAMES = {"tuning": "forget10 authors 5-8", "reported": "forget10 authors 1-4",
                 "replication": "forget10 authors 13-16"}
-N_RESAMPLES = 1000
+N_RESAMPLES = 1000  # the chosen candidate's interval by author
+PROBE_RESAMPLES = 200  # every other candidate's (it is shown, never read by a rule)
 
 
 @dataclass
@@ -88,7 +89,8 @@ def build_pair(subject: str, authors: str, data: str, cache_dir: str) -> SweepPa
                      load_tofu_rows("forget10_perturbed", str(source)))
 
 
-def score_forget(model: Any, tokenizer: Any, pair: SweepPair, scorer: Any = None) -> dict[str, Any]:
+def score_forget(model: Any, tokenizer: Any, pair: SweepPair, scorer: Any = None,
+                 n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
     """A candidate's forget truth ratios (no generation), forget quality and the KS statistic, each with its
     interval by author."""
     from hf_unlearn.evaluation.cluster_bootstrap import author_clusters, forget_quality_by_author
@@ -99,7 +101,7 @@ def score_forget(model: Any, tokenizer: Any, pair: SweepPair, scorer: Any = None
     tr = split["per_example"]["truth_ratio"]
     if not pair.reference_tr:
         return {"truth_ratios": tr, "forget_truth_ratio": split["truth_ratio"]}
-    fq = forget_quality_by_author(tr, pair.reference_tr, author_clusters(len(tr)), n_resamples=N_RESAMPLES)
+    fq = forget_quality_by_author(tr, pair.reference_tr, author_clusters(len(tr)), n_resamples=n_resamples)
     return {**fq, "forget_truth_ratio": split["truth_ratio"], "forget_prob": split["prob"]}
 
 
@@ -166,7 +168,7 @@ def run_configuration(method: str, settings: dict[str, Any], pair: SweepPair, to
     model, _ = load_tiny(pair.target)
     template = settings.get("prompt_template")
     criterion = pair.criteria.get(template) or pair.criteria.setdefault(template, make_criterion(pair, tokenizer, template))
-    probe = CandidateProbe(lambda m: score_forget(m, tokenizer, pair), selection_steps)
+    probe = CandidateProbe(lambda m: score_forget(m, tokenizer, pair, n_resamples=PROBE_RESAMPLES), selection_steps)
     options = {"callbacks": [probe], "quiet": True} if trainer else {"quiet": True}
     with tempfile.TemporaryDirectory(prefix=f"sweep-{method}-") as work:
         result = run_with_selection(method, model, tokenizer, pair.forget, pair.retain_rows, work, dict(settings),
@@ -190,7 +192,7 @@ def context_of(pair: SweepPair, selection_steps: int) -> dict[str, Any]:
 
     return {"target": model_fingerprint(pair.target), "retain_reference": model_fingerprint(pair.retain),
             "rows": rows_digest(pair.forget, pair.retain_rows, pair.holdout, pair.validation, pair.forget_eval),
-            "selection_steps": selection_steps, "n_resamples": N_RESAMPLES}
+            "selection_steps": selection_steps, "n_resamples": [N_RESAMPLES, PROBE_RESAMPLES]}
 
 
 def choose(records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
