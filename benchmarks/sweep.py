@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,10 @@ class SweepPair:
     criteria: dict[str | None, Any] = field(default_factory=dict)
 
 
-def build_pair(subject: str, authors: str, data: str, cache_dir: str) -> SweepPair:
+def build_pair(subject: str, authors: str, data: str, cache_dir: str, tiny_epochs: int | None = None) -> SweepPair:
     """The subject's TOFU-small v2 pair for ``authors``: SmolLM2 fine-tuned on it, or TOFU-tiny (models trained
-    from scratch on the same v2 rows: its 4 forget authors, the first 4 retain authors, real authors, world facts)."""
+    from scratch on the same v2 rows: its 4 forget authors, the first 4 retain authors, real authors, world facts;
+    ``tiny_epochs`` replaces the recipe's 40 epochs, a smaller pair for a slow machine)."""
     from hf_unlearn.bench.subjects import SmallRecipe, build_small_pair, small_retain_validation_rows
     from hf_unlearn.bench.subjects.tofu_small import small_tofu_configs, write_small_source
     from hf_unlearn.bench.subjects.tofu_tiny import build_tiny_pair, recipe_for
@@ -76,6 +77,8 @@ def build_pair(subject: str, authors: str, data: str, cache_dir: str) -> SweepPa
     recipe = SmallRecipe.v2(subject if subject != "tofu-tiny" else "smollm2-135m", forget_offset=AUTHOR_OFFSETS[authors])
     if subject == "tofu-tiny":
         tiny = recipe_for("tofu-test")
+        if tiny_epochs is not None:
+            tiny = replace(tiny, epochs=tiny_epochs)
         source = write_small_source(small_tofu_configs(data, recipe),
                                     Path(cache_dir) / f"tofu-tiny-v2-offset{recipe.forget_offset}")
         pair = build_tiny_pair(str(source), "forget10", tiny, cache_dir, progress=False)
@@ -225,6 +228,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chosen", default=None, help="a tuning sweep's chosen.json: run only those configurations")
     parser.add_argument("--selection-steps", type=int, default=5, help="criterion reading every N optimizer steps")
     parser.add_argument("--stop-after", type=int, default=None, help="run at most N new configurations, then stop")
+    parser.add_argument("--tiny-epochs", type=int, default=None,
+                        help="TOFU-tiny: train the pair for N epochs instead of 40 (a smaller pair for a slow machine)")
     args = parser.parse_args(argv)
     if args.authors != "tuning" and args.chosen is None:
         parser.error("Only the tuning authors are swept; the reported and replication runs take --chosen.")
@@ -234,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from hf_unlearn.bench.subjects import load_tiny
 
     presets = load_subject_presets("tofu_tiny" if args.subject == "tofu-tiny" else f"{args.subject}-v2")
-    pair = build_pair(args.subject, args.authors, args.data, args.cache_dir)
+    pair = build_pair(args.subject, args.authors, args.data, args.cache_dir, args.tiny_epochs)
     _, tokenizer = load_tiny(pair.target)
     reference, _ = load_tiny(pair.retain)
     pair.reference_tr = score_forget(reference.eval(), tokenizer, pair)["truth_ratios"]

@@ -43,9 +43,9 @@ CRITERION_FIELDS = ("shift_gap", "equivalence_pvalue", "retain_change")
 
 def trainer_schedule(epochs: int = EPOCHS, warmup_epochs: int = WARMUP_EPOCHS) -> dict[str, Any]:
     """The trainer arguments every trainer configuration shares: ``epochs`` over the forget rows, a linear warm-up
-    over the first ``warmup_epochs`` of them (``warmup_ratio = warmup_epochs / epochs``) and linear decay, no step
-    ceiling."""
-    return {"num_train_epochs": epochs, "warmup_ratio": warmup_epochs / epochs, "lr_scheduler_type": "linear",
+    over the first ``warmup_epochs`` of them (transformers' ``warmup_steps`` as a fraction of the run,
+    ``warmup_epochs / epochs``) and linear decay, no step ceiling."""
+    return {"num_train_epochs": epochs, "warmup_steps": warmup_epochs / epochs, "lr_scheduler_type": "linear",
             "max_steps": -1}
 
 

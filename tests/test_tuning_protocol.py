@@ -34,7 +34,7 @@ def test_every_headline_method_gets_the_same_number_of_configurations(protocol):
     assert {len(c) for c in configs.values()} == {len(protocol.LEARNING_RATES)}
     npo = configs["npo"]
     assert [c["learning_rate"] for c in npo] == list(protocol.LEARNING_RATES)
-    assert all(c["num_train_epochs"] == 10 and c["warmup_ratio"] == pytest.approx(0.1) for c in npo)
+    assert all(c["num_train_epochs"] == 10 and c["warmup_steps"] == pytest.approx(0.1) for c in npo)
 
 
 def test_a_method_with_more_or_fewer_configurations_is_refused(protocol):
