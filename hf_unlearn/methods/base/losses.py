@@ -61,8 +61,18 @@ def kl_retain_loss(
 
     ``logits`` / ``ref_logits`` are the ``[B, L, V]`` outputs of the trained and the frozen reference model on the
     same inputs; the distribution at position ``t - 1`` is the one that predicts ``labels[:, t]`` (same shift as
-    :func:`~hf_unlearn.logprobs.label_log_probs`), and only positions predicting an answer token count. The
-    direction (reference first) matches the forward KL used by TOFU's "KL" baseline and open-unlearning.
+    :func:`~hf_unlearn.logprobs.label_log_probs`), and only positions predicting an answer token count, so
+    ``N`` (default) is the number of answer tokens. The direction (reference first) matches the forward KL used
+    by TOFU's "KL" baseline and open-unlearning.
+
+    open-unlearning's ``compute_kl_divergence`` differs in where it averages: it sums the same per-position KL
+    over *every* position of the batch (the prompt, the answer, the padding, and the last position, which
+    predicts nothing) and divides by ``B * L`` (``reduction="batchmean"`` on the flattened ``[B * L, V]``
+    logits). Its value therefore depends on the prompt and padding lengths of the batch: on TOFU, where the
+    answers are a fraction of the padded length, it weighs the answer positions less than this term at the same
+    ``retain_weight``, and it also holds the prompt and padding positions to the reference. This form is the one
+    the package and its benchmark run: the retain term then constrains exactly the distributions TOFU scores
+    (the retain answers'), with a scale that does not change with how a batch is padded.
     """
     mask = answer_mask(labels)[:, 1:]
     log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)

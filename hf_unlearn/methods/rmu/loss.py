@@ -43,10 +43,17 @@ def activation_mse(
 
     ``activations`` is ``[B, L, H]``, ``targets`` broadcasts to it (a ``[H]`` control vector, or the frozen
     model's ``[B, L, H]`` hidden states), ``mask`` the ``[B, L]`` answer mask (the hidden states *at* the answer
-    tokens' positions, as open-unlearning's ``labels != -100``) and ``S = num_sequences`` (default ``B``). This is
-    open-unlearning's ``compute_activation_loss`` (mean over the hidden dimension, mean over each sequence's
-    answer tokens, mean over sequences), computed in float32; a sequence without answer tokens adds 0 (there it
-    would divide by zero).
+    tokens' positions, as open-unlearning's ``labels != -100``) and ``S = num_sequences`` (default ``B``): the
+    mean over the hidden dimension, over each sequence's answer tokens and over sequences, computed in float32;
+    a sequence without answer tokens adds 0 (there it would divide by zero).
+
+    This is the per-sequence mean the WMDP formulation intends, and the form the package and its benchmark run.
+    open-unlearning's ``compute_activation_loss`` differs when a batch's answers differ in length: with
+    ``s_b = sum_t mask_{b,t} * (1/H) * sum_d (a - c)^2`` and ``n_b`` the answer tokens of sequence ``b``, it
+    divides the ``[B]`` sums by the ``[B, 1]`` counts, which broadcasts to a ``[B, B]`` matrix
+    ``s_j / n_i`` whose mean is ``mean_b(s_b) * mean_b(1/n_b)``. Each sequence's sum is then scaled by the
+    batch's mean inverse length rather than by its own length, so a long answer weighs more than a short one
+    (by its length); the two forms agree when every answer in the batch has the same number of tokens.
     """
     diff = (activations.float() - targets.to(device=activations.device, dtype=torch.float32)) ** 2
     per_token = diff.mean(-1) * mask

@@ -1,0 +1,68 @@
+"""The sweep command resumes where it stopped: a rerun skips every configuration its log holds, and picks one
+configuration per method once all of that method's have finished."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
+
+
+@pytest.fixture()
+def sweep(monkeypatch):
+    spec = importlib.util.spec_from_file_location("sweep_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sweep_under_test"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    calls = []
+
+    def run_configuration(method, settings, pair, tokenizer, selection_steps):
+        calls.append((method, settings["learning_rate"]))
+        gap = {1e-5: -2.0, 3e-5: -0.5, 1e-4: 0.1, 3e-4: 1.0}[settings["learning_rate"]]
+        selection = {"index": 0, "rule": {"retain_tolerance": 0.1}, "candidates": [{"step": 10}],
+                     "measurements": [{"shift_gap": gap, "equivalence_pvalue": 0.5, "retain_change": 0.05}]}
+        return {"method": method, "settings": settings, "selection": selection,
+                "candidate_scores": [{"forget_quality": 0.1}], "seconds": 1.0, "scoring_seconds": 0.5,
+                "outcome": dataclasses.asdict(module.protocol.outcome_from_selection(0, selection))}
+
+    monkeypatch.setattr(module, "build_pair", lambda *a: SimpleNamespace(target="t", retain="r", reference_tr=[]))
+    monkeypatch.setattr(module, "score_forget", lambda *a, **k: {"truth_ratios": [1.0]})
+    monkeypatch.setattr(module, "context_of", lambda pair, steps: {"target": "fixed"})
+    monkeypatch.setattr(module, "provenance", lambda argv: {})
+    monkeypatch.setattr(module, "run_configuration", run_configuration)
+    monkeypatch.setattr("hf_unlearn.bench.registry.load_subject_presets",
+                        lambda subject: {m: {"demo": {"seed": 0}} for m in ("npo", "grad_diff")})
+    dummy = SimpleNamespace(eval=lambda: dummy)
+    monkeypatch.setattr("hf_unlearn.bench.subjects.load_tiny", lambda path: (dummy, None))
+    module.calls = calls
+    yield module
+    sys.modules.pop("sweep_under_test", None)
+
+
+def test_a_rerun_skips_finished_configurations_and_picks_without_forget_quality(sweep, tmp_path):
+    argv = ["--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "out"), "--methods", "npo",
+            "grad_diff"]
+    sweep.main([*argv, "--stop-after", "3"])
+    assert sweep.calls == [("npo", 1e-5), ("npo", 3e-5), ("npo", 1e-4)]
+    assert json.loads((tmp_path / "out" / "chosen.json").read_text())["chosen"] == {}
+    out = sweep.main([*argv, "--stop-after", "2"])
+    assert sweep.calls[3:] == [("npo", 3e-4), ("grad_diff", 1e-5)]
+    assert out["finished"] == 5
+    chosen = json.loads((tmp_path / "out" / "chosen.json").read_text())["chosen"]
+    assert list(chosen) == ["npo"] and chosen["npo"]["overrides"]["learning_rate"] == 1e-4  # smallest |gap|
+    table = (tmp_path / "out" / "sweep.md").read_text()
+    assert "5 of 8 configurations finished" in table and "**picked**" in table
+    sweep.main(argv)
+    assert len(sweep.calls) == 8 and len(set(sweep.calls)) == 8
+
+
+def test_reported_authors_need_the_chosen_configurations(sweep, tmp_path):
+    with pytest.raises(SystemExit):
+        sweep.main(["--authors", "reported", "--cache-dir", str(tmp_path), "--output", str(tmp_path / "o")])
