@@ -69,10 +69,16 @@ def build_pair(subject: str, authors: str, data: str, cache_dir: str, tiny_epoch
     """The subject's TOFU-small v2 pair for ``authors``: SmolLM2 fine-tuned on it, or TOFU-tiny (models trained
     from scratch on the same v2 rows: its 4 forget authors, the first 4 retain authors, real authors, world facts;
     ``tiny_epochs`` replaces the recipe's 40 epochs, a smaller pair for a slow machine)."""
-    from hf_unlearn.bench.subjects import SmallRecipe, build_small_pair, small_retain_validation_rows
-    from hf_unlearn.bench.subjects.tofu_small import small_tofu_configs, write_small_source
-    from hf_unlearn.bench.subjects.tofu_tiny import build_tiny_pair, recipe_for
+    from unlearn_bench.subjects.tofu_small import (
+        SmallRecipe,
+        build_small_pair,
+        small_retain_validation_rows,
+        small_tofu_configs,
+        write_small_source,
+    )
+
     from hf_unlearn.data import load_tofu_rows
+    from hf_unlearn.demo import build_tiny_pair, recipe_for
 
     recipe = SmallRecipe.v2(subject if subject != "tofu-tiny" else "smollm2-135m", forget_offset=AUTHOR_OFFSETS[authors])
     if subject == "tofu-tiny":
@@ -144,8 +150,9 @@ class CandidateProbe(TrainerCallback):
 def make_criterion(pair: SweepPair, tokenizer: Any, template: str | None) -> Any:
     """The selection criterion on the pair's forget, holdout and retain-validation rows (by author; the base's
     NLLs as reference where the pair has a base), its original figures the target's."""
-    from hf_unlearn.bench.criterion import selection_criterion_options
-    from hf_unlearn.bench.subjects import load_tiny
+    from unlearn_bench.criterion import selection_criterion_options
+
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.selection import SelectionCriterion
 
     options = selection_criterion_options(pair, pair.forget, pair.holdout, pair.validation, tokenizer,
@@ -163,7 +170,7 @@ def run_configuration(method: str, settings: dict[str, Any], pair: SweepPair, to
     """One configuration: the method run with its strength chosen by the criterion, every checkpoint of a trainer
     scored by the probe, the chosen candidate scored; ``seconds`` is the run without the probe's scoring."""
     from hf_unlearn import registry
-    from hf_unlearn.bench.subjects import load_tiny
+    from hf_unlearn.demo import load_tiny
     from hf_unlearn.run import run_with_selection
 
     info = registry.get_method(method)
@@ -191,7 +198,7 @@ def run_configuration(method: str, settings: dict[str, Any], pair: SweepPair, to
 
 def context_of(pair: SweepPair, selection_steps: int) -> dict[str, Any]:
     """What a configuration's result depends on besides its settings: the models by content, the rows, the rule."""
-    from hf_unlearn.bench.resume import model_fingerprint, rows_digest
+    from unlearn_bench.resume import model_fingerprint, rows_digest
 
     return {"target": model_fingerprint(pair.target), "retain_reference": model_fingerprint(pair.retain),
             "rows": rows_digest(pair.forget, pair.retain_rows, pair.holdout, pair.validation, pair.forget_eval),
@@ -235,8 +242,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("Only the tuning authors are swept; the reported and replication runs take --chosen.")
 
     plan = planned_configurations(args.methods, args.chosen)  # refuses unequal budgets before any work
-    from hf_unlearn.bench.registry import load_subject_presets
-    from hf_unlearn.bench.subjects import load_tiny
+    from unlearn_bench.registry import load_subject_presets
+
+    from hf_unlearn.demo import load_tiny
 
     presets = load_subject_presets("tofu_tiny" if args.subject == "tofu-tiny" else f"{args.subject}-v2")
     pair = build_pair(args.subject, args.authors, args.data, args.cache_dir, args.tiny_epochs)

@@ -37,10 +37,10 @@ def sweep(monkeypatch):
     monkeypatch.setattr(module, "context_of", lambda pair, steps: {"target": "fixed"})
     monkeypatch.setattr(module, "provenance", lambda argv: {})
     monkeypatch.setattr(module, "run_configuration", run_configuration)
-    monkeypatch.setattr("hf_unlearn.bench.registry.load_subject_presets",
+    monkeypatch.setattr("unlearn_bench.registry.load_subject_presets",
                         lambda subject: {m: {"demo": {"seed": 0}} for m in ("npo", "grad_diff")})
     dummy = SimpleNamespace(eval=lambda: dummy)
-    monkeypatch.setattr("hf_unlearn.bench.subjects.load_tiny", lambda path: (dummy, None))
+    monkeypatch.setattr("hf_unlearn.demo.load_tiny", lambda path: (dummy, None))
     module.calls = calls
     yield module
     sys.modules.pop("sweep_under_test", None)
