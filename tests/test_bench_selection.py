@@ -113,7 +113,7 @@ def test_v2_presets_build_every_methods_config_with_bf16_resolved(native, monkey
     config_names = {"grad_ascent": "GradAscentConfig", "grad_diff": "GradDiffConfig", "npo": "NPOConfig",
                     "simnpo": "SimNPOConfig", "masc": "MASCConfig", "atwu": "ATWUConfig",
                     "wga": "WGAConfig", "satimp": "SatImpConfig", "ceu": "CEUConfig", "undial": "UNDIALConfig",
-                    "dpo": "DPOConfig", "idk_dpo": "IdkDPOConfig", "rmu": "RMUConfig", "pdu": "PDUConfig"}
+                    "dpo": "UnlearnDPOConfig", "idk_dpo": "IdkDPOConfig", "rmu": "RMUConfig", "pdu": "PDUConfig"}
     for method, preset in presets.items():
         settings = resolve_auto_precision(preset["demo"])
         if method in config_names:
