@@ -374,7 +374,7 @@ def test_smollm2_presets_one_valid_setting_per_method(tmp_path):
     config_names = {"grad_ascent": "GradAscentConfig", "grad_diff": "GradDiffConfig", "npo": "NPOConfig",
                     "simnpo": "SimNPOConfig", "masc": "MASCConfig", "atwu": "ATWUConfig",
                     "wga": "WGAConfig", "satimp": "SatImpConfig", "ceu": "CEUConfig", "undial": "UNDIALConfig",
-                    "dpo": "DPOConfig", "idk_dpo": "IdkDPOConfig", "rmu": "RMUConfig", "pdu": "PDUConfig"}
+                    "dpo": "UnlearnDPOConfig", "idk_dpo": "IdkDPOConfig", "rmu": "RMUConfig", "pdu": "PDUConfig"}
     for method, preset in presets.items():
         assert preset["grid"] == (preset["demo"],), method
         settings = dict(preset["demo"])
