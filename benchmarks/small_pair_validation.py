@@ -14,7 +14,7 @@ per-question truth ratios ``tr_i = exp(NLL(paraphrased_i) - mean_j NLL(perturbed
   16 ``(T, w)`` points are scored from one pass of the base over the forget split
   (:func:`~hf_unlearn.methods.t3.scoring.t3_candidate_log_probs`, replayed per point by :class:`SharedPassScorers`).
 * any trainer (``--method npo``, ``grad_diff``, ...): the bench's run is repeated with the bench's criterion, and a
-  :class:`ForgetQualityProbe` scores every checkpoint the criterion measures (steps 0, every ``selection_steps``,
+  :class:`~unlearn_bench.probe.CheckpointProbe` scores every checkpoint the criterion measures (steps 0, every ``selection_steps``,
   the last). The re-run's own record is the one reported; its gaps are compared with the bench's.
 
 It reports the Spearman rank correlation of the criterion's closeness ``-|gap|`` with forget quality, and how far
@@ -42,7 +42,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from transformers import TrainerCallback  # noqa: E402
+from unlearn_bench.probe import CheckpointProbe  # noqa: E402
 
 EVAL_KWARGS = {"max_new_tokens": 64, "autocast_dtype": "bfloat16"}  # the v2 bench's (its gate reports are kept)
 NORM_RTOL = 1e-3
@@ -183,40 +183,9 @@ class SharedPassScorers:
         return score
 
 
-class ForgetQualityProbe(TrainerCallback):
-    """Score TOFU's forget split (``score(model)``) at every checkpoint a
-    :class:`~hf_unlearn.selection.SelectionCallback` with the same ``selection_steps`` measures: step 0, every
-    ``selection_steps`` optimizer steps, and the last step (before the selection restores the chosen weights, when
-    the probe is listed first). ``scores[step]`` is what ``score`` returned; the model's train/eval mode is kept."""
 
-    def __init__(self, score: Any, selection_steps: int) -> None:
-        self.score = score
-        self.selection_steps = int(selection_steps)
-        self.scores: dict[int, Any] = {}
-        self.seconds: dict[int, float] = {}
-
-    def _probe(self, state: Any, model: Any) -> None:
-        step = int(state.global_step)
-        if step in self.scores:
-            return
-        training, start = model.training, time.perf_counter()
-        model.eval()
-        try:
-            self.scores[step] = self.score(model)
-        finally:
-            model.train(training)
-        self.seconds[step] = time.perf_counter() - start
-        print(f"step {step}: forget quality {self.scores[step].get('forget_quality', math.nan):.3g}", flush=True)
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._probe(state, model)
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step % self.selection_steps == 0:
-            self._probe(state, model)
-
-    def on_train_end(self, args, state, control, model=None, **kwargs):
-        self._probe(state, model)
+def _say_forget_quality(step: int, score: dict[str, Any]) -> None:
+    print(f"step {step}: forget quality {score.get('forget_quality', math.nan):.3g}", flush=True)
 
 
 class Pair:
@@ -305,7 +274,7 @@ def validate_t3(ctx: Pair, row: dict[str, Any], record: dict[str, Any], indices:
 
 def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], method: str,
                      target_criterion: dict[str, Any]) -> dict[str, Any]:
-    """Repeat the bench's run of a trainer with the bench's criterion and a :class:`ForgetQualityProbe` at every
+    """Repeat the bench's run of a trainer with the bench's criterion and a :class:`~unlearn_bench.probe.CheckpointProbe` at every
     checkpoint the criterion measures; the re-run's own record is the one scored.
 
     The criterion's original figures (the retain change's zero) are the target's, measured here on the pair in hand
@@ -330,7 +299,7 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
     agreement = max(abs(v - target_criterion[k]) for k, v in original.items() if v is not None)
     criterion = SelectionCriterion(ctx.forget, holdout, validation, template=template, **options[template],
                                    original=original)
-    probe = ForgetQualityProbe(ctx.score, selection_steps)
+    probe = CheckpointProbe(ctx.score, selection_steps, report=_say_forget_quality)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"validate-{method}-") as work:
         result = run_with_selection(method, model, ctx.tokenizer, ctx.forget, ctx.retain, work, dict(row["settings"]),

@@ -27,7 +27,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from transformers import TrainerCallback  # noqa: E402
+from unlearn_bench.probe import CheckpointProbe  # noqa: E402
 
 
 def _load_protocol() -> Any:
@@ -114,38 +114,6 @@ def score_forget(model: Any, tokenizer: Any, pair: SweepPair, scorer: Any = None
     return {**fq, "forget_truth_ratio": split["truth_ratio"], "forget_prob": split["prob"]}
 
 
-class CandidateProbe(TrainerCallback):
-    """Score the forget split at every checkpoint the selection callback measures (step 0, every
-    ``selection_steps`` optimizer steps, the last step), listed before it so the last step is scored before the
-    chosen weights are restored. ``scores[step]``; ``seconds`` the time spent scoring."""
-
-    def __init__(self, score: Any, selection_steps: int) -> None:
-        self.score, self.selection_steps = score, int(selection_steps)
-        self.scores: dict[int, dict[str, Any]] = {}
-        self.seconds = 0.0
-
-    def _probe(self, state: Any, model: Any) -> None:
-        step = int(state.global_step)
-        if step in self.scores:
-            return
-        training, start = model.training, time.perf_counter()
-        model.eval()
-        try:
-            self.scores[step] = self.score(model)
-        finally:
-            model.train(training)
-        self.seconds += time.perf_counter() - start
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._probe(state, model)
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step % self.selection_steps == 0:
-            self._probe(state, model)
-
-    def on_train_end(self, args, state, control, model=None, **kwargs):
-        self._probe(state, model)
-
 
 def make_criterion(pair: SweepPair, tokenizer: Any, template: str | None) -> Any:
     """The selection criterion on the pair's forget, holdout and retain-validation rows (by author; the base's
@@ -178,7 +146,7 @@ def run_configuration(method: str, settings: dict[str, Any], pair: SweepPair, to
     model, _ = load_tiny(pair.target)
     template = settings.get("prompt_template")
     criterion = pair.criteria.get(template) or pair.criteria.setdefault(template, make_criterion(pair, tokenizer, template))
-    probe = CandidateProbe(lambda m: score_forget(m, tokenizer, pair, n_resamples=PROBE_RESAMPLES), selection_steps)
+    probe = CheckpointProbe(lambda m: score_forget(m, tokenizer, pair, n_resamples=PROBE_RESAMPLES), selection_steps)
     options = {"callbacks": [probe], "quiet": True} if trainer else {"quiet": True}
     with tempfile.TemporaryDirectory(prefix=f"sweep-{method}-") as work:
         result = run_with_selection(method, model, tokenizer, pair.forget, pair.retain_rows, work, dict(settings),
@@ -187,12 +155,13 @@ def run_configuration(method: str, settings: dict[str, Any], pair: SweepPair, to
         result.model.eval()
         chosen = score_forget(result.model, tokenizer, pair, scorer=result.scorer)
         chosen_seconds = time.perf_counter() - start
+    probe_seconds = sum(probe.seconds.values())
     selection = result.info["selection"]
     candidates = ([probe.scores.get(int(c["step"])) for c in selection["candidates"]] if trainer
                   else [None] * len(selection["candidates"]))
     candidates[selection["index"]] = chosen
     return {"method": method, "settings": settings, "selection": selection, "candidate_scores": candidates,
-            "seconds": result.seconds - probe.seconds, "scoring_seconds": probe.seconds + chosen_seconds,
+            "seconds": result.seconds - probe_seconds, "scoring_seconds": probe_seconds + chosen_seconds,
             "outcome": asdict(protocol.outcome_from_selection(0, selection))}
 
 

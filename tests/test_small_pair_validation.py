@@ -126,7 +126,7 @@ def test_the_probe_scores_every_checkpoint_the_selection_measures(script, tiny_p
         modes.append(m.training)
         return {"forget_quality": 0.5, "weight": m.lm_head.weight.detach().clone()}
 
-    probe = script.ForgetQualityProbe(score, selection_steps=2)
+    probe = script.CheckpointProbe(score, selection_steps=2)
     criterion = SelectionCriterion(synthetic["forget10"][:8], synthetic["holdout10"][:8], synthetic["retain90"][150:158])
     settings = {"max_steps": 5, "learning_rate": 3e-3, "per_device_train_batch_size": 4, "disable_tqdm": True}
     result = run_with_selection("grad_ascent", model, tok, synthetic["forget10"], synthetic["retain90"][:40],
