@@ -91,6 +91,16 @@ def truth_ratios(model: Any, tok: Any, rows: list[dict[str, Any]], scorer: Any =
     return np.exp(true - np.array([f.mean() for f in false]))
 
 
+
+def _rows_and_reference(pair: Any, data: str) -> tuple[list, list, list, np.ndarray]:
+    """The forget and retain rows, the evaluated forget rows, and the retain reference's truth ratios on them."""
+    from hf_unlearn.demo import load_tiny
+
+    evaluated = _rows("forget10_perturbed", data, "forget")
+    reference, ref_tok = load_tiny(pair.retain)
+    return (_rows("forget10", data, "forget"), _rows("retain90", data, "retain"), evaluated,
+            truth_ratios(reference, ref_tok, evaluated))
+
 def forget_quality(model_tr: np.ndarray, reference_tr: np.ndarray) -> float:
     from hf_unlearn.evaluation.metrics import forget_quality as ks
 
@@ -133,11 +143,7 @@ def atwu(pair: Any, data: str, steps: int) -> dict[str, Any]:
     from hf_unlearn.methods.atwu import ATWUConfig, ATWUTrainer
     from hf_unlearn.methods.atwu.weighter import answer_token_ids, auroc, forget_specific_auroc
 
-    forget = _rows("forget10", data, "forget")
-    retain = _rows("retain90", data, "retain")
-    evaluated = _rows("forget10_perturbed", data, "forget")
-    reference, ref_tok = load_tiny(pair.retain)
-    reference_tr = truth_ratios(reference, ref_tok, evaluated)
+    forget, retain, evaluated, reference_tr = _rows_and_reference(pair, data)
     target, tok = load_tiny(pair.target)
     out: dict[str, Any] = {"forget_quality_before": forget_quality(truth_ratios(target, tok, evaluated), reference_tr),
                            "steps": steps, "runs": []}
@@ -238,11 +244,7 @@ def t3(pair: Any, data: str) -> dict[str, Any]:
     from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.t3 import T3ClassifierConfig, calibrate_t3, fit_t3, t3_scorer
 
-    forget = _rows("forget10", data, "forget")
-    retain = _rows("retain90", data, "retain")
-    evaluated = _rows("forget10_perturbed", data, "forget")
-    reference, ref_tok = load_tiny(pair.retain)
-    reference_tr = truth_ratios(reference, ref_tok, evaluated)
+    forget, retain, evaluated, reference_tr = _rows_and_reference(pair, data)
     model, tok = load_tiny(pair.target)
     torch.manual_seed(0)
     head = fit_t3(model, tok, forget, retain, T3ClassifierConfig(rank=20, layer=-1, pooling="mean"), progress=False)
