@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .model_shape import ModelShape, lora_parameter_count, parameter_count
+
 __all__ = [
     "ADAM_STATES", "MethodNeeds", "MemoryPlan", "ModelShape", "Settings", "activation_bytes", "check_plan_fits",
     "check_run_memory", "device_capacity", "dtype_bytes", "sharded_launch", "fitting_options", "format_gib", "lora_parameter_count", "method_needs",
@@ -46,70 +48,6 @@ LAYER_H, LAYER_M = 12, 4
 #: Vocabulary-width tensors per token in the loss: the logits (activation dtype) and the float32 log-softmax and
 #: its gradient.
 LOGIT_F32_COPIES = 2
-#: PEFT's default LoRA targets for Llama-family models, and the modules of ``"all-linear"``.
-DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the estimate reads of a decoder-only model's config."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    head_dim: int | None = None
-    tie_word_embeddings: bool = False
-
-    @property
-    def head_width(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_heads
-
-    @classmethod
-    def from_config(cls, config: Any) -> ModelShape:
-        """The shape of a transformers ``PretrainedConfig`` (Llama, Mistral, Qwen and alike; ``text_config`` of a
-        composite config)."""
-        config = getattr(config, "text_config", None) or config
-        heads = config.num_attention_heads
-        return cls(
-            hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-            num_layers=config.num_hidden_layers, num_heads=heads,
-            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads, vocab_size=config.vocab_size,
-            head_dim=getattr(config, "head_dim", None), tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        )
-
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """``{module: (in_features, out_features)}`` of one decoder layer's linear modules."""
-        h, m, q, kv = self.hidden_size, self.intermediate_size, self.num_heads * self.head_width, \
-            self.num_kv_heads * self.head_width
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, m), "up_proj": (h, m), "down_proj": (m, h)}
-
-
-def parameter_count(shape: ModelShape) -> int:
-    """``P = V h (2 - tied) + L (sum_j in_j out_j + 2 h) + h``: the embeddings and the output head (one matrix
-    when tied), each layer's seven linear maps (:meth:`ModelShape.linear_shapes`) and two norms, the final norm."""
-    layer = sum(i * o for i, o in shape.linear_shapes().values()) + 2 * shape.hidden_size
-    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
-    return embeddings + shape.num_layers * layer + shape.hidden_size
-
-
-def lora_parameter_count(shape: ModelShape, r: int, targets: Any = None) -> int:
-    """``L * sum_{j in targets} r (in_j + out_j)``: LoRA's ``A`` (``r x in``) and ``B`` (``out x r``) on each target
-    module of every layer. ``targets``: module names, ``"all-linear"``, or ``None`` (PEFT's Llama default, q and
-    v)."""
-    if targets is None:
-        targets = DEFAULT_LORA_TARGETS
-    elif isinstance(targets, str):
-        targets = ALL_LINEAR if targets == "all-linear" else (targets,)
-    shapes = shape.linear_shapes()
-    per_layer = sum(r * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
-    return shape.num_layers * per_layer
-
-
 def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointing: bool, backward: bool) -> int:
     """Peak activation memory for ``tokens`` tokens in one forward (and backward) pass.
 

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_unlearn"
 #: Bottom to top. A module's layer is that of the longest prefix naming it.
 LAYERS = (
     ("foundation", ("hf_unlearn.assets", "hf_unlearn.registry", "hf_unlearn.result", "hf_unlearn.artifact_kinds", "hf_unlearn.locking",
-                    "hf_unlearn.write_gate", "hf_unlearn.integrity",
+                    "hf_unlearn.write_gate", "hf_unlearn.integrity", "hf_unlearn.model_shape",
                     "hf_unlearn.safe_output", "hf_unlearn.devices", "hf_unlearn.partitioning", "hf_unlearn.console",
                     "hf_unlearn.jsonutil", "hf_unlearn._import_utils", "hf_unlearn.model_files",
                     "hf_unlearn.model_copy")),

@@ -61,24 +61,12 @@ def masc_recipe_for(num_parameters: int) -> str:
 
 def config_parameter_count(config: Any) -> int:
     """Parameters of a decoder-only transformer from its config alone (no weights are read):
+    :func:`hf_unlearn.model_shape.parameter_count` of :meth:`~hf_unlearn.model_shape.ModelShape.from_config`,
 
-    ``N = V*H*(1 + [not tie_word_embeddings]) + L*(H*d*(2*n_q + 2*n_kv) + 3*H*I + 2*H) + H``
+    ``N = V*H*(1 + [not tie_word_embeddings]) + L*(H*d*(2*n_q + 2*n_kv) + 3*H*I + 2*H) + H``."""
+    from ...model_shape import ModelShape, parameter_count
 
-    with ``H`` ``hidden_size``, ``L`` ``num_hidden_layers``, ``V`` ``vocab_size``, ``I`` ``intermediate_size``
-    (``4H`` when absent), ``n_q`` ``num_attention_heads``, ``n_kv`` ``num_key_value_heads`` (``n_q`` when absent),
-    ``d`` ``head_dim`` (``H / n_q`` when absent): embeddings and an untied head, per layer the q/k/v/o
-    projections, a gated MLP (three ``H x I`` matrices, as Llama, Mistral and Qwen) and two norms, and a final
-    norm. Biases are not counted (Qwen's q/k/v biases are ``< 0.1%``); a two-matrix MLP (GPT-2) is over-counted by
-    ``H*I`` per layer. A multimodal config counts its text model (``get_text_config()``)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)
-    heads = int(text.num_attention_heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
-    inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
-    tied = bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
-    per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inner + 2 * hidden
-    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+    return parameter_count(ModelShape.from_config(config))
 
 
 def model_parameter_count(model: Any) -> int:
