@@ -16,12 +16,38 @@ from typing import Any
 from .locking import _is_secondary_rank
 from .safe_output import gated_path
 
-__all__ = ["Decoding", "Unlearned", "num_params"]
+__all__ = ["Decoding", "TrainingOutcome", "Unlearned", "num_params"]
 
 
 def num_params(model: Any) -> int:
     """The number of parameters of a module (trainable or not)."""
     return sum(p.numel() for p in model.parameters())
+
+
+@dataclass(frozen=True)
+class TrainingOutcome:
+    """How a trainer's run ended, as the core reads it from any trainer (``trainer.training_outcome()``).
+
+    ``global_step``: optimizer steps taken. ``stopped_at_step`` and ``stop_reason`` (``"rule"`` or ``"budget"``):
+    set by a trainer that stops itself (``None`` otherwise). ``history``: that trainer's per-check records.
+    """
+
+    global_step: int
+    stopped_at_step: int | None = None
+    stop_reason: str | None = None
+    history: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def stopped_itself(self) -> bool:
+        return self.stopped_at_step is not None
+
+    def as_info(self) -> dict[str, Any]:
+        """The outcome as the run's ``info`` keys (the stopping fields only when set)."""
+        info: dict[str, Any] = {"global_step": self.global_step}
+        if self.stop_reason is not None:
+            info.update(stopped_at_step=self.stopped_at_step, stop_reason=self.stop_reason,
+                        violation_history=list(self.history))
+        return info
 
 
 @dataclass

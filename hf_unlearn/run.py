@@ -94,7 +94,7 @@ def _trainer_runner(info: registry.MethodInfo) -> Callable[..., Unlearned]:
         needs_retain = getattr(trainer_cls, "needs_retain", lambda _: True)(args) or getattr(
             trainer_cls, "watches_retain", lambda _: False)(args)
         # a trainer that reads more of a forget row than its question and answer names those columns
-        forget_columns = getattr(trainer_cls, "forget_columns", lambda _: ())(args)
+        forget_columns = trainer_cls.forget_columns(args)
         trainer = trainer_cls(
             model=model, args=args, train_dataset=_as_dataset(forget, forget_columns),
             retain_dataset=_as_dataset(retain) if needs_retain else None,
@@ -109,10 +109,7 @@ def _trainer_runner(info: registry.MethodInfo) -> Callable[..., Unlearned]:
         trainer.train(resume_from_checkpoint=resume_from_checkpoint)
         trained = trainer.model
         trained.eval()
-        run_info: dict[str, Any] = {"global_step": trainer.state.global_step}
-        for attr in ("stopped_at_step", "violation_history", "stop_reason"):
-            if hasattr(trainer, attr):
-                run_info[attr] = getattr(trainer, attr)
+        run_info = trainer.training_outcome().as_info()
         trainable = sum(p.numel() for p in trained.parameters() if p.requires_grad)
         result = Unlearned(
             method="", model=trained, artifact=trained, settings=dict(settings),

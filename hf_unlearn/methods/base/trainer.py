@@ -52,6 +52,7 @@ from trl import SFTTrainer
 from trl.trainer.utils import get_config_model_id
 
 from ...logprobs import label_log_probs
+from ...result import TrainingOutcome
 from ...safe_output import OutputDirError, output_lock
 from .checkpoints import CheckpointMixin, _checkpoint_dirs
 from .config import BaseUnlearningConfig, UnlearningConfig
@@ -263,6 +264,16 @@ class UnlearningTrainer(
         """Whether a ``retain_dataset`` given to an objective without a retain term is kept to feed the divergence
         guard (default: when the guard is on, ``max_retain_loss_ratio`` not ``None``)."""
         return not cls.needs_retain(args) and getattr(args, "max_retain_loss_ratio", None) is not None
+
+    @classmethod
+    def forget_columns(cls, args: BaseUnlearningConfig) -> tuple[str, ...]:
+        """Columns of a forget row the trainer reads besides ``question`` and ``answer`` (default: none)."""
+        return ()
+
+    def training_outcome(self) -> TrainingOutcome:
+        """How the run ended (:class:`~hf_unlearn.result.TrainingOutcome`); a trainer that stops itself overrides
+        this to report its step, reason and per-check history."""
+        return TrainingOutcome(global_step=self.state.global_step)
 
     # ----- TRL's dataset columns ---------------------------------------------------------------------------------
 

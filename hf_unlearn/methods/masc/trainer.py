@@ -43,6 +43,7 @@ from transformers import PreTrainedModel
 
 from ...data import overlapping_examples
 from ...partitioning import vocab_size
+from ...result import TrainingOutcome
 from ..base.guards import any_process
 from ..base.losses import LossDenominators, answer_mask, kl_retain_loss
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, PairedForgetRetainDataset, as_dataset, to_trl_format
@@ -395,6 +396,11 @@ class MASCTrainer(UnlearningTrainer):
         """One dict per measurement (``step``, ``violation_rate``, and for confirmed checks ``hoeffding_bound``
         ...); the entry at step 0 is the starting model."""
         return self.stopping_callback.violation_history
+
+    def training_outcome(self) -> TrainingOutcome:
+        """The run's outcome with the stopping rule's step, reason and per-check history."""
+        return TrainingOutcome(global_step=self.state.global_step, stopped_at_step=self.stopped_at_step,
+                               stop_reason=self.stop_reason, history=tuple(self.violation_history))
 
     # ----- the loss ----------------------------------------------------------------------------------------------
 
