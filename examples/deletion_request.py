@@ -48,7 +48,13 @@ from transformers import AutoModelForCausalLM
 from unlearn_bench.registry import PRESETS
 
 from hf_unlearn.data.tofu import read_jsonl
-from hf_unlearn.evaluation import generate_answers, quantize_nf4, rouge_l_recall, run_attacks
+from hf_unlearn.evaluation import (
+    artifact_decoding,
+    generate_answers,
+    quantize_nf4,
+    rouge_l_recall,
+    run_attacks,
+)
 from hf_unlearn.evaluation.attacks import check_attack_options, parse_attacks
 from hf_unlearn.logprobs import mean_answer_nll
 from hf_unlearn.options import UserError, parse_method_settings
@@ -202,9 +208,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if attacks:
             print(f"   attacks: {', '.join(attacks)} (against the original model, reloaded)")
             original, _ = load_model(args.model)
-            head = result.artifact if result.scorer is not None else None  # T3: the base is attacked, head kept
+            # a decoding-time method: the base is attacked, the artifact kept
+            decoding = artifact_decoding(result.artifact) if result.scorer is not None else None
             attack_report = run_attacks(result.model, tokenizer, records, retain, attacks, original=original,
-                                        head=head, max_new_tokens=args.max_new_tokens, progress=False)
+                                        decoding=decoding, max_new_tokens=args.max_new_tokens, progress=False)
             del original
         report = {
             "method": args.method, "settings": {k: v for k, v in result.settings.items() if _jsonable(v)},

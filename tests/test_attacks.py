@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hf_unlearn.data import collate_qa, tokenize_qa
-from hf_unlearn.evaluation.attack_measure import HEAD_KEPT, recovered_fraction
+from hf_unlearn.evaluation.attack_measure import DECODING_KEPT, artifact_decoding, recovered_fraction
 from hf_unlearn.evaluation.attack_relearn import split_forget_rows
 from hf_unlearn.evaluation.attacks import (
     attack_summary,
@@ -128,7 +128,7 @@ def test_quantization_attack_reports_each_bit_width_and_leaves_the_model(monkeyp
     result = quantization_attack(peft_model, tokenizer, forget, original=original, criterion=criterion,
                                  method="bnb" if avx512bf16 else "roundtrip", max_new_tokens=8, batch_size=8)
     _assert_unchanged(peft_model, before)
-    assert result["attack"] == "quantization" and result["head"] is None
+    assert result["attack"] == "quantization" and result["decoding"] is None
     assert set(result["bits"]) == {"4", "8"}
     full = result["full_precision"]
     merged_nll = mean_answer_nll(peft_model, tokenizer, forget)
@@ -219,13 +219,14 @@ def test_attacks_on_a_t3_result_keep_the_head(tiny_target, synthetic):
     with torch.no_grad():
         head.up.weight.normal_(0.0, 3.0)  # a head that really tilts the distribution
     before, head_before = _snapshot(model), _snapshot(head)
+    decoding = artifact_decoding(head)
     forget = synthetic["forget10"][:6]
-    quant = quantization_attack(model, tokenizer, forget, bits=(8,), head=head, rouge=False)
-    relearn = relearning_attack(model, tokenizer, forget, head=head, steps=2, learning_rate=1e-3, rouge=False,
+    quant = quantization_attack(model, tokenizer, forget, bits=(8,), decoding=decoding, rouge=False)
+    relearn = relearning_attack(model, tokenizer, forget, decoding=decoding, steps=2, learning_rate=1e-3, rouge=False,
                                 progress=False)
     _assert_unchanged(model, before)
     _assert_unchanged(head, head_before)
-    assert quant["head"] == relearn["head"] == HEAD_KEPT
+    assert quant["decoding"] == relearn["decoding"] == DECODING_KEPT
     tilted = mean_answer_nll(model, tokenizer, forget, scorer=t3_scorer(model, head))
     np.testing.assert_allclose(quant["full_precision"]["forget_nll"], tilted, rtol=1e-6)  # scored through the head
     assert abs(tilted - mean_answer_nll(model, tokenizer, forget)) > 1e-3
@@ -233,9 +234,9 @@ def test_attacks_on_a_t3_result_keep_the_head(tiny_target, synthetic):
     np.testing.assert_allclose(relearn["forget_nll_before"], mean_answer_nll(
         model, tokenizer, eval_rows, scorer=t3_scorer(model, head)), rtol=1e-6)
     assert abs(relearn["forget_nll_after"] - relearn["forget_nll_before"]) > 1e-3  # the base was fine-tuned
-    unchanged = relearning_attack(model, tokenizer, forget, head=head, steps=0, rouge=False, progress=False)
+    unchanged = relearning_attack(model, tokenizer, forget, decoding=decoding, steps=0, rouge=False, progress=False)
     np.testing.assert_allclose(unchanged["forget_nll_after"], unchanged["forget_nll_before"], rtol=1e-6)
-    assert "decoding head kept, not refitted" in format_attacks({"quantization": quant})
+    assert "decoding-time artifact kept, not refitted" in format_attacks({"quantization": quant})
 
 
 def test_evaluate_tofu_adds_the_attack_section(tiny_target):
@@ -255,7 +256,7 @@ def test_evaluate_tofu_adds_the_attack_section(tiny_target):
     assert report.settings["attacks"] == ["quant", "relearn"]
     with pytest.raises(ValueError, match="Unknown attack"):
         evaluate_tofu(model, tokenizer, source="synthetic", max_examples=4, attacks=["prune"])
-    with pytest.raises(ValueError, match="head"):  # a custom scorer cannot score the attacked copies
+    with pytest.raises(ValueError, match="decoding"):  # a custom scorer cannot score the attacked copies
         evaluate_tofu(model, tokenizer, source="synthetic", max_examples=4, attacks="quant",
                       scorer=causal_lm_scorer(model))
 

@@ -270,12 +270,13 @@ def nf4_check(row: dict[str, Any], result: Any, report: Any, tokenizer: Any, sou
 
 def attack_check(row: dict[str, Any], model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]],
                  retain_rows: list[dict[str, Any]], original: Any, attacks: Any, eval_kwargs: dict[str, Any],
-                 head: Any = None) -> None:
-    """Run ``attacks`` (:func:`hf_unlearn.evaluation.attacks.run_attacks`) on ``model`` (a T3 base with its
-    ``head`` kept) against ``original`` (the target); fill the row's attack columns and ``row["attacks"]``."""
+                 decoding: Any = None) -> None:
+    """Run ``attacks`` (:func:`hf_unlearn.evaluation.attacks.run_attacks`) on ``model`` (through ``decoding``, a
+    decoding factory, when given) against ``original`` (the target); fill the row's attack columns and
+    ``row["attacks"]``."""
     from hf_unlearn.evaluation.attacks import attack_summary, run_attacks
 
-    common = {"original": original, "head": head, "progress": False,
+    common = {"original": original, "decoding": decoding, "progress": False,
               "batch_size": eval_kwargs.get("batch_size", 16)}
     for key in ("template", "max_new_tokens"):
         if key in eval_kwargs:
@@ -286,17 +287,18 @@ def attack_check(row: dict[str, Any], model: Any, tokenizer: Any, forget_rows: l
 
 
 def _decoding_artifact(result: Any) -> Any:
-    """The decoding-time artifact of a result whose method changes decoding (its base is attacked with the
-    artifact kept); ``None`` for weight edits. A custom scorer of no registered decoding cannot be rebuilt on an
-    attacked copy and is refused."""
+    """The decoding factory of a result whose method changes decoding (its base is attacked with the artifact
+    kept); ``None`` for weight edits. A custom scorer of no registered decoding cannot be rebuilt on an attacked
+    copy and is refused."""
     if result.scorer is None:
         return None
-    from hf_unlearn.registry import decoding_of
+    from hf_unlearn.evaluation import artifact_decoding
 
-    if decoding_of(result.artifact) is None:
+    try:
+        return artifact_decoding(result.artifact)
+    except ValueError:
         raise ValueError(f"The attacks cannot rescore method {result.method!r}: its scorer belongs to no registered "
-                         "decoding-time method.")
-    return result.artifact
+                         "decoding-time method.") from None
 
 
 def _forget_eval_rows(source: str, forget_split: str, n: int) -> list[dict[str, Any]]:

@@ -360,9 +360,8 @@ def _check_chosen(c: _Comparison, row: dict[str, Any], result: Any, report: Any,
         say.start(label, "attacks")
         try:
             original, _ = load_tiny(c.pair.target, c.eval_kwargs.get("device"))
-            head = _decoding_artifact(result)
             attack_check(row, result.model, c.tokenizer, attack_rows, c.retain_rows, original, attacks, c.eval_kwargs,
-                         head=head)
+                         decoding=_decoding_artifact(result))
             del original
             say.done()
         except Exception as err:  # the row's other numbers stand

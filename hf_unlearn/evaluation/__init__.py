@@ -3,7 +3,7 @@ retain references from any published source, the typed report (TOFUReport), its 
 the 4-bit NF4 and 8-bit re-checks of unlearned models, and the quantization and relearning attacks; the MUSE
 evaluation (VerbMem, KnowMem, PrivLeak) and its typed report (MUSEReport)."""
 
-from .attack_measure import recovered_fraction
+from .attack_measure import artifact_decoding, recovered_fraction
 from .attacks import (
     ATTACK_COLUMNS,
     ATTACK_NAMES,
@@ -72,6 +72,7 @@ __all__ = [
     "RetainReference",
     "TOFUReport",
     "answer_probability",
+    "artifact_decoding",
     "attack_summary",
     "build_knowmem_prompt",
     "check_provenance",

@@ -1,8 +1,8 @@
 """What the attacks measure, on the caller's model and on each attacked copy.
 
 The rows (question/answer rows, or documents as ``{"text"}`` rows), the model check (full precision, a
-``PreTrainedModel`` or a ``PeftModel``), scoring and decoding through a decoding-time artifact kept as fitted
-(:func:`_scoring`), the figures of one model on the forget rows (:func:`_measure`: ``forget_nll``, ``forget_rouge_l``
+``PreTrainedModel`` or a ``PeftModel``), scoring and decoding through a :class:`~hf_unlearn.result.Decoding` made
+for each model (:func:`_scoring`), the figures of one model on the forget rows (:func:`_measure`: ``forget_nll``, ``forget_rouge_l``
 and a criterion's dict), and the share of the unlearning gap an attack recovered::
 
     recovered_fraction = (unlearned - attacked) / (unlearned - original)
@@ -14,7 +14,7 @@ and a criterion's dict), and the share of the unlearning gap an attack recovered
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from ..data.prompts import PromptTemplate
 from ..logprobs import answer_nll as _answer_nll
 from ..logprobs import effective_max_length, feature_token_statistics
 from ..registry import decoding_of
+from ..result import Decoding
 from .generation import generate_answers
 from .rouge import rouge_l_recall
 
@@ -35,7 +36,26 @@ DEFAULT_ATTACK_MAX_NEW_TOKENS = 64
 """Greedy answer length of the attacks' ROUGE-L (TOFU answers are one or two sentences)."""
 
 
-HEAD_KEPT = "base model attacked; decoding head kept, not refitted"
+DECODING_KEPT = "base model attacked; decoding-time artifact kept, not refitted"
+
+DecodingFactory = Callable[..., Decoding]
+"""``decoding(model, check_base_weights=True) -> Decoding``: how to score and generate on one model (the caller's
+or an attacked copy, which is checked with ``check_base_weights=False``)."""
+
+
+def artifact_decoding(artifact: Any) -> DecodingFactory:
+    """The :data:`DecodingFactory` of a decoding-time ``artifact``, by its method's ``decoding`` hook
+    (:func:`hf_unlearn.registry.decoding_of`); the artifact is kept as fitted on every model. Refused (``ValueError``)
+    for an artifact of no registered decoding-time method."""
+    hook = decoding_of(artifact)
+    if hook is None:
+        raise ValueError(f"Cannot score through a {type(artifact).__name__}: it is not the artifact of a registered "
+                         "decoding-time method.")
+
+    def decoding(model: Any, check_base_weights: bool = True) -> Decoding:
+        return hook(model, artifact, check_base_weights=check_base_weights)
+
+    return decoding
 
 
 def _check_rows(rows: Sequence[Mapping[str, Any]], name: str, minimum: int = 1) -> list[Mapping[str, Any]]:
@@ -66,19 +86,16 @@ def _check_model(model: Any) -> None:
 
 
 @contextlib.contextmanager
-def _scoring(model: Any, head: Any, attacked: bool) -> Iterator[tuple[Any, dict[str, Any] | None]]:
-    """``(scorer, generation_kwargs)`` of ``model``: plain, or through the decoding-time artifact ``head`` (kept)
-    on this very model, by its method's ``decoding`` hook. The head's base check runs on the caller's model; an
-    ``attacked`` copy is the base changed on purpose."""
-    if head is None:
+def _scoring(model: Any, decoding: DecodingFactory | None,
+             attacked: bool) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+    """``(scorer, generation_kwargs)`` of ``model``: plain, or ``decoding``'s on this very model (closed on exit).
+    The base check runs on the caller's model; an ``attacked`` copy is the base changed on purpose."""
+    if decoding is None:
         yield None, None
         return
-    decoding = decoding_of(head)
-    if decoding is None:
-        raise ValueError(f"The attacks cannot score through a {type(head).__name__}: it is not the artifact of a "
-                         "registered decoding-time method.")
-    # an attacked (quantized or fine-tuned) copy differs from the weights the head was fitted on by construction
-    with decoding(model, head, check_base_weights=not attacked) as plan:
+    if not callable(decoding):
+        raise ValueError("decoding must be a callable (model, check_base_weights=True) -> Decoding.")
+    with decoding(model, check_base_weights=not attacked) as plan:
         yield plan.scorer, plan.generation_kwargs
 
 
@@ -87,7 +104,7 @@ def _measure(
     tokenizer: Any,
     rows: Sequence[Mapping[str, Any]],
     *,
-    head: Any,
+    decoding: DecodingFactory | None,
     criterion: Any,
     template: PromptTemplate,
     batch_size: int,
@@ -104,7 +121,7 @@ def _measure(
     answer)."""
     if _are_documents(rows):
         features = _document_features(model, tokenizer, rows)
-        with _scoring(model, head, attacked) as (scorer, _):
+        with _scoring(model, decoding, attacked) as (scorer, _):
             stats = feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
                                              progress=progress, desc=f"{desc}: documents")
             out = {"forget_nll": float(np.mean(stats.avg_nll)), "forget_rouge_l": None}
@@ -113,7 +130,7 @@ def _measure(
         return out
     questions = [r["question"] for r in rows]
     answers = [r["answer"] for r in rows]
-    with _scoring(model, head, attacked) as (scorer, generation_kwargs):
+    with _scoring(model, decoding, attacked) as (scorer, generation_kwargs):
         nll = _answer_nll(model, tokenizer, questions, answers, scorer=scorer, batch_size=batch_size,
                           template=template, progress=progress, desc=f"{desc}: answers")
         out: dict[str, Any] = {"forget_nll": float(np.mean(nll)), "forget_rouge_l": None}

@@ -13,8 +13,9 @@ from tqdm.auto import tqdm
 
 from ..data.prompts import PromptTemplate, ensure_pad_token, resolve_template
 from .attack_measure import (
+    DECODING_KEPT,
     DEFAULT_ATTACK_MAX_NEW_TOKENS,
-    HEAD_KEPT,
+    DecodingFactory,
     _check_criterion,
     _check_model,
     _check_positive,
@@ -36,7 +37,7 @@ def quantization_attack(
     bits: Sequence[int] = (4, 8),
     *,
     original: Any = None,
-    head: Any = None,
+    decoding: DecodingFactory | None = None,
     criterion: Any = None,
     method: str = "roundtrip",
     template: str | PromptTemplate | None = None,
@@ -47,37 +48,27 @@ def quantization_attack(
 ) -> dict[str, Any]:
     """Re-measure the forget rows on quantized copies of ``model``: 4-bit NF4 and 8-bit LLM.int8().
 
-    Threat model (:data:`QUANT_THREAT_MODEL`): whoever holds the released weights runs them quantized, with no
-    training and no data; an edit that moves weights by less than half a quantization step (for NF4 half the gap
-    between neighbouring code values times the block's absmax ``s_b``; for int8 ``s_r / 254`` with ``s_r`` the row's
-    absmax) can round back to the original codes. For each bit width ``b`` in ``bits`` a quantized copy is built,
-    ``b = 4`` by :func:`.quantization.quantize_nf4` (blockwise NF4, 64 weights per absmax scale) and ``b = 8`` by
-    :func:`.quantization.quantize_int8` (row-wise absmax int8), both with ``method`` (``"roundtrip"``: the
-    quantized weights evaluated in float32, the same on every machine; ``"bnb"``: real bitsandbytes layers).
-    The output head stays in full precision, as bitsandbytes leaves it.
-
-    Cost: per bit width one model copy (memory = one model in float32) plus one scoring pass and one greedy
-    generation over the forget rows (``max_new_tokens`` tokens each; ``rouge=False`` skips it); the full-precision
-    model and ``original`` are measured once each.
+    Threat model: :data:`QUANT_THREAT_MODEL`. For each ``b`` in ``bits`` a copy is built by
+    :func:`.quantization.quantize_nf4` (``b = 4``, blockwise NF4) or :func:`.quantization.quantize_int8` (``b = 8``,
+    row-wise absmax) with ``method`` (``"roundtrip"``: quantized weights evaluated in float32; ``"bnb"``: real
+    bitsandbytes layers); the output layer stays in full precision. The caller's model is never changed.
 
     Args:
-        model: the unlearned causal LM, a ``PeftModel`` (merged on the copy) or, with ``head``, a T3 base.
-        forget: rows with ``question`` and ``answer``, or documents (a list of strings, a path, a ``text``
-            dataset): then ``forget_nll`` is the mean over documents of each one's average NLL over every token of
-            its first chunk, and ROUGE-L is ``None``.
+        model: the unlearned causal LM or a ``PeftModel`` (merged on the copy).
+        forget: rows with ``question`` and ``answer``, or documents (then ``forget_nll`` is over each document's
+            first chunk and ROUGE-L is ``None``).
         bits: bit widths to try, from ``(4, 8)``.
-        original: the model before unlearning; adds the recovered fractions (module docstring).
-        head: a :class:`~hf_unlearn.methods.t3.T3Classifier` fitted on ``model``: the quantized base is scored and decoded
-            through it (kept, not refitted).
-        criterion: optional object with ``measure(model, tokenizer, scorer=None) -> dict``; its dict is added to
-            every measured model's figures.
+        original: the model before unlearning; adds the recovered fractions.
+        decoding: ``decoding(model, check_base_weights) -> Decoding`` (:func:`.attack_measure.artifact_decoding`)
+            for a decoding-time method: every model, quantized copies included, is scored and decoded through it.
+        criterion: optional object with ``measure(model, tokenizer, scorer=None) -> dict``, added to every
+            measured model's figures.
 
     Returns:
-        ``{"attack": "quantization", "threat_model", "head", "method", "num_rows", "full_precision": {figures},
-        "original": {figures} or None, "bits": {"4": entry, "8": entry}, "seconds"}`` where each entry holds
-        ``bits``, ``scheme`` (``"nf4"``/``"int8"``), ``forget_nll``, ``forget_rouge_l``, their changes from full
-        precision (``delta_forget_nll``, ``delta_forget_rouge_l``), ``recovered_fraction``,
-        ``recovered_fraction_rouge_l`` and, with a criterion, ``criterion``.
+        ``{"attack": "quantization", "threat_model", "decoding", "method", "num_rows", "full_precision": {figures},
+        "original": {figures} or None, "bits": {"4": entry, "8": entry}, "seconds"}``; each entry holds ``bits``,
+        ``scheme``, ``forget_nll``, ``forget_rouge_l``, ``delta_forget_nll``, ``delta_forget_rouge_l``,
+        ``recovered_fraction``, ``recovered_fraction_rouge_l`` and, with a criterion, ``criterion``.
     """
     start = time.perf_counter()
     rows, bits = _check_rows(forget, "forget"), _check_bits(bits, method)
@@ -88,14 +79,14 @@ def quantization_attack(
     template = resolve_template(tokenizer, template)
     measure = {"tokenizer": tokenizer, "rows": rows, "criterion": criterion, "template": template,
                "batch_size": batch_size, "max_new_tokens": max_new_tokens, "rouge": rouge, "progress": progress}
-    full = _measure(model, **measure, head=head, desc="full precision")
-    reference = None if original is None else _measure(original, **measure, head=None, desc="original")
-    entries = _quantized_entries(model, bits, method, measure, head=head, full=full, reference=reference,
+    full = _measure(model, **measure, decoding=decoding, desc="full precision")
+    reference = None if original is None else _measure(original, **measure, decoding=None, desc="original")
+    entries = _quantized_entries(model, bits, method, measure, decoding=decoding, full=full, reference=reference,
                                  progress=progress)
     return {
         "attack": "quantization",
         "threat_model": QUANT_THREAT_MODEL,
-        "head": HEAD_KEPT if head is not None else None,
+        "decoding": DECODING_KEPT if decoding is not None else None,
         "method": method,
         "num_rows": len(rows),
         "max_new_tokens": max_new_tokens if rouge else None,
@@ -122,7 +113,7 @@ def _check_bits(bits: Sequence[int], method: str) -> tuple[int, ...]:
 
 
 def _quantized_entries(
-    model: Any, bits: Sequence[int], method: str, measure: Mapping[str, Any], *, head: Any,
+    model: Any, bits: Sequence[int], method: str, measure: Mapping[str, Any], *, decoding: DecodingFactory | None,
     full: Mapping[str, Any], reference: Mapping[str, Any] | None, progress: bool,
 ) -> dict[str, dict[str, Any]]:
     """``{"4": entry, "8": entry}``: each bit width's quantized copy (built, measured, dropped) with its figures,
@@ -132,7 +123,7 @@ def _quantized_entries(
     entries: dict[str, dict[str, Any]] = {}
     for b in tqdm(bits, desc="quantization attack", disable=not progress):
         quantized = (quantize_nf4 if b == 4 else quantize_int8)(model, method=method)
-        figures = _measure(quantized, **measure, head=head, desc=f"{b}-bit", attacked=True)
+        figures = _measure(quantized, **measure, decoding=decoding, desc=f"{b}-bit", attacked=True)
         del quantized
         entry = {"bits": b, "scheme": "nf4" if b == 4 else "int8", **figures}
         entry["delta_forget_nll"] = figures["forget_nll"] - full["forget_nll"]

@@ -18,8 +18,9 @@ from ..data.prepare import PromptTooLongError, prepare_qa
 from ..data.prompts import IGNORE_INDEX, PromptTemplate, collate_qa, ensure_pad_token, resolve_template
 from ..logprobs import causal_lm_scorer, effective_max_length, model_device
 from .attack_measure import (
+    DECODING_KEPT,
     DEFAULT_ATTACK_MAX_NEW_TOKENS,
-    HEAD_KEPT,
+    DecodingFactory,
     _are_documents,
     _check_criterion,
     _check_model,
@@ -134,7 +135,7 @@ def relearning_attack(
     batch_size: int = 4,
     max_grad_norm: float | None = 1.0,
     seed: int = 0,
-    head: Any = None,
+    decoding: DecodingFactory | None = None,
     criterion: Any = None,
     template: str | PromptTemplate | None = None,
     eval_batch_size: int = 16,
@@ -144,48 +145,29 @@ def relearning_attack(
 ) -> dict[str, Any]:
     """Fine-tune copies of ``model`` for ``steps`` steps and measure how much of the forgotten rows comes back.
 
-    Threat model (:data:`RELEARN_THREAT_MODEL`): the attacker holds the released weights and a small fine-tuning
-    budget, and knows a few of the forgotten facts (targeted) or none (benign); knowledge that was hidden rather than
-    removed comes back on the rows the attacker never showed the model. The forget rows are split by :func:`split_forget_rows`: the attacker
-    trains on ``k = max(1, round(share * n))`` of them (default 10%) and the other ``n - k`` are measured before
-    and after. Two fine-tunes, each on its own copy (PEFT adapters merged in):
+    Threat model: :data:`RELEARN_THREAT_MODEL`. :func:`split_forget_rows` gives the attacker
+    ``k = max(1, round(share * n))`` forget rows; the other ``n - k`` are measured before and after. Two fine-tunes,
+    each on its own copy (PEFT adapters merged in): (a) *targeted relearning* on the attack rows (the top-level
+    figures); (b) *benign fine-tuning* on ``retain`` rows only, when given (``"benign"``). Documents (a list of
+    strings, a path, a ``text`` dataset) are split by document and trained on each one's first chunk.
 
-    (a) *targeted relearning* on the attack rows (the top-level figures);
-    (b) *benign fine-tuning* on ``retain`` rows only, when ``retain`` is given (``"benign"``).
-
-    ``forget`` and ``retain`` may be documents (a list of strings, a path, a ``text`` dataset): the split is then
-    over documents, the fine-tune minimises the NLL of every token of each document's first chunk, and the
-    re-measured figure is the forget documents' NLL (ROUGE-L ``None``).
-
-    Each fine-tune is ``steps`` AdamW steps (no weight decay, constant ``learning_rate``, gradients clipped to norm
-    ``max_grad_norm`` as the transformers ``Trainer`` does by default) on batches of ``min(batch_size, rows)`` rows,
-    minimising the answer-token NLL of prompts built by :mod:`hf_unlearn.data.prompts` (``template``). With a T3
-    ``head`` the fine-tune trains the base, as an attacker would; the head is kept as fitted, not refitted, and the
-    attacked base is measured through it.
-
-    Default budget: 10 steps at ``learning_rate = 1e-4``, the range targets are fine-tuned in (TOFU's 7B models at
-    1e-5 to 2e-5, the SmolLM2-135M TOFU-small target at 3e-4); an Adam step moves each weight by about the learning
-    rate, so the attack moves each weight by at most about ``steps * learning_rate`` = 1e-3. Passing the target's own
-    fine-tuning learning rate gives the attacker the budget the target itself was trained with.
-
-    Cost: per fine-tune one model copy plus AdamW's two moments (memory about 4x the model's parameters in their
-    dtype, plus activations of ``batch_size`` rows), ``steps`` forward + backward passes (about 3 forwards each) of
-    ``batch_size`` rows; measuring is one scoring pass and one greedy generation of ``max_new_tokens`` tokens over
-    the ``n - k`` held-out rows per model (``model`` once, each attacked copy, ``original`` once).
+    Each fine-tune is ``steps`` AdamW steps (no weight decay, constant ``learning_rate``, gradients clipped to
+    ``max_grad_norm``) on batches of ``min(batch_size, rows)`` rows, minimising the answer-token NLL of ``template``
+    prompts. With ``decoding`` (``decoding(model, check_base_weights) -> Decoding``) the fine-tune trains the base
+    and every model is measured through its own ``Decoding``: the decoding-time artifact is kept, not refitted.
+    ``steps=0`` or ``learning_rate=0`` is a null control.
 
     Returns:
-        ``{"attack": "relearning", "threat_model", "head", "share", "steps", "learning_rate", "batch_size", "seed",
-        "num_attack_rows", "num_eval_rows", "forget_nll_before", "forget_nll_after", "forget_rouge_l_before",
-        "forget_rouge_l_after", "forget_nll_original", "forget_rouge_l_original", "recovered_fraction",
-        "recovered_fraction_rouge_l", "train_loss": [per step], "benign": {"forget_nll_after",
-        "forget_rouge_l_after", "recovered_fraction", "recovered_fraction_rouge_l", "train_loss", "num_train_rows"}
-        or None, "seconds"}``; ROUGE-L figures are ``None`` with ``rouge=False``, recovered fractions without
-        ``original`` (formulas in the module docstring). With ``criterion``, ``criterion_before`` /
-        ``criterion_after`` (and ``benign["criterion_after"]``).
+        ``{"attack": "relearning", "threat_model", "decoding", "share", "steps", "learning_rate", "batch_size",
+        "seed", "num_attack_rows", "num_eval_rows", "forget_nll_before", "forget_nll_after",
+        "forget_rouge_l_before", "forget_rouge_l_after", "forget_nll_original", "forget_rouge_l_original",
+        "recovered_fraction", "recovered_fraction_rouge_l", "train_loss": [per step], "benign": {...} or None,
+        "seconds"}``; ROUGE-L figures are ``None`` with ``rouge=False``, recovered fractions without ``original``.
+        With ``criterion``, ``criterion_before`` / ``criterion_after`` (and ``benign["criterion_after"]``).
 
     Raises:
-        ValueError: bad arguments (``share`` outside (0, 1), negative ``steps`` or ``learning_rate``, fewer than
-            two forget rows, an empty ``retain``, a quantized model), before any model call.
+        ValueError: ``share`` outside (0, 1), negative ``steps`` or ``learning_rate``, fewer than two forget rows,
+            an empty ``retain``, a quantized model; before any model call.
     """
     start = time.perf_counter()
     rows = _check_rows(forget, "forget", minimum=2)
@@ -204,19 +186,19 @@ def relearning_attack(
                "progress": False}
     train = {"steps": steps, "learning_rate": float(learning_rate), "batch_size": batch_size,
              "max_grad_norm": max_grad_norm, "seed": seed, "template": template, "progress": progress}
-    before = _measure(model, **measure, head=head, desc="before")
-    reference = None if original is None else _measure(original, **measure, head=None, desc="original")
+    before = _measure(model, **measure, decoding=decoding, desc="before")
+    reference = None if original is None else _measure(original, **measure, decoding=None, desc="original")
 
     attacked = merged_copy(model)
     losses = _fine_tune(attacked, tokenizer, attack_rows, **train, desc="relearning on forget rows")
-    after = _measure(attacked, **measure, head=head, desc="after", attacked=True)
+    after = _measure(attacked, **measure, decoding=decoding, desc="after", attacked=True)
     del attacked
     benign = None if retain_rows is None else _benign_fine_tune(
-        model, tokenizer, retain_rows, train, measure, head=head, before=before, reference=reference)
+        model, tokenizer, retain_rows, train, measure, decoding=decoding, before=before, reference=reference)
     out: dict[str, Any] = {
         "attack": "relearning",
         "threat_model": RELEARN_THREAT_MODEL,
-        "head": HEAD_KEPT if head is not None else None,
+        "decoding": DECODING_KEPT if decoding is not None else None,
         "share": share,
         "steps": steps,
         "learning_rate": float(learning_rate),
@@ -255,7 +237,7 @@ def _check_budget(steps: Any, learning_rate: Any, max_grad_norm: Any) -> None:
 
 def _benign_fine_tune(
     model: Any, tokenizer: Any, retain_rows: Sequence[Mapping[str, Any]], train: Mapping[str, Any],
-    measure: Mapping[str, Any], *, head: Any, before: Mapping[str, Any], reference: Mapping[str, Any] | None,
+    measure: Mapping[str, Any], *, decoding: DecodingFactory | None, before: Mapping[str, Any], reference: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """The benign fine-tune (:func:`relearning_attack`'s ``"benign"``): a merged copy of ``model`` fine-tuned on
     ``retain_rows`` only, then re-measured on the held-out forget rows; its figures and recovered fractions."""
@@ -263,7 +245,7 @@ def _benign_fine_tune(
 
     tuned = merged_copy(model)
     benign_losses = _fine_tune(tuned, tokenizer, retain_rows, **train, desc="benign fine-tune on retain rows")
-    benign_after = _measure(tuned, **measure, head=head, desc="benign", attacked=True)
+    benign_after = _measure(tuned, **measure, decoding=decoding, desc="benign", attacked=True)
     del tuned
     benign = {
         "num_train_rows": len(retain_rows),

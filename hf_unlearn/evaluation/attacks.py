@@ -7,27 +7,18 @@
   others) and, separately, on retain rows only (benign fine-tuning), as Hu et al. ("Jogging the Memory of
   Unlearned LLMs Through Targeted Relearning Attacks", 2024) do.
 
-Both work on copies: the caller's model (its parameters, buffers, adapters, training mode) is never changed.
-A PEFT adapter (GROM's exported adapter, a MASC LoRA) is merged into the copy first. A T3 result is attacked as
-an attacker holding its weights would: the attack applies to the *base model* and the guidance head is kept as
-fitted (``head=``; every score and generation of an attacked copy goes through that head; it is not refitted),
-and the result says so under ``"head"``.
+Both work on copies: the caller's model is never changed; a PEFT adapter is merged into the copy first. A model
+that decodes through a decoding-time artifact is attacked as an attacker holding its weights would: the base is
+attacked and the artifact kept as fitted (``decoding=``, a :data:`~.attack_measure.DecodingFactory`, which makes
+the ``Decoding`` of each attacked copy); the result says so under ``"decoding"``. The figures, over the forget
+rows an attack measures::
 
-The figures, over the forget rows ``F`` an attack measures (``F`` minus the attack's own rows for relearning):
+    forget_nll                 = mean_i NLL_i                  (average per-token answer NLL)
+    forget_rouge_l             = mean ROUGE-L recall of greedy answers
+    recovered_fraction         = (NLL_unlearned - NLL_attacked) / (NLL_unlearned - NLL_original)
+    recovered_fraction_rouge_l = (R_attacked - R_unlearned) / (R_original - R_unlearned)
 
-* ``forget_nll`` = ``mean_{i in F} NLL_i`` with ``NLL_i`` the average per-token answer NLL
-  (:func:`hf_unlearn.logprobs.answer_nll`, under the T3 scorer when a head is given);
-* ``forget_rouge_l`` = mean ROUGE-L recall of greedy answers (:func:`.generation.generate_answers`,
-  ``max_new_tokens`` new tokens) against the gold answers;
-* with ``original`` (the model before unlearning), the recovered share of the gap the unlearning opened::
-
-      recovered_fraction         = (NLL_unlearned - NLL_attacked) / (NLL_unlearned - NLL_original)
-      recovered_fraction_rouge_l = (R_attacked - R_unlearned) / (R_original - R_unlearned)
-
-  0 when the attack changes nothing, 1 when it restores the original, ``None`` when the gap is below
-  :data:`~.attack_measure.MIN_GAP` (nothing was unlearned to recover);
-* with ``criterion`` (any object with ``measure(model, tokenizer, scorer=None) -> dict``, such as a
-  reference-free forget criterion), its dict for each measured model.
+the fractions with ``original`` only, ``None`` when the gap is below :data:`~.attack_measure.MIN_GAP`.
 
 The attacks are :mod:`.attack_quant` and :mod:`.attack_relearn`, what they measure :mod:`.attack_measure`; this
 module runs them by name (:func:`parse_attacks`, :func:`check_attack_options`, :func:`run_attacks`) and gives
@@ -116,7 +107,7 @@ def run_attacks(
     **common: Any,
 ) -> dict[str, Any]:
     """Run the named ``attacks`` (:func:`parse_attacks`) on ``model``: ``{"quantization": section, "relearning":
-    section}`` for those asked. ``common`` (e.g. ``template``, ``original``, ``head``, ``progress``) goes to
+    section}`` for those asked. ``common`` (e.g. ``template``, ``original``, ``decoding``, ``progress``) goes to
     every attack; an attack's own options override it."""
     chosen = parse_attacks(attacks)
     check_attack_options(chosen, **common)
@@ -196,7 +187,7 @@ def format_attacks(section: Mapping[str, Any] | None) -> str:
         if benign:
             lines.append(f"    benign fine-tune on {benign['num_train_rows']} retain rows: NLL "
                          f"{f(benign['forget_nll_after'])}, recovered {f(benign['recovered_fraction'])}")
-    head = (quant or relearn or {}).get("head")
-    if head:
-        lines.append(f"  ({head})")
+    kept = (quant or relearn or {}).get("decoding")
+    if kept:
+        lines.append(f"  ({kept})")
     return "\n".join(lines)

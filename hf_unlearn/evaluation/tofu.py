@@ -181,9 +181,9 @@ def evaluate_tofu(
             ``relearn``: a few fine-tuning steps on 10% of the forget rows, and on retain rows only) or a dict of
             names to their keyword arguments (e.g. ``{"relearn": {"original": target_model, "steps": 10}}``;
             ``original`` gives the recovered fractions). They use the forget split's rows, the retain split's rows
-            (benign fine-tuning), this evaluation's template, batch size and ``max_new_tokens``. A model scored by a
-            custom ``scorer`` needs its T3 head among the attack's arguments (``{"quant": {"head": head}}``) so that
-            each attacked copy is scored through it. Adds ``attacks`` (each section) and the flat
+            (benign fine-tuning), this evaluation's template, batch size and ``max_new_tokens``. With a custom
+            ``scorer`` each attack needs ``decoding`` among its arguments (``{"quant": {"decoding": factory}}``,
+            :func:`~hf_unlearn.evaluation.artifact_decoding`) so that each attacked copy is scored through it. Adds ``attacks`` (each section) and the flat
             :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS` figures to the report.
         device: ``None`` (default) evaluates on the device the model is on; ``"auto"``, ``"cpu"``, ``"cuda"`` or
             ``"cuda:N"`` (:func:`hf_unlearn.devices.resolve_device`) moves the model there first (``model.to``).
@@ -284,11 +284,11 @@ def _check_inputs(
     check_attack_options(chosen_attacks, template=template, batch_size=batch_size, max_new_tokens=max_new_tokens,
                          progress=progress)
     if scorer is not None:
-        headless = [name for name, kwargs in chosen_attacks.items() if kwargs.get("head") is None]
-        if headless:
+        plain = [name for name, kwargs in chosen_attacks.items() if kwargs.get("decoding") is None]
+        if plain:
             raise ValueError(
-                f"The attacks {headless} score copies of the model, which the given scorer does not score; pass the "
-                "T3 head in their arguments (attacks={'quant': {'head': head}, 'relearn': {'head': head}})."
+                f"The attacks {plain} score copies of the model, which the given scorer does not score; pass a "
+                "decoding in their arguments (attacks={'quant': {'decoding': artifact_decoding(artifact)}})."
             )
     return specs, device, chosen_attacks
 
