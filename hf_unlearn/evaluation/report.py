@@ -29,13 +29,8 @@ def write_json_atomic(obj: Any, path: str | os.PathLike) -> Path:
 
 
 def save_truth_ratios(report: TOFUReport | Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Save a report's per-example forget truth ratios (a retain reference) as JSON.
-
-    The file is what ``evaluate_tofu(..., retain_reference=path)`` reads, so a retain model is
-    evaluated once. It records the forget split, source, model name and the report's provenance (prompt
-    template, tokenizer, rows, dtype) for checking, the nine model-utility components and the
-    membership-inference AUCs (privleak's reference). ``report`` is a :class:`TOFUReport` or its dict form.
-    """
+    """Save a report's forget truth ratios, components, MIA AUCs and provenance as JSON: a retain reference
+    that ``evaluate_tofu(..., retain_reference=path)`` reads. ``report`` is a :class:`TOFUReport` or its dict."""
     report = as_report(report)
     ratios = checked_truth_ratios({"forget_truth_ratios": report.forget_truth_ratios}, "the report")
     mia = report.mia
@@ -193,13 +188,8 @@ def metric_definitions_text(width: int = 100) -> str:
 
 
 def render_report(report: TOFUReport | Mapping[str, Any]) -> str:
-    """One report of ``evaluate_tofu`` (a :class:`TOFUReport` or its dict form) as a markdown table: figure,
-    value and definition, every figure.
-
-    Figures the report lacks (no retain reference, no holdout split, a custom scorer) show ``n/a``. A header
-    line names the model, data, forget split, prompt template, max_examples and max_new_tokens, and the
-    retain reference's source.
-    """
+    """A report (or its dict form) as a header line and a markdown table of figure, value and definition;
+    figures the report lacks show ``n/a``."""
     report = as_report(report)
     settings = report.settings or {}
     ref = report.retain_reference
@@ -221,10 +211,6 @@ def render_report(report: TOFUReport | Mapping[str, Any]) -> str:
     return "\n".join([head, "", *rows])
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The typed report of evaluate_tofu
-# ---------------------------------------------------------------------------------------------------------------
-
 #: The flat attack figures of a report (:data:`hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' keys), present with
 #: the ``attacks`` section when attacks ran.
 ATTACK_FIELDS = (
@@ -244,65 +230,17 @@ def _is_number(value: Any) -> bool:
 class TOFUReport:
     """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure as a typed attribute.
 
-    Read figures as attributes (``report.forget_quality``, ``report.components["retain_prob"]``); that is the
-    supported way. :meth:`to_dict` gives the report as the JSON-ready dict that is written to disk
-    (``json.dumps(report.to_dict())``), and :meth:`from_dict` reads such a dict back, also one saved by an
-    older version, which lacks some optional figures (they stay ``None`` and stay absent from :meth:`to_dict`).
-    Keys of a dict that are no field are kept in :attr:`extra` and written back by :meth:`to_dict`.
-    :meth:`to_dict` shares the nested dicts and lists with the report (``copy.deepcopy`` gives an independent
-    copy). :data:`~hf_unlearn.evaluation.METRIC_DEFINITIONS` defines every figure.
+    Every figure is defined in :data:`METRIC_DEFINITIONS`; the attack figures are
+    :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' keys (with ``attacks``, each attack's section). The other
+    fields: ``components`` (the nine model-utility components, :data:`~hf_unlearn.evaluation.COMPONENT_NAMES`),
+    ``forget_truth_ratios`` (per question, in row order: what a retain reference is made of), ``mia`` (the
+    membership-inference details), ``num_examples`` and ``splits`` (per split, its aggregates and ``per_example``
+    values), ``retain_reference`` (its summary), ``provenance`` (how the figures were made; a retain reference made
+    otherwise is refused), ``settings``, ``hf_unlearn_version``, ``wall_time_s``.
 
-    Attributes:
-        model_name: the evaluated model (its ``name_or_path`` unless ``model_name=`` was given).
-        source: the TOFU data it was evaluated on: a Hub id, a local folder or ``"synthetic"``.
-        forget_split: ``forget01``, ``forget05`` or ``forget10``.
-        retain_reference: the retain reference's summary (``provenance``, ``num_rows``, ``model_utility``,
-            ``mia_auc``; see :meth:`~hf_unlearn.evaluation.RetainReference.summary`), ``None`` without one.
-            Reports of older versions hold its name as a string.
-        forget_quality: p-value of the KS test of the forget truth ratios against the retain reference's;
-            ``None`` without a retain reference.
-        ks_statistic: the KS statistic ``D = sup_x |F_model(x) - F_retain(x)|``; ``None`` without a retain
-            reference.
-        model_utility: harmonic mean of the nine :attr:`components` (0 if any is 0).
-        forget_rouge_l: mean ROUGE-L recall of the greedy answers against the gold forget answers.
-        forget_truth_ratio: mean of ``min(tr, 1/tr)`` over the forget questions.
-        forget_prob: mean ``exp(-avg NLL)`` of the forget answers.
-        retain_rouge_l, retain_prob, retain_truth_ratio: the retain split's components (also in
-            :attr:`components`); the truth ratio is the mean of ``max(0, 1 - tr)``.
-        mu_rouge: harmonic mean of the retain, real-authors and world-facts ROUGE-L recalls.
-        extraction_strength: mean ``1 - k*/n`` over the forget answers (teacher-forced greedy agreement);
-            ``None`` under a custom scorer.
-        exact_memorization: mean fraction of forget-answer tokens equal to the teacher-forced greedy prediction;
-            ``None`` under a custom scorer.
-        mia_loss, mia_zlib, mia_min_k, mia_min_k_plus_plus: ROC AUCs of the membership-inference attacks, forget
-            (0) against ``holdoutNN`` (1); ``None`` without the holdout split (Min-K%++ also under a custom
-            scorer).
-        privleak: ``(score - ref) / ref * 100`` of the Min-K% AUC against the retain model's; ``None`` without
-            the holdout split.
-        components: the nine model-utility components ``{split}_{prob,rouge_l,truth_ratio}`` for ``retain``,
-            ``real_authors`` and ``world_facts``, in :data:`~hf_unlearn.evaluation.COMPONENT_NAMES` order.
-        forget_truth_ratios: the per-question forget truth ratios ``exp(loss(paraphrased) - mean loss(perturbed))``
-            in row order (what a retain reference is made of).
-        mia: the membership-inference details (holdout split, counts, ``k``, ``auc``, ``privleak``,
-            ``reference_auc``, per-example scores), ``None`` without the holdout split.
-        num_examples: rows scored per split (``forget``, ``retain``, ``real_authors``, ``world_facts``).
-        splits: per split, its aggregates (``prob``, ``rouge_l``, ``truth_ratio``, its aggregator,
-            ``num_examples``, ``num_truncated``) and ``per_example`` values (NLLs, probabilities, truth ratios,
-            ROUGE-L, generations; on forget also extraction strength and exact memorization).
-        provenance: how the figures were made (source, forget split, rows and their hash, prompt template,
-            tokenizer and its hash, dtype, max length); a retain reference made otherwise is refused.
-        settings: the evaluation's settings (batch size, max_new_tokens, max_examples, template, max length,
-            truncated rows per split, custom scorer, generation_kwargs names, membership inference, attacks).
-        hf_unlearn_version: the package version that wrote the report.
-        attacks: each attack's section (:func:`~hf_unlearn.evaluation.run_attacks`) when attacks ran, else ``None``
-            (and then absent, with the flat attack figures, from :meth:`to_dict`).
-        attack_nf4_forget_rouge_l, attack_int8_forget_rouge_l: forget ROUGE-L of the 4-bit NF4 / 8-bit copy.
-        attack_nf4_recovered, attack_int8_recovered: the forget NLL gap recovered by quantization.
-        attack_relearn_forget_nll: held-out forget answer NLL after the relearning attack.
-        attack_relearn_recovered, attack_benign_recovered: the forget NLL gap recovered by relearning on forget
-            rows and by benign fine-tuning on retain rows.
-        wall_time_s: seconds the evaluation took (attacks included).
-        extra: keys of the report that are no field (written by other code or other versions), kept as they are.
+    :meth:`to_dict` is the JSON-ready dict written to disk (nested values shared, not copied); :meth:`from_dict`
+    reads one back, also from an older version: optional keys it lacks stay ``None`` and absent from
+    :meth:`to_dict`, and keys that are no field are kept in ``extra``.
     """
 
     model_name: str
@@ -378,14 +316,8 @@ class TOFUReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TOFUReport:
-        """A report from its dict form (:meth:`to_dict`, or a report JSON of this or an older version).
-
-        Keys that are no field go to :attr:`extra`; optional keys the dict lacks stay absent from :meth:`to_dict`,
-        so ``TOFUReport.from_dict(d).to_dict() == d``. The nested values are shared with ``data``.
-
-        Raises:
-            ValueError: ``data`` is not a mapping, lacks a required key, or holds a figure that is not a number.
-        """
+        """A report from its dict form; ``TOFUReport.from_dict(d).to_dict() == d``. Refused (``ValueError``):
+        not a mapping, a required key missing, a figure that is not a number."""
         if isinstance(data, TOFUReport):
             return dataclasses.replace(data, extra=dict(data.extra))
         if not isinstance(data, Mapping):

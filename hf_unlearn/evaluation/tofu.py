@@ -1,32 +1,17 @@
-"""The TOFU evaluator: per-example statistics on the four evaluation splits, aggregates, report.
+"""The TOFU evaluator (Maini et al., 2024): per-example statistics on the four evaluation splits, aggregates, report.
 
-:func:`evaluate_tofu` checks its inputs, loads the rows and the retain reference, scores every split (the
-per-split statistics live in :mod:`.tofu_stats`), assembles the report and writes it; each step is a function here.
+Per split (``{forget_split}_perturbed``, ``retain_perturbed``, ``real_authors_perturbed``,
+``world_facts_perturbed``; statistics in :mod:`.tofu_stats`), with ``loss`` the average per-token answer NLL
+(:mod:`hf_unlearn.logprobs`, so a custom ``scorer`` plugs in)::
 
-For each split (``{forget_split}_perturbed``, ``retain_perturbed``, ``real_authors_perturbed``,
-``world_facts_perturbed``), as in TOFU (Maini et al., 2024):
+    prob = exp(-loss(answer))                            (forget, retain)
+    prob = p(answer) / (p(answer) + sum_j p(perturbed_j))  (real authors, world facts)
+    tr_i = exp(loss(true_i) - mean_j loss(perturbed_ij))  (true: paraphrased on forget/retain, else the answer)
 
-* answer, paraphrased-answer and perturbed-answer losses (average per-token NLL), teacher-forced
-  through :mod:`hf_unlearn.logprobs` (so a custom ``scorer``, e.g. T3's tilted one, plugs in);
-* probability: ``exp(-loss(answer))`` on forget/retain, the normalised
-  ``p(answer) / (p(answer) + sum_j p(perturbed_j))`` on real authors / world facts;
-* truth ratio ``tr_i = exp(loss(true_i) - mean_j loss(perturbed_ij))``, with the paraphrased
-  answer as the true one on forget/retain and the answer on real authors / world facts;
-  aggregated ``closer_to_1_better`` on forget, ``true_better`` elsewhere;
-* ROUGE-L recall of the greedy answer against the gold answer.
-
-Forget quality is the KS test of the forget truth ratios against a retain reference's; model
-utility the harmonic mean of the nine retain / real-authors / world-facts components. Every
-aggregate goes through the package's ``evaluate`` metric modules (:mod:`.metrics`).
-
-Beyond TOFU's table, as open-unlearning reports it: extraction strength and exact memorization on
-the forget answers (:mod:`.memorization`), the membership-inference AUCs of the forget split against
-the matching ``holdoutNN`` split and privleak (:mod:`.privacy`), and MU-ROUGE (:func:`.rouge.mu_rouge`).
-
-Prompts come from one :class:`hf_unlearn.data.PromptTemplate` (``template=``); every sequence is
-truncated at the answer end to the model's maximum positions (a prompt that does not fit is refused)
-and generation stops there too. A retain reference is read by :func:`.reference.load_retain_reference`
-from any supported source, and refused when its recorded provenance differs from this evaluation's.
+and the ROUGE-L recall of the greedy answer. Forget quality is the KS test of the forget truth ratios against a
+retain reference's (:func:`.reference.load_retain_reference`, refused when its provenance differs); model utility
+the harmonic mean of the nine retain / real-authors / world-facts components. Also extraction strength and exact
+memorization (:mod:`.memorization`), the MIA AUCs against ``holdoutNN`` and privleak (:mod:`.privacy`), MU-ROUGE.
 """
 
 from __future__ import annotations
@@ -146,65 +131,36 @@ def evaluate_tofu(
         model, tokenizer: any causal LM and its tokenizer (a pad token is set from EOS if missing).
         source: Hub id, local folder of ``<config>.jsonl`` files, or ``"synthetic"``.
         forget_split: ``forget01``, ``forget05`` or ``forget10``.
-        retain_reference: the retain model's numbers, for forget quality and privleak: anything
-            :func:`~hf_unlearn.evaluation.load_retain_reference` reads (our report or saved truth ratios,
-            open-unlearning's ``TOFU_EVAL.json``, TOFU's ``eval_log_forget.json`` or results folder, a report
-            dict, a ``RetainReference``); ``None`` leaves ``forget_quality`` and ``ks_statistic`` as ``None``
-            and uses privleak's default reference AUC 0.5.
-        scorer: token scorer for teacher-forced losses (default: the model's own log-probs). Extraction
-            strength, exact memorization and Min-K%++ need the model's full distribution and are ``None``
-            under a custom scorer.
+        retain_reference: the retain model's numbers (anything :func:`~hf_unlearn.evaluation.load_retain_reference`
+            reads); ``None`` leaves ``forget_quality`` and ``ks_statistic`` ``None`` and privleak's reference AUC 0.5.
+        scorer: token scorer for teacher-forced losses (default: the model's log-probs). Extraction strength,
+            exact memorization and Min-K%++ are ``None`` under a custom scorer.
         generation_kwargs: extra ``model.generate`` arguments (e.g. ``logits_processor``).
-        batch_size: scoring/generation batch size.
-        max_new_tokens: generated answer length (default 200, TOFU's and open-unlearning's; lowering it
-            caps ROUGE-L for long answers).
-        max_examples: keep only the first ``max_examples`` rows of each split (TOFU's original protocol scores
-            300 rows, open-unlearning all of them: ``None``). Recorded in the report.
-        progress: show progress bars.
-        output_path: if given, the report is written there as JSON (atomically). A path inside the model's own
-            folder (its ``name_or_path``), the tokenizer's or a local ``source`` folder, a path through a link or
-            a folder is refused before any work (:func:`hf_unlearn.safe_output.check_report_path`); an existing
-            file is replaced.
+        batch_size, max_new_tokens: scoring/generation batch size and generated answer length.
+        max_examples: keep only the first ``max_examples`` rows of each split (``None``: all).
+        output_path: write the report there as JSON (atomically); a path inside the model's, the tokenizer's or a
+            local ``source`` folder, or through a link, is refused before any work.
         model_name: name recorded in the report (default: the model's ``name_or_path``).
-        template: prompt template (preset name or :class:`~hf_unlearn.data.PromptTemplate`); ``None`` is the
-            tokenizer's chat template when it has one, else the ``plain`` preset.
-        membership_inference: score the forget split against ``holdoutNN`` for the MIA AUCs and privleak:
-            ``None`` when the source has that split (else a warning), ``True`` always, ``False`` never.
-        autocast_dtype: ``"bfloat16"`` or ``"float16"`` runs every scoring and generation call under
-            ``torch.autocast(<model's device type>, dtype)``; the weights are left as they are. ``None`` (default)
-            computes in the model's own dtype. open-unlearning evaluates TOFU models loaded in bfloat16; on a CPU
-            with AVX512-BF16, bfloat16 autocast halves SmolLM2-135M's evaluation time (20.6 s against 39.6 s for
-            32 forget rows; average answer NLLs within 0.01 nats). Recorded in the provenance's ``dtype``
-            (e.g. ``"float32+autocast:bfloat16"``), so a retain reference computed otherwise is refused.
-        attacks: attacks that try to bring the forgotten rows back (:mod:`.attacks`), run on copies of the model
-            after the evaluation: ``"quant,relearn"``, a list of names (``quant``: 4-bit NF4 and 8-bit re-measure;
-            ``relearn``: a few fine-tuning steps on 10% of the forget rows, and on retain rows only) or a dict of
-            names to their keyword arguments (e.g. ``{"relearn": {"original": target_model, "steps": 10}}``;
-            ``original`` gives the recovered fractions). They use the forget split's rows, the retain split's rows
-            (benign fine-tuning), this evaluation's template, batch size and ``max_new_tokens``. With a custom
-            ``scorer`` each attack needs ``decoding`` among its arguments (``{"quant": {"decoding": factory}}``,
-            :func:`~hf_unlearn.evaluation.artifact_decoding`) so that each attacked copy is scored through it. Adds ``attacks`` (each section) and the flat
-            :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS` figures to the report.
-        device: ``None`` (default) evaluates on the device the model is on; ``"auto"``, ``"cpu"``, ``"cuda"`` or
-            ``"cuda:N"`` (:func:`hf_unlearn.devices.resolve_device`) moves the model there first (``model.to``).
-            The device evaluated on is recorded in ``settings["device"]``.
+        template: prompt template (preset name or :class:`~hf_unlearn.data.PromptTemplate`); ``None``: the
+            tokenizer's chat template when it has one, else ``plain``.
+        membership_inference: score the forget split against ``holdoutNN`` for the MIA AUCs and privleak: ``None``
+            when the source has that split (else a warning), ``True`` always, ``False`` never.
+        autocast_dtype: ``"bfloat16"`` or ``"float16"`` runs every model call under ``torch.autocast``; recorded in
+            the provenance's ``dtype``, so a retain reference computed otherwise is refused.
+        attacks: attacks run on copies of the model after the evaluation (:func:`.attacks.parse_attacks`: names or
+            ``{name: kwargs}``), on the forget and retain rows with this evaluation's template, batch size and
+            ``max_new_tokens``. With a custom ``scorer`` each attack needs ``decoding`` among its arguments
+            (:func:`~hf_unlearn.evaluation.artifact_decoding`) so that each attacked copy is scored through it.
+        device: ``None`` evaluates where the model is; otherwise (:func:`hf_unlearn.devices.resolve_device`) the
+            model is moved there first.
 
     Returns:
-        A :class:`~hf_unlearn.evaluation.TOFUReport`: ``forget_quality``, ``ks_statistic``, ``model_utility``,
-        ``forget_rouge_l``, ``forget_truth_ratio``, ``forget_prob``, ``components`` (the nine model-utility
-        scores), ``mu_rouge``, ``extraction_strength``, ``exact_memorization``, ``mia_loss``, ``mia_zlib``,
-        ``mia_min_k``, ``mia_min_k_plus_plus`` (AUCs), ``privleak``, ``mia`` (details), ``forget_truth_ratios``,
-        ``num_examples`` (per split), ``splits`` (per-split aggregates and per-example values), ``source``,
-        ``forget_split``, ``model_name``, ``retain_reference`` (its summary or ``None``), ``provenance``,
-        ``settings``, ``wall_time_s``, ``hf_unlearn_version`` and, with ``attacks``, the attack section and
-        figures, as attributes; ``report.to_dict()`` is the JSON written to ``output_path``.
-        :data:`~hf_unlearn.evaluation.METRIC_DEFINITIONS` defines every figure.
+        A :class:`~hf_unlearn.evaluation.TOFUReport`.
 
     Raises:
         ValueError: bad arguments, an unsafe ``output_path``, an unknown split or template, rows lacking fields,
-            empty splits, a tokenizer with neither pad nor EOS token, or a retain reference whose number of truth
-            ratios or recorded provenance (forget split, rows, prompt template, tokenizer, dtype) differs from this
-            evaluation's, a CUDA ``device`` without CUDA; all before any model call.
+            empty splits, a tokenizer with neither pad nor EOS token, a retain reference whose number of truth
+            ratios or provenance differs, a CUDA ``device`` without CUDA; all before any model call.
     """
     start = time.perf_counter()
     specs, device, chosen_attacks = _check_inputs(
@@ -252,9 +208,7 @@ def _check_inputs(
     progress: bool, output_path: str | os.PathLike | None, template: str | PromptTemplate | None,
     membership_inference: Any, autocast_dtype: Any, attacks: Any, device: str | None,
 ) -> tuple[tuple[SplitSpec, ...], str | None, dict[str, dict[str, Any]]]:
-    """Check :func:`evaluate_tofu`'s arguments and its output path, before any work: ``(the splits, the resolved
-    device or None, the chosen attacks and their arguments)``. Raises ``ValueError`` (or the output path's
-    refusal) on the first bad one."""
+    """Check :func:`evaluate_tofu`'s arguments before any work: ``(splits, resolved device, chosen attacks)``."""
     if output_path is not None:
         from ..safe_output import check_report_path
 
