@@ -12,7 +12,8 @@ and tilted one) provide their own scorer with the same signature, and everything
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,19 @@ def model_device(model: Any) -> torch.device:
         return torch.device("cpu")
 
 
+@contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[None]:
+    """``model.eval()`` for the block; a model in training mode is put back in it after."""
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+
+
 def effective_max_length(model: Any, max_length: int | None = None) -> int | None:
     """The sequence length scoring may use: ``max_length`` capped by the model's maximum positions
     (:func:`hf_unlearn.data.model_max_positions`), or whichever of the two is known."""
@@ -182,21 +196,15 @@ def answer_log_likelihoods(
     features, _ = _features(model, tokenizer, questions, answers, max_length, template)
     scorer = scorer or causal_lm_scorer(model)
     device = model_device(model)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
     sums = np.zeros(len(features), dtype=np.float64)
     counts = np.zeros(len(features), dtype=np.int64)
-    try:
+    with eval_mode(model):
         for idx in _batches(features, batch_size, progress, desc):
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, padding_side)
             counts[idx] = answer_mask(batch["labels"]).sum(-1).numpy()  # on the host, before the batch moves
             batch = {k: v.to(device) for k, v in batch.items()}
             lp = scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
             sums[idx] = lp.double().sum(-1).cpu().numpy()  # the batch's one copy to the host
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
     return AnswerLogLikelihoods(sums, counts)
 
 
@@ -305,26 +313,20 @@ def feature_token_statistics(
     features = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in features]
     truncated = num_truncated
     device = model_device(model)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
     n = len(features)
     ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n
     lps: list[np.ndarray] = [np.zeros(0)] * n
     greedy: list[np.ndarray] = [np.zeros(0, dtype=bool)] * n
     means: list[np.ndarray] = [np.zeros(0)] * n
     variances: list[np.ndarray] = [np.zeros(0)] * n
-    try:
+    with eval_mode(model):
         for idx in _batches(features, batch_size, progress, desc):
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, "right")
             host_ids, mask = batch["input_ids"], answer_mask(batch["labels"])  # on the host, before the batch moves
             batch = {k: v.to(device) for k, v in batch.items()}
             if scorer is None:
-                logits = model(
-                    input_ids=batch["input_ids"],
-                    attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"],
-                ).logits
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               position_ids=batch["position_ids"]).logits
                 stats = vocab_statistics(logits, batch["labels"])
                 lp = stats["log_prob"]
             else:
@@ -340,9 +342,6 @@ def feature_token_statistics(
                 if stats is not None:
                     means[i], variances[i] = host[1, row][m], host[2, row][m]
                     greedy[i] = host[3, row][m] != 0
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
     full = scorer is None
     return AnswerTokenStatistics(
         token_ids=ids,

@@ -20,8 +20,21 @@ from hf_unlearn.evaluation.attacks import (
     quantization_attack,
     relearning_attack,
 )
-from hf_unlearn.evaluation.quantization import int8_roundtrip, int8_roundtrip_reference, quantize_int8
+from hf_unlearn.evaluation.quantization import INT8_MAX, int8_roundtrip, quantize_int8
 from hf_unlearn.logprobs import causal_lm_scorer, mean_answer_nll
+
+
+def int8_roundtrip_reference(weight: torch.Tensor) -> torch.Tensor:
+    """Slow pure-torch LLM.int8() round trip, one row at a time."""
+    rows = weight.detach().to(torch.float16).float()
+    out = torch.zeros_like(rows)
+    for r in range(rows.shape[0]):
+        scale = rows[r].abs().max()
+        if scale == 0:
+            continue
+        codes = torch.round(rows[r] * (INT8_MAX / scale)).clamp(-INT8_MAX, INT8_MAX)
+        out[r] = codes * scale / INT8_MAX
+    return out.to(weight.dtype)
 
 
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:

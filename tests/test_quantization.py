@@ -12,11 +12,28 @@ from torch import nn
 
 from hf_unlearn.evaluation import quantize_nf4
 from hf_unlearn.evaluation.quantization import (
+    NF4_BLOCKSIZE,
+    NF4_CODE,
     cpu_packed_kernel_accepts,
     nf4_roundtrip,
-    nf4_roundtrip_reference,
 )
 from hf_unlearn.logprobs import answer_nll
+
+
+def nf4_roundtrip_reference(weight: torch.Tensor, blocksize: int = NF4_BLOCKSIZE) -> torch.Tensor:
+    """Slow pure-torch NF4 round trip (no double quantization): per block, the nearest code value times absmax."""
+    flat = weight.detach().float().reshape(-1)
+    code = torch.tensor(NF4_CODE)
+    out = torch.empty_like(flat)
+    for start in range(0, flat.numel(), blocksize):
+        block = flat[start : start + blocksize]
+        scale = block.abs().max()
+        if scale == 0:
+            out[start : start + blocksize] = 0.0
+            continue
+        index = (block[:, None] / scale - code[None, :]).abs().argmin(dim=1)
+        out[start : start + blocksize] = code[index] * scale
+    return out.reshape(weight.shape).to(weight.dtype)
 
 
 @pytest.mark.parametrize("shape", [(176, 64), (64, 176), (96, 64), (32, 128), (5, 13)])

@@ -26,6 +26,7 @@ from ..logprobs import effective_max_length, feature_token_statistics
 from ..registry import decoding_of
 from ..result import Decoding
 from .generation import generate_answers
+from .quantization import is_peft_model
 from .rouge import rouge_l_recall
 
 MIN_GAP = 1e-6
@@ -70,18 +71,10 @@ def _check_rows(rows: Sequence[Mapping[str, Any]], name: str, minimum: int = 1) 
     return rows
 
 
-def _is_peft(model: Any) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return False
-    return isinstance(model, PeftModel)
-
-
 def _check_model(model: Any) -> None:
     if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
         raise ValueError("The attacks need the full-precision (merged) model, not an already quantized one.")
-    if not _is_peft(model) and not hasattr(model, "save_pretrained"):
+    if not is_peft_model(model) and not hasattr(model, "save_pretrained"):
         raise ValueError(f"The attacks need a transformers PreTrainedModel or a PeftModel, got {type(model).__name__}.")
 
 

@@ -1,9 +1,5 @@
-"""Batched greedy answer generation from the package's prompts (left padding, as `generate` needs).
-
-Defaults follow TOFU / open-unlearning: greedy decoding, up to 200 new tokens (``DEFAULT_MAX_NEW_TOKENS``).
-Generation never runs past the model's maximum positions: each batch's new tokens are capped at
-``max_positions - prompt width``, and a prompt that leaves no room is refused before any generation.
-"""
+"""Batched greedy generation (left padding), never past the model's maximum positions: each batch's new tokens
+are capped at ``max_positions - prompt width``."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ from ..data.prompts import (
     resolve_template,
     tokenize_prompt,
 )
-from ..logprobs import model_device
+from ..logprobs import eval_mode, model_device
 
 DEFAULT_MAX_NEW_TOKENS = 200  # open-unlearning generation_args max_new_tokens; TOFU: max_length 200
 
@@ -34,6 +30,35 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[tor
 
 
 @torch.no_grad()
+def greedy_generate(
+    model: Any, tokenizer: Any, encoded: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
+    generation_kwargs: Mapping[str, Any] | None = None, progress: bool = False, desc: str = "generating",
+) -> list[str]:
+    """Greedy continuations of the token lists ``encoded``, in their order: sorted by length, left-padded in batches
+    of ``batch_size``, ``model.generate(do_sample=False)`` with at most ``max_new_tokens`` new tokens (fewer where
+    the model's maximum positions require; ``generation_kwargs`` override or extend these arguments), the new
+    tokens decoded without special tokens."""
+    limit = model_max_positions(model)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    device = model_device(model)
+    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, "pad_token_id": tokenizer.pad_token_id,
+              **(generation_kwargs or {})}
+    out: list[str] = [""] * len(encoded)
+    with eval_mode(model):
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
+            idx = order[start : start + batch_size]
+            input_ids, attention_mask = left_pad([encoded[i] for i in idx], tokenizer.pad_token_id)
+            batch_kwargs = dict(kwargs)
+            if limit is not None:
+                batch_kwargs["max_new_tokens"] = min(int(kwargs["max_new_tokens"]), limit - input_ids.shape[1])
+            generated = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                       **batch_kwargs)
+            texts = tokenizer.batch_decode(generated[:, input_ids.shape[1] :], skip_special_tokens=True)
+            for i, text in zip(idx, texts):
+                out[i] = text
+    return out
+
+
 def generate_answers(
     model: Any,
     tokenizer: Any,
@@ -46,23 +71,12 @@ def generate_answers(
     progress: bool = False,
     desc: str = "generating",
 ) -> list[str]:
-    """Greedy answers to ``questions``, prompted by :func:`hf_unlearn.data.build_prompt` with ``template``.
-
-    Prompts are tokenized exactly as :func:`hf_unlearn.data.tokenize_qa` tokenizes them
-    (:func:`hf_unlearn.data.tokenize_prompt`), sorted by length, left-padded in batches of ``batch_size`` and
-    passed to ``model.generate`` with ``do_sample=False`` and at most ``max_new_tokens`` new tokens (fewer where
-    the model's maximum positions require); ``generation_kwargs`` (e.g. ``logits_processor``) override or
-    extend those arguments. Returns the decoded new tokens (special tokens dropped, whitespace stripped, and a
-    leading answer tag removed when the template scores it as part of the answer, as ``tofu-phi`` does), in
-    the order of ``questions``.
-
-    Raises:
-        ValueError: bad sizes, or a prompt as long as the model's maximum positions.
-    """
+    """Greedy answers to ``questions`` (:func:`greedy_generate`), prompted as :func:`hf_unlearn.data.tokenize_qa`
+    prompts them with ``template``; whitespace stripped, and a leading answer tag removed when the template scores
+    it as part of the answer (``tofu-phi``). Refused (``ValueError``): bad sizes, or a prompt as long as the
+    model's maximum positions."""
     if batch_size < 1 or max_new_tokens < 1:
-        raise ValueError(
-            f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}."
-        )
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
     ensure_pad_token(tokenizer)
     t = resolve_template(tokenizer, template)
     encoded = [tokenize_prompt(tokenizer, q, template=t) for q in questions]
@@ -75,35 +89,10 @@ def generate_answers(
                 f"generate within the model's {limit} positions; shorten the question or use a model with more."
             )
     tag = t.answer_tag.strip() if (t.kind == "plain" and not t.answer_tag_in_prompt) else ""
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    device = model_device(model)
-    kwargs: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens,
-        "do_sample": False,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-    kwargs.update(generation_kwargs or {})
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    answers: list[str] = [""] * len(encoded)
-    try:
-        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
-            idx = order[start : start + batch_size]
-            input_ids, attention_mask = left_pad([encoded[i] for i in idx], tokenizer.pad_token_id)
-            batch_kwargs = dict(kwargs)
-            if limit is not None:
-                batch_kwargs["max_new_tokens"] = min(int(kwargs["max_new_tokens"]), limit - input_ids.shape[1])
-            out = model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **batch_kwargs
-            )
-            texts = tokenizer.batch_decode(out[:, input_ids.shape[1] :], skip_special_tokens=True)
-            for i, text in zip(idx, texts):
-                text = text.strip()
-                if tag and text.startswith(tag):
-                    text = text[len(tag) :].strip()
-                answers[i] = text
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
+    texts = greedy_generate(model, tokenizer, encoded, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                            generation_kwargs=generation_kwargs, progress=progress, desc=desc)
+    answers = []
+    for text in texts:
+        text = text.strip()
+        answers.append(text[len(tag) :].strip() if tag and text.startswith(tag) else text)
     return answers

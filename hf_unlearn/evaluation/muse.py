@@ -1,26 +1,15 @@
-"""The MUSE evaluator (Shi et al., 2024): the model-side criteria C1-C4 of MUSE's six-way table on MUSE-News.
+"""The MUSE evaluator (Shi et al., 2024): the model-side criteria C1-C4 of MUSE's six-way table on MUSE-News, as the
+authors' ``eval.py`` and ``metrics/*.py`` compute them:
 
-As the authors' ``eval.py`` and ``metrics/*.py`` compute them:
+* **C1 VerbMem**: each ``verbmem/forget`` prompt continued greedily for 128 tokens, ROUGE-L F1 against ``gt`` cut to
+  its first 128 tokens;
+* **C2 / C4 KnowMem** (forget, retain): each question after the 10 in-context examples of its set
+  (:func:`build_knowmem_prompt`), the greedy answer (32 tokens) cut at :data:`KNOWMEM_STOPS`, ROUGE-L F1;
+* **C3 PrivLeak**: the Min-40% score of every ``privleak/forget`` and ``privleak/holdout`` text,
+  ``AUC = P(s_forget > s_holdout)``, ``PrivLeak = (AUC - AUC_retrain) / AUC_retrain * 100``.
 
-* **C1 VerbMem** on the forget set: each ``verbmem/forget`` prompt (the beginning of a forget article) is
-  continued greedily for 128 new tokens; the continuation is scored by ROUGE-L F1 against the true continuation
-  ``gt`` cut to its first 128 tokens (tokenized with special tokens, decoded without them, as the authors do).
-* **C2 / C4 KnowMem** on the forget and retain sets: each question is asked after the 10 in-context examples
-  of its set, ``"Question: {q}\\nAnswer: {a}\\n\\n"`` each, then ``"Question: {q}\\nAnswer: "``; the greedy answer
-  (at most 32 new tokens) is cut before a blank line or ``"Question"`` and scored by ROUGE-L F1 against the gold
-  answer.
-* **C3 PrivLeak**: every ``privleak/forget`` and ``privleak/holdout`` text gets its Min-40% score (minus the mean
-  of its lowest 40% token log-probabilities); ``AUC = P(s_forget > s_holdout)`` and
-  ``PrivLeak = (AUC - AUC_retrain) / AUC_retrain * 100`` against the authors' retrained News model (0.4772) or a
-  retain model's AUC.
-
-Every aggregate goes through the package's ``evaluate`` modules (``muse_verbmem``, ``muse_knowmem``,
-``muse_privleak``). Prompts that leave no room for the new tokens within the model's maximum positions lose
-their beginning (their last tokens are kept, a BOS token stays first), and texts longer than the model's positions
-are scored on their beginning; both are counted in the report's settings. The data is a local folder laid out
-like MUSE-News (``verbmem/forget.json``, ``knowmem/{forget,retain2}_qa{,_icl}.json``,
-``privleak/{forget,holdout}.json``) or the Hub dataset ``muse-bench/MUSE-News`` (read by
-``datasets.load_dataset``).
+Prompts too long for the model lose their beginning, texts are scored on their beginning; both are counted in the
+report's settings. The data is a folder laid out like MUSE-News or the Hub dataset ``muse-bench/MUSE-News``.
 """
 
 from __future__ import annotations
@@ -38,10 +27,10 @@ from tqdm.auto import tqdm
 
 from ..assets import __version__
 from ..data.prompts import collate_qa, ensure_pad_token, model_max_positions
-from ..logprobs import TokenScorer, answer_mask, causal_lm_scorer, model_device
+from ..logprobs import TokenScorer, answer_mask, causal_lm_scorer, eval_mode, model_device
 from ..safe_output import check_report_path
 from . import metrics
-from .generation import left_pad
+from .generation import greedy_generate
 from .muse_report import MUSEReport
 from .privacy import min_k_score
 
@@ -160,10 +149,8 @@ def greedy_continuations(
     model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, *, batch_size: int = 8,
     progress: bool = False, desc: str = "generating", generation_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], int]:
-    """Greedy continuations of raw ``prompts`` (tokenized with special tokens, no template), at most
-    ``max_new_tokens`` new tokens each, decoded without special tokens; and how many prompts lost their beginning
-    to fit the model's maximum positions (:func:`fit_prompt`). Batches are left-padded, longest prompts last.
-    ``generation_kwargs`` go to ``model.generate`` (e.g. a decoding-time method's ``logits_processor``)."""
+    """Greedy continuations (:func:`~.generation.greedy_generate`) of raw ``prompts`` (tokenized with special
+    tokens, no template), and how many prompts lost their beginning to fit the model's positions (:func:`fit_prompt`)."""
     ensure_pad_token(tokenizer)
     limit = model_max_positions(model)
     room = None if limit is None else limit - max_new_tokens
@@ -176,25 +163,8 @@ def greedy_continuations(
         if room is not None and len(ids) > room:
             ids, truncated = fit_prompt(ids, room, bos), truncated + 1
         encoded.append(ids)
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    device = model_device(model)
-    was_training = getattr(model, "training", False)
-    model.eval()
-    out: list[str] = [""] * len(encoded)
-    try:
-        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
-            idx = order[start : start + batch_size]
-            input_ids, attention_mask = left_pad([encoded[i] for i in idx], tokenizer.pad_token_id)
-            generated = model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=False,
-                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **dict(generation_kwargs or {}),
-            )
-            texts = tokenizer.batch_decode(generated[:, input_ids.shape[1] :], skip_special_tokens=True)
-            for i, text in zip(idx, texts):
-                out[i] = text
-    finally:
-        if was_training:
-            model.train()
+    out = greedy_generate(model, tokenizer, encoded, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                          generation_kwargs=generation_kwargs, progress=progress, desc=desc)
     return out, truncated
 
 
@@ -218,10 +188,8 @@ def text_min_k_scores(
     order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
     device = model_device(model)
     score = scorer or causal_lm_scorer(model)
-    was_training = getattr(model, "training", False)
-    model.eval()
     scores = [0.0] * len(features)
-    try:
+    with eval_mode(model):
         for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
             idx = order[start : start + batch_size]
             batch = {key: v.to(device) for key, v in collate_qa([features[i] for i in idx], tokenizer.pad_token_id).items()}
@@ -229,9 +197,6 @@ def text_min_k_scores(
             mask = answer_mask(batch["labels"])
             for row, i in enumerate(idx):
                 scores[i] = min_k_score(lp[row][mask[row]].double().cpu().numpy(), k)
-    finally:
-        if was_training:
-            model.train()
     return scores, truncated
 
 
@@ -312,34 +277,21 @@ def evaluate_muse(
     scorer: TokenScorer | None = None,
     generation_kwargs: Mapping[str, Any] | None = None,
 ) -> MUSEReport:
-    """Evaluate a causal LM on MUSE (C1-C4 of the six-way table) and return (and optionally write) the report.
+    """Evaluate a causal LM on MUSE (C1-C4) and return (and optionally write) a :class:`MUSEReport`.
 
     Args:
-        model, tokenizer: any causal LM and its tokenizer (a pad token is set from EOS if missing).
-        source: a local folder laid out like MUSE-News or a Hub dataset id (default ``muse-bench/MUSE-News``).
-        criteria: which of ``verbmem_forget``, ``knowmem_forget``, ``privleak``, ``knowmem_retain`` to measure
-            (default all); the others stay ``None`` in the report.
-        retain_reference: what PrivLeak is relative to: ``None`` for the authors' retrained News model's AUC
-            (0.4772), a number (an AUC), or a retain model's :class:`MUSEReport` (its dict form, or its JSON path).
-        max_examples: score only the first ``max_examples`` items of each part (verbmem prompts, forget and retain
-            questions, forget and holdout texts; the in-context examples stay whole); ``None``: all (MUSE's 100).
-        batch_size: generation and scoring batch size.
-        verbmem_max_new_tokens, knowmem_max_new_tokens: the continuation and answer lengths (MUSE's 128 and 32).
-        progress: show progress bars.
-        output_path: if given, the report is written there as JSON (atomically; refused before any work as
-            :func:`hf_unlearn.safe_output.check_report_path` refuses it; an existing file is replaced).
-        model_name: name recorded in the report (default: the model's ``name_or_path``).
-        scorer, generation_kwargs: for a method that changes decoding rather than weights (an
-            :class:`~hf_unlearn.result.Unlearned`'s ``scorer`` and ``generation_kwargs``, as for
-            :func:`~hf_unlearn.evaluation.evaluate_tofu`): PrivLeak's token log-probabilities come from ``scorer``,
-            and the VerbMem and KnowMem continuations are generated with ``generation_kwargs``.
-
-    Returns:
-        A :class:`~hf_unlearn.evaluation.MUSEReport`.
+        source: a folder laid out like MUSE-News or a Hub dataset id.
+        criteria: which of :data:`MUSE_CRITERIA` to measure; the others stay ``None``.
+        retain_reference: PrivLeak's reference: ``None`` (the authors' retrained News model, 0.4772), an AUC, or a
+            retain model's :class:`MUSEReport` (its dict, or its JSON path).
+        max_examples: score only the first ``max_examples`` items of each part (in-context examples stay whole).
+        verbmem_max_new_tokens, knowmem_max_new_tokens: continuation and answer lengths (MUSE's 128 and 32).
+        output_path: write the report there as JSON (atomically; checked before any work).
+        scorer, generation_kwargs: a decoding-time method's (as for :func:`~hf_unlearn.evaluation.evaluate_tofu`):
+            PrivLeak scores with ``scorer``, VerbMem and KnowMem generate with ``generation_kwargs``.
 
     Raises:
-        ValueError: bad arguments, unreadable or malformed data, or a bad retain reference, all before any
-            model call.
+        ValueError: bad arguments, malformed data or a bad retain reference, before any model call.
         FileNotFoundError: a local folder that lacks a part the criteria need.
     """
     start = time.perf_counter()

@@ -1,28 +1,10 @@
-"""Re-check an unlearned model after 4-bit NF4 quantization (merge in full precision, then quantize).
+"""4-bit NF4 and 8-bit LLM.int8() copies of a model (merged in full precision, then quantized), to re-check an
+unlearned model: edits smaller than half a quantization step are rounded away.
 
-Unlearning that only nudges weights a little can be undone by quantization (the quantized model recovers the
-forgotten answers), so results should be re-evaluated on the NF4 model.
-
-Two ways to get the NF4 model, chosen by ``quantize_nf4(..., method=...)``:
-
-* ``"roundtrip"`` (the default): every weight that ``BitsAndBytesConfig(load_in_4bit=True,
-  bnb_4bit_quant_type="nf4")`` would quantize is quantized and dequantized through bitsandbytes' own
-  ``quantize_4bit``/``dequantize_4bit`` (block size 64, no double quantization: that config's defaults), and the
-  model is evaluated in full precision. The weights are exactly the NF4 weights; the result does not depend on
-  which matmul kernel bitsandbytes picks on a given CPU or GPU.
-* ``"bnb"``: the real ``bitsandbytes.nn.Linear4bit`` layers. On CPUs with AVX512-BF16, bitsandbytes 0.50 repacks
-  NF4 weights for a fused CPU kernel that only accepts ``out_features % 32 == 0`` and ``in_features % 64 == 0``
-  (it asserts ``N must be divisible by block_n`` otherwise), and its generic CPU path computes rows that are not
-  whole 64-weight blocks wrongly; on CPU, layers of those shapes fall back to the round trip of their own
-  quantized weights (:func:`cpu_packed_kernel_accepts`), so the path works, and is right, on every CPU.
-
-The 8-bit copy (:func:`quantize_int8`) holds LLM.int8()'s weights (Dettmers et al., 2022), the weights
-``BitsAndBytesConfig(load_in_8bit=True)`` stores: each output row ``r`` of a weight is cast to float16 and
-quantized with its own absmax scale, ``s_r = max_j |W_rj|``, ``Q_rj = round(127 W_rj / s_r)`` (int8) and
-``W_hat_rj = Q_rj s_r / 127``. ``method="roundtrip"`` (the default) evaluates those weights in full precision
-(through bitsandbytes' ``int8_vectorwise_quant``/``int8_vectorwise_dequant`` when it is installed, else the same
-formula in torch); ``method="bnb"`` loads real ``Linear8bitLt`` layers, which also quantize the activations
-row-wise at every matmul (columns above ``llm_int8_threshold`` = 6 stay in float16), a further small error.
+``method="roundtrip"`` (default) quantizes and dequantizes every weight ``BitsAndBytesConfig`` would quantize,
+through bitsandbytes' own functions, and evaluates in full precision: the weights are exactly the quantized ones
+on every machine. ``method="bnb"`` loads real ``Linear4bit`` / ``Linear8bitLt`` layers; on CPU, NF4 layers whose
+shape bitsandbytes' AVX512-BF16 kernel refuses (:func:`cpu_packed_kernel_accepts`) take the round trip.
 """
 
 from __future__ import annotations
@@ -62,14 +44,9 @@ def _require_bitsandbytes() -> Any:
 
 
 def nf4_roundtrip(weight: torch.Tensor, blocksize: int = NF4_BLOCKSIZE, double_quant: bool = False) -> torch.Tensor:
-    """NF4 quantize-dequantize ``weight`` (``[out, in]``) exactly as bitsandbytes stores it.
-
-    Over the row-major flattening of ``W``, block ``b`` of ``blocksize`` weights gets the scale
-    ``s_b = max_i |W_i|`` and every weight its nearest code value:
-    ``W_hat_i = s_b * c[argmin_j |W_i / s_b - c_j|]`` with ``c`` = :data:`NF4_CODE`. With ``double_quant`` the
-    scales are themselves quantized (bitsandbytes' ``compress_statistics``). Computed by bitsandbytes'
-    ``quantize_4bit``/``dequantize_4bit``; returned in ``weight``'s dtype.
-    """
+    """NF4 quantize-dequantize ``weight`` (``[out, in]``) as bitsandbytes stores it: over the row-major flattening,
+    block ``b`` of ``blocksize`` weights has ``s_b = max_i |W_i|`` and ``W_hat_i = s_b * c[argmin_j |W_i / s_b - c_j|]``
+    with ``c`` = :data:`NF4_CODE` (``double_quant``: the scales quantized too). Returned in ``weight``'s dtype."""
     functional = _require_bitsandbytes()
     source = weight.detach().float().contiguous()
     packed, state = functional.quantize_4bit(
@@ -79,51 +56,24 @@ def nf4_roundtrip(weight: torch.Tensor, blocksize: int = NF4_BLOCKSIZE, double_q
 
 
 def dequantize_nf4_flat(packed: torch.Tensor, state: Any) -> torch.Tensor:
-    """Dequantize bitsandbytes NF4 bytes over the row-major flattening of the weight.
-
-    The packed bytes and block scales of ``quantize_4bit`` follow the flattened weight. bitsandbytes 0.50's CPU
-    ``dequantize_4bit`` (and ``matmul_4bit``) mis-assign the scales of a 2-D weight whose rows are not whole
-    64-weight blocks (measured: errors of order 1 on a ``[64, 176]`` weight), so the state is flattened first.
-    Returns a tensor of ``state.shape``.
-    """
+    """Dequantize bitsandbytes NF4 bytes over the row-major flattening of the weight (bitsandbytes' CPU
+    ``dequantize_4bit`` mis-assigns the scales of rows that are not whole blocks); a tensor of ``state.shape``."""
     functional = _require_bitsandbytes()
     flat = copy.copy(state)
     flat.shape = torch.Size([int(torch.Size(state.shape).numel())])
     return functional.dequantize_4bit(packed.reshape(-1, 1), flat).reshape(state.shape)
 
 
-def nf4_roundtrip_reference(weight: torch.Tensor, blocksize: int = NF4_BLOCKSIZE) -> torch.Tensor:
-    """Slow pure-torch reference of :func:`nf4_roundtrip` (no double quantization), for tests."""
-    flat = weight.detach().float().reshape(-1)
-    code = torch.tensor(NF4_CODE)
-    out = torch.empty_like(flat)
-    for start in range(0, flat.numel(), blocksize):
-        block = flat[start : start + blocksize]
-        scale = block.abs().max()
-        if scale == 0:
-            out[start : start + blocksize] = 0.0
-            continue
-        index = (block[:, None] / scale - code[None, :]).abs().argmin(dim=1)
-        out[start : start + blocksize] = code[index] * scale
-    return out.reshape(weight.shape).to(weight.dtype)
-
-
 def cpu_packed_kernel_accepts(out_features: int, in_features: int, blocksize: int = NF4_BLOCKSIZE) -> bool:
-    """Whether bitsandbytes' AVX512-BF16 CPU kernel can repack an NF4 weight of this shape.
-
-    ``_convert_weight_packed_for_cpu`` needs ``out_features % 32 == 0`` and whole quantization blocks per row
-    (``in_features % blocksize == 0``, hence even); any other shape raises inside bitsandbytes. Rows that are not
-    whole blocks are also computed wrongly by bitsandbytes 0.50's generic CPU ``matmul_4bit``
-    (:func:`dequantize_nf4_flat`), so on CPU every refused shape takes the round trip.
-    """
+    """Whether bitsandbytes' AVX512-BF16 CPU kernel can repack an NF4 weight of this shape:
+    ``out_features % 32 == 0`` and ``in_features % blocksize == 0``."""
     return out_features % CPU_PACKED_BLOCK_N == 0 and in_features % blocksize == 0
 
 
-def _is_peft_model(model: Any) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return False
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel``."""
+    from peft import PeftModel
+
     return isinstance(model, PeftModel)
 
 
@@ -150,15 +100,12 @@ def _modules_to_quantize(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def merged_copy(model: Any) -> Any:
-    """An independent full-precision copy of ``model`` with any PEFT adapter merged in (``model`` is untouched).
-
-    Refuses a model that is already quantized (``is_loaded_in_4bit`` / ``is_loaded_in_8bit``) or that is not a
-    transformers ``PreTrainedModel``."""
+    """An independent full-precision copy of ``model`` with any PEFT adapter merged in (``model`` is untouched);
+    refuses an already quantized model or one that is not a transformers ``PreTrainedModel``."""
     if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
         raise ValueError("The model is already quantized; quantize the full-precision (merged) model.")
-    # independent_copy: a model trained by an SFTTrainer subclass carries an instance `forward` bound to itself;
-    # a plain deep copy would run the *unquantized* original (the NF4 re-check would then measure nothing).
-    if _is_peft_model(model):
+    # independent_copy: a plain deep copy of a model trained by SFTTrainer would run the original's weights
+    if is_peft_model(model):
         return independent_copy(model).merge_and_unload()
     if not hasattr(model, "save_pretrained"):
         raise ValueError(f"Quantizing needs a transformers PreTrainedModel, got {type(model).__name__}.")
@@ -235,22 +182,9 @@ def quantize_nf4(
     device: str | torch.device | None = None,
     method: Literal["roundtrip", "bnb"] = "roundtrip",
 ) -> Any:
-    """A 4-bit NF4 copy of ``model`` (the input is left untouched).
-
-    PEFT adapters are merged into a copy of the full-precision weights first. Every linear layer except the output
-    head is quantized to blockwise NF4 (64 weights per block, one absmax scale), as
-    ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")`` does. ``method="roundtrip"`` (default)
-    evaluates the dequantized NF4 weights in ``compute_dtype``, independent of the CPU's kernels;
-    ``method="bnb"`` loads real ``Linear4bit`` layers (saved as safetensors, reloaded with that config), with the
-    round trip for shapes the AVX512-BF16 CPU kernel refuses. ``compute_dtype`` defaults to the model's own dtype
-    (``bnb_4bit_compute_dtype``), so a bfloat16 or float16 model is copied in half precision, never widened to a
-    float32 copy; only one weight at a time is widened to quantize it. ``device`` defaults to the model's device.
-
-    Example::
-
-        >>> nf4 = quantize_nf4(unlearned_model)           # same weights on every machine
-        >>> nf4_real = quantize_nf4(unlearned_model, method="bnb")
-    """
+    """A 4-bit NF4 copy of ``model`` (untouched; PEFT adapters merged into the copy): every linear layer except
+    the output layer quantized as ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")`` does, by
+    ``method`` (module docstring). ``compute_dtype`` defaults to the model's dtype, ``device`` to its device."""
     _require_bitsandbytes()
     if method not in ("roundtrip", "bnb"):
         raise ValueError(f"method must be 'roundtrip' or 'bnb', got {method!r}.")
@@ -266,24 +200,15 @@ INT8_MAX = 127
 """LLM.int8()'s code range: weights are stored as ``round(127 W / s_r)`` in ``[-127, 127]``."""
 
 
-def _bitsandbytes_int8() -> Any | None:
-    try:
-        import bitsandbytes.functional as bnb_functional
-    except ImportError:  # pragma: no cover - bitsandbytes is an optional extra
-        return None
-    return bnb_functional
-
-
 def int8_roundtrip(weight: torch.Tensor) -> torch.Tensor:
-    """LLM.int8() quantize-dequantize of ``weight`` (``[out, in]``), as ``Linear8bitLt`` stores it.
-
-    Row-wise absmax over the float16 cast ``V = fp16(W)``: ``s_r = max_j |V_rj|``,
-    ``Q_rj = round(127 V_rj / s_r)`` (int8) and ``W_hat_rj = Q_rj s_r / 127``; a row of zeros stays zero.
-    Computed by bitsandbytes' ``int8_vectorwise_quant``/``int8_vectorwise_dequant`` (what ``Int8Params``
-    calls) when bitsandbytes is installed, else by the same formula in torch. Returned in ``weight``'s dtype.
-    """
+    """LLM.int8() quantize-dequantize of ``weight`` (``[out, in]``), as ``Linear8bitLt`` stores it: with
+    ``V = fp16(W)``, ``s_r = max_j |V_rj|``, ``Q_rj = round(127 V_rj / s_r)`` and ``W_hat_rj = Q_rj s_r / 127`` (a row
+    of zeros stays zero); by bitsandbytes when installed, else in torch. Returned in ``weight``'s dtype."""
     half = weight.detach().to(torch.float16).contiguous()
-    functional = _bitsandbytes_int8()
+    try:
+        functional = _require_bitsandbytes()
+    except ImportError:  # pragma: no cover - bitsandbytes is an optional extra
+        functional = None
     if functional is not None:
         quantized, scales, _ = functional.int8_vectorwise_quant(half)
         out = functional.int8_vectorwise_dequant(quantized, scales).float()
@@ -292,19 +217,6 @@ def int8_roundtrip(weight: torch.Tensor) -> torch.Tensor:
         quantized = torch.round(half.float() * (INT8_MAX / scales.unsqueeze(-1))).to(torch.int8)
         out = quantized.float() * scales.unsqueeze(-1) / INT8_MAX
     out = torch.where(scales.unsqueeze(-1) > 0, out, torch.zeros_like(out))
-    return out.to(weight.dtype)
-
-
-def int8_roundtrip_reference(weight: torch.Tensor) -> torch.Tensor:
-    """Slow pure-torch reference of :func:`int8_roundtrip` (one row at a time), for tests."""
-    rows = weight.detach().to(torch.float16).float()
-    out = torch.zeros_like(rows)
-    for r in range(rows.shape[0]):
-        scale = rows[r].abs().max()
-        if scale == 0:
-            continue
-        codes = torch.round(rows[r] * (INT8_MAX / scale)).clamp(-INT8_MAX, INT8_MAX)
-        out[r] = codes * scale / INT8_MAX
     return out.to(weight.dtype)
 
 
@@ -322,14 +234,9 @@ def quantize_int8(
     device: str | torch.device | None = None,
     method: Literal["roundtrip", "bnb"] = "roundtrip",
 ) -> Any:
-    """An 8-bit LLM.int8() copy of ``model`` (the input is left untouched).
-
-    PEFT adapters are merged into a copy first; every linear layer except the output head (the layers
-    ``BitsAndBytesConfig(load_in_8bit=True)`` converts) gets its row-wise absmax int8 weights
-    (:func:`int8_roundtrip`). ``method="roundtrip"`` (default) evaluates them in ``compute_dtype`` and needs no
-    bitsandbytes kernel; ``method="bnb"`` loads real ``Linear8bitLt`` layers (saved as safetensors, reloaded with
-    that config), which also quantize activations at run time. ``device`` defaults to the model's device.
-    """
+    """An 8-bit LLM.int8() copy of ``model`` (untouched; PEFT adapters merged into the copy): the layers
+    ``BitsAndBytesConfig(load_in_8bit=True)`` converts get :func:`int8_roundtrip` weights, by ``method`` (``"bnb"``
+    also quantizes activations at run time). ``device`` defaults to the model's device."""
     if method not in ("roundtrip", "bnb"):
         raise ValueError(f"method must be 'roundtrip' or 'bnb', got {method!r}.")
     if method == "bnb":

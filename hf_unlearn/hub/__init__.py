@@ -1,21 +1,6 @@
-"""Model cards, publishing and metric Spaces for unlearned artifacts.
-
-- :mod:`~hf_unlearn.hub.cards`: :func:`build_model_card` renders a ``hub_cards/<kind>.md`` template (metadata with
-  the evaluator's numbers in ``model-index``, the method with its title, paper and settings, the forget split, the
-  quantization check, how to load it); :func:`trainer_model_card` is the unlearning trainers' card.
-- :mod:`~hf_unlearn.hub.push`: :func:`push_folder`, the one upload path: a prepared folder plus its card in ONE
-  commit. Every artifact's ``push_to_hub`` ends there.
-- :mod:`~hf_unlearn.hub.publish`: :func:`push_unlearned` saves an artifact (weights + config + card + report) to
-  a temporary folder and pushes it; it refuses, before anything is uploaded, a missing token and a report
-  computed for another base model or forget split.
-- :mod:`~hf_unlearn.hub.reports`: the card metrics of a report (a :class:`~hf_unlearn.evaluation.TOFUReport` or a
-  dict), :func:`check_report_matches` and :func:`report_dict` (the JSON published with an artifact).
-- :mod:`~hf_unlearn.artifact_kinds`: :data:`ARTIFACT_KINDS`; adding one is one :func:`register_artifact_kind` call.
-- :mod:`~hf_unlearn.hub.spaces`: :func:`push_metric_space` publishes an ``evaluate_metrics/<name>`` module as a
-  Gradio Space so ``evaluate.load("<owner>/<name>")`` loads it from that Hub.
-
-Importing this package imports neither torch nor any method module.
-"""
+"""Model cards (:func:`build_model_card`), the one upload path (:func:`push_folder`: a prepared folder and its card
+in one commit), publishing an artifact with its report (:func:`push_unlearned`), report checks and metric Spaces
+(:func:`push_metric_space`). Importing this package imports neither torch nor any method module."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Model cards of unlearned artifacts.
-
-:func:`build_model_card` renders a ``hub_cards/<kind>.md`` template with ``huggingface_hub.ModelCard.from_template``:
-YAML metadata (``base_model``, ``library_name``, ``tags`` [``unlearning``, the method], ``datasets``,
-``model-index`` with forget quality, model utility, forget ROUGE-L and forget truth ratio from the evaluator's
-report, as ``EvalResult`` s, or MUSE's VerbMem, KnowMem and PrivLeak from a MUSE report) and a body saying which
-forget split was removed, the method, its title, paper and settings, the quantization check and how to load it.
-The title and paper are arguments (by default read from :mod:`hf_unlearn.registry`); this module imports no
-method module. :func:`trainer_model_card` is the card of the unlearning trainers' ``create_model_card`` (so
-``trainer.push_to_hub(report=...)`` publishes the evaluator's numbers).
+"""Model cards of unlearned artifacts: :func:`build_model_card` renders a ``hub_cards/<kind>.md`` template
+(``ModelCard.from_template``) with the metadata (``model-index`` from a TOFU or MUSE report) and a body naming the
+forget split, the method (title and paper from :mod:`hf_unlearn.registry` unless given), its settings, the
+quantization check and how to load it; :func:`trainer_model_card` is the trainers' ``create_model_card``.
 """
 
 from __future__ import annotations
@@ -139,34 +133,22 @@ def build_model_card(
     title: str | None = None,
     paper: Mapping[str, str] | None = None,
 ):
-    """Render the model card of an unlearned artifact.
+    """Render the model card (a ``huggingface_hub.ModelCard``) of an unlearned artifact.
 
     Args:
-        kind: a key of :data:`~hf_unlearn.artifact_kinds.ARTIFACT_KINDS` (e.g. ``unlearned_model``).
-        base_model: the model that was unlearned (Hub id or local path; only a Hub id goes to the metadata).
+        kind: a key of :data:`~hf_unlearn.artifact_kinds.ARTIFACT_KINDS`.
+        base_model: the model that was unlearned (only a Hub id goes to the metadata).
         method: unlearning method (fixed for a kind of one method's artifact, required otherwise).
-        settings: the method's hyperparameters (shown in the card body).
-        report: the evaluator's report (a :class:`~hf_unlearn.evaluation.TOFUReport`, its dict form, a JSON path
-            or any mapping with the card metrics); its ``forget_quality``, ``model_utility``,
-            ``forget_rouge_l`` and ``forget_truth_ratio`` go to ``model-index``; its ``quantization``
-            entry is used when ``quantization`` is not given. A :class:`~hf_unlearn.evaluation.MUSEReport` (or its
-            dict or JSON file) puts MUSE's four criteria in ``model-index`` and the evaluation section instead
-            (forget split ``"forget"`` unless given).
-        forget_split: the TOFU split that was forgotten (taken from the report when omitted).
-        dataset: dataset the split comes from (Hub id, local folder or ``"synthetic"``; default:
-            the report's ``source``, else ``locuslab/TOFU``).
+        settings: the method's hyperparameters (shown in the body).
+        report: a TOFU or MUSE report (typed, its dict, or a JSON path); its figures go to ``model-index`` and its
+            ``quantization`` entry is used when ``quantization`` is not given.
+        forget_split, dataset: default to the report's (``locuslab/TOFU`` without one).
         quantization: result of the 4-bit re-check (metric name -> value, plus e.g. ``method``).
-        repo_id: where the card will live (used in the loading snippet and as model name).
-        base_model_aliases: other names of the base model the report may use (e.g. the local
-            folder of a base published as ``base_model``).
-        extra_tags: further metadata tags (after ``unlearning``, the method, ``tofu`` and the kind).
-        selection: a strength-selection record (:class:`hf_unlearn.selection.SelectionRecord` as a dict), shown
-            as a section of the card body with every candidate's measurements and the decision.
-        title: the method's display name (default: its registered title, else the method name).
-        paper: the method's paper, ``{"title", "id"}`` with an arXiv id (default: its registered paper, if any).
-
-    Returns:
-        a ``huggingface_hub.ModelCard``.
+        repo_id: where the card will live (loading snippet and model name).
+        base_model_aliases: other names of the base model the report may use.
+        extra_tags: further metadata tags.
+        selection: a :class:`hf_unlearn.selection.SelectionRecord` as a dict, shown as a section of the body.
+        title, paper: the method's display name and ``{"title", "id"}`` paper (default: its registered ones).
     """
     spec = _kind(kind)
     muse = _muse_report(report)  # a MUSE report: MUSE figures in model-index and the evaluation section

@@ -27,21 +27,14 @@ _LIVE_CALLBACKS: list[weakref.ReferenceType] = []
 
 class SelectionCallback(_TrainerCallback, _ExportableState):
     """Best-checkpoint selection for any ``Trainer``: measure the criterion every ``selection_steps`` optimizer
-    steps (and at steps 0 and the last), keep the weights the rule prefers, restore them when training ends.
+    steps (and at step 0 and the last), keep the weights the rule (:meth:`SelectionCriterion.select`, steps weak ->
+    strong) prefers, restore them when training ends (``restore=False``: keep the record, leave the weights).
 
-    Candidates are the training steps, weak (step 0, the original model) -> strong (the last step); the rule is
-    :meth:`SelectionCriterion.select`. The rule never moves back to a candidate it passed over, so only the
-    current choice's weights are kept: ``keep="memory"`` holds a CPU copy of the trainable parameters,
-    ``keep="disk"`` writes them to ``<output_dir>/selection-best/selection_best.safetensors`` (for large models).
-    Every checkpoint the Trainer saves carries the callback's state (``ExportableState``: the measurements,
-    the chosen step and the original model's figures, in ``trainer_state.json``) and, with ``keep="memory"``,
-    the kept weights as ``selection_best.safetensors``, so a resumed run selects exactly as an uninterrupted
-    one. After training, :attr:`record` is the :class:`SelectionRecord` and the model holds the chosen step's
-    weights (with ``restore=False``, for a trainer that keeps its own stopping rule, the record is
-    kept and the final weights are left as they are). ``scorer_factory(model)`` gives the token scorer to measure
-    with (default: the model's own). Under a multi-process launch (DDP) every process measures and keeps its
-    own copy and only the main process writes files; DeepSpeed ZeRO-3 and FSDP, which shard the weights, are
-    refused at the start of training with a ``ValueError``.
+    ``keep="memory"`` holds a CPU copy of the trainable parameters, ``keep="disk"`` writes them under
+    ``<output_dir>/selection-best/``. Checkpoints carry the callback's state (and with ``keep="memory"`` the kept
+    weights), so a resumed run selects as an uninterrupted one. After training :attr:`record` is the
+    :class:`SelectionRecord`. ``scorer_factory(model)`` gives the scorer to measure with. Under DDP only the main
+    process writes files; ZeRO-3 and FSDP are refused (``ValueError``) at the start of training.
     """
 
     def __init__(

@@ -124,42 +124,25 @@ def _is_documents(rows: list[dict[str, Any]] | None) -> bool:
 
 
 class SelectionCriterion:
-    """The reference-free criterion and the default selection rule (see the module docstring).
+    """The reference-free criterion and the default selection rule (:mod:`hf_unlearn.selection`).
 
     Args:
-        forget: rows to unlearn (``question``/``answer``; a list of dicts or a ``datasets.Dataset``), or
-            documents (a list of strings, a path, a ``text`` dataset: :func:`hf_unlearn.data.documents.as_documents`): each
-            document is one row, scored on every token of its first ``max_length`` tokens (the model's positions;
-            2048 when neither is set), so its per-row NLL is the average NLL over those tokens.
-        holdout: rows of the same kind the model never saw (TOFU ``holdout01/05/10`` or the user's own; documents
-            when ``forget`` is documents).
-        retain_validation: retain rows *not* used for unlearning.
-        generic: optional general-knowledge rows; their NLL change counts toward ``retain_change`` too.
+        forget, holdout: rows to unlearn and rows of the same kind the model never saw (``question``/``answer``
+            rows, or documents: each scored on its first ``max_length`` tokens).
+        retain_validation: retain rows *not* used for unlearning; ``generic``: optional general-knowledge rows.
         retain_tolerance: largest allowed ``retain_change`` (nats per answer token).
-        holdout_level: the level of the equivalence test: below it the chosen candidate's forget rows count as
-            indistinguishable from the holdout rows (at or above it the choice carries a warning).
-        holdout_margin: the equivalence margin (nats per answer token): the equivalence test asks whether the
-            ``shift_gap`` is shown, by two one-sided Welch t-tests on the group means, to lie within
-            ``(-holdout_margin, holdout_margin)``.
-        original: the original model's retain figures (``measure_original``'s dict); measured on the first
-            :meth:`measure` call otherwise, so call :meth:`measure_original` (or measure the original model)
-            first.
-        template, batch_size, max_length: how rows are tokenized and batched (as the evaluator and the method).
-        groups: which rows belong together for the group test: ``None`` (every row its own group),
-            ``"tofu_authors"`` (TOFU's blocks of 20 consecutive rows per author, forget and holdout alike), an int
-            (blocks of that many consecutive rows) or ``(forget labels, holdout labels)``, one label per row.
-            At least two groups per side.
-        reference_model, reference_tokenizer: a model the user has that saw neither the forget nor the holdout
-            rows (the pretrained base before fine-tuning); its per-row NLLs on the forget and holdout rows are
-            measured once here and subtracted from every candidate's (the *shift*). ``reference_tokenizer`` must
-            tokenize as the candidates' tokenizer does.
-        reference_nll: instead of ``reference_model``, those per-row NLLs ``(forget, holdout)`` measured before
-            (e.g. another criterion's :attr:`reference_nll`).
-        device: where the rows are scored: ``None`` (default) on the device each model is on; ``"auto"``,
-            ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (:func:`hf_unlearn.devices.resolve_device`, refused before any
-            work when the machine lacks it) moves every model the criterion scores, the reference model
-            included, there first (``model.to``). A custom ``scorer`` must score on the device of the model it
-            is given with.
+        holdout_level, holdout_margin: the equivalence test's level and margin (nats per answer token).
+        original: the original model's retain figures (:meth:`measure_original`'s dict); measured on the first
+            :meth:`measure` call otherwise.
+        template, batch_size, max_length: how rows are tokenized and batched.
+        groups: rows that belong together for the group test: ``None`` (every row its own group),
+            ``"tofu_authors"`` (blocks of 20 rows), an int (blocks of that many rows) or ``(forget labels, holdout
+            labels)``. At least two groups per side.
+        reference_model, reference_tokenizer: a model that saw neither forget nor holdout rows; its per-row NLLs
+            are measured once and subtracted from every candidate's. ``reference_nll``: those NLLs
+            ``(forget, holdout)`` measured before.
+        device: ``None`` scores each model where it is; otherwise (:func:`hf_unlearn.devices.resolve_device`)
+            every scored model is moved there first.
     """
 
     def __init__(
@@ -278,15 +261,9 @@ class SelectionCriterion:
         return dict(self.original)
 
     def measure(self, model: Any, tokenizer: Any, scorer: Any = None) -> dict[str, Any]:
-        """The criterion on one candidate: :func:`forget_holdout_statistics` (``shift_gap``, ``shift_gap_se``,
-        ``shift_gap_df``, ``equivalence_pvalue``, ``forget_holdout_pvalue``, ``forget_shift``, ``holdout_shift``, ``forget_holdout_ks``,
-        ``forget_holdout_ks_pvalue``, ``mia_auc``, ``forget_nll``, ``holdout_nll``), ``retain_validation_nll`` /
-        ``_change``, ``generic_nll`` / ``_change``, ``retain_change`` and ``seconds``.
-
-        ``scorer`` is a :data:`hf_unlearn.logprobs.TokenScorer` (default: the model's own log-probabilities;
-        a decoding-time method's scorer for a tilted candidate). Without ``original`` figures, the first call
-        takes its model as the original (its ``retain_change`` is 0).
-        """
+        """The criterion on one candidate: :func:`forget_holdout_statistics`' figures, ``retain_validation_nll`` /
+        ``_change``, ``generic_nll`` / ``_change``, ``retain_change`` and ``seconds``; ``scorer`` defaults to the
+        model's log-probabilities. Without ``original`` figures, the first call's model is the original."""
         from ..logprobs import causal_lm_scorer
 
         start = time.perf_counter()
@@ -307,11 +284,8 @@ class SelectionCriterion:
         retain_validation: Sequence[np.ndarray],
         generic: Sequence[np.ndarray] | None = None,
     ) -> dict[str, Any]:
-        """The criterion on one candidate from its per-row answer-token log-probabilities (1-D arrays, one per
-        row, in the order of ``self.forget``, ``self.holdout``, ``self.retain_validation`` and ``self.generic``):
-        everything :meth:`measure` returns except ``seconds``. For callers that compute the log-probabilities
-        themselves (a cached frozen trunk). Without ``original`` figures, the first call's retain figures become
-        the original's."""
+        """:meth:`measure` (but ``seconds``) from per-row answer-token log-probabilities (1-D arrays, in the order of
+        the criterion's rows), for callers that compute them themselves."""
         for name, rows, arrays in (("forget", self.forget, forget), ("holdout", self.holdout, holdout)):
             if len(arrays) != len(rows):
                 raise ValueError(f"{name}: {len(arrays)} log-probability arrays for {len(rows)} rows.")

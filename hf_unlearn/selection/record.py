@@ -42,23 +42,14 @@ def forget_holdout_statistics(
 ) -> dict[str, Any]:
     """Indistinguishability of forget and holdout rows from their per-token answer log-probabilities.
 
-    With ``n_i = -mean_t log p_t`` a row's answer NLL and ``r_i`` the same row's NLL under the reference model
-    (``reference_nll = (forget, holdout)``; 0 without one), the row's *shift* is ``d_i = n_i - r_i``.
-    ``shift_gap`` is the mean over forget groups of the groups' mean shift minus the same over holdout groups,
-    and ``forget_holdout_pvalue`` the two-sided p-value of Welch's test on those group means
-    (:func:`hf_unlearn.evaluation.privacy.group_mean_shift_test`; ``groups = (forget labels, holdout labels)``,
-    every row its own group without them; ``None`` with a single row on a side); ``shift_gap_se`` its standard
-    error and ``shift_gap_df`` its Welch degrees of freedom, ``forget_shift`` / ``holdout_shift`` the two sides'
-    mean shifts. ``equivalence_pvalue`` is the two-one-sided-tests p-value that ``|shift_gap| < margin``
-    (:func:`hf_unlearn.evaluation.privacy.equivalence_pvalue`): small when the forget rows' shift is shown to lie
-    within ``margin`` nats/token of the holdout rows'.
-
-    Kept for reference: ``forget_holdout_ks`` and ``forget_holdout_ks_pvalue`` (the two-sample Kolmogorov-Smirnov
-    statistic ``D = sup_x |F_forget(x) - F_holdout(x)|`` of the NLLs and its p-value, rows taken as independent),
-    ``mia_auc`` (Min-K% AUC, forget labelled 0 and holdout 1) and the two mean NLLs.
-
-    Identical rows give ``p = 1``, ``shift_gap = 0`` and ``mia_auc = 0.5``. A non-finite log-probability gives
-    ``p = 0`` and ``shift_gap = mia_auc = None`` (such a candidate cannot be told apart from nothing).
+    With the shift ``d_i = n_i - r_i`` (:mod:`hf_unlearn.selection`): ``shift_gap`` with its Welch ``shift_gap_se`` /
+    ``shift_gap_df`` and two-sided ``forget_holdout_pvalue`` on the group means
+    (:func:`hf_unlearn.evaluation.privacy.group_mean_shift_test`; ``None`` with one row on a side),
+    ``forget_shift`` / ``holdout_shift``, ``equivalence_pvalue`` that ``|shift_gap| < margin``
+    (:func:`hf_unlearn.evaluation.privacy.equivalence_pvalue`), and for reference the rows' KS statistic and p-value
+    (``forget_holdout_ks``, ``forget_holdout_ks_pvalue``), the Min-K% ``mia_auc`` (forget 0, holdout 1) and the two
+    mean NLLs. Identical rows give ``p = 1``, ``shift_gap = 0``, ``mia_auc = 0.5``; a non-finite log-probability
+    gives ``p = 0`` and ``shift_gap = mia_auc = None``.
     """
     from scipy.stats import ks_2samp
 
