@@ -1,15 +1,5 @@
-"""Import machinery of the top level: a lazy module (TRL's ``_LazyModule`` pattern) and a post-import hook.
-
-:class:`_LazyModule` stands in for ``hf_unlearn`` in ``sys.modules``: each public name is imported
-from its submodule the first time it is used, so ``import hf_unlearn`` imports neither torch nor
-transformers' model code.
-
-:func:`call_after_import` runs a function once a module has been imported (right away when it
-already is). The package uses it to register the T3 head with the transformers Auto classes when
-``transformers.models.auto.modeling_auto`` loads (the Auto classes import torch, so registering
-eagerly would import it too).
-"""
-
+"""Import machinery of the top level: :class:`_LazyModule` (TRL's pattern: ``import hf_unlearn`` imports neither
+torch nor transformers' model code) and :func:`call_after_import` (runs a function once a module is imported)."""
 from __future__ import annotations
 
 import importlib

@@ -1,15 +1,7 @@
-"""What a command-line run prints: one progress line per method and phase, JSON Lines event logs, and the
-silencing of third-party console noise.
-
-A phase (``training``, ``evaluation``, ``NF4 re-check``) prints ``<method> <phase> ...`` when it starts and
-completes the same line with ``done`` and its duration, or with ``FAILED``, the error and the log file that
-holds the traceback (:class:`PhaseReporter`). The per-step Trainer logs never reach the console here: they go
-to a JSON Lines file (:class:`hf_unlearn.run.JsonlLogCallback`), and are echoed only with ``--verbose``, in
-which case each phase line is printed whole when the phase ends so that the echoed logs do not split it.
-:func:`quiet_console` hides library log messages, progress bars and deprecation notices a user cannot act on;
-the command line calls it, importing ``hf_unlearn`` never does.
-"""
-
+"""What a command-line run prints: one line per method and phase (:class:`PhaseReporter`: ``<method> <phase> ...``
+then ``done`` and the duration, or ``FAILED``, the error and the log holding the traceback), JSON Lines event logs
+(echoed with ``--verbose``), and :func:`quiet_console`, which hides third-party log noise (the command line calls
+it; importing ``hf_unlearn`` never does)."""
 from __future__ import annotations
 
 import json

@@ -1,21 +1,9 @@
 """The device rule of every entry point: :func:`resolve_device` turns ``device=`` / ``--device`` into a device
-name, and :func:`device_of` reads the device a model is on (what results and reports record).
-
-``None`` or ``"auto"`` is CUDA when ``torch.cuda.is_available()``, else the CPU; under a launch
-(``torchrun`` / ``accelerate launch`` set ``LOCAL_RANK``) it is that process's own GPU, ``cuda:<LOCAL_RANK>``,
-so that no process loads its model onto another's GPU. An explicit ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` is
-kept; a CUDA device asked for on a machine without CUDA (or a GPU index it does not have) is refused with a
-``ValueError`` before any work. :func:`move_to_device` applies the rule to a model given with ``device=``.
-
-The closed-form fits under ``torchrun`` / ``accelerate launch`` (which set ``WORLD_SIZE``, ``RANK`` and
-``LOCAL_RANK``): the trainer methods join the launch's process group through the Trainer; :func:`join_launch` joins
-it for the fits that have none (GROM shards its forward passes and reduces its statistics, T3 fits its head once)
-through accelerate's ``PartialState`` (NCCL on GPUs, gloo on the CPU), which a Trainer reuses later, and
-:func:`on_main_process` runs a computation on rank 0 alone and hands its result to every process.
-
-This module imports nothing of ``hf_unlearn`` (torch only when called).
-"""
-
+name (``None`` / ``"auto"``: this process's GPU under a launch, ``cuda:<LOCAL_RANK>``, else CUDA when available,
+else the CPU; CUDA asked for without it is refused before any work), :func:`device_of` reads a model's device,
+:func:`move_to_device` applies the rule. Under ``torchrun`` / ``accelerate launch``, :func:`join_launch` joins the
+process group for the closed-form fits and :func:`on_main_process` runs a computation on rank 0 and hands its
+result to every process. Imports nothing of ``hf_unlearn``."""
 from __future__ import annotations
 
 import os

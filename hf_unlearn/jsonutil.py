@@ -1,31 +1,23 @@
-"""JSON-safe values: the package's one converter from the objects it records to what strict JSON accepts.
-
-Reports, selection records and edit metadata are written with ``json.dumps(..., allow_nan=False)``
-(:func:`hf_unlearn.safe_output.atomic_write_json`); :func:`json_safe` turns what they hold into plain JSON values
-first, and :func:`is_jsonable` tells whether a value is plain JSON already. This module imports nothing beyond the
-standard library (tensors and NumPy values are recognised by their ``tolist`` method).
-"""
+"""JSON values: :func:`json_safe` turns what the package records into what strict JSON
+(``allow_nan=False``) accepts, :func:`is_jsonable` tells whether a value is plain JSON already, and
+:func:`read_json_file` reads a JSON file. Standard library only."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["is_jsonable", "json_safe"]
+__all__ = ["is_jsonable", "json_safe", "read_json_file"]
 
 
 def json_safe(obj: Any) -> Any:
-    """A copy of ``obj`` that ``json.dumps(allow_nan=False)`` accepts.
-
-    * an object with a ``to_dict()`` method (a report) that is not a ``dict``: its ``to_dict()``, converted;
-    * a mapping: a ``dict`` with ``str`` keys and converted values; a list or tuple: a list of converted values;
-    * ``None``, ``bool``, ``str``: as they are; an ``int``: ``int(obj)``; a ``float``: ``float(obj)`` when finite,
-      else ``None`` (NaN and infinities are no JSON);
-    * a tensor, a NumPy array or a NumPy scalar (anything with ``tolist()``): its ``tolist()``, converted;
-    * anything else (a class included): ``str(obj)``.
-    """
+    """A copy of ``obj`` that ``json.dumps(allow_nan=False)`` accepts: ``to_dict()`` of a non-dict that has one,
+    mappings with ``str`` keys, lists for lists and tuples, ``None`` for a non-finite float, ``tolist()`` of a tensor
+    or NumPy value, ``str(obj)`` for anything else (a class included)."""
     if isinstance(obj, type):  # a class, not an instance: its methods are unbound
         return str(obj)
     to_dict = getattr(obj, "to_dict", None)
@@ -54,3 +46,15 @@ def is_jsonable(value: Any) -> bool:
         return True
     except (TypeError, ValueError):
         return False
+
+
+def read_json_file(path: str | os.PathLike, what: str = "") -> Any:
+    """The JSON value in the file ``path``: ``FileNotFoundError`` ``"<what><path> does not exist."`` when it is no
+    file, ``ValueError`` ``"<what><path> is not valid JSON (...)."`` when it is not JSON."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}{path} does not exist.")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}{path} is not valid JSON ({err.msg}).") from None

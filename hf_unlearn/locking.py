@@ -1,18 +1,8 @@
 """The output lock: ``<folder>.lock`` beside an output folder, a :class:`filelock.UnixFileLock` held while a run
-writes it.
-
-:func:`output_lock` takes it (re-entrant within a process; the non-zero ranks of a ``torch.distributed`` launch
-neither take nor check it), :func:`lock_holder` names a live holder, :func:`lock_path` is the file's path. The
-file names the holder's pid, host, start time and command; it is removed on release. The kernel releases the lock
-when its process dies; the file of a dead holder is then taken over with a logged warning, and when it ran on this
-host, the temporary folders it left beside the output (``.<folder>.tmp-<its pid>-*``,
-:func:`hf_unlearn.safe_output.atomic_directory`'s naming) are removed. The lock path passes the write gate
-(:func:`hf_unlearn.write_gate.gated_path`), and a lock file that is a link, a folder, a FIFO, a file with other
-hard links or a file holding anything but a lock record is refused in one line and left as it is.
-
-Under a ``torch.distributed`` launch the processes coordinate a shared output folder through three small helpers
-(used by :func:`hf_unlearn.safe_output.atomic_directory` with ``all_ranks=True``): rank 0's value on every
-process (a broadcast), whether a flag holds on every process, and a barrier.
+writes it, naming its holder (pid, host, start, command). A dead holder's lock is taken over with a logged warning
+(and its temporary folders on this host removed); a lock file that is a link, folder, FIFO, hard link or holds
+anything but a lock record is refused. Also the ``torch.distributed`` helpers a shared output folder needs:
+rank 0's value everywhere, a flag on every rank, a barrier.
 """
 
 from __future__ import annotations
@@ -66,10 +56,8 @@ def _world_size() -> int:
 
 
 def _share_from_main(value: Any) -> Any:
-    """Rank 0's ``value`` on every process of a ``torch.distributed`` launch (``value`` itself outside one).
-
-    Every process must call it at the same point. The process group is started through accelerate's
-    ``PartialState`` when none is running yet (the Trainer later reuses it)."""
+    """Rank 0's ``value`` on every process of a ``torch.distributed`` launch (``value`` itself outside one); every
+    process calls it at the same point (a process group is started through accelerate when none runs)."""
     if _world_size() == 1:
         return value
     import torch.distributed as dist
@@ -84,8 +72,7 @@ def _share_from_main(value: Any) -> Any:
 
 
 def _all_ranks_ok(ok: bool) -> bool:
-    """Whether ``ok`` holds on every process of a ``torch.distributed`` launch (one all-reduce of a flag, on CPU
-    through ``all_gather_object`` so that any backend serves); ``ok`` itself outside one."""
+    """Whether ``ok`` holds on every process of a ``torch.distributed`` launch; ``ok`` itself outside one."""
     if _world_size() == 1:
         return ok
     import torch.distributed as dist
@@ -282,15 +269,9 @@ def _release(path: Path, held: _Held) -> None:
 
 @contextlib.contextmanager
 def output_lock(output_dir: str | os.PathLike | None, enabled: bool | None = None) -> Iterator[Path | None]:
-    """Hold the exclusive lock of ``output_dir`` for the ``with`` block; yield the lock file's path.
-
-    Raises :class:`OutputLockedError` (one line naming the holder's pid, host, start time and command) when
-    another live process holds it. Re-entrant within a process. The lock file ``<output_dir>.lock`` lives beside
-    the folder (its parent is created when missing, and removed again on release when the lock put it there) and
-    is removed on release; a lock file left by a process that died is taken over with a logged warning.
-    ``output_dir=None`` or ``enabled=False`` does nothing; ``enabled=None`` locks unless this process is a
-    non-zero rank of a ``torch.distributed`` launch.
-    """
+    """Hold the exclusive lock of ``output_dir`` for the ``with`` block (re-entrant); yield the lock file's path.
+    :class:`OutputLockedError` when another live process holds it. ``output_dir=None`` or ``enabled=False`` does
+    nothing; ``enabled=None`` locks unless this is a non-zero rank of a ``torch.distributed`` launch."""
     if output_dir is None or enabled is False or (enabled is None and _is_secondary_rank()):
         yield None
         return

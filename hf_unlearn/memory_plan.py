@@ -1,25 +1,12 @@
 """The memory a run needs on one device, estimated before any work from the model's config (no weights loaded).
 
-In the spirit of ``accelerate estimate-memory``: from the model's shape (:class:`ModelShape`, read from its
-``config.json``), what the method needs (:class:`MethodNeeds`: whether it trains, whether its objective reads a
-frozen reference model, the retain pairing, the extra buffers its config declares), the dtype, LoRA, the batch and
-the sequence length, :func:`plan_memory` adds up the peak: weights, gradients, optimizer states, the reference
-model, activations and the method's extras. :func:`check_plan_fits` refuses, in one line, a plan that does not fit
-the device, naming options that would make it fit (:func:`fitting_options`)::
-
-    shape = ModelShape.from_config(AutoConfig.from_pretrained("meta-llama/Llama-3.1-8B"))
-    needs, settings = MethodNeeds(trains=True, reference=True), Settings(weight_bytes=2, batch=4, seq_len=256)
-    plan_memory(shape, needs, settings).total / 2**30      # GiB
-    check_plan_fits(shape, needs, settings, 80 * 2**30, "npo", "cuda:0")   # UserError when it does not fit
-
-Before a run, :func:`check_run_memory` asks the registry what the method needs (:func:`method_needs`) and checks
-the plan against the device's memory (on a CUDA device; elsewhere nothing is refused).
-
-A method declares buffers of its own (a closed-form edit's second moments, a cache) through its config: a config
-may define ``extra_memory_bytes(shape, weight_bytes) -> {name: bytes}``; the core reads nothing else of a method.
-The estimate is for one process holding the whole model (no sharding); the constants of the activation terms are
-approximations of what transformers' Llama-family decoder layers keep for the backward pass, measured against
-real runs by ``benchmarks/scale.py``.
+From the model's shape (:class:`ModelShape`), what the method needs (:class:`MethodNeeds`: training, a frozen
+reference, the retain pairing, the extra buffers its config declares through
+``extra_memory_bytes(shape, weight_bytes) -> {name: bytes}``), dtype, LoRA, batch and sequence length,
+:func:`plan_memory` adds up the peak; :func:`check_plan_fits` refuses in one line a plan that does not fit, naming
+options that would (:func:`fitting_options`); :func:`check_run_memory` does both for a run on a CUDA device. The
+estimate is for one process holding the whole model; the activation constants approximate transformers'
+Llama-family decoder layers (docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""The checks of a model's saved files and of what loading them produced, before any work.
-
-:func:`hf_unlearn.preconditions.load_model` (``hf-unlearn unlearn`` / ``eval``, the per-method scripts) runs them,
-in this order:
-
-* :func:`check_weight_files`, on a local folder before anything is loaded: the folder holds safetensors weights
-  (a ``pytorch_model.bin`` alone is a pickle, which can run code when loaded: refused), every file named by
-  ``model.safetensors.index.json`` lies in the folder and exists, and every safetensors file has a readable
-  header whose tensors cover the file exactly (an empty, truncated or garbage file is named);
-* :func:`loading_problems`, on transformers' loading report (``output_loading_info=True``): a weight the
-  checkpoint lacks (it would be initialised at random), a weight the model does not have, or a weight whose shape
-  differs from the one ``config.json`` describes. Weights tied to another one (``lm_head`` tied to
-  ``embed_tokens``) are not missing;
-* :func:`first_non_finite`, on the loaded model: a weight or buffer holding NaN or an infinity.
-
-Each problem is one line naming the file or the weight, for a :class:`~hf_unlearn.options.UserError`.
-"""
-
+"""The checks of a model's saved files and of what loading them produced, run by
+:func:`hf_unlearn.preconditions.load_model` before any work, each problem one line: :func:`check_weight_files`
+(safetensors only, every indexed file present, every header readable and covering its file),
+:func:`loading_problems` (weights missing, unexpected or of another shape than ``config.json`` says; tied weights
+are not missing) and :func:`first_non_finite` (a NaN or infinity in a weight or buffer)."""
 from __future__ import annotations
 
 import json

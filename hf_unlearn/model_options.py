@@ -1,19 +1,11 @@
-"""TRL's model options for every method: the dtype the model loads in and the LoRA adapter a trainer trains.
-
-:class:`ModelOptions` holds the fields of ``trl.ModelConfig`` that apply here, with TRL's names, defaults and
-help (``--dtype``, ``--use_peft``, ``--lora_r``, ``--lora_alpha``, ``--lora_dropout``, ``--lora_target_modules``,
-...); gradient checkpointing is ``--gradient_checkpointing``, a field of every trainer's config
-(``TrainingArguments``), as in TRL's scripts. ``hf-unlearn unlearn`` and the per-method scripts read them
-beside the method's options::
+"""TRL's model options for every method (:class:`ModelOptions`: the fields of ``trl.ModelConfig`` that apply, with
+TRL's names, defaults and help: ``--dtype``, ``--use_peft``, ``--lora_r``, ...)::
 
     options, rest = parse_model_options(["--use_peft", "--lora_r", "8", "--beta", "0.2"])
-    options.peft_config()     # peft.LoraConfig(r=8, lora_alpha=32, ...), through trl.get_peft_config
+    options.peft_config()     # peft.LoraConfig(r=8, ...), through trl.get_peft_config
     options.torch_dtype()     # torch.float32 (TRL's default), "auto", torch.bfloat16 or torch.float16
 
-With ``use_peft`` a trainer trains a LoRA adapter on the frozen base, and its frozen reference (NPO, DPO, the
-KL retain term, ...) is that base with the adapter disabled, not a second copy of the model.
-"""
-
+With ``use_peft`` a trainer trains a LoRA adapter and its frozen reference is the base with the adapter disabled."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,14 +1,6 @@
-"""Models whose weights are partitioned across processes (DeepSpeed ZeRO-3, FSDP): detection, and shapes read
-from the config instead of from the weights.
-
-Under ZeRO-3 every process holds a parameter as a tensor of shape ``[0]`` that carries its full shape as
-``ds_shape``; FSDP's flat parameters hold a shard of a flattened tensor; FSDP2's parameters are ``DTensor``s
-whose ``shape`` is the whole tensor's while each process holds a ``Shard`` of it. Code that reads a size from
-``weight.shape`` then reads 0 (or a shard's size): :func:`vocab_size` reads the vocabulary from the config when
-the LM head is partitioned, and :func:`is_partitioned` tells a caller that it cannot copy or read the weights
-locally.
-"""
-
+"""Models whose weights are partitioned across processes (DeepSpeed ZeRO-3, FSDP, FSDP2): :func:`is_partitioned`
+tells a caller it cannot copy or read the weights locally; :func:`vocab_size` reads the vocabulary from the config
+when the LM head is partitioned."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,23 +1,8 @@
-"""Safe outputs: every path hf-unlearn writes passes the write gate, and every artifact goes through a temporary
-path and a rename.
-
-A user points hf-unlearn at their only copy of a model, so nothing here may destroy or mix outputs. Every function
-below first passes its path through :func:`gated_path` (:mod:`hf_unlearn.write_gate`: a symbolic link anywhere in
-the path is refused in one line), and nothing else in the package writes a file or folder a user named.
-
-* :func:`check_output_dir` refuses, *before any work*, an output folder that equals, lies inside or contains an
-  input, a non-empty output folder without ``overwrite=True``, a parent that is not writable and a folder another
-  live process holds; :func:`check_report_path` refuses a report path inside an input, a folder, or an existing
-  file without ``overwrite=True``.
-* :func:`atomic_directory` builds a whole result folder in a temporary sibling and swaps it in only when the
-  ``with`` block finished without an exception, holding the folder's lock (:func:`output_lock`,
-  :mod:`hf_unlearn.locking`); on any failure the previous output is left exactly as it was.
-* :func:`keep_failed` moves a failed run's own work folder beside the output under a name no other folder has.
-* :func:`atomic_write_text`, :func:`atomic_write_bytes` and :func:`atomic_write_json` write one file through a
-  temporary file in the same folder, ``fsync`` and ``os.replace``; :func:`append_text` appends to a log.
-
-Folders created here get the mode an ``os.mkdir`` would give them (``0o777`` less the umask), not the ``0o700``
-of a temporary folder, so that a shared model folder stays readable by the group.
+"""Safe outputs: every path passes the write gate (:func:`gated_path`: no symbolic link anywhere), is checked
+before any work (:func:`check_output_dir`, :func:`check_report_path`), and is written through a temporary path
+and a rename (:func:`atomic_directory`, :func:`atomic_write_bytes` / ``_text`` / ``_json``) under the folder's
+lock (:mod:`hf_unlearn.locking`); on failure the previous output is left as it was. Created folders get the mode
+``os.mkdir`` gives (``0o777`` less the umask). docs/safety.md gives the promises.
 """
 
 from __future__ import annotations
@@ -68,8 +53,6 @@ __all__ = [
 #: The suffix of the folder beside an output where the CLI keeps a failed run's work (:func:`keep_failed`).
 FAILED_SUFFIX = ".failed"
 
-
-# ----- folder modes ---------------------------------------------------------------------------------------------
 
 _UMASK_LOCK = threading.Lock()
 
@@ -124,21 +107,11 @@ def check_output_dir(
     overwrite: bool = False,
     siblings: Iterable[str] = (),
 ) -> Path:
-    """Validate ``output_dir`` before any work; return it absolute.
-
-    Raises :class:`OutputDirError` when the folder
-
-    * goes through a symbolic link anywhere in its path (:func:`gated_path`),
-    * equals, lies inside, or contains any existing local folder in ``inputs`` (a model or data folder; Hub ids
-      that are not local paths are ignored); its lock file ``<folder>.lock`` and each ``<folder><suffix>`` of
-      ``siblings`` (paths beside it that the run may write, e.g. the CLI's ``.failed``) are checked the same way,
-    * exists and is not empty while ``overwrite`` is false (one holding ``checkpoint-*`` folders is named as an
-      interrupted run, to resume),
-    * exists and is not a folder,
-    * cannot be created/written (its nearest existing ancestor is not writable),
-    * or is locked by another live process (:class:`OutputLockedError`, naming the holder; see
-      :func:`output_lock`).
-    """
+    """Validate ``output_dir`` before any work; return it absolute. Refused (:class:`OutputDirError`): a path
+    through a link; a folder that equals, lies inside or contains a local ``inputs`` path (so do its ``.lock`` and
+    each ``<folder><suffix>`` of ``siblings``); an existing non-empty folder without ``overwrite`` (one with
+    ``checkpoint-*`` named as an interrupted run); a non-folder; no write access; another live process's lock
+    (:class:`OutputLockedError`)."""
     out = gated_path(output_dir)
     holder = None if _is_secondary_rank() else lock_holder(out)
     if holder is not None:
@@ -195,13 +168,9 @@ def _local_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
 
 def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (),
                       overwrite: bool = False) -> Path:
-    """Validate a report file path before any work; return it absolute.
-
-    Raises :class:`OutputDirError` when the path goes through a symbolic link anywhere (:func:`gated_path`), names
-    a folder, is an existing file while ``overwrite`` is false (a hard link too: it is replaced by a rename, so its
-    other names keep their content), equals or lies inside an existing local path of ``inputs`` (the model folder
-    being evaluated, a data folder, a reference file), or cannot be written (its nearest existing folder is not
-    writable). Reports are then written with :func:`atomic_write_json`."""
+    """Validate a report file path before any work; return it absolute. Refused (:class:`OutputDirError`): a path
+    through a link, a folder, an existing file without ``overwrite``, a path equal to or inside a local ``inputs``
+    path, no write access."""
     given = Path(path).expanduser()
     if not given.name or given.name in (".", ".."):
         raise OutputDirError(f"Report path {path} names a folder; give a file path for the JSON.")
@@ -225,12 +194,9 @@ def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLik
 
 
 def keep_failed(work: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
-    """Move ``work`` (a failed run's own temporary folder) beside ``output_dir`` to inspect; return where it went.
-
-    The name is ``<output_dir>.failed``, or ``<output_dir>.failed-<time>-<pid>[-n]`` when that one is taken: the
-    new name is claimed with an exclusive ``mkdir`` and ``work`` is renamed onto that empty folder, so no existing
-    file or folder is ever replaced or deleted. Raises :class:`OutputWriteError` when no name can be claimed.
-    """
+    """Move ``work`` (a failed run's temporary folder) to ``<output_dir>.failed`` (or ``.failed-<time>-<pid>[-n]``),
+    a name claimed by an exclusive ``mkdir``, so nothing is replaced; return it. :class:`OutputWriteError` when no
+    name can be claimed."""
     out = gated_path(output_dir)
     if _is_secondary_rank():  # the main process of a distributed launch moves the shared work folder
         return Path(work)
@@ -259,31 +225,15 @@ def atomic_directory(
     final_dir: str | os.PathLike, overwrite: bool = False, keep: Iterable[str] = (), lock: bool = True,
     all_ranks: bool = False,
 ) -> Iterator[Path]:
-    """Build a folder in a temporary sibling and swap it in as ``final_dir`` only on success.
+    """Build a folder in a temporary sibling and swap it in as ``final_dir`` only when the block ends without an
+    exception (``with atomic_directory(out) as tmp: model.save_pretrained(tmp)``); on an exception ``final_dir`` is
+    untouched. A non-empty ``final_dir`` without ``overwrite`` is refused up front.
 
-    ``with atomic_directory(out, overwrite=True) as tmp: model.save_pretrained(tmp)``: while the block runs,
-    ``out`` keeps its previous content. When the block ends without an exception, the previous folder (if any) is
-    renamed aside, the new one renamed into place, and the old one deleted. On an exception the temporary folder
-    is removed and ``out`` is untouched. A non-empty ``final_dir`` without ``overwrite`` is refused up front.
-
-    The whole block holds the lock of ``final_dir`` (:func:`output_lock`; ``lock=False`` when the caller holds
-    the lock of an enclosing folder, as a training run does for its checkpoints), so another process writing it
-    is refused. The swap itself refuses (:class:`OutputDirError`) to replace a folder that changed since the start
-    of the block: one that another folder or file took the place of, or, without ``overwrite``, one that was
-    missing or empty and is not any more; the new result is then kept beside it (``<final_dir>.new-*``, named in
-    the message) and ``final_dir`` is left as it is. The new folder gets the mode of an ``os.mkdir``
-    (``0o777`` less the umask).
-
-    ``keep`` lists glob patterns of entries of the previous folder that are not part of the result and move into
-    the new folder after the swap (a training run's ``checkpoint-*`` folders when its final model is saved into
-    the run folder); an entry the new folder already has is not moved.
-
-    ``all_ranks=True`` says that every process of a ``torch.distributed`` launch enters the block together (the
-    command line and the example scripts under ``torchrun`` / ``accelerate launch``): rank 0 locks, checks and
-    creates the temporary folder and shares its path, so every process writes into the same folder; at the end
-    the processes agree (one exchange of a flag) whether all of them finished the block, rank 0 then swaps the
-    folder in (or removes it when any process failed, which then raises on every process) and the others wait
-    at a barrier until it has. Outside a launch it is the one-process behaviour.
+    The block holds ``final_dir``'s lock (:func:`output_lock`; ``lock=False`` when the caller holds an enclosing
+    one). A folder that changed meanwhile (replaced, or filled without ``overwrite``) is not replaced: the result is
+    kept at ``<final_dir>.new-*`` and :class:`OutputDirError` raised. ``keep``: glob patterns of the previous
+    folder's entries moved into the new one after the swap. ``all_ranks=True``: every process of a
+    ``torch.distributed`` launch enters together; rank 0 owns the folder and swaps it in only when all finished.
     """
     if all_ranks and _world_size() > 1:
         with _atomic_directory_all_ranks(final_dir, overwrite, tuple(keep), lock) as tmp:
@@ -380,9 +330,8 @@ def _atomic_directory_all_ranks(final_dir: str | os.PathLike, overwrite: bool, k
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder, ``fsync`` and a rename. The file gets
-    the mode ``open`` would give it (``0o666`` less the umask), not ``mkstemp``'s ``0o600``. A path through a
-    symbolic link anywhere, the file's own name included, is refused (:func:`gated_path`)."""
+    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and a rename, with ``open``'s mode (``0o666``
+    less the umask); a path through a link is refused."""
     path = gated_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -400,9 +349,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 
 def append_text(path: str | os.PathLike, text: str) -> Path:
-    """Append ``text`` (UTF-8) to the file ``path`` (a log), creating it and its folders when missing; the path
-    passes :func:`gated_path` and the file is opened with ``O_NOFOLLOW``, so a log is never written through a
-    link."""
+    """Append ``text`` (UTF-8) to the log ``path`` (created when missing), never through a link."""
     path = gated_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)

@@ -1,20 +1,7 @@
-"""One pass of a scoring loop for many candidates: what each batch yields is kept, and the batches map back to rows.
-
-A selection criterion scores its rows with a :data:`~hf_unlearn.logprobs.TokenScorer` in batches of its own making
-(tokenization, truncation, length sorting), and returns one array of answer-token log-probabilities per row.
-Measuring ``K`` candidates whose scores share an expensive part (a frozen base, the blocks before an edited band)
-needs that loop to run once, with each batch's shared part kept. :class:`RowBatches` runs the loop once with a
-scorer that calls ``per_batch(input_ids, attention_mask, position_ids, labels)`` and keeps its result; to learn where
-each row went it returns, at every scored position of row ``r`` of the ``b``-th batch, the code
-
-    c = b * 2^20 + r          (float64, exact),
-
-so the loop's own output says, for row ``i``, its batch and its place in it. :meth:`RowBatches.rows_of` then turns
-any per-batch ``[B, L]`` scores into the per-row arrays the loop would have returned for them: row ``r`` of batch
-``b`` at its scored positions (:func:`~hf_unlearn.logprobs.answer_mask`), as float64, the same conversion the loop
-applies.
-"""
-
+"""One pass of a scoring loop for many candidates (:class:`RowBatches`): the loop runs once with a scorer that
+keeps ``per_batch(input_ids, attention_mask, position_ids, labels)`` of every batch and returns, at every scored
+position of row ``r`` of batch ``b``, the code ``c = b * 2^20 + r`` (float64, exact); :meth:`RowBatches.rows_of`
+then maps any per-batch ``[B, L]`` scores back to the per-row arrays the loop would have returned."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

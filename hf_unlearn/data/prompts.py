@@ -1,48 +1,32 @@
-"""The one place where prompt text is built and question/answer pairs are tokenized.
+"""The one place where prompt text is built and question/answer pairs are tokenized: every method and the
+evaluator go through :func:`format_qa` and :func:`tokenize_qa`, so the answer tokens a method unlearns are the
+tokens the evaluator scores. ``template=`` is a :class:`PromptTemplate`, a preset name (:data:`PROMPT_TEMPLATES`)
+or ``None`` (the tokenizer's chat template when it has one, else ``plain``: ``"Question: {question}\nAnswer:"`` +
+``" {answer}"``).
 
-Every part of hf_unlearn (trainers, evaluator, GROM key collection, T3 fitting) formats a question and its
-answer through :func:`format_qa` and tokenizes through :func:`tokenize_qa`, so the answer tokens that a method
-unlearns are exactly the tokens the evaluator scores. Each function takes ``template=``: a
-:class:`PromptTemplate`, the name of a preset (:data:`PROMPT_TEMPLATES`, looked up by :func:`get_template`) or
-``None`` for the default (the tokenizer's chat template when it has one, else the ``plain`` preset
-``"Question: {question}\\nAnswer:"`` + ``" {answer}"``).
-
-Two kinds of template:
-
-* ``chat``: the tokenizer's chat template (or ``PromptTemplate.chat_template``), with an optional system message
-  and ``date_string`` passed to the template (as open-unlearning's ``template_args`` do). The prompt is the
-  conversation up to ``add_generation_prompt=True``; the completion is what the full conversation adds after it.
-* ``plain``: ``prefix + question_start_tag + question + question_end_tag + answer_tag`` then the answer and the
-  EOS token, as TOFU's ``config/model_config.yaml`` and open-unlearning's non-chat ``template_args`` have them.
-
-Tokenization is whole-text, as TOFU, open-unlearning and TRL's ``SFTTrainer`` do it: prompt + completion are
-tokenized as one text and the prompt is masked by its own token length (precisely: by the common prefix of the
-prompt's tokens and the whole text's tokens, which is TRL's rule and equals the prompt's length whenever the
-prompt ends on a token boundary). Tokenizing the two parts separately would give SentencePiece tokenizers that
-prepend a space (Llama-2, Mistral) a spurious leading ``▁`` answer token.
+Tokenization is whole-text, as TOFU, open-unlearning and TRL's ``SFTTrainer`` do: prompt + completion tokenized as
+one text, the prompt masked by the common prefix of its tokens and the whole text's (TRL's rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 IGNORE_INDEX = -100
-PLAIN_PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
 
 @dataclass(frozen=True)
 class PromptTemplate:
     """How a question is put to a model and how its answer follows.
 
-    ``kind="chat"`` renders ``[system?, user: question]`` (+ ``assistant: answer``) through the chat template
-    (``chat_template`` when set, else the tokenizer's), passing ``date_string`` to the template when set.
-    ``kind="plain"`` renders ``prefix + question_start_tag + question + question_end_tag + answer_tag + answer``
-    with the tokenizer's special tokens (BOS) and the EOS token appended; ``answer_tag_in_prompt=False`` puts
-    the answer tag in the scored completion instead of the prompt, as TOFU's original code does (it masks only
-    ``question_start_tag + question + question_end_tag``).
+    ``kind="chat"``: ``[system?, user: question]`` (+ ``assistant: answer``) through the chat template
+    (``chat_template``, else the tokenizer's), with ``date_string`` when set. ``kind="plain"``: ``prefix +
+    question_start_tag + question + question_end_tag + answer_tag + answer`` with the tokenizer's special tokens
+    and EOS appended; ``answer_tag_in_prompt=False`` scores the answer tag with the answer (as TOFU does).
     """
 
     kind: Literal["chat", "plain"] = "plain"
@@ -77,14 +61,8 @@ PROMPT_TEMPLATES: dict[str, PromptTemplate] = {
     ),
     # locuslab/tofu config/model_config.yaml, phi: "Question: " + q + "\n" + "Answer: " + answer; TOFU masks
     # only the question part, so "Answer: " is scored with the answer.
-    "tofu-phi": PromptTemplate(
-        kind="plain",
-        question_start_tag="Question: ",
-        question_end_tag="\n",
-        answer_tag="Answer: ",
-        answer_tag_in_prompt=False,
-        name="tofu-phi",
-    ),
+    "tofu-phi": PromptTemplate(kind="plain", question_start_tag="Question: ", question_end_tag="\n",
+                               answer_tag="Answer: ", answer_tag_in_prompt=False, name="tofu-phi"),
     # locuslab/open-unlearning configs/model/Llama-3.1-8B-Instruct.yaml (and the Llama-3.2 TOFU models):
     # apply_chat_template with system prompt "You are a helpful assistant." and date_string "10 Apr 2025".
     "open-unlearning-llama3": PromptTemplate(
@@ -93,23 +71,12 @@ PROMPT_TEMPLATES: dict[str, PromptTemplate] = {
     ),
     # locuslab/open-unlearning configs/model/Qwen2.5-*-Instruct.yaml template_args, rendered as text
     # (open-unlearning's non-chat path: system_prompt_with_special_tokens + user/assistant tags, then EOS).
-    "chatml": PromptTemplate(
-        kind="plain",
-        prefix="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
-        question_start_tag="<|im_start|>user\n",
-        question_end_tag="<|im_end|>\n",
-        answer_tag="<|im_start|>assistant\n",
-        name="chatml",
-    ),
+    "chatml": PromptTemplate(kind="plain", prefix="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
+                             question_start_tag="<|im_start|>user\n", question_end_tag="<|im_end|>\n",
+                             answer_tag="<|im_start|>assistant\n", name="chatml"),
     # hf_unlearn's default without a chat template: "Question: {q}\nAnswer:" + " {answer}".
-    "plain": PromptTemplate(
-        kind="plain",
-        question_start_tag="Question: ",
-        question_end_tag="\nAnswer:",
-        answer_tag=" ",
-        answer_tag_in_prompt=False,
-        name="plain",
-    ),
+    "plain": PromptTemplate(kind="plain", question_start_tag="Question: ", question_end_tag="\nAnswer:",
+                            answer_tag=" ", answer_tag_in_prompt=False, name="plain"),
     # The tokenizer's own chat template, no system prompt (the default when the tokenizer has one).
     "chat": PromptTemplate(kind="chat", name="chat"),
 }
@@ -131,11 +98,8 @@ def has_chat_template(tokenizer: Any) -> bool:
 
 
 def resolve_template(tokenizer: Any, template: str | PromptTemplate | None = None) -> PromptTemplate:
-    """The :class:`PromptTemplate` that ``template`` names for ``tokenizer``.
-
-    ``None`` is the default: the ``chat`` preset when the tokenizer has a chat template, else ``plain``. A
-    ``chat`` template needs a chat template (its own or the tokenizer's) and is refused otherwise.
-    """
+    """The :class:`PromptTemplate` that ``template`` names for ``tokenizer`` (``None``: ``chat`` when the tokenizer
+    has a chat template, else ``plain``); a chat template without one is refused."""
     if template is None:
         template = "chat" if has_chat_template(tokenizer) else "plain"
     if isinstance(template, str):
@@ -168,11 +132,8 @@ def _chat_messages(template: PromptTemplate, question: str, answer: str | None =
 
 
 def template_fingerprint(tokenizer: Any, template: str | PromptTemplate | None = None) -> dict[str, Any]:
-    """What identifies the prompts ``template`` builds with ``tokenizer`` (recorded as provenance).
-
-    ``{"template": name or None, "kind", "fields": {...}, "chat_template_sha256": sha256 of the Jinja chat
-    template used (chat kind only)}``.
-    """
+    """What identifies the prompts ``template`` builds with ``tokenizer`` (provenance): ``{"template", "kind",
+    "fields", "chat_template_sha256"}`` (the last for the chat kind only)."""
     t = resolve_template(tokenizer, template)
     out: dict[str, Any] = {"template": t.name, "kind": t.kind, "fields": t.to_dict()}
     if t.kind == "chat":
@@ -184,21 +145,14 @@ def template_fingerprint(tokenizer: Any, template: str | PromptTemplate | None =
 
 
 def build_prompt(tokenizer: Any, question: str, *, template: str | PromptTemplate | None = None) -> str:
-    """Prompt text for ``question`` (what the model sees before its answer, also when generating).
-
-    Default: the chat template when the tokenizer has one, else ``"Question: {question}\\nAnswer:"``.
-    """
+    """Prompt text for ``question`` (what the model sees before its answer, also when generating)."""
     return format_qa(tokenizer, question, "", template=template)[0]
 
 
 def format_qa(
     tokenizer: Any, question: str, answer: str, *, template: str | PromptTemplate | None = None
 ) -> tuple[str, str]:
-    """Split a question/answer pair into ``(prompt_text, completion_text)``; ``prompt + completion`` is the text.
-
-    The completion never contains prompt text; with a plain template the EOS token is appended at
-    tokenization (see :func:`tokenize_qa`).
-    """
+    """``(prompt_text, completion_text)`` of a question/answer pair; the completion never contains prompt text."""
     t = resolve_template(tokenizer, template)
     if t.kind == "chat":
         kwargs = _chat_kwargs(t)
@@ -214,15 +168,6 @@ def format_qa(
     if t.answer_tag_in_prompt:
         return head + t.answer_tag, answer
     return head, t.answer_tag + answer
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def tokenize_prompt(
@@ -242,18 +187,10 @@ def tokenize_qa(
     *,
     template: str | PromptTemplate | None = None,
 ) -> dict[str, Any]:
-    """Token ids of prompt + answer with answer-only labels, from whole-text tokenization.
-
-    The text ``prompt + completion`` is tokenized as one string (plain templates with the tokenizer's special
-    tokens, then EOS appended unless already last; chat templates as rendered); the prompt is masked by its own
-    token length, taken as the common prefix of the prompt's tokens and the whole text's tokens (TRL's rule;
-    TOFU and open-unlearning mask ``len(prompt tokens)``, the same whenever the prompt ends on a token
-    boundary). Returns ``{"input_ids", "attention_mask", "labels", "prompt_length"}`` where ``labels`` is
-    ``-100`` on prompt tokens and equals ``input_ids`` on answer tokens.
-
-    ``max_length`` truncates the answer end so that the sequence fits; a prompt that leaves no room for one
-    answer token is refused with a ``ValueError``.
-    """
+    """``{"input_ids", "attention_mask", "labels", "prompt_length"}`` of prompt + answer from whole-text
+    tokenization (plain templates: special tokens, EOS appended unless last); ``labels`` is ``-100`` on the prompt
+    (the common prefix of the prompt's and the whole text's tokens). ``max_length`` truncates the answer end; a
+    prompt that leaves no room for one answer token is refused (``ValueError``)."""
     t = resolve_template(tokenizer, template)
     prompt, completion = format_qa(tokenizer, question, answer, template=t)
     special = t.kind == "plain"
@@ -261,7 +198,7 @@ def tokenize_qa(
     input_ids = list(tokenizer(prompt + completion, add_special_tokens=special)["input_ids"])
     if special and tokenizer.eos_token_id is not None and (not input_ids or input_ids[-1] != tokenizer.eos_token_id):
         input_ids.append(tokenizer.eos_token_id)
-    prompt_length = _common_prefix_length(prompt_ids, input_ids)
+    prompt_length = len(os.path.commonprefix([prompt_ids, input_ids]))
     if max_length is not None:
         if prompt_length + 1 > max_length:
             raise ValueError(
@@ -278,11 +215,8 @@ def tokenize_qa(
 
 
 def model_max_positions(model: Any) -> int | None:
-    """The longest sequence ``model`` (or its config) can position, or ``None`` when the config does not say.
-
-    Reads ``max_position_embeddings``, ``n_positions``, ``max_sequence_length``, ``seq_length`` or ``n_ctx`` of
-    the (text) config, in that order.
-    """
+    """The longest sequence ``model`` (or its config) can position (``max_position_embeddings``, ``n_positions``,
+    ``max_sequence_length``, ``seq_length`` or ``n_ctx`` of the text config), ``None`` when it does not say."""
     config = getattr(model, "config", model)
     if hasattr(config, "get_text_config"):
         try:
@@ -311,11 +245,8 @@ def ensure_pad_token(tokenizer: Any) -> Any:
 def collate_qa(
     features: list[dict[str, list[int]]], pad_token_id: int, padding_side: str = "right"
 ) -> dict[str, Any]:
-    """Pad tokenized examples from :func:`tokenize_qa` into a batch of tensors.
-
-    ``padding_side`` is ``"right"`` or ``"left"``; ``position_ids`` are returned so that left
-    padding gives the same positions (and so the same log-likelihoods) as right padding.
-    """
+    """Pad :func:`tokenize_qa` examples into a batch of tensors, with ``position_ids`` so that left and right
+    padding give the same log-likelihoods."""
     import torch
 
     if padding_side not in ("left", "right"):

@@ -14,7 +14,6 @@ report's settings. The data is a folder laid out like MUSE-News or the Hub datas
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -27,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..assets import __version__
 from ..data.prompts import collate_qa, ensure_pad_token, model_max_positions
+from ..jsonutil import read_json_file
 from ..logprobs import TokenScorer, answer_mask, causal_lm_scorer, eval_mode, model_device
 from ..safe_output import check_report_path
 from . import metrics
@@ -91,10 +91,7 @@ def load_muse_part(source: str | os.PathLike, part: str) -> list[Any]:
     if folder.is_dir():
         for name in files:
             if (folder / name).is_file():
-                try:
-                    items = json.loads((folder / name).read_text(encoding="utf-8"))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{folder / name} is not valid JSON ({err.msg}).") from None
+                items = read_json_file(folder / name)
                 if not isinstance(items, list):
                     raise ValueError(f"{folder / name} does not hold a JSON list.")
                 return _checked_items(part, items, str(folder / name))

@@ -1,14 +1,8 @@
-"""MUSE reports: the typed report of :func:`~hf_unlearn.evaluation.evaluate_muse`, on disk and on screen.
-
-:class:`MUSEReport` holds MUSE's four model-side criteria (C1-C4 of the six-way table) as typed attributes, in
-MUSE's units (percent): VerbMem on the forget set, KnowMem on the forget set, PrivLeak, and KnowMem on the retain
-set (utility). :meth:`~MUSEReport.to_dict` / :meth:`~MUSEReport.from_dict` give its JSON form,
-:meth:`~MUSEReport.save` / :meth:`~MUSEReport.load` write and read it; :func:`render_muse_report` prints it.
-"""
+"""The typed report of :func:`~hf_unlearn.evaluation.evaluate_muse` (MUSE's C1-C4, in percent), its JSON form and
+its table."""
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import os
@@ -17,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..jsonutil import read_json_file
 from ..safe_output import atomic_write_json
 
 MUSE_REPORT_FORMAT = "hf_unlearn.muse_report"
@@ -58,28 +53,10 @@ def _check_figure(name: str, value: Any) -> None:
 
 @dataclass(kw_only=True)
 class MUSEReport:
-    """The report of :func:`~hf_unlearn.evaluation.evaluate_muse`.
-
-    Attributes:
-        model_name: the evaluated model.
-        source: the MUSE data: a local folder laid out like MUSE-News, or a Hub dataset id.
-        verbmem_forget: C1, VerbMem on the forget set (percent); ``None`` when not measured.
-        knowmem_forget: C2, KnowMem on the forget set (percent).
-        privleak: C3, PrivLeak (percent) of :attr:`privleak_auc` against :attr:`reference_auc`.
-        knowmem_retain: C4, KnowMem on the retain set (percent), the utility.
-        privleak_auc: the model's Min-40% AUC of forget vs holdout texts.
-        reference_auc: the retrained model's AUC (the authors' News value unless a retain model's was given).
-        reference_source: where :attr:`reference_auc` comes from (``"muse-news-retrain"``, ``"given"``, or the
-            retain report's model name).
-        num_examples: items scored per part (``verbmem``, ``knowmem_forget``, ``knowmem_retain``,
-            ``privleak_forget``, ``privleak_holdout``).
-        per_example: per part, the per-item values (generations, ROUGE-L F1, Min-40% scores).
-        settings: the evaluation's settings (max_new_tokens per part, max_examples, batch size, max length,
-            truncated prompts and texts).
-        hf_unlearn_version: the package version that wrote the report.
-        wall_time_s: seconds the evaluation took.
-        extra: keys of a dict that are no field, kept as they are.
-    """
+    """The report of :func:`~hf_unlearn.evaluation.evaluate_muse`: the figures of :data:`MUSE_METRIC_DEFINITIONS`
+    (``None`` when not measured), ``reference_source`` (where ``reference_auc`` comes from), ``num_examples`` and
+    ``per_example`` (per part), ``settings``, ``hf_unlearn_version``, ``wall_time_s`` and ``extra`` (keys of a dict
+    that are no field, kept as they are)."""
 
     model_name: str
     source: str
@@ -117,11 +94,8 @@ class MUSEReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MUSEReport:
-        """A report from its dict form (:meth:`to_dict`); keys that are no field go to :attr:`extra`.
-
-        Raises:
-            ValueError: not a mapping, a dict of another format, no ``model_name``/``source``, or a bad figure.
-        """
+        """A report from its dict form (:meth:`to_dict`); ``ValueError`` for a non-mapping, another format, no
+        ``model_name``/``source``, or a bad figure."""
         if not isinstance(data, Mapping):
             raise ValueError(f"A MUSE report must be a dict, got {type(data).__name__}.")
         fmt = data.get("format", MUSE_REPORT_FORMAT)
@@ -141,13 +115,7 @@ class MUSEReport:
     @classmethod
     def load(cls, path: str | os.PathLike) -> MUSEReport:
         """Read a report JSON written by :meth:`save` (or ``evaluate_muse(..., output_path=)``)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"MUSE report file {path} does not exist.")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"MUSE report file {path} is not valid JSON ({err.msg}).") from None
+        data = read_json_file(path, "MUSE report file ")
         return cls.from_dict(data)
 
     def figures(self) -> dict[str, float | None]:
@@ -187,11 +155,7 @@ MUSE_CARD_METRICS: dict[str, tuple[str, str]] = {
 
 def muse_card_results(report: MUSEReport | Mapping[str, Any]) -> list[tuple[str, str, str, float | None]]:
     """``(key, metric type, pretty name, value)`` of each :data:`MUSE_CARD_METRICS` figure of ``report`` (``None``
-    for one not measured), as a model card's ``model-index`` takes them.
-
-    Raises:
-        ValueError: the report measured none of them.
-    """
+    for one not measured); ``ValueError`` when it measured none."""
     if not isinstance(report, MUSEReport):
         report = MUSEReport.from_dict(report)
     rows = [(key, kind, pretty, getattr(report, key)) for key, (kind, pretty) in MUSE_CARD_METRICS.items()]

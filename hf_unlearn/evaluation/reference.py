@@ -1,22 +1,11 @@
 """Retain references from any published source, with their provenance.
 
-Forget quality compares an unlearned model's per-question forget truth ratios with a *retain model's* (one
-never trained on the forget set); privleak compares its membership-inference AUC with the retain model's.
-:func:`load_retain_reference` reads those numbers from
-
-* our own report (``evaluate_tofu``'s JSON or dict) or a file written by ``save_truth_ratios``;
-* open-unlearning's ``TOFU_EVAL.json`` (or the folder holding it): ``forget_truth_ratio.value_by_index``, the
-  nine model-utility components (``retain_Q_A_Prob`` ... ``wf_Truth_Ratio``) and the ``mia_*`` AUCs;
-* TOFU's ``eval_log_forget.json`` (or its results folder, or the aggregated JSON keyed by file name):
-  ``avg_paraphrased_loss`` and ``average_perturb_loss``; with ``eval_log.json``,
-  ``eval_real_author_wo_options.json`` and ``eval_real_world_wo_options.json`` beside it, also the nine
-  components, computed as TOFU's ``aggregate_eval_stat.py`` does.
-
-Truth ratios are returned in the metric module's convention ``exp(true_loss - mean(false_losses))`` (TOFU's
-files give the inverse, ``exp(perturbed - paraphrased)``; forget quality, a KS test, is the same either way).
-
-:func:`check_provenance` compares a reference's provenance with an evaluation's and refuses a known mismatch;
-fields the file cannot tell are named in a warning.
+:func:`load_retain_reference` reads a retain model's forget truth ratios (for forget quality), model-utility
+components and MIA AUCs (for privleak) from our report or ``save_truth_ratios`` file, open-unlearning's
+``TOFU_EVAL.json``, or TOFU's ``eval_log_forget.json`` (with its sibling logs, the components computed as TOFU's
+``aggregate_eval_stat.py`` does). Truth ratios are returned as ``exp(true_loss - mean(false_losses))`` (TOFU's files
+give the inverse; a KS test is the same either way). :func:`check_provenance` refuses a known mismatch with an
+evaluation and names the fields the source cannot tell.
 """
 
 from __future__ import annotations
@@ -32,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..jsonutil import read_json_file
 from .report import TOFUReport
 
 UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
@@ -67,15 +57,9 @@ COMPARED_FIELDS = ("forget_split", "num_rows", "data_sha256", "template", "token
 
 @dataclass
 class RetainReference:
-    """A retain model's numbers for forget quality and privleak, and where they came from.
-
-    ``forget_truth_ratios``: per forget question, in row order, ``exp(true_loss - mean(false_losses))``.
-    ``model_utility_components``: the nine model-utility components (``COMPONENT_NAMES``) when the source has
-    them, else ``None``. ``mia_auc``: the retain model's membership-inference AUCs by attack (``loss``,
-    ``zlib``, ``min_k``, ``min_k_plus_plus``) when known. ``provenance``: what the source says about how the
-    numbers were made (``format``, ``path``, ``forget_split``, ``num_rows``, ``max_examples``, ``template``,
-    ``tokenizer``, ``tokenizer_sha256``, ``dtype``, ``data_sha256``, ...; absent when unknown).
-    """
+    """A retain model's numbers and where they came from: ``forget_truth_ratios`` (per forget question, in row
+    order), ``model_utility_components`` (the nine, or ``None``), ``mia_auc`` (by attack, when known) and
+    ``provenance`` (what the source says about how they were made)."""
 
     forget_truth_ratios: np.ndarray
     model_utility_components: dict[str, float] | None = None
@@ -101,11 +85,6 @@ class RetainReference:
         }
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Fingerprints recorded as provenance
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def _sha256(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")).hexdigest()
 
@@ -122,18 +101,6 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []) or [])
     return _sha256([sorted(vocab.items()), special])
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Readers
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err.msg}).") from None
 
 
 def _ratios(values: Any, origin: str) -> np.ndarray:
@@ -254,16 +221,16 @@ def _from_tofu(logs: Mapping[str, Any], origin: str) -> RetainReference:
 
 
 def _tofu_folder_logs(folder: Path) -> dict[str, Any]:
-    logs = {TOFU_FORGET_FILE: _read_json(folder / TOFU_FORGET_FILE)}
+    logs = {TOFU_FORGET_FILE: read_json_file(folder / TOFU_FORGET_FILE)}
     for name in TOFU_FILES:
         if (folder / name).is_file():
-            logs[name] = _read_json(folder / name)
+            logs[name] = read_json_file(folder / name)
     return logs
 
 
 def _from_folder(folder: Path) -> RetainReference:
     if (folder / "TOFU_EVAL.json").is_file():
-        return _from_open_unlearning(_read_json(folder / "TOFU_EVAL.json"), str(folder / "TOFU_EVAL.json"))
+        return _from_open_unlearning(read_json_file(folder / "TOFU_EVAL.json"), str(folder / "TOFU_EVAL.json"))
     if (folder / TOFU_FORGET_FILE).is_file():
         return _from_tofu(_tofu_folder_logs(folder), str(folder))
     found = sorted({p.parent for p in folder.rglob(TOFU_FORGET_FILE)} | {p.parent for p in folder.rglob("TOFU_EVAL.json")})
@@ -289,7 +256,7 @@ def _from_mapping(data: Mapping[str, Any], origin: str, folder: Path | None = No
         if folder is not None:
             for name in TOFU_FILES:
                 if (folder / name).is_file():
-                    logs[name] = _read_json(folder / name)
+                    logs[name] = read_json_file(folder / name)
         return _from_tofu(logs, origin)
     raise ValueError(
         f"{origin} is not a retain reference this package reads: expected an hf-unlearn report "
@@ -301,17 +268,10 @@ def _from_mapping(data: Mapping[str, Any], origin: str, folder: Path | None = No
 def load_retain_reference(
     path: str | os.PathLike | Mapping[str, Any] | RetainReference,
 ) -> RetainReference:
-    """Read a retain reference from any of the supported sources (see the module docstring).
-
-    ``path`` is a JSON file, a folder holding one (``TOFU_EVAL.json`` or TOFU's results), a
-    :class:`~hf_unlearn.evaluation.TOFUReport` or a report dict, or a :class:`RetainReference` (returned as is).
-    The provenance records ``format`` and ``path`` and whatever the source says about how it was made.
-
-    Raises:
-        FileNotFoundError: no such file, or a folder without a known result file.
-        ValueError: invalid JSON, an unknown layout, or truth ratios that are missing, empty or not finite
-            positive numbers.
-    """
+    """A :class:`RetainReference` from a JSON file, a folder holding one, a report (typed or dict) or a
+    ``RetainReference``; its provenance records ``format``, ``path`` and what the source says.
+    ``FileNotFoundError``: no such file or no known result in the folder; ``ValueError``: invalid JSON, an unknown
+    layout, truth ratios missing or not finite positive numbers."""
     if isinstance(path, RetainReference):
         return path
     if isinstance(path, TOFUReport):
@@ -327,7 +287,7 @@ def load_retain_reference(
     if p.is_dir():
         ref = _from_folder(p)
     elif p.is_file():
-        data = _read_json(p)
+        data = read_json_file(p)
         if not isinstance(data, Mapping):
             raise ValueError(f"{p} does not hold a JSON object.")
         ref = _from_mapping(data, str(p), folder=p.parent)
@@ -335,11 +295,6 @@ def load_retain_reference(
         raise FileNotFoundError(f"Retain reference not found: {p}.")
     ref.provenance.setdefault("path", str(p))
     return ref
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Provenance comparison
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def _comparable(key: str, value: Any) -> Any:
@@ -357,16 +312,8 @@ FIELD_LABELS = {"forget_split": "forget split", "num_rows": "forget rows", "data
 def check_provenance(
     reference: RetainReference, evaluation: Mapping[str, Any], fields: Sequence[str] = COMPARED_FIELDS
 ) -> list[str]:
-    """Refuse a reference whose known provenance differs from the evaluation's; return the unknown fields.
-
-    Compared: ``forget_split``, ``num_rows`` (the rows ``max_examples`` selects), ``data_sha256`` (the rows
-    themselves), ``template`` (kind, tags, system prompt, date string, chat-template hash), ``tokenizer_sha256``
-    and ``dtype``. A field the reference does not record cannot be checked; those are returned (and warned
-    about by the caller).
-
-    Raises:
-        ValueError: naming every field that differs.
-    """
+    """Refuse (``ValueError`` naming every difference) a reference whose known provenance ``fields`` differ from
+    the evaluation's; return the fields the reference does not record."""
     prov = reference.provenance
     mismatches, unknown = [], []
     for key in fields:

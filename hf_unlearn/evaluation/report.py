@@ -9,7 +9,6 @@ compares several reports side by side.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
 import os
@@ -18,6 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..jsonutil import read_json_file
 from ..safe_output import atomic_write_json
 
 TRUTH_RATIOS_FORMAT = "hf_unlearn.tofu_forget_truth_ratios"
@@ -50,13 +50,7 @@ def save_truth_ratios(report: TOFUReport | Mapping[str, Any], path: str | os.Pat
 
 def load_truth_ratios(path: str | os.PathLike) -> dict[str, Any]:
     """Read a file written by :func:`save_truth_ratios` (or a full report JSON)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Retain-reference truth ratios not found: {path}.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err.msg}).") from None
+    data = read_json_file(path, "Retain-reference truth ratios ")
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object with 'forget_truth_ratios'.")
     data["forget_truth_ratios"] = checked_truth_ratios(data, str(path))
@@ -338,13 +332,7 @@ class TOFUReport:
     @classmethod
     def load(cls, path: str | os.PathLike) -> TOFUReport:
         """Read a report JSON (as :meth:`save` or ``evaluate_tofu(..., output_path=)`` write it)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"Report file {path} does not exist.")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"Report file {path} is not valid JSON ({err.msg}).") from None
+        data = read_json_file(path, "Report file ")
         return cls.from_dict(data)
 
     def save(self, path: str | os.PathLike) -> Path:
