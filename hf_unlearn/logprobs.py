@@ -140,11 +140,7 @@ def effective_max_length(model: Any, max_length: int | None = None) -> int | Non
 
 
 def _features(
-    model: Any,
-    tokenizer: Any,
-    questions: Sequence[str],
-    answers: Sequence[str],
-    max_length: int | None,
+    model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], max_length: int | None,
     template: str | PromptTemplate | None,
 ) -> tuple[list[dict[str, Any]], int]:
     """``tokenize_qa`` features (truncated to the model's positions) and how many were truncated."""
@@ -171,17 +167,9 @@ def _batches(features: list[dict[str, Any]], batch_size: int, progress: bool, de
 
 @torch.no_grad()
 def answer_log_likelihoods(
-    model: Any,
-    tokenizer: Any,
-    questions: Sequence[str],
-    answers: Sequence[str],
-    *,
-    scorer: TokenScorer | None = None,
-    batch_size: int = 16,
-    padding_side: str = "right",
-    max_length: int | None = None,
-    template: str | PromptTemplate | None = None,
-    progress: bool = False,
+    model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], *,
+    scorer: TokenScorer | None = None, batch_size: int = 16, padding_side: str = "right",
+    max_length: int | None = None, template: str | PromptTemplate | None = None, progress: bool = False,
     desc: str = "scoring answers",
 ) -> AnswerLogLikelihoods:
     """Teacher-forced log-likelihood of each ``answer`` given its ``question``.
@@ -269,17 +257,9 @@ def vocab_statistics(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int
 
 @torch.no_grad()
 def answer_token_statistics(
-    model: Any,
-    tokenizer: Any,
-    questions: Sequence[str],
-    answers: Sequence[str],
-    *,
-    scorer: TokenScorer | None = None,
-    batch_size: int = 16,
-    max_length: int | None = None,
-    template: str | PromptTemplate | None = None,
-    progress: bool = False,
-    desc: str = "scoring answer tokens",
+    model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], *,
+    scorer: TokenScorer | None = None, batch_size: int = 16, max_length: int | None = None,
+    template: str | PromptTemplate | None = None, progress: bool = False, desc: str = "scoring answer tokens",
 ) -> AnswerTokenStatistics:
     """Per-token answer statistics (:class:`AnswerTokenStatistics`) in one teacher-forced pass.
 
@@ -296,15 +276,8 @@ def answer_token_statistics(
 
 @torch.no_grad()
 def feature_token_statistics(
-    model: Any,
-    tokenizer: Any,
-    features: Sequence[Mapping[str, Any]],
-    *,
-    scorer: TokenScorer | None = None,
-    batch_size: int = 16,
-    progress: bool = False,
-    desc: str = "scoring tokens",
-    num_truncated: int = 0,
+    model: Any, tokenizer: Any, features: Sequence[Mapping[str, Any]], *, scorer: TokenScorer | None = None,
+    batch_size: int = 16, progress: bool = False, desc: str = "scoring tokens", num_truncated: int = 0,
 ) -> AnswerTokenStatistics:
     """:class:`AnswerTokenStatistics` of tokenized examples (``input_ids`` and ``labels``; the scored tokens
     are those of :func:`answer_mask`), the pass behind :func:`answer_token_statistics` and
@@ -344,24 +317,14 @@ def feature_token_statistics(
                     greedy[i] = host[3, row][m] != 0
     full = scorer is None
     return AnswerTokenStatistics(
-        token_ids=ids,
-        token_log_probs=lps,
-        greedy_correct=greedy if full else None,
-        vocab_mean=means if full else None,
-        vocab_var=variances if full else None,
-        num_truncated=truncated,
+        token_ids=ids, token_log_probs=lps, greedy_correct=greedy if full else None,
+        vocab_mean=means if full else None, vocab_var=variances if full else None, num_truncated=truncated,
     )
 
 
 def document_token_statistics(
-    model: Any,
-    tokenizer: Any,
-    documents: Any,
-    *,
-    max_length: int | None = None,
-    scorer: TokenScorer | None = None,
-    batch_size: int = 16,
-    progress: bool = False,
+    model: Any, tokenizer: Any, documents: Any, *, max_length: int | None = None,
+    scorer: TokenScorer | None = None, batch_size: int = 16, progress: bool = False,
     desc: str = "scoring document chunks",
 ) -> AnswerTokenStatistics:
     """Per-token statistics of every token of every chunk of ``documents`` (anything

@@ -119,10 +119,8 @@ def plan_memory(shape: ModelShape, needs: MethodNeeds, settings: Settings) -> Me
 
 #: What :func:`fitting_options` may propose, as ``(option text, settings change)``.
 _REMEDIES: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("--gradient_checkpointing True", {"checkpointing": True}),
-    ("--use_peft", {"lora_r": 16}),
-    ("--dtype bfloat16", {"weight_bytes": 2}),
-    ("--per_device_train_batch_size 1", {"batch": 1}),
+    ("--gradient_checkpointing True", {"checkpointing": True}), ("--use_peft", {"lora_r": 16}),
+    ("--dtype bfloat16", {"weight_bytes": 2}), ("--per_device_train_batch_size 1", {"batch": 1}),
 )
 
 

@@ -33,21 +33,9 @@ from .locking import (
 from .write_gate import OutputDirError, OutputLockedError, OutputWriteError, gated_path
 
 __all__ = [
-    "OutputDirError",
-    "OutputLockedError",
-    "OutputWriteError",
-    "append_text",
-    "atomic_directory",
-    "atomic_write_bytes",
-    "atomic_write_json",
-    "atomic_write_text",
-    "check_output_dir",
-    "check_report_path",
-    "gated_path",
-    "keep_failed",
-    "lock_path",
-    "lock_holder",
-    "output_lock",
+    "OutputDirError", "OutputLockedError", "OutputWriteError", "append_text", "atomic_directory",
+    "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "check_output_dir", "check_report_path",
+    "gated_path", "keep_failed", "lock_path", "lock_holder", "output_lock",
 ]
 
 #: The suffix of the folder beside an output where the CLI keeps a failed run's work (:func:`keep_failed`).
@@ -102,9 +90,7 @@ def _is_within(child: Path, parent: Path) -> bool:
 
 
 def check_output_dir(
-    output_dir: str | os.PathLike,
-    inputs: Iterable[str | os.PathLike | None] = (),
-    overwrite: bool = False,
+    output_dir: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), overwrite: bool = False,
     siblings: Iterable[str] = (),
 ) -> Path:
     """Validate ``output_dir`` before any work; return it absolute. Refused (:class:`OutputDirError`): a path

@@ -163,13 +163,8 @@ def _bos_prefix(tokenizer: Any) -> list[int]:
 
 
 def chunk_documents(
-    documents: Any,
-    tokenizer: Any,
-    max_length: int = DEFAULT_CHUNK_LENGTH,
-    *,
-    separator: str = DOCUMENT_SEPARATOR,
-    padding: bool = False,
-    text_key: str = "text",
+    documents: Any, tokenizer: Any, max_length: int = DEFAULT_CHUNK_LENGTH, *,
+    separator: str = DOCUMENT_SEPARATOR, padding: bool = False, text_key: str = "text",
 ) -> list[dict[str, list[int]]]:
     """Training features of ``documents`` (anything :func:`load_documents` reads): the documents joined with
     ``separator``, tokenized once without special tokens, cut by :func:`chunk_token_ids` into chunks of at most
@@ -191,8 +186,7 @@ def chunk_documents(
         pad = max_length - len(chunk) if padding else 0
         features.append({
             "input_ids": chunk + [tokenizer.pad_token_id] * pad,
-            "attention_mask": [1] * len(chunk) + [0] * pad,
-            "labels": list(chunk) + [IGNORE_INDEX] * pad,
+            "attention_mask": [1] * len(chunk) + [0] * pad, "labels": list(chunk) + [IGNORE_INDEX] * pad,
         })
     return features
 

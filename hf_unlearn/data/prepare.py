@@ -61,13 +61,8 @@ def _check_row(i: int, row: Any) -> None:
 
 
 def prepare_qa(
-    rows: Iterable[Mapping[str, Any]],
-    tokenizer: Any,
-    *,
-    template: str | PromptTemplate | None = None,
-    max_length: int | None = None,
-    truncation: Truncation = "answer",
-    validate: bool = True,
+    rows: Iterable[Mapping[str, Any]], tokenizer: Any, *, template: str | PromptTemplate | None = None,
+    max_length: int | None = None, truncation: Truncation = "answer", validate: bool = True,
     return_truncated: bool = False,
 ) -> list[dict[str, Any]] | tuple[list[dict[str, Any]], int]:
     """Tokenized features of question/answer ``rows`` (a list of dicts or a ``datasets.Dataset``), in order.

@@ -180,11 +180,7 @@ def tokenize_prompt(
 
 
 def tokenize_qa(
-    tokenizer: Any,
-    question: str,
-    answer: str,
-    max_length: int | None = None,
-    *,
+    tokenizer: Any, question: str, answer: str, max_length: int | None = None, *,
     template: str | PromptTemplate | None = None,
 ) -> dict[str, Any]:
     """``{"input_ids", "attention_mask", "labels", "prompt_length"}`` of prompt + answer from whole-text
@@ -207,10 +203,8 @@ def tokenize_qa(
             )
         input_ids = input_ids[:max_length]
     return {
-        "input_ids": input_ids,
-        "attention_mask": [1] * len(input_ids),
-        "labels": [IGNORE_INDEX] * prompt_length + input_ids[prompt_length:],
-        "prompt_length": prompt_length,
+        "input_ids": input_ids, "attention_mask": [1] * len(input_ids),
+        "labels": [IGNORE_INDEX] * prompt_length + input_ids[prompt_length:], "prompt_length": prompt_length,
     }
 
 

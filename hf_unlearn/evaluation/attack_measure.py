@@ -93,19 +93,9 @@ def _scoring(model: Any, decoding: DecodingFactory | None,
 
 
 def _measure(
-    model: Any,
-    tokenizer: Any,
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    decoding: DecodingFactory | None,
-    criterion: Any,
-    template: PromptTemplate,
-    batch_size: int,
-    max_new_tokens: int,
-    rouge: bool,
-    progress: bool,
-    desc: str,
-    attacked: bool = False,
+    model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], *, decoding: DecodingFactory | None,
+    criterion: Any, template: PromptTemplate, batch_size: int, max_new_tokens: int, rouge: bool,
+    progress: bool, desc: str, attacked: bool = False,
 ) -> dict[str, Any]:
     """Forget NLL, forget ROUGE-L (when ``rouge``) and the criterion's dict of one model on ``rows``.
 

@@ -31,20 +31,10 @@ QUANT_THREAT_MODEL = (
 
 
 def quantization_attack(
-    model: Any,
-    tokenizer: Any,
-    forget: Sequence[Mapping[str, Any]],
-    bits: Sequence[int] = (4, 8),
-    *,
-    original: Any = None,
-    decoding: DecodingFactory | None = None,
-    criterion: Any = None,
-    method: str = "roundtrip",
-    template: str | PromptTemplate | None = None,
-    batch_size: int = 16,
-    max_new_tokens: int = DEFAULT_ATTACK_MAX_NEW_TOKENS,
-    rouge: bool = True,
-    progress: bool = False,
+    model: Any, tokenizer: Any, forget: Sequence[Mapping[str, Any]], bits: Sequence[int] = (4, 8), *,
+    original: Any = None, decoding: DecodingFactory | None = None, criterion: Any = None,
+    method: str = "roundtrip", template: str | PromptTemplate | None = None, batch_size: int = 16,
+    max_new_tokens: int = DEFAULT_ATTACK_MAX_NEW_TOKENS, rouge: bool = True, progress: bool = False,
 ) -> dict[str, Any]:
     """Re-measure the forget rows on quantized copies of ``model``: 4-bit NF4 and 8-bit LLM.int8().
 
@@ -84,16 +74,10 @@ def quantization_attack(
     entries = _quantized_entries(model, bits, method, measure, decoding=decoding, full=full, reference=reference,
                                  progress=progress)
     return {
-        "attack": "quantization",
-        "threat_model": QUANT_THREAT_MODEL,
-        "decoding": DECODING_KEPT if decoding is not None else None,
-        "method": method,
-        "num_rows": len(rows),
-        "max_new_tokens": max_new_tokens if rouge else None,
-        "full_precision": full,
-        "original": reference,
-        "bits": entries,
-        "seconds": time.perf_counter() - start,
+        "attack": "quantization", "threat_model": QUANT_THREAT_MODEL,
+        "decoding": DECODING_KEPT if decoding is not None else None, "method": method, "num_rows": len(rows),
+        "max_new_tokens": max_new_tokens if rouge else None, "full_precision": full, "original": reference,
+        "bits": entries, "seconds": time.perf_counter() - start,
     }
 
 

@@ -58,17 +58,8 @@ def split_forget_rows(
 
 
 def _fine_tune(
-    model: Any,
-    tokenizer: Any,
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    steps: int,
-    learning_rate: float,
-    batch_size: int,
-    max_grad_norm: float | None,
-    seed: int,
-    template: PromptTemplate,
-    progress: bool,
+    model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], *, steps: int, learning_rate: float,
+    batch_size: int, max_grad_norm: float | None, seed: int, template: PromptTemplate, progress: bool,
     desc: str,
 ) -> list[float]:
     """``steps`` AdamW steps of answer-token NLL on ``rows`` (in place on ``model``); the per-step losses.
@@ -123,25 +114,12 @@ def _fine_tune(
 
 
 def relearning_attack(
-    model: Any,
-    tokenizer: Any,
-    forget: Sequence[Mapping[str, Any]],
-    retain: Sequence[Mapping[str, Any]] | None = None,
-    *,
-    original: Any = None,
-    share: float = 0.1,
-    steps: int = 10,
-    learning_rate: float = DEFAULT_RELEARN_LR,
-    batch_size: int = 4,
-    max_grad_norm: float | None = 1.0,
-    seed: int = 0,
-    decoding: DecodingFactory | None = None,
-    criterion: Any = None,
-    template: str | PromptTemplate | None = None,
-    eval_batch_size: int = 16,
-    max_new_tokens: int = DEFAULT_ATTACK_MAX_NEW_TOKENS,
-    rouge: bool = True,
-    progress: bool = True,
+    model: Any, tokenizer: Any, forget: Sequence[Mapping[str, Any]],
+    retain: Sequence[Mapping[str, Any]] | None = None, *, original: Any = None, share: float = 0.1,
+    steps: int = 10, learning_rate: float = DEFAULT_RELEARN_LR, batch_size: int = 4,
+    max_grad_norm: float | None = 1.0, seed: int = 0, decoding: DecodingFactory | None = None,
+    criterion: Any = None, template: str | PromptTemplate | None = None, eval_batch_size: int = 16,
+    max_new_tokens: int = DEFAULT_ATTACK_MAX_NEW_TOKENS, rouge: bool = True, progress: bool = True,
 ) -> dict[str, Any]:
     """Fine-tune copies of ``model`` for ``steps`` steps and measure how much of the forgotten rows comes back.
 
@@ -196,27 +174,16 @@ def relearning_attack(
     benign = None if retain_rows is None else _benign_fine_tune(
         model, tokenizer, retain_rows, train, measure, decoding=decoding, before=before, reference=reference)
     out: dict[str, Any] = {
-        "attack": "relearning",
-        "threat_model": RELEARN_THREAT_MODEL,
-        "decoding": DECODING_KEPT if decoding is not None else None,
-        "share": share,
-        "steps": steps,
-        "learning_rate": float(learning_rate),
-        "batch_size": batch_size,
-        "max_grad_norm": max_grad_norm,
-        "seed": seed,
-        "num_attack_rows": len(attack_rows),
-        "num_eval_rows": len(eval_rows),
-        "max_new_tokens": max_new_tokens if rouge else None,
-        "forget_nll_before": before["forget_nll"],
-        "forget_nll_after": after["forget_nll"],
-        "forget_rouge_l_before": before["forget_rouge_l"],
+        "attack": "relearning", "threat_model": RELEARN_THREAT_MODEL,
+        "decoding": DECODING_KEPT if decoding is not None else None, "share": share, "steps": steps,
+        "learning_rate": float(learning_rate), "batch_size": batch_size, "max_grad_norm": max_grad_norm,
+        "seed": seed, "num_attack_rows": len(attack_rows), "num_eval_rows": len(eval_rows),
+        "max_new_tokens": max_new_tokens if rouge else None, "forget_nll_before": before["forget_nll"],
+        "forget_nll_after": after["forget_nll"], "forget_rouge_l_before": before["forget_rouge_l"],
         "forget_rouge_l_after": after["forget_rouge_l"],
         "forget_nll_original": None if reference is None else reference["forget_nll"],
         "forget_rouge_l_original": None if reference is None else reference["forget_rouge_l"],
-        **_recovery(before, after, reference),
-        "train_loss": losses,
-        "benign": benign,
+        **_recovery(before, after, reference), "train_loss": losses, "benign": benign,
     }
     if criterion is not None:
         out["criterion_before"], out["criterion_after"] = before["criterion"], after["criterion"]
@@ -248,10 +215,8 @@ def _benign_fine_tune(
     benign_after = _measure(tuned, **measure, decoding=decoding, desc="benign", attacked=True)
     del tuned
     benign = {
-        "num_train_rows": len(retain_rows),
-        "forget_nll_after": benign_after["forget_nll"],
-        "forget_rouge_l_after": benign_after["forget_rouge_l"],
-        **_recovery(before, benign_after, reference),
+        "num_train_rows": len(retain_rows), "forget_nll_after": benign_after["forget_nll"],
+        "forget_rouge_l_after": benign_after["forget_rouge_l"], **_recovery(before, benign_after, reference),
         "train_loss": benign_losses,
     }
     if measure["criterion"] is not None:

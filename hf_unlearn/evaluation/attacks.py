@@ -99,12 +99,9 @@ def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any)
 
 
 def run_attacks(
-    model: Any,
-    tokenizer: Any,
-    forget: Sequence[Mapping[str, Any]],
+    model: Any, tokenizer: Any, forget: Sequence[Mapping[str, Any]],
     retain: Sequence[Mapping[str, Any]] | None,
-    attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] | None],
-    **common: Any,
+    attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] | None], **common: Any,
 ) -> dict[str, Any]:
     """Run the named ``attacks`` (:func:`parse_attacks`) on ``model``: ``{"quantization": section, "relearning":
     section}`` for those asked. ``common`` (e.g. ``template``, ``original``, ``decoding``, ``progress``) goes to
@@ -126,10 +123,8 @@ def run_attacks(
 
 ATTACK_COLUMNS = (
     ("attack_nf4_forget_rouge_l", "forget ROUGE-L (NF4 attack)"),
-    ("attack_int8_forget_rouge_l", "forget ROUGE-L (int8 attack)"),
-    ("attack_nf4_recovered", "NF4 recovered"),
-    ("attack_int8_recovered", "int8 recovered"),
-    ("attack_relearn_forget_nll", "forget NLL after relearning"),
+    ("attack_int8_forget_rouge_l", "forget ROUGE-L (int8 attack)"), ("attack_nf4_recovered", "NF4 recovered"),
+    ("attack_int8_recovered", "int8 recovered"), ("attack_relearn_forget_nll", "forget NLL after relearning"),
     ("attack_relearn_recovered", "relearning recovered"),
     ("attack_benign_recovered", "benign fine-tune recovered"),
 )

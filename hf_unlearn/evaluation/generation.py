@@ -60,16 +60,9 @@ def greedy_generate(
 
 
 def generate_answers(
-    model: Any,
-    tokenizer: Any,
-    questions: Sequence[str],
-    *,
-    batch_size: int = 16,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    generation_kwargs: Mapping[str, Any] | None = None,
-    template: str | PromptTemplate | None = None,
-    progress: bool = False,
-    desc: str = "generating",
+    model: Any, tokenizer: Any, questions: Sequence[str], *, batch_size: int = 16,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, generation_kwargs: Mapping[str, Any] | None = None,
+    template: str | PromptTemplate | None = None, progress: bool = False, desc: str = "generating",
 ) -> list[str]:
     """Greedy answers to ``questions`` (:func:`greedy_generate`), prompted as :func:`hf_unlearn.data.tokenize_qa`
     prompts them with ``template``; whitespace stripped, and a leading answer tag removed when the template scores

@@ -34,8 +34,7 @@ def truth_ratio(
     """``tofu_truth_ratio``: ``{"truth_ratio", "truth_ratios"}`` with
     ``tr_i = exp(true_loss_i - mean_j false_loss_ij)``."""
     return load_metric("tofu_truth_ratio").compute(
-        true_losses=_floats(true_losses),
-        false_losses=[_floats(f) for f in false_losses],
+        true_losses=_floats(true_losses), false_losses=[_floats(f) for f in false_losses],
         aggregator=aggregator,
     )
 
@@ -67,11 +66,8 @@ def bootstrap_indices(n: int, n_resamples: int, seed: int = 0) -> Any:
 
 
 def forget_quality_interval(
-    predictions: Sequence[float],
-    references: Sequence[float],
-    confidence: float = 0.95,
-    n_resamples: int = 1000,
-    seed: int = 0,
+    predictions: Sequence[float], references: Sequence[float], confidence: float = 0.95,
+    n_resamples: int = 1000, seed: int = 0,
 ) -> dict[str, float]:
     """Forget quality with a percentile bootstrap interval over the forget rows.
 
@@ -98,12 +94,9 @@ def forget_quality_interval(
         stats.append(float(result.statistic))
     lo, hi = (1 - confidence) / 2, (1 + confidence) / 2
     return {
-        "forget_quality": float(full["forget_quality"]),
-        "ks_statistic": float(full["ks_statistic"]),
+        "forget_quality": float(full["forget_quality"]), "ks_statistic": float(full["ks_statistic"]),
         "forget_quality_low": float(np.quantile(pvalues, lo)),
         "forget_quality_high": float(np.quantile(pvalues, hi)),
-        "ks_statistic_low": float(np.quantile(stats, lo)),
-        "ks_statistic_high": float(np.quantile(stats, hi)),
-        "confidence": confidence,
-        "n_resamples": n_resamples,
+        "ks_statistic_low": float(np.quantile(stats, lo)), "ks_statistic_high": float(np.quantile(stats, hi)),
+        "confidence": confidence, "n_resamples": n_resamples,
     }

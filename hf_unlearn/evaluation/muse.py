@@ -55,8 +55,7 @@ MUSE_PARTS: dict[str, tuple[tuple[str, ...], tuple[str, str]]] = {
 }
 # the parts each criterion reads
 CRITERION_PARTS = {
-    "verbmem_forget": ("verbmem_forget",),
-    "knowmem_forget": ("knowmem_forget", "knowmem_forget_icl"),
+    "verbmem_forget": ("verbmem_forget",), "knowmem_forget": ("knowmem_forget", "knowmem_forget_icl"),
     "privleak": ("privleak_forget", "privleak_holdout"),
     "knowmem_retain": ("knowmem_retain", "knowmem_retain_icl"),
 }
@@ -258,21 +257,12 @@ def _privleak(model: Any, tokenizer: Any, forget_texts: list[str], holdout_texts
 
 
 def evaluate_muse(
-    model: Any,
-    tokenizer: Any,
-    source: str | os.PathLike = MUSE_HUB_ID,
-    *,
-    criteria: Sequence[str] = MUSE_CRITERIA,
-    retain_reference: Any = None,
-    max_examples: int | None = None,
-    batch_size: int = 8,
-    verbmem_max_new_tokens: int = VERBMEM_MAX_NEW_TOKENS,
-    knowmem_max_new_tokens: int = KNOWMEM_MAX_NEW_TOKENS,
-    progress: bool = True,
-    output_path: str | os.PathLike | None = None,
-    model_name: str | None = None,
-    scorer: TokenScorer | None = None,
-    generation_kwargs: Mapping[str, Any] | None = None,
+    model: Any, tokenizer: Any, source: str | os.PathLike = MUSE_HUB_ID, *,
+    criteria: Sequence[str] = MUSE_CRITERIA, retain_reference: Any = None, max_examples: int | None = None,
+    batch_size: int = 8, verbmem_max_new_tokens: int = VERBMEM_MAX_NEW_TOKENS,
+    knowmem_max_new_tokens: int = KNOWMEM_MAX_NEW_TOKENS, progress: bool = True,
+    output_path: str | os.PathLike | None = None, model_name: str | None = None,
+    scorer: TokenScorer | None = None, generation_kwargs: Mapping[str, Any] | None = None,
 ) -> MUSEReport:
     """Evaluate a causal LM on MUSE (C1-C4) and return (and optionally write) a :class:`MUSEReport`.
 

@@ -177,9 +177,7 @@ def _fallback_unpackable_layers(model: nn.Module, compute_dtype: torch.dtype) ->
 
 
 def quantize_nf4(
-    model: Any,
-    compute_dtype: torch.dtype | None = None,
-    device: str | torch.device | None = None,
+    model: Any, compute_dtype: torch.dtype | None = None, device: str | torch.device | None = None,
     method: Literal["roundtrip", "bnb"] = "roundtrip",
 ) -> Any:
     """A 4-bit NF4 copy of ``model`` (untouched; PEFT adapters merged into the copy): every linear layer except
@@ -229,9 +227,7 @@ def _int8_bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device
 
 
 def quantize_int8(
-    model: Any,
-    compute_dtype: torch.dtype = torch.float32,
-    device: str | torch.device | None = None,
+    model: Any, compute_dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
     method: Literal["roundtrip", "bnb"] = "roundtrip",
 ) -> Any:
     """An 8-bit LLM.int8() copy of ``model`` (untouched; PEFT adapters merged into the copy): the layers

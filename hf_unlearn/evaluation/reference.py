@@ -30,22 +30,17 @@ COMPONENT_NAMES = tuple(f"{split}_{stat}" for split in UTILITY_SPLITS for stat i
 
 # open-unlearning metric name -> our component name
 OPEN_UNLEARNING_COMPONENTS = {
-    "retain_Q_A_Prob": "retain_prob",
-    "retain_Q_A_ROUGE": "retain_rouge_l",
-    "retain_Truth_Ratio": "retain_truth_ratio",
-    "ra_Q_A_Prob_normalised": "real_authors_prob",
-    "ra_Q_A_ROUGE": "real_authors_rouge_l",
-    "ra_Truth_Ratio": "real_authors_truth_ratio",
-    "wf_Q_A_Prob_normalised": "world_facts_prob",
-    "wf_Q_A_ROUGE": "world_facts_rouge_l",
+    "retain_Q_A_Prob": "retain_prob", "retain_Q_A_ROUGE": "retain_rouge_l",
+    "retain_Truth_Ratio": "retain_truth_ratio", "ra_Q_A_Prob_normalised": "real_authors_prob",
+    "ra_Q_A_ROUGE": "real_authors_rouge_l", "ra_Truth_Ratio": "real_authors_truth_ratio",
+    "wf_Q_A_Prob_normalised": "world_facts_prob", "wf_Q_A_ROUGE": "world_facts_rouge_l",
     "wf_Truth_Ratio": "world_facts_truth_ratio",
 }
 OPEN_UNLEARNING_MIA = {"mia_loss": "loss", "mia_zlib": "zlib", "mia_min_k": "min_k", "mia_min_k_plus_plus": "min_k_plus_plus"}
 
 # TOFU eval file -> our split
 TOFU_FILES = {
-    "eval_log.json": "retain",
-    "eval_real_author_wo_options.json": "real_authors",
+    "eval_log.json": "retain", "eval_real_author_wo_options.json": "real_authors",
     "eval_real_world_wo_options.json": "world_facts",
 }
 TOFU_FORGET_FILE = "eval_log_forget.json"
@@ -78,8 +73,7 @@ class RetainReference:
     def summary(self) -> dict[str, Any]:
         """JSON-ready description recorded in reports (no per-example values)."""
         return {
-            "provenance": dict(self.provenance),
-            "num_rows": int(len(self.forget_truth_ratios)),
+            "provenance": dict(self.provenance), "num_rows": int(len(self.forget_truth_ratios)),
             "model_utility": self.model_utility,
             "mia_auc": None if self.mia_auc is None else dict(self.mia_auc),
         }

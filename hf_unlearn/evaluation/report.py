@@ -35,14 +35,9 @@ def save_truth_ratios(report: TOFUReport | Mapping[str, Any], path: str | os.Pat
     ratios = checked_truth_ratios({"forget_truth_ratios": report.forget_truth_ratios}, "the report")
     mia = report.mia
     payload = {
-        "format": TRUTH_RATIOS_FORMAT,
-        "model_name": report.model_name,
-        "source": report.source,
-        "forget_split": report.forget_split,
-        "num_examples": len(ratios),
-        "forget_truth_ratios": ratios,
-        "components": report.components,
-        "mia": {"auc": mia.get("auc")} if isinstance(mia, Mapping) else None,
+        "format": TRUTH_RATIOS_FORMAT, "model_name": report.model_name, "source": report.source,
+        "forget_split": report.forget_split, "num_examples": len(ratios), "forget_truth_ratios": ratios,
+        "components": report.components, "mia": {"auc": mia.get("auc")} if isinstance(mia, Mapping) else None,
         "provenance": report.provenance,
     }
     return write_json_atomic(payload, path)
@@ -124,17 +119,12 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
 
 # (report key, column title, format)
 TABLE_COLUMNS = (
-    ("forget_quality", "forget quality", ".3g"),
-    ("model_utility", "model utility", ".3f"),
-    ("forget_rouge_l", "forget ROUGE-L", ".3f"),
-    ("forget_truth_ratio", "forget truth ratio", ".3f"),
-    ("forget_prob", "forget prob", ".3f"),
-    ("retain_rouge_l", "retain ROUGE-L", ".3f"),
-    ("retain_prob", "retain prob", ".3f"),
-    ("mu_rouge", "MU-ROUGE", ".3f"),
+    ("forget_quality", "forget quality", ".3g"), ("model_utility", "model utility", ".3f"),
+    ("forget_rouge_l", "forget ROUGE-L", ".3f"), ("forget_truth_ratio", "forget truth ratio", ".3f"),
+    ("forget_prob", "forget prob", ".3f"), ("retain_rouge_l", "retain ROUGE-L", ".3f"),
+    ("retain_prob", "retain prob", ".3f"), ("mu_rouge", "MU-ROUGE", ".3f"),
     ("extraction_strength", "extraction strength", ".3f"),
-    ("exact_memorization", "exact memorization", ".3f"),
-    ("mia_min_k", "MIA AUC min-k", ".3f"),
+    ("exact_memorization", "exact memorization", ".3f"), ("mia_min_k", "MIA AUC min-k", ".3f"),
     ("privleak", "privleak", ".1f"),
 )
 

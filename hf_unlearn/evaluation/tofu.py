@@ -106,21 +106,12 @@ def _load_holdout(
 
 
 def evaluate_tofu(
-    model: Any,
-    tokenizer: Any,
-    source: str = TOFU_HUB_ID,
-    forget_split: str = "forget10",
+    model: Any, tokenizer: Any, source: str = TOFU_HUB_ID, forget_split: str = "forget10",
     retain_reference: str | os.PathLike | Mapping[str, Any] | RetainReference | None = None,
-    scorer: TokenScorer | None = None,
-    generation_kwargs: Mapping[str, Any] | None = None,
-    batch_size: int = 16,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    max_examples: int | None = None,
-    progress: bool = True,
-    output_path: str | os.PathLike | None = None,
-    model_name: str | None = None,
-    template: str | PromptTemplate | None = None,
-    membership_inference: bool | None = None,
+    scorer: TokenScorer | None = None, generation_kwargs: Mapping[str, Any] | None = None,
+    batch_size: int = 16, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, max_examples: int | None = None,
+    progress: bool = True, output_path: str | os.PathLike | None = None, model_name: str | None = None,
+    template: str | PromptTemplate | None = None, membership_inference: bool | None = None,
     autocast_dtype: str | None = None,
     attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] | None] | None = None,
     device: str | None = None,
@@ -254,12 +245,8 @@ def _data_provenance(
     """The provenance of the evaluation's data side (source, split, rows and their hash, template, tokenizer and
     its hash); :func:`_record_model_provenance` adds the model's dtype and maximum length."""
     return {
-        "format": "hf_unlearn",
-        "source": source,
-        "forget_split": forget_split,
-        "max_examples": max_examples,
-        "num_rows": len(forget_rows),
-        "data_sha256": rows_fingerprint(forget_rows),
+        "format": "hf_unlearn", "source": source, "forget_split": forget_split, "max_examples": max_examples,
+        "num_rows": len(forget_rows), "data_sha256": rows_fingerprint(forget_rows),
         "template": template_fingerprint(tokenizer, template),
         "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
         "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
@@ -319,17 +306,9 @@ def _score_splits(
     splits: dict[str, dict[str, Any]] = {}
     for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
         splits[spec.name] = evaluate_split(
-            model,
-            tokenizer,
-            data[spec.name],
-            spec,
-            scorer=scorer,
-            generation_kwargs=generation_kwargs,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            template=template,
-            answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
-            progress=progress,
+            model, tokenizer, data[spec.name], spec, scorer=scorer, generation_kwargs=generation_kwargs,
+            batch_size=batch_size, max_new_tokens=max_new_tokens, template=template,
+            answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None, progress=progress,
         )
     holdout_stats = None if holdout is None else answer_token_statistics(
         model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
@@ -345,16 +324,11 @@ def _settings(
 ) -> dict[str, Any]:
     """The report's ``settings``: how the evaluation ran (``attacks`` is added by :func:`_attack`)."""
     return {
-        "batch_size": batch_size,
-        "max_new_tokens": max_new_tokens,
-        "max_examples": max_examples,
-        "template": template.name,
-        "max_length": max_length,
+        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_examples": max_examples,
+        "template": template.name, "max_length": max_length,
         "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
-        "custom_scorer": scorer is not None,
-        "generation_kwargs": sorted(generation_kwargs or {}),
-        "membership_inference": membership_inference,
-        "device": str(model_device(model)),
+        "custom_scorer": scorer is not None, "generation_kwargs": sorted(generation_kwargs or {}),
+        "membership_inference": membership_inference, "device": str(model_device(model)),
     }
 
 

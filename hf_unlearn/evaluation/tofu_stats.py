@@ -125,14 +125,8 @@ def _generate_split(
 ) -> tuple[list[str], list[float]]:
     """The greedy answers to one split's questions and their ROUGE-L recall against the gold answers."""
     generations = generate_answers(
-        model,
-        tokenizer,
-        questions,
-        batch_size=batch_size,
-        max_new_tokens=max_new_tokens,
-        generation_kwargs=generation_kwargs,
-        template=template,
-        progress=progress,
+        model, tokenizer, questions, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        generation_kwargs=generation_kwargs, template=template, progress=progress,
         desc=f"{spec.name}: generating",
     )
     return generations, rouge_l_recall(generations, answers)
@@ -151,19 +145,11 @@ def _split_truncated(
 
 
 def evaluate_split(
-    model: Any,
-    tokenizer: Any,
-    rows: Sequence[Mapping[str, Any]],
-    spec: SplitSpec,
-    *,
-    scorer: TokenScorer | None = None,
-    generation_kwargs: Mapping[str, Any] | None = None,
-    batch_size: int = 16,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    template: str | PromptTemplate | None = None,
-    answer_nll_values: np.ndarray | None = None,
-    progress: bool = True,
-    generate: bool = True,
+    model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], spec: SplitSpec, *,
+    scorer: TokenScorer | None = None, generation_kwargs: Mapping[str, Any] | None = None,
+    batch_size: int = 16, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    template: str | PromptTemplate | None = None, answer_nll_values: np.ndarray | None = None,
+    progress: bool = True, generate: bool = True,
 ) -> dict[str, Any]:
     """TOFU statistics of one split: aggregates and per-example values (see the module docstring).
 
@@ -215,8 +201,7 @@ def mia_scores(
     out: dict[str, list[float] | None] = {
         "loss": [loss_score(lp) for lp in stats.token_log_probs],
         "zlib": [zlib_score(lp, text) for lp, text in zip(stats.token_log_probs, texts)],
-        "min_k": [min_k_score(lp, k) for lp in stats.token_log_probs],
-        "min_k_plus_plus": None,
+        "min_k": [min_k_score(lp, k) for lp in stats.token_log_probs], "min_k_plus_plus": None,
     }
     if stats.vocab_mean is not None and stats.vocab_var is not None:
         out["min_k_plus_plus"] = [
@@ -260,12 +245,8 @@ def mia_figures(
             aucs[attack] = mia_auc(forget_scores[attack], holdout_scores[attack])
             leak[attack] = privleak(aucs[attack], ref_aucs.get(attack))
     mia = {
-        "holdout_split": HOLDOUT_FOR_FORGET[forget_split],
-        "num_forget": len(forget_stats.token_log_probs),
-        "num_holdout": len(holdout_stats.token_log_probs),
-        "k": MIN_K_FRACTION,
-        "auc": aucs,
-        "privleak": leak,
+        "holdout_split": HOLDOUT_FOR_FORGET[forget_split], "num_forget": len(forget_stats.token_log_probs),
+        "num_holdout": len(holdout_stats.token_log_probs), "k": MIN_K_FRACTION, "auc": aucs, "privleak": leak,
         "reference_auc": {a: ref_aucs.get(a) for a in MIA_ATTACKS},
         "per_example": {"forget": forget_scores, "holdout": holdout_scores},
     }

@@ -12,18 +12,7 @@ from .reports import REPORT_METRICS, check_report_matches, report_dict
 from .spaces import push_metric_space
 
 __all__ = [
-    "ARTIFACT_KINDS",
-    "REPORT_METRICS",
-    "ArtifactKind",
-    "METHOD_PAPERS",
-    "METHOD_TITLES",
-    "build_model_card",
-    "check_report_matches",
-    "detect_artifact_kind",
-    "push_folder",
-    "push_metric_space",
-    "push_unlearned",
-    "register_artifact_kind",
-    "report_dict",
-    "trainer_model_card",
+    "ARTIFACT_KINDS", "REPORT_METRICS", "ArtifactKind", "METHOD_PAPERS", "METHOD_TITLES", "build_model_card",
+    "check_report_matches", "detect_artifact_kind", "push_folder", "push_metric_space", "push_unlearned",
+    "register_artifact_kind", "report_dict", "trainer_model_card",
 ]

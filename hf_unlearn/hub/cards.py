@@ -114,23 +114,12 @@ def _hub_id(name: str | None) -> str | None:
 
 
 def build_model_card(
-    kind: str,
-    base_model: str,
-    method: str | None = None,
-    settings: Mapping[str, Any] | None = None,
-    report: Mapping[str, Any] | str | os.PathLike | None = None,
-    *,
-    forget_split: str | None = None,
-    dataset: str | None = None,
-    quantization: Mapping[str, Any] | None = None,
-    repo_id: str | None = None,
-    library_name: str | None = None,
-    license: str | None = None,
-    template_path: str | os.PathLike | None = None,
-    base_model_aliases: tuple[str, ...] = (),
-    extra_tags: tuple[str, ...] = (),
-    selection: Mapping[str, Any] | None = None,
-    title: str | None = None,
+    kind: str, base_model: str, method: str | None = None, settings: Mapping[str, Any] | None = None,
+    report: Mapping[str, Any] | str | os.PathLike | None = None, *, forget_split: str | None = None,
+    dataset: str | None = None, quantization: Mapping[str, Any] | None = None, repo_id: str | None = None,
+    library_name: str | None = None, license: str | None = None,
+    template_path: str | os.PathLike | None = None, base_model_aliases: tuple[str, ...] = (),
+    extra_tags: tuple[str, ...] = (), selection: Mapping[str, Any] | None = None, title: str | None = None,
     paper: Mapping[str, str] | None = None,
 ):
     """Render the model card (a ``huggingface_hub.ModelCard``) of an unlearned artifact.
@@ -250,13 +239,10 @@ def _card_data(kind: str, base_model: str, method: str, dataset: str, forget_spl
         if value is not None
     ]
     return ModelCardData(
-        base_model=_hub_id(str(base_model)),
-        library_name=library,
-        license=license,
+        base_model=_hub_id(str(base_model)), library_name=library, license=license,
         tags=list(dict.fromkeys(["unlearning", method, benchmark, kind.replace("_", "-"), *extra_tags])),
         datasets=[hub_dataset] if hub_dataset else None,
-        model_name=repo_id.split("/")[-1] if eval_results else None,
-        eval_results=eval_results or None,
+        model_name=repo_id.split("/")[-1] if eval_results else None, eval_results=eval_results or None,
     )
 
 
@@ -331,11 +317,8 @@ def _trainer_settings(args: Any) -> dict[str, Any]:
 
 
 def trainer_model_card(
-    trainer: Any,
-    model_name: str | None = None,
-    dataset_name: str | None = None,
-    tags: str | list[str] | None = None,
-    report: Mapping[str, Any] | str | os.PathLike | None = None,
+    trainer: Any, model_name: str | None = None, dataset_name: str | None = None,
+    tags: str | list[str] | None = None, report: Mapping[str, Any] | str | os.PathLike | None = None,
     forget_split: str | None = None,
 ):
     """The model card of an unlearning trainer's model (what its ``create_model_card`` writes).

@@ -41,24 +41,12 @@ def _save_artifact(artifact: Any, folder: Path) -> None:
 
 
 def push_unlearned(
-    artifact: Any,
-    repo_id: str,
-    report: Mapping[str, Any] | str | os.PathLike | None = None,
-    token: str | None = None,
-    private: bool | None = None,
-    *,
-    kind: str | None = None,
-    method: str | None = None,
-    settings: Mapping[str, Any] | None = None,
-    forget_split: str | None = None,
-    dataset: str | None = None,
-    base_model: str | None = None,
-    quantization: Mapping[str, Any] | None = None,
-    tokenizer: Any = None,
-    license: str | None = None,
-    commit_message: str | None = None,
-    endpoint: str | None = None,
-    selection: Mapping[str, Any] | None = None,
+    artifact: Any, repo_id: str, report: Mapping[str, Any] | str | os.PathLike | None = None,
+    token: str | None = None, private: bool | None = None, *, kind: str | None = None,
+    method: str | None = None, settings: Mapping[str, Any] | None = None, forget_split: str | None = None,
+    dataset: str | None = None, base_model: str | None = None, quantization: Mapping[str, Any] | None = None,
+    tokenizer: Any = None, license: str | None = None, commit_message: str | None = None,
+    endpoint: str | None = None, selection: Mapping[str, Any] | None = None,
 ):
     """Push an unlearned artifact with its model card (and report) to the Hub in one commit.
 

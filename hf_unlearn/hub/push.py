@@ -42,19 +42,10 @@ def _card_bytes(card: Any) -> bytes:
 
 
 def push_folder(
-    folder: str | os.PathLike,
-    repo_id: str,
-    *,
-    card: Any = None,
-    token: str | None = None,
-    endpoint: str | None = None,
-    private: bool | None = None,
-    revision: str | None = None,
-    commit_message: str,
-    repo_type: str = "model",
-    space_sdk: str | None = None,
-    ignore_patterns: Iterable[str] = (),
-    run_as_future: bool = False,
+    folder: str | os.PathLike, repo_id: str, *, card: Any = None, token: str | None = None,
+    endpoint: str | None = None, private: bool | None = None, revision: str | None = None,
+    commit_message: str, repo_type: str = "model", space_sdk: str | None = None,
+    ignore_patterns: Iterable[str] = (), run_as_future: bool = False,
 ) -> Any:
     """Create ``repo_id`` if needed and upload every file of ``folder`` (and ``card`` as ``README.md``) in one commit.
 

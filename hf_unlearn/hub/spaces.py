@@ -14,13 +14,8 @@ __all__ = ["push_metric_space"]
 
 
 def push_metric_space(
-    name: str,
-    repo_id: str,
-    token: str | None = None,
-    private: bool | None = None,
-    *,
-    commit_message: str | None = None,
-    endpoint: str | None = None,
+    name: str, repo_id: str, token: str | None = None, private: bool | None = None, *,
+    commit_message: str | None = None, endpoint: str | None = None,
 ):
     """Publish the ``evaluate_metrics/<name>`` module as a Gradio Space, in one commit.
 

@@ -146,24 +146,12 @@ class SelectionCriterion:
     """
 
     def __init__(
-        self,
-        forget: Any,
-        holdout: Any,
-        retain_validation: Any,
-        generic: Any = None,
-        *,
-        retain_tolerance: float = DEFAULT_RETAIN_TOLERANCE,
-        holdout_level: float = DEFAULT_HOLDOUT_LEVEL,
-        holdout_margin: float = DEFAULT_HOLDOUT_MARGIN,
-        original: Mapping[str, Any] | None = None,
-        template: str | None = None,
-        batch_size: int = 16,
-        max_length: int | None = None,
-        groups: Any = None,
-        reference_model: Any = None,
-        reference_tokenizer: Any = None,
-        reference_nll: tuple[Sequence[float], Sequence[float]] | None = None,
-        device: Any = None,
+        self, forget: Any, holdout: Any, retain_validation: Any, generic: Any = None, *,
+        retain_tolerance: float = DEFAULT_RETAIN_TOLERANCE, holdout_level: float = DEFAULT_HOLDOUT_LEVEL,
+        holdout_margin: float = DEFAULT_HOLDOUT_MARGIN, original: Mapping[str, Any] | None = None,
+        template: str | None = None, batch_size: int = 16, max_length: int | None = None, groups: Any = None,
+        reference_model: Any = None, reference_tokenizer: Any = None,
+        reference_nll: tuple[Sequence[float], Sequence[float]] | None = None, device: Any = None,
     ) -> None:
         from ..devices import resolve_device
 
@@ -278,11 +266,8 @@ class SelectionCriterion:
         return out
 
     def measure_from_log_probs(
-        self,
-        forget: Sequence[np.ndarray],
-        holdout: Sequence[np.ndarray],
-        retain_validation: Sequence[np.ndarray],
-        generic: Sequence[np.ndarray] | None = None,
+        self, forget: Sequence[np.ndarray], holdout: Sequence[np.ndarray],
+        retain_validation: Sequence[np.ndarray], generic: Sequence[np.ndarray] | None = None,
     ) -> dict[str, Any]:
         """:meth:`measure` (but ``seconds``) from per-row answer-token log-probabilities (1-D arrays, in the order of
         the criterion's rows), for callers that compute them themselves."""

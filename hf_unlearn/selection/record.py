@@ -32,11 +32,8 @@ def _row_nlls(token_log_probs: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def forget_holdout_statistics(
-    forget_token_log_probs: Sequence[np.ndarray],
-    holdout_token_log_probs: Sequence[np.ndarray],
-    k: float | None = None,
-    *,
-    groups: tuple[Sequence[Any], Sequence[Any]] | None = None,
+    forget_token_log_probs: Sequence[np.ndarray], holdout_token_log_probs: Sequence[np.ndarray],
+    k: float | None = None, *, groups: tuple[Sequence[Any], Sequence[Any]] | None = None,
     reference_nll: tuple[Sequence[float], Sequence[float]] | None = None,
     margin: float = DEFAULT_HOLDOUT_MARGIN,
 ) -> dict[str, Any]:
@@ -91,10 +88,8 @@ def forget_holdout_statistics(
 
 
 def select_candidate(
-    measurements: Sequence[Mapping[str, Any]],
-    retain_tolerance: float = DEFAULT_RETAIN_TOLERANCE,
-    holdout_level: float = DEFAULT_HOLDOUT_LEVEL,
-    holdout_margin: float = DEFAULT_HOLDOUT_MARGIN,
+    measurements: Sequence[Mapping[str, Any]], retain_tolerance: float = DEFAULT_RETAIN_TOLERANCE,
+    holdout_level: float = DEFAULT_HOLDOUT_LEVEL, holdout_margin: float = DEFAULT_HOLDOUT_MARGIN,
 ) -> tuple[int, str, str | None]:
     """The default rule (module docstring) on measurements ordered weak -> strong: ``(index, reason, warning)``,
     ``warning`` None when the chosen candidate is within the retain tolerance and its forget rows are shown to lie
