@@ -1,5 +1,6 @@
 """Import machinery of the top level: :class:`_LazyModule` (TRL's pattern: ``import hf_unlearn`` imports neither
 torch nor transformers' model code) and :func:`call_after_import` (runs a function once a module is imported)."""
+
 from __future__ import annotations
 
 import importlib

@@ -2,6 +2,7 @@
 then ``done`` and the duration, or ``FAILED``, the error and the log holding the traceback), JSON Lines event logs
 (echoed with ``--verbose``), and :func:`quiet_console`, which hides third-party log noise (the command line calls
 it; importing ``hf_unlearn`` never does)."""
+
 from __future__ import annotations
 
 import json
@@ -83,10 +84,8 @@ def log_event(path: str | os.PathLike | None, event: str, **fields: Any) -> None
 
 def log_exception(path: str | os.PathLike | None, phase: str, error: BaseException) -> None:
     """Append the failure of ``phase`` with its full traceback to the log at ``path``."""
-    log_event(
-        path, "error", phase=phase, error=f"{type(error).__name__}: {error}",
-        traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)),
-    )
+    log_event(path, "error", phase=phase, error=f"{type(error).__name__}: {error}",
+              traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
 
 
 class _DropMessages(logging.Filter):

@@ -4,6 +4,7 @@ else the CPU; CUDA asked for without it is refused before any work), :func:`devi
 :func:`move_to_device` applies the rule. Under ``torchrun`` / ``accelerate launch``, :func:`join_launch` joins the
 process group for the closed-form fits and :func:`on_main_process` runs a computation on rank 0 and hands its
 result to every process. Imports nothing of ``hf_unlearn``."""
+
 from __future__ import annotations
 
 import os

@@ -1,14 +1,10 @@
-"""The one place where answer log-likelihoods are computed.
-
-A *token scorer* maps a padded batch to per-token log-probabilities of the labels::
+"""The one place where answer log-likelihoods are computed. A *token scorer* maps a padded batch to per-token
+log-probabilities of the labels::
 
     scorer(input_ids, attention_mask, position_ids, labels) -> Tensor[B, L]
     out[b, t] = log p(labels[b, t] | input_ids[b, :t])    (0 where labels[b, t] == -100)
 
-:func:`causal_lm_scorer` is the plain scorer of a causal LM; other distributions (T3's tempered
-and tilted one) provide their own scorer with the same signature, and everything built on
-:func:`answer_log_likelihoods` (the TOFU evaluator, benchmarks) works with them unchanged.
-"""
+:func:`causal_lm_scorer` is a causal LM's own; a decoding-time method provides its own with the same signature."""
 
 from __future__ import annotations
 

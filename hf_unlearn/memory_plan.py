@@ -183,12 +183,10 @@ def run_settings(config: Any, model_options: Any, weight_bytes: int, seq_len: in
     checkpointing from the config (``per_device_train_batch_size``, ``gradient_checkpointing``)."""
     source = config if hasattr(config, "use_peft") else model_options
     use_peft = bool(getattr(source, "use_peft", False))
-    return Settings(
-        weight_bytes=weight_bytes, lora_r=getattr(source, "lora_r", 16) if use_peft else None,
-        lora_targets=getattr(source, "lora_target_modules", None) if use_peft else None,
-        batch=int(getattr(config, "per_device_train_batch_size", 1) or 1), seq_len=seq_len,
-        checkpointing=bool(getattr(config, "gradient_checkpointing", False)),
-    )
+    return Settings(weight_bytes=weight_bytes, lora_r=getattr(source, "lora_r", 16) if use_peft else None,
+                    lora_targets=getattr(source, "lora_target_modules", None) if use_peft else None,
+                    batch=int(getattr(config, "per_device_train_batch_size", 1) or 1), seq_len=seq_len,
+                    checkpointing=bool(getattr(config, "gradient_checkpointing", False)))
 
 
 def device_capacity(device: str | None) -> int | None:

@@ -3,6 +3,7 @@
 (safetensors only, every indexed file present, every header readable and covering its file),
 :func:`loading_problems` (weights missing, unexpected or of another shape than ``config.json`` says; tied weights
 are not missing) and :func:`first_non_finite` (a NaN or infinity in a weight or buffer)."""
+
 from __future__ import annotations
 
 import json

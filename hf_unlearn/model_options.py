@@ -6,6 +6,7 @@ TRL's names, defaults and help: ``--dtype``, ``--use_peft``, ``--lora_r``, ...):
     options.torch_dtype()     # torch.float32 (TRL's default), "auto", torch.bfloat16 or torch.float16
 
 With ``use_peft`` a trainer trains a LoRA adapter and its frozen reference is the base with the adapter disabled."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,6 +1,7 @@
 """Models whose weights are partitioned across processes (DeepSpeed ZeRO-3, FSDP, FSDP2): :func:`is_partitioned`
 tells a caller it cannot copy or read the weights locally; :func:`vocab_size` reads the vocabulary from the config
 when the LM head is partitioned."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -2,6 +2,7 @@
 keeps ``per_batch(input_ids, attention_mask, position_ids, labels)`` of every batch and returns, at every scored
 position of row ``r`` of batch ``b``, the code ``c = b * 2^20 + r`` (float64, exact); :meth:`RowBatches.rows_of`
 then maps any per-batch ``[B, L]`` scores back to the per-row arrays the loop would have returned."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

@@ -9,7 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from hf_unlearn.evaluation.metrics import bootstrap_indices, forget_quality_interval
+from hf_unlearn.evaluation.cluster_bootstrap import cluster_resample_indices, row_clusters
+from hf_unlearn.evaluation.metrics import forget_quality_interval
 
 
 def _slow_ks_statistic(a: list[float], b: list[float]) -> float:
@@ -56,7 +57,8 @@ def test_interval_matches_the_slow_reference():
     result = forget_quality_interval(predictions, references, n_resamples=60, seed=7)
 
     pvalues, stats = [], []
-    for idx in bootstrap_indices(n, 60, seed=7).tolist():
+    for idx in cluster_resample_indices(row_clusters(n), 60, np.random.default_rng(7)):
+        idx = idx.tolist()
         a, b = [predictions[i] for i in idx], [references[i] for i in idx]
         d = _slow_ks_statistic(a, b)
         stats.append(d)

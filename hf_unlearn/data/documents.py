@@ -1,14 +1,7 @@
-"""Documents as training data: plain texts joined and cut into chunks of ``max_length`` tokens, loss on every token.
-
-A deletion request is often a set of documents (news articles, a book, a user's posts) rather than
-question/answer rows. :func:`load_documents` reads them from a list of strings, a ``datasets.Dataset`` text
-column, or ``.txt`` / ``.json`` / ``.jsonl`` files (or a folder of them); :func:`chunk_documents` turns them into
-training features the way open-unlearning's ``PretrainingDataset`` does: the documents are joined with a blank
-line, tokenized once, and cut into consecutive chunks of ``max_length`` tokens, each an example whose labels are
-its input ids (the loss is on every token; position 0 has no context and is never scored). A tokenizer that
-starts every sequence with a BOS token gets one at the start of each chunk, inside the ``max_length``.
-:func:`chunk_token_ids` is the pure cutting step.
-"""
+"""Documents as training data (a deletion request is often articles, a book, posts): :func:`load_documents` reads
+plain texts; :func:`chunk_documents` joins them with a blank line, tokenizes once and cuts consecutive chunks of
+``max_length`` tokens (a BOS token first when the tokenizer adds one), labels equal to the input ids, as
+open-unlearning's ``PretrainingDataset`` does."""
 
 from __future__ import annotations
 
@@ -84,20 +77,11 @@ def _folder_files(folder: Path) -> list[Path]:
 
 
 def load_documents(source: Any, *, text_key: str = "text") -> list[str]:
-    """The documents of ``source`` as a list of strings, in order.
-
-    ``source`` is a list of strings (or of dicts with a ``text_key`` field), a ``datasets.Dataset`` (its
-    ``text_key`` column), or the path of a file or folder: a ``.txt`` file is one document; a ``.jsonl`` file
-    holds one document a line (a JSON string or an object with ``text_key``); a ``.json`` file a list of them (a
-    single string or object is one document); a folder is every such file in it, in name order.
-
-    Raises:
-        ValueError: an empty source, an item that is no text, an empty or whitespace-only document (naming the
-            file and line, or the item), a file of another kind, a symbolic link among a folder's files, a file
-            that starts with a UTF-8 byte-order mark, JSON that repeats a key in one object, or a plain string
-            that is not an existing path (pass ``[text]`` for one document).
-        FileNotFoundError: a path that does not exist.
-    """
+    """The documents of ``source`` as a list of strings, in order: a list of strings (or dicts with ``text_key``),
+    a ``datasets.Dataset`` column, a ``.txt`` file (one document), a ``.jsonl`` file (one a line), a ``.json`` file
+    (a list), or a folder of such files (name order). ``ValueError``: an empty source or document, a non-text item,
+    another file kind, a link in a folder, a byte-order mark, a repeated JSON key, a plain string that is no path;
+    ``FileNotFoundError``: a missing path."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source).expanduser()
         if isinstance(source, str) and not path.exists() and (len(source) > 255 or "\n" in source):
@@ -153,7 +137,7 @@ def chunk_token_ids(token_ids: Sequence[int], max_length: int, prefix: Sequence[
     return chunks
 
 
-def _bos_prefix(tokenizer: Any) -> list[int]:
+def bos_prefix(tokenizer: Any) -> list[int]:
     """``[bos_token_id]`` when the tokenizer starts an encoded text with its BOS token, else ``[]``."""
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
@@ -166,19 +150,14 @@ def chunk_documents(
     documents: Any, tokenizer: Any, max_length: int = DEFAULT_CHUNK_LENGTH, *,
     separator: str = DOCUMENT_SEPARATOR, padding: bool = False, text_key: str = "text",
 ) -> list[dict[str, list[int]]]:
-    """Training features of ``documents`` (anything :func:`load_documents` reads): the documents joined with
-    ``separator``, tokenized once without special tokens, cut by :func:`chunk_token_ids` into chunks of at most
-    ``max_length`` tokens (a BOS token first when the tokenizer adds one).
-
-    Each feature is ``{"input_ids", "attention_mask", "labels"}`` with ``labels == input_ids`` (loss on every
-    token). ``padding=True`` pads every chunk on the right to ``max_length`` with the pad token (set from EOS when
-    missing), attention mask 0 and label ``-100``.
-    """
+    """``{"input_ids", "attention_mask", "labels"}`` features (``labels == input_ids``) of ``documents`` joined
+    with ``separator``, tokenized once and cut by :func:`chunk_token_ids` (BOS first when the tokenizer adds one);
+    ``padding=True`` right-pads each to ``max_length`` (label ``-100``)."""
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}.")
     docs = load_documents(documents, text_key=text_key)
     ids = tokenizer(separator.join(docs), add_special_tokens=False, verbose=False)["input_ids"]
-    chunks = chunk_token_ids(ids, max_length, _bos_prefix(tokenizer))
+    chunks = chunk_token_ids(ids, max_length, bos_prefix(tokenizer))
     if padding:
         ensure_pad_token(tokenizer)
     features = []
@@ -192,14 +171,8 @@ def chunk_documents(
 
 
 def as_documents(data: Any, *, plain_lists: bool = True) -> list[str] | None:
-    """The documents of ``data`` when it is a documents set, else ``None`` (rows of another kind).
-
-    A documents set is the path of an existing file or folder (:func:`load_documents`), a ``datasets.Dataset``
-    for which :func:`is_documents` holds, a list of dicts whose only field is ``text``, or (with
-    ``plain_lists``) a non-empty list of strings. Question/answer, prompt/completion, chat and tokenized rows
-    give ``None``, and so does a string that names no existing path, so callers keep their row path (and its
-    errors) for them.
-    """
+    """The documents of ``data`` when it is a documents set (an existing path, a dataset :func:`is_documents`
+    accepts, ``{"text"}`` dicts, or with ``plain_lists`` a list of strings), else ``None``."""
     if data is None:
         return None
     if isinstance(data, (str, os.PathLike)):
@@ -235,7 +208,7 @@ def document_heads(documents: Sequence[str], tokenizer: Any, max_length: int) ->
     scoring one figure per document uses (as MUSE scores each privleak text from its beginning)."""
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}.")
-    prefix = _bos_prefix(tokenizer)
+    prefix = bos_prefix(tokenizer)
     features, cut = [], 0
     for doc in documents:
         ids = prefix + tokenizer(doc, add_special_tokens=False, verbose=False)["input_ids"]

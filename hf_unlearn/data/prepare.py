@@ -1,17 +1,7 @@
-"""One way from question/answer rows to tokenized features: :func:`prepare_qa`.
-
-Every row goes through :func:`hf_unlearn.data.tokenize_qa` with the same ``template``, so the features are the ones
-the trainers train on and the evaluator scores: ``{"input_ids", "attention_mask", "labels", "prompt_length"}``
-per row (``labels`` is ``-100`` on prompt tokens, lists are unpadded; :func:`hf_unlearn.data.collate_qa` pads
-them). What happens to an example longer than ``max_length`` is an explicit policy (``truncation``):
-
-* ``"answer"`` (default): the end of the answer is cut so that the sequence has ``max_length`` tokens and the
-  prompt is kept whole; a prompt that leaves no room for one answer token (``prompt_length + 1 > max_length``)
-  is refused with a :class:`PromptTooLongError` naming the row. This is ``tokenize_qa(..., max_length)``.
-* ``"end"``: the token lists are cut to their first ``max_length`` entries and nothing is refused;
-  ``prompt_length`` stays the prompt's full token length, so a row whose prompt fills ``max_length`` comes back
-  with no answer label (callers that need one check ``labels``).
-"""
+"""One way from question/answer rows to tokenized features: :func:`prepare_qa` (:func:`~hf_unlearn.data.tokenize_qa`
+per row). An example longer than ``max_length`` follows ``truncation``: ``"answer"`` (default) cuts the answer end
+and refuses (:class:`PromptTooLongError`) a prompt that leaves no answer token; ``"end"`` cuts the token lists and
+refuses nothing (``prompt_length`` stays the full prompt's)."""
 
 from __future__ import annotations
 
@@ -65,17 +55,9 @@ def prepare_qa(
     max_length: int | None = None, truncation: Truncation = "answer", validate: bool = True,
     return_truncated: bool = False,
 ) -> list[dict[str, Any]] | tuple[list[dict[str, Any]], int]:
-    """Tokenized features of question/answer ``rows`` (a list of dicts or a ``datasets.Dataset``), in order.
-
-    ``template``: a preset name, a :class:`~hf_unlearn.data.PromptTemplate` or ``None`` (the tokenizer's chat
-    template when it has one, else ``plain``). ``max_length``: the longest sequence kept (``None``: no limit);
-    what happens to a longer one is ``truncation`` (see the module docstring: ``"answer"`` cuts the answer end and
-    refuses a prompt that leaves no answer token, ``"end"`` cuts the lists and refuses nothing). ``validate``:
-    check every row (a mapping with string ``question`` and ``answer``) before any tokenization, raising a
-    ``ValueError`` naming the first bad row; ``False`` hands the rows to ``tokenize_qa`` as they are (for callers
-    that check their rows themselves). ``return_truncated``: also return how many rows were longer than
-    ``max_length`` (a pair ``(features, truncated)``).
-    """
+    """Tokenized features of question/answer ``rows``, in order; a longer row than ``max_length`` follows
+    ``truncation`` (module docstring). ``validate`` checks every row first (``ValueError`` naming the first bad
+    one); ``return_truncated`` also returns how many rows were longer (``(features, truncated)``)."""
     if truncation not in TRUNCATIONS:
         raise ValueError(f"truncation must be one of {', '.join(map(repr, TRUNCATIONS))}, got {truncation!r}.")
     rows = list(rows)

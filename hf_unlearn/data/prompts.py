@@ -228,10 +228,8 @@ def ensure_pad_token(tokenizer: Any) -> Any:
     """Give ``tokenizer`` a pad token (its EOS token) when it has none; refuse when it has neither."""
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(
-                "The tokenizer has neither a pad token nor an EOS token to use as one; "
-                "set `tokenizer.pad_token` before unlearning or evaluating."
-            )
+            raise ValueError("The tokenizer has neither a pad token nor an EOS token to use as one; "
+                             "set `tokenizer.pad_token` before unlearning or evaluating.")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 

@@ -1,13 +1,6 @@
-"""A synthetic fictitious-author set in TOFU's schema: the embedded default that needs no download.
-
-Every author gets a name, a birth year and city, a genre, parents' professions, two book titles
-and an award, all drawn from this module's own word lists with a seeded ``random.Random``; each
-fact is asked about by a template question with a templated answer, a paraphrased answer (same
-fact, other wording) and five perturbed answers (same wording, a wrong fact). The configurations
-mirror TOFU's (``full``, ``forgetXX``, ``retainXX``, ``*_perturbed``, ``holdoutXX``,
-``real_authors_perturbed``, ``world_facts_perturbed``), with the forget split being the last
-authors, as in TOFU. The same seed always gives the same rows.
-"""
+"""A synthetic fictitious-author set in TOFU's schema, needing no download: per author, templated questions about
+seeded facts, each with an answer, a paraphrased answer and five perturbed answers, in TOFU's configurations (the
+forget split being the last authors). The same seed gives the same rows."""
 
 from __future__ import annotations
 

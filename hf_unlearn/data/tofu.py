@@ -1,12 +1,7 @@
-"""Loading TOFU-shaped data: from the Hub (`locuslab/TOFU`), a local folder, or the synthetic set.
-
-A row is TOFU-shaped: ``question``, ``answer`` and, in the ``*_perturbed`` configurations used
-for evaluation, ``paraphrased_answer`` and ``perturbed_answer`` (a list). Rows are checked when they are loaded
-(:func:`check_rows`): a row that is not a JSON object, lacks a required field, or holds an empty, blank, null,
-non-string or not valid Unicode (a lone surrogate) question or answer (or paraphrased/perturbed answer) is refused
-with a ``ValueError`` naming the source and the row, before any method sees it; so is a line of a JSON Lines file
-that is not UTF-8 text or not JSON.
-"""
+"""Loading TOFU-shaped data (``question``, ``answer`` and, in the ``*_perturbed`` configurations,
+``paraphrased_answer`` and ``perturbed_answer``) from the Hub (``locuslab/TOFU``), a local folder or the synthetic
+set. :func:`check_rows` refuses, naming the source and the row, a row that is no JSON object, lacks a field, or
+holds an empty, null, non-string or invalid-Unicode text, before any method sees it."""
 
 from __future__ import annotations
 
@@ -186,20 +181,9 @@ def _load_from_hub(repo_id: str, config: str) -> list[dict[str, Any]]:
 
 
 def load_tofu(config: str, source: str = TOFU_HUB_ID):
-    """Load one TOFU configuration as a ``datasets.Dataset``.
-
-    Args:
-        config: a TOFU configuration name (``forget10``, ``retain90``, ``forget10_perturbed``,
-            ``retain_perturbed``, ``real_authors_perturbed``, ``world_facts_perturbed``, ...).
-        source: a Hub dataset id (default ``locuslab/TOFU``), a local folder holding
-            ``<config>.jsonl`` files, or ``"synthetic"`` (``"synthetic:<seed>"``) for the
-            package's own fictitious-author set, which needs no download.
-
-    Raises:
-        ValueError: unknown configuration, or rows lacking the configuration's fields.
-        FileNotFoundError: a local folder without ``<config>.jsonl``.
-        ConnectionError: a Hub id that cannot be reached.
-    """
+    """One TOFU configuration (``forget10``, ``retain_perturbed``, ...) as a ``datasets.Dataset`` from a Hub id, a
+    folder of ``<config>.jsonl`` files or ``"synthetic[:<seed>]"``. ``ValueError``: unknown configuration or rows
+    lacking fields; ``FileNotFoundError``: no ``<config>.jsonl``; ``ConnectionError``: an unreachable Hub."""
     import datasets
 
     return datasets.Dataset.from_list(load_tofu_rows(config, source))

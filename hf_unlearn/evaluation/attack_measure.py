@@ -1,15 +1,6 @@
-"""What the attacks measure, on the caller's model and on each attacked copy.
-
-The rows (question/answer rows, or documents as ``{"text"}`` rows), the model check (full precision, a
-``PreTrainedModel`` or a ``PeftModel``), scoring and decoding through a :class:`~hf_unlearn.result.Decoding` made
-for each model (:func:`_scoring`), the figures of one model on the forget rows (:func:`_measure`: ``forget_nll``, ``forget_rouge_l``
-and a criterion's dict), and the share of the unlearning gap an attack recovered::
-
-    recovered_fraction = (unlearned - attacked) / (unlearned - original)
-
-(``None`` when the gap is below :data:`MIN_GAP`). :mod:`.attack_quant` and :mod:`.attack_relearn` are the attacks;
-:mod:`.attacks` runs them by name.
-"""
+"""What the attacks measure on the caller's model and on each attacked copy (:func:`_measure`: ``forget_nll``,
+``forget_rouge_l`` and a criterion's dict, through a :class:`~hf_unlearn.result.Decoding` made for each model), and
+``recovered_fraction = (unlearned - attacked) / (unlearned - original)``."""
 
 from __future__ import annotations
 

@@ -43,16 +43,10 @@ def quantization_attack(
     row-wise absmax) with ``method`` (``"roundtrip"``: quantized weights evaluated in float32; ``"bnb"``: real
     bitsandbytes layers); the output layer stays in full precision. The caller's model is never changed.
 
-    Args:
-        model: the unlearned causal LM or a ``PeftModel`` (merged on the copy).
-        forget: rows with ``question`` and ``answer``, or documents (then ``forget_nll`` is over each document's
-            first chunk and ROUGE-L is ``None``).
-        bits: bit widths to try, from ``(4, 8)``.
-        original: the model before unlearning; adds the recovered fractions.
-        decoding: ``decoding(model, check_base_weights) -> Decoding`` (:func:`.attack_measure.artifact_decoding`)
-            for a decoding-time method: every model, quantized copies included, is scored and decoded through it.
-        criterion: optional object with ``measure(model, tokenizer, scorer=None) -> dict``, added to every
-            measured model's figures.
+    ``forget`` is question/answer rows or documents (then ``forget_nll`` is over each document's first chunk and
+    ROUGE-L is ``None``); ``original`` (the model before unlearning) adds the recovered fractions; ``decoding``
+    (:func:`.attack_measure.artifact_decoding`) scores and decodes every model through its own ``Decoding``;
+    ``criterion.measure(model, tokenizer, scorer=None) -> dict`` is added to every measured model's figures.
 
     Returns:
         ``{"attack": "quantization", "threat_model", "decoding", "method", "num_rows", "full_precision": {figures},

@@ -1,29 +1,15 @@
-"""Is it really gone? Two attacks that try to bring unlearned knowledge back, each a report section.
-
-* :func:`quantization_attack` re-measures the forget rows on 4-bit NF4 and 8-bit LLM.int8() copies of the model
-  (Zhang et al., "Catastrophic Failure of LLM Unlearning via Quantization", 2024: edits smaller than half a
-  quantization step are rounded away);
-* :func:`relearning_attack` fine-tunes a copy for a few steps on a small share of the forget rows (measured on the
-  others) and, separately, on retain rows only (benign fine-tuning), as Hu et al. ("Jogging the Memory of
-  Unlearned LLMs Through Targeted Relearning Attacks", 2024) do.
-
-Both work on copies: the caller's model is never changed; a PEFT adapter is merged into the copy first. A model
-that decodes through a decoding-time artifact is attacked as an attacker holding its weights would: the base is
-attacked and the artifact kept as fitted (``decoding=``, a :data:`~.attack_measure.DecodingFactory`, which makes
-the ``Decoding`` of each attacked copy); the result says so under ``"decoding"``. The figures, over the forget
-rows an attack measures::
+"""Is it really gone? Two attacks that try to bring unlearned knowledge back, each a report section, run by name
+here (:func:`run_attacks`, :func:`attack_summary`, :func:`format_attacks`): :func:`quantization_attack` (Zhang et
+al., 2024) and :func:`relearning_attack` (Hu et al., 2024). Both work on copies (PEFT adapters merged); a model
+that decodes through a decoding-time artifact has its base attacked and the artifact kept (``decoding=``). The
+figures, over the forget rows an attack measures::
 
     forget_nll                 = mean_i NLL_i                  (average per-token answer NLL)
     forget_rouge_l             = mean ROUGE-L recall of greedy answers
     recovered_fraction         = (NLL_unlearned - NLL_attacked) / (NLL_unlearned - NLL_original)
     recovered_fraction_rouge_l = (R_attacked - R_unlearned) / (R_original - R_unlearned)
 
-the fractions with ``original`` only, ``None`` when the gap is below :data:`~.attack_measure.MIN_GAP`.
-
-The attacks are :mod:`.attack_quant` and :mod:`.attack_relearn`, what they measure :mod:`.attack_measure`; this
-module runs them by name (:func:`parse_attacks`, :func:`check_attack_options`, :func:`run_attacks`) and gives
-their headline figures (:data:`ATTACK_COLUMNS`, :func:`attack_summary`, :func:`format_attacks`).
-"""
+the fractions with ``original`` only, ``None`` when the gap is below :data:`~.attack_measure.MIN_GAP`."""
 
 from __future__ import annotations
 

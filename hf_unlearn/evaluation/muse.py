@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..assets import __version__
+from ..data.documents import bos_prefix
 from ..data.prompts import collate_qa, ensure_pad_token, model_max_positions
 from ..jsonutil import read_json_file
 from ..logprobs import TokenScorer, answer_mask, causal_lm_scorer, eval_mode, model_device
@@ -124,11 +125,6 @@ def truncate_to_tokens(tokenizer: Any, text: str, num_tokens: int) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _bos(tokenizer: Any) -> list[int]:
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return [bos] if bos is not None and tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [bos] else []
-
-
 def fit_prompt(ids: Sequence[int], room: int, prefix: Sequence[int] = ()) -> list[int]:
     """``ids`` when at most ``room`` long, else ``prefix`` and the last ``room - len(prefix)`` ids (when ``ids``
     starts with ``prefix``; the last ``room`` ids otherwise)."""
@@ -152,7 +148,7 @@ def greedy_continuations(
     room = None if limit is None else limit - max_new_tokens
     if room is not None and room < 1:
         raise ValueError(f"{max_new_tokens} new tokens leave no room for a prompt within the model's {limit} positions.")
-    bos = _bos(tokenizer)
+    bos = bos_prefix(tokenizer)
     encoded, truncated = [], 0
     for p in prompts:
         ids = tokenizer(p, add_special_tokens=True, verbose=False)["input_ids"]

@@ -1,13 +1,7 @@
-"""Membership inference on the forget set and privacy leakage, as open-unlearning reports them for TOFU.
-
-Each attack gives every example a *score* that is loss-like: higher means "less likely a training member".
-The forget set is scored against the matching ``holdoutNN`` split (questions about authors no model was trained
-on); the ROC AUC separates the two (open-unlearning's convention: forget labelled 0, holdout 1), so a model that
-still knows the forget set scores AUC near 1 and a model that never saw it near 0.5.
-
-Pure functions on per-token numbers (from :func:`hf_unlearn.logprobs.answer_token_statistics`); each formula is
-in its docstring.
-"""
+"""Membership inference on the forget set and privacy leakage, as open-unlearning reports them for TOFU. Every
+attack score is loss-like (higher: less likely a member); the ROC AUC separates forget (label 0) from the matching
+``holdoutNN`` split (label 1): near 1 for a model that still knows the forget set, 0.5 for one that never saw it.
+Pure functions; each formula is in its docstring."""
 
 from __future__ import annotations
 

@@ -313,11 +313,9 @@ class TOFUReport:
                 f"{list(cls.required_fields())}."
             )
         names = cls.field_names()
-        return cls(
-            **{k: data[k] for k in names if k in data},
-            extra={k: v for k, v in data.items() if k not in names},
-            _omitted=frozenset(k for k in names if k not in data),
-        )
+        return cls(**{k: data[k] for k in names if k in data},
+                   extra={k: v for k, v in data.items() if k not in names},
+                   _omitted=frozenset(k for k in names if k not in data))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TOFUReport:

@@ -119,19 +119,14 @@ def evaluate_tofu(
     """Evaluate a causal LM on TOFU and return (and optionally write) the report.
 
     Args:
-        model, tokenizer: any causal LM and its tokenizer (a pad token is set from EOS if missing).
         source: Hub id, local folder of ``<config>.jsonl`` files, or ``"synthetic"``.
-        forget_split: ``forget01``, ``forget05`` or ``forget10``.
         retain_reference: the retain model's numbers (anything :func:`~hf_unlearn.evaluation.load_retain_reference`
             reads); ``None`` leaves ``forget_quality`` and ``ks_statistic`` ``None`` and privleak's reference AUC 0.5.
         scorer: token scorer for teacher-forced losses (default: the model's log-probs). Extraction strength,
             exact memorization and Min-K%++ are ``None`` under a custom scorer.
-        generation_kwargs: extra ``model.generate`` arguments (e.g. ``logits_processor``).
-        batch_size, max_new_tokens: scoring/generation batch size and generated answer length.
         max_examples: keep only the first ``max_examples`` rows of each split (``None``: all).
         output_path: write the report there as JSON (atomically); a path inside the model's, the tokenizer's or a
             local ``source`` folder, or through a link, is refused before any work.
-        model_name: name recorded in the report (default: the model's ``name_or_path``).
         template: prompt template (preset name or :class:`~hf_unlearn.data.PromptTemplate`); ``None``: the
             tokenizer's chat template when it has one, else ``plain``.
         membership_inference: score the forget split against ``holdoutNN`` for the MIA AUCs and privleak: ``None``

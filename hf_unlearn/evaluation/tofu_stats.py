@@ -1,14 +1,5 @@
-"""The TOFU statistics of one evaluation split, and the forget split's memorization and membership-inference figures.
-
-For each split, as in TOFU (Maini et al., 2024): the answer, paraphrased-answer and perturbed-answer losses
-(average per-token NLL); the probability ``exp(-loss(answer))`` on forget/retain and the normalised
-``p(answer) / (p(answer) + sum_j p(perturbed_j))`` on real authors / world facts; the truth ratio
-``tr_i = exp(loss(true_i) - mean_j loss(perturbed_ij))``; and the ROUGE-L recall of the greedy answer.
-
-On the forget split, beyond TOFU's table: extraction strength and exact memorization (:mod:`.memorization`) and
-the membership-inference AUCs against the matching ``holdoutNN`` split, with privleak (:mod:`.privacy`).
-:func:`hf_unlearn.evaluation.evaluate_tofu` puts these together into the report.
-"""
+"""The TOFU statistics of one evaluation split (losses, probability, truth ratio, ROUGE-L; formulas in
+:mod:`.tofu`), and the forget split's memorization and membership-inference figures."""
 
 from __future__ import annotations
 

@@ -194,18 +194,16 @@ def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, me
     """What the card template is rendered with: the front matter's fields, each text on one line, code-span text
     (method key, split, dataset, settings) by :func:`_inline` and running text (titles, names, quantization rows)
     by :func:`_text`."""
-    return dict(
-        card_data.to_dict(), card_data=card_data.to_yaml(), kind=kind, repo_id=repo_id,
-        model_name=_text(repo_id.split("/")[-1]), base_model=str(base_model), method=_inline(method),
-        method_title=_text(title if title is not None else METHOD_TITLES.get(method, method)),
-        paper=_paper(paper if paper is not None else METHOD_PAPERS.get(method)),
-        forget_split=_inline(forget_split), dataset=_inline(dataset),
-        settings={_inline(k, cell=True): _inline(v, cell=True) for k, v in (settings or {}).items()},
-        results=[{"key": k, "type": t, "name": _text(n), "value": v} for k, t, n, v in results],
-        quantization={_text(k): _text(v) for k, v in _quantization_rows(quantization).items()}
-        if quantization else None,
-        library_name=library, is_peft=library == "peft",
-    )
+    return dict(card_data.to_dict(), card_data=card_data.to_yaml(), kind=kind, repo_id=repo_id,
+                model_name=_text(repo_id.split("/")[-1]), base_model=str(base_model), method=_inline(method),
+                method_title=_text(title if title is not None else METHOD_TITLES.get(method, method)),
+                paper=_paper(paper if paper is not None else METHOD_PAPERS.get(method)),
+                forget_split=_inline(forget_split), dataset=_inline(dataset),
+                settings={_inline(k, cell=True): _inline(v, cell=True) for k, v in (settings or {}).items()},
+                results=[{"key": k, "type": t, "name": _text(n), "value": v} for k, t, n, v in results],
+                quantization={_text(k): _text(v) for k, v in _quantization_rows(quantization).items()}
+                if quantization else None,
+                library_name=library, is_peft=library == "peft")
 
 
 def _card_method(kind: str, spec: ArtifactKind, method: str | None) -> str:
@@ -228,13 +226,11 @@ def _card_data(kind: str, base_model: str, method: str, dataset: str, forget_spl
     hub_dataset = _hub_id(dataset) if dataset not in ("synthetic",) and "/" in str(dataset) else None
     benchmark = "muse" if muse else "tofu"
     eval_results = [
-        EvalResult(
-            task_type="text-generation", task_name="Machine unlearning",
-            dataset_type=hub_dataset or benchmark,
-            dataset_name=f"{'MUSE-News' if muse else 'TOFU'} ({forget_split})",
-            dataset_config=forget_split, dataset_split="train",
-            metric_type=metric_type, metric_name=pretty, metric_value=value,
-        )
+        EvalResult(task_type="text-generation", task_name="Machine unlearning",
+                   dataset_type=hub_dataset or benchmark,
+                   dataset_name=f"{'MUSE-News' if muse else 'TOFU'} ({forget_split})",
+                   dataset_config=forget_split, dataset_split="train",
+                   metric_type=metric_type, metric_name=pretty, metric_value=value)
         for _, metric_type, pretty, value in results
         if value is not None
     ]

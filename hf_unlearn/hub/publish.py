@@ -48,19 +48,11 @@ def push_unlearned(
     tokenizer: Any = None, license: str | None = None, commit_message: str | None = None,
     endpoint: str | None = None, selection: Mapping[str, Any] | None = None,
 ):
-    """Push an unlearned artifact with its model card (and report) to the Hub in one commit.
-
-    ``artifact`` is what a method produced: an :class:`~hf_unlearn.result.Unlearned` (its artifact is pushed,
-    with its method, settings and selection record unless given), an artifact of a registered kind (an adapter, a
-    head), a model or PEFT adapter from a trainer, or a folder where one was saved. Its kind is detected (or pass
-    ``kind=``). Refused before anything
-    is uploaded: no token, a report for another base model or forget split, a report lacking the
-    card metrics, a card template missing a field, an artifact saving pickle files.
-
-    ``base_model`` overrides the base recorded in the artifact (e.g. the Hub id of a local base);
-    the report must name one of the two. ``selection`` (default: the record the artifact carries, see
-    :func:`hf_unlearn.selection.selection_record_of`) is shown in the card and uploaded as
-    ``selection_record.json``. Returns the ``huggingface_hub.CommitInfo``.
+    """Push an unlearned artifact (an :class:`~hf_unlearn.result.Unlearned`, an artifact of a registered kind, a
+    trainer's model or adapter, or a saved folder) with its model card, report and selection record to the Hub in
+    one commit; return the ``CommitInfo``. Refused before anything is uploaded: no token, a report for another
+    base model (``base_model`` or the artifact's) or forget split, a report lacking the card metrics, a card
+    template missing a field, an artifact saving pickle files.
     """
     _check_repo_id(repo_id)
     token = _resolve_token(token)

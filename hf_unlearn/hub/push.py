@@ -1,10 +1,5 @@
-"""The one way hf-unlearn uploads to the Hub: :func:`push_folder`.
-
-Every artifact's publishing path prepares a folder (weights, config, report...) and a card, then calls
-:func:`push_folder`, which uploads them in ONE commit: :func:`hf_unlearn.hub.push_unlearned` (and
-``Unlearned.push_to_hub`` through it), ``GROMEdit.push_to_hub``, the unlearning trainers' ``push_to_hub`` and
-:func:`hf_unlearn.hub.push_metric_space`. The repo id and the token are checked before anything is sent.
-"""
+"""The one way hf-unlearn uploads to the Hub: :func:`push_folder` (a prepared folder and its card in ONE commit;
+the repo id and the token are checked before anything is sent)."""
 
 from __future__ import annotations
 
@@ -47,25 +42,13 @@ def push_folder(
     commit_message: str, repo_type: str = "model", space_sdk: str | None = None,
     ignore_patterns: Iterable[str] = (), run_as_future: bool = False,
 ) -> Any:
-    """Create ``repo_id`` if needed and upload every file of ``folder`` (and ``card`` as ``README.md``) in one commit.
+    """Create ``repo_id`` if needed and upload every file of ``folder`` (and ``card`` as ``README.md``) in one commit;
+    return the ``huggingface_hub.CommitInfo`` (or its future with ``run_as_future``).
 
-    Args:
-        folder: a prepared folder; its files keep their relative paths in the repo.
-        repo_id: ``"name"`` or ``"owner/name"`` (checked before anything is sent).
-        card: a ``huggingface_hub.ModelCard`` / ``RepoCard`` or the card's text; uploaded as ``README.md`` in
-            place of any ``README.md`` in ``folder``. ``None``: the folder's own ``README.md``, if any.
-        token: a Hub token (default: ``HF_TOKEN`` or the saved login); without one nothing is sent.
-        endpoint: the Hub's URL (default: ``HF_ENDPOINT`` or huggingface.co).
-        private: visibility of a repo this call creates (an existing repo keeps its own).
-        revision: the branch to commit to (default: ``main``).
-        commit_message: the commit's title.
-        repo_type: ``"model"`` or ``"space"`` (then ``space_sdk``).
-        ignore_patterns: ``fnmatch`` patterns of relative paths left out (besides ``.git`` and
-            ``.cache/huggingface``), as ``huggingface_hub.HfApi.upload_folder``'s.
-        run_as_future: return a ``concurrent.futures.Future`` of the commit instead of waiting for it.
-
-    Returns:
-        the ``huggingface_hub.CommitInfo`` (or its future).
+    ``card`` (a ``ModelCard`` or its text) replaces the folder's ``README.md``; ``token`` defaults to ``HF_TOKEN``
+    or the saved login (without one nothing is sent); ``private`` applies to a repo this call creates;
+    ``repo_type`` is ``"model"`` or ``"space"`` (with ``space_sdk``); ``ignore_patterns`` as
+    ``HfApi.upload_folder``'s.
     """
     _check_repo_id(repo_id)
     token = _resolve_token(token)

@@ -1,11 +1,6 @@
-"""Evaluator reports as model cards read them: loading, the card metrics, and the check that a report belongs to
-the artifact it is published with (same base model, same forget split).
-
-A report is a :class:`~hf_unlearn.evaluation.TOFUReport` (what ``evaluate_tofu`` returns), its dict form or a JSON
-file of it, which :func:`_load_report` reads into a ``TOFUReport``, or any other mapping with the card metrics (a
-partial report, figures under a ``meta``/``metadata``/``config`` section), which is read by key. The evaluation
-package is imported only when a report is given, so importing this module imports no torch.
-"""
+"""Evaluator reports as model cards read them: a ``TOFUReport``, its dict or JSON file (read into a
+``TOFUReport``), or any mapping with the card metrics (read by key, also under ``meta``/``metadata``/``config``);
+the card metrics, and :func:`check_report_matches`. Importing this module imports no torch."""
 
 from __future__ import annotations
 
@@ -167,14 +162,8 @@ def _metric_results(report: TOFUReport | Mapping[str, Any]) -> list[tuple[str, s
 def check_report_matches(
     report: TOFUReport | Mapping[str, Any], base_model: str | None, forget_split: str | None, *, aliases: tuple[str, ...] = ()
 ) -> None:
-    """Refuse a report computed for another model or forget split than the artifact's.
-
-    The report names the model it evaluated under ``base_model`` / ``base_model_name_or_path`` /
-    ``model_name`` (the evaluator writes ``model_name``, the evaluated model's ``name_or_path``) and
-    its split under ``forget_split``, at top level or in a ``meta``/``metadata``/``config`` section.
-    The model must be ``base_model`` or one of ``aliases`` (other names of the base, or of the
-    artifact itself, e.g. the folder it was saved to and reloaded from).
-    """
+    """Refuse (``ValueError``) a report whose ``base_model`` / ``base_model_name_or_path`` / ``model_name`` is
+    neither ``base_model`` nor one of ``aliases``, or whose ``forget_split`` differs from the artifact's."""
     known = list(dict.fromkeys(str(m) for m in (base_model, *aliases) if m))
     for key in ("base_model", "base_model_name_or_path", "model_name"):
         named = _report_value(report, key)
