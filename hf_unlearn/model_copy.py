@@ -1,15 +1,7 @@
-"""Deep copies of a model that run their own weights (the NPO reference, the NF4 re-check's quantized copy).
-
-TRL's ``SFTTrainer`` patches ``forward`` on the model instance (its fused LM head, ``trl.trainer.utils``); the
-patch's closure calls the forward bound to the *original* model. ``copy.deepcopy`` keeps that instance attribute,
-so a plain copy of a trained model silently computes with the original's weights: a quantized or frozen copy
-would give exactly the original's outputs. On a ``PeftModel`` the patch sits on the wrapped model
-(``base_model.model``), not on the top-level module. :func:`independent_copy` drops every instance-level
-``forward`` of the copy, at any depth, that still reaches a module of the original (through its closure, its
-bound ``self`` or a ``functools.partial``), so each copied module falls back to its class's ``forward``; instance
-``forward`` wrappers that refer only to the copy (accelerate's hooks, after the copy) are kept.
-"""
-
+"""Deep copies of a model that run their own weights (the NPO reference, the quantized copies). TRL's
+``SFTTrainer`` patches ``forward`` on the model instance with a closure over the *original* model, which
+``copy.deepcopy`` keeps; :func:`independent_copy` drops every instance ``forward`` of the copy, at any depth, that
+still reaches a module of the original (closure, bound ``self`` or ``functools.partial``)."""
 from __future__ import annotations
 
 import copy

@@ -129,23 +129,15 @@ def relearning_attack(
     figures); (b) *benign fine-tuning* on ``retain`` rows only, when given (``"benign"``). Documents (a list of
     strings, a path, a ``text`` dataset) are split by document and trained on each one's first chunk.
 
-    Each fine-tune is ``steps`` AdamW steps (no weight decay, constant ``learning_rate``, gradients clipped to
-    ``max_grad_norm``) on batches of ``min(batch_size, rows)`` rows, minimising the answer-token NLL of ``template``
-    prompts. With ``decoding`` (``decoding(model, check_base_weights) -> Decoding``) the fine-tune trains the base
+    Each fine-tune is :func:`_fine_tune`. With ``decoding`` (``decoding(model, check_base_weights) -> Decoding``) the fine-tune trains the base
     and every model is measured through its own ``Decoding``: the decoding-time artifact is kept, not refitted.
     ``steps=0`` or ``learning_rate=0`` is a null control.
 
-    Returns:
-        ``{"attack": "relearning", "threat_model", "decoding", "share", "steps", "learning_rate", "batch_size",
-        "seed", "num_attack_rows", "num_eval_rows", "forget_nll_before", "forget_nll_after",
-        "forget_rouge_l_before", "forget_rouge_l_after", "forget_nll_original", "forget_rouge_l_original",
-        "recovered_fraction", "recovered_fraction_rouge_l", "train_loss": [per step], "benign": {...} or None,
-        "seconds"}``; ROUGE-L figures are ``None`` with ``rouge=False``, recovered fractions without ``original``.
-        With ``criterion``, ``criterion_before`` / ``criterion_after`` (and ``benign["criterion_after"]``).
-
-    Raises:
-        ValueError: ``share`` outside (0, 1), negative ``steps`` or ``learning_rate``, fewer than two forget rows,
-            an empty ``retain``, a quantized model; before any model call.
+    Returns the settings, ``num_attack_rows``, ``num_eval_rows``, ``forget_nll`` / ``forget_rouge_l``
+    ``_before`` / ``_after`` / ``_original``, the recovered fractions, ``train_loss`` (per step), ``benign``
+    (its figures, or ``None``), ``seconds`` and with ``criterion`` ``criterion_before`` / ``_after``. Refused
+    (``ValueError``) before any model call: ``share`` outside (0, 1), negative ``steps`` or ``learning_rate``,
+    fewer than two forget rows, an empty ``retain``, a quantized model.
     """
     start = time.perf_counter()
     rows = _check_rows(forget, "forget", minimum=2)

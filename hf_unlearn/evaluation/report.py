@@ -214,13 +214,10 @@ def _is_number(value: Any) -> bool:
 class TOFUReport:
     """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure as a typed attribute.
 
-    Every figure is defined in :data:`METRIC_DEFINITIONS`; the attack figures are
-    :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' keys (with ``attacks``, each attack's section). The other
-    fields: ``components`` (the nine model-utility components, :data:`~hf_unlearn.evaluation.COMPONENT_NAMES`),
-    ``forget_truth_ratios`` (per question, in row order: what a retain reference is made of), ``mia`` (the
-    membership-inference details), ``num_examples`` and ``splits`` (per split, its aggregates and ``per_example``
-    values), ``retain_reference`` (its summary), ``provenance`` (how the figures were made; a retain reference made
-    otherwise is refused), ``settings``, ``hf_unlearn_version``, ``wall_time_s``.
+    Figures: :data:`METRIC_DEFINITIONS`' keys and :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' (with
+    ``attacks``, each attack's section). Also ``components``, ``forget_truth_ratios`` (per question, row order),
+    ``mia``, ``num_examples``, ``splits`` (aggregates and ``per_example`` values), ``retain_reference``,
+    ``provenance``, ``settings``, ``hf_unlearn_version``, ``wall_time_s``.
 
     :meth:`to_dict` is the JSON-ready dict written to disk (nested values shared, not copied); :meth:`from_dict`
     reads one back, also from an older version: optional keys it lacks stay ``None`` and absent from

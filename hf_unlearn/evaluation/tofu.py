@@ -63,9 +63,7 @@ def _cap(rows: list[dict[str, Any]], max_examples: int | None) -> list[dict[str,
 
 def _model_name(model: Any) -> str:
     config = getattr(model, "config", None)
-    return str(
-        getattr(config, "_name_or_path", None) or getattr(model, "name_or_path", None) or type(model).__name__
-    )
+    return str(getattr(config, "_name_or_path", None) or getattr(model, "name_or_path", None) or type(model).__name__)
 
 
 AUTOCAST_DTYPES = (None, "bfloat16", "float16")
@@ -340,38 +338,22 @@ def _assemble_report(
     forget_ratios = splits["forget"]["per_example"]["truth_ratio"]
     fq = metrics.forget_quality(forget_ratios, reference.forget_truth_ratios) if reference is not None else None
     es, em = memorization
+    forget = splits["forget"]
     return TOFUReport(
-        model_name=model_name,
-        source=source,
-        forget_split=forget_split,
+        model_name=model_name, source=source, forget_split=forget_split,
         retain_reference=None if reference is None else reference.summary(),
         forget_quality=None if fq is None else float(fq["forget_quality"]),
         ks_statistic=None if fq is None else float(fq["ks_statistic"]),
         model_utility=metrics.model_utility([components[k] for k in COMPONENT_NAMES]),
-        forget_rouge_l=splits["forget"]["rouge_l"],
-        forget_truth_ratio=splits["forget"]["truth_ratio"],
-        forget_prob=splits["forget"]["prob"],
-        retain_rouge_l=components["retain_rouge_l"],
-        retain_prob=components["retain_prob"],
+        forget_rouge_l=forget["rouge_l"], forget_truth_ratio=forget["truth_ratio"], forget_prob=forget["prob"],
+        retain_rouge_l=components["retain_rouge_l"], retain_prob=components["retain_prob"],
         retain_truth_ratio=components["retain_truth_ratio"],
-        mu_rouge=mu_rouge(
-            components["retain_rouge_l"], components["real_authors_rouge_l"], components["world_facts_rouge_l"]
-        ),
-        extraction_strength=es,
-        exact_memorization=em,
-        mia_loss=aucs["loss"],
-        mia_zlib=aucs["zlib"],
-        mia_min_k=aucs["min_k"],
-        mia_min_k_plus_plus=aucs["min_k_plus_plus"],
-        privleak=leak["min_k"],
-        components=components,
-        forget_truth_ratios=forget_ratios,
-        mia=mia,
-        num_examples={name: s["num_examples"] for name, s in splits.items()},
-        splits=splits,
-        provenance=provenance,
-        settings=settings,
-        hf_unlearn_version=__version__,
+        mu_rouge=mu_rouge(*(components[f"{s}_rouge_l"] for s in UTILITY_SPLITS)),
+        extraction_strength=es, exact_memorization=em, mia_loss=aucs["loss"], mia_zlib=aucs["zlib"],
+        mia_min_k=aucs["min_k"], mia_min_k_plus_plus=aucs["min_k_plus_plus"], privleak=leak["min_k"],
+        components=components, forget_truth_ratios=forget_ratios, mia=mia,
+        num_examples={name: s["num_examples"] for name, s in splits.items()}, splits=splits, provenance=provenance,
+        settings=settings, hf_unlearn_version=__version__,
     )
 
 

@@ -317,13 +317,8 @@ def trainer_model_card(
     tags: str | list[str] | None = None, report: Mapping[str, Any] | str | os.PathLike | None = None,
     forget_split: str | None = None,
 ):
-    """The model card of an unlearning trainer's model (what its ``create_model_card`` writes).
-
-    The method (from the trainer's class) with its paper, the config's method settings and training budget,
-    and, given the evaluator's ``report`` (dict or JSON path), its numbers in ``model-index``; the report
-    must be for this trainer's base model (or its output folder). ``forget_split`` defaults to the report's,
-    else ``dataset_name``. Tags: the trainer's TRL tags plus ``tags``.
-    """
+    """The model card an unlearning trainer's ``create_model_card`` writes: the trainer's method, its config's
+    settings and budget, and a ``report`` for its base model (or output folder) in ``model-index``."""
     muse = _muse_report(report)
     report = muse.to_dict() if muse is not None else _load_report(report)
     model = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else trainer.model
