@@ -98,14 +98,9 @@ class _DropMessages(logging.Filter):
 
 
 def quiet_console(verbose: bool = False) -> Callable[[], None]:
-    """Silence third-party noise for a CLI run (called by :func:`main`, never on import); returns a function that
-    restores the previous state (``main`` calls it when the command ends).
-
-    Hides: library log messages below ERROR and progress bars of transformers, datasets and huggingface_hub;
-    bitsandbytes' notice that its optional CPU kernel package is missing; deprecation and user warnings
-    whose origin is inside a third-party package. Warnings raised from hf_unlearn's own code stay visible.
-    With ``verbose`` the library log messages are kept at WARNING.
-    """
+    """Silence third-party noise for a CLI run (log messages below ERROR, or WARNING with ``verbose``, progress
+    bars, warnings raised inside third-party packages); hf_unlearn's own warnings stay visible. Returns a function
+    that restores the previous state."""
     import datasets
     import transformers
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars

@@ -25,14 +25,8 @@ DEVICE_HELP = ("where the model runs: auto (default: CUDA when available, else t
 
 
 def resolve_device(device: Any = None) -> str:
-    """The device name that ``device`` asks for: ``None`` / ``"auto"`` -> ``"cuda"`` when
-    ``torch.cuda.is_available()`` (``"cuda:<LOCAL_RANK>"`` under a launch) else ``"cpu"``; ``"cpu"``, ``"cuda"``,
-    ``"cuda:N"`` (or a ``torch.device``) kept as they are written.
-
-    Raises:
-        ValueError: a CUDA device without CUDA, a GPU index the machine does not have, or another kind of
-            device (one line naming the value and the choices).
-    """
+    """The device name ``device`` asks for (module docstring); ``ValueError`` (one line) for CUDA without CUDA, a
+    GPU index the machine lacks, or another kind of device."""
     import torch
 
     if device is None or (isinstance(device, str) and device.strip().lower() == AUTO):
@@ -108,11 +102,8 @@ def join_launch() -> bool:
 
 
 def on_main_process(compute: Callable[[], Any]) -> Any:
-    """``compute()`` run on rank 0 alone and broadcast to every process of the initialised process group
-    (``broadcast_object_list``: the result must pickle; move tensors to the CPU first, the receivers place them);
-    ``compute()`` itself outside a group. When it raises on rank 0, every other process raises too, with the
-    same message (a ``ValueError`` stays one, anything else arrives as a ``RuntimeError``), so that no process
-    waits for the others in a later collective."""
+    """``compute()`` on rank 0 alone, its (picklable) result broadcast to every process; ``compute()`` itself outside
+    a process group. An error on rank 0 is raised on every process (a ``ValueError`` as one, else ``RuntimeError``)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

@@ -30,11 +30,8 @@ class OutputLockedError(OutputDirError):
 
 
 def gated_path(path: str | os.PathLike, what: str = "Output path") -> Path:
-    """``path`` made absolute after checking each of its components: :class:`OutputDirError` (one line naming the
-    link and where it points) when any component is a symbolic link, dangling or not.
-
-    A relative path starts from the working folder (which the system gives with its links resolved); ``..`` steps
-    to the parent of the components checked so far, so it can never climb out of a link."""
+    """``path`` made absolute after checking each component: :class:`OutputDirError` (naming the link and its
+    target) when any is a symbolic link, dangling or not; ``..`` steps to the parent of the checked components."""
     given = Path(path).expanduser()
     current = Path(given.anchor) if given.is_absolute() else Path.cwd()
     for part in given.parts[1:] if given.is_absolute() else given.parts:

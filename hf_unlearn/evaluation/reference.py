@@ -214,19 +214,17 @@ def _from_tofu(logs: Mapping[str, Any], origin: str) -> RetainReference:
     return RetainReference(ratios, components, provenance, None)
 
 
-def _tofu_folder_logs(folder: Path) -> dict[str, Any]:
-    logs = {TOFU_FORGET_FILE: read_json_file(folder / TOFU_FORGET_FILE)}
-    for name in TOFU_FILES:
-        if (folder / name).is_file():
-            logs[name] = read_json_file(folder / name)
-    return logs
+def _tofu_sibling_logs(folder: Path) -> dict[str, Any]:
+    """TOFU's non-forget logs found in ``folder``, by file name."""
+    return {name: read_json_file(folder / name) for name in TOFU_FILES if (folder / name).is_file()}
 
 
 def _from_folder(folder: Path) -> RetainReference:
     if (folder / "TOFU_EVAL.json").is_file():
         return _from_open_unlearning(read_json_file(folder / "TOFU_EVAL.json"), str(folder / "TOFU_EVAL.json"))
     if (folder / TOFU_FORGET_FILE).is_file():
-        return _from_tofu(_tofu_folder_logs(folder), str(folder))
+        logs = {TOFU_FORGET_FILE: read_json_file(folder / TOFU_FORGET_FILE), **_tofu_sibling_logs(folder)}
+        return _from_tofu(logs, str(folder))
     found = sorted({p.parent for p in folder.rglob(TOFU_FORGET_FILE)} | {p.parent for p in folder.rglob("TOFU_EVAL.json")})
     if len(found) == 1:
         return _from_folder(found[0])
@@ -246,12 +244,7 @@ def _from_mapping(data: Mapping[str, Any], origin: str, folder: Path | None = No
     if TOFU_FORGET_FILE in data and isinstance(data[TOFU_FORGET_FILE], Mapping):
         return _from_tofu(data, origin)
     if "avg_paraphrased_loss" in data and "average_perturb_loss" in data:
-        logs: dict[str, Any] = {TOFU_FORGET_FILE: data}
-        if folder is not None:
-            for name in TOFU_FILES:
-                if (folder / name).is_file():
-                    logs[name] = read_json_file(folder / name)
-        return _from_tofu(logs, origin)
+        return _from_tofu({TOFU_FORGET_FILE: data, **(_tofu_sibling_logs(folder) if folder else {})}, origin)
     raise ValueError(
         f"{origin} is not a retain reference this package reads: expected an hf-unlearn report "
         "('forget_truth_ratios'), open-unlearning's TOFU_EVAL.json ('forget_truth_ratio') or TOFU's "
