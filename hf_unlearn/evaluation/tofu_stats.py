@@ -74,14 +74,6 @@ def normalized_answer_probability(answer_nll: np.ndarray, perturbed_nll: Sequenc
     return out
 
 
-def _count_truncated(
-    tokenizer: Any, questions: Sequence[str], answers: Sequence[str], limit: int | None, template: PromptTemplate
-) -> int:
-    if limit is None:
-        return 0
-    return sum(len(tokenize_qa(tokenizer, q, a, template=template)["input_ids"]) > limit for q, a in zip(questions, answers))
-
-
 def _score_split(
     model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], spec: SplitSpec, questions: list[str],
     answers: list[str], perturbed: list[list[str]], score: Mapping[str, Any], answer_nll_values: np.ndarray | None,
@@ -93,14 +85,10 @@ def _score_split(
         gt_nll = answer_nll(model, tokenizer, questions, answers, desc=f"{spec.name}: answers", **score)
     else:
         gt_nll = np.asarray(answer_nll_values, dtype=np.float64)
-    false_nll = multi_answer_nll(
-        model, tokenizer, questions, perturbed, desc=f"{spec.name}: perturbed", **score
-    )
+    false_nll = multi_answer_nll(model, tokenizer, questions, perturbed, desc=f"{spec.name}: perturbed", **score)
     if spec.paraphrased:
         paraphrased = [r["paraphrased_answer"] for r in rows]
-        true_nll = answer_nll(
-            model, tokenizer, questions, paraphrased, desc=f"{spec.name}: paraphrased", **score
-        )
+        true_nll = answer_nll(model, tokenizer, questions, paraphrased, desc=f"{spec.name}: paraphrased", **score)
         probs = answer_probability(gt_nll)
     else:
         true_nll = gt_nll
@@ -115,11 +103,9 @@ def _generate_split(
     progress: bool,
 ) -> tuple[list[str], list[float]]:
     """The greedy answers to one split's questions and their ROUGE-L recall against the gold answers."""
-    generations = generate_answers(
-        model, tokenizer, questions, batch_size=batch_size, max_new_tokens=max_new_tokens,
-        generation_kwargs=generation_kwargs, template=template, progress=progress,
-        desc=f"{spec.name}: generating",
-    )
+    generations = generate_answers(model, tokenizer, questions, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                   generation_kwargs=generation_kwargs, template=template, progress=progress,
+                                   desc=f"{spec.name}: generating")
     return generations, rouge_l_recall(generations, answers)
 
 
@@ -130,9 +116,11 @@ def _split_truncated(
     """How many of the split's scored sequences (question with its answer, each perturbed answer and, where
     scored, the paraphrased answer) exceed the model's maximum positions."""
     limit = model_max_positions(model)
+    if limit is None:
+        return 0
     texts = answers + [a for p in perturbed for a in p] + ([r["paraphrased_answer"] for r in rows] if spec.paraphrased else [])
     qs = questions + [q for q, p in zip(questions, perturbed) for _ in p] + (questions if spec.paraphrased else [])
-    return _count_truncated(tokenizer, qs, texts, limit, template)
+    return sum(len(tokenize_qa(tokenizer, q, a, template=template)["input_ids"]) > limit for q, a in zip(qs, texts))
 
 
 def evaluate_split(
@@ -163,21 +151,14 @@ def evaluate_split(
         max_new_tokens=max_new_tokens, template=template, progress=progress,
     ) if generate else (None, None)
     return {
-        "config": spec.config,
-        "num_examples": len(rows),
-        "prob": float(np.mean(probs)),
-        "rouge_l": float(np.mean(rouge)) if generate else None,
-        "truth_ratio": float(tr["truth_ratio"]),
+        "config": spec.config, "num_examples": len(rows), "prob": float(np.mean(probs)),
+        "rouge_l": float(np.mean(rouge)) if generate else None, "truth_ratio": float(tr["truth_ratio"]),
         "truth_ratio_aggregator": spec.aggregator,
         "num_truncated": _split_truncated(model, tokenizer, rows, spec, questions, answers, perturbed, template),
         "per_example": {
-            "answer_nll": [float(v) for v in gt_nll],
-            "true_nll": [float(v) for v in true_nll],
-            "perturbed_nll": [[float(v) for v in f] for f in false_nll],
-            "prob": [float(v) for v in probs],
-            "truth_ratio": [float(v) for v in tr["truth_ratios"]],
-            "rouge_l": rouge,
-            "generation": generations,
+            "answer_nll": [float(v) for v in gt_nll], "true_nll": [float(v) for v in true_nll],
+            "perturbed_nll": [[float(v) for v in f] for f in false_nll], "prob": [float(v) for v in probs],
+            "truth_ratio": [float(v) for v in tr["truth_ratios"]], "rouge_l": rouge, "generation": generations,
         },
     }
 
