@@ -19,21 +19,14 @@ FORGET_SPLITS = ("forget01", "forget05", "forget10")
 RETAIN_FOR_FORGET = {"forget01": "retain99", "forget05": "retain95", "forget10": "retain90"}
 HOLDOUT_FOR_FORGET = {"forget01": "holdout01", "forget05": "holdout05", "forget10": "holdout10"}
 
+_QA = ("question", "answer")
+_PERTURBED = (*_QA, "paraphrased_answer", "perturbed_answer")
 # configuration name -> fields every row must carry
 TOFU_CONFIGS: dict[str, tuple[str, ...]] = {
-    "full": ("question", "answer"),
-    **{name: ("question", "answer") for name in FORGET_SPLITS},
-    **{name: ("question", "answer") for name in RETAIN_FOR_FORGET.values()},
-    **{name: ("question", "answer") for name in HOLDOUT_FOR_FORGET.values()},
-    **{
-        f"{name}_perturbed": ("question", "answer", "paraphrased_answer", "perturbed_answer")
-        for name in FORGET_SPLITS
-    },
-    "retain_perturbed": ("question", "answer", "paraphrased_answer", "perturbed_answer"),
-    "real_authors": ("question", "answer"),
-    "real_authors_perturbed": ("question", "answer", "perturbed_answer"),
-    "world_facts": ("question", "answer"),
-    "world_facts_perturbed": ("question", "answer", "perturbed_answer"),
+    **{name: _QA for name in ("full", *FORGET_SPLITS, *RETAIN_FOR_FORGET.values(), *HOLDOUT_FOR_FORGET.values())},
+    **{f"{name}_perturbed": _PERTURBED for name in FORGET_SPLITS}, "retain_perturbed": _PERTURBED,
+    "real_authors": _QA, "real_authors_perturbed": (*_QA, "perturbed_answer"),
+    "world_facts": _QA, "world_facts_perturbed": (*_QA, "perturbed_answer"),
 }
 
 
@@ -152,9 +145,7 @@ def load_tofu_rows(config: str, source: str = TOFU_HUB_ID) -> list[dict[str, Any
     elif os.path.isdir(source):
         path = Path(source) / f"{config}.jsonl"
         if not path.is_file():
-            raise FileNotFoundError(
-                f"TOFU config {config!r} not found in local folder {source}: expected {path}."
-            )
+            raise FileNotFoundError(f"TOFU config {config!r} not found in local folder {source}: expected {path}.")
         rows = read_jsonl(path)
         origin = str(path)
     elif source.startswith((".", "/", "~")) or source.count("/") > 1:

@@ -15,8 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.prepare import PromptTooLongError, prepare_qa
-from ..data.prompts import IGNORE_INDEX, PromptTemplate, collate_qa, ensure_pad_token, resolve_template
-from ..logprobs import causal_lm_scorer, effective_max_length, model_device
+from ..data.prompts import PromptTemplate, collate_qa, ensure_pad_token, resolve_template
+from ..logprobs import answer_mask, causal_lm_scorer, effective_max_length, model_device
 from .attack_measure import (
     DECODING_KEPT,
     DEFAULT_ATTACK_MAX_NEW_TOKENS,
@@ -94,8 +94,7 @@ def _fine_tune(
             idx = [order[(step * per_step + j) % len(order)] for j in range(per_step)]
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, "right")
             batch = {k: v.to(device) for k, v in batch.items()}
-            mask = batch["labels"] != IGNORE_INDEX
-            mask[:, 0] = False
+            mask = answer_mask(batch["labels"])
             log_probs = scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"])
             loss = -log_probs.sum() / mask.sum().clamp(min=1)
             optimizer.zero_grad(set_to_none=True)
