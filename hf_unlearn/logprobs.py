@@ -30,12 +30,8 @@ TokenScorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
 
 
 def answer_mask(labels: torch.Tensor) -> torch.Tensor:
-    """The definition of a scored token: boolean ``[B, L]``, true at the label positions that are scored.
-
-    ``mask[b, t] = (labels[b, t] != -100) and t >= 1``: prompt and padding positions carry the label ``-100``,
-    and position 0 has no context, so it is never scored. :func:`label_log_probs`, the statistics below and every
-    loss (:mod:`hf_unlearn.methods.base.losses`) score exactly these positions.
-    """
+    """The definition of a scored token, ``[B, L]``: ``mask[b, t] = (labels[b, t] != -100) and t >= 1`` (position 0
+    has no context); every statistic here and every loss scores exactly these positions."""
     mask = labels != IGNORE_INDEX
     mask[:, 0] = False
     return mask
@@ -47,18 +43,12 @@ UPCAST_CHUNK_ELEMENTS = 2**26
 
 
 def label_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """Per-token ``log softmax(logits)[label]`` aligned with ``labels`` (next-token shift inside).
-
-    ``logits`` is ``[B, L, V]`` as returned by a causal LM for ``input_ids`` ``[B, L]``;
-    the result is ``[B, L]`` float32 with
+    """Per-token ``log softmax(logits)[label]`` (``logits`` ``[B, L, V]``), ``[B, L]`` float32::
 
         out[:, t] = logits[:, t-1, y_t] - logsumexp_v logits[:, t-1, v]    (y_t = labels[:, t])
 
-    on the positions of :func:`answer_mask` and 0 elsewhere (a ``-100`` label, and ``t = 0``, which has no
-    context). The arithmetic is float32: float32 logits are used as they are (no copy), half-precision logits
-    are upcast ``chunk_size`` positions at a time (default: as many as keep one chunk's float32 copy under
-    :data:`UPCAST_CHUNK_ELEMENTS`), so no float32 copy of the whole ``[B, L, V]`` tensor is made. Every
-    position is computed alone, so the chunking does not change the numbers.
+    on the positions of :func:`answer_mask`, 0 elsewhere. Half-precision logits are upcast ``chunk_size``
+    positions at a time (default: under :data:`UPCAST_CHUNK_ELEMENTS` elements), which does not change the numbers.
     """
     targets = labels[:, 1:]
     valid = answer_mask(labels)[:, 1:]
@@ -168,14 +158,10 @@ def answer_log_likelihoods(
     max_length: int | None = None, template: str | PromptTemplate | None = None, progress: bool = False,
     desc: str = "scoring answers",
 ) -> AnswerLogLikelihoods:
-    """Teacher-forced log-likelihood of each ``answer`` given its ``question``.
-
-    Examples are tokenized by :func:`hf_unlearn.data.tokenize_qa` with ``template`` (answer tokens only are
-    scored) and truncated at the answer end to ``max_length`` capped by the model's maximum positions (a prompt
-    that does not fit is refused), sorted by length to keep padding small, batched with ``padding_side``
-    padding and explicit position ids (so left and right padding give the same numbers), and scored by
-    ``scorer`` (default :func:`causal_lm_scorer` of ``model``).
-    """
+    """Teacher-forced log-likelihood of each ``answer`` given its ``question``: :func:`hf_unlearn.data.tokenize_qa`
+    with ``template``, truncated at the answer end to ``max_length`` capped by the model's positions (a prompt that
+    does not fit is refused), batched by length with explicit position ids, scored by ``scorer`` (default
+    :func:`causal_lm_scorer`)."""
     ensure_pad_token(tokenizer)
     features, _ = _features(model, tokenizer, questions, answers, max_length, template)
     scorer = scorer or causal_lm_scorer(model)
@@ -257,13 +243,8 @@ def answer_token_statistics(
     scorer: TokenScorer | None = None, batch_size: int = 16, max_length: int | None = None,
     template: str | PromptTemplate | None = None, progress: bool = False, desc: str = "scoring answer tokens",
 ) -> AnswerTokenStatistics:
-    """Per-token answer statistics (:class:`AnswerTokenStatistics`) in one teacher-forced pass.
-
-    Tokenization, truncation and batching are those of :func:`answer_log_likelihoods`, so
-    ``-token_log_probs[i].mean()`` equals its average NLL. Without ``scorer`` one forward of ``model`` gives
-    every statistic; with one, the label log-probabilities come from the scorer and the full-vocabulary
-    statistics are ``None``.
-    """
+    """:class:`AnswerTokenStatistics` in one teacher-forced pass, tokenized as :func:`answer_log_likelihoods`
+    (``-token_log_probs[i].mean()`` is its average NLL); with a ``scorer`` the full-vocabulary ones are ``None``."""
     ensure_pad_token(tokenizer)
     features, truncated = _features(model, tokenizer, questions, answers, max_length, template)
     return feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
@@ -323,13 +304,8 @@ def document_token_statistics(
     scorer: TokenScorer | None = None, batch_size: int = 16, progress: bool = False,
     desc: str = "scoring document chunks",
 ) -> AnswerTokenStatistics:
-    """Per-token statistics of every token of every chunk of ``documents`` (anything
-    :func:`hf_unlearn.data.load_documents` reads), one entry per chunk.
-
-    The chunks are those of :func:`hf_unlearn.data.chunk_documents` with ``max_length`` capped by the model's
-    maximum positions (2048 when neither is set); the scored tokens are every token but the chunk's first
-    (no context), so ``avg_nll[i]`` is chunk ``i``'s average NLL over all its tokens.
-    """
+    """Per-token statistics of every chunk of ``documents`` (:func:`hf_unlearn.data.chunk_documents`, ``max_length``
+    capped by the model's positions); ``avg_nll[i]`` is chunk ``i``'s average NLL over all its tokens but the first."""
     from .data.documents import chunk_documents, chunk_length
 
     limit = effective_max_length(model, max_length)

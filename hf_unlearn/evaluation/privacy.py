@@ -96,20 +96,15 @@ def group_mean_shift_test(
     forget_values: Sequence[float], holdout_values: Sequence[float],
     forget_groups: Sequence[object], holdout_groups: Sequence[object],
 ) -> dict[str, float | int]:
-    """Welch's two-sided t-test between the *group means* of per-row values (a cluster-level test: rows of one
-    group, e.g. one author's questions, are not independent draws).
-
-    With ``G_F`` forget groups and ``G_H`` holdout groups, ``m_g`` the mean of the values in group ``g``,
-    ``M_F, M_H`` and ``s_F^2, s_H^2`` the mean and the sample variance (``ddof=1``) of the group means of each
-    side:
+    """Welch's two-sided t-test between the *group means* of per-row values (rows of one group, e.g. one author's
+    questions, are not independent draws). With ``M_F, M_H`` and ``s_F^2, s_H^2`` the mean and sample variance
+    (``ddof=1``) of the ``G_F`` / ``G_H`` group means of each side::
 
         gap = M_F - M_H,   se = sqrt(s_F^2 / G_F + s_H^2 / G_H),   t = gap / se,
-        df  = se^4 / ((s_F^2/G_F)^2 / (G_F - 1) + (s_H^2/G_H)^2 / (G_H - 1)),   p = 2 P(T_df > |t|).
+        df  = se^4 / ((s_F^2/G_F)^2 / (G_F - 1) + (s_H^2/G_H)^2 / (G_H - 1)),   p = 2 P(T_df > |t|)
 
-    Every row its own group gives Welch's test on the rows. ``se = 0`` gives ``p = 1`` when ``gap = 0`` and 0
-    otherwise. Returns ``gap``, ``se``, ``t``, ``df``, ``pvalue``, ``forget_groups`` and ``holdout_groups``.
-    Needs at least two groups on each side.
-    """
+    ``se = 0`` gives ``p = 1`` when ``gap = 0``, else 0. Returns ``gap``, ``se``, ``t``, ``df``, ``pvalue``,
+    ``forget_groups``, ``holdout_groups``; needs two groups on each side."""
     from scipy.stats import t as student_t
 
     def group_means(values: Sequence[float], groups: Sequence[object], side: str) -> np.ndarray:
@@ -140,19 +135,13 @@ def group_mean_shift_test(
 
 
 def equivalence_pvalue(gap: float | None, se: float | None, df: float | None, margin: float) -> float:
-    """The p-value of two one-sided t-tests (TOST) that a difference lies within ``(-margin, margin)``.
+    """The p-value of two one-sided t-tests (TOST) that a difference lies within ``(-margin, margin)`` (null:
+    ``|true gap| >= margin``; ``df`` as :func:`group_mean_shift_test`'s)::
 
-    The null hypothesis is ``|true gap| >= margin``; with ``T_df`` Student's t with ``df`` degrees of freedom (the
-    Welch ``df`` of :func:`group_mean_shift_test`):
+        p = max( P(T_df >= (gap + margin) / se),  P(T_df <= (gap - margin) / se) )
 
-        p = max( P(T_df >= (gap + margin) / se),  P(T_df <= (gap - margin) / se) ).
-
-    ``p < alpha`` exactly when the ``1 - 2 alpha`` confidence interval ``gap +- t_{1-alpha, df} se`` lies inside
-    ``(-margin, margin)``: small when the gap is small *and* precisely measured, large when it is far from 0 or
-    too noisy to place (a difference test rewards that noise with a large p). ``se = 0`` gives 0 when
-    ``|gap| < margin`` and 1 otherwise; a missing or non-finite ``gap``, ``se`` or ``df`` gives 1 (nothing is shown).
-    ``margin`` must be finite and > 0.
-    """
+    ``se = 0`` gives 0 when ``|gap| < margin``, else 1; a missing or non-finite ``gap``, ``se`` or ``df`` gives 1.
+    ``margin`` must be finite and > 0."""
     from scipy.stats import t as student_t
 
     if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
