@@ -22,17 +22,18 @@ dataset.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ...data.prepare import PromptTooLongError, prepare_qa
 from ..base.losses import LossDenominators
 from ..base.pairing import RETAIN_PREFIX, to_trl_format
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import ATWUConfig
 from .loss import (
     budget_penalty,
@@ -52,6 +53,10 @@ from .weighter import (
     save_optimizer_state,
     score_token_features,
 )
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 
 class ATWUTrainer(UnlearningTrainer):
@@ -76,8 +81,29 @@ class ATWUTrainer(UnlearningTrainer):
     config_class = ATWUConfig
     _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
 
-    def __init__(self, model: Any, args: ATWUConfig | None = None, *more: Any, scorer: ATWUTokenWeighter | None = None, **kwargs: Any):
-        super().__init__(model, args, *more, **kwargs)
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: ATWUConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None,
+        scorer: ATWUTokenWeighter | None = None,
+    ):
+        super().__init__(
+            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
+            peft_config=peft_config, ref_model=ref_model,
+        )
         unwrapped = self.accelerator.unwrap_model(self.model)
         hidden = model_hidden_size(unwrapped)
         if scorer is None:  # every token starts at the budget: b = logit(budget), w = 0
@@ -98,6 +124,7 @@ class ATWUTrainer(UnlearningTrainer):
 
     @classmethod
     def needs_reference_model(cls, args: ATWUConfig) -> bool:
+        """The weighted NPO forget term and the KL retain term read the frozen reference."""
         return getattr(args, "forget_loss", None) == "npo" or super().needs_reference_model(args)
 
     # ----- losses -------------------------------------------------------------------------------------------------
@@ -216,7 +243,7 @@ class ATWUTrainer(UnlearningTrainer):
             )
 
     def _scorer_due(self, model: Any) -> bool:
-        if not (self._in_training_step and model.training):
+        if not (self.in_training_step and model.training):
             return False
         step = self.state.global_step
         if step % self.args.scorer_every != 0 or self._last_scorer_step == step:
@@ -242,7 +269,7 @@ class ATWUTrainer(UnlearningTrainer):
         return terms
 
     def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        if self._warmup_pending and self._in_training_step and model.training:
+        if self._warmup_pending and self.in_training_step and model.training:
             self._warmup_pending = False
             if self.state.global_step == 0:
                 self.scorer_warmup(model)

@@ -20,20 +20,25 @@ other preferred answers is refused on resume.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ..base.checkpoints import _rows_digest
 from ..base.losses import LossDenominators
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, as_dataset, to_trl_format
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import IdkDPOConfig, PreferenceConfig, UnlearnDPOConfig
 from .loss import dpo_loss
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 __all__ = ["ALTERNATE_PREFIX", "UnlearnDPOTrainer", "IdkDPOTrainer", "PreferenceTrainer", "load_idk_answers"]
 
@@ -112,14 +117,32 @@ class PreferenceTrainer(UnlearningTrainer):
     config_class: ClassVar[type[PreferenceConfig]] = PreferenceConfig
     accepts_documents: ClassVar[bool] = False  # a preferred answer needs a question to answer
 
-    def __init__(self, model: Any, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
-                 retain_dataset: Any = None, **kwargs: Any):
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: PreferenceConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None,
+    ):
         args = self._resolve_args(args, model)
         if train_dataset is not None:
             train_dataset = as_dataset(train_dataset)
         preferred = self.preferred_answers(train_dataset, args) if train_dataset is not None and len(train_dataset) else None
-        super().__init__(model, args, data_collator=data_collator, train_dataset=train_dataset,
-                         retain_dataset=retain_dataset, **kwargs)
+        super().__init__(
+            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
+            peft_config=peft_config, ref_model=ref_model,
+        )
         rows = [{"question": q, "answer": a} for q, a in zip(train_dataset["question"], preferred)]
         alternates = to_trl_format(rows, self.processing_class, getattr(self.args, "prompt_template", None))
         if not self._skip_prepare_dataset:

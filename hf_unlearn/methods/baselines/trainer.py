@@ -77,6 +77,11 @@ class BaselineTrainer(UnlearningTrainer):
     config_class = UnlearningConfig
     preset: ClassVar[dict[str, Any]] = {}
 
+    @classmethod
+    def needs_reference_model(cls, args: UnlearningConfig) -> bool:
+        """NPO's forget term and the KL retain term read the frozen reference."""
+        return getattr(args, "forget_loss", None) == "npo" or super().needs_reference_model(args)
+
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
     ) -> torch.Tensor:

@@ -34,12 +34,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from ...data import overlapping_examples
 from ...partitioning import vocab_size
@@ -47,7 +47,7 @@ from ...result import TrainingOutcome
 from ..base.guards import any_process
 from ..base.losses import LossDenominators, answer_mask, kl_retain_loss
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, PairedForgetRetainDataset, as_dataset, to_trl_format
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import MASCConfig
 from .loss import (
     buffered_hinge_loss,
@@ -59,6 +59,10 @@ from .loss import (
     violation_rate_tensor,
 )
 from .stopping import MarginStoppingCallback, split_validation
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 ACTIVE_MASK_KEY = "masc_active_mask"
 
@@ -114,16 +118,16 @@ class MASCTrainer(UnlearningTrainer):
         model: str | PreTrainedModel,
         args: MASCConfig | None = None,
         data_collator: Callable | None = None,
-        train_dataset: Dataset | Sequence[dict[str, Any]] | None = None,
-        retain_dataset: Dataset | Sequence[dict[str, Any]] | None = None,
-        eval_dataset: Dataset | dict[str, Dataset] | None = None,
-        processing_class: Any = None,
-        callbacks: list | None = None,
-        optimizers: tuple = (None, None),
-        optimizer_cls_and_kwargs: tuple | None = None,
-        quantization_config: Any = None,
-        peft_config: Any = None,
-        calibrate_stop_on: Dataset | Sequence[dict[str, Any]] | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        calibrate_stop_on: Rows | None = None,
     ):
         if args is not None and not isinstance(args, MASCConfig):
             raise TypeError(f"MASCTrainer needs a MASCConfig, got {type(args).__name__}.")
@@ -427,7 +431,7 @@ class MASCTrainer(UnlearningTrainer):
         margins, mask = restricted_margin(forget.logits, forget.labels, args.top_k, args.margin_beta)
         if args.penalty == "full":
             active, n_active = mask, denominators.forget_tokens
-        elif ACTIVE_MASK_KEY in inputs and self._in_training_step and self._step_active_tokens is not None:
+        elif ACTIVE_MASK_KEY in inputs and self.in_training_step and self._step_active_tokens is not None:
             active, n_active = inputs[ACTIVE_MASK_KEY].to(mask.device), self._step_active_tokens.to(mask.device)
         else:  # outside a training step (evaluation, direct calls): this batch's own cut and count
             active = self.active_mask(forget.labels.cpu(), _seeded(args.seed)).to(mask.device)

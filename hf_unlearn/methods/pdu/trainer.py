@@ -24,17 +24,28 @@ as open-unlearning's epoch-end switch, and exact across a resume); only ``dual_u
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 from transformers.trainer_callback import ExportableState
 
 from ..base.losses import LossDenominators, answer_mask
 from ..base.pairing import RETAIN_PREFIX
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import PDUConfig
 from .loss import dual_update, pdu_forget_loss, pdu_loss
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 __all__ = ["DualVariableCallback", "PDUTrainer"]
 
@@ -98,8 +109,28 @@ class PDUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "pdu"]
     config_class = PDUConfig
 
-    def __init__(self, model: Any, args: PDUConfig | None = None, *more: Any, **kwargs: Any):
-        super().__init__(model, args, *more, **kwargs)
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: PDUConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None,
+    ):
+        super().__init__(
+            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
+            peft_config=peft_config, ref_model=ref_model,
+        )
         self._step_retain_loss: torch.Tensor | None = None
         self.dual = DualVariableCallback(self.args.retain_weight, self.args.retain_loss_eps,
                                          self.args.dual_step_size, self.args.dual_warmup_epochs)
@@ -156,7 +187,7 @@ class PDUTrainer(UnlearningTrainer):
         if RETAIN_PREFIX + "labels" in inputs:
             local = answer_mask(inputs[RETAIN_PREFIX + "labels"]).sum().float()
             share = float(local / denominators.retain_tokens.clamp(min=1e-12))
-            if self._in_training_step:
+            if self.in_training_step:
                 done = retain_term.detach().float()
                 self._step_retain_loss = done if self._step_retain_loss is None else self._step_retain_loss + done
         self.log_metric("dual_weight", self.dual.weight)

@@ -22,17 +22,23 @@ accumulation are divided by the sequences of the whole optimizer step (see
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ..base.losses import LossDenominators
 from ..base.pairing import RETAIN_PREFIX
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import RMUConfig
 from .loss import activation_mse, rmu_control_vector, rmu_loss
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 __all__ = ["CONTROL_VECTOR_NAME", "RMUTrainer"]
 
@@ -70,8 +76,28 @@ class RMUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "rmu"]
     config_class = RMUConfig
 
-    def __init__(self, model: Any, args: RMUConfig | None = None, *more: Any, **kwargs: Any):
-        super().__init__(model, args, *more, **kwargs)
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: RMUConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None,
+    ):
+        super().__init__(
+            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
+            peft_config=peft_config, ref_model=ref_model,
+        )
         unwrapped = self.accelerator.unwrap_model(self.model)
         self._check_trainable(unwrapped, self.args)
         for name, param in unwrapped.named_parameters():
