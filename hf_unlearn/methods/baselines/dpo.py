@@ -1,20 +1,12 @@
 """DPO and IdkDPO on :class:`UnlearningTrainer`: a preferred answer per forget row, the forget answer rejected.
 
-The objective is ``forget_weight * L_DPO + retain_weight * retain_term`` with
-:func:`~hf_unlearn.methods.baselines.loss.dpo_loss` against the frozen reference (the initial model, or with a
-PEFT adapter the model with the adapter disabled). The preferred answers are tokenized with the forget rows'
-questions and prompt template, and each batch carries them beside the forget half under the ``alternate_`` prefix
-(``alternate_input_ids``, ``alternate_attention_mask``, ``alternate_labels``), so a forget row always meets its own
-preferred answer, in every process and after a resume. They enter the run's fingerprint: a checkpoint written with
-other preferred answers is refused on resume.
-
-* :class:`UnlearnDPOTrainer` reads the preferred answer from a column of the forget rows (``alternate_column``, by
-  default ``"alternate_answer"``; a list of strings, such as TOFU's ``perturbed_answer``, gives one drawn per row
-  with ``seed``). A forget set without it is refused before any work.
-* :class:`IdkDPOTrainer` prefers a refusal answer drawn per row with ``seed`` from
-  :func:`load_idk_answers` (the list shipped as ``hf_unlearn/data/idk_answers.txt``, or ``idk_answers_file``).
-  open-unlearning redraws the refusal each time a row is read; here each row keeps one for the whole run, so a run
-  is reproducible and resumable exactly.
+The objective is ``forget_weight * L_DPO + retain_weight * retain_term``
+(:func:`~hf_unlearn.methods.baselines.loss.dpo_loss` against the frozen reference). The preferred answers are
+tokenized with the forget rows' questions and carried beside the forget half of each batch under the
+``alternate_`` prefix, so a forget row always meets its own preferred answer; they enter the run's fingerprint.
+:class:`UnlearnDPOTrainer` reads them from a column of the forget rows (``alternate_column``; a list gives one
+drawn per row with ``seed``); :class:`IdkDPOTrainer` draws a refusal answer per row with ``seed`` from
+:func:`load_idk_answers`, kept for the whole run.
 """
 
 from __future__ import annotations
@@ -112,7 +104,10 @@ class PreferenceTrainer(UnlearningTrainer):
     """The DPO objective ``forget_weight * L_DPO + retain_weight * retain_term`` with a preferred answer per
     forget row; a subclass says where the preferred answers come from (:meth:`preferred_answers`). The forget rows
     must be TOFU-shaped (``question``/``answer``). Logs ``forget_nll``, ``alternate_nll``, ``forget_log_ratio`` and
-    ``alternate_log_ratio`` (policy minus reference)."""
+    ``alternate_log_ratio`` (policy minus reference).
+
+    Private ``Trainer`` method overridden, because no public hook does the job: ``_set_signature_columns_if_needed``
+    (the ``alternate_`` keys must survive ``remove_unused_columns``, as the base's ``retain_`` keys)."""
 
     config_class: ClassVar[type[PreferenceConfig]] = PreferenceConfig
     accepts_documents: ClassVar[bool] = False  # a preferred answer needs a question to answer

@@ -1,22 +1,8 @@
 """RMU (Representation Misdirection for Unlearning): a trainer that steers the forget answers' hidden states at one
-layer to a fixed random vector and holds the retain answers' hidden states at that layer to the frozen model's.
-
-The loss is :func:`hf_unlearn.methods.rmu.loss.rmu_loss`; the hidden states are transformers'
-``output_hidden_states`` of the trained model (forget and retain halves of the batch) and, for the retain term,
-of the frozen starting model through the shared reference hook (:meth:`UnlearningTrainer.reference_scores`: the
-reference model, reloaded from its path under several processes, or the model with its PEFT adapter disabled).
-
-The control vector ``c * u`` is drawn once from a generator seeded by the run's ``seed`` (the same on every
-process), saved in every checkpoint (``rmu_control_vector.safetensors``) and reloaded on resume, so a resumed run
-steers to the same vector. Only the parameters matching ``trainable_params`` are trained.
-
-Deviations from open-unlearning's ``src/trainer/unlearn/rmu.py``, named: the control vector is drawn from a seeded
-generator rather than the global RNG at the first step (so that it is reproducible and resumable); the parameters
-outside ``trainable_params`` are frozen for the whole run (open-unlearning only hides them from the optimizer,
-so it still computes their gradients); the steered hidden state is ``output_hidden_states[layer + 1]`` (for the
-last layer: after the final norm) rather than a forward hook on ``model.layers.<layer>``; losses under gradient
-accumulation are divided by the sequences of the whole optimizer step (see
-:class:`~hf_unlearn.methods.base.losses.LossDenominators`).
+layer to a fixed random vector and holds the retain answers' hidden states at that layer to the frozen model's
+(:func:`hf_unlearn.methods.rmu.loss.rmu_loss`). The control vector is drawn once from ``seed``, saved in every
+checkpoint (``rmu_control_vector.safetensors``) and reloaded on resume; only the parameters matching
+``trainable_params`` are trained.
 """
 
 from __future__ import annotations
@@ -65,7 +51,11 @@ class RMUTrainer(UnlearningTrainer):
     2, both weights 1, every parameter trained.
 
     A ``layer`` the model does not have, or a ``trainable_params`` pattern that matches no trainable parameter, is
-    refused before any work. :attr:`control_vector` is the ``[H]`` target of the forget hidden states."""
+    refused before any work. :attr:`control_vector` is the ``[H]`` target of the forget hidden states.
+
+    Private ``Trainer`` methods overridden, because no public hook does the job: ``_save_optimizer_and_scheduler``
+    and ``_load_optimizer_and_scheduler`` (the control vector goes into each checkpoint and is read back before
+    the first resumed step)."""
 
     _name = "RMU"
     _method = "rmu"
