@@ -187,7 +187,13 @@ class UnlearningTrainer(SFTTrainer):
             peft_config=peft_config,
         )
         self._check_truncation(len(forget), self.train_dataset, "forget", required=True)
-        self._pair_with_retain(retain)
+        # each forget example paired with a retain example, partners redrawn every epoch
+        self.forget_dataset: Dataset = self.train_dataset
+        self.retain_dataset: Dataset | None = self._prepare_retain(retain)
+        if self.retain_dataset is not None:
+            self.train_dataset = PairedForgetRetainDataset(self.forget_dataset, self.retain_dataset, seed=self.args.seed)
+            self.add_callback(PairingEpochCallback(self.train_dataset))
+        self.data_collator = PairedCollator(self.data_collator)
         self.ref_model = None
         if self.needs_reference_model(self.args) and not is_peft_model(self.model):
             self.ref_model = self._create_reference_model(model if isinstance(model, str) else None, ref_model)
@@ -272,23 +278,17 @@ class UnlearningTrainer(SFTTrainer):
             if full:
                 warnings.warn(f"{full} {name} examples were truncated to max_length={limit} tokens.", stacklevel=stacklevel)
 
-    def _pair_with_retain(self, retain: Dataset | None) -> None:
-        """Pair the prepared forget set with the retain set (prepared here by TRL): ``train_dataset`` becomes a
-        :class:`PairedForgetRetainDataset` whose partners are redrawn every epoch, the collator a
-        :class:`PairedCollator`."""
-        self.forget_dataset = self.train_dataset
-        self.retain_dataset = None
-        if retain is not None:
-            if not self._skip_prepare_dataset:
-                prepared = self._prepare_dataset(retain, self.processing_class, self.args, False, None, "retain")
-                self._check_truncation(len(retain), prepared, "retain", required=False, stacklevel=4)
-                retain = prepared
-            if len(retain) == 0:
-                raise ValueError("No retain example is left after tokenization/truncation (check `max_length`).")
-            self.retain_dataset = retain
-            self.train_dataset = PairedForgetRetainDataset(self.forget_dataset, retain, seed=self.args.seed)
-            self.add_callback(PairingEpochCallback(self.train_dataset))
-        self.data_collator = PairedCollator(self.data_collator)
+    def _prepare_retain(self, retain: Dataset | None) -> Dataset | None:
+        """The retain set prepared by TRL as the forget set was (truncation checked; refused when none is left)."""
+        if retain is None:
+            return None
+        if not self._skip_prepare_dataset:
+            prepared = self._prepare_dataset(retain, self.processing_class, self.args, False, None, "retain")
+            self._check_truncation(len(retain), prepared, "retain", required=False, stacklevel=4)
+            retain = prepared
+        if len(retain) == 0:
+            raise ValueError("No retain example is left after tokenization/truncation (check `max_length`).")
+        return retain
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
