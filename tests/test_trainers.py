@@ -471,7 +471,8 @@ def test_private_trainer_overrides_are_named_in_the_class_docstring():
     from transformers import Trainer
     from trl import SFTTrainer
 
-    private = {n for base in (Trainer, SFTTrainer) for n in vars(base) if n.startswith("_") and not n.startswith("__")}
+    private = {n for base in (Trainer, SFTTrainer) for n, v in vars(base).items()
+               if n.startswith("_") and not n.startswith("__") and callable(v)}
     for cls in _trainer_classes():
         for name in private & set(vars(cls)):
             assert f"``{name}``" in (cls.__doc__ or ""), (cls.__qualname__, name)
