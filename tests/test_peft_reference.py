@@ -47,9 +47,10 @@ def test_peft_reference_is_the_base_with_the_adapter_disabled(method, tiny_pair,
 
     from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.base import reference
+    from hf_unlearn.methods.base.trainer import UnlearningTrainer
 
     built = []
-    monkeypatch.setattr(reference.ReferenceModelMixin, "_create_reference_model",
+    monkeypatch.setattr(UnlearningTrainer, "_create_reference_model",
                         lambda self, *a, **k: built.append("reference") or pytest.fail("a second model was built"))
     monkeypatch.setattr(reference, "independent_copy", lambda *a, **k: pytest.fail("the model was copied"))
     model, tok = load_tiny(tiny_pair.target)

@@ -60,6 +60,7 @@ def test_selection_refused_under_an_accelerate_fsdp_launch(monkeypatch):
                                                 ("NO", False, "kept")])
 def test_reference_reload_under_fsdp_has_no_device_map(kind, fsdp, expected, monkeypatch):
     from hf_unlearn.methods.base import reference
+    from hf_unlearn.methods.base.trainer import UnlearningTrainer
 
     seen = {}
     monkeypatch.setattr(reference, "create_model_from_path", lambda path, **kw: seen.update(kw) or "ref")
@@ -68,7 +69,7 @@ def test_reference_reload_under_fsdp_has_no_device_map(kind, fsdp, expected, mon
                                    distributed_state=types.SimpleNamespace(distributed_type=kind)),
         is_fsdp_enabled=fsdp)
     live = types.SimpleNamespace(dtype=torch.float32)
-    assert reference.ReferenceModelMixin._reload_reference(trainer, "folder", live, check=False) == "ref"
+    assert UnlearningTrainer._reload_reference(trainer, "folder", live, check=False) == "ref"
     assert seen["device_map"] == expected and seen["dtype"] is torch.float32
 
 

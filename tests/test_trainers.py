@@ -434,3 +434,57 @@ def test_bf16_on_a_cpu_only_machine_is_cpu_autocast_with_float32_master_weights(
     if not unlearning_config._bf16_available():
         with pytest.raises(ValueError, match="bf16"):
             _config(tmp_path, bf16=True)
+
+
+def _trainer_classes():
+    from hf_unlearn import registry
+    from hf_unlearn.methods.base.trainer import UnlearningTrainer
+
+    classes = {UnlearningTrainer}
+    for name in registry.method_names():
+        cls = registry.get_method(name).load_trainer_class()
+        if isinstance(cls, type) and issubclass(cls, UnlearningTrainer):
+            classes.update(c for c in cls.__mro__ if isinstance(c, type) and issubclass(c, UnlearningTrainer))
+    return sorted(classes, key=lambda c: c.__qualname__)
+
+
+def test_trainer_constructors_name_every_parameter():
+    """No trainer takes ``*args`` / ``**kwargs``: each constructor that a class defines lists its parameters with
+    type hints, ``model`` and ``args`` first and the forget set under ``train_dataset``; a class that adds nothing
+    inherits its parent's."""
+    import inspect
+
+    for cls in _trainer_classes():
+        if "__init__" not in vars(cls):
+            continue
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        assert [p.name for p in params[:2]] == ["model", "args"], cls
+        assert "train_dataset" in {p.name for p in params} and "retain_dataset" in {p.name for p in params}, cls
+        for p in params:
+            assert p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD), (cls, p.name)
+            assert p.annotation is not inspect.Parameter.empty, (cls, p.name)
+
+
+def test_private_trainer_overrides_are_named_in_the_class_docstring():
+    """Every private method of transformers' or TRL's trainer that a trainer overrides is named, with its reason,
+    in the docstring of the class that overrides it."""
+    from transformers import Trainer
+    from trl import SFTTrainer
+
+    private = {n for base in (Trainer, SFTTrainer) for n, v in vars(base).items()
+               if n.startswith("_") and not n.startswith("__") and callable(v)}
+    for cls in _trainer_classes():
+        for name in private & set(vars(cls)):
+            assert f"``{name}``" in (cls.__doc__ or ""), (cls.__qualname__, name)
+
+
+def test_the_base_trainer_names_no_objective_for_its_reference_model():
+    """The base needs the frozen reference only for its own KL retain term; NPO's forget term is the baselines'."""
+    from hf_unlearn.methods.base.trainer import UnlearningTrainer
+
+    npo_alone = UnlearningConfig("out", forget_loss="npo", retain_weight=0.0)
+    kl = UnlearningConfig("out", retain_loss="kl")
+    assert not UnlearningTrainer.needs_reference_model(npo_alone)
+    assert UnlearningTrainer.needs_reference_model(kl)
+    assert NPOTrainer.needs_reference_model(npo_alone) and not GradDiffTrainer.needs_reference_model(
+        UnlearningConfig("out"))

@@ -31,22 +31,10 @@ SATGA_SELECTIONS = ("soft", "hard")
 def satga_plus_exponent(scores: torch.Tensor, beta: float, c: float, selection: str = "soft") -> torch.Tensor:
     """Saturation exponent of SATGA+: ``a_t = beta * (1 + c * (1 - s_t))``.
 
-    ``selection="soft"`` (default): ``s_t = g_t``. ``selection="hard"``: ``s_t = STE(1[g_t > 0.5])``
-    (:func:`straight_through_indicator`: the hard 0/1 selection in the forward pass, the identity's gradient in
-    the backward pass), so a selected token saturates with exponent ``beta`` and a rejected one with
-    ``beta * (1 + c)`` whatever its exact score.
-
-    ``beta > 0`` is the saturation strength of plain saturated gradient ascent: a token the scorer selects
-    (``g_t = 1``) is weighted ``p_t^beta``. ``c >= 0`` is the *score contrast*: a rejected token (``g_t = 0``)
-    saturates with exponent ``beta * (1 + c)``, i.e. it stops being pushed as soon as its probability leaves 1;
-    ``c = 0`` removes the score's effect (plain saturated GA).
-
-    Note on the form. The issue writes the exponent as ``beta * c * g_t``. Read literally, a *high* score then
-    saturates a token *faster* (weight ``p^(beta c)`` at ``g = 1``, un-saturated ascent at ``g = 0``): a high score
-    would mean "protect this token", the opposite of what ATWU's scores mean (forget-specific, selected under the
-    token budget). We keep the construction (the score enters the exponent of the stop-gradient saturation
-    weight) with the method's orientation: the exponent is affine and *decreasing* in ``g_t``.
-    """
+    ``s_t = g_t`` (``selection="soft"``) or ``STE(1[g_t > 0.5])`` (``"hard"``, :func:`straight_through_indicator`).
+    ``beta > 0``: the saturation of a selected token (``g_t = 1``); ``c >= 0``: the score contrast (a rejected
+    token saturates with ``beta * (1 + c)``; ``c = 0`` is plain saturated gradient ascent). The exponent decreases
+    in ``g_t``: a high score (forget-specific) keeps a token pushed longer."""
     if beta <= 0:
         raise ValueError(f"SATGA+ needs saturation beta > 0, got {beta}.")
     if c < 0:
@@ -70,18 +58,8 @@ def satga_plus_weight(
 ) -> torch.Tensor:
     """Per-token weight of SATGA+'s ascent term (the model's probability under stop-gradient).
 
-    * ``form="gated"`` (default): ``w_t = g_t * sg(p_t)^{a_t}``, ``a_t = beta * (1 + c * (1 - g_t))``
-      (:func:`satga_plus_exponent`). The score gates the token *and* sets its saturation: a rejected token
-      (``g = 0``) gets weight 0 whatever its probability, so a memorised structural token at ``p = 0.99`` is
-      protected from the first step (``w(g=1) = 0.99^beta = 0.998`` against ``w(g=0.05) = 0.05 * 0.99^(beta(1 +
-      0.95 c)) = 0.045`` at ``beta = 0.2``, ``c = 50``), and the weight is linear in ``g`` so the scorer receives gradient while every ``p`` is
-      still near 1.
-    * ``form="exponent_only"`` (the earlier form): ``w_t = sg(p_t)^{a_t}``. As ``p -> 1`` the weight tends to 1
-      for any score (0.998 selected, 0.96 rejected at ``p = 0.99``), so the score cannot protect a memorised token
-      until its probability has fallen, and ``dw/dg = -beta c log(p) p^a`` vanishes at the start.
-
-    ``selection`` chooses the score in the exponent (:func:`satga_plus_exponent`); the gate is always ``g_t``.
-    """
+    ``form="gated"``: ``w_t = g_t * sg(p_t)^{a_t}``; ``form="exponent_only"``: ``w_t = sg(p_t)^{a_t}``; with
+    ``a_t`` of :func:`satga_plus_exponent` (``selection`` chooses its score; the gate is always ``g_t``)."""
     if form not in SATGA_FORMS:
         raise ValueError(f"SATGA+ form must be one of {list(SATGA_FORMS)}, got {form!r}.")
     g = _atwu_float(scores)
@@ -107,23 +85,9 @@ def satga_plus_loss(
         L = -(sum_{b,t} mask_{b,t} * g_{b,t} * sg(p_{b,t})^{a_{b,t}} * l_{b,t}) / M,
         M = N * (sum_{b,t} mask_{b,t} g_{b,t}) / (sum_{b,t} mask_{b,t})
 
-    with ``l = -log pi_theta(y_t | x, y_<t)``, ``p = exp(-l)``, ``a = beta * (1 + c * (1 - g))``
-    (:func:`satga_plus_exponent`, :func:`satga_plus_weight`) and ``N = num_tokens`` (default: the batch's answer
-    tokens, when ``M`` is exactly the selected score mass ``sum mask * g``, at least ``eps``). ``M`` normalises by
-    the *selected mass*, so the loss is the score-weighted mean of the saturated ascent terms and its scale does not
-    depend on how many tokens the scorer selects; with a step total ``N`` (gradient accumulation) each micro-batch
-    uses its own mean score. In ATWU's model step the scores are detached (the weights are constants:
-    ``dL/d log p_t = g_t p_t^a_t / M``); in its scorer step the model's outputs are detached and ``L`` is a
-    function of the scores through the gate, the exponent and ``M``.
-
-    ``form="exponent_only"`` (the earlier SATGA+): ``L = -(1/N) sum mask * sg(p)^a * l``, the score only in the
-    exponent (``dL/dg_t = -beta c p_t^a_t l_t^2 / N``).
-
-    ``selection="hard"`` puts the hard selection ``STE(1[g > 0.5])`` in the exponent instead of ``g``
-    (:func:`satga_plus_exponent`).
-
-    Minimising ``L`` raises the NLL of the selected tokens (gradient ascent); tokens already forgotten (``p``
-    small) stop being pushed (saturation), the sooner the lower their score.
+    with ``l = -log pi_theta(y_t | x, y_<t)``, ``p = exp(-l)``, ``a`` of :func:`satga_plus_exponent` and
+    ``N = num_tokens`` (default: the batch's answer tokens, so that ``M`` is the selected score mass, at least
+    ``eps``). ``form="exponent_only"``: ``L = -(1/N) sum mask * sg(p)^a * l``.
     """
     _atwu_check_shapes(mask, token_log_probs, scores)
     nll = -_atwu_float(token_log_probs)
@@ -153,9 +117,7 @@ def weighted_npo_loss(
 
     ``L = -(2/beta) * (1/S) * sum_b log sigmoid(-beta * sum_t mask_{b,t} * g_{b,t} * (log pi_theta(y_{b,t}|.) - log pi_ref(y_{b,t}|.)))``
 
-    :func:`npo_loss` with each answer token's log-ratio weighted by its score (``S = num_sequences``); ``g = 1``
-    everywhere recovers plain NPO and tokens with ``g = 0`` leave the loss.
-    """
+    ``S = num_sequences``; ``g = 1`` everywhere is plain NPO."""
     if beta <= 0:
         raise ValueError(f"NPO needs beta > 0, got {beta}.")
     _atwu_check_shapes(mask, token_log_probs, ref_token_log_probs, scores)
@@ -179,9 +141,7 @@ def weighted_simnpo_loss(
     ``L = -(2/beta) * (1/S) * sum_b log sigmoid(-(beta / |y_b|_g) * sum_t mask_{b,t} g_{b,t} log pi_theta(y_{b,t}|.) - delta)``
     with the score mass ``|y_b|_g = sum_t mask_{b,t} g_{b,t}`` (at least ``eps``) in place of the length.
 
-    :func:`simnpo_loss` whose reward is the score-weighted mean token log-probability; ``g = 1`` recovers plain
-    SimNPO. ``delta`` is the reward margin, outside ``beta`` as in :func:`simnpo_loss`.
-    """
+    ``g = 1`` everywhere is plain SimNPO."""
     if beta <= 0:
         raise ValueError(f"SimNPO needs beta > 0, got {beta}.")
     _atwu_check_shapes(mask, token_log_probs, scores)
@@ -196,9 +156,7 @@ def score_entropy(
 ) -> torch.Tensor:
     """Mean binary entropy of the token scores (ATWU's entropy regulariser).
 
-    ``H = -(1/N) * sum_{b,t} mask_{b,t} * (g log g + (1 - g) log(1 - g))``, ``g`` clamped to ``[eps, 1 - eps]``.
-    Minimising ``entropy_weight * H`` pushes every score towards 0 or 1.
-    """
+    ``H = -(1/N) * sum_{b,t} mask_{b,t} * (g log g + (1 - g) log(1 - g))``, ``g`` clamped to ``[eps, 1 - eps]``."""
     _atwu_check_shapes(mask, scores)
     g = _atwu_float(scores).clamp(eps, 1.0 - eps)
     h = -(g * torch.log(g) + (1.0 - g) * torch.log1p(-g))
@@ -215,10 +173,8 @@ def straight_through_indicator(scores: torch.Tensor, threshold: float = 0.5) -> 
 def budget_penalty(scores: torch.Tensor, mask: torch.Tensor, budget: float, threshold: float = 0.5) -> torch.Tensor:
     """ATWU's token budget penalty ``(mean_t STE(1[g_t > threshold]) - budget)^2`` over the masked tokens.
 
-    Its value is the squared gap between the *selected* fraction of answer tokens and ``budget`` (in ``(0, 1)``);
-    through the straight-through estimator (:func:`straight_through_indicator`) its gradient moves every score by
-    ``2 * (fraction - budget) / N`` (down when too many tokens are selected).
-    """
+    ``budget`` in ``(0, 1)``; through :func:`straight_through_indicator` its gradient moves every score by
+    ``2 * (fraction - budget) / N``."""
     if not 0.0 < budget < 1.0:
         raise ValueError(f"budget must lie in (0, 1), got {budget}.")
     _atwu_check_shapes(mask, scores)
@@ -241,11 +197,9 @@ def retain_conflict(
         c_t = < (e_{y_t} - p_t) h_t^T , mean_r (e_{y_r} - p_r) h_r^T >_F
             = mean_r [(e_{y_t} - p_t) . (e_{y_r} - p_r)] * [h_t . h_r]
 
-    over the retain answer tokens ``r``. ``c_t > 0``: forgetting ``t`` also lowers the retain answers (a
-    structural token, shared with them); ``c_t ~ 0``: it does not (a forget-specific token). Aligned with the
-    labels as :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t]`` is label ``t``'s conflict, read from
-    the logits and hidden state at ``t - 1`` that predict it; 0 off the answer. Inputs ``[B, L, V]``,
-    ``[B, L]`` and ``[B, L, H]`` (detached; float32 math). Returns ``[B_f, L_f]`` float32."""
+    over the retain answer tokens ``r``. ``out[:, t]`` is label ``t``'s conflict (read from position ``t - 1``, as
+    :func:`hf_unlearn.logprobs.label_log_probs` aligns), 0 off the answer. Inputs ``[B, L, V]``, ``[B, L]`` and
+    ``[B, L, H]`` (detached; float32 math). Returns ``[B_f, L_f]`` float32."""
     def deltas(logits: torch.Tensor, labels: torch.Tensor, states: torch.Tensor):
         mask = answer_mask(labels)[:, 1:]
         p = torch.softmax(logits[:, :-1][mask].detach().float(), dim=-1)

@@ -1,38 +1,34 @@
 """ATWU (Alternating Token-Weighted Unlearning): unlearning with a learned per-token forget score.
 
-A linear scorer ``g_t = sigmoid(<w, (h_t - mu) / sigma> + b)``
-(:class:`~hf_unlearn.methods.atwu.weighter.ATWUTokenWeighter`) on the model's detached last-layer hidden states,
-standardised by their running mean and variance, weights each forget answer token. ``scorer_warmup_steps`` scorer
-steps run before the first model step; then model and scorer are updated alternately:
+A linear scorer (:class:`~hf_unlearn.methods.atwu.weighter.ATWUTokenWeighter`) on the model's detached last-layer
+hidden states weights each forget answer token; after ``scorer_warmup_steps`` scorer steps, model and scorer are
+updated alternately:
 
 * model step (each optimizer step): ``forget_weight * L_forget(theta; sg(g)) + retain_weight * retain``;
-* scorer step (every ``scorer_every`` model steps, just before that model step, on the same forget batch, with the
-  model frozen: the model's token log-probabilities and hidden states enter detached), with its own Adam optimizer:
-  ``L_forget(g; sg(theta)) + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_t > 0.5]) - budget)^2
-  + scorer_l2 * ||w||^2``.
+* scorer step (every ``scorer_every`` model steps, just before that model step, on the same forget batch, the model
+  frozen), with its own Adam optimizer: ``L_forget(g; sg(theta)) + entropy_weight * H(g) + budget_weight *
+  (mean_t STE(1[g_t > 0.5]) - budget)^2 + scorer_l2 * ||w||^2`` (plus the retain-conflict term).
 
-``L_forget`` is SATGA+ (by default its score-gated form, :func:`hf_unlearn.methods.atwu.loss.satga_plus_loss`), token-weighted
-NPO or token-weighted SimNPO (:mod:`hf_unlearn.methods.atwu.loss`). The weighter is saved beside the model (the
-``atwu_weighter/`` subfolder, ``huggingface_hub`` mixin format) by ``save_model`` and in every checkpoint, together
-with its Adam state (``atwu_weighter_optimizer.safetensors``) and running mean and variance (buffers of the weighter);
-a resumed run reloads all of them, so it continues exactly. :meth:`ATWUTrainer.token_scores` returns the per-token scores of any
-dataset.
+``L_forget`` is SATGA+, token-weighted NPO or token-weighted SimNPO (:mod:`hf_unlearn.methods.atwu.loss`). The
+weighter, its Adam state and running statistics are saved beside the model and in every checkpoint, and reloaded
+on resume.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ...data.prepare import PromptTooLongError, prepare_qa
 from ..base.losses import LossDenominators
 from ..base.pairing import RETAIN_PREFIX, to_trl_format
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import ATWUConfig
 from .loss import (
     budget_penalty,
@@ -53,17 +49,24 @@ from .weighter import (
     score_token_features,
 )
 
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
+
 
 class ATWUTrainer(UnlearningTrainer):
     """Alternating Token-Weighted Unlearning on the shared :class:`UnlearningTrainer`.
 
-    Takes the base trainer's arguments plus ``scorer`` (an :class:`ATWUTokenWeighter` to start from, e.g. one
-    reloaded with ``ATWUTokenWeighter.from_pretrained``; default: a fresh one, every token scored ``budget``). ``args`` must
-    be an :class:`ATWUConfig` (other training arguments are converted, ATWU fields at their defaults).
+    Takes the base trainer's arguments plus ``scorer`` (an :class:`ATWUTokenWeighter` to start from; default: a
+    fresh one, every token scored ``budget``); ``args`` is an :class:`ATWUConfig` (other training arguments are
+    converted). Logs ``model_loss``, ``forget_loss``, ``forget_nll``, ``retain_nll``, ``mean_score``,
+    ``selected_fraction`` and, on scorer steps, ``scorer_loss``, ``scorer_forget_loss``, ``score_entropy``,
+    ``budget_penalty``.
 
-    Logged with the loss: ``model_loss`` (the model step's total), ``forget_loss``, ``forget_nll``, ``retain_nll``,
-    ``mean_score`` / ``selected_fraction`` (scores of the forget tokens in the model step), and on scorer steps
-    ``scorer_loss``, ``scorer_forget_loss``, ``score_entropy``, ``budget_penalty``.
+    Private ``Trainer`` methods overridden, each because no public hook does the job: ``_save`` (the weighter is
+    written in the folder being built, on every save path, checkpoints included), ``_save_optimizer_and_scheduler``
+    and ``_load_optimizer_and_scheduler`` (the weighter's Adam state goes into each checkpoint and is read back
+    before the first resumed step).
     """
 
     _name = "ATWU"
@@ -76,8 +79,29 @@ class ATWUTrainer(UnlearningTrainer):
     config_class = ATWUConfig
     _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
 
-    def __init__(self, model: Any, args: ATWUConfig | None = None, *more: Any, scorer: ATWUTokenWeighter | None = None, **kwargs: Any):
-        super().__init__(model, args, *more, **kwargs)
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: ATWUConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None,
+        scorer: ATWUTokenWeighter | None = None,
+    ):
+        super().__init__(
+            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
+            peft_config=peft_config, ref_model=ref_model,
+        )
         unwrapped = self.accelerator.unwrap_model(self.model)
         hidden = model_hidden_size(unwrapped)
         if scorer is None:  # every token starts at the budget: b = logit(budget), w = 0
@@ -98,6 +122,7 @@ class ATWUTrainer(UnlearningTrainer):
 
     @classmethod
     def needs_reference_model(cls, args: ATWUConfig) -> bool:
+        """The weighted NPO forget term and the KL retain term read the frozen reference."""
         return getattr(args, "forget_loss", None) == "npo" or super().needs_reference_model(args)
 
     # ----- losses -------------------------------------------------------------------------------------------------
@@ -110,9 +135,8 @@ class ATWUTrainer(UnlearningTrainer):
         ref_token_log_probs: torch.Tensor | None = None,
         denominators: LossDenominators | None = None,
     ) -> torch.Tensor:
-        """The configured forget loss (``args.forget_loss``) with token weights ``scores`` (unweighted by forget_weight).
-        Without ``denominators`` the batch's own token/sequence counts are used. SATGA+ uses the contrast of
-        :meth:`saturation_c` for the current step and ``args.satga_selection``."""
+        """The configured forget loss (``args.forget_loss``) with token weights ``scores``, before ``forget_weight``
+        (the batch's own counts without ``denominators``; SATGA+ with :meth:`saturation_c` of the current step)."""
         args = self.args
         if args.forget_loss == "satga":
             n = denominators.forget_tokens if denominators is not None else None
@@ -144,25 +168,17 @@ class ATWUTrainer(UnlearningTrainer):
         ref_token_log_probs: torch.Tensor | None = None,
         conflict: torch.Tensor | None = None,
     ) -> dict[str, float]:
-        """One update of the scorer with the model frozen: the model's outputs enter detached, so only ``w`` and
-        ``b`` receive gradient. Minimises ``L_forget(g) + retain_conflict_weight * mean_t g_t c_t + entropy_weight
-        * H(g) + budget_weight * budget_penalty(g_b) + scorer_l2 * ||w||^2`` on this batch (means over its own
-        answer tokens) with the scorer's optimizer, and returns (and logs) its terms.
-
-        ``conflict`` (``[B, L]``, label-aligned; :func:`~hf_unlearn.methods.atwu.loss.retain_conflict`): what
-        unlearning each token costs the retain answers, normalised to a mean magnitude of 1
-        (:func:`~hf_unlearn.methods.atwu.loss.normalized_conflict`); the term lowers the scores of the tokens whose
-        unlearning conflicts with the retain set, the first-order gradient of the retain loss after a model step
-        weighted by ``g``. The budget penalty reads ``g_b = sigmoid(sg(<w, h>) + b)``: it moves the bias alone,
-        i.e. the threshold, so that the order of the tokens is set by the per-token terms only."""
+        """One scorer update, the model's outputs detached: minimises ``L_forget(g) + retain_conflict_weight *
+        mean_t g_t c_t + entropy_weight * H(g) + budget_weight * budget_penalty(g_b) + scorer_l2 * ||w||^2`` on this
+        batch (means over its answer tokens), ``c`` the label-aligned retain ``conflict`` normalised by
+        :func:`~hf_unlearn.methods.atwu.loss.normalized_conflict`, ``g_b = sigmoid(sg(<w, h>) + b)``. Returns and
+        logs its terms."""
         args = self.args
         lp = token_log_probs.detach()
         ref = ref_token_log_probs.detach() if ref_token_log_probs is not None else None
         self.scorer.train()
-        # standardise by this batch's own statistics of the scored hidden states (mean: the budget and entropy
-        # pushes, alike for all tokens at w = 0, then leave w alone); the tracked statistics used outside the scorer
-        # step follow them as moving averages. Two passes (mean, then the mean squared deviation from it), which
-        # float32 computes accurately; over processes each pass is averaged.
+        # standardise by this batch's own statistics (the tracked ones follow as moving averages); two passes
+        # (mean, then mean squared deviation), each averaged over processes
         states = self.scorer.scored_states(hidden_states, mask).float()
         center = states.mean(0) if states.shape[0] else self.scorer.center.clone()
         if self.accelerator.num_processes > 1:
@@ -216,7 +232,7 @@ class ATWUTrainer(UnlearningTrainer):
             )
 
     def _scorer_due(self, model: Any) -> bool:
-        if not (self._in_training_step and model.training):
+        if not (self.in_training_step and model.training):
             return False
         step = self.state.global_step
         if step % self.args.scorer_every != 0 or self._last_scorer_step == step:
@@ -225,9 +241,8 @@ class ATWUTrainer(UnlearningTrainer):
         return True
 
     def scorer_warmup(self, model: Any) -> list[dict[str, float]]:
-        """``scorer_warmup_steps`` scorer-only steps (:meth:`scorer_step`, the model frozen and unchanged) on the
-        first forget training batches in order, cycling through the forget set; returns each step's terms. Run
-        once, before the first model step of a run that starts at step 0 (a resumed run skips it)."""
+        """``scorer_warmup_steps`` scorer-only steps on the first forget batches in order (cycled), before the
+        first model step of a run that starts at step 0; returns each step's terms."""
         args = self.args
         bs = args.per_device_train_batch_size
         n = len(self.forget_dataset)
@@ -242,7 +257,7 @@ class ATWUTrainer(UnlearningTrainer):
         return terms
 
     def compute_unlearning_loss(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        if self._warmup_pending and self._in_training_step and model.training:
+        if self._warmup_pending and self.in_training_step and model.training:
             self._warmup_pending = False
             if self.state.global_step == 0:
                 self.scorer_warmup(model)
@@ -291,12 +306,8 @@ class ATWUTrainer(UnlearningTrainer):
     def token_scores(
         self, dataset: Dataset | Sequence[dict[str, Any]], batch_size: int | None = None, progress: bool = False
     ) -> list[dict[str, Any]]:
-        """Per example, its answer tokens and their current scores in ``[0, 1]``.
-
-        ``dataset``: TOFU rows (``question``/``answer``), TRL prompt/completion or conversational rows, or tokenized
-        rows (``input_ids``/``labels``). Returns one ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per
-        example, in order (``token_nll`` is the model's NLL of each token, for comparison).
-        """
+        """One ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per example of ``dataset`` (TOFU, TRL or
+        tokenized rows), tokenized as the training set: its answer tokens and their current scores."""
         features = self._token_features(dataset)
         model = self.accelerator.unwrap_model(self.model)
         pad = self.processing_class.pad_token_id

@@ -1,17 +1,7 @@
-"""ATWU's learned token weighter and helpers to judge its scores.
-
-:class:`ATWUTokenWeighter` is the linear probe ``g_t = sigmoid(<w, (h - mu) / sigma> + b)`` on the model's
-(detached) last-layer hidden state ``h`` of answer token ``t`` itself (``h_t``, the ATWU paper's
-``sigmoid(<w, h_theta(x_t)>)``; ``position="predicting"`` reads instead the state the model predicts it from,
-``h_{t-1}``, where its loss is computed). It is a ``huggingface_hub`` ``PyTorchModelHubMixin``
-(``config.json`` + ``model.safetensors``, ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``); the
-trainer saves it beside the unlearned model in the subfolder ``atwu_weighter/`` (and in every checkpoint, with
-its optimizer state in ``atwu_weighter_optimizer.safetensors``). ``from_pretrained`` of an ATWU output folder
-finds the subfolder and refuses a model of another hidden size.
-
-:func:`forget_specific_auroc` measures how well per-token scores separate *forget-specific*
-tokens, a proxy for ground-truth forget spans: tokens whose id never occurs in the retain
-split's answers.
+"""ATWU's learned token weighter (:class:`ATWUTokenWeighter`, a ``PyTorchModelHubMixin`` saved in the
+``atwu_weighter/`` subfolder of an ATWU output folder and of its checkpoints), its optimizer-state files, and
+:func:`forget_specific_auroc`, how well per-token scores rank the forget-specific tokens (ids absent from every
+retain answer) above the others.
 """
 
 from __future__ import annotations
@@ -60,20 +50,11 @@ class ATWUTokenWeighter(
 ):
     """Linear token weighter ``g_t = sigmoid(<w, (h_t - mu) / sigma> + b)``, ``sigma = sqrt(var + eps)``.
 
-    ``h_t`` is the model's last-layer hidden state, *detached* (the weighter never sends gradient into the model);
-    ``mu`` and ``var`` are the running mean and (per-dimension) variance of the scored tokens' hidden states
-    (buffers ``center`` and ``variance`` tracked by :meth:`update_statistics`, saved with the weights).
-    Subtracting ``mu`` keeps the family of weighters the same (``<w, mu>`` is a constant absorbed by ``b``) but
-    makes a push that moves all scores alike (the budget penalty) move ``b`` rather than tilt ``w`` towards the
-    most common hidden state. Dividing by ``sigma`` (``standardize=True``) gives every hidden dimension unit scale,
-    so that one learning rate fits all of them: a pretrained model's hidden states carry a few dimensions of very
-    large magnitude that otherwise dominate ``<w, h>``. ``standardize=False`` only centres (``sigma = 1``).
-
-    Parameters start at ``w = 0``, ``b = init_bias`` (every token scored ``sigmoid(init_bias)``), so training alone
-    orders the tokens. Kept in float32 whatever the model's dtype. Saved and loaded with ``huggingface_hub``'s
-    mixin (safetensors); ``hidden_size``, ``init_bias``, ``standardize`` and ``eps`` make its ``config.json``, and
-    the statistics are buffers of ``model.safetensors`` (a weighter saved before ``variance`` existed loads with
-    ``variance = 1``, i.e. centring only).
+    ``h_t`` is the model's detached last-layer hidden state of answer token ``t`` (``position="token"``, the
+    paper's ``h_theta(x_t)``) or of the token that predicts it (``"predicting"``, ``h_{t-1}``); ``mu`` and ``var``
+    are the running mean and per-dimension variance of the scored states (buffers ``center`` and ``variance``,
+    :meth:`update_statistics`); ``standardize=False`` only centres (``sigma = 1``). Starts at ``w = 0``,
+    ``b = init_bias``; float32 whatever the model's dtype.
     """
 
     def __init__(self, hidden_size: int, init_bias: float = 0.0, standardize: bool = True, eps: float = 1e-5,
@@ -147,10 +128,8 @@ class ATWUTokenWeighter(
         self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
     ) -> torch.Tensor:
         """:meth:`logits` aligned with the labels as :func:`hf_unlearn.logprobs.label_log_probs` is,
-        ``[B, L, H] -> [B, L]``. ``position="token"``: ``out[:, t]`` reads ``h_t``, label ``t``'s own
-        representation (the labels are the inputs, so ``h_t`` is the state of token ``labels[:, t]`` itself);
-        ``"predicting"``: ``out[:, t]`` reads ``h_{t-1}``, from which the model predicts ``labels[:, t]``
-        (``out[:, 0]``, never scored, reads ``h_0``)."""
+        ``[B, L, H] -> [B, L]``: ``out[:, t]`` reads ``h_t`` (``"token"``) or ``h_{t-1}`` (``"predicting"``;
+        ``out[:, 0]`` reads ``h_0``)."""
         z = self.logits(hidden_states, center, variance)
         return z if self.position == "token" else torch.cat([z[:, :1], z[:, :-1]], dim=1)
 
@@ -171,10 +150,8 @@ class ATWUTokenWeighter(
     def update_statistics(
         self, batch_mean: torch.Tensor, batch_variance: torch.Tensor | None = None, momentum: float = 0.1
     ) -> None:
-        """Fold a batch's statistics of its scored hidden states (``batch_mean`` and ``batch_variance``, ``[H]``)
-        into the tracked ones by an exponential moving average with ``momentum``
-        (``mu <- (1 - momentum) mu + momentum * batch_mean``, the same for ``var``); the first call sets them.
-        Without ``batch_variance`` only the centre moves."""
+        """``mu <- (1 - momentum) mu + momentum * batch_mean`` (the same for ``var``; the first call sets them;
+        without ``batch_variance`` only the centre moves)."""
         first = int(self.num_center_updates) == 0
         for buffer, value in ((self.center, batch_mean), (self.variance, batch_variance)):
             if value is None:
@@ -200,13 +177,9 @@ class ATWUTokenWeighter(
         hidden_size: int | None = None,
         **kwargs: Any,
     ) -> ATWUTokenWeighter:
-        """Load a weighter saved with ``save_pretrained`` (a local folder or a Hub repo of its own), or the one
-        an ATWU run saved beside its model (the output folder's ``atwu_weighter/`` subfolder is found).
-
-        With ``model`` (or ``hidden_size``) given, a weighter trained on hidden states of another width is refused
-        with a ``ValueError``, and the weighter is moved to ``model``'s device. Other keyword arguments go to
-        ``PyTorchModelHubMixin.from_pretrained``.
-        """
+        """Load a weighter saved with ``save_pretrained`` (a folder or a Hub repo), or the ``atwu_weighter/`` of an
+        ATWU output folder. With ``model`` (or ``hidden_size``), a weighter of another width is refused
+        (``ValueError``) and it is moved to ``model``'s device."""
         path = Path(pretrained_model_name_or_path)
         if (path / WEIGHTER_DIR / "config.json").is_file():
             path = path / WEIGHTER_DIR
@@ -238,9 +211,8 @@ class ATWUTokenWeighter(
 
 
 def save_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> None:
-    """Write ``optimizer.state_dict()`` as safetensors: every tensor of its per-parameter state as
-    ``state.<param>.<key>`` and the parameter groups (hyperparameters) as JSON metadata. Used for the ATWU
-    weighter's Adam state in each checkpoint (:func:`load_optimizer_state` reads it back)."""
+    """Write ``optimizer.state_dict()`` as safetensors: each state tensor as ``state.<param>.<key>``, the
+    parameter groups and scalars as JSON metadata (:func:`load_optimizer_state` reads it back)."""
     state = optimizer.state_dict()
     tensors = {}
     scalars: dict[str, Any] = {}
@@ -270,11 +242,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLi
         for group in json.loads(metadata["param_groups"])
     ]
     optimizer.load_state_dict({"state": per_param, "param_groups": groups})
-
-
-# ---------------------------------------------------------------------------------------------
-# Judging token scores
-# ---------------------------------------------------------------------------------------------
 
 
 def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
@@ -310,13 +277,8 @@ def answer_token_ids(
 def forget_specific_auroc(
     token_scores: Sequence[dict[str, Any]], retain_token_ids: set[int] | Iterable[int]
 ) -> float:
-    """AUROC of per-token scores against *forget-specific* tokens.
-
-    ``token_scores`` is the output of :meth:`ATWUTrainer.token_scores` (or any list of
-    ``{"token_ids": [...], "scores": [...]}``); a token is forget-specific (positive) when its id
-    never occurs in the retain split's answers (``retain_token_ids``, see
-    :func:`answer_token_ids`), a proxy for ground-truth forget spans.
-    """
+    """AUROC of per-token scores (``[{"token_ids": [...], "scores": [...]}]``, as :meth:`ATWUTrainer.token_scores`
+    returns) against forget-specific tokens: ids not in ``retain_token_ids`` (:func:`answer_token_ids`)."""
     retain = set(retain_token_ids)
     scores, labels = [], []
     for example in token_scores:
@@ -325,11 +287,6 @@ def forget_specific_auroc(
         scores.extend(float(s) for s in example["scores"])
         labels.extend(int(t) not in retain for t in example["token_ids"])
     return auroc(scores, labels)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Scoring the answer tokens of a dataset
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -342,13 +299,9 @@ def score_token_features(
     batch_size: int = 16,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """Scores of the answer tokens of tokenized examples (``{"input_ids", "labels"}``, labels ``-100`` off the
-    answer), one ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per example, in order.
-
-    The score of answer token ``t`` reads the last-layer hidden state at ``t`` (right padding, explicit position
-    ids, model in eval mode); ``token_nll`` is ``-log p(y_t | y_<t)`` from :func:`hf_unlearn.logprobs.label_log_probs`.
-    ``tokens`` holds the token strings when ``tokenizer`` is given.
-    """
+    """One ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per tokenized example (``input_ids``,
+    ``labels``), in order: the answer tokens, their strings (with ``tokenizer``), their scores and
+    ``-log p(y_t | y_<t)``, the model in eval mode."""
     from tqdm.auto import tqdm
 
     from ...data.prompts import collate_qa
@@ -419,10 +372,8 @@ def score_tokens(
 
 
 def token_auroc_metrics(trainer: Any, tokenizer: Any, forget: Any, retain: Any) -> dict[str, float]:
-    """ATWU's own metric after training: ``token_auroc``, how well the trained weighter's token scores
-    (``trainer.token_scores(forget)``) rank the forget-specific answer tokens (those absent from every retain
-    answer) above the others (:func:`forget_specific_auroc`). Defined on question/answer rows: a run on documents
-    has no answer tokens to rank, and gets no metric (``{}``)."""
+    """``{"token_auroc": ...}``: :func:`forget_specific_auroc` of the trained weighter on the forget rows; ``{}``
+    for documents (no answer tokens to rank)."""
     from ...data.documents import as_documents
 
     if as_documents(forget, plain_lists=True) is not None or as_documents(retain, plain_lists=True) is not None:

@@ -1,14 +1,8 @@
-"""The base every gradient unlearning method shares: :class:`UnlearningTrainer` (a TRL ``SFTTrainer``), its
-configs, the forget/retain pairing, the guards, the checkpoint staging and the shared loss pieces.
-
-``config.py`` (:class:`BaseUnlearningConfig`, :class:`UnlearningConfig`), ``trainer.py``
-(:class:`UnlearningTrainer`: the loss hook, scoring, the retain term, training), built from the mixins of
-``inputs.py`` (the checks before any work), ``reference.py`` (the frozen reference model), ``metrics.py``
-(logged values), ``guards.py`` (:class:`RetainDivergenceGuard`, non-finite checks and their errors),
-``checkpoints.py`` (:func:`stage_checkpoint`, run fingerprints) and ``saving.py`` (the final model, its card,
-``push_to_hub``); ``pairing.py`` (:class:`PairedForgetRetainDataset`, :class:`PairedCollator`,
-:func:`to_trl_format`), ``losses.py`` (sequence log-probabilities, NLL, KL retain term, :class:`ScoredBatch`,
-:class:`LossDenominators`).
+"""The base every gradient unlearning method shares: :class:`UnlearningTrainer` (a TRL ``SFTTrainer``, in
+``trainer.py``), its configs (``config.py``), and pure pieces beside it: the forget/retain pairing (``pairing.py``),
+the loss pieces (``losses.py``), the input checks (``inputs.py``), the reference model (``reference.py``), the
+guards and their errors (``guards.py``), the checkpoint staging and run fingerprint (``checkpoints.py``) and the
+logged values (``metrics.py``).
 """
 # ruff: noqa: F401, I001  (a plain list of re-exports)
 

@@ -1,6 +1,5 @@
 """Checkpoints of an unlearning run: the staged, atomic write of a checkpoint from every process, and the run
-fingerprint (method, settings, data digests) that a resume is checked against; :class:`CheckpointMixin` does both
-in the trainer.
+fingerprint (method, settings, data digests) that a resume is checked against.
 """
 
 from __future__ import annotations
@@ -18,11 +17,11 @@ from datasets import Dataset
 from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ...safe_output import OutputWriteError, atomic_directory, atomic_write_text, gated_path
+from ...safe_output import OutputWriteError, atomic_directory, gated_path
 from .pairing import MODEL_COLUMNS
 
-__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "RUN_REQUEST_NAME", "TRAINER_STATE_NAME", "CheckpointMixin", "ResumeMismatchError",
-           "fingerprint_differences", "stage_checkpoint"]
+__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "RUN_REQUEST_NAME", "TRAINER_STATE_NAME", "ResumeMismatchError",
+           "check_resume", "fingerprint_differences", "run_fingerprint", "stage_checkpoint"]
 
 # entries of a run folder that belong to the run, not to the final model: kept when the final model is swapped in
 # (TRL writes the run's model card, README.md, into the run folder at every checkpoint)
@@ -132,7 +131,7 @@ def _rows_digest(dataset: Any) -> str | None:
 
 
 def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """What differs between two run fingerprints (:meth:`UnlearningTrainer.run_fingerprint`), one phrase each."""
+    """What differs between two run fingerprints (:func:`run_fingerprint`), one phrase each."""
     diffs = []
     if saved.get("method") != current.get("method"):
         diffs.append(f"method {saved.get('method')} (now {current.get('method')})")
@@ -149,84 +148,36 @@ def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> l
     return diffs
 
 
-class CheckpointMixin:
-    """The checkpoint staging and run fingerprint of :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer`
-    (a ``Trainer``)."""
+def run_fingerprint(method: type, args: TrainingArguments, forget: Any, retain: Any) -> dict[str, Any]:
+    """What makes a checkpoint resumable by another trainer: the method (the trainer class), the settings that
+    change the weights (every config field but where the run writes, how it logs, evaluates, loads data, saves
+    memory, when its guard stops it, and its length: a resume may extend a run) and the SHA-256 of the prepared
+    forget and retain rows."""
+    return {
+        "method": f"{method.__module__}.{method.__qualname__}",
+        "settings": _tracked_settings(args),
+        "data": {"forget": _rows_digest(forget), "retain": _rows_digest(retain)},
+    }
 
-    def _get_output_dir(self, trial):
-        if self._staging_dir is not None:
-            return str(self._staging_dir)
-        return super()._get_output_dir(trial)
 
-    def _save_checkpoint(self, model, trial):
-        """Check the weights, then write the checkpoint through :func:`stage_checkpoint`: every process writes its
-        files (with several processes: each its RNG state) into one hidden staging folder of the run folder, and
-        after all have written, the main process renames it into place, so that ``resume_from_checkpoint=True``
-        only ever finds complete checkpoints. The run's fingerprint (:meth:`run_fingerprint`) goes with it."""
-        self._check_finite_weights("the checkpoint")
-        run_dir = Path(super()._get_output_dir(trial))
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        is_main = self.args.should_save
-        staged: list[Path] = []
-
-        def write(staging: Path) -> None:
-            self._staging_dir = staging
-            staged.append(staging)
-            try:
-                super(CheckpointMixin, self)._save_checkpoint(model, trial)
-            finally:
-                self._staging_dir = None
-            if is_main:
-                text = json.dumps(self.run_fingerprint(), indent=2, sort_keys=True)  # a setting may be inf
-                atomic_write_text(staging / name / FINGERPRINT_NAME, text + "\n")
-
-        if is_main:
-            gated_path(run_dir).mkdir(parents=True, exist_ok=True)
-        stage_checkpoint(run_dir, name, write, is_main, self.accelerator.wait_for_everyone)
-        for attr in ("best_model_checkpoint",):
-            value = getattr(self.state, attr, None)
-            if staged and isinstance(value, str) and value.startswith(str(staged[0])):
-                setattr(self.state, attr, str(run_dir) + value[len(str(staged[0])):])
-        if is_main and self.args.save_total_limit is not None:
-            from transformers.trainer_utils import rotate_checkpoints
-
-            rotate_checkpoints(
-                output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True,
-            )
-
-    def run_fingerprint(self) -> dict[str, Any]:
-        """What makes a checkpoint of this run resumable by another trainer: the method (the trainer class), the
-        settings that change the weights (every config field except where the run writes, how it logs, evaluates,
-        loads data, saves memory or when its guard stops it) and the SHA-256 of the prepared forget and retain
-        rows (their tokens and labels). Written into every checkpoint as ``unlearning_run.json``. The run's length
-        (``max_steps``, ``num_train_epochs``) is not part of it: a resume may extend a run (the learning-rate
-        schedule then follows the new length from the checkpoint on)."""
-        if self._fingerprint is None:
-            self._fingerprint = {
-                "method": f"{type(self).__module__}.{type(self).__qualname__}",
-                "settings": _tracked_settings(self.args),
-                "data": {"forget": _rows_digest(self.forget_dataset), "retain": _rows_digest(self.retain_dataset)},
-            }
-        return self._fingerprint
-
-    def _check_resume(self, checkpoint: Path) -> None:
-        """Refuse a checkpoint whose run fingerprint differs from this trainer's (before any work)."""
-        saved_file = checkpoint / FINGERPRINT_NAME
-        if not saved_file.is_file():
-            warnings.warn(
-                f"{checkpoint} records no run fingerprint ({FINGERPRINT_NAME}); it cannot be checked to belong to "
-                "this method, these settings and this data.", stacklevel=3,
-            )
-            return
-        try:
-            saved = json.loads(saved_file.read_text())
-        except ValueError as exc:
-            raise ResumeMismatchError(f"Cannot resume from {checkpoint}: {saved_file} is not valid JSON ({exc}).") from None
-        diffs = fingerprint_differences(saved, self.run_fingerprint())
-        if diffs:
-            shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
-            raise ResumeMismatchError(
-                f"Cannot resume from {checkpoint}: it was written by another run ({shown}). Resume with the "
-                "checkpoint's method, settings and data, or start afresh in another folder (or with overwrite)."
-            )
+def check_resume(checkpoint: Path, fingerprint: dict[str, Any]) -> None:
+    """Refuse (:class:`ResumeMismatchError`) a checkpoint whose saved run fingerprint differs from ``fingerprint``;
+    warn when it records none."""
+    saved_file = checkpoint / FINGERPRINT_NAME
+    if not saved_file.is_file():
+        warnings.warn(
+            f"{checkpoint} records no run fingerprint ({FINGERPRINT_NAME}); it cannot be checked to belong to "
+            "this method, these settings and this data.", stacklevel=3,
+        )
+        return
+    try:
+        saved = json.loads(saved_file.read_text())
+    except ValueError as exc:
+        raise ResumeMismatchError(f"Cannot resume from {checkpoint}: {saved_file} is not valid JSON ({exc}).") from None
+    diffs = fingerprint_differences(saved, fingerprint)
+    if diffs:
+        shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+        raise ResumeMismatchError(
+            f"Cannot resume from {checkpoint}: it was written by another run ({shown}). Resume with the "
+            "checkpoint's method, settings and data, or start afresh in another folder (or with overwrite)."
+        )

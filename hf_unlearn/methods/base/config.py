@@ -1,15 +1,7 @@
-"""Configuration of the unlearning trainers, written as TRL writes its configs.
-
-* :class:`BaseUnlearningConfig` (a `trl.SFTConfig`) holds what every unlearning method uses: the forget/retain data
-  handling, the prompt template, the output-safety switch and the guards that stop a broken run. MASC and ATWU
-  subclass it and add only their own fields.
-* :class:`UnlearningConfig` adds the objective of the baselines, chosen by two fields: ``forget_loss``
-  (``"grad_ascent"``, ``"npo"``, ``"simnpo"``) and ``retain_loss`` (``"none"``, ``"nll"``, ``"kl"``), with the
-  weights ``forget_weight`` / ``retain_weight`` and the NPO/SimNPO parameters ``beta`` / ``delta``.
-  It is the config of :class:`~hf_unlearn.methods.baselines.trainer.BaselineTrainer`; the presets of the baseline
-  trainers (:class:`GradAscentConfig`, ...) are in :mod:`hf_unlearn.methods.baselines.config`.
-
-Every field has its real default in the dataclass field (no ``None`` filled in later).
+"""Configuration of the unlearning trainers, written as TRL writes its configs: :class:`BaseUnlearningConfig` (a
+``trl.SFTConfig``; what every method uses: data handling, prompt template, output safety, the guards) and
+:class:`UnlearningConfig`, the baselines' objective (``forget_loss``, ``retain_loss``, their weights, ``beta``,
+``delta``); the baseline presets are in :mod:`hf_unlearn.methods.baselines.config`.
 """
 
 from __future__ import annotations
@@ -133,10 +125,7 @@ class BaseUnlearningConfig(SFTConfig):
     Configuration shared by every unlearning trainer ([`UnlearningTrainer`] and its subclasses, MASC and ATWU
     included).
 
-    Everything in [`~trl.SFTConfig`] (and so [`~transformers.TrainingArguments`]) applies; the parameters below are
-    the ones unlearning adds. The training set of the trainer is the *forget* set; the *retain* set is passed to the
-    trainer as `retain_dataset`, and each forget example is paired with one retain example per step (partners
-    redrawn each epoch from `seed`).
+    Everything in [`~trl.SFTConfig`] applies; the parameters below are the ones unlearning adds.
 
     Parameters:
         > Parameters that control the data
@@ -145,30 +134,24 @@ class BaseUnlearningConfig(SFTConfig):
             Forget and retain sets sharing examples is an error by default; with `True` it is a warning with the
             number of shared examples.
         prompt_template (`str` or `None`, *optional*, defaults to `None`):
-            Name of a prompt template preset of [`hf_unlearn.data.PROMPT_TEMPLATES`] used to turn TOFU rows
-            (`question`/`answer`) into prompt and completion. `None`: the tokenizer's chat template when it has
-            one, else `"Question: {question}\nAnswer:"` (the evaluator's default, so training and evaluation see the
-            same tokens).
+            Prompt template preset of [`hf_unlearn.data.PROMPT_TEMPLATES`] for TOFU rows (`question`/`answer`).
+            `None`: the tokenizer's chat template when it has one, else `"Question: {question}\nAnswer:"` (the
+            evaluator's default).
 
         > Parameters that control the safety of outputs
 
         overwrite (`bool`, *optional*, defaults to `False`):
-            A non-empty `output_dir` is refused before any work unless `True`. Even then the final model is built
-            in a temporary sibling folder and swapped in only when completely written, so a failed save leaves the
-            previous content intact. An `output_dir` equal to, inside, or containing the input model folder is
-            always refused.
+            A non-empty `output_dir` is refused before any work unless `True` (the result is still swapped in only
+            once complete). An `output_dir` equal to, inside, or containing the model folder is always refused.
 
         > Parameters that stop a broken run
 
         max_retain_loss_ratio (`float` or `None`, *optional*, defaults to `100.0`):
-            Divergence guard: training stops with an error as soon as the retain NLL of an optimizer step exceeds
-            this multiple of its value at the first step (that starting value is floored at
-            `min_retain_loss_reference`). `None` disables the guard. An objective without a retain term (GradAscent, MASC with
-            `retain_weight=0`) is guarded when it is given a `retain_dataset`, whose retain NLL it then scores
-            without gradient; without a retain set it is not guarded.
+            Divergence guard: training stops with an error when the retain NLL of an optimizer step exceeds this
+            multiple of its first-step value (floored at `min_retain_loss_reference`); `None` disables it. An
+            objective without a retain term is guarded when given a `retain_dataset` (scored without gradient).
         min_retain_loss_reference (`float`, *optional*, defaults to `0.1`):
-            Floor (nats per token) of the starting retain NLL used by the divergence guard, so that a model that
-            memorised its retain set (NLL near 0) does not trip the guard through ordinary drift.
+            Floor (nats per token) of the starting retain NLL used by the divergence guard.
 
     The config itself refuses (a `ValueError` when it is built, so before any work) a learning rate that is not a
     finite number `> 0`; zero, negative or non-finite `num_train_epochs` (unless `max_steps > 0`); `max_steps` of `0`
@@ -176,31 +159,24 @@ class BaseUnlearningConfig(SFTConfig):
     below `2`; any float field that is NaN or infinite; a numeric field outside its range ([`TRAINING_RANGES`]
     for the fields inherited from `TrainingArguments`, e.g. `weight_decay >= 0`, `adam_beta1`/`adam_beta2` in
     `[0, 1)`, `adam_epsilon > 0`, `max_grad_norm >= 0`, `save_steps > 0`; a method's own `numeric_ranges`);
-    and `trust_remote_code=True`. Besides, every trainer checks that all trainable weights are finite before each
-    checkpoint and before the final save, and warns when a bf16/fp16 model is trained with a learning rate so
-    small that most updates round to zero in that precision.
+    and `trust_remote_code=True`.
 
     > [!NOTE]
     > These parameters have default values different from [`~trl.SFTConfig`]:
     > - `learning_rate`: Defaults to `1e-5` instead of `2e-5` (TOFU's unlearning rate).
     > - `num_train_epochs`: Defaults to `10` instead of `3` (TOFU's unlearning budget: fixed epochs, no early stop).
     > - `weight_decay`: Defaults to `0.01` instead of `0.0`.
-    > - `bf16`: Defaults to `True` only when a bf16-capable GPU is present (instead of always), since CPU bf16
-    >   autocast is slow and coarsens the log-likelihood differences the unlearning losses act on.
-    >   `bf16=True` on a machine with no accelerator means CPU autocast (float32 master weights); on a CPU with
-    >   AVX512-BF16 it is the faster choice.
-    > - `use_cpu`: Set to `True` on a machine with no accelerator (no CUDA, XPU or MPS device), where the run is
-    >   on the CPU anyway: transformers then treats the processes of a `torchrun` / `accelerate launch` as one
-    >   distributed run (without it each process would train and save alone), and allows CPU bf16 autocast.
+    > - `bf16`: Defaults to `True` only when a bf16-capable GPU is present (instead of always).
+    > - `use_cpu`: Set to `True` on a machine with no CUDA, XPU or MPS device, so that the processes of a
+    >   `torchrun` / `accelerate launch` form one distributed run there.
     """
 
     # Parameters whose default values are overridden from SFTConfig
     learning_rate: float = field(default=1e-5, metadata={"help": "The initial learning rate for AdamW."})
     num_train_epochs: float = field(default=10.0, metadata={"help": "Total number of training epochs to perform."})
     weight_decay: float = field(default=0.01, metadata={"help": "Weight decay for AdamW."})
-    # TRL sets the deprecated `gradient_checkpointing` alias to True, which makes transformers warn on every config;
-    # here both default to None and __post_init__ gives TRL's default (True) under the current name, so only a
-    # user who passes the deprecated alias sees the deprecation warning (and the alias still takes effect).
+    # both None by default, __post_init__ giving TRL's True under the current name: only a user who passes the
+    # deprecated alias gets transformers' deprecation warning
     activation_checkpointing: bool | None = field(
         default=None,
         metadata={"help": "Recompute activations in the backward pass to save memory. Default: True (TRL's)."},

@@ -1,13 +1,11 @@
 """The guards every unlearning run has: the divergence guard on the retain NLL, the finite-weight and
-vanishing-update checks, and the errors they raise; :class:`GuardsMixin` runs them in the trainer.
+vanishing-update checks, and the errors they raise.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,13 +13,12 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import get_last_checkpoint
 
 from .checkpoints import TRAINER_STATE_NAME
-from .pairing import RETAIN_PREFIX
 
-__all__ = ["GuardsMixin", "NonFiniteLossError", "NonFiniteWeightsError", "RetainDivergenceGuard",
-           "TrainingDivergedError", "any_process", "fraction_of_vanishing_updates", "non_finite_parameters"]
+__all__ = ["NonFiniteLossError", "NonFiniteWeightsError", "RetainDivergenceGuard",
+           "TrainingDivergedError", "any_process", "fraction_of_vanishing_updates", "non_finite_parameters",
+           "saved_guard_state"]
 
 
 class NonFiniteLossError(ValueError):
@@ -34,7 +31,6 @@ class NonFiniteWeightsError(RuntimeError):
 
 class TrainingDivergedError(RuntimeError):
     """The divergence guard fired: the retain NLL exceeded its allowed multiple of the starting value."""
-
 
 
 def any_process(flag: bool, accelerator: Any = None) -> bool:
@@ -133,70 +129,13 @@ def fraction_of_vanishing_updates(model: torch.nn.Module, learning_rate: float, 
     return vanishing / total if total else 0.0
 
 
-class GuardsMixin:
-    """The guards of :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer` (a ``Trainer``): the divergence
-    guard (restored on resume, fed the retain NLL, watched on a retain batch scored without gradient when the
-    objective has no retain term), the finite-weight check before every save and the vanishing-update warning."""
-
-    @property
-    def divergence_guard(self) -> RetainDivergenceGuard:
-        """The :class:`RetainDivergenceGuard` of this run (the restored one when transformers replaced it with
-        ``restore_callback_states_from_checkpoint=True``)."""
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, RetainDivergenceGuard):
-                callback.reduce = self._mean_over_processes
-                return callback
-        return self._divergence_guard
-
-    def _mean_over_processes(self, value: torch.Tensor) -> float:
-        if self.accelerator.num_processes > 1:
-            value = self.accelerator.gather(value.reshape(1).to(self.accelerator.device)).mean()
-        return float(value)
-
-    def _restore_guard(self, checkpoint: Path) -> None:
-        state_file = checkpoint / TRAINER_STATE_NAME
-        if not state_file.is_file():
-            return
-        saved = json.loads(state_file.read_text()).get("stateful_callbacks", {}).get(type(self.divergence_guard).__name__)
-        if isinstance(saved, list):
-            saved = saved[-1] if saved else None
-        if saved:
-            self.divergence_guard.reference = saved.get("attributes", {}).get("reference")
-
-    def _warn_on_vanishing_updates(self) -> None:
-        fraction = fraction_of_vanishing_updates(self.model, self.args.learning_rate)
-        if fraction > 0.5:
-            dtype = next((p.dtype for p in self.model.parameters() if p.requires_grad), None)
-            warnings.warn(
-                f"{fraction:.0%} of the trainable {dtype} weights are so large that an update of "
-                f"learning_rate={self.args.learning_rate:g} rounds to zero in {dtype}: most of the model will not "
-                "change. Load the model in float32 (mixed precision via bf16=True keeps fp32 master weights) or "
-                "raise the learning rate.",
-                stacklevel=3,
-            )
-
-    def _check_finite_weights(self, what: str) -> None:
-        bad = non_finite_parameters(self.model)
-        if any_process(bool(bad), self.accelerator):  # agreed, so that every process stops (sharded weights differ)
-            bad = bad or ["a weight of another process"]
-            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            kept = f"the latest good checkpoint is {last}" if last else "no checkpoint was written"
-            raise NonFiniteWeightsError(
-                f"{len(bad)} trainable weight tensors hold NaN/inf at step {self.state.global_step} (first: "
-                f"{bad[0]}); {what} was not written and training stopped ({kept}). Lower the learning rate."
-            )
-
-    def _watch_retain(self, model: Any, inputs: dict[str, Any]) -> None:
-        """For an objective without a retain term: the retain NLL of the batch's retain half, scored in eval mode
-        without gradient (no dropout, no RNG drawn, no effect on the update), logged as ``retain_nll`` and so fed
-        to the divergence guard."""
-        if self.divergence_guard.max_ratio is None:
-            return
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                retain = self.score(model, inputs, RETAIN_PREFIX)
-        finally:
-            model.train(was_training)
-        self.log_metric("retain_nll", retain.mean_nll)
+def saved_guard_state(checkpoint: Path) -> dict[str, Any] | None:
+    """The state :class:`RetainDivergenceGuard` saved in ``checkpoint``'s trainer state (``{"args": ...,
+    "attributes": {"reference": r0}}``), ``None`` when the checkpoint records none."""
+    state_file = checkpoint / TRAINER_STATE_NAME
+    if not state_file.is_file():
+        return None
+    saved = json.loads(state_file.read_text()).get("stateful_callbacks", {}).get(RetainDivergenceGuard.__name__)
+    if isinstance(saved, list):
+        saved = saved[-1] if saved else None
+    return saved or None

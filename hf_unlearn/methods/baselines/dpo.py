@@ -1,39 +1,36 @@
 """DPO and IdkDPO on :class:`UnlearningTrainer`: a preferred answer per forget row, the forget answer rejected.
 
-The objective is ``forget_weight * L_DPO + retain_weight * retain_term`` with
-:func:`~hf_unlearn.methods.baselines.loss.dpo_loss` against the frozen reference (the initial model, or with a
-PEFT adapter the model with the adapter disabled). The preferred answers are tokenized with the forget rows'
-questions and prompt template, and each batch carries them beside the forget half under the ``alternate_`` prefix
-(``alternate_input_ids``, ``alternate_attention_mask``, ``alternate_labels``), so a forget row always meets its own
-preferred answer, in every process and after a resume. They enter the run's fingerprint: a checkpoint written with
-other preferred answers is refused on resume.
-
-* :class:`UnlearnDPOTrainer` reads the preferred answer from a column of the forget rows (``alternate_column``, by
-  default ``"alternate_answer"``; a list of strings, such as TOFU's ``perturbed_answer``, gives one drawn per row
-  with ``seed``). A forget set without it is refused before any work.
-* :class:`IdkDPOTrainer` prefers a refusal answer drawn per row with ``seed`` from
-  :func:`load_idk_answers` (the list shipped as ``hf_unlearn/data/idk_answers.txt``, or ``idk_answers_file``).
-  open-unlearning redraws the refusal each time a row is read; here each row keeps one for the whole run, so a run
-  is reproducible and resumable exactly.
+The objective is ``forget_weight * L_DPO + retain_weight * retain_term``
+(:func:`~hf_unlearn.methods.baselines.loss.dpo_loss` against the frozen reference). The preferred answers are
+tokenized with the forget rows' questions and carried beside the forget half of each batch under the
+``alternate_`` prefix, so a forget row always meets its own preferred answer; they enter the run's fingerprint.
+:class:`UnlearnDPOTrainer` reads them from a column of the forget rows (``alternate_column``; a list gives one
+drawn per row with ``seed``); :class:`IdkDPOTrainer` draws a refusal answer per row with ``seed`` from
+:func:`load_idk_answers`, kept for the whole run.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ..base.checkpoints import _rows_digest
 from ..base.losses import LossDenominators
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, as_dataset, to_trl_format
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import IdkDPOConfig, PreferenceConfig, UnlearnDPOConfig
 from .loss import dpo_loss
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 __all__ = ["ALTERNATE_PREFIX", "UnlearnDPOTrainer", "IdkDPOTrainer", "PreferenceTrainer", "load_idk_answers"]
 
@@ -107,19 +104,40 @@ class PreferenceTrainer(UnlearningTrainer):
     """The DPO objective ``forget_weight * L_DPO + retain_weight * retain_term`` with a preferred answer per
     forget row; a subclass says where the preferred answers come from (:meth:`preferred_answers`). The forget rows
     must be TOFU-shaped (``question``/``answer``). Logs ``forget_nll``, ``alternate_nll``, ``forget_log_ratio`` and
-    ``alternate_log_ratio`` (policy minus reference)."""
+    ``alternate_log_ratio`` (policy minus reference).
+
+    Private ``Trainer`` method overridden, because no public hook does the job: ``_set_signature_columns_if_needed``
+    (the ``alternate_`` keys must survive ``remove_unused_columns``, as the base's ``retain_`` keys)."""
 
     config_class: ClassVar[type[PreferenceConfig]] = PreferenceConfig
     accepts_documents: ClassVar[bool] = False  # a preferred answer needs a question to answer
 
-    def __init__(self, model: Any, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
-                 retain_dataset: Any = None, **kwargs: Any):
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: PreferenceConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None,
+    ):
         args = self._resolve_args(args, model)
         if train_dataset is not None:
             train_dataset = as_dataset(train_dataset)
         preferred = self.preferred_answers(train_dataset, args) if train_dataset is not None and len(train_dataset) else None
-        super().__init__(model, args, data_collator=data_collator, train_dataset=train_dataset,
-                         retain_dataset=retain_dataset, **kwargs)
+        super().__init__(
+            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
+            peft_config=peft_config, ref_model=ref_model,
+        )
         rows = [{"question": q, "answer": a} for q, a in zip(train_dataset["question"], preferred)]
         alternates = to_trl_format(rows, self.processing_class, getattr(self.args, "prompt_template", None))
         if not self._skip_prepare_dataset:

@@ -1,10 +1,6 @@
-"""The token-level baselines WGA, SatImp, CE-U and UNDIAL as trainers on :class:`UnlearningTrainer`.
-
-Each trains ``forget_weight * forget_term + retain_weight * retain_term`` (:class:`ForgetRetainTrainer`): the forget
-term is the method's pure loss function (:mod:`hf_unlearn.methods.baselines.token_loss`) on the forget half of the
-batch, the retain term the shared one (:meth:`UnlearningTrainer.retain_term`: retain NLL or
-``KL(pi_ref || pi_theta)``), left out when ``retain_loss="none"`` or ``retain_weight == 0``. Checkpoints, resume,
-the guards and the selection callback are the base trainer's.
+"""The token-level baselines WGA, SatImp, CE-U and UNDIAL: ``forget_weight * forget_term + retain_weight *
+retain_term`` (:class:`ForgetRetainTrainer`), the forget term a pure function of
+:mod:`hf_unlearn.methods.baselines.token_loss`, the retain term the base trainer's.
 """
 
 from __future__ import annotations

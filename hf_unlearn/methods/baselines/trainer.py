@@ -1,20 +1,9 @@
 """Baseline unlearning trainers: :class:`BaselineTrainer` and its presets GradAscent, GradDiff, NPO and SimNPO.
 
-:class:`BaselineTrainer` subclasses the base :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer` (which holds
-no objective) and supplies the baselines' one, :func:`baseline_objective`, for the objective an
-:class:`~hf_unlearn.methods.base.UnlearningConfig` names.
-
-Each preset is the shared trainer with one objective of :class:`~hf_unlearn.methods.base.UnlearningConfig`:
-``forget_weight * forget_term + retain_weight * retain_term`` (open-unlearning's ``gamma`` and ``alpha``), where the forget term is chosen by
-``forget_loss`` and the retain term (retain NLL or ``KL(pi_ref || pi_theta)``) by ``retain_loss``. A preset sets
-
-* ``config_class``: its config preset (:mod:`hf_unlearn.methods.baselines.config`), the one place where its
-  defaults differ from :class:`~hf_unlearn.methods.base.UnlearningConfig` (SimNPO: ``beta=4.5``, ``forget_weight=0.125``);
-* ``preset``: the config values that define the method (its ``forget_loss``; GradAscent also ``retain_loss="none"``),
-  applied when a config of another class is converted and required of a config of its own class.
-
-The loss is :func:`baseline_objective`: the trainer scores the batch and hands the scores to
-:func:`hf_unlearn.methods.baselines.loss.baseline_loss`, the pure function that holds the formula.
+:class:`BaselineTrainer` trains ``forget_weight * forget_term + retain_weight * retain_term``
+(:func:`baseline_objective`), the forget term chosen by ``forget_loss`` and the retain term by ``retain_loss`` of
+its :class:`~hf_unlearn.methods.base.UnlearningConfig`. A preset sets ``config_class`` (its defaults,
+:mod:`hf_unlearn.methods.baselines.config`) and ``preset`` (the config values that define the method).
 """
 
 from __future__ import annotations
@@ -76,6 +65,11 @@ class BaselineTrainer(UnlearningTrainer):
 
     config_class = UnlearningConfig
     preset: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def needs_reference_model(cls, args: UnlearningConfig) -> bool:
+        """NPO's forget term and the KL retain term read the frozen reference."""
+        return getattr(args, "forget_loss", None) == "npo" or super().needs_reference_model(args)
 
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators

@@ -17,19 +17,10 @@ MASC_HINGES = ("buffered", "plain")
 MASC_PENALTIES = ("continuation", "full")
 MASC_STOP_PROBES = ("train", "heldout")
 MASC_EPOCH_LENGTHS = ("forget", "max(forget,retain)")
-# The step budget (a ceiling): the authors' longest TOFU run, 3 epochs of max(len(retain90), len(forget10)) /
-# batch 2 = 3 x 1,800 steps.
+# The step budget (a ceiling): the authors' longest TOFU run, 3 epochs of 1,800 steps.
 MASC_DEFAULT_MAX_STEPS = 5400
-# The authors' two recipes (FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection), the fields they set that
-# differ between them. "small": their Qwen2.5 TOFU runs (exp_scaling/scripts/run_unlearn_qwen25_family_tofu_
-# selftopk_besthp_from_full.sh: --retain_loss_mode kl_target --lambda_retain 1.0 --lambda_forget_margin 0.1
-# --forget_margin_rho 0.5 --forget_margin_buffer_eta 0.5 --early_stop_trigger_threshold 0.2
-# --early_stop_confirm_alpha 0.2 --early_stop_confirm_num_forget_examples 64); "llama2-7b": their Llama-2-7B-chat
-# TOFU script (repro/run_masc_tofu.sh: --lambda_retain 0.0 --lambda_forget_margin 0.05 --forget_margin_rho 0.70
-# --forget_margin_buffer_eta 0.25 --early_stop_trigger_threshold 0.475 --early_stop_confirm_alpha 0.475
-# --early_stop_confirm_num_forget_examples 32). Everything else both scripts set alike (top-10 self rivals,
-# beta 1, the 20-60% continuation cut with 32/32 minimum tokens, checks every 2 steps on 2 probe batches, the
-# plain-mean confirmation, constant lr 1e-4, batch 2, LoRA r16/32/0.05 on q,k,v,o, no gradient clipping).
+# The authors' two TOFU recipes: the fields that differ between their Qwen2.5 runs ("small") and their
+# Llama-2-7B-chat script ("llama2-7b"); provenance in docs/methods/masc.md.
 MASC_RECIPES: dict[str, dict[str, Any]] = {
     "small": {
         "forget_weight": 0.1, "margin_probability": 0.5, "buffer_eta": 0.5, "retain_weight": 1.0,
@@ -41,15 +32,11 @@ MASC_RECIPES: dict[str, dict[str, Any]] = {
     },
 }
 MASC_RECIPE_CHOICES = ("auto", *MASC_RECIPES)
-#: ``recipe="auto"``: models with fewer parameters than this get the "small" recipe, the others "llama2-7b". The
-#: authors ran the small recipe on Qwen2.5 0.5B-7B and the Llama one on Llama-2-7B; the 2B boundary is hf-unlearn's.
+#: ``recipe="auto"``: models with fewer parameters than this get the "small" recipe, the others "llama2-7b".
 MASC_SMALL_MODEL_MAX_PARAMETERS = 2_000_000_000
-# The authors' TOFU script (repro/run_masc_tofu.sh), on top of its recipe: an epoch and a budget as theirs.
+# The authors' Llama-2-7B TOFU script: its recipe, an epoch of max(forget, retain) steps and 3 such epochs.
 MASC_AUTHORS_TOFU = {
-    "recipe": "llama2-7b",  # --lambda_retain 0.0, lambda 0.05, rho 0.70, eta 0.25, alpha 0.475, 32 examples
-    "epoch_length": "max(forget,retain)",  # an epoch is max(len(retain_loader), len(forget_loader)) steps
-    "max_steps": -1,  # and the budget is 3 such epochs
-    "num_train_epochs": 3.0,
+    "recipe": "llama2-7b", "epoch_length": "max(forget,retain)", "max_steps": -1, "num_train_epochs": 3.0,
 }
 
 
@@ -93,175 +80,97 @@ class MASCConfig(BaseUnlearningConfig):
 
     MASC pushes down the *restricted margin* of forget answer tokens,
     `m_t = beta * z(y_t) - logsumexp_{v in top-k(z) \ y_t} beta * z(v)` (`z` the logits, the `k` rivals chosen
-    without gradient from the current model's own logits), below `tau = log(rho / (1 - rho))`, and stops by
-    itself. Where the defaults come from (FedericoDiGennaro/Fast-LLM-Unlearning-MarginSelfCorrection):
+    without gradient), below `tau = log(rho / (1 - rho))`, and stops by itself. Loss of a step:
+    `forget_weight * (1/|A|) sum_{t in A} relu(m_t - (tau - eta)) / eta` over the active positions `A` (the
+    continuation of each forget answer after a random cut, or the whole answer), plus
+    `retain_weight * KL(pi_0 || pi_theta)` on retain answers; `pi_0` is the model with its LoRA adapter disabled
+    (or a frozen copy without PEFT).
 
-    - **Recipes** (`recipe`): the authors ran two TOFU forget10 recipes, and seven fields differ between them
-      (:data:`MASC_RECIPES`). `"small"`, their Qwen2.5 runs (`exp_scaling/scripts/run_unlearn_qwen25_family_tofu_
-      selftopk_besthp_from_full.sh`, Qwen2.5-0.5B to 7B-Instruct): the retain KL to the starting model at weight 1
-      (`--retain_loss_mode kl_target --lambda_retain 1.0`), `lambda_fg 0.1`, `rho 0.5`, `eta 0.5`, trigger and
-      alpha 0.2, 64 confirmation examples. `"llama2-7b"`, their Llama-2-7B-chat script (`repro/run_masc_tofu.sh`):
-      no retain term (`--lambda_retain 0.0`), `lambda_fg 0.05`, `rho 0.70`, `eta 0.25`, trigger and alpha 0.475,
-      32 confirmation examples. `"auto"` (the default) takes `"small"` for a model of fewer than 2B parameters
-      (:data:`MASC_SMALL_MODEL_MAX_PARAMETERS`, hf-unlearn's boundary), else `"llama2-7b"`, the count taken from
-      the model's config (:func:`config_parameter_count`: hidden size, layers, heads, MLP width, vocabulary), so a
-      model partitioned by ZeRO-3 is counted at its full size; the trainer resolves it
-      when it sees the model and records it (`MASCTrainer.recipe`, `masc_stopping.json`). A recipe field left at
-      `None` takes the recipe's value; a value given explicitly always wins. Until the trainer resolves `"auto"`
-      the config shows the `"small"` values.
-    - **(L2-7B)**: what both scripts set alike (`scripts/run_margin_unlearning.py` and its Qwen copy): top-10 self
-      rivals, `beta 1.0`, continuation cut 20-60%, the plain-mean
-      confirmation (neither passes `--early_stop_confirm_use_ucb`), checks every 2 steps on 2 probe batches,
-      constant `lr 1e-4`, batch 2, LoRA r 16 / alpha 32 / dropout 0.05 on q,k,v,o, 3 epochs, and no gradient
-      clipping (`max_grad_norm=0`).
-    - **(measured)**: the step budget `max_steps`, a ceiling (see the note below), and the effect of the retain
-      KL (see `retain_weight`), on the tiny test model (the small Llama that memorises the synthetic TOFU set).
-    - **Deviations, named**: the continuation minimum is 8/8 prefix/suffix tokens where the authors set 32/32
-      (see `continuation_min_prefix_tokens`); the stop is calibrated on never-seen rows whenever the run has them
-      (`calibrate_stop`), where the authors stop at their fixed tolerance.
+    Stopping rule (`stop_probe="train"`): every `check_every` steps, stage 1 measures the mean per-example
+    violation rate (share of an example's active tokens with `m_t > tau`) on the first `stop_probe_batches`
+    forget training batches; when it is `<= stop_trigger`, stage 2 measures it on the first `confirm_examples`
+    forget examples and stops when the statistic of `confirm_rule` is `<= stop_tolerance`: the plain mean, or
+    its anytime Hoeffding upper bound `mean + sqrt(log(1/delta_j) / (2 n))`, `delta_j = 6 delta / (pi^2 (j + 1)^2)`
+    for the `j`-th confirmation. `stop_probe="heldout"`: one stage, the pooled token violation rate of a held-out
+    slice of the forget set `<= stop_tolerance`. With `calibrate_stop` and never-seen rows, `stop_trigger` and
+    `stop_tolerance` become the starting model's mean violation rate on them at step 0 (a threshold given below
+    it is refused). `max_steps` is a ceiling: a run that reaches it records `stop_reason="budget"` and warns.
 
-    Loss of a step: `forget_weight * (1/|A|) sum_{t in A} relu(m_t - (tau - eta)) / eta` over the *active*
-    positions `A` (the continuation of each forget answer after a random cut, or the whole answer), plus
-    `retain_weight * KL(pi_0 || pi_theta)` on retain answers. `pi_0` is the disabled LoRA adapter (or a frozen
-    copy of the model without PEFT).
-
-    Stopping rule (`stop_probe="train"`, the authors'): every `check_every` steps, *stage 1* measures the mean
-    per-example violation rate (fraction of an example's continuation tokens with `m_t > tau`) over the first
-    `stop_probe_batches` batches of forget *training* examples; when it is `<= stop_trigger`, *stage 2* measures
-    it on the first `confirm_examples` forget training examples and stops when the statistic of `confirm_rule`
-    is `<= stop_tolerance`: their plain mean (`"mean"`, the authors' run) or the anytime Hoeffding upper bound
-    `mean + sqrt(log(1/delta_j) / (2 n))`, `delta_j = 6 delta / (pi^2 (j + 1)^2)` for the `j`-th confirmation
-    (`"hoeffding"`). `stop_probe="heldout"` is the earlier rule: a held-out slice of the forget set
-    (`validation_fraction`, never trained on) and a single stage, pooled token violation rate `<= stop_tolerance`.
-    With `calibrate_stop=True` (the default) and never-seen rows (`MASCTrainer(..., calibrate_stop_on=rows)`, or
-    the holdout rows of a selection criterion), `stop_trigger` and `stop_tolerance` are replaced at step 0 by the
-    starting model's mean per-example violation rate on them: the paper stops when the forget rows look never
-    seen, and a fixed tolerance can lie below that state (on SmolLM2-135M, a model that never saw the forget
-    authors still predicts 57% of their answer tokens greedily, far above the small recipe's 0.2), so the rule
-    would overshoot. A threshold given explicitly below the never-seen state is refused at step 0, before any
-    update; one given at or above it is kept. Without never-seen rows one log line says the stop uses the fixed
-    threshold.
-
-    The run ends when the rule fires; `max_steps` is only a ceiling. A run that reaches it records
-    `stop_reason="budget"` (trainer, `masc_stopping.json`, the log history and the model card) with a warning.
-    The learning rate is constant (`lr_scheduler_type="constant"`, the authors'), so the ceiling does not change
-    the trajectory up to the stop.
+    Seven fields (`forget_weight`, `margin_probability`, `buffer_eta`, `retain_weight`, `stop_trigger`,
+    `stop_tolerance`, `confirm_examples`) default to `None` and take the value of `recipe` (:data:`MASC_RECIPES`;
+    `"auto"`: `"small"` below 2B parameters counted from the model's config, else `"llama2-7b"`; resolved when the
+    trainer sees the model); a value given explicitly wins. Where each default comes from:
+    docs/methods/masc.md.
 
     Parameters:
         recipe (`str`, *optional*, defaults to `"auto"`):
-            `"small"`, `"llama2-7b"` or `"auto"` (by the model's parameter count): where the recipe fields left
-            at `None` (`forget_weight`, `margin_probability`, `buffer_eta`, `retain_weight`, `stop_trigger`,
-            `stop_tolerance`, `confirm_examples`) take their values.
-
-        > Parameters that control the margin
-
+            `"small"`, `"llama2-7b"` or `"auto"`.
         top_k (`int`, *optional*, defaults to `10`):
-            Number of rival tokens `k` (L2-7B), in `[1, vocab_size - 1]`.
+            Number of rival tokens `k`, in `[1, vocab_size - 1]`.
         margin_beta (`float`, *optional*, defaults to `1.0`):
-            Inverse temperature `beta` of the margin (L2-7B), `> 0`.
+            Inverse temperature `beta` of the margin, `> 0`.
         margin_probability (`float`, *optional*):
-            Threshold as a restricted probability `rho` in `(0, 1)`; `tau = log(rho / (1 - rho))`. Default: the
-            recipe's (small 0.5, llama2-7b 0.7).
+            Threshold as a restricted probability `rho` in `(0, 1)`.
         margin_threshold (`float`, *optional*):
-            Threshold `tau` given directly; when set it replaces `margin_probability`.
-
-        > Parameters that control the loss
-
+            Threshold `tau` given directly; replaces `margin_probability`.
         forget_weight (`float`, *optional*):
-            Weight `lambda_fg` of the forget (hinge) term, `> 0`. Default: the recipe's (small 0.1, llama2-7b 0.05).
+            Weight `lambda_fg` of the hinge term, `> 0`.
         hinge (`str`, *optional*, defaults to `"buffered"`):
-            `"buffered"`: `relu(m_t - (tau - eta)) / eta` (L2-7B); `"plain"`: the earlier `relu(m_t - tau)`.
+            `"buffered"`: `relu(m_t - (tau - eta)) / eta`; `"plain"`: `relu(m_t - tau)`.
         buffer_eta (`float`, *optional*):
-            Buffer `eta > 0` of the buffered hinge. Default: the recipe's (small 0.5, llama2-7b 0.25).
+            Buffer `eta > 0` of the buffered hinge.
         penalty (`str`, *optional*, defaults to `"continuation"`):
-            `"continuation"`: only the answer suffix after a random cut counts (L2-7B), in the loss and in the
-            stopping statistic; `"full"`: the whole answer.
+            `"continuation"`: the answer suffix after a random cut counts, in the loss and the stopping statistic;
+            `"full"`: the whole answer.
         continuation_cut_min_ratio (`float`, *optional*, defaults to `0.2`):
-            Lower end of the uniform cut ratio (L2-7B).
+            Lower end of the uniform cut ratio.
         continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
-            Upper end of the uniform cut ratio (L2-7B).
+            Upper end of the uniform cut ratio.
         continuation_min_prefix_tokens (`int`, *optional*, defaults to `8`):
-            Answer tokens always left before the cut; answers shorter than min prefix + min suffix are penalised
-            whole. The authors set 32 (with 32 for the suffix), which on TOFU, whose median answer is about 36
-            SmolLM2 tokens, penalises almost every answer whole, the part that echoes the question included. 8
-            covers the question echo: on TOFU forget10 authors 5-8 an answer's leading words that restate the
-            question number 4 at the median and 14 at the 90th percentile, of a median 31.5-word answer, and the
-            random 20-60% cut covers the longer echoes of longer answers.
+            Answer tokens always kept before the cut; shorter answers than prefix + suffix are penalised whole.
         continuation_min_suffix_tokens (`int`, *optional*, defaults to `8`):
-            Answer tokens always penalised after the cut (the authors: 32).
+            Answer tokens always penalised after the cut.
         retain_weight (`float`, *optional*):
-            Weight of `KL(pi_0 || pi_theta)` on retain answer tokens. Default: the recipe's (small 1, the paper's
-            objective `KL + lambda * hinge`; llama2-7b 0). With `0` the retain set only counts the epoch
-            (`epoch_length`), if at all. Measured on the tiny test model with the `"llama2-7b"` thresholds (LoRA,
-            lr 3e-3, batch 2, 20 forget rows): with weight 1 the rule stopped at step 12 with forget NLL 0.04 -> 1.92 and
-            retain NLL 0.03 -> 0.35; with the authors' preset (weight 0) at step 10 with 0.04 -> 3.11 and
-            0.03 -> 1.47.
+            Weight of `KL(pi_0 || pi_theta)` on retain answer tokens, `>= 0`.
         epoch_length (`str`, *optional*, defaults to `"forget"`):
-            What an epoch is: `"forget"`, one pass over the forget set; `"max(forget,retain)"`, the authors'
-            `max(len(retain_loader), len(forget_loader))` steps, the smaller set cycled over the larger one
-            (needs a retain set even with `retain_weight=0`). Only matters for an epoch budget (`max_steps=-1`)
-            and for how often retain partners are redrawn.
-
-        > Parameters that control the stopping rule
-
+            `"forget"`: an epoch is one pass over the forget set; `"max(forget,retain)"`: the smaller set cycled
+            over the larger one (needs a retain set).
         stop_probe (`str`, *optional*, defaults to `"train"`):
-            `"train"`: the authors' two-stage rule on forget training examples; `"heldout"`: the earlier
-            single-stage rule on a held-out slice.
+            `"train"`: the two-stage rule; `"heldout"`: the single-stage held-out rule.
         confirm_rule (`str`, *optional*, defaults to `"mean"`):
-            Stage-2 statistic compared with `stop_tolerance`: `"mean"`, the plain mean of the confirmation
-            examples' violation rates (L2-7B); `"hoeffding"`, its anytime Hoeffding upper bound (at `n = 32`
-            the first confirmation then needs a mean `<= 0.20` for `alpha = 0.475`, and with fewer examples the
-            bound can exceed `alpha` for good).
+            Stage-2 statistic: `"mean"` or `"hoeffding"`.
         check_every (`int`, *optional*, defaults to `2`):
-            Check the rule every `check_every` optimizer steps (L2-7B).
+            Check the rule every `check_every` optimizer steps.
         stop_trigger (`float`, *optional*):
-            Stage 1 arms the confirmation when the probe's mean per-example violation rate is `<=` this. Default:
-            the recipe's (small 0.2, llama2-7b 0.475).
+            Stage 1 arms the confirmation when the mean violation rate is `<=` this.
         stop_probe_batches (`int`, *optional*, defaults to `2`):
-            Stage 1 probes the first `stop_probe_batches * per_device_train_batch_size` forget training examples
-            (L2-7B: 2 batches of 2).
+            Stage-1 probe size in training batches.
         confirm_examples (`int`, *optional*):
-            Stage 2 probes the first `confirm_examples` forget training examples (all of them when the set is
-            smaller, which widens the bound). Default: the recipe's (small 64, llama2-7b 32).
+            Stage-2 probe size in forget training examples.
         confirm_delta (`float`, *optional*, defaults to `0.05`):
-            Total failure probability `delta` of the anytime Hoeffding bound (L2-7B), in `(0, 1)`; used by
-            `confirm_rule="hoeffding"` only.
+            Failure probability `delta` of the Hoeffding bound, in `(0, 1)`.
         stop_tolerance (`float`, *optional*):
-            `alpha` in `(0, 1)`: stop when the bound (`"train"`) or the held-out rate (`"heldout"`) is `<= alpha`.
-            Default: the recipe's (small 0.2, llama2-7b 0.475).
+            `alpha` in `(0, 1)`: stop when the statistic is `<= alpha`.
         validation_fraction (`float`, *optional*, defaults to `0.1`):
-            `stop_probe="heldout"` only: fraction of the forget set held out (never trained on).
+            `stop_probe="heldout"`: fraction of the forget set held out.
         min_validation_positions (`int`, *optional*, defaults to `20`):
-            `stop_probe="heldout"` only: the held-out slice needs `max(min_validation_positions,
-            ceil(1 / alpha))` answer positions.
-
+            `stop_probe="heldout"`: the slice needs `max(min_validation_positions, ceil(1 / alpha))` positions.
         calibrate_stop (`bool`, *optional*, defaults to `True`):
-            Calibrate the trigger and `alpha` on never-seen rows when the run has them (`calibrate_stop_on`, or
-            a selection criterion's holdout rows): their starting violation rate; a threshold given below it is
-            refused. `stop_probe="train"` only.
-
-        > Parameters that control LoRA (as TRL's `ModelConfig`; used when the trainer gets no `peft_config`)
-
+            Calibrate the thresholds on never-seen rows when the run has them.
         use_peft (`bool`, *optional*, defaults to `True`):
-            Train a LoRA adapter (L2-7B); the reference `pi_0` is then the model with the adapter disabled.
+            Build a LoRA adapter when the trainer gets no `peft_config` (TRL's `ModelConfig` names below).
         lora_r (`int`, *optional*, defaults to `16`):
-            LoRA rank (L2-7B), `>= 1`.
+            LoRA rank, `>= 1`.
         lora_alpha (`int`, *optional*, defaults to `32`):
-            LoRA alpha (L2-7B), `> 0`.
+            LoRA alpha, `> 0`.
         lora_dropout (`float`, *optional*, defaults to `0.05`):
-            LoRA dropout (L2-7B), in `[0, 1)`.
+            LoRA dropout, in `[0, 1)`.
         lora_target_modules (`list[str]`, *optional*, defaults to `["q_proj", "k_proj", "v_proj", "o_proj"]`):
-            Modules that get an adapter (L2-7B; Llama names).
+            Modules that get an adapter.
 
-    > [!NOTE]
-    > Defaults that differ from the base config: `learning_rate` `1e-4` and `lr_scheduler_type` `"constant"`
-    > (L2-7B: plain AdamW at a constant 1e-4), `per_device_train_batch_size` `2` and `weight_decay` `0.0`
-    > (L2-7B), `max_grad_norm` `0.0` (no clipping, as the authors; the transformers default clips at 1),
-    > `max_steps` `5400` (a ceiling: the authors' longest TOFU budget, 3 epochs of
-    > `max(len(retain90), len(forget10)) / 2 = 1,800` steps; measured with the `"llama2-7b"` recipe: the rule
-    > stopped the tiny test model, 20 memorised synthetic forget rows, at step 196, where the Hoeffding
-    > confirmation had not stopped it by step 300), and `num_train_epochs` `3` (L2-7B; used only with
-    > `max_steps=-1`).
+    Defaults that differ from the base config: `learning_rate=1e-4`, `lr_scheduler_type="constant"`,
+    `per_device_train_batch_size=2`, `weight_decay=0.0`, `max_grad_norm=0.0` (no clipping), `max_steps=5400`,
+    `num_train_epochs=3`.
     """
 
     # Defaults overridden from the base (the authors' TOFU run)

@@ -1,10 +1,5 @@
-"""MASC: Margin Self-Correction (restricted margin, hinges, continuation mask, violation rates, Hoeffding bound).
-
-The authors' recipe (Fast-LLM-Unlearning-MarginSelfCorrection, TOFU run): restricted margin over the model's own
-top-``k`` rivals, ``tau = log(rho / (1 - rho))``, the buffered hinge :func:`buffered_hinge_loss` on the
-continuation of each forget answer (:func:`continuation_mask`), and a stop when the per-example violation rate
-(:func:`per_example_violation_rates`) clears a trigger and its Hoeffding upper bound
-(:func:`hoeffding_upper_bound`) is at most ``alpha``. :func:`margin_hinge_loss` is the earlier plain hinge.
+"""MASC's tensor math: the restricted margin, the hinges, the continuation mask, violation rates and the
+confirmation statistic of its stopping rule.
 """
 
 from __future__ import annotations
@@ -17,11 +12,8 @@ from ..base.losses import _denominator, answer_mask
 def masc_threshold_from_probability(rho: float) -> float:
     """MASC margin threshold ``tau`` equivalent to a restricted probability ``rho``: ``tau = log(rho / (1 - rho))``.
 
-    The restricted margin (:func:`restricted_margin`) compares the target with its ``k`` strongest rivals
-    ``S_k``. With ``p_r(y) = exp(b z_y) / (exp(b z_y) + sum_{v in S_k} exp(b z_v))`` the target's probability under
-    the softmax restricted to ``{y} U S_k``, the margin is its log-odds ``m = log(p_r / (1 - p_r))``, so
-    ``m > tau`` exactly when ``p_r > rho``.
-    """
+    The margin is the log-odds of the target under the softmax restricted to it and its rivals, so ``m > tau``
+    exactly when that restricted probability exceeds ``rho``."""
     import math
 
     rho = float(rho)
@@ -44,14 +36,9 @@ def restricted_margin(
 
     ``m_t = b * z(y_t | c_t) - logsumexp_{v in S_k(c_t)} b * z(v | c_t)``
 
-    with ``z`` the logits, ``b = beta`` and ``S_k(c_t)`` the ``k`` highest-logit tokens other than the target
-    ``y_t``, *selected without gradient* (the gradient still flows through their logits). The margin is
-    shift-invariant in ``z``, so logits and log-probabilities give the same value.
-
-    Alignment as in :func:`~hf_unlearn.logprobs.label_log_probs`: ``logits`` ``[B, L, V]`` come from ``input_ids``
-    ``[B, L]`` and ``out[:, t]`` is the margin of ``labels[:, t]`` predicted from tokens ``< t``. Returns
-    ``(margins [B, L] float32, mask [B, L] bool)`` with ``mask = answer_mask(labels)`` and margins 0 outside it.
-    ``top_k`` must be in ``[1, V - 1]`` and ``beta > 0``.
+    with ``z`` the logits, ``b = beta > 0`` and ``S_k(c_t)`` the ``k`` (in ``[1, V - 1]``) highest-logit tokens
+    other than ``y_t``, selected without gradient. Aligned as :func:`~hf_unlearn.logprobs.label_log_probs`.
+    Returns ``(margins [B, L] float32, mask [B, L] bool)``, ``mask = answer_mask(labels)``, margins 0 outside it.
     """
     vocab = logits.shape[-1]
     if not 1 <= int(top_k) <= vocab - 1:
@@ -77,9 +64,7 @@ def margin_hinge_loss(
     """MASC self-correction loss on forget answer tokens.
 
     ``L_MASC = (1/N) * sum_{b,t} mask_{b,t} * max(0, m_{b,t} - tau)`` with ``N = num_tokens`` (default: the answer
-    tokens of the batch). Active only while ``m_t > tau``: a corrected position (``m_t <= tau``) contributes
-    neither loss nor gradient, so the loss vanishes as the forget set is corrected (MASC's ``hinge="plain"``).
-    """
+    tokens of the batch); ``hinge="plain"``."""
     per_token = torch.relu(margins - tau) * mask
     return per_token.sum() / _denominator(num_tokens, mask.sum())
 
@@ -91,9 +76,7 @@ def masc_violation_counts(margins: torch.Tensor, mask: torch.Tensor, tau: float)
 
 
 def violation_rate_tensor(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
-    """``|{t in T : m_t > tau}| / max(|T|, 1)`` as a 0-d float64 tensor on the margins' device: what a training
-    step logs, without waiting for the device (the counts are exact in float64, so the value is that of
-    :func:`masc_violation_counts`' integers divided on the host)."""
+    """``|{t in T : m_t > tau}| / max(|T|, 1)`` as a 0-d float64 tensor on the margins' device (no host sync)."""
     mask = mask.bool()
     violations = ((margins > tau) & mask).sum(dtype=torch.float64)
     return violations / mask.sum(dtype=torch.float64).clamp_min(1)
@@ -107,11 +90,6 @@ def violation_rate(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> flo
     return violations / positions
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The authors' recipe: buffered hinge on the continuation, per-example violation rate, Hoeffding confirmation
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def buffered_hinge_loss(
     margins: torch.Tensor,
     mask: torch.Tensor,
@@ -121,13 +99,8 @@ def buffered_hinge_loss(
 ) -> torch.Tensor:
     """MASC buffered hinge (the authors' surrogate of the violation indicator ``1[m_t > tau]``).
 
-    ``L = (1/N) * sum_{b,t} mask_{b,t} * relu(m_{b,t} - (tau - eta)) / eta`` with ``N = num_tokens`` (default:
-    the active tokens ``mask.sum()``, i.e. the mean over active tokens).
-
-    The buffer ``eta > 0`` keeps pushing a position until its margin is ``eta`` *below* the threshold, and the
-    division by ``eta`` makes the surrogate ``>= 1`` wherever ``m_t > tau``, so the mean upper-bounds the
-    violation rate of the active tokens. ``mask`` is the *active* mask: the continuation of each answer
-    (:func:`continuation_mask`) or the whole answer (``penalty="full"``).
+    ``L = (1/N) * sum_{b,t} mask_{b,t} * relu(m_{b,t} - (tau - eta)) / eta`` with ``eta > 0``, ``mask`` the active
+    positions and ``N = num_tokens`` (default ``mask.sum()``). The surrogate is ``>= 1`` wherever ``m_t > tau``.
     """
     if not eta > 0:
         raise ValueError(f"The MASC buffer eta must be > 0, got {eta}.")
@@ -157,9 +130,7 @@ def continuation_mask(
       of rank ``>= c_b`` (0-based, in order) are kept: at least ``min_prefix_tokens`` prefix tokens are left
       untouched and at least ``min_suffix_tokens`` are penalised.
 
-    Returns a ``[B, L]`` boolean mask, a subset of ``mask``. The authors' TOFU run (Llama-2-7B) uses ratios in
-    ``[0.2, 0.6]`` and 32/32 minimum prefix/suffix tokens (these defaults); ``MASCConfig`` defaults to 8/8, which
-    splits TOFU's short answers.
+    Returns a ``[B, L]`` boolean mask, a subset of ``mask``.
     """
     mask = mask.bool()
     n = mask.sum(-1)
@@ -173,8 +144,7 @@ def continuation_mask(
 
 def per_example_violation_rates(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
     """``[B]`` per-example violation rates ``|{t in A_b : m_t > tau}| / |A_b|`` over each example's active
-    positions ``A_b`` (``mask``); an example without active positions counts as 0, as in the authors' probe.
-    MASC's stopping statistic is their mean over the probed examples."""
+    positions ``A_b`` (``mask``); an example without active positions counts as 0."""
     mask = mask.bool()
     count = mask.sum(-1)
     violations = ((margins > tau) & mask).sum(-1)
@@ -185,10 +155,8 @@ def hoeffding_upper_bound(mean: float, n: int, delta: float, check_index: int) -
     """Anytime Hoeffding upper confidence bound of MASC's confirmation stage.
 
     ``U_j = mean + sqrt(log(1 / delta_j) / (2 n))`` with ``delta_j = 6 delta / (pi^2 (j + 1)^2)`` for the
-    ``j``-th confirmation (``j >= 1``), so that ``sum_j delta_j < delta`` and the stopping decision holds with
-    probability ``>= 1 - delta`` over all checks (a union bound). ``mean`` is the mean of ``n`` per-example
-    violation rates in ``[0, 1]``. Returns ``(U_j, delta_j)``.
-    """
+    ``j``-th confirmation (``j >= 1``; ``sum_j delta_j < delta``), ``mean`` the mean of ``n`` rates in ``[0, 1]``.
+    Returns ``(U_j, delta_j)``."""
     import math
 
     if int(n) < 1:
@@ -207,18 +175,9 @@ MASC_CONFIRM_RULES = ("mean", "hoeffding")
 def confirmation_statistic(
     rates: list[float] | torch.Tensor, rule: str, delta: float, check_index: int
 ) -> tuple[float, float, float | None]:
-    """The number MASC's confirmation stage compares with ``alpha`` (it stops when it is ``<= alpha``).
-
-    ``rates`` are the per-example violation rates ``r_i`` of the ``n`` confirmation examples,
-    ``mean = (1/n) sum_i r_i``.
-
-    * ``rule="mean"`` (the authors' TOFU run, which does not pass ``--early_stop_confirm_use_ucb``):
-      the statistic is ``mean`` itself.
-    * ``rule="hoeffding"``: the anytime upper bound ``U_j = mean + sqrt(log(1 / delta_j) / (2 n))``,
-      ``delta_j = 6 delta / (pi^2 (j + 1)^2)`` for the ``j``-th confirmation (:func:`hoeffding_upper_bound`).
-
-    Returns ``(statistic, mean, delta_j)``, ``delta_j`` ``None`` for ``"mean"``.
-    """
+    """What the confirmation stage compares with ``alpha``: ``mean = (1/n) sum_i r_i`` of the per-example
+    ``rates`` (``rule="mean"``) or its :func:`hoeffding_upper_bound` (``"hoeffding"``). Returns ``(statistic,
+    mean, delta_j)``, ``delta_j`` ``None`` for ``"mean"``."""
     values = [float(r) for r in (rates.tolist() if torch.is_tensor(rates) else rates)]
     if not values:
         raise ValueError("The confirmation stage needs at least one example.")

@@ -1,9 +1,5 @@
-"""MASC's stopping rule: :class:`MarginStoppingCallback`, the authors' two-stage rule (or the held-out rule) checked
-every ``check_every`` steps, its state saved in checkpoints and written as ``masc_stopping.json``; and
-:func:`split_validation`, the held-out slice of the forget set that ``stop_probe="heldout"`` measures.
-
-The callback measures nothing itself: :class:`~hf_unlearn.methods.masc.trainer.MASCTrainer` attaches its
-``probe`` (the violation rates of its probe batches) and ``agree`` (the main process's decision for every process).
+"""MASC's stopping rule (:class:`MarginStoppingCallback`, saved in checkpoints and as ``masc_stopping.json``) and
+:func:`split_validation`, the held-out slice ``stop_probe="heldout"`` measures.
 """
 
 from __future__ import annotations
@@ -32,27 +28,16 @@ STOPPING_FILE = "masc_stopping.json"
 class MarginStoppingCallback(TrainerCallback, ExportableState):
     """MASC's online stopping rule, with its state saved in checkpoints (``ExportableState``).
 
-    ``mode="train"`` (the authors' rule). At every ``check_every``-th optimizer step:
+    ``mode="train"``, at every ``check_every``-th optimizer step: the check is armed when the mean of
+    ``probe(model, "trigger", step)`` (per-example violation rates) is ``<= trigger``; then confirmation ``j``
+    (counting armed checks) stops training when
+    :func:`~hf_unlearn.methods.masc.loss.confirmation_statistic` of ``probe(model, "confirm", step)`` is
+    ``<= alpha``. ``mode="heldout"``: stop when ``violations / positions`` of ``probe(model, "heldout", step)``
+    is ``<= alpha``. With ``calibrate=True`` the trigger and ``alpha`` become, at step 0, the mean rate of
+    ``probe(model, "calibrate", 0)`` (never-seen rows); a threshold in ``given`` is kept at or above it and
+    refused below it (:meth:`calibrate_thresholds`).
 
-    1. *trigger*: ``probe(model, "trigger", step)`` returns the per-example violation rates of the first
-       forget training batches; the check is armed when their mean is ``<= trigger``;
-    2. *confirmation* ``j`` (``j = 1, 2, ...`` counts armed checks, as the authors' ``eval_index``):
-       ``probe(model, "confirm", step)`` returns the rates of ``n`` examples, and training stops when the
-       statistic of ``confirm_rule`` is ``<= alpha``
-       (:func:`~hf_unlearn.methods.masc.loss.confirmation_statistic`): ``"mean"`` (the authors' TOFU run) their plain
-       mean; ``"hoeffding"`` the anytime bound ``mean + sqrt(log(1/delta_j) / (2n))``,
-       ``delta_j = 6 delta / (pi^2 (j+1)^2)`` (:func:`~hf_unlearn.methods.masc.loss.hoeffding_upper_bound`).
-
-    With ``calibrate=True`` the trigger and ``alpha`` are set at the start of training (step 0, before any
-    update) to the mean per-example violation rate of never-seen rows under the starting model
-    (``probe(model, "calibrate", 0)``): the rate a model shows on what it never learnt is what "forgotten"
-    looks like. A threshold the user set (``given``: ``"stop_trigger"``, ``"stop_tolerance"``) is kept when it
-    is at or above that rate and refused below it (:meth:`calibrate_thresholds`).
-
-    ``mode="heldout"`` (the earlier rule): ``probe(model, "heldout", step)`` returns ``(violations, positions)``
-    of a held-out slice and training stops when their ratio is ``<= alpha``.
-
-    ``probe`` is attached by the trainer and is not part of the saved state. Attributes (saved and restored):
+    ``probe`` and ``agree`` are attached by the trainer, not saved. Attributes (saved and restored):
     ``violation_history`` (one dict per measurement; the one at step 0 is the starting model, not a check),
     ``stopped_at_step`` (or ``None``), ``num_confirmations`` (``j``), ``budget_exhausted``, ``max_steps``,
     ``stop_reason`` (``"rule"``, ``"budget"``, or ``None`` while running), ``calibration`` (or ``None``).

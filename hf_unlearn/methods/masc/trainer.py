@@ -1,32 +1,14 @@
-"""MASC (Margin Self-Correction): a trainer that unlearns by pushing down restricted margins and stops by itself.
+"""MASC (Margin Self-Correction): a trainer that pushes down restricted margins on forget answers and stops by
+itself.
 
-The loss is ``forget_weight`` times the buffered hinge (:func:`hf_unlearn.methods.masc.loss.buffered_hinge_loss`) on the
-continuation of each forget answer (:func:`hf_unlearn.methods.masc.loss.continuation_mask`), plus
-``retain_weight * KL(pi_0 || pi_theta)`` on retain answers (the paper's objective; the weights and thresholds come
-from the config's ``recipe``, ``"auto"`` resolved here from the model's parameter count, read from its config: the
-authors' small-model recipe below 2B parameters, their Llama-2-7B one above, recorded as ``MASCTrainer.recipe`` and in
-``masc_stopping.json``). :class:`~hf_unlearn.methods.masc.stopping.MarginStoppingCallback` checks the authors'
-two-stage rule every ``check_every`` steps (stage 1: mean per-example violation rate of a few forget training
-batches ``<= stop_trigger``; stage 2: the plain mean of ``confirm_examples`` forget training examples, or its anytime
-Hoeffding upper bound, ``<= stop_tolerance``) and sets ``control.should_training_stop`` when it is confirmed; a run
-that reaches ``max_steps`` first records ``stop_reason="budget"`` and warns. The callback is an ``ExportableState``:
-its history and decision are saved in every checkpoint's ``trainer_state.json`` and restored on resume, and
-``masc_stopping.json`` is written beside the weights.
-
-Every probe tokenizes its rows as the training set is tokenized (the same ``prompt_template`` and
-``max_length``), so the stopping rule measures the tokens the loss acts on.
-
-Documents (a list of strings, a path, a ``text`` dataset) are cut into chunks of ``max_length`` tokens as for
-every trainer; a chunk has no question, so the whole chunk is its "answer": the continuation is what follows a
-cut at a random 20-60% (``continuation_cut_min_ratio`` .. ``_max_ratio``) of the chunk's tokens, and the probes
-measure chunks alike. With ``stop_probe="heldout"`` the held-out slice is whole documents.
-
-Deviations from the authors' script, named: the random continuation cuts are drawn from generators seeded by
-``(seed, step, micro-batch)`` (training) and ``(seed, step, stage)`` (probes) rather than Python's global RNG, so
-that a resumed run is exact; under gradient accumulation the hinge is averaged over the active tokens of the
-whole optimizer step (the authors do not accumulate); by default the epoch is one pass over the forget set
-(``epoch_length="max(forget,retain)"`` is the authors' epoch, which cycles the forget set over the retain set's
-length; it only matters for an epoch budget).
+The loss is ``forget_weight`` times the buffered hinge (:func:`~hf_unlearn.methods.masc.loss.buffered_hinge_loss`)
+on the continuation of each forget answer (:func:`~hf_unlearn.methods.masc.loss.continuation_mask`), plus
+``retain_weight * KL(pi_0 || pi_theta)`` on retain answers, with the weights and thresholds of the config's
+``recipe`` (``"auto"`` resolved here from the model's parameter count). The two-stage stopping rule is
+:class:`~hf_unlearn.methods.masc.stopping.MarginStoppingCallback`, saved in every checkpoint and restored on
+resume. The random continuation cuts come from generators seeded by ``(seed, step, micro-batch)`` (training) and
+``(seed, step, stage)`` (probes), so a resumed run is exact. Documents are cut into chunks of ``max_length`` tokens;
+a chunk is its own answer.
 """
 
 from __future__ import annotations
@@ -34,12 +16,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from ...data import overlapping_examples
 from ...partitioning import vocab_size
@@ -47,7 +29,7 @@ from ...result import TrainingOutcome
 from ..base.guards import any_process
 from ..base.losses import LossDenominators, answer_mask, kl_retain_loss
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, PairedForgetRetainDataset, as_dataset, to_trl_format
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import MASCConfig
 from .loss import (
     buffered_hinge_loss,
@@ -59,6 +41,10 @@ from .loss import (
     violation_rate_tensor,
 )
 from .stopping import MarginStoppingCallback, split_validation
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 ACTIVE_MASK_KEY = "masc_active_mask"
 
@@ -78,20 +64,21 @@ class MASCTrainer(UnlearningTrainer):
 
     Loss of a step: ``forget_weight * (1/|A|) sum_{t in A} h(m_t)`` over the active forget answer positions ``A``
     (the continuation after a random cut, or the whole answer with ``penalty="full"``), ``h`` the buffered hinge
-    ``relu(m - (tau - eta)) / eta`` (or the plain ``relu(m - tau)``), plus ``retain_weight * KL(pi_0 || pi_theta)``
-    on retain answers when ``retain_weight > 0``. Without a ``peft_config`` the trainer builds the LoRA adapter
-    of ``args.get_peft_config()`` (``use_peft=True``, the authors' setting), and ``pi_0`` is the model with the
-    adapter disabled. :class:`MarginStoppingCallback` decides when to stop; ``stopped_at_step``, ``stop_reason``
-    (``"rule"`` or ``"budget"``) and ``violation_history`` report the outcome, :meth:`save_model` writes
-    ``masc_stopping.json`` beside the weights (and in every checkpoint), and the model card has a *Stopping*
-    section.
+    ``relu(m - (tau - eta)) / eta`` (or ``relu(m - tau)``), plus ``retain_weight * KL(pi_0 || pi_theta)`` on retain
+    answers when ``retain_weight > 0``. Without a ``peft_config`` it builds the LoRA adapter of
+    ``args.get_peft_config()`` and ``pi_0`` is the model with the adapter disabled.
 
-    ``calibrate_stop_on``: rows the model never trained on (e.g. TOFU's holdout authors; refused when they share
-    a row with the forget or retain set); without them, the holdout rows of a selection criterion among the
-    ``callbacks``. With ``calibrate_stop=True`` (the default) the starting model's mean per-example violation rate
-    on them at step 0 replaces ``stop_trigger`` and ``stop_tolerance`` (a threshold given below it is refused):
-    the rule then stops once the forget set looks as the never-seen rows do. Without such rows one log line
-    says the stop uses the fixed threshold.
+    :class:`MarginStoppingCallback` decides when to stop; ``stopped_at_step``, ``stop_reason`` (``"rule"`` or
+    ``"budget"``) and ``violation_history`` report it, ``masc_stopping.json`` is written beside the weights (and in
+    every checkpoint), and the model card has a *Stopping* section. ``calibrate_stop_on``: rows the model never
+    trained on (refused when they share a row with the forget or retain set; default: the holdout rows of a
+    selection criterion among ``callbacks``); with ``calibrate_stop`` the starting model's violation rate on them
+    replaces ``stop_trigger`` and ``stop_tolerance``.
+
+    Private ``Trainer`` methods overridden, each because no public hook does the job: ``_load_callback_state``
+    (the rule's state is restored on resume whatever ``restore_callback_states_from_checkpoint`` says, and its
+    probe re-attached to the restored callback) and ``_save`` (``masc_stopping.json`` is written in the folder
+    being built, on every save path, checkpoints included).
 
     Example::
 
@@ -114,16 +101,16 @@ class MASCTrainer(UnlearningTrainer):
         model: str | PreTrainedModel,
         args: MASCConfig | None = None,
         data_collator: Callable | None = None,
-        train_dataset: Dataset | Sequence[dict[str, Any]] | None = None,
-        retain_dataset: Dataset | Sequence[dict[str, Any]] | None = None,
-        eval_dataset: Dataset | dict[str, Dataset] | None = None,
-        processing_class: Any = None,
-        callbacks: list | None = None,
-        optimizers: tuple = (None, None),
-        optimizer_cls_and_kwargs: tuple | None = None,
-        quantization_config: Any = None,
-        peft_config: Any = None,
-        calibrate_stop_on: Dataset | Sequence[dict[str, Any]] | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        calibrate_stop_on: Rows | None = None,
     ):
         if args is not None and not isinstance(args, MASCConfig):
             raise TypeError(f"MASCTrainer needs a MASCConfig, got {type(args).__name__}.")
@@ -427,7 +414,7 @@ class MASCTrainer(UnlearningTrainer):
         margins, mask = restricted_margin(forget.logits, forget.labels, args.top_k, args.margin_beta)
         if args.penalty == "full":
             active, n_active = mask, denominators.forget_tokens
-        elif ACTIVE_MASK_KEY in inputs and self._in_training_step and self._step_active_tokens is not None:
+        elif ACTIVE_MASK_KEY in inputs and self.in_training_step and self._step_active_tokens is not None:
             active, n_active = inputs[ACTIVE_MASK_KEY].to(mask.device), self._step_active_tokens.to(mask.device)
         else:  # outside a training step (evaluation, direct calls): this batch's own cut and count
             active = self.active_mask(forget.labels.cpu(), _seeded(args.seed)).to(mask.device)

@@ -1,40 +1,38 @@
-"""PDU (Primal-Dual Unlearning): a trainer that flattens the forget answers' logits under a constraint on the
-retain loss, with the retain weight as a dual variable.
+"""PDU (Primal-Dual Unlearning): flatten the forget answers' logits under a constraint on the retain loss, with the
+retain weight as a dual variable.
 
 The loss of a step is the Lagrangian :func:`hf_unlearn.methods.pdu.loss.pdu_loss`,
-``forget_weight * L_forget + w * (L_retain - eps)``, with ``L_forget`` the logit-margin flattening loss
-(:func:`~hf_unlearn.methods.pdu.loss.pdu_forget_loss`) and ``L_retain`` the retain NLL (or KL) of the shared
-trainer (:meth:`UnlearningTrainer.retain_term`). After each optimizer step past the warm-up epochs the dual
-variable moves, ``w <- max(0, w + dual_step_size * (L_retain - eps))``
-(:func:`~hf_unlearn.methods.pdu.loss.dual_update`), with ``L_retain`` the retain loss of that whole step.
-
-:class:`DualVariableCallback` holds ``w``; it is an ``ExportableState``, so ``w`` is saved in every checkpoint's
-``trainer_state.json`` and restored on resume (whatever ``restore_callback_states_from_checkpoint`` says), and a
-resumed run continues with the dual variable of the step it left.
-
-Deviations from open-unlearning's ``src/trainer/unlearn/pdu.py``, named: ``w`` moves once per optimizer step by
-the retain loss of the whole step, averaged over processes (open-unlearning moves it after every micro-batch by
-that micro-batch's loss on each process, and also during evaluation), so that every process holds the same ``w``
-and evaluation does not change training; the warm-up is counted from the epoch a step starts in (the same steps
-as open-unlearning's epoch-end switch, and exact across a resume); only ``dual_update_upon="step"`` is offered
-(open-unlearning's ``"epoch"`` rescans the retain set at each epoch end); the primal-dual update is always on
-(``dual_step_size=0`` is the fixed-weight variant, open-unlearning's ``primal_dual=False``).
+``forget_weight * L_forget + w * (L_retain - eps)``; after each optimizer step past the warm-up epochs
+``w <- max(0, w + dual_step_size * (L_retain - eps))`` (:func:`~hf_unlearn.methods.pdu.loss.dual_update`), with
+``L_retain`` the retain loss of that whole step averaged over processes. :class:`DualVariableCallback` holds ``w``
+and is saved in every checkpoint and restored on resume.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 from transformers.trainer_callback import ExportableState
 
 from ..base.losses import LossDenominators, answer_mask
 from ..base.pairing import RETAIN_PREFIX
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import PDUConfig
 from .loss import dual_update, pdu_forget_loss, pdu_loss
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 __all__ = ["DualVariableCallback", "PDUTrainer"]
 
@@ -86,7 +84,11 @@ class PDUTrainer(UnlearningTrainer):
     dual variable ``w`` (starting at ``retain_weight``) updated after each optimizer step past the warm-up.
     Defaults ([`PDUConfig`]) are open-unlearning's ``PDU.yaml``: ``dual_step_size`` 1, 5 warm-up epochs, both
     weights 1; ``retain_loss_eps`` is required. :attr:`dual_weight` is the current ``w``; it is logged as
-    ``dual_weight`` and saved in checkpoints."""
+    ``dual_weight`` and saved in checkpoints.
+
+    Private ``Trainer`` method overridden, because no public hook does the job: ``_load_callback_state`` (``w`` is
+    restored on resume whatever ``restore_callback_states_from_checkpoint`` says, and its step-loss hook
+    re-attached to the restored callback)."""
 
     _name = "PDU"
     _method = "pdu"
@@ -98,8 +100,28 @@ class PDUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "pdu"]
     config_class = PDUConfig
 
-    def __init__(self, model: Any, args: PDUConfig | None = None, *more: Any, **kwargs: Any):
-        super().__init__(model, args, *more, **kwargs)
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: PDUConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None,
+    ):
+        super().__init__(
+            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
+            peft_config=peft_config, ref_model=ref_model,
+        )
         self._step_retain_loss: torch.Tensor | None = None
         self.dual = DualVariableCallback(self.args.retain_weight, self.args.retain_loss_eps,
                                          self.args.dual_step_size, self.args.dual_warmup_epochs)
@@ -156,7 +178,7 @@ class PDUTrainer(UnlearningTrainer):
         if RETAIN_PREFIX + "labels" in inputs:
             local = answer_mask(inputs[RETAIN_PREFIX + "labels"]).sum().float()
             share = float(local / denominators.retain_tokens.clamp(min=1e-12))
-            if self._in_training_step:
+            if self.in_training_step:
                 done = retain_term.detach().float()
                 self._step_retain_loss = done if self._step_retain_loss is None else self._step_retain_loss + done
         self.log_metric("dual_weight", self.dual.weight)

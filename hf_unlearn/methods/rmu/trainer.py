@@ -1,38 +1,30 @@
 """RMU (Representation Misdirection for Unlearning): a trainer that steers the forget answers' hidden states at one
-layer to a fixed random vector and holds the retain answers' hidden states at that layer to the frozen model's.
-
-The loss is :func:`hf_unlearn.methods.rmu.loss.rmu_loss`; the hidden states are transformers'
-``output_hidden_states`` of the trained model (forget and retain halves of the batch) and, for the retain term,
-of the frozen starting model through the shared reference hook (:meth:`UnlearningTrainer.reference_scores`: the
-reference model, reloaded from its path under several processes, or the model with its PEFT adapter disabled).
-
-The control vector ``c * u`` is drawn once from a generator seeded by the run's ``seed`` (the same on every
-process), saved in every checkpoint (``rmu_control_vector.safetensors``) and reloaded on resume, so a resumed run
-steers to the same vector. Only the parameters matching ``trainable_params`` are trained.
-
-Deviations from open-unlearning's ``src/trainer/unlearn/rmu.py``, named: the control vector is drawn from a seeded
-generator rather than the global RNG at the first step (so that it is reproducible and resumable); the parameters
-outside ``trainable_params`` are frozen for the whole run (open-unlearning only hides them from the optimizer,
-so it still computes their gradients); the steered hidden state is ``output_hidden_states[layer + 1]`` (for the
-last layer: after the final norm) rather than a forward hook on ``model.layers.<layer>``; losses under gradient
-accumulation are divided by the sequences of the whole optimizer step (see
-:class:`~hf_unlearn.methods.base.losses.LossDenominators`).
+layer to a fixed random vector and holds the retain answers' hidden states at that layer to the frozen model's
+(:func:`hf_unlearn.methods.rmu.loss.rmu_loss`). The control vector is drawn once from ``seed``, saved in every
+checkpoint (``rmu_control_vector.safetensors``) and reloaded on resume; only the parameters matching
+``trainable_params`` are trained.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ..base.losses import LossDenominators
 from ..base.pairing import RETAIN_PREFIX
-from ..base.trainer import UnlearningTrainer
+from ..base.trainer import Optimizers, Rows, UnlearningTrainer
 from .config import RMUConfig
 from .loss import activation_mse, rmu_control_vector, rmu_loss
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import BitsAndBytesConfig
 
 __all__ = ["CONTROL_VECTOR_NAME", "RMUTrainer"]
 
@@ -59,7 +51,11 @@ class RMUTrainer(UnlearningTrainer):
     2, both weights 1, every parameter trained.
 
     A ``layer`` the model does not have, or a ``trainable_params`` pattern that matches no trainable parameter, is
-    refused before any work. :attr:`control_vector` is the ``[H]`` target of the forget hidden states."""
+    refused before any work. :attr:`control_vector` is the ``[H]`` target of the forget hidden states.
+
+    Private ``Trainer`` methods overridden, because no public hook does the job: ``_save_optimizer_and_scheduler``
+    and ``_load_optimizer_and_scheduler`` (the control vector goes into each checkpoint and is read back before
+    the first resumed step)."""
 
     _name = "RMU"
     _method = "rmu"
@@ -70,8 +66,28 @@ class RMUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "rmu"]
     config_class = RMUConfig
 
-    def __init__(self, model: Any, args: RMUConfig | None = None, *more: Any, **kwargs: Any):
-        super().__init__(model, args, *more, **kwargs)
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: RMUConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None,
+        eval_dataset: Rows | dict[str, Rows] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: Optimizers = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None,
+    ):
+        super().__init__(
+            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
+            peft_config=peft_config, ref_model=ref_model,
+        )
         unwrapped = self.accelerator.unwrap_model(self.model)
         self._check_trainable(unwrapped, self.args)
         for name, param in unwrapped.named_parameters():
