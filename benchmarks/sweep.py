@@ -61,7 +61,10 @@ class SweepPair:
     holdout: list[dict[str, Any]]
     validation: list[dict[str, Any]]
     forget_eval: list[dict[str, Any]]
+    utility_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    rows_per_author: int = 20
     reference_tr: list[float] = field(default_factory=list)
+    target_utility: float | None = None
     criteria: dict[str | None, Any] = field(default_factory=dict)
 
 
@@ -79,6 +82,7 @@ def build_pair(subject: str, authors: str, data: str, cache_dir: str, tiny_epoch
 
     from hf_unlearn.data import load_tofu_rows
     from hf_unlearn.demo import build_tiny_pair, recipe_for
+    from hf_unlearn.evaluation.tofu_stats import evaluation_splits
 
     recipe = SmallRecipe.v2(subject if subject != "tofu-tiny" else "smollm2-135m", forget_offset=AUTHOR_OFFSETS[authors])
     if subject == "tofu-tiny":
@@ -92,10 +96,11 @@ def build_pair(subject: str, authors: str, data: str, cache_dir: str, tiny_epoch
     else:
         pair = build_small_pair(subject, data, recipe=recipe, cache_dir=cache_dir, progress=False)
         target, retain, base, source, n_retain = pair.target, pair.retain, pair.base, Path(pair.source), None
+    utility = {s.name: load_tofu_rows(s.config, str(source)) for s in evaluation_splits("forget10")[1:]}
     return SweepPair(subject, Path(target), Path(retain), Path(source), base and Path(base),
                      load_tofu_rows("forget10", str(source)), load_tofu_rows("retain90", str(source))[:n_retain],
                      load_tofu_rows("holdout10", str(source)), small_retain_validation_rows(source),
-                     load_tofu_rows("forget10_perturbed", str(source)))
+                     load_tofu_rows("forget10_perturbed", str(source)), utility)
 
 
 def score_forget(model: Any, tokenizer: Any, pair: SweepPair, scorer: Any = None,
