@@ -12,7 +12,8 @@ model, no torch) so that the protocol's guarantees are tested directly:
 * a finished configuration is stored under a key of its content (:func:`configuration_key`), so a sweep stopped
   midway resumes where it stopped (:class:`SweepLog`);
 * :func:`best_forget_quality_at_utility` is the oracle view beside the rule's pick: the best forget quality among
-  the candidates that keep model utility at or above 90% of the target's.
+  the candidates that keep model utility at or above 90% of the target's (the sweep measures candidates without
+  generation, so their utility is :func:`model_utility_without_generation`).
 """
 
 from __future__ import annotations
@@ -145,6 +146,29 @@ def best_forget_quality_at_utility(
     if not kept:
         return None
     return max(kept, key=lambda ic: (ic[1]["forget_quality"], -ic[0]))[0]
+
+
+def model_utility_without_generation(splits: Mapping[str, Mapping[str, Sequence[float]]]) -> float:
+    """The truth-ratio and probability part of TOFU's model utility, for candidates scored without generation:
+    ``H(mean_i prob_i, mean_i max(0, 1 - tr_i) for each split)``, ``H`` the harmonic mean (0 when any part is 0);
+    ``splits`` maps each utility split (retain, real authors, world facts) to its per-row ``prob`` and
+    ``truth_ratio``."""
+    parts = []
+    for rows in splits.values():
+        parts.append(sum(rows["prob"]) / len(rows["prob"]))
+        parts.append(sum(max(0.0, 1.0 - t) for t in rows["truth_ratio"]) / len(rows["truth_ratio"]))
+    if not parts or min(parts) <= 0:
+        return 0.0
+    return len(parts) / sum(1.0 / v for v in parts)
+
+
+def utility_matched_view(candidates: Sequence[Mapping[str, Any]], target_utility: float,
+                         fraction: float = 0.9) -> dict[str, Any] | None:
+    """The oracle view over every scored candidate of one method (``candidates``: dicts with ``forget_quality``,
+    ``model_utility`` and where they came from): the one :func:`best_forget_quality_at_utility` picks, ``None`` when
+    none keeps ``fraction`` of the target's utility."""
+    index = best_forget_quality_at_utility(candidates, target_utility, fraction)
+    return None if index is None else dict(candidates[index])
 
 
 def _finite(value: Any) -> bool:
