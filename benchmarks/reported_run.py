@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tiny-epochs", type=int, default=None,
                         help="TOFU-tiny: train the pair for N epochs instead of 40 (as the tuning sweep did)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="generation length (default: TOFU's 200)")
+    parser.add_argument("--resamples", type=int, default=N_RESAMPLES, help="cluster-bootstrap resamples")
     args = parser.parse_args(argv)
 
     plan = sweep.planned_configurations(args.methods, args.chosen)
@@ -271,15 +272,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _, tokenizer = load_tiny(pair.target)
     out = Path(args.out)
     log = protocol.SweepLog(out / "reported.json")
-    context = {**sweep.context_of(pair, args.selection_steps), "max_new_tokens": args.max_new_tokens,
-               "bootstrap": [N_RESAMPLES, BOOTSTRAP_SEED]}
+    # what a method's per-row evaluation depends on; the bootstrap is applied afterwards, from the stored rows
+    context = {**sweep.context_of(pair, args.selection_steps), "max_new_tokens": args.max_new_tokens}
     header = {"protocol": "docs/tuning-protocol.md", "subject": args.subject, "authors": sweep.AUTHOR_NAMES[split],
               "chosen": args.chosen, "context": context, "plan": plan,
+              "bootstrap": {"n_resamples": args.resamples, "seed": BOOTSTRAP_SEED, "confidence": 0.95},
               "provenance": {**sweep.provenance(argv), "command": "python benchmarks/reported_run.py "
                              + " ".join(argv if argv is not None else sys.argv[1:]),
                              "hf_unlearn": __version__, "data": args.data,
-                             "forget_offset_authors": sweep.AUTHOR_OFFSETS[split],
-                             "bootstrap_seed": BOOTSTRAP_SEED}}
+                             "forget_offset_authors": sweep.AUTHOR_OFFSETS[split]}}
     for name, path in (("retain reference", pair.retain), ("target", pair.target)):
         key = protocol.configuration_key(f"__{name}__", {}, context)
         if not log.done(key):
@@ -295,23 +296,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{method} {overrides}", flush=True)
         record = run_chosen(method, settings, pair, tokenizer, args.selection_steps, args.max_new_tokens)
         log.add(key, {**record, "overrides": overrides, "seed": settings.get("seed")}, header)
-    return write_outputs(out, log.records, header, pair.rows_per_author)
+    return write_outputs(out, log.records, header, pair.rows_per_author, args.resamples)
 
 
 def write_outputs(out: Path, records: Mapping[str, Mapping[str, Any]], header: Mapping[str, Any],
-                  rows_per_author: int) -> dict[str, Any]:
+                  rows_per_author: int, n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
     """Every model's figures and the paired comparisons, into ``reported.md`` (``reported.json`` holds the rows)."""
     from hf_unlearn.safe_output import atomic_write_text
 
     by_method = {r["method"]: r for r in records.values()}
     reference, target = by_method["__retain reference__"]["evaluation"], by_method["__target__"]["evaluation"]
-    figures = {m: method_figures(r["evaluation"], reference, target, rows_per_author)
+    figures = {m: method_figures(r["evaluation"], reference, target, rows_per_author, n_resamples)
                for m, r in by_method.items() if m != "__retain reference__"}
     methods = {m: f for m, f in figures.items() if not m.startswith("__")}
     baseline = best_baseline(methods)
     comparisons = {m: {"baseline": baseline, **paired_comparison(by_method[m]["evaluation"],
                                                                 by_method[baseline]["evaluation"], reference,
-                                                                rows_per_author)}
+                                                                rows_per_author, n_resamples)}
                    for m in methods if m in PAPER_METHODS and baseline is not None}
     atomic_write_text(out / "reported.md", markdown(figures, comparisons, header))
     return {"figures": figures, "comparisons": comparisons, "best_baseline": baseline}

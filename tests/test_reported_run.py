@@ -74,7 +74,8 @@ def test_the_reported_run_end_to_end_and_resumed(reported, tiny_pair, synthetic,
                                              "grom": {"overrides": {"ridge": 1e-2}}}}))
     out = tmp_path / "out"
     argv = ["--authors", "1-4", "--chosen", str(chosen), "--out", str(out), "--cache-dir", str(tmp_path),
-            "--methods", "grad_ascent", "grom", "--selection-steps", "2", "--max-new-tokens", "4"]
+            "--methods", "grad_ascent", "grom", "--selection-steps", "2", "--max-new-tokens", "4",
+            "--resamples", "200"]
     result = reported.main(argv)
     figures = result["figures"]
     assert set(figures) == {"__target__", "grad_ascent", "grom"}
@@ -85,6 +86,7 @@ def test_the_reported_run_end_to_end_and_resumed(reported, tiny_pair, synthetic,
     assert result["best_baseline"] == "grad_ascent" and list(result["comparisons"]) == ["grom"]
     saved = json.loads((out / "reported.json").read_text())
     assert saved["authors"] == "forget10 authors 1-4" and "hf_unlearn" in saved["provenance"]
+    assert saved["bootstrap"]["n_resamples"] == 200 and figures["grom"]["n_resamples"] == 200
     assert saved["provenance"]["command"].startswith("python benchmarks/reported_run.py --authors 1-4")
     ga = next(r for r in saved["configurations"].values() if r["method"] == "grad_ascent")
     assert ga["settings"]["learning_rate"] == 3e-3 and ga["selection"]["candidates"]
