@@ -44,6 +44,7 @@ AUTHOR_NAMES = {"tuning": "forget10 authors 5-8", "reported": "forget10 authors 
                 "replication": "forget10 authors 13-16"}
 N_RESAMPLES = 1000  # the chosen candidate's interval by author
 PROBE_RESAMPLES = 200  # every other candidate's (it is shown, never read by a rule)
+AXIS_KEYS = ("learning_rate", "ridge", "rank", *(key for key, _ in protocol.MAIN_WEIGHTS.values()))
 
 
 @dataclass
@@ -215,6 +216,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", required=True, help="folder of sweep.json, chosen.json, sweep.md and the figures")
     parser.add_argument("--methods", nargs="+", default=[*protocol.TRAINERS, "grom", "t3"])
     parser.add_argument("--selection-steps", type=int, default=5, help="criterion reading every N optimizer steps")
+    parser.add_argument("--second-axis", action="store_true",
+                        help="join each learning rate with every value of the method's main weight (NPO's beta, "
+                             "SimNPO's delta, GradDiff's retain weight, ATWU's token budget)")
     parser.add_argument("--stop-after", type=int, default=None, help="run at most N new configurations, then stop")
     parser.add_argument("--tiny-epochs", type=int, default=None,
                         help="TOFU-tiny: train the pair for N epochs instead of 40 (a smaller pair for a slow machine)")
@@ -223,7 +227,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("Only the tuning authors are swept; the reported and replication runs are "
                      "benchmarks/reported_run.py.")
 
-    plan = planned_configurations(args.methods, None)  # refuses unequal budgets before any work
+    try:  # refuses unequal budgets before any work
+        plan = planned_configurations(args.methods, None, args.second_axis)
+    except ValueError as error:
+        parser.error(str(error))
     from unlearn_bench.registry import load_subject_presets
 
     from hf_unlearn.demo import load_tiny
@@ -242,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     context = context_of(pair, args.selection_steps)
     header = {"protocol": "docs/tuning-protocol.md", "subject": args.subject, "authors": AUTHOR_NAMES[args.authors],
               "context": context, "plan": plan, "target_model_utility": pair.target_utility,
+              "settings": {m: [{**presets[m]["demo"], **o} for o in configs] for m, configs in plan.items()},
               "provenance": provenance(argv)}
     ran = 0
     for method, configs in plan.items():
@@ -259,12 +267,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return write_outputs(out, log.records, plan, header)
 
 
-def planned_configurations(methods: list[str], chosen_path: str | None) -> dict[str, list[dict[str, Any]]]:
+def planned_configurations(methods: list[str], chosen_path: str | None,
+                           second_axis: bool = False) -> dict[str, list[dict[str, Any]]]:
     """The protocol's configurations of ``methods`` (equal counts checked), or each method's chosen one."""
     import json
 
     if chosen_path is None:
-        return protocol.protocol_configurations(methods)
+        return protocol.protocol_configurations(methods, second_axis)
     chosen = json.loads(Path(chosen_path).read_text(encoding="utf-8"))["chosen"]
     missing = [m for m in methods if m not in chosen]
     if missing:
@@ -295,6 +304,8 @@ def write_outputs(out: Path, records: dict[str, dict[str, Any]], plan: dict[str,
     finished configurations."""
     from hf_unlearn.safe_output import atomic_write_json, atomic_write_text
 
+    if "settings" in header:
+        records = planned_records(records, plan, header["settings"])
     chosen = choose(records, plan)
     atomic_write_json(out / "chosen.json", {"protocol": header["protocol"], "authors": header["authors"],
                                             "chosen": chosen})
@@ -303,6 +314,19 @@ def write_outputs(out: Path, records: dict[str, dict[str, Any]], plan: dict[str,
     plot(out / "tradeoff.png", records, plan)
     plot_utility(out / "utility.png", records, plan, header.get("target_model_utility"))
     return {"chosen": chosen, "finished": len(records), "utility_view": view}
+
+
+def planned_records(records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, Any]]],
+                    settings: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The finished record of each planned configuration, found by its full settings (a configuration the log
+    holds under another plan with the same settings is the same run), labelled with this plan's overrides."""
+    out = {}
+    for method, configs in plan.items():
+        for overrides, full in zip(configs, settings[method]):
+            r = next((r for r in records.values() if r["method"] == method and r["settings"] == full), None)
+            if r is not None:
+                out[f"{method}/{len(out)}"] = {**r, "overrides": overrides}
+    return out
 
 
 def scored_candidates(records: dict[str, dict[str, Any]], method: str,
@@ -380,7 +404,7 @@ def markdown(records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, 
         cost = 0.0
         for i, overrides in enumerate(configs):
             r = _find(records, method, overrides)
-            label = ", ".join(f"{k} {v:g}" for k, v in overrides.items() if k in ("learning_rate", "ridge", "rank"))
+            label = ", ".join(f"{k} {v:g}" for k, v in overrides.items() if k in AXIS_KEYS)
             if r is None:
                 lines.append(f"| {method} | {label} | not run yet | | | | | | | | |")
                 continue

@@ -79,3 +79,19 @@ def test_only_the_tuning_authors_are_swept(sweep, tmp_path):
         with pytest.raises(SystemExit):
             sweep.main(["--authors", authors, "--cache-dir", str(tmp_path), "--output", str(tmp_path / "o")])
     assert sweep.calls == []
+
+
+def test_the_second_axis_reuses_stored_settings_and_refuses_a_method_without_a_weight(sweep, tmp_path, monkeypatch):
+    monkeypatch.setattr("unlearn_bench.registry.load_subject_presets",
+                        lambda subject: {"npo": {"demo": {"seed": 0, "beta": 0.1}}})
+    argv = ["--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "out"), "--methods", "npo"]
+    sweep.main(argv)
+    assert len(sweep.calls) == 4
+    out = sweep.main([*argv, "--second-axis"])
+    assert len(sweep.calls) == 8  # the beta 0.1 configurations are the stored ones: only beta 0.5 ran
+    assert out["finished"] == 8 and list(out["chosen"]) == ["npo"]
+    table = (tmp_path / "out" / "sweep.md").read_text()
+    assert "8 of 8 configurations finished" in table and "learning_rate 0.0003, beta 0.5" in table
+    with pytest.raises(SystemExit):
+        sweep.main([*argv, "grad_ascent", "--second-axis"])
+    assert len(sweep.calls) == 8

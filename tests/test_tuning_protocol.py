@@ -119,3 +119,12 @@ def test_model_utility_without_generation_and_the_oracle_over_scored_candidates(
                   {"forget_quality": 0.05, "model_utility": None, "configuration": 2}]  # not measured
     assert protocol.utility_matched_view(candidates, 0.5)["configuration"] == 1
     assert protocol.utility_matched_view(candidates, 0.9) is None
+
+
+def test_the_second_axis_joins_each_main_weight_with_every_learning_rate(protocol):
+    configs = protocol.protocol_configurations(["npo", "simnpo", "grad_diff", "atwu"], second_axis=True)
+    assert protocol.check_equal_budget(configs) == 2 * len(protocol.LEARNING_RATES)
+    assert [(c["learning_rate"], c["beta"]) for c in configs["npo"][:3]] == [(1e-5, 0.1), (1e-5, 0.5), (3e-5, 0.1)]
+    assert {c["budget"] for c in configs["atwu"]} == {0.2, 0.4}
+    with pytest.raises(ValueError, match="grom"):
+        protocol.protocol_configurations(["npo", "grom"], second_axis=True)
