@@ -259,7 +259,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="generation length (default: TOFU's 200)")
     parser.add_argument("--resamples", type=int, default=N_RESAMPLES, help="cluster-bootstrap resamples")
     args = parser.parse_args(argv)
+    import json
 
+    tuned_on = json.loads(Path(args.chosen).read_text(encoding="utf-8")).get("authors")
+    if tuned_on != sweep.AUTHOR_NAMES["tuning"]:
+        parser.error(f"{args.chosen} was chosen on {tuned_on!r}; the reported run takes configurations chosen on "
+                     f"{sweep.AUTHOR_NAMES['tuning']}.")
     plan = sweep.planned_configurations(args.methods, args.chosen)
     from unlearn_bench.registry import load_subject_presets
 

@@ -70,7 +70,7 @@ def test_the_reported_run_end_to_end_and_resumed(reported, tiny_pair, synthetic,
     monkeypatch.setattr(reported, "build_pair", lambda *a: pair)
     monkeypatch.setattr("unlearn_bench.registry.load_subject_presets", lambda subject: presets)
     chosen = tmp_path / "chosen.json"
-    chosen.write_text(json.dumps({"chosen": {"grad_ascent": {"overrides": {"learning_rate": 3e-3}},
+    chosen.write_text(json.dumps({"authors": "forget10 authors 5-8", "chosen": {"grad_ascent": {"overrides": {"learning_rate": 3e-3}},
                                              "grom": {"overrides": {"ridge": 1e-2}}}}))
     out = tmp_path / "out"
     argv = ["--authors", "1-4", "--chosen", str(chosen), "--out", str(out), "--cache-dir", str(tmp_path),
@@ -102,4 +102,8 @@ def test_the_reported_run_end_to_end_and_resumed(reported, tiny_pair, synthetic,
     again = reported.main(argv)
     assert again["comparisons"] == result["comparisons"]
     with pytest.raises(SystemExit):
-        reported.main([*argv[:1], "5-8", *argv[2:]])
+        reported.main([*argv[:1], "5-8", *argv[2:]])  # never the tuning authors
+    other = tmp_path / "chosen_elsewhere.json"
+    other.write_text(json.dumps({**json.loads(chosen.read_text()), "authors": "forget10 authors 1-4"}))
+    with pytest.raises(SystemExit):
+        reported.main([*argv[:3], str(other), *argv[4:]])  # configurations not chosen on the tuning authors
