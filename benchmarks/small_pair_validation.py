@@ -6,7 +6,8 @@ selection criterion's record of the same candidates from a bench run.
 quality is measured for the chosen candidate only. This script measures it for all of them, scoring TOFU's forget
 split without generation (:func:`~hf_unlearn.evaluation.tofu_stats.evaluate_split` with ``generate=False``): the
 per-question truth ratios ``tr_i = exp(NLL(paraphrased_i) - mean_j NLL(perturbed_ij))`` and forget quality
-``KS_pvalue({tr_i}, {tr_i^ref})`` against the retain reference's, with its bootstrap interval.
+``KS_pvalue({tr_i}, {tr_i^ref})`` against the retain reference's and the KS statistic ``D``, each with its
+cluster-bootstrap interval over the forget authors (20 rows each).
 
 * ``--method grom``: the exact path is refitted (each point's edit norm checked against the bench's record before
   anything is scored) and each point's edit applied to the target in turn, with GROM's own helpers.
@@ -48,6 +49,9 @@ EVAL_KWARGS = {"max_new_tokens": 64, "autocast_dtype": "bfloat16"}  # the v2 ben
 NORM_RTOL = 1e-3
 T3_FIT_CHECKS = ("steps_run", "best_epoch", "heldout_accuracy", "train_accuracy", "fit_forget_examples")
 MEASURED = ("shift_gap", "equivalence_pvalue", "retain_change")
+TOFU_ROWS_PER_AUTHOR = 20
+FQ_KEYS = ("forget_quality", "forget_quality_low", "forget_quality_high", "ks_statistic", "ks_statistic_low",
+           "ks_statistic_high")
 
 
 def bench_record(saved: dict[str, Any], method: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -112,15 +116,16 @@ def markdown(result: dict[str, Any]) -> str:
              f" candidate {s['best_within_tolerance']}; log10(best / chosen) = {_fmt(s['log10_regret'])}. Spearman "
              f"rank correlation of the criterion's closeness -|gap| with forget quality over the "
              f"{len(result['points'])} candidates: {s['spearman_closeness_vs_fq']:.2f} (p = {s['spearman_p']:.2g}).",
-             "", "| # | candidate | NLL shift gap | equivalence p | retain change | forget quality (95% interval) | "
-             "forget truth ratio | forget prob | |", "|" + "---|" * 9]
+             "", "| # | candidate | NLL shift gap | equivalence p | retain change | forget quality (95% interval by "
+             "author) | KS D (95% interval by author) | forget truth ratio | forget prob | |", "|" + "---|" * 10]
     for i, p in enumerate(result["points"]):
         mark = " ".join(m for m, on in (("chosen", i == s["chosen"]), ("best", i == s["best_within_tolerance"]),
                                         ("outside tolerance", p["retain_change"] > s["retain_tolerance"])) if on)
         lines.append(f"| {i} | {_label(p['candidate'])} | {p['shift_gap']:+.3f} | {p['equivalence_pvalue']:.3g} | "
                      f"{p['retain_change']:+.3f} | {p['forget_quality']:.3g} ({p['forget_quality_low']:.2g} - "
-                     f"{p['forget_quality_high']:.2g}) | {p['forget_truth_ratio']:.3f} | {p['forget_prob']:.3f} | "
-                     f"{mark} |")
+                     f"{p['forget_quality_high']:.2g}) | {_fmt(p.get('ks_statistic'), '.3f')} "
+                     f"({_fmt(p.get('ks_statistic_low'), '.3f')} - {_fmt(p.get('ks_statistic_high'), '.3f')}) | "
+                     f"{p['forget_truth_ratio']:.3f} | {p['forget_prob']:.3f} | {mark} |")
     lines += ["", f"The chosen candidate's forget quality as the bench measured it (full evaluation): "
               f"{result['bench_chosen_forget_quality']:.3g}; here {result['points'][s['chosen']]['forget_quality']:.3g}."]
     if result.get("bench_agreement"):
@@ -139,9 +144,10 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 
 
 def score_forget(model: Any, tokenizer: Any, rows: list[dict[str, Any]], reference_tr: list[float],
-                 scorer: Any = None) -> dict[str, Any]:
-    """One candidate's forget truth ratios, truth ratio, probability and forget quality (with its interval)."""
-    from hf_unlearn.evaluation.metrics import forget_quality_interval
+                 scorer: Any = None, rows_per_author: int = TOFU_ROWS_PER_AUTHOR) -> dict[str, Any]:
+    """One candidate's forget truth ratios, truth ratio, probability, forget quality and KS statistic ``D`` (each
+    with its interval by author: ``rows`` are whole authors of ``rows_per_author`` rows)."""
+    from hf_unlearn.evaluation.cluster_bootstrap import author_clusters, forget_quality_by_author
     from hf_unlearn.evaluation.tofu import model_autocast
     from hf_unlearn.evaluation.tofu_stats import evaluate_split, evaluation_splits
 
@@ -149,10 +155,9 @@ def score_forget(model: Any, tokenizer: Any, rows: list[dict[str, Any]], referen
     with model_autocast(model, EVAL_KWARGS["autocast_dtype"]):
         split = evaluate_split(model, tokenizer, rows, spec, scorer=scorer, progress=False, generate=False)
     tr = split["per_example"]["truth_ratio"]
-    fq = forget_quality_interval(tr, reference_tr)
-    return {"forget_quality": fq["forget_quality"], "forget_quality_low": fq["forget_quality_low"],
-            "forget_quality_high": fq["forget_quality_high"], "forget_truth_ratio": split["truth_ratio"],
-            "forget_prob": split["prob"], "truth_ratios": tr}
+    fq = forget_quality_by_author(tr, reference_tr, author_clusters(len(tr), rows_per_author))
+    return {**{k: fq[k] for k in FQ_KEYS}, "forget_truth_ratio": split["truth_ratio"], "forget_prob": split["prob"],
+            "truth_ratios": tr}
 
 
 class SharedPassScorers:
@@ -322,8 +327,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", required=True, help="JSON; the table goes beside it as .md")
     parser.add_argument("--points", type=int, nargs="+", default=None,
                         help="score only these candidates of GROM or T3 (a check)")
-    parser.add_argument("--max-rows", type=int, default=None, help="score only the first N forget rows (a check)")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="score only the first N forget rows, whole authors (a multiple of 20; a check)")
     args = parser.parse_args(argv)
+    if args.max_rows is not None and (args.max_rows < 1 or args.max_rows % TOFU_ROWS_PER_AUTHOR):
+        parser.error(f"--max-rows must be whole authors (a multiple of {TOFU_ROWS_PER_AUTHOR}): the intervals "
+                     "resample authors.")
 
     from unlearn_bench.resume import model_fingerprint
 

@@ -1,15 +1,14 @@
-"""The equal-budget tuning sweep (``docs/tuning-protocol.md``): every method's configurations on one author split,
-each candidate scored by the criterion and TOFU's truth ratios, one configuration per method picked by the
-pre-registered rule, resumable by content.
+"""The equal-budget tuning sweep (``docs/tuning-protocol.md``): every method's configurations on the tuning authors,
+each candidate scored by the criterion, TOFU's truth ratios and model utility without generation, one configuration
+per method picked by the pre-registered rule, resumable by content.
 
     python benchmarks/sweep.py --subject tofu-tiny --authors tuning --data TOFU_DIR --cache-dir runs/cache \\
         --output benchmarks/results/tuning_sweep_tiny [--methods npo grad_diff ...] [--stop-after N]
-    python benchmarks/sweep.py --subject smollm2-135m --authors reported --chosen DIR/chosen.json ...
 
-``--authors``: ``tuning`` (forget10 authors 5-8), ``reported`` (1-4) or ``replication`` (13-16), each with its own
-pair. With ``--chosen`` (a tuning sweep's ``chosen.json``) each method runs only its chosen configuration. Writes
-``sweep.json`` (every finished configuration, keyed by content; a rerun skips them), ``chosen.json`` (the rule's
-pick per method whose configurations have all finished), ``sweep.md`` and ``tradeoff.png`` into ``--output``.
+Only the tuning authors (forget10 authors 5-8, their own pair) are swept; the reported and replication runs are
+``benchmarks/reported_run.py``. Writes ``sweep.json`` (every finished configuration, keyed by content; a rerun skips
+them), ``chosen.json`` (the rule's pick per method whose configurations have all finished), ``sweep.md`` (with the
+utility-matched view), ``tradeoff.png`` and ``utility.png`` into ``--output``.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ AUTHOR_NAMES = {"tuning": "forget10 authors 5-8", "reported": "forget10 authors 
                 "replication": "forget10 authors 13-16"}
 N_RESAMPLES = 1000  # the chosen candidate's interval by author
 PROBE_RESAMPLES = 200  # every other candidate's (it is shown, never read by a rule)
+AXIS_KEYS = ("learning_rate", "ridge", "rank", *(key for key, _ in protocol.MAIN_WEIGHTS.values()))
 
 
 @dataclass
@@ -61,7 +61,10 @@ class SweepPair:
     holdout: list[dict[str, Any]]
     validation: list[dict[str, Any]]
     forget_eval: list[dict[str, Any]]
+    utility_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    rows_per_author: int = 20
     reference_tr: list[float] = field(default_factory=list)
+    target_utility: float | None = None
     criteria: dict[str | None, Any] = field(default_factory=dict)
 
 
@@ -79,6 +82,7 @@ def build_pair(subject: str, authors: str, data: str, cache_dir: str, tiny_epoch
 
     from hf_unlearn.data import load_tofu_rows
     from hf_unlearn.demo import build_tiny_pair, recipe_for
+    from hf_unlearn.evaluation.tofu_stats import evaluation_splits
 
     recipe = SmallRecipe.v2(subject if subject != "tofu-tiny" else "smollm2-135m", forget_offset=AUTHOR_OFFSETS[authors])
     if subject == "tofu-tiny":
@@ -92,27 +96,37 @@ def build_pair(subject: str, authors: str, data: str, cache_dir: str, tiny_epoch
     else:
         pair = build_small_pair(subject, data, recipe=recipe, cache_dir=cache_dir, progress=False)
         target, retain, base, source, n_retain = pair.target, pair.retain, pair.base, Path(pair.source), None
+    utility = {s.name: load_tofu_rows(s.config, str(source)) for s in evaluation_splits("forget10")[1:]}
     return SweepPair(subject, Path(target), Path(retain), Path(source), base and Path(base),
                      load_tofu_rows("forget10", str(source)), load_tofu_rows("retain90", str(source))[:n_retain],
                      load_tofu_rows("holdout10", str(source)), small_retain_validation_rows(source),
-                     load_tofu_rows("forget10_perturbed", str(source)))
+                     load_tofu_rows("forget10_perturbed", str(source)), utility)
 
 
 def score_forget(model: Any, tokenizer: Any, pair: SweepPair, scorer: Any = None,
                  n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
     """A candidate's forget truth ratios (no generation), forget quality and the KS statistic, each with its
-    interval by author."""
+    interval by author, and (where the pair has utility rows) its model utility without generation
+    (:func:`tuning_protocol.model_utility_without_generation`)."""
     from hf_unlearn.evaluation.cluster_bootstrap import author_clusters, forget_quality_by_author
     from hf_unlearn.evaluation.tofu_stats import evaluate_split, evaluation_splits
 
-    spec = evaluation_splits("forget10")[0]
-    split = evaluate_split(model, tokenizer, pair.forget_eval, spec, scorer=scorer, progress=False, generate=False)
+    specs = evaluation_splits("forget10")
+    split = evaluate_split(model, tokenizer, pair.forget_eval, specs[0], scorer=scorer, progress=False, generate=False)
     tr = split["per_example"]["truth_ratio"]
+    utility = {}
+    if pair.utility_rows:
+        parts = {}
+        for spec in specs[1:]:
+            rows = evaluate_split(model, tokenizer, pair.utility_rows[spec.name], spec, scorer=scorer, progress=False,
+                                  generate=False)["per_example"]
+            parts[spec.name] = {"prob": rows["prob"], "truth_ratio": rows["truth_ratio"]}
+        utility = {"model_utility": protocol.model_utility_without_generation(parts)}
     if not pair.reference_tr:
-        return {"truth_ratios": tr, "forget_truth_ratio": split["truth_ratio"]}
-    fq = forget_quality_by_author(tr, pair.reference_tr, author_clusters(len(tr)), n_resamples=n_resamples)
-    return {**fq, "forget_truth_ratio": split["truth_ratio"], "forget_prob": split["prob"]}
-
+        return {"truth_ratios": tr, "forget_truth_ratio": split["truth_ratio"], **utility}
+    fq = forget_quality_by_author(tr, pair.reference_tr, author_clusters(len(tr), pair.rows_per_author),
+                                  n_resamples=n_resamples)
+    return {**fq, "forget_truth_ratio": split["truth_ratio"], "forget_prob": split["prob"], **utility}
 
 
 def make_criterion(pair: SweepPair, tokenizer: Any, template: str | None) -> Any:
@@ -199,18 +213,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--authors", choices=sorted(AUTHOR_OFFSETS), default="tuning")
     parser.add_argument("--data", default=os.environ.get("HF_UNLEARN_TOFU_DIR", "locuslab/TOFU"))
     parser.add_argument("--cache-dir", required=True)
-    parser.add_argument("--output", required=True, help="folder of sweep.json, chosen.json, sweep.md, tradeoff.png")
+    parser.add_argument("--output", required=True, help="folder of sweep.json, chosen.json, sweep.md and the figures")
     parser.add_argument("--methods", nargs="+", default=[*protocol.TRAINERS, "grom", "t3"])
-    parser.add_argument("--chosen", default=None, help="a tuning sweep's chosen.json: run only those configurations")
     parser.add_argument("--selection-steps", type=int, default=5, help="criterion reading every N optimizer steps")
+    parser.add_argument("--second-axis", action="store_true",
+                        help="join each learning rate with every value of the method's main weight (NPO's beta, "
+                             "SimNPO's delta, GradDiff's retain weight, ATWU's token budget)")
     parser.add_argument("--stop-after", type=int, default=None, help="run at most N new configurations, then stop")
     parser.add_argument("--tiny-epochs", type=int, default=None,
                         help="TOFU-tiny: train the pair for N epochs instead of 40 (a smaller pair for a slow machine)")
     args = parser.parse_args(argv)
-    if args.authors != "tuning" and args.chosen is None:
-        parser.error("Only the tuning authors are swept; the reported and replication runs take --chosen.")
+    if args.authors != "tuning":
+        parser.error("Only the tuning authors are swept; the reported and replication runs are "
+                     "benchmarks/reported_run.py.")
 
-    plan = planned_configurations(args.methods, args.chosen)  # refuses unequal budgets before any work
+    try:  # refuses unequal budgets before any work
+        plan = planned_configurations(args.methods, None, args.second_axis)
+    except ValueError as error:
+        parser.error(str(error))
     from unlearn_bench.registry import load_subject_presets
 
     from hf_unlearn.demo import load_tiny
@@ -221,11 +241,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     reference, _ = load_tiny(pair.retain)
     pair.reference_tr = score_forget(reference.eval(), tokenizer, pair)["truth_ratios"]
     del reference
+    target, _ = load_tiny(pair.target)
+    pair.target_utility = score_forget(target.eval(), tokenizer, pair).get("model_utility")
+    del target
     out = Path(args.output)
     log = protocol.SweepLog(out / "sweep.json")
     context = context_of(pair, args.selection_steps)
     header = {"protocol": "docs/tuning-protocol.md", "subject": args.subject, "authors": AUTHOR_NAMES[args.authors],
-              "context": context, "plan": plan, "provenance": provenance(argv)}
+              "context": context, "plan": plan, "target_model_utility": pair.target_utility,
+              "settings": {m: [{**presets[m]["demo"], **o} for o in configs] for m, configs in plan.items()},
+              "provenance": provenance(argv)}
     ran = 0
     for method, configs in plan.items():
         for overrides in configs:
@@ -242,12 +267,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return write_outputs(out, log.records, plan, header)
 
 
-def planned_configurations(methods: list[str], chosen_path: str | None) -> dict[str, list[dict[str, Any]]]:
+def planned_configurations(methods: list[str], chosen_path: str | None,
+                           second_axis: bool = False) -> dict[str, list[dict[str, Any]]]:
     """The protocol's configurations of ``methods`` (equal counts checked), or each method's chosen one."""
     import json
 
     if chosen_path is None:
-        return protocol.protocol_configurations(methods)
+        return protocol.protocol_configurations(methods, second_axis)
     chosen = json.loads(Path(chosen_path).read_text(encoding="utf-8"))["chosen"]
     missing = [m for m in methods if m not in chosen]
     if missing:
@@ -274,15 +300,88 @@ def provenance(argv: list[str] | None) -> dict[str, Any]:
 
 def write_outputs(out: Path, records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, Any]]],
                   header: dict[str, Any]) -> dict[str, Any]:
-    """``chosen.json`` and ``sweep.md`` (and ``tradeoff.png``) from the finished configurations."""
+    """``chosen.json``, ``sweep.md`` (with the utility-matched view), ``tradeoff.png`` and ``utility.png`` from the
+    finished configurations."""
     from hf_unlearn.safe_output import atomic_write_json, atomic_write_text
 
+    if "settings" in header:
+        records = planned_records(records, plan, header["settings"])
     chosen = choose(records, plan)
     atomic_write_json(out / "chosen.json", {"protocol": header["protocol"], "authors": header["authors"],
                                             "chosen": chosen})
-    atomic_write_text(out / "sweep.md", markdown(records, plan, chosen, header))
+    view = utility_view(records, plan, chosen, header.get("target_model_utility"))
+    atomic_write_text(out / "sweep.md", markdown(records, plan, chosen, header) + view_markdown(view, header))
     plot(out / "tradeoff.png", records, plan)
-    return {"chosen": chosen, "finished": len(records)}
+    plot_utility(out / "utility.png", records, plan, header.get("target_model_utility"))
+    return {"chosen": chosen, "finished": len(records), "utility_view": view}
+
+
+def planned_records(records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, Any]]],
+                    settings: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The finished record of each planned configuration, found by its full settings (a configuration the log
+    holds under another plan with the same settings is the same run), labelled with this plan's overrides."""
+    out = {}
+    for method, configs in plan.items():
+        for overrides, full in zip(configs, settings[method]):
+            r = next((r for r in records.values() if r["method"] == method and r["settings"] == full), None)
+            if r is not None:
+                out[f"{method}/{len(out)}"] = {**r, "overrides": overrides}
+    return out
+
+
+def scored_candidates(records: dict[str, dict[str, Any]], method: str,
+                      configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every scored candidate of ``method``'s finished configurations, in the protocol's order: its forget quality,
+    model utility (without generation), configuration index and candidate."""
+    out = []
+    for i, overrides in enumerate(configs):
+        r = _find(records, method, overrides)
+        for k, score in enumerate((r or {}).get("candidate_scores", [])):
+            if score and score.get("forget_quality") is not None:
+                out.append({"forget_quality": score["forget_quality"], "model_utility": score.get("model_utility"),
+                            "configuration": i, "candidate": r["selection"]["candidates"][k]})
+    return out
+
+
+def utility_view(records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, Any]]], chosen: dict[str, Any],
+                 target_utility: float | None) -> dict[str, dict[str, Any]]:
+    """Per method, the rule's pick (the user's view) beside the best forget quality among every scored candidate
+    that keeps 90% of the target's model utility (the oracle view, :func:`tuning_protocol.utility_matched_view`)."""
+    view = {}
+    for method, configs in plan.items():
+        pick = None
+        if method in chosen:
+            r = _find(records, method, chosen[method]["overrides"])
+            score = r["candidate_scores"][r["selection"]["index"]] or {}
+            pick = {"forget_quality": score.get("forget_quality"), "model_utility": score.get("model_utility"),
+                    "configuration": chosen[method]["index"]}
+        candidates = scored_candidates(records, method, configs)
+        oracle = (protocol.utility_matched_view(candidates, target_utility)
+                  if target_utility is not None else None)
+        view[method] = {"rule": pick, "oracle": oracle, "scored_candidates": len(candidates),
+                        "utility_measured": any(c["model_utility"] is not None for c in candidates)}
+    return view
+
+
+def view_markdown(view: dict[str, dict[str, Any]], header: dict[str, Any]) -> str:
+    target = header.get("target_model_utility")
+    lines = ["", "## The utility-matched view", "",
+             "Model utility here is the truth-ratio and probability part of TOFU's model utility (retain, real "
+             "authors, world facts; no generation), target "
+             f"{_fmt(target, '.3f')}. The oracle column reads forget quality, which the rule never does.", "",
+             "| method | the rule's pick: forget quality | its model utility | best forget quality at >= 90% of the "
+             "target's utility (oracle) | its model utility | its configuration, candidate | scored candidates |",
+             "|" + "---|" * 7]
+    for method, v in view.items():
+        rule, oracle = v["rule"] or {}, v["oracle"] or {}
+        measured = target is not None and v["utility_measured"]
+        where = (f"{oracle['configuration']}, {', '.join(f'{k} {c:g}' for k, c in oracle['candidate'].items())}"
+                 if oracle else "none keeps 90%" if measured else "utility not measured" if v["scored_candidates"]
+                 else "")
+        lines.append(f"| {method} | {_fmt(rule.get('forget_quality'))} | {_fmt(rule.get('model_utility'), '.3f')} | "
+                     f"{_fmt(oracle.get('forget_quality'))} | {_fmt(oracle.get('model_utility'), '.3f')} | {where} | "
+                     f"{v['scored_candidates']} |")
+    return "\n".join(lines) + "\n"
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
@@ -305,7 +404,7 @@ def markdown(records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, 
         cost = 0.0
         for i, overrides in enumerate(configs):
             r = _find(records, method, overrides)
-            label = ", ".join(f"{k} {v:g}" for k, v in overrides.items() if k in ("learning_rate", "ridge", "rank"))
+            label = ", ".join(f"{k} {v:g}" for k, v in overrides.items() if k in AXIS_KEYS)
             if r is None:
                 lines.append(f"| {method} | {label} | not run yet | | | | | | | | |")
                 continue
@@ -325,6 +424,48 @@ def markdown(records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, 
     return "\n".join(lines) + "\n"
 
 
+def plot_utility(path: Path, records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, Any]]],
+                 target_utility: float | None) -> None:
+    """Each method's forget quality against model utility (without generation), one line per configuration
+    through its candidates in order, and the 90% bar of the target's utility."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for n, (method, configs) in enumerate(plan.items()):
+        color, labelled = f"C{n % 10}", False
+        for i in range(len(configs)):
+            points = [(c["model_utility"], c["forget_quality"]) for c in scored_candidates(records, method, configs)
+                      if c["configuration"] == i and c["model_utility"] is not None and c["forget_quality"] > 0]
+            if points:
+                ax.plot(*zip(*points), marker="o", ms=3, lw=0.8, color=color, label=None if labelled else method)
+                labelled = True
+    if target_utility is not None:
+        ax.axvline(0.9 * target_utility, color="grey", ls="--", lw=0.8, label="90% of the target's utility")
+    ax.set_yscale("log")
+    ax.set_xlabel("model utility (truth ratio and probability part, no generation)")
+    ax.set_ylabel("forget quality (KS p-value)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> None:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from hf_unlearn.safe_output import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def plot(path: Path, records: dict[str, dict[str, Any]], plan: dict[str, list[dict[str, Any]]]) -> None:
     """Each method's candidates: forget quality against the retain change the criterion measured, one curve per
     configuration (the trade-off as the sweep sees it, without generation)."""
@@ -332,8 +473,6 @@ def plot(path: Path, records: dict[str, dict[str, Any]], plan: dict[str, list[di
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from hf_unlearn.safe_output import atomic_write_bytes
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method, configs in plan.items():
@@ -349,14 +488,9 @@ def plot(path: Path, records: dict[str, dict[str, Any]], plan: dict[str, list[di
     ax.set_yscale("log")
     ax.set_xlabel("retain change (nats/token, retain-validation authors)")
     ax.set_ylabel("forget quality (KS p-value)")
-    ax.legend(fontsize=7)
-    import io
-
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    _save(fig, path)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ model, no torch) so that the protocol's guarantees are tested directly:
 * a finished configuration is stored under a key of its content (:func:`configuration_key`), so a sweep stopped
   midway resumes where it stopped (:class:`SweepLog`);
 * :func:`best_forget_quality_at_utility` is the oracle view beside the rule's pick: the best forget quality among
-  the candidates that keep model utility at or above 90% of the target's.
+  the candidates that keep model utility at or above 90% of the target's (the sweep measures candidates without
+  generation, so their utility is :func:`model_utility_without_generation`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ TRAINERS = ("grad_ascent", "grad_diff", "npo", "simnpo", "atwu", "masc", "rmu", 
 #: (its candidates are the points of its exact strength path) and T3's head rank (its candidates the ``(T, w)``
 #: calibration grid).
 NON_TRAINER_AXES = {"grom": ("ridge", (1e-4, 1e-3, 1e-2, 1e-1)), "t3": ("rank", (5, 10, 20, 40))}
+#: The protocol's second axis: each method's one main weight, the method's default first, every value joined with
+#: every learning rate. A sweep with the second axis refuses a method that has none, so the counts stay equal.
+MAIN_WEIGHTS = {"npo": ("beta", (0.1, 0.5)), "simnpo": ("delta", (0.0, 1.0)),
+                "grad_diff": ("retain_weight", (1.0, 5.0)), "atwu": ("budget", (0.2, 0.4))}
 #: The criterion figures a configuration's outcome holds; forget quality is not among them.
 CRITERION_FIELDS = ("shift_gap", "equivalence_pvalue", "retain_change")
 
@@ -49,9 +54,16 @@ def trainer_schedule(epochs: int = EPOCHS, warmup_epochs: int = WARMUP_EPOCHS) -
             "max_steps": -1}
 
 
-def protocol_configurations(methods: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+def protocol_configurations(methods: Sequence[str], second_axis: bool = False) -> dict[str, list[dict[str, Any]]]:
     """Each method's configurations, as setting overrides: a trainer's :data:`LEARNING_RATES` with
-    :func:`trainer_schedule`, GROM's and T3's :data:`NON_TRAINER_AXES`. An unknown method is refused."""
+    :func:`trainer_schedule`, GROM's and T3's :data:`NON_TRAINER_AXES`; with ``second_axis``, each learning rate
+    joined with every value of the method's :data:`MAIN_WEIGHTS` (learning rate first in the order). An unknown
+    method, or with ``second_axis`` a method without a main weight, is refused."""
+    if second_axis:
+        missing = [m for m in methods if m not in MAIN_WEIGHTS]
+        if missing:
+            raise ValueError(f"The second axis gives every method the same number of configurations; {missing} have "
+                             f"no main weight (those with one: {sorted(MAIN_WEIGHTS)}).")
     out: dict[str, list[dict[str, Any]]] = {}
     for method in methods:
         if method in TRAINERS:
@@ -62,6 +74,9 @@ def protocol_configurations(methods: Sequence[str]) -> dict[str, list[dict[str, 
         else:
             raise ValueError(f"The tuning protocol has no configurations for {method!r}; it covers "
                              f"{sorted([*TRAINERS, *NON_TRAINER_AXES])}.")
+        if second_axis:
+            key, values = MAIN_WEIGHTS[method]
+            out[method] = [{**c, key: v} for c in out[method] for v in values]
     check_equal_budget(out)
     return out
 
@@ -145,6 +160,29 @@ def best_forget_quality_at_utility(
     if not kept:
         return None
     return max(kept, key=lambda ic: (ic[1]["forget_quality"], -ic[0]))[0]
+
+
+def model_utility_without_generation(splits: Mapping[str, Mapping[str, Sequence[float]]]) -> float:
+    """The truth-ratio and probability part of TOFU's model utility, for candidates scored without generation:
+    ``H(mean_i prob_i, mean_i max(0, 1 - tr_i) for each split)``, ``H`` the harmonic mean (0 when any part is 0);
+    ``splits`` maps each utility split (retain, real authors, world facts) to its per-row ``prob`` and
+    ``truth_ratio``."""
+    parts = []
+    for rows in splits.values():
+        parts.append(sum(rows["prob"]) / len(rows["prob"]))
+        parts.append(sum(max(0.0, 1.0 - t) for t in rows["truth_ratio"]) / len(rows["truth_ratio"]))
+    if not parts or min(parts) <= 0:
+        return 0.0
+    return len(parts) / sum(1.0 / v for v in parts)
+
+
+def utility_matched_view(candidates: Sequence[Mapping[str, Any]], target_utility: float,
+                         fraction: float = 0.9) -> dict[str, Any] | None:
+    """The oracle view over every scored candidate of one method (``candidates``: dicts with ``forget_quality``,
+    ``model_utility`` and where they came from): the one :func:`best_forget_quality_at_utility` picks, ``None`` when
+    none keeps ``fraction`` of the target's utility."""
+    index = best_forget_quality_at_utility(candidates, target_utility, fraction)
+    return None if index is None else dict(candidates[index])
 
 
 def _finite(value: Any) -> bool:

@@ -24,7 +24,7 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 LAB_TEST_MODULES = frozenset({
     "test_bench", "test_bench_bar", "test_bench_selection", "test_measure", "test_muse_bench",
     "test_small_pair_validation", "test_subjects", "test_subjects_precision", "test_subjects_v2",
-    "test_gpu_check", "test_sweep_resume", "test_tuning_protocol",
+    "test_gpu_check", "test_reported_run", "test_sweep_resume", "test_tuning_protocol",
 })
 
 

@@ -105,13 +105,28 @@ def test_t3_grid_scores_replayed_from_one_pass_equal_the_per_point_scorer(script
     shared = script.SharedPassScorers(lambda ids, mask, pos, labels: t3_candidate_log_probs(
         model, head, ids, labels, mask, pos, settings))
     for k, (t, w) in enumerate(settings):
-        replayed = script.score_forget(model, tok, rows, reference, scorer=shared.scorer(k))
-        direct = script.score_forget(model, tok, rows, reference, scorer=t3_scorer(model, head, t, w))
+        replayed = script.score_forget(model, tok, rows, reference, scorer=shared.scorer(k), rows_per_author=3)
+        direct = script.score_forget(model, tok, rows, reference, scorer=t3_scorer(model, head, t, w),
+                                     rows_per_author=3)
         np.testing.assert_allclose(replayed["truth_ratios"], direct["truth_ratios"], rtol=2e-3)
         assert replayed["forget_prob"] == pytest.approx(direct["forget_prob"], rel=2e-3)
     assert len(shared.kept) > 0
-    untilted = script.score_forget(model, tok, rows, reference)
+    untilted = script.score_forget(model, tok, rows, reference, rows_per_author=3)
     assert not np.allclose(untilted["truth_ratios"], direct["truth_ratios"], rtol=1e-2)  # the tilt changed them
+    # the intervals resample the two authors of 3 rows each, not the rows
+    from hf_unlearn.evaluation.cluster_bootstrap import forget_quality_by_author
+
+    by_author = forget_quality_by_author(untilted["truth_ratios"], reference, [0, 0, 0, 1, 1, 1])
+    assert {k: untilted[k] for k in script.FQ_KEYS} == {k: by_author[k] for k in script.FQ_KEYS}
+    with pytest.raises(ValueError, match="whole authors"):
+        script.score_forget(model, tok, rows, reference)  # 6 rows are not whole authors of 20
+
+
+def test_max_rows_must_be_whole_authors(script, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        script.main(["--method", "npo", "--cache-dir", str(tmp_path), "--bench-partial", str(tmp_path / "none.json"),
+                     "--output", str(tmp_path / "out.json"), "--max-rows", "30"])
+    assert "whole authors" in capsys.readouterr().err
 
 
 def test_the_probe_scores_every_checkpoint_the_selection_measures(script, tiny_pair, synthetic, tmp_path):

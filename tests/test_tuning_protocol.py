@@ -104,3 +104,27 @@ def test_best_forget_quality_at_ninety_percent_of_the_targets_utility(protocol):
     assert protocol.best_forget_quality_at_utility(candidates, 0.5) == 1
     assert protocol.best_forget_quality_at_utility(candidates, 0.5, fraction=0.8) == 2
     assert protocol.best_forget_quality_at_utility(candidates, 1.0) is None
+
+
+def test_model_utility_without_generation_and_the_oracle_over_scored_candidates(protocol):
+    splits = {"retain": {"prob": [0.5, 0.7], "truth_ratio": [0.2, 0.6]},   # prob 0.6, score mean(0.8, 0.4) = 0.6
+              "real_authors": {"prob": [0.3], "truth_ratio": [1.5]},       # score max(0, -0.5) = 0
+              "world_facts": {"prob": [0.4], "truth_ratio": [0.5]}}
+    assert protocol.model_utility_without_generation(splits) == 0.0  # one part is 0
+    splits["real_authors"]["truth_ratio"] = [0.7]
+    parts = [0.6, 0.6, 0.3, 0.3, 0.4, 0.5]
+    assert protocol.model_utility_without_generation(splits) == pytest.approx(6 / sum(1 / v for v in parts))
+    candidates = [{"forget_quality": 0.2, "model_utility": 0.3, "configuration": 0},
+                  {"forget_quality": 0.01, "model_utility": 0.5, "configuration": 1},
+                  {"forget_quality": 0.05, "model_utility": None, "configuration": 2}]  # not measured
+    assert protocol.utility_matched_view(candidates, 0.5)["configuration"] == 1
+    assert protocol.utility_matched_view(candidates, 0.9) is None
+
+
+def test_the_second_axis_joins_each_main_weight_with_every_learning_rate(protocol):
+    configs = protocol.protocol_configurations(["npo", "simnpo", "grad_diff", "atwu"], second_axis=True)
+    assert protocol.check_equal_budget(configs) == 2 * len(protocol.LEARNING_RATES)
+    assert [(c["learning_rate"], c["beta"]) for c in configs["npo"][:3]] == [(1e-5, 0.1), (1e-5, 0.5), (3e-5, 0.1)]
+    assert {c["budget"] for c in configs["atwu"]} == {0.2, 0.4}
+    with pytest.raises(ValueError, match="grom"):
+        protocol.protocol_configurations(["npo", "grom"], second_axis=True)
