@@ -102,7 +102,7 @@ def test_fit_grom_path_refuses_a_bad_grid_before_any_forward_pass(tiny, sets, mo
     import hf_unlearn.methods.grom.strength_path as path_module
 
     model, tok = tiny
-    monkeypatch.setattr(path_module, "fit_grom", lambda *a, **k: pytest.fail("keys were collected"))
+    monkeypatch.setattr(path_module, "_fit_grom", lambda *a, **k: pytest.fail("keys were collected"))
     with pytest.raises(ValueError, match="retain_weights must be finite"):
         fit_grom_path(model, tok, *sets, GROMConfig(**BASE), retain_weights=(1.0, float("inf")))
 

@@ -72,6 +72,15 @@ def fit_grom(
     is joined (:func:`hf_unlearn.devices.join_launch`), so the processes share the forward passes as above:
     every process of the launch must call ``fit_grom`` with the same rows.
     """
+    return _fit_grom(model, tokenizer, forget, retain, config, generic_retain, device, gram_device)[0]
+
+
+def _fit_grom(
+    model: Any, tokenizer: Any, forget: Any, retain: Any, config: GROMConfig | None, generic_retain: Any,
+    device: Any, gram_device: Any,
+) -> tuple[GROMEdit, dict[str, torch.Tensor]]:
+    """:func:`fit_grom` and each module's preservation part of ``A``,
+    ``R = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T`` (float64; what the strength path rescales)."""
     from ...devices import join_launch, move_to_device, resolve_device
 
     config = config or GROMConfig()
@@ -93,7 +102,7 @@ def fit_grom(
     alpha_t = alpha.to(records["gold"].device)[records["gold"]]
     solutions, keys_out, targets_out = _solve_modules(edited, stats, alpha_t, config, suppression)
     elapsed = time.perf_counter() - start
-    return GROMEdit(
+    edit = GROMEdit(
         config=config,
         deltas={name: sol.delta.float().cpu() for name, sol in solutions.items()},
         solutions=solutions,
@@ -123,6 +132,20 @@ def fit_grom(
         retain_indices=prep.retain_indices,
         untied_lm_head=prep.untied_lm_head,
     )
+    return edit, {name: _preservation(stats, name, config, sol.chol.device) for name, sol in solutions.items()}
+
+
+def _preservation(stats: dict[str, Any], name: str, config: GROMConfig, device: torch.device) -> torch.Tensor:
+    """``R = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T`` of module ``name`` (float64; a term is 0 when its count or
+    weight is)."""
+    r, g = stats["num_retain"], stats["num_generic"]
+    out = torch.zeros_like(stats["retain_moment"][name], dtype=torch.float64, device=device)
+    if r > 0 and config.retain_weight > 0:
+        out += (config.retain_weight / r) * stats["retain_moment"][name].to(device=device, dtype=torch.float64)
+    generic = stats["generic_moment"].get(name)
+    if generic is not None and g > 0 and config.generic_retain_weight > 0:
+        out += (config.generic_retain_weight / g) * generic.to(device=device, dtype=torch.float64)
+    return out
 
 
 def _collect(
