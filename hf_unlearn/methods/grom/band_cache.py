@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ...logprobs import answer_mask, label_log_probs
@@ -264,7 +265,7 @@ class BandCache:
         if delta is not None:
             h = h + (x.to(device=delta.device, dtype=delta.dtype) @ delta.T).to(h.dtype)
         z = head(self.entry.module(h)).float()
-        picked = z.gather(-1, gold.to(z.device).unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+        picked = -F.cross_entropy(z, gold.to(z.device), reduction="none")  # z[y] - logsumexp(z), fused
         out, start = [], 0
         for (rows, positions), (*_, labels) in zip(where, self.batches.inputs):
             lp = torch.zeros(labels.shape, dtype=picked.dtype, device=picked.device)
