@@ -289,6 +289,42 @@ class GROMConfig:
             return self.num_layers
         return max(1, math.ceil(num_hidden_layers / 10))
 
+    def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_forget_keys: int | None = None
+                           ) -> dict[str, int]:
+        """What :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model (for
+        :mod:`hf_unlearn.memory_plan`), from a :class:`~hf_unlearn.model_shape.ModelShape`. Per edited module of
+        input width ``d`` and output width ``o`` (``target_modules`` by their last name component, in ``k`` layers:
+        ``len(layers)``, or the auto band ``band_width(L)``):
+
+        * ``grom_second_moments``: ``8 d^2`` per module whose keys are collected (float64 ``X_r X_r^T``); with
+          ``layers="auto"`` every candidate layer's while ``8 d^2`` over them fits ``max_stat_memory_gb``;
+        * ``grom_cholesky_factors``: ``8 d^2`` per edited module (the factor of ``A``, kept as the audit state);
+        * ``grom_normal_matrix``: ``8 d^2`` of the widest module (one ``A`` at a time);
+        * with ``num_forget_keys = s``: ``grom_forget_keys``, ``4 s d + 8 s o`` per edited module (float32 keys,
+          float64 targets).
+
+        ``weight_bytes`` does not enter (every buffer is float32 or float64). Names GROM cannot place in ``shape``
+        (a full module path of another kind) are not counted."""
+        widths = {**shape.linear_shapes(), "lm_head": (shape.hidden_size, shape.vocab_size)}
+        names = {t.rsplit(".", 1)[-1] for t in self.target_modules} & set(widths)
+        layered = [widths[n] for n in sorted(names - {"lm_head"})]
+        heads = [widths["lm_head"]] if "lm_head" in names else []
+        auto = self.layers == "auto"
+        edited_layers = self.band_width(shape.num_layers) if auto else len(self.layers)
+        candidates = (len(self.candidate_layers) if self.candidate_layers is not None
+                      else math.ceil(shape.num_layers / 3))
+        one_layer = sum(8 * i * i for i, _ in layered)
+        stat_layers = candidates if auto and one_layer * candidates <= self.max_stat_memory_gb * 2**30 else edited_layers
+        edited = layered * edited_layers + heads
+        out = {
+            "grom_second_moments": one_layer * stat_layers + sum(8 * i * i for i, _ in heads),
+            "grom_cholesky_factors": sum(8 * i * i for i, _ in edited),
+            "grom_normal_matrix": max((8 * i * i for i, _ in edited), default=0),
+        }
+        if num_forget_keys is not None:
+            out["grom_forget_keys"] = sum(num_forget_keys * (4 * i + 8 * o) for i, o in edited)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy of every field (runtime ones included)."""
         return asdict(self)

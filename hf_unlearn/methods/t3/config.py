@@ -242,6 +242,24 @@ class T3ClassifierConfig(PreTrainedConfig):
             except ValueError as err:
                 raise ValueError(f"T3ClassifierConfig.prompt_template: {err}") from None
 
+    def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_positions: int | None = None
+                           ) -> dict[str, int]:
+        """What :func:`~hf_unlearn.methods.t3.fit_t3` holds besides the base (for :mod:`hf_unlearn.memory_plan`),
+        from a :class:`~hf_unlearn.model_shape.ModelShape` (hidden ``H``, vocabulary ``V``) and ``rank`` ``h``:
+
+        * ``t3_head``: ``4 h (H + V + 1) + 12 h (H + V)``: the float32 head, and the gradients and two AdamW moments
+          of its two weights (``+ 4 h (H + V)`` for the best epoch's copy with ``early_stopping_patience``);
+        * with ``num_positions = N`` (answer positions of forget + retain): ``t3_pooled_states``,
+          ``2 N H b`` (``b = weight_bytes``: the per-set caches in the base's dtype and their concatenation), and
+          ``t3_position_labels``, ``36 N`` (next tokens and example indices as int64, twice; float32 labels)."""
+        h, width = int(self.rank), shape.hidden_size + shape.vocab_size
+        head = 4 * h * (width + 1) + 12 * h * width + (4 * h * width if self.early_stopping_patience else 0)
+        out = {"t3_head": head}
+        if num_positions is not None:
+            out["t3_pooled_states"] = 2 * num_positions * shape.hidden_size * weight_bytes
+            out["t3_position_labels"] = 36 * num_positions
+        return out
+
     def check_for(self, model: Any) -> None:
         """Refuse (``ValueError``) settings that do not fit ``model``, before any work: a ``layer`` outside its
         ``output_hidden_states`` (``-(n + 1) .. n`` for ``n`` decoder layers). Field values themselves are
