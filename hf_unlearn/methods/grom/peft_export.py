@@ -32,19 +32,13 @@ from typing import Any
 
 import torch
 
-from ...integrity import AdapterIntegrityError, confined_file, file_sha256, integrity_entry, manifest_digest
+from ...integrity import check_recorded_files, digest_record, integrity_entry, manifest_digest
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 GROM_METADATA = "grom_metadata.json"
 GROM_AUDIT = "grom_audit.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT)
-INTEGRITY_ALGORITHM = "sha256"
-
-
-def file_digests(folder: Path, names: list[str]) -> dict[str, str]:
-    """``{file name: SHA-256}`` of the files ``names`` in ``folder``."""
-    return {n: file_sha256(folder / n) for n in names}
 
 
 def adapter_digest(folder: str | os.PathLike) -> str:
@@ -70,41 +64,11 @@ def record_integrity(card: Any, folder: Path) -> dict[str, str] | None:
 
 def verify_integrity(folder: Path, metadata: dict[str, Any], what: str,
                      required: tuple[str, ...] = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)) -> None:
-    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from the digests ``metadata`` records.
-
-    Every file listed under ``metadata["integrity"]["files"]`` must be a plain name inside the folder
-    (:func:`confined_file`), exist and have its recorded SHA-256, and every name of ``required`` (the adapter
-    files, and the audit the metadata names) must be listed. A metadata without an integrity record is refused too
-    (nothing says the files are the saved ones).
-    """
-    record = metadata.get("integrity")
-    if not isinstance(record, dict) or not isinstance(record.get("files"), dict) or not record["files"]:
-        raise AdapterIntegrityError(
-            f"{what}: {GROM_METADATA} records no file digests, so hf-unlearn cannot check that "
-            f"{ADAPTER_WEIGHTS} is the saved edit. Refit and save it again with this hf-unlearn, or pass "
-            "verify_integrity=False to load it unchecked."
-        )
-    if record.get("algorithm", INTEGRITY_ALGORITHM) != INTEGRITY_ALGORITHM:
-        raise AdapterIntegrityError(f"{what}: unknown integrity algorithm {record.get('algorithm')!r} in {GROM_METADATA}.")
-    unlisted = [n for n in required if n not in record["files"]]
-    if unlisted:
-        raise AdapterIntegrityError(
-            f"{what}: {GROM_METADATA} records no digest for {', '.join(unlisted)}, which every saved adapter has; "
-            "the metadata was edited. Restore it from the saved adapter."
-        )
-    for name, want in sorted(record["files"].items()):
-        path = confined_file(folder, name, what, GROM_METADATA)
-        if not path.is_file():
-            raise AdapterIntegrityError(
-                f"{what}: {name} is missing, but {GROM_METADATA} says it was saved with the adapter. Restore the "
-                "file from the saved adapter (or download the repo again)."
-            )
-        got = file_sha256(path)
-        if got != want:
-            raise AdapterIntegrityError(
-                f"{what}: {name} was modified after it was saved (sha256 {got[:12]} != recorded {str(want)[:12]}). "
-                f"Its weights are not the fitted GROM edit; restore the saved file or refit with fit_grom."
-            )
+    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from the digests ``metadata`` records
+    under ``integrity`` (:func:`~hf_unlearn.integrity.check_recorded_files`; every name of ``required`` must be
+    listed)."""
+    check_recorded_files(folder, metadata.get("integrity"), what, GROM_METADATA, required=required,
+                         fix="Its weights are not the fitted GROM edit; restore the saved file or refit with fit_grom.")
 
 
 @dataclass
@@ -277,8 +241,7 @@ def save_adapter(
         if audit is not None:
             save_file({k: v.contiguous() for k, v in audit.items()}, str(folder / GROM_AUDIT), metadata={"format": "pt"})
             written.append(GROM_AUDIT)
-        record = {"algorithm": INTEGRITY_ALGORITHM, "files": file_digests(folder, written)}
-        atomic_write_json(folder / GROM_METADATA, {**metadata, "integrity": record})
+        atomic_write_json(folder / GROM_METADATA, {**metadata, "integrity": digest_record(folder, written)})
 
     path = Path(path)
     if path.exists() and not path.is_dir():
