@@ -1,24 +1,15 @@
 """Integrity of saved artifacts and of the base model they belong to: file digests and weight fingerprints.
 
-Weights (an artifact fitted on one base model names that base by its weights)::
+    digest(W)       = SHA-256(bytes of W in its own dtype, row-major)
+    fingerprint(M)  = {name: (shape, dtype, digest(W))} for every name of named_parameters(remove_duplicate=False)
 
-    digest(W)       = SHA-256(bytes of W as stored: its own dtype, row-major order)
-    fingerprint(M)  = {name: (shape, dtype, digest(W))} for every parameter name of M
+A model matches a fingerprint when it has exactly the recorded names with the recorded shapes, dtypes and digests
+(a tied head is listed under its own name, so untying it keeps the fingerprint). Digests are cached per tensor and
+state ``(data_ptr, _version, shape, stride, dtype, device)``; a change through ``param.data`` is not seen.
 
-Every name ``named_parameters(remove_duplicate=False)`` gives is listed, so a tied LM head is listed under its own
-name with the embedding's digest: untying it (a copy of the same values) leaves the fingerprint unchanged. A model
-matches a fingerprint when every recorded name is present with the recorded shape, dtype and digest and it has no
-other parameter; the same weights held in another dtype do not match (load the base in the recorded dtype).
-
-A tensor's digest is computed once and kept for the process, keyed by the tensor's identity and its state
-``(data_ptr, _version, shape, stride, dtype, device)``: an in-place change (``add_``, ``copy_``) bumps
-``_version`` and the digest is computed anew; a change written through ``param.data`` bypasses the version
-counter and is not seen.
-
-Files: :func:`file_sha256` digests a file; an artifact records the digests of its files in a manifest
-(a JSON file in the artifact's folder), and :func:`manifest_digest` (the SHA-256 of that manifest) is what a
-user pins (``expected_sha256=``, checked by :func:`check_pinned_digest`) and a pushed model card records
-(:func:`integrity_entry`). :func:`confined_file` keeps every file name a manifest gives inside the artifact's folder.
+Files: an artifact's manifest holds a :func:`digest_record` of its files, checked by
+:func:`check_recorded_files`; :func:`manifest_digest` (the manifest's own SHA-256) is what a user pins
+(``expected_sha256=``, :func:`check_pinned_digest`) and a pushed card records (:func:`integrity_entry`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """``GROMEdit``: the fitted GROM edit as an artifact: audit (``influence``), PEFT LoRA export, save/load, push.
 
-Persistence: :meth:`GROMEdit.save_pretrained` writes a PEFT LoRA adapter (``PeftModel.from_pretrained``
-loads it) plus ``grom_metadata.json`` (config, layer scores, the base-model fingerprint) and
-``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs), the metadata recording the SHA-256 of
-the other files; :meth:`GROMEdit.from_pretrained` restores it from a folder or a Hub repo, refuses files
-that differ from the saved ones (:class:`~hf_unlearn.integrity.AdapterIntegrityError`) and an audit
-whose ``P`` is not the adapter's ``B A`` (the reading and checking is in :mod:`hf_unlearn.methods.grom.loading`),
-and, given a model, refuses a base other than the one the edit was solved against
-(:mod:`hf_unlearn.integrity`); :meth:`GROMEdit.push_to_hub` uploads the saved folder in one commit.
-
-Tied embeddings: with ``GROMConfig(untie_lm_head=True)`` an LM head tied to the input embeddings can be
-edited; :meth:`GROMEdit.to_peft`, :meth:`GROMEdit.apply_` and :func:`load_grom_adapter` first give the model
-a separate copy of the head (:func:`untie_lm_head`), so the input embeddings never change.
+A saved edit is a PEFT LoRA adapter plus ``grom_metadata.json`` (config, layer scores, base fingerprint, the
+SHA-256 of the other files) and ``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs); loading refuses
+changed files, an audit whose ``P`` is not the adapter's ``B A`` (:mod:`~hf_unlearn.methods.grom.loading`) and
+another base. An edit of a tied LM head (``GROMConfig(untie_lm_head=True)``) unties the model first
+(:func:`untie_lm_head`), so the input embeddings never change.
 """
 
 from __future__ import annotations
@@ -228,23 +221,13 @@ class GROMEdit:
     ) -> GROMEdit:
         """Load an edit saved by :meth:`save_pretrained` from a local folder or a Hub repo.
 
-        Checked before anything is used: ``grom_metadata.json`` parses and names its modules; every file it
-        records a SHA-256 for (``adapter_config.json``, ``adapter_model.safetensors``, the audit) has that digest
-        (:class:`~hf_unlearn.integrity.AdapterIntegrityError` otherwise; ``verify_integrity=False`` skips
-        this, e.g. for an adapter saved without digests); the audit the metadata names is present (refused when
-        missing unless ``allow_missing_audit=True``, which loads ``P = B A`` from the adapter without the audit);
-        every module has its LoRA factors; and the audit's float64 ``P`` (recomputed from its Cholesky factor, keys and
-        targets) equals the adapter's ``(lora_alpha / r) B A`` within the export's recorded relative Frobenius error plus ``1e-4`` (float32
-        factors). The audit state (for :meth:`influence`) is restored when present. With ``model``, the edit is
-        checked against it: a base other than the one it was solved against is refused with
-        :class:`~hf_unlearn.integrity.BaseModelMismatchError`.
-
-        Every file name the metadata gives must be a plain name inside the folder (no ``..``, absolute path or link
-        out). The digests live in the metadata, so they catch accidents and naive edits; ``expected_sha256`` (the
-        :func:`~hf_unlearn.methods.grom.peft_export.adapter_digest` printed at save time, or the
-        ``hf_unlearn_integrity`` entry of the model card pushed with it) pins the metadata itself, and with it
-        every file, so an adapter whose files and metadata were both rewritten is refused too (the file checks
-        then run even with ``verify_integrity=False``).
+        Refused before anything is used: a metadata that does not parse or name its modules; a file whose SHA-256
+        is not the recorded one, or a name outside the folder (:class:`~hf_unlearn.integrity.AdapterIntegrityError`;
+        ``verify_integrity=False`` skips the digests); a missing audit (unless ``allow_missing_audit=True``, which
+        loads ``P = B A`` without it); a module without LoRA factors; an audit whose float64 ``P`` differs from
+        ``(lora_alpha / r) B A`` by more than the recorded export error plus ``1e-4``; with ``model``, another base
+        (:class:`~hf_unlearn.integrity.BaseModelMismatchError`). ``expected_sha256`` pins the metadata itself
+        (:func:`~hf_unlearn.methods.grom.peft_export.adapter_digest`), and through it every file.
         """
         folder = _resolve_folder(path_or_repo_id, revision, token, cache_dir, local_files_only)
         what = f"The GROM adapter {path_or_repo_id}"

@@ -1,20 +1,10 @@
 """Key collection: forward hooks on the edited modules' inputs at answer-predicting positions.
 
-A key is the input ``x`` of an edited ``nn.Linear`` at a position ``t`` whose *next* token is an
-answer token (``labels[t + 1] != -100``, the position that predicts it). Retain keys are never
-kept: they are folded into the uncentred second moment ``X_r X_r^T`` in float64 as batches stream
-by (keys of optional general rows likewise into ``X_g X_g^T``). Forget keys are kept (the audit needs them), together with what the targets need: the gold
-token, its logit margin and the logit-lens margin gradient. The same forward pass also feeds the
-logit-lens layer attribution, so choosing layers costs no extra pass. Statistics are sums, so
-:meth:`KeyCollector.reduce` all-reduces them across ``torch.distributed`` processes (and gathers
-the forget records, ordered by example), making an N-process result equal to the 1-process one.
-
-Device: the statistics live on the model's device (the second moments on ``gram_device`` when one is given, e.g.
-``"cpu"`` for a wide module on a small GPU). The answer positions of a batch are found on the host, before the
-batch moves, so the forward hooks gather keys by index without waiting for the device, and the sums of the layer
-attribution and the output norms stay on the device until :meth:`KeyCollector.finalize`: one batch costs no copy
-to the host. On a CUDA device each Gram block ``X^T X`` is formed in float32 (float64 matrix products are many
-times slower there) and added to the float64 accumulator; on the CPU the block is formed in float64, as before.
+A key is the input ``x`` of an edited ``nn.Linear`` at a position ``t`` with ``labels[t + 1] != -100``. Retain (and
+general) keys are folded into float64 second moments ``X X^T`` as batches stream by (each Gram block formed in
+float32 on CUDA, float64 elsewhere); forget keys are kept with the gold token, its margin and the margin gradient
+the targets need. The same pass feeds the logit-lens attribution. The statistics are sums, all-reduced across
+``torch.distributed`` processes by :meth:`KeyCollector.finalize` (forget records gathered in example order).
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Export of a GROM edit as a PEFT LoRA adapter.
 
-A LoRA layer computes ``W x + (lora_alpha / r) B A x``. With ``lora_alpha = r`` the scaling is 1, so
-factors with ``B @ A == P`` reproduce the edit ``W + P`` exactly. ``P = (w_f/s) D X_f^T A^{-1}`` has rank
-at most ``min(s, d_in, d_out)`` and the exact low-rank form ``P = B_0 A_0`` with ``B_0 = (w_f/s) D`` and
-``A_0 = X_f^T A^{-1}`` (``s`` the number of forget keys). The factors never hold more numbers than ``P``: the
-rank is capped at :func:`factor_budget`, ``k (d_in + d_out) <= d_in d_out`` (and at ``max_rank`` when set).
-When ``s`` is within the cap the export is exact: ``A_0^T = Q R`` gives ``B = B_0 R^T``, ``A = Q^T`` (one QR on
-the device the edit was solved on, :func:`lora_factors`). Otherwise the thin SVD ``P = U S V^T`` (float64;
-through :func:`product_svd` when ``s < min(d_in, d_out)``) gives ``B = U_k S_k^{1/2}``, ``A = S_k^{1/2} V_k^T``
-truncated at the cap, and the relative Frobenius error
-``||P - B A||_F / ||P||_F = sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)`` is recorded in the adapter's metadata.
-Each module keeps its own rank (PEFT's ``rank_pattern``, with ``alpha_pattern`` equal to it, so every scaling
-``lora_alpha / r`` is 1).
-
-:func:`save_adapter` writes the adapter through :mod:`hf_unlearn.safe_output` (a new folder is built beside
-the target and swapped in when complete) and refuses non-finite factors before writing. It records the SHA-256
-digest of every file it writes besides the metadata (``adapter_config.json``, ``adapter_model.safetensors``,
-``grom_audit.safetensors``) under ``integrity`` in ``grom_metadata.json``; :func:`verify_integrity` checks them,
-after confining every file name the metadata gives to the adapter folder (:func:`confined_file`). Those digests
-live in the metadata itself, so they catch accidents and naive edits, not an attacker who rewrites the metadata
-too: :func:`adapter_digest`, the SHA-256 of ``grom_metadata.json`` (and so, through its records, of every file),
-is what a user pins when loading (``expected_sha256=``) and what a pushed model card records.
+With ``lora_alpha = r`` (per module, ``rank_pattern`` = ``alpha_pattern``) a LoRA layer computes ``W x + B A x``, so
+factors with ``B A = P`` reproduce ``W + P``. ``P = B_0 A_0`` exactly with ``B_0 = (w_f/s) D`` and
+``A_0 = X_f^T A^{-1}``; the rank is capped at :func:`factor_budget` (and ``max_rank``). Within the cap the QR
+``A_0^T = Q R`` gives ``B = B_0 R^T``, ``A = Q^T``; above it the thin SVD gives ``B = U_k S_k^{1/2}``,
+``A = S_k^{1/2} V_k^T`` and the relative error ``sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)`` is recorded.
+:func:`save_adapter` records the SHA-256 of every file under ``integrity`` in ``grom_metadata.json``;
+:func:`adapter_digest` (the metadata's own digest) is what a user pins (``expected_sha256=``).
 """
 
 from __future__ import annotations

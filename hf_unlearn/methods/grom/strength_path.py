@@ -1,33 +1,15 @@
 """GROM's exact strength path: many edits from one key collection.
 
-``A = (w_r/r) X_r X_r^T + (w_f/s) X_f X_f^T + mu I`` does not depend on the targets ``D``, so scaling the
-targets by ``c`` scales the edit exactly:
+``A`` does not depend on the targets, so scaling them scales the edit exactly, ``P(c D) = c P(D)``. Changing
+``w_r`` or ``mu`` changes only ``A``: with ``R = (w_r0/r) X_r X_r^T + (w_g0/g) X_g X_g^T`` (the preservation part
+of the fitted ``A_0``) each ``(w_r, mu)`` is one Cholesky solve of
 
-    P(c D) = (w_f/s) (c D) X_f^T A^{-1} = c P(D).
+    A(w_r, mu) = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P = (w_f/s) D X_f^T A(w_r, mu)^{-1},
 
-Changing ``w_r`` or ``mu`` changes only ``A``; its retain part is recovered from the fitted edit's Cholesky
-factor ``L`` (``A_0 = L L^T``) as
-
-    R = (w_r0/r) X_r X_r^T = A_0 - (w_f/s) X_f X_f^T - mu_0 I,
-
-and each ``(w_r, mu)`` point is one ``d_in x d_in`` Cholesky solve of
-
-    A(w_r, mu) = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P = (w_f/s) D X_f^T A(w_r, mu)^{-1}.
-
-With general rows (``fit_grom(..., generic_retain=rows)``) ``R`` also holds ``(w_g0/g) X_g X_g^T``; the retain
-axis then scales both preservation terms together, so a point's config records
-``generic_retain_weight = w_g0 w_r / w_r0`` and the point is the exact fit of that config.
-
-:func:`fit_grom_path` runs one :func:`~hf_unlearn.methods.grom.fit_grom` (one key collection; nothing of the targets or
-the layer band depends on ``w_r``, ``mu`` or the scale) and solves every other point from it: one solve per
-``(w_r, mu)``, the scale axis being exact multiples. The path keeps each ``(w_r, mu)``'s float32 edit ``P`` and
-nothing else per point; ``path.edits[i]`` builds point ``i``'s full :class:`~hf_unlearn.methods.grom.GROMEdit` (it
-saves, pushes, exports and audits as a fitted one; a scaled point records its ``target_scale`` in ``stats``) when it
-is first asked for. :meth:`GROMPath.select` measures a :class:`~hf_unlearn.selection.SelectionCriterion` on every
-point and returns the chosen edit with the :class:`~hf_unlearn.selection.SelectionRecord` in ``stats["selection"]``
-(so ``grom_metadata.json`` and the model card carry it). The edits touch only a late band, so the hidden states
-entering it are cached once per row and each point runs only the blocks from the band on
-(:mod:`hf_unlearn.methods.grom.band_cache`); the same pass gives the original model's figures.
+the fit's own ``(w_r0, mu_0)`` being the fit's solution. With general rows the retain axis scales both preservation
+terms, so a point records ``generic_retain_weight = w_g0 w_r / w_r0``. :meth:`GROMPath.select` measures a
+:class:`~hf_unlearn.selection.SelectionCriterion` on every point from hidden states cached at the edited band
+(:mod:`hf_unlearn.methods.grom.band_cache`) and returns the chosen edit with the record in ``stats["selection"]``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``).
-
-The config holds three groups of fields, all saved with the head:
-
-* the head itself: ``rank``, ``layer``, ``pooling``;
-* the base model it was fitted on (sizes, architecture, the name it was loaded from, and a fingerprint of its
-  weights), so that a head is never silently applied to another base;
-* the decoding defaults ``temperature``, ``tilt_weight`` and ``log_f_floor`` that
-  :meth:`~hf_unlearn.methods.t3.T3LogitsProcessor.from_pretrained` rebuilds the processor with, and the fit
-  settings of :func:`~hf_unlearn.methods.t3.fit_t3` (epochs, batches, learning rate, early stopping, ...) together
-  with the ``fit_report`` of the fit that produced the weights.
-
-Every float setting must be finite (and the learning rate, temperature and tilt weight positive); a template name
-must be a preset; both are refused when the config is built. :meth:`T3ClassifierConfig.check_for` checks what needs the
-base model (the layer index) before any work.
-"""
+"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``): the head (``rank``, ``layer``,
+``pooling``), the base it was fitted on (sizes, architecture, name, weight fingerprint), the decoding defaults
+(``temperature``, ``tilt_weight``, ``log_f_floor``) and the fit settings of :func:`~hf_unlearn.methods.t3.fit_t3`
+with the ``fit_report`` of the fit. Values are checked when the config is built; :meth:`T3ClassifierConfig.check_for`
+checks the layer against a base."""
 
 from __future__ import annotations
 
@@ -64,27 +53,9 @@ class T3ClassifierConfig(PreTrainedConfig):
 
     with ``T = temperature``, ``w = tilt_weight`` and ``floor = log_f_floor`` (no floor when None).
 
-    **T and w.** Under greedy decoding only the ordering of the scores matters, and multiplying them by
-    ``T > 0`` keeps it: ``argmax_v(log p / T + w log f) = argmax_v(log p + T w log f)``, so ``(T, w)`` and
-    ``(1, T w)`` pick the same tokens. ``T`` changes everything that reads the distribution itself rather than
-    its argmax: sampling (``q ∝ p^(1/T) f^w`` is flatter than ``p f^(T w)``) and the teacher-forced scores
-    (answer probabilities, truth ratios, forget quality), where ``T > 1`` lowers the probability of every
-    answer, retained ones included. ``T = 1`` and ``w = 1`` are only the defaults of the authors' config class
-    (``T3CausalLMConfig``: ``base_temp=1``, ``guidance_scale=1``); their released TOFU sweep
-    (``community/methods/T3/run.sh``) decodes with ``base_temp=2.5`` and ``guidance_scale=1``, and the method's
-    point is that tempering (``T > 1``) is needed when the forget answers are memorised. Both are meant to be
-    chosen by calibration for a given model (:func:`~hf_unlearn.methods.t3.calibrate_t3`).
-
-    **Where the defaults come from.** The authors' (locuslab/open-unlearning ``src/model/t3.py``,
-    ``src/trainer/unlearn/t3.py`` and ``community/methods/T3/run.sh``): the architecture (one linear bottleneck,
-    identity activation, no bias on the vocabulary layer, PyTorch's default initialisation of both layers),
-    ``rank = 20`` (their sweep: 20 and 50), the last layer's hidden states, causal mean pooling, ``epochs = 100``
-    with batches of 32 forget plus 32 randomly drawn retain examples, every forget example fitted, a 25-epoch
-    linear warm-up then linear decay (``warmup_epochs=25`` of 100, the ``Trainer``'s linear schedule),
-    ``learning_rate`` 1e-2 and ``weight_decay`` 1e-3 (each one point of their sweep, lr in {1e-2, 1e-3} and
-    weight decay in {1e-2, 1e-3}), no early stopping, and no floor on ``log f`` (their code only notes that
-    clipping it may help stability). hf-unlearn's own choices: AdamW on standardised states, the retain hold-out
-    share 0.1 (reported, and used by the optional early stopping), and the cache batch size.
+    Greedy decoding depends on ``T * w`` only; ``T`` also flattens sampling and the teacher-forced scores. Both
+    are meant to be calibrated (:func:`~hf_unlearn.methods.t3.calibrate_t3`). Where each default comes from:
+    ``docs/methods/t3.md``.
     """
 
     model_type = "t3_classifier"

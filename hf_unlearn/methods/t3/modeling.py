@@ -1,13 +1,6 @@
-"""The T3 guidance head: a rank-h map from the pooled hidden state to one logit per vocabulary entry.
-
-``g_t = U (D pool_t + c)`` with ``D`` (``rank x hidden``), the bottleneck offset ``c`` (``rank``), ``U``
-(``vocab x rank``) and no per-token bias; ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates
-``P(retain | x, y_<t, v)``. This is the authors' ``DataSplitClassifier`` with one hidden layer and the identity
-activation (their default, ``activation_str="id"``, no bias on the vocabulary layer). ``c`` is not a free
-parameter of the fit: :func:`~hf_unlearn.methods.t3.fit_t3` trains on standardised pooled states and folds the
-standardisation into ``D`` and ``c`` (``c = -D mean``), so a token the fit never saw keeps ``g = U[v] . (D pool +
-c)`` with ``U[v]`` at its initialisation shrunk by weight decay, as in the authors' head. With ``rank`` 20 it holds
-``20 * (hidden + vocab + 1)`` parameters (0.03% of an 8B model).
+"""The T3 guidance head: ``g_t = U (D pool_t + c)`` with ``D`` (``rank x hidden``), the offset ``c`` (``rank``),
+``U`` (``vocab x rank``) and no per-token bias; ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates
+``P(retain | x, y_<t, v)``. ``rank (hidden + vocab + 1)`` parameters.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""Provenance of a T3 head: the fingerprint of the base weights it was fitted on, and its own files.
-
-A T3 head reads one layer's hidden states of one base model and tilts that model's next-token distribution;
-attached to another model of the same shapes it would be silently meaningless. The head's config records
-:func:`hf_unlearn.integrity.model_fingerprint` of the base (one SHA-256 per parameter in its stored dtype), and
-:func:`check_base_weights` accepts a model with those weights whatever path or name it was loaded from, and refuses
-every other one. Per-tensor digests are cached for the process (:func:`hf_unlearn.integrity.cached_tensor_sha256`),
-so the evaluator's per-batch scoring does not hash the weights again, and an in-place change of a parameter is
-checked anew.
-
-The head's own files: :func:`write_head_integrity` records the SHA-256 of ``config.json`` and the safetensors
-weights in ``t3_integrity.json`` at save time, and :func:`verify_head_files` checks them when the head is loaded
-(:meth:`~hf_unlearn.methods.t3.T3Classifier.from_pretrained`), naming the file that changed. The record lives
-beside the files, so it catches accidents and naive edits; a digest of ``t3_integrity.json`` pinned by the user
-(``expected_sha256=``, recorded in the pushed model card) also catches a head whose files and record were both
-rewritten.
+"""Provenance of a T3 head: the fingerprint of the base weights it was fitted on
+(:func:`hf_unlearn.integrity.model_fingerprint`, checked whenever it is attached: :func:`check_base_weights`), and
+its own files, whose SHA-256 ``t3_integrity.json`` records at save time (:func:`write_head_integrity`) and
+:func:`verify_head_files` checks at load time.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""Teacher-forced log-probabilities under the T3 distribution, and the evaluator's token scorer.
-
-For every answer token ``y_t`` (exact over the full vocabulary)::
+"""Teacher-forced log-probabilities under the T3 distribution, and the evaluator's token scorer. For every answer
+token (exact over the full vocabulary)::
 
     log q(y_t | x, y_<t) = log_softmax_v( log_softmax(logits_{t-1})_v / T + w * max(log sigmoid(g_{t-1}[v]), floor) )[y_t]
 
-with ``g_{t-1} = U (D pool_{t-1} + c)`` the guidance logits of the causal mean-pooled hidden state of
-the prefix. This is the distribution :class:`~hf_unlearn.methods.t3.T3LogitsProcessor` decodes from; one
-forward pass of the base per batch gives both the logits and (through a hook) the hidden states,
-so TOFU's probability, truth ratio and forget quality score T3 unchanged. The base and the head do not depend on
-``(T, w)``, so :func:`t3_candidate_log_probs` scores many settings from the same pass
-(:func:`candidate_answer_log_probs`, one ``logsumexp`` over the vocabulary per setting and position): what
-:func:`~hf_unlearn.methods.t3.calibrate_t3` measures its grid with.
+with ``g_{t-1} = U (D pool_{t-1} + c)``: the distribution :class:`~hf_unlearn.methods.t3.T3LogitsProcessor` decodes
+from. One base forward per batch gives the logits and (through a hook) the hidden states; many ``(T, w)`` are scored
+from the same pass (:func:`candidate_answer_log_probs`).
 """
 
 from __future__ import annotations
