@@ -61,16 +61,10 @@ def check_base(fingerprint: dict[str, Any] | None, model: Any, what: str = "This
 
 @dataclass
 class GROMEdit:
-    """A fitted GROM edit.
-
-    ``deltas``: ``{module name: P}`` (float32, CPU), the weight change of each edited ``nn.Linear``
-    (``W <- W + P``). ``layer_scores``: the logit-lens attribution per candidate layer (``layers="auto"``).
-    ``influence(i)`` audits forget example ``i`` exactly; ``to_peft`` / ``save_pretrained`` export the edit
-    as a LoRA adapter, ``from_pretrained`` / ``push_to_hub`` reload and publish it. ``base_fingerprint``
-    identifies the base weights the edit was solved against (see :mod:`hf_unlearn.integrity`);
-    ``retain_indices`` are the retain rows that were read. ``untied_lm_head`` names the edited LM head when it
-    was tied to the input embeddings (``GROMConfig.untie_lm_head``): the edit applies to an untied copy.
-    """
+    """A fitted GROM edit: ``deltas`` ``{module: P}`` (float32, CPU; ``W <- W + P``), the float64 ``solutions``,
+    keys and targets of the audit (:meth:`influence`), the layer attribution, the fit's ``stats``, the
+    ``base_fingerprint`` of the weights it was solved against, the retain rows read and the untied LM head's name
+    (``untied_lm_head``) when the edit applies to an untied copy of a tied head."""
 
     _method: ClassVar[str] = "grom"
     _title: ClassVar[str] = "GROM (closed-form one-shot edit)"
@@ -189,17 +183,10 @@ class GROMEdit:
     def save_pretrained(
         self, save_directory: str | os.PathLike, *, overwrite: bool = False, save_audit: bool = True
     ) -> None:
-        """Write the edit as the folder ``save_directory``; load it with ``PeftModel.from_pretrained(base, dir)``
-        or :meth:`from_pretrained` / :func:`load_grom_adapter` (which check the base).
-
-        Files: ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT LoRA, ``B @ A = P``, each module
-        at its own rank, never more numbers than ``P``), ``grom_metadata.json`` (saved config, layer scores, ranks
-        and reconstruction errors, base fingerprint) and, with ``save_audit``, ``grom_audit.safetensors`` (the
-        packed float64 Cholesky factor of ``A``, ``c_f``, the forget keys and targets: what :meth:`influence`
-        needs; ``d_in (d_in + 1) / 2 + s (d_in + d_out)`` numbers per module).
-        The folder is built beside ``save_directory`` and swapped in when complete; a non-empty folder is
-        refused unless ``overwrite``; non-finite values are refused before anything is written.
-        """
+        """Write the edit as the folder ``save_directory`` (a PEFT LoRA adapter, ``B A = P`` per module at its own rank;
+    ``grom_metadata.json``; with ``save_audit`` ``grom_audit.safetensors``, ``d_in (d_in + 1) / 2 + s (d_in +
+    d_out)`` numbers per module) through :func:`~hf_unlearn.methods.grom.peft_export.save_adapter`; a non-empty
+    folder is refused unless ``overwrite``."""
         config, state, meta = self._export()
         audit = self._audit_state() if save_audit and self.solutions else None
         meta["audit_file"] = GROM_AUDIT if audit is not None else None

@@ -198,16 +198,12 @@ def save_adapter(
     audit: dict[str, torch.Tensor] | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write ``adapter_config.json``, ``adapter_model.safetensors``, ``grom_metadata.json`` (and, with ``audit``,
-    ``grom_audit.safetensors``) into the folder ``path``; the metadata gets an ``integrity`` record with the
-    SHA-256 of each other file.
+    """Write ``adapter_config.json``, ``adapter_model.safetensors``, ``grom_metadata.json`` (with an ``integrity``
+    record of the other files) and, with ``audit``, ``grom_audit.safetensors`` into the folder ``path``.
 
-    Non-finite factors or audit tensors are refused before anything is written. A missing or empty ``path`` is
-    built as a whole beside it and swapped in when complete (:func:`hf_unlearn.safe_output.atomic_directory`).
-    A folder holding other files (e.g. the CLI's run folder with its logs) keeps them: the adapter files are
-    written into a temporary subfolder first and then renamed into place one by one (each rename is atomic); a
-    folder that already holds adapter files is refused unless ``overwrite``, and then stale adapter files (an
-    audit file the new save does not write) are removed.
+    Non-finite tensors are refused before anything is written. A missing or empty folder is built beside ``path``
+    and swapped in; into a folder holding other files the adapter files are renamed one by one (a folder already
+    holding adapter files is refused unless ``overwrite``, and stale adapter files are then removed).
     """
     import shutil
     import tempfile

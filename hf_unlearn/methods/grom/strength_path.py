@@ -92,16 +92,13 @@ class GROMPath:
         cache_device: str | torch.device | None = None,
     ) -> GROMEdit:
         """Measure ``criterion`` (a :class:`~hf_unlearn.selection.SelectionCriterion`) on ``model`` with each
-        point's edit applied in turn and return the edit its rule chooses.
+        point's edit applied in turn and return the edit its rule chooses (the record in :attr:`record` and in the
+        edit's ``stats["selection"]``).
 
-        ``model`` must be the unedited base the path was fitted on; its edited weights are copied once and put
-        back exactly after each measurement. With ``cached`` (the default) one full pass over the criterion's rows
-        keeps the hidden states entering the edited band (on ``cache_device``, default the model's device; pass
-        ``"cpu"`` to keep accelerator memory free) and gives the original model's figures when the criterion has
-        none; each point then runs only the blocks from the band on (the same log-probabilities as a full pass).
-        ``cached=False`` measures the original and every point with full passes. The record goes to
-        :attr:`record` and to the chosen edit's ``stats["selection"]``; each measurement's ``seconds`` is its own
-        pass plus, when cached, its share of the caching pass.
+        ``model`` must be the unedited base the path was fitted on; its edited weights are put back exactly after
+        each measurement. With ``cached`` one pass keeps the hidden states entering the band (on
+        ``cache_device``, default the model's device) and gives the original's figures; each point then runs
+        only from the band on. ``cached=False`` uses full passes.
         """
         if not self.points or not self.unit_deltas or self.base is None:
             raise ValueError("The GROM path is empty (build it with fit_grom_path or grom_path_from_edit).")

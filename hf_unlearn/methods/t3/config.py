@@ -60,89 +60,54 @@ class T3ClassifierConfig(PreTrainedConfig):
 
     model_type = "t3_classifier"
 
-    rank: int = field(default=20, metadata={"help": "Width h of the low-rank bottleneck (hidden -> h -> vocabulary); "
-                                                    "authors' 20."})
+    rank: int = field(default=20, metadata={"help": "Width h of the bottleneck (hidden -> h -> vocabulary)."})
     layer: int = field(
-        default=-1,
-        metadata={"help": "Index into the base's `output_hidden_states` (0 = embeddings, -1 = last layer after the "
-                          "final norm; the authors' default)."},
+        default=-1, metadata={"help": "Index into the base's output_hidden_states (0 = embeddings, -1 = last layer)."}
     )
     pooling: str = field(
-        default="mean",
-        metadata={"help": "'mean': causal mean of the layer's hidden states over every non-padding position <= t "
-                          "(prompt and answer prefix alike), as the authors' implementation pools."},
+        default="mean", metadata={"help": "'mean': causal mean over the non-padding positions <= t."}
     )
     temperature: float = field(
-        default=1.0,
-        metadata={"help": "Decoding default T: the base log-probabilities are divided by T (T >= 1; the authors' "
-                          "config class default 1, their released sweep 2.5). "
-                          "Greedy tokens depend only on T * tilt_weight; T also flattens sampling and the "
-                          "teacher-forced scores."},
+        default=1.0, metadata={"help": "Decoding default T > 0: the base log-probabilities are divided by T."}
     )
-    tilt_weight: float = field(
-        default=1.0, metadata={"help": "Decoding default w > 0: weight of log f in the tilted scores (authors' 1)."}
-    )
+    tilt_weight: float = field(default=1.0, metadata={"help": "Decoding default w > 0: weight of log f."})
     log_f_floor: float | None = field(
-        default=None,
-        metadata={"help": "Optional floor (< 0) on log f in the tilted scores: max(log f, floor) bounds how far "
-                          "one token can be pushed down (None: no floor, as the authors)."},
+        default=None, metadata={"help": "Optional floor (< 0) on log f: max(log f, floor) (None: no floor)."}
     )
     prompt_template: str | None = field(
         default=None,
-        metadata={"help": "Name of a prompt template preset (hf_unlearn.data.prompts.PROMPT_TEMPLATES) the forget and "
-                          "retain examples are formatted with when fitting, passed as `template=` to tokenize_qa "
-                          "(None: the tokenizer's chat template, else the plain 'Question: ...' prompt). Generate and "
-                          "evaluate with the same template."},
+        metadata={"help": "Prompt preset of hf_unlearn.data.prompts the rows are formatted with (None: the chat "
+                          "template, else the plain prompt); generate and evaluate with the same."},
     )
     # --- fit settings (fit_t3) ---
-    epochs: int = field(
-        default=100, metadata={"help": "Passes over the forget training examples (authors' 100); early stopping "
-                                       "may end the fit sooner."}
-    )
-    steps: int | None = field(
-        default=None, metadata={"help": "Optional cap on the number of AdamW steps (None: `epochs` epochs)."}
-    )
+    epochs: int = field(default=100, metadata={"help": "Passes over the forget examples (early stopping may end sooner)."})
+    steps: int | None = field(default=None, metadata={"help": "Optional cap on the AdamW steps."})
     forget_batch_size: int = field(
-        default=32, metadata={"help": "Forget examples per AdamW step (authors' 32). Each step adds as many "
-                                      "retain examples, drawn at random: every batch is class-balanced."}
+        default=32, metadata={"help": "Forget examples per step; each step adds as many random retain examples."}
     )
-    learning_rate: float = field(
-        default=1e-2, metadata={"help": "Peak AdamW learning rate of the head (one point of the authors' sweep, "
-                                        "{1e-2, 1e-3})."}
-    )
-    weight_decay: float = field(
-        default=1e-3, metadata={"help": "AdamW weight decay of the head (one point of the authors' sweep, "
-                                        "{1e-2, 1e-3})."}
-    )
+    learning_rate: float = field(default=1e-2, metadata={"help": "Peak AdamW learning rate of the head."})
+    weight_decay: float = field(default=1e-3, metadata={"help": "AdamW weight decay of the head."})
     lr_schedule: str = field(
         default="linear",
-        metadata={"help": "'linear': the authors' linear warm-up over `warmup_epochs` then linear decay to 0 at the "
-                          "last step; 'constant': `learning_rate` throughout."},
+        metadata={"help": "'linear': warm-up over `warmup_epochs`, then linear decay to 0; 'constant'."},
     )
     warmup_epochs: float = field(
-        default=25.0, metadata={"help": "Epochs of linear warm-up (authors' 25 of 100): floor(warmup_epochs * "
-                                        "|forget| / forget_batch_size) steps."}
+        default=25.0, metadata={"help": "Warm-up: floor(warmup_epochs * |forget| / forget_batch_size) steps."}
     )
     class_balance: bool = field(
-        default=False,
-        metadata={"help": "Weigh the forget and the retain positions of each batch equally in the BCE (batches "
-                          "already hold as many forget as retain examples; see fit_t3)."},
+        default=False, metadata={"help": "Weigh the forget and retain positions of each batch equally in the BCE."}
     )
     holdout_fraction: float = field(
         default=0.1,
-        metadata={"help": "Share of the retain examples held out (0: none; every forget example is always fitted): "
-                          "their BCE and accuracy are reported, and drive the optional early stopping."},
+        metadata={"help": "Share of the retain examples held out (reported; drives the optional early stopping)."},
     )
     early_stopping_patience: int | None = field(
         default=None,
-        metadata={"help": "Stop after this many epochs without a lower held-out retain BCE and keep the best "
-                          "epoch's head (None, the authors': train every epoch; also when nothing is held out)."},
+        metadata={"help": "Stop after this many epochs without a lower held-out BCE, keeping the best epoch's head."},
     )
     batch_size: int = field(default=16, metadata={"help": "Examples per forward pass of the frozen base when caching."})
     max_length: int | None = field(
-        default=None,
-        metadata={"help": "Truncate prompt + answer to this many tokens (always also to the base's maximum "
-                          "positions)."},
+        default=None, metadata={"help": "Truncate prompt + answer to this many tokens (and the base's positions)."}
     )
     seed: int = field(default=0, metadata={"help": "Seed of the hold-out split, the initialisation and the batches."})
     # --- the base the head was fitted on (filled in by for_base / fit_t3) ---
