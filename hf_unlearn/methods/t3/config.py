@@ -122,7 +122,7 @@ class T3ClassifierConfig(PreTrainedConfig):
     base_num_hidden_layers: int | None = field(default=None, metadata={"help": "Number of decoder layers of the base."})
     base_weights_fingerprint: dict | None = field(
         default=None,
-        metadata={"help": "SHA-256 digests of the base's weights (see hf_unlearn.methods.t3.provenance), checked whenever "
+        metadata={"help": "SHA-256 digests of the base's weights (hf_unlearn.integrity.model_fingerprint), checked whenever "
                           "the head is attached to a model."},
     )
     fit_report: dict | None = field(default=None, metadata={"help": "Statistics of the fit (informational)."})
@@ -210,8 +210,8 @@ class T3ClassifierConfig(PreTrainedConfig):
     def for_base(self, model: Any, fingerprint: dict[str, Any] | None = None) -> T3ClassifierConfig:
         """A copy of this config bound to ``model`` (a causal LM): sizes, name, revision, architecture and the
         fingerprint of its weights (``fingerprint``, or computed here by
-        :func:`~hf_unlearn.methods.t3.provenance.base_weights_fingerprint`)."""
-        from .provenance import base_weights_fingerprint
+        :func:`~hf_unlearn.integrity.model_fingerprint`)."""
+        from ...integrity import model_fingerprint
 
         self.check_for(model)
         base = base_text_config(model)
@@ -226,6 +226,6 @@ class T3ClassifierConfig(PreTrainedConfig):
             base_model_revision=getattr(model.config, "_commit_hash", None) or self.base_model_revision,
             base_model_type=getattr(base, "model_type", None),
             base_num_hidden_layers=base_num_layers(model),
-            base_weights_fingerprint=fingerprint if fingerprint is not None else base_weights_fingerprint(model),
+            base_weights_fingerprint=fingerprint if fingerprint is not None else model_fingerprint(model),
         )
         return T3ClassifierConfig(**data)

@@ -135,7 +135,7 @@ class T3Classifier(PreTrainedModel):
 
         Compares hidden size, vocabulary size, architecture and number of layers, then (``check_weights``,
         the default) the fingerprint of the base's weights recorded at fit time
-        (:func:`~hf_unlearn.methods.t3.provenance.check_base_weights`): the same weights under another path or name are
+        (:func:`~hf_unlearn.integrity.check_model_fingerprint`): the same weights under another path or name are
         accepted, other weights under the same name are refused. ``check_weights=False`` skips the fingerprint
         (for a base the user knows to be the same model held differently, e.g. quantized).
         """
@@ -161,6 +161,8 @@ class T3Classifier(PreTrainedModel):
                 + ". Refit it with `fit_t3` on this model."
             )
         if check_weights:
-            from .provenance import check_base_weights
+            from ...integrity import check_model_fingerprint
 
-            check_base_weights(cfg.base_weights_fingerprint, model)
+            check_model_fingerprint(cfg.base_weights_fingerprint, model, "This T3 head",
+                                    "A T3 head only fits the model whose hidden states it was trained on; attach it "
+                                    "to that model, or refit it with fit_t3 on this one.")

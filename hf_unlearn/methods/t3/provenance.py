@@ -1,7 +1,6 @@
-"""Provenance of a T3 head: the fingerprint of the base weights it was fitted on
-(:func:`hf_unlearn.integrity.model_fingerprint`, checked whenever it is attached: :func:`check_base_weights`), and
-its own files, whose SHA-256 ``t3_integrity.json`` records at save time (:func:`write_head_integrity`) and
-:func:`verify_head_files` checks at load time.
+"""The files of a saved T3 head: ``t3_integrity.json`` records their SHA-256 at save time
+(:func:`write_head_integrity`) and :func:`verify_head_files` checks them at load time. (The base's weights are
+checked by :meth:`~hf_unlearn.methods.t3.T3Classifier.check_base` against the fingerprint in the head's config.)
 """
 
 from __future__ import annotations
@@ -13,34 +12,14 @@ from typing import Any
 
 from ...integrity import (
     AdapterIntegrityError,
-    check_model_fingerprint,
     check_pinned_digest,
     check_recorded_files,
     confined_file,
     digest_record,
     integrity_entry,
-    model_fingerprint,
 )
 
-__all__ = [
-    "T3_INTEGRITY", "t3_integrity_entry", "base_weights_fingerprint", "check_base_weights",
-    "head_files", "verify_head_files", "write_head_integrity",
-]
-
-
-def base_weights_fingerprint(model: Any) -> dict[str, Any]:
-    """The :func:`hf_unlearn.integrity.model_fingerprint` of ``model``, recorded in the head's config."""
-    return model_fingerprint(model)
-
-
-def check_base_weights(fingerprint: dict[str, Any] | None, model: Any, what: str = "This T3 head") -> None:
-    """Refuse (:class:`~hf_unlearn.integrity.BaseModelMismatchError`, a ``ValueError``) a ``model`` whose weights
-    are not the fingerprinted ones; ``fingerprint=None`` (a head saved without one) is refused too."""
-    check_model_fingerprint(
-        fingerprint, model, what,
-        "A T3 head only fits the model whose hidden states it was trained on; attach it to that model, or refit it "
-        "with fit_t3 on this one.",
-    )
+__all__ = ["T3_INTEGRITY", "head_files", "t3_integrity_entry", "verify_head_files", "write_head_integrity"]
 
 
 # ----- the head's own files -------------------------------------------------------------------------------------

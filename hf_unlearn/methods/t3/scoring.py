@@ -139,7 +139,7 @@ def t3_log_probs(
     ``temperature`` / ``tilt_weight`` / ``log_f_floor`` default to the head's config values. Unlike greedy
     decoding, these scores depend on ``T`` and ``w`` separately, not only on ``T * w``.
     ``check_base_weights`` compares the model's weights with the head's fingerprint (checked once per model
-    state, see :mod:`hf_unlearn.methods.t3.provenance`).
+    state, see :mod:`hf_unlearn.integrity`).
     Padding (``attention_mask == 0``) is excluded from the pooled state, so left and right padding
     give the same numbers. The tilted distribution is built for a chunk of scored positions at a time, sized so
     its float32 ``[positions, vocab]`` buffers fit in ``scoring_memory`` bytes (:func:`chunk_positions`; default
