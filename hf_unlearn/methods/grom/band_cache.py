@@ -1,29 +1,22 @@
 """Measuring many GROM edits from one pass: the hidden states entering the edited band, cached once per row.
 
-An edit ``W <- W + P`` of modules in decoder blocks ``l0 <= l <= l1`` (or of the LM head) leaves everything
-computed before block ``l0`` unchanged. For each batch ``b`` of a row set scored by the criterion the caching pass
-keeps ``h_b``, the input of block ``l0`` under the unedited model, and a candidate's log-probabilities are those of
-the model's own forward with blocks ``0 .. l0-1`` skipped and ``h_b`` put in as block ``l0``'s input.
-
-**Tail shortcut.** When the only edited module of block ``l0`` is its last residual writer (Llama's
-``down_proj``: ``out = r + W x``), the block's output under the edit is linear in ``P``:
+An edit of decoder blocks ``l0 <= l <= l1`` (or of the LM head) leaves everything before block ``l0`` unchanged, so
+each batch's input ``h_b`` of block ``l0`` under the unedited model is kept and a candidate is scored by the model's
+own forward from block ``l0`` on. When the only edited module of block ``l0`` is its last residual writer (Llama's
+``down_proj``, ``out = r + W x``) the block's output is linear in the edit,
 
     out_b(P) = out_b(0) + x_b P^T,
 
-so the pass keeps ``out_b(0)`` (the next block's input, or the final norm's) and the module's input ``x_b`` and a
-replay runs only the blocks after ``l0``. :meth:`BandCache.replays_exactly` checks this against a replay of block
-``l0`` under a random perturbation of ``W`` (a post-writer norm breaks it); callers fall back to the plain band.
-
-**Logits.** A replay computes logits only where a label is scored: the pairs ``(b, t)`` with
-``answer_mask(labels)[b, t + 1]`` (:func:`scored_pairs`). When no block runs after the entry (an edit of the last
-block, or of the LM head) the pairs of every batch go through the final norm and the head at once
-(``logits_mode = "direct"``); else they are gathered into one ``[1, N, H]`` input of the head by a pre-hook
-(``"pairs"``); else the scored positions (``logits_to_keep``, ``"positions"``), else all (``"all"``)::
+so ``out_b(0)`` and ``x_b`` are kept instead and only the blocks after ``l0`` run (the tail shortcut, checked by
+:meth:`BandCache.replays_exactly` under a random perturbation of ``W``). Logits are computed only at the scored
+pairs ``(b, t)`` (``answer_mask(labels)[b, t + 1]``)::
 
     log p(y_{b,t+1}) = z_{b,t}[y_{b,t+1}] - logsumexp_v z_{b,t}[v],    z_{b,t} = head(norm(h_{b,t}))
 
-The caching pass stops at the entry (``keep_plain=False``) when the unedited model's own scores of that row set are
-not needed; one batch of one set runs whole (``True``, or ``"first"``) for :meth:`BandCache.replays_exactly`.
+with no block after the entry, for every batch in one call (``"direct"``); else through a pre-hook on the head
+(``"pairs"``), ``logits_to_keep`` (``"positions"``) or all logits (``"all"``), the first mode that reproduces the
+plain forward. The caching pass stops at the entry (``keep_plain=False``) unless the row set's unedited scores are
+needed (``True``; ``"first"``: the first batch only, for the check).
 """
 
 from __future__ import annotations

@@ -263,13 +263,9 @@ class GROMEdit:
         create_card: bool = True,
         endpoint: str | None = None,
     ) -> Any:
-        """Upload the saved edit (the :meth:`save_pretrained` folder, a model card rendered by
-        :func:`hf_unlearn.hub.build_model_card` when the base is known, and ``report`` as
-        ``unlearning_report.json`` when given) to ``repo_id`` in one commit with
-        :func:`hf_unlearn.hub.push.push_folder`; returns the ``CommitInfo``.
-
-        The repo id is validated and the folder fully written before anything is sent.
-        """
+        """Upload the :meth:`save_pretrained` folder, a model card (when the base is known) and ``report`` (as
+        ``unlearning_report.json``) to ``repo_id`` in one commit (:func:`hf_unlearn.hub.push.push_folder`); returns
+        the ``CommitInfo``. Everything is written and validated before anything is sent."""
         from huggingface_hub.utils import validate_repo_id
 
         from ...hub.push import push_folder

@@ -113,12 +113,9 @@ class T3Classifier(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, verify_integrity: bool = True,
                         expected_sha256: str | None = None, **kwargs: Any) -> Any:
         """``PreTrainedModel.from_pretrained`` after checking the head's files against ``t3_integrity.json``
-        (:func:`~hf_unlearn.methods.t3.provenance.verify_head_files`): a changed, unrecorded or missing file is
-        refused naming it (:class:`~hf_unlearn.integrity.AdapterIntegrityError`), and so is a head
-        saved without the record unless ``verify_integrity=False``. ``expected_sha256`` pins the record itself
-        (the digest of ``t3_integrity.json``: :func:`~hf_unlearn.integrity.manifest_digest`, or the
-        ``hf_unlearn_integrity`` entry of the pushed model card), which also refuses a head whose files and
-        record were both rewritten. A Hub head is downloaded first and loaded from the files that were checked."""
+        (:func:`~hf_unlearn.methods.t3.provenance.verify_head_files`; a head without the record is refused unless
+        ``verify_integrity=False``). ``expected_sha256`` pins the record itself
+        (:func:`~hf_unlearn.integrity.manifest_digest`). A Hub head is loaded from the files that were checked."""
         if pretrained_model_name_or_path is None or not (verify_integrity or expected_sha256 is not None):
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         from .provenance import head_folder, verify_head_files

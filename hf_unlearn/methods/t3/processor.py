@@ -67,11 +67,8 @@ class T3LogitsProcessor(LogitsProcessor):
         check_base_weights: compare the base's weights with the fingerprint recorded at fit time (the
             default); False skips that check (sizes and architecture are always compared).
 
-    Works with greedy decoding and sampling (leave ``generate``'s own temperature at 1: T3 tempers
-    here; warpers such as top-k/top-p run after it), with batches (left padding is read from the
-    attention mask) and with the KV cache. The hooks stay on the model until :meth:`close` (or the
-    end of a ``with`` block; :meth:`attach` registers them again); a new ``generate`` call resets the
-    running sums by itself.
+    Works with greedy decoding and sampling (leave ``generate``'s temperature at 1), batches (left padding read from
+    the attention mask) and the KV cache; the hooks stay until :meth:`close` (or the end of a ``with`` block).
     """
 
     def __init__(
