@@ -217,7 +217,7 @@ class BandCache:
         if self.entry.tail is not None:
             handles.append(self.entry.tail.register_forward_hook(
                 lambda module, args, output: self._tail_inputs.append(self._keep(args[0]))))
-            if first:
+            if first and self.keep_plain is not False:  # the check's batch
                 def keep_plain_input(module, args, kwargs):
                     self._plain_input = self._keep(_hidden_arg(args, kwargs))
 
@@ -247,6 +247,8 @@ class BandCache:
         head = self.model.get_output_embeddings()
         if head is None or self.entry.start < len(getattr(self.entry.owner, self.entry.attr)):
             raise RuntimeError("Blocks run after the entry, or the model has no LM head to call.")
+        if not self.batches.kept:
+            return []
         if self._pairs is None:
             where = [scored_pairs(labels) for *_, labels in self.batches.inputs]
             hidden = torch.cat([h[r, t] for (h, _), (r, t) in zip(self.batches.kept, where)])
