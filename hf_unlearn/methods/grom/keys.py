@@ -199,26 +199,16 @@ class KeyCollector:
         d_in = {t.name: t.module.in_features for t in self.key_modules}
         device = self.unembed.device
         gram = self.gram_device or device
-        moments = {
-            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=gram))
-            for n, m in self.retain_moment.items()
-        }
-        generic = {
-            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=gram))
-            for n, m in self.generic_moment.items()
-        }
-        forget_keys = {
-            n: torch.cat(v) if v else torch.zeros(0, d_in[n], device=device) for n, v in self.forget_keys.items()
-        }
-        hidden, vocab = self.unembed.shape[1], self.unembed.shape[0]
-        empty = {
-            "example": torch.zeros(0, dtype=torch.long, device=device),
-            "position": torch.zeros(0, dtype=torch.long, device=device),
-            "gold": torch.zeros(0, dtype=torch.long, device=device),
-            "margin": torch.zeros(0, device=device),
-            "w_resid": torch.zeros(0, hidden, device=device),
-            "w_logit": torch.zeros(0, vocab, device=device),
-        }
+        def or_zero(found: dict[str, Any]) -> dict[str, torch.Tensor]:
+            return {n: m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=gram)
+                    for n, m in found.items()}
+
+        moments, generic = or_zero(self.retain_moment), or_zero(self.generic_moment)
+        forget_keys = {n: torch.cat(v) if v else torch.zeros(0, d_in[n], device=device)
+                       for n, v in self.forget_keys.items()}
+        (vocab, hidden), none = self.unembed.shape, torch.zeros(0, dtype=torch.long, device=device)
+        empty = {"example": none, "position": none, "gold": none, "margin": torch.zeros(0, device=device),
+                 "w_resid": torch.zeros(0, hidden, device=device), "w_logit": torch.zeros(0, vocab, device=device)}
         needed = {"example", "position", "gold"}
         if self.suppression:
             needed |= {"margin"} | ({"w_resid"} if self.need_resid else set()) | ({"w_logit"} if self.need_lm else set())
