@@ -87,14 +87,10 @@ class _Stop(Exception):
 
 
 class HiddenStateHook:
-    """Calls ``callback(hidden [B, Q, H], attention_mask [B, K] or None)`` on every forward of the base.
-
-    ``hidden`` is layer ``layer``'s hidden state of the ``Q`` positions that forward encoded;
-    ``attention_mask`` is the 2D mask the decoder received (``K >= Q`` columns: with a KV cache the
-    last ``Q`` belong to the encoded positions). A mask wider than ``max_positions`` is refused before
-    the base runs (it would index past its position table). With ``stop_early`` an intermediate layer's forward
-    is cut short after the hidden state was read (the decoder raises and :meth:`run` catches it).
-    Remove the hooks with :meth:`remove` (or use it as a context manager).
+    """Calls ``callback(hidden [B, Q, H], attention_mask [B, K] or None)`` on every forward of the base: layer
+    ``layer``'s hidden state of the ``Q`` positions encoded and the 2D mask the decoder received (with a KV cache
+    its last ``Q`` columns). A mask wider than ``max_positions`` is refused before the base runs; with
+    ``stop_early`` an intermediate layer's forward stops after the read (:meth:`run`). A context manager.
     """
 
     def __init__(

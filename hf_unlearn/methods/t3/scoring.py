@@ -133,18 +133,11 @@ def t3_log_probs(
     scoring_memory: int | None = None,
 ) -> torch.Tensor:
     """Per-token T3 log-probabilities of ``labels`` (``[B, L]``), aligned like
-    :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t] = log q(labels[:, t] | input_ids[:, :t])``,
-    0 where ``labels == -100`` and at ``t = 0``.
-
-    ``temperature`` / ``tilt_weight`` / ``log_f_floor`` default to the head's config values. Unlike greedy
-    decoding, these scores depend on ``T`` and ``w`` separately, not only on ``T * w``.
-    ``check_base_weights`` compares the model's weights with the head's fingerprint (checked once per model
-    state, see :mod:`hf_unlearn.integrity`).
-    Padding (``attention_mask == 0``) is excluded from the pooled state, so left and right padding
-    give the same numbers. The tilted distribution is built for a chunk of scored positions at a time, sized so
-    its float32 ``[positions, vocab]`` buffers fit in ``scoring_memory`` bytes (:func:`chunk_positions`; default
-    :func:`default_scoring_memory`). An input longer than the base's maximum positions
-    is refused (truncate it first).
+    :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t] = log q(labels[:, t] | input_ids[:, :t])``, 0 where
+    ``labels == -100`` and at ``t = 0``. ``temperature`` / ``tilt_weight`` / ``log_f_floor`` default to the head's
+    config; ``check_base_weights`` compares the model's weights with the head's fingerprint. Padding is excluded
+    from the pooled state. Scored positions are processed in chunks whose float32 ``[positions, vocab]`` buffers
+    fit ``scoring_memory`` bytes (:func:`chunk_positions`). An input longer than the base's positions is refused.
     """
     temperature = classifier.config.temperature if temperature is None else temperature
     tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight
