@@ -1,24 +1,15 @@
 """Integrity of saved artifacts and of the base model they belong to: file digests and weight fingerprints.
 
-Weights (an artifact fitted on one base model names that base by its weights)::
+    digest(W)       = SHA-256(bytes of W in its own dtype, row-major)
+    fingerprint(M)  = {name: (shape, dtype, digest(W))} for every name of named_parameters(remove_duplicate=False)
 
-    digest(W)       = SHA-256(bytes of W as stored: its own dtype, row-major order)
-    fingerprint(M)  = {name: (shape, dtype, digest(W))} for every parameter name of M
+A model matches a fingerprint when it has exactly the recorded names with the recorded shapes, dtypes and digests
+(a tied head is listed under its own name, so untying it keeps the fingerprint). Digests are cached per tensor and
+state ``(data_ptr, _version, shape, stride, dtype, device)``; a change through ``param.data`` is not seen.
 
-Every name ``named_parameters(remove_duplicate=False)`` gives is listed, so a tied LM head is listed under its own
-name with the embedding's digest: untying it (a copy of the same values) leaves the fingerprint unchanged. A model
-matches a fingerprint when every recorded name is present with the recorded shape, dtype and digest and it has no
-other parameter; the same weights held in another dtype do not match (load the base in the recorded dtype).
-
-A tensor's digest is computed once and kept for the process, keyed by the tensor's identity and its state
-``(data_ptr, _version, shape, stride, dtype, device)``: an in-place change (``add_``, ``copy_``) bumps
-``_version`` and the digest is computed anew; a change written through ``param.data`` bypasses the version
-counter and is not seen.
-
-Files: :func:`file_sha256` digests a file; an artifact records the digests of its files in a manifest
-(a JSON file in the artifact's folder), and :func:`manifest_digest` (the SHA-256 of that manifest) is what a
-user pins (``expected_sha256=``, checked by :func:`check_pinned_digest`) and a pushed model card records
-(:func:`integrity_entry`). :func:`confined_file` keeps every file name a manifest gives inside the artifact's folder.
+Files: an artifact's manifest holds a :func:`digest_record` of its files, checked by
+:func:`check_recorded_files`; :func:`manifest_digest` (the manifest's own SHA-256) is what a user pins
+(``expected_sha256=``, :func:`check_pinned_digest`) and a pushed card records (:func:`integrity_entry`).
 """
 
 from __future__ import annotations
@@ -212,3 +203,41 @@ def integrity_entry(folder: str | os.PathLike, manifest: str) -> dict[str, str] 
     if not (Path(folder) / manifest).is_file():
         return None
     return {"manifest": manifest, "sha256": manifest_digest(folder, manifest)}
+
+
+def digest_record(folder: str | os.PathLike, names: list[str]) -> dict[str, Any]:
+    """``{"algorithm": "sha256", "files": {name: SHA-256}}`` of the files ``names`` in ``folder``: the record a
+    manifest holds and :func:`check_recorded_files` checks."""
+    return {"algorithm": "sha256", "files": {n: file_sha256(Path(folder) / n) for n in names}}
+
+
+def check_recorded_files(folder: Path, record: Any, what: str, manifest: str, *, required: tuple[str, ...] = (),
+                         on_disk: tuple[str, ...] = (), fix: str = "Restore the saved file.") -> None:
+    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from ``record`` (a
+    :func:`digest_record` read from ``manifest``): a record without sha256 file digests, one that lists neither a
+    name of ``required`` (files every such artifact records) nor one of ``on_disk`` (files found in the folder), a
+    listed name that is not a plain file inside ``folder`` (:func:`confined_file`), a listed file that is missing,
+    or one whose SHA-256 is not the recorded one (``fix`` says what to do)."""
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files or record.get("algorithm", "sha256") != "sha256":
+        raise AdapterIntegrityError(
+            f"{what}: {manifest} records no file digests (sha256), so hf-unlearn cannot check that the files are the "
+            "saved ones. Save it again with this hf-unlearn, or pass verify_integrity=False to load it unchecked."
+        )
+    unlisted = [n for n in required if n not in files]
+    if unlisted:
+        raise AdapterIntegrityError(f"{what}: {manifest} records no digest for {', '.join(unlisted)}, which every "
+                                    "saved artifact has; the manifest was edited. Restore it from the saved files.")
+    extra = [n for n in on_disk if n not in files]
+    if extra:
+        raise AdapterIntegrityError(f"{what}: {', '.join(extra)} {'is' if len(extra) == 1 else 'are'} not recorded "
+                                    f"in {manifest}: not a file it was saved with. Remove it or restore the saved files.")
+    for name, want in sorted(files.items()):
+        path = confined_file(folder, name, what, manifest)
+        if not path.is_file():
+            raise AdapterIntegrityError(f"{what}: {name} is missing, but {manifest} says it was saved with it. "
+                                        "Restore the file (or download the artifact again).")
+        got = file_sha256(path)
+        if got != want:
+            raise AdapterIntegrityError(f"{what}: {name} was modified after it was saved (sha256 {got[:12]} != "
+                                        f"recorded {str(want)[:12]}). {fix}")

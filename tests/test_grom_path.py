@@ -102,7 +102,7 @@ def test_fit_grom_path_refuses_a_bad_grid_before_any_forward_pass(tiny, sets, mo
     import hf_unlearn.methods.grom.strength_path as path_module
 
     model, tok = tiny
-    monkeypatch.setattr(path_module, "fit_grom", lambda *a, **k: pytest.fail("keys were collected"))
+    monkeypatch.setattr(path_module, "_fit_grom", lambda *a, **k: pytest.fail("keys were collected"))
     with pytest.raises(ValueError, match="retain_weights must be finite"):
         fit_grom_path(model, tok, *sets, GROMConfig(**BASE), retain_weights=(1.0, float("inf")))
 
@@ -131,3 +131,67 @@ def test_select_picks_by_the_rule_restores_the_model_and_saves_the_record(tiny, 
     assert meta["stats"]["selection"]["candidates"][record.index]["scale"] == small.points[record.index]["scale"]
     loaded = GROMEdit.from_pretrained(tmp_path / "adapter", model=model)
     assert loaded.stats["selection"]["reason"] == record.reason
+
+
+def test_path_from_the_saved_factor_equals_the_fitted_path_and_direct_solves(tiny, sets, path, tmp_path):
+    """The path rebuilt from a loaded edit (preservation recovered from L L^T) gives the fitted path's points, each
+    the direct closed-form solve of its settings at several strengths."""
+    from hf_unlearn.methods.grom.solve import normal_matrix
+
+    model, tok = tiny
+    base = path.base
+    base.save_pretrained(tmp_path / "edit")
+    loaded = GROMEdit.from_pretrained(tmp_path / "edit")
+    again = grom_path_from_edit(loaded, scales=(0.5, 1.0, 2.0), retain_weights=(1.0, 10.0), ridges=(1e-2, 1e-3))
+    assert again.points == path.points
+    name = next(iter(base.solutions))
+    xf, d = base.forget_keys[name].double(), base.targets[name].double()
+    c_f = base.solutions[name].forget_scale
+    r = base.solutions[name].chol @ base.solutions[name].chol.T - normal_matrix(
+        torch.zeros(xf.shape[1], xf.shape[1], dtype=torch.float64), 0, xf, BASE["forget_weight"], 0.0, BASE["ridge"])
+    for i, point in enumerate(path.points):
+        a = point["retain_weight"] * r + c_f * (xf.T @ xf) + point["ridge"] * torch.eye(xf.shape[1], dtype=torch.float64)
+        direct = point["scale"] * torch.linalg.solve(a, c_f * (xf.T @ d)).T
+        torch.testing.assert_close(path.edits[i].solutions[name].delta, direct, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(again.point_deltas(i)[name], path.point_deltas(i)[name], rtol=1e-5, atol=1e-7)
+
+
+def test_cached_path_of_a_module_that_is_not_its_blocks_last_writer_replays_the_block(tiny, sets, synthetic):
+    """o_proj's output goes through the MLP: the tail shortcut's check fails, the band replay from the block is used
+    and gives the full passes' measurements."""
+    import warnings
+
+    from hf_unlearn.methods.grom.band_cache import BandCache
+    from hf_unlearn.selection import SelectionCriterion
+
+    model, tok = tiny
+    forget, retain = sets
+    small = fit_grom_path(model, tok, forget, retain, GROMConfig(**{**BASE, "target_modules": "o_proj",
+                                                                     "layers": [1]}),
+                          scales=(1.0,), retain_weights=(1.0, 10.0))
+    checks: list[tuple[bool, bool]] = []
+    original = BandCache.replays_exactly
+
+    def spy(self, atol=1e-4):
+        checks.append((self.entry.tail is not None, original(self, atol)))
+        return checks[-1][1]
+
+    criterion = lambda: SelectionCriterion(forget[:12], synthetic["holdout10"][:12],  # noqa: E731
+                                           synthetic["retain90"][100:112], batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        BandCache.replays_exactly = spy
+        try:
+            small.select(criterion(), model, tok)
+        finally:
+            BandCache.replays_exactly = original
+        fast = small.record
+        small.select(criterion(), model, tok, cached=False)
+    assert checks == [(True, False), (False, True)]
+    compared = 0
+    for a, b in zip(fast.measurements, small.record.measurements):
+        for key, value in b.items():
+            if key != "seconds" and isinstance(value, float) and value == value:
+                assert a[key] == pytest.approx(value, abs=1e-5), key
+                compared += 1
+    assert compared >= 6 and fast.index == small.record.index

@@ -154,9 +154,9 @@ def test_cached_grom_path_equals_the_uncached_one(tiny, synthetic, target):
     for key, value in slow_criterion.original.items():
         assert fast_criterion.original[key] == pytest.approx(value, abs=1e-6)
     starts_at_first_block = target.get("layers") == [0, 1]
-    # the blocks before the band run once per batch (8 batches), not once per point (with the band at the first
-    # block, block 0 runs in every point's pass and in the replay check of the first batch)
-    assert fast_calls == (8 + 1 + 6 * 8 if starts_at_first_block else 8)
+    # the blocks before the band run once per batch (8 batches), not once per point; with the band at the first
+    # block its down_proj is the block's tail, so block 0 runs again only in the shortcut's check of the first batch
+    assert fast_calls == (8 + 1 if starts_at_first_block else 8)
     assert chosen is path.edits[fast.index] and set(path.edits._built) == {fast.index}
     for name, delta in path.point_deltas(fast.index).items():
         torch.testing.assert_close(delta, chosen.deltas[name], rtol=1e-5, atol=1e-7)
@@ -291,19 +291,20 @@ def test_grom_path_caching_pass_runs_whole_only_for_the_original_figures(tiny, s
     fresh = _criterion(synthetic)
     counts = []
     for criterion in (fresh, given):
-        norm_calls, handle = _count_calls(model.model.norm)
+        head_calls, handle = _count_calls(model.lm_head)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 path.select(criterion, model, tok)
         finally:
             handle.remove()
-        counts.append(norm_calls[0])
+        counts.append(head_calls[0])
         assert path.cache_seconds is not None and path.cache_seconds > 0
-    # 8 batches (2 per set); the replay check 1 and the point 8. Caching: without original figures the retain
-    # and generic sets run whole (4) and forget/holdout stop at the band; with them, only the forget rows' first
-    # batch runs whole (the replay check's).
-    assert counts == [4 + 1 + 8, 1 + 1 + 8]
+    # 8 batches (2 per set); the replay checks 3 (the logits mode, the tail shortcut under a perturbation and through
+    # the block) and the point 4 (the edit is in the last block: one head call per set, every batch's scored pairs
+    # at once). Caching: without original figures the retain and generic sets run whole (4) and forget/holdout stop
+    # at the band; with them, only the forget rows' first batch runs whole (the replay check's).
+    assert counts == [4 + 3 + 4, 1 + 3 + 4]
     for key, value in given.original.items():
         assert fresh.original[key] == pytest.approx(value, abs=1e-6)
 

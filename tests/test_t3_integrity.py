@@ -13,7 +13,7 @@ from test_t3 import qa_batch, random_head
 from transformers import AutoModelForCausalLM
 
 from hf_unlearn.demo import load_tiny
-from hf_unlearn.integrity import BaseModelMismatchError
+from hf_unlearn.integrity import BaseModelMismatchError, model_fingerprint
 from hf_unlearn.methods.t3 import (
     T3Classifier,
     T3ClassifierConfig,
@@ -22,7 +22,6 @@ from hf_unlearn.methods.t3 import (
     t3_log_probs,
     validate_t3_fit,
 )
-from hf_unlearn.methods.t3.provenance import base_weights_fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +135,7 @@ def test_same_weights_under_another_path_are_accepted(target, synthetic, tmp_pat
     model, tok = target
     clf = fit_t3(model, tok, synthetic["forget10"][:6], synthetic["retain90"][:12], rank=2, epochs=3,
                  progress=False)
-    assert clf.config.base_weights_fingerprint == base_weights_fingerprint(model)
+    assert clf.config.base_weights_fingerprint == model_fingerprint(model)
     clf.save_pretrained(tmp_path / "head")
     saved = json.loads((tmp_path / "head" / "config.json").read_text())
     assert saved["base_weights_fingerprint"]["parameters"] == clf.config.base_weights_fingerprint["parameters"]

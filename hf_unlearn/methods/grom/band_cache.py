@@ -1,38 +1,22 @@
 """Measuring many GROM edits from one pass: the hidden states entering the edited band, cached once per row.
 
-An edit ``W <- W + P`` of modules in decoder blocks ``l0 <= l <= l1`` (or of the LM head) leaves everything
-computed before block ``l0`` unchanged. So for a row set scored by the criterion,
+An edit of decoder blocks ``l0 <= l <= l1`` (or of the LM head) leaves everything before block ``l0`` unchanged, so
+each batch's input ``h_b`` of block ``l0`` under the unedited model is kept and a candidate is scored by the model's
+own forward from block ``l0`` on. When the only edited module of block ``l0`` is its last residual writer (Llama's
+``down_proj``, ``out = r + W x``) the block's output is linear in the edit,
 
-    h_b = input of block l0 for batch b, with the unedited model (one forward per batch, kept),
+    out_b(P) = out_b(0) + x_b P^T,
 
-and a candidate edit's log-probabilities are those of the model's own forward with blocks ``0 .. l0-1`` skipped and
-``h_b`` put in as block ``l0``'s input: the blocks from the band on, the final norm and the LM head run as in a plain
-forward (same code), so the scores equal the uncached ones up to float rounding.
-
-What a candidate costs beyond the band's blocks is the LM head, which over a large vocabulary costs as much as
-several blocks (SmolLM2-135M's 576 x 49,152 head, about 8 of its 30). A replay computes logits only where a label
-is scored: the pairs ``(b, t)`` with ``answer_mask(labels)[b, t + 1]`` (:func:`scored_pairs`), gathered into one
-``[1, N, H]`` input of the head by a forward pre-hook (``logits_mode = "pairs"``), so
+so ``out_b(0)`` and ``x_b`` are kept instead and only the blocks after ``l0`` run (the tail shortcut, checked by
+:meth:`BandCache.replays_exactly` under a random perturbation of ``W``). Logits are computed only at the scored
+pairs ``(b, t)`` (``answer_mask(labels)[b, t + 1]``)::
 
     log p(y_{b,t+1}) = z_{b,t}[y_{b,t+1}] - logsumexp_v z_{b,t}[v],    z_{b,t} = head(norm(h_{b,t}))
 
-is computed for those ``N`` pairs and no others. Where that hook does not reproduce the plain forward, the replay
-asks for the positions scored in some row (``logits_to_keep``, ``"positions"``), else for every logit (``"all"``).
-Attention in the later blocks reads every position of the row, so ``h_b`` holds all positions (``[B, L, H]`` in the
-model's dtype; on the CPU with ``cache_device="cpu"``). An edit of the LM head alone caches the final norm's input and
-runs no block.
-
-The caching pass stops at the band (``keep_plain=False``) when the unedited model's own scores of that row set are
-not needed (every set but the retain rows that give the original model's figures): the blocks from the band on and
-the head then do not run. One batch of one set runs whole (``True``, or ``"first"`` when no set needs its scores), for
-:meth:`BandCache.replays_exactly` to compare the replay against. The batches are those
-of the criterion's own scoring loop, run once (:class:`~hf_unlearn.scoring_pass.RowBatches` maps them back to rows),
-so every candidate sees exactly the batches a full pass would.
-
-Skipping works by handing the decoder a shorter list of blocks during the replay and replacing the first kept
-block's input through a forward pre-hook. :meth:`BandCache.replays_exactly` checks, on the first batch, that this
-reproduces the plain forward of the unedited model; callers fall back to full passes when it does not (a decoder
-whose forward depends on the position of a block in its list).
+with no block after the entry, for every batch in one call (``"direct"``); else through a pre-hook on the head
+(``"pairs"``), ``logits_to_keep`` (``"positions"``) or all logits (``"all"``), the first mode that reproduces the
+plain forward. The caching pass stops at the entry (``keep_plain=False``) unless the row set's unedited scores are
+needed (``True``; ``"first"``: the first batch only, for the check).
 """
 
 from __future__ import annotations
@@ -44,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ...logprobs import answer_mask, label_log_probs
@@ -54,13 +39,16 @@ from .keys import _final_norm
 @dataclass
 class BandEntry:
     """Where a replay starts: ``owner.<attr>`` is the decoder's list of blocks, ``start`` the first block that runs
-    (``len(blocks)`` when only the LM head is edited) and ``module`` the one whose input is cached (that block, or
-    the final norm)."""
+    (``len(blocks)`` when none does) and ``module`` the one whose input is cached (that block, or the final norm).
+    With a ``tail`` (the edited last writer of block ``start - 1``) the cached input is corrected by ``x P^T``;
+    ``plain`` is then the entry at block ``start - 1`` that the shortcut is checked against."""
 
     owner: nn.Module
     attr: str
     start: int
     module: nn.Module
+    tail: nn.Linear | None = None
+    plain: BandEntry | None = None
 
 
 def _block_list(model: nn.Module, name: str) -> tuple[str, int] | None:
@@ -84,9 +72,11 @@ def _decoder_blocks(model: nn.Module) -> str:
     raise ValueError(f"Cannot find the decoder blocks of {type(model).__name__} (a ModuleList of {n} layers).")
 
 
-def band_entry(model: nn.Module, module_names: Sequence[str]) -> BandEntry:
+def band_entry(model: nn.Module, module_names: Sequence[str], tail: bool = False) -> BandEntry:
     """The :class:`BandEntry` of an edit of ``module_names``: the first edited block (by its index in the decoder's
-    list of blocks), or the final norm when every edited module is outside the blocks (the LM head)."""
+    list of blocks), or the final norm when every edited module is outside the blocks (the LM head). With ``tail``,
+    the shortcut entry after that block when its one edited module is an ``nn.Linear`` (checked to be the block's
+    last writer by :meth:`BandCache.replays_exactly`)."""
     located = [_block_list(model, n) for n in module_names]
     blocks = [loc for loc in located if loc is not None]
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -100,13 +90,17 @@ def band_entry(model: nn.Module, module_names: Sequence[str]) -> BandEntry:
             raise ValueError(f"The edited modules sit in several block lists ({sorted(paths)}).")
         path, start = paths.pop(), min(i for _, i in blocks)
     else:
-        path = _decoder_blocks(model)
-        start = None
+        path, start = _decoder_blocks(model), None
     owner_path, _, attr = path.rpartition(".")
     owner, layers = modules[owner_path], modules[path]
     if start is None:
         return BandEntry(owner, attr, len(layers), _final_norm(model))
-    return BandEntry(owner, attr, start, layers[start])
+    entry = BandEntry(owner, attr, start, layers[start])
+    in_first = [n for n, loc in zip(module_names, located) if loc == (path, start)]
+    if not tail or len(in_first) != 1 or not isinstance(modules[in_first[0]], nn.Linear):
+        return entry
+    after = layers[start + 1] if start + 1 < len(layers) else _final_norm(model)
+    return BandEntry(owner, attr, start + 1, after, tail=modules[in_first[0]], plain=entry)
 
 
 @contextlib.contextmanager
@@ -121,14 +115,12 @@ def _skip_before(entry: BandEntry) -> Iterator[None]:
 
 
 def predicting_positions(labels: torch.Tensor) -> torch.Tensor:
-    """The positions ``t`` (1-D, ascending) whose next label is scored in some row of the batch
-    (``answer_mask(labels)[:, t + 1]``): the logits a replay in ``"positions"`` mode computes."""
+    """The positions ``t`` (1-D, ascending) whose next label is scored in some row (``"positions"`` mode)."""
     return answer_mask(labels)[:, 1:].any(dim=0).nonzero().squeeze(-1)
 
 
 def scored_pairs(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rows, positions)`` (1-D, row-major) of the pairs ``(b, t)`` whose next label is scored
-    (``answer_mask(labels)[b, t + 1]``): the only logits a replay in ``"pairs"`` mode computes."""
+    """``(rows, positions)`` (1-D, row-major) of the pairs ``(b, t)`` with ``answer_mask(labels)[b, t + 1]``."""
     rows, positions = answer_mask(labels)[:, 1:].nonzero(as_tuple=True)
     return rows, positions
 
@@ -147,9 +139,8 @@ def kept_label_log_probs(logits: torch.Tensor, labels: torch.Tensor, keep: torch
 
 def pair_label_log_probs(logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor,
                          positions: torch.Tensor) -> torch.Tensor:
-    """:func:`~hf_unlearn.logprobs.label_log_probs` from the logits of the pairs of :func:`scored_pairs` only
-    (``[N, V]`` or ``[1, N, V]``, in that order): ``out[b, t + 1] = z[y] - logsumexp(z)`` with ``z`` the pair's logits
-    and ``y = labels[b, t + 1]``; 0 at every position that is not scored."""
+    """:func:`~hf_unlearn.logprobs.label_log_probs` from the logits of the :func:`scored_pairs` only (``[N, V]`` or
+    ``[1, N, V]``): ``out[b, t + 1] = z[y] - logsumexp(z)``, ``y = labels[b, t + 1]``; 0 elsewhere."""
     z = logits.reshape(-1, logits.shape[-1]).float()
     targets = labels[rows, positions + 1]
     picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
@@ -173,19 +164,17 @@ class _StopAtBand(Exception):
     """Raised by the caching hook to end a forward once the band's input is kept."""
 
 
-LOGITS_MODES = ("pairs", "positions", "all")
+LOGITS_MODES = ("direct", "pairs", "positions", "all")
 
 
 class BandCache:
     """The band inputs of one row set, cached by one pass of the criterion's scoring loop.
 
-    ``score_rows(scorer)`` runs that loop (e.g. ``lambda s: criterion._score(model, tokenizer, rows, s)``); it is
-    run once, with the unedited model, through :class:`~hf_unlearn.scoring_pass.RowBatches`. :meth:`current` gives
-    the per-row log-probabilities of the model as it is now (edited in place), computed from the band on. With
-    ``keep_plain=True`` (the default) the caching pass runs whole and :meth:`plain` gives its scores; with
-    ``"first"`` it runs whole on the first batch only (what :meth:`replays_exactly` needs), with ``False`` it stops
-    at the band on every batch. ``logits_mode`` (one of :data:`LOGITS_MODES`) is which logits a replay computes; it
-    is settled by :meth:`replays_exactly` and copied to the other caches of a pass by the caller.
+    ``score_rows(scorer)`` runs that loop (e.g. ``lambda s: criterion._score(model, tokenizer, rows, s)``) once, with
+    the unedited model, through :class:`~hf_unlearn.scoring_pass.RowBatches`. :meth:`current` gives the per-row
+    log-probabilities of the model as it is now (edited in place), computed from the entry on. ``keep_plain``:
+    ``True`` runs the caching pass whole (:meth:`plain` gives its scores), ``"first"`` only its first batch,
+    ``False`` none. ``logits_mode`` (:data:`LOGITS_MODES`) is settled by :meth:`replays_exactly`.
     """
 
     def __init__(
@@ -196,62 +185,125 @@ class BandCache:
             raise ValueError(f"keep_plain must be True, False or 'first', got {keep_plain!r}.")
         self.model, self.entry, self.keep_plain = model, entry, keep_plain
         self.cache_device = None if cache_device is None else torch.device(cache_device)
-        self.logits_mode = LOGITS_MODES[0]
+        self.logits_mode = "pairs"
         self._recorded = 0
+        self._tail_inputs: list[torch.Tensor] = []
+        self._plain_input: torch.Tensor | None = None  # the plain entry's input of the first batch (the check)
+        self._tail_weight = None if entry.tail is None else entry.tail.weight.detach().clone()
+        self._pairs: tuple | None = None  # the scored pairs of every batch, for "direct"
         self.batches = RowBatches(score_rows, self._record)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the cached hidden states."""
-        return sum(h.numel() * h.element_size() for h, _ in self.batches.kept)
+        """Bytes held by the cached hidden states (and the tail module's inputs)."""
+        held = [h for h, _ in self.batches.kept] + self._tail_inputs
+        return sum(h.numel() * h.element_size() for h in held)
+
+    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to(self.cache_device, copy=True) if self.cache_device else tensor.detach().clone()
 
     def _record(self, input_ids, attention_mask, position_ids, labels) -> tuple[torch.Tensor, torch.Tensor | None]:
         captured: list[torch.Tensor] = []
         stop = self.keep_plain is False or (self.keep_plain == "first" and self._recorded > 0)
+        first = self._recorded == 0
         self._recorded += 1
 
         def keep(module, args, kwargs):
-            hidden = _hidden_arg(args, kwargs).detach()
-            captured.append(hidden.to(self.cache_device, copy=True) if self.cache_device else hidden.clone())
+            captured.append(self._keep(_hidden_arg(args, kwargs)))
             if stop:
                 raise _StopAtBand
 
-        handle = self.entry.module.register_forward_pre_hook(keep, with_kwargs=True)
+        handles = [self.entry.module.register_forward_pre_hook(keep, with_kwargs=True)]
+        if self.entry.tail is not None:
+            handles.append(self.entry.tail.register_forward_hook(
+                lambda module, args, output: self._tail_inputs.append(self._keep(args[0]))))
+            if first and self.keep_plain is not False:  # the check's batch
+                def keep_plain_input(module, args, kwargs):
+                    self._plain_input = self._keep(_hidden_arg(args, kwargs))
+
+                handles.append(self.entry.plain.module.register_forward_pre_hook(keep_plain_input, with_kwargs=True))
         try:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
         except _StopAtBand:
             logits = None
         finally:
-            handle.remove()
-        if len(captured) != 1:
-            raise RuntimeError(f"The band's first module ran {len(captured)} times in one forward (expected once).")
+            for handle in handles:
+                handle.remove()
+        if len(captured) != 1 or (self.entry.tail is not None and len(self._tail_inputs) != self._recorded):
+            raise RuntimeError("The band's first module ran more than once in one forward (expected once).")
         return captured[0], None if logits is None else label_log_probs(logits, labels)
 
+    def _tail_delta(self) -> torch.Tensor | None:
+        """``P = W - W_0`` of the tail module (None without a tail or when it is unedited)."""
+        if self.entry.tail is None:
+            return None
+        delta = self.entry.tail.weight.detach() - self._tail_weight
+        return delta if bool(delta.any()) else None
+
     @torch.no_grad()
-    def _replay(self, b: int) -> torch.Tensor:
+    def _direct(self, delta: torch.Tensor | None) -> list[torch.Tensor]:
+        """Every batch's ``[B, L]`` log-probabilities from ``head(norm(h + x delta^T))`` at its scored pairs, all
+        batches in one product (``"direct"``: no block after the entry)."""
+        head = self.model.get_output_embeddings()
+        if head is None or self.entry.start < len(getattr(self.entry.owner, self.entry.attr)):
+            raise RuntimeError("Blocks run after the entry, or the model has no LM head to call.")
+        if not self.batches.kept:
+            return []
+        if self._pairs is None:
+            where = [scored_pairs(labels) for *_, labels in self.batches.inputs]
+            hidden = torch.cat([h[r, t] for (h, _), (r, t) in zip(self.batches.kept, where)])
+            x = None if self.entry.tail is None else torch.cat([x[r, t] for x, (r, t) in zip(self._tail_inputs, where)])
+            gold = torch.cat([labels[r, t + 1] for (*_, labels), (r, t) in zip(self.batches.inputs, where)])
+            self._pairs = (where, hidden, x, gold)
+        where, hidden, x, gold = self._pairs
+        h = hidden.to(head.weight.device)
+        if delta is not None:
+            h = h + (x.to(device=delta.device, dtype=delta.dtype) @ delta.T).to(h.dtype)
+        z = head(self.entry.module(h)).float()
+        picked = -F.cross_entropy(z, gold.to(z.device), reduction="none")  # z[y] - logsumexp(z), fused
+        out, start = [], 0
+        for (rows, positions), (*_, labels) in zip(where, self.batches.inputs):
+            lp = torch.zeros(labels.shape, dtype=picked.dtype, device=picked.device)
+            lp[rows.to(lp.device), positions.to(lp.device) + 1] = picked[start:start + len(rows)]
+            out.append(lp)
+            start += len(rows)
+        return out
+
+    @torch.no_grad()
+    def _replay(self, b: int, entry: BandEntry | None = None, hidden: torch.Tensor | None = None,
+                delta: torch.Tensor | None = None, mode: str | None = None) -> torch.Tensor:
+        """Log-probabilities ``[B, L]`` of batch ``b`` from ``entry`` (default: the cache's) on; ``hidden`` is the
+        entry module's input (default: the cached one, plus ``x_b delta^T`` with a tail ``delta``)."""
+        entry, mode = entry or self.entry, mode or self.logits_mode
+        if mode == "direct":
+            return self._direct(delta)[b]
         input_ids, attention_mask, position_ids, labels = self.batches.inputs[b]
-        hidden = self.batches.kept[b][0].to(input_ids.device)
-        if self.logits_mode == "pairs":
+        if hidden is None:
+            hidden = self.batches.kept[b][0].to(input_ids.device)
+            if delta is not None:
+                x = self._tail_inputs[b].to(device=delta.device, dtype=delta.dtype)
+                hidden = hidden + (x @ delta.T).to(hidden.dtype)
+        if mode == "pairs":
             rows, positions = scored_pairs(labels)
-        elif self.logits_mode == "positions":
+        elif mode == "positions":
             keep = predicting_positions(labels)
-        extra = {"logits_to_keep": keep} if self.logits_mode == "positions" else {}
+        extra = {"logits_to_keep": keep} if mode == "positions" else {}
         hooks = []
         try:
-            hooks.append(self.entry.module.register_forward_pre_hook(
+            hooks.append(entry.module.register_forward_pre_hook(
                 lambda module, args, kwargs: _with_hidden(args, kwargs, hidden), with_kwargs=True))
-            if self.logits_mode == "pairs":
+            if mode == "pairs":
                 hooks.append(self.model.get_output_embeddings().register_forward_pre_hook(
                     lambda module, args: (args[0][rows, positions].unsqueeze(0), *args[1:])))
-            with _skip_before(self.entry):
+            with _skip_before(entry):
                 logits = self.model(input_ids=input_ids, attention_mask=attention_mask,
                                     position_ids=position_ids, **extra).logits
         finally:
             for handle in hooks:
                 handle.remove()
-        if self.logits_mode == "pairs":
+        if mode == "pairs":
             return pair_label_log_probs(logits, labels, rows, positions)
-        if self.logits_mode == "positions":
+        if mode == "positions":
             return kept_label_log_probs(logits, labels, keep)
         return label_log_probs(logits, labels)
 
@@ -262,14 +314,17 @@ class BandCache:
         return self.batches.rows_of([lp for _, lp in self.batches.kept])
 
     def current(self) -> list[np.ndarray]:
-        """Per-row answer-token log-probabilities of the model as it is now, from the band on."""
-        return self.batches.rows_of([self._replay(b) for b in range(len(self.batches.kept))])
+        """Per-row answer-token log-probabilities of the model as it is now, from the entry on."""
+        delta = self._tail_delta()
+        if self.logits_mode == "direct":
+            return self.batches.rows_of(self._direct(delta))
+        return self.batches.rows_of([self._replay(b, delta=delta) for b in range(len(self.batches.kept))])
 
     def replays_exactly(self, atol: float = 1e-4) -> bool:
         """Whether the first batch, replayed through the unedited model, gives the caching pass's log-probabilities
-        (within ``atol``); call it before any edit is applied. Tries the :data:`LOGITS_MODES` in order and keeps the
-        first that reproduces them (a model without ``get_output_embeddings`` or ``logits_to_keep``, or whose logits
-        there differ, moves on to the next); False when none does."""
+        (within ``atol``), trying the :data:`LOGITS_MODES` in order and keeping the first that does; with a tail,
+        also whether the shortcut equals a replay of the tail's block under a seeded random perturbation of its
+        weight (put back bit for bit). Call it before any edit is applied; False when a check fails."""
         if not self.batches.kept:
             return True
         plain = self.batches.kept[0][1]
@@ -279,7 +334,24 @@ class BandCache:
             self.logits_mode = mode
             try:
                 if torch.allclose(self._replay(0), plain, rtol=0.0, atol=atol):
-                    return True
+                    break
             except (TypeError, AttributeError, IndexError, RuntimeError):
                 continue
-        return False
+        else:
+            return False
+        return self.entry.tail is None or self._tail_is_linear(plain, atol)
+
+    @torch.no_grad()
+    def _tail_is_linear(self, plain: torch.Tensor, atol: float) -> bool:
+        """The shortcut of the first batch against a replay of the tail's block under ``W + E``, ``E`` a seeded
+        Gaussian of a tenth of ``W``'s scale (which must move the scores)."""
+        weight = self.entry.tail.weight
+        scale = 0.1 * float(weight.float().std().clamp_min(1e-3))
+        noise = (scale * torch.randn(weight.shape, generator=torch.Generator().manual_seed(0))).to(weight)
+        try:
+            weight.add_(noise)
+            via_block = self._replay(0, self.entry.plain, self._plain_input.to(weight.device), mode="all")
+            shortcut = self._replay(0, delta=self._tail_delta())
+        finally:
+            weight.copy_(self._tail_weight)
+        return bool(torch.allclose(shortcut, via_block, rtol=0.0, atol=atol)) and not torch.equal(via_block, plain)

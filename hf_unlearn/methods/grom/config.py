@@ -28,17 +28,9 @@ class GROMConfig:
         P* = (w_f/s) D X_f^T A^{-1},
         A  = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I,
 
-    the minimiser of ``(w_f/s)||P X_f - D||^2 + (w_r/r)||P X_r||^2 + (w_g/g)||P X_g||^2 + mu ||P||^2`` where
-    ``X_f`` (``d_in x s``) holds the module inputs (keys) at the ``s`` forget answer positions, ``X_r``
-    (``d_in x r``) those at the ``r`` retain answer positions, ``X_g`` (``d_in x g``) those of the optional
-    general rows (``fit_grom(..., generic_retain=rows)``; the term is absent without them) and ``D``
-    (``d_out x s``) the desired output changes (targets).
-
-    Where each default comes from (the method's description, or measurements on TOFU-tiny and SmolLM2-135M):
-    ``docs/methods/grom.md``.
-
-    Fields in :data:`RUNTIME_FIELDS` (``batch_size``, ``max_stat_memory_gb``, ``progress``) only change how the
-    fit runs; :meth:`saved_dict` leaves them out of a saved adapter.
+    with ``X_f`` the forget keys (module inputs at the ``s`` forget answer positions), ``X_r`` the ``r`` retain keys,
+    ``X_g`` the keys of optional general rows and ``D`` the targets. Fields in :data:`RUNTIME_FIELDS` only change how
+    the fit runs and are not saved. Where each default comes from: ``docs/methods/grom.md``.
 
     Parameters (each field's ``metadata["help"]`` has the full text):
         target_modules (`str | list[str]`, defaults to `"down_proj"`): linear modules to edit (residual writers or
@@ -71,139 +63,84 @@ class GROMConfig:
 
     target_modules: str | list[str] = field(
         default="down_proj",
-        metadata={"help": "Name (or list of names) of the linear modules to edit, matched as the last component(s) "
-                  "of the module path: 'down_proj' (the MLP down-projection of Llama/Qwen/Mistral blocks), "
-                  "'lm_head', or a full path such as 'model.layers.1.mlp.down_proj'. Edited modules must write to "
-                  "the residual stream (d_out == hidden_size) or be an untied LM head, so that their targets can be "
-                  "read through the final norm and unembedding."},
+        metadata={"help": "Linear modules to edit, matched as the last component(s) of the module path ('down_proj', "
+                  "'lm_head' or a full path); each must write the residual stream or be an untied LM head."},
     )
     layers: str | list[int] = field(
-        default="auto",
-        metadata={"help": "'auto' (logit-lens attribution S_l = F_l - R_l, see hf_unlearn.methods.grom.attribution) or an "
-                  "explicit list of layer indices; applies to layered modules (the LM head is not layered and is "
-                  "always edited when targeted)."},
+        default="auto", metadata={"help": "'auto' (logit-lens attribution S_l = F_l - R_l) or layer indices."}
     )
     candidate_layers: list[int] | None = field(
         default=None,
-        metadata={"help": "Layers among which layers='auto' chooses its band; None means the last ceil(L / 3) "
-                  "layers holding a target module (the method's late layers: layer 1 of a 2-layer model, 4-5 of a "
-                  "6-layer one, 20-29 of a 30-layer one). Only valid with layers='auto'."},
+        metadata={"help": "Layers layers='auto' chooses from; None: the last ceil(L / 3) holding a target module."},
     )
     num_layers: int | None = field(
-        default=None,
-        metadata={"help": "Width of the contiguous band of layers chosen by layers='auto'; None means "
-                  "ceil(num_hidden_layers / 10) (1 layer of a 2-layer model, 3 of a 30-layer one)."},
+        default=None, metadata={"help": "Width of the band layers='auto' chooses; None: ceil(num_hidden_layers / 10)."}
     )
     objective: str = field(
         default="token_suppression",
-        metadata={"help": "'token_suppression' (lower the logit margin of each forget answer token, weighted by "
-                  "its specificity) or 'representation_corruption' (push the module output along a fixed random "
-                  "direction, for multiple-choice style knowledge); see hf_unlearn.methods.grom.targets."},
+        metadata={"help": "'token_suppression' (lower each forget token's logit margin, weighted by its specificity) "
+                  "or 'representation_corruption' (push the output along a fixed random direction)."},
     )
-    forget_weight: float = field(
-        default=10.0,
-        metadata={"help": "w_f > 0: weight of the forget fit term, divided by the number s of forget keys."},
-    )
-    retain_weight: float = field(
-        default=1.0,
-        metadata={"help": "w_r >= 0: weight of the retain preservation term, divided by the number r of retain keys."},
-    )
+    forget_weight: float = field(default=10.0, metadata={"help": "w_f > 0: forget fit weight, divided by s."})
+    retain_weight: float = field(default=1.0, metadata={"help": "w_r >= 0: retain preservation weight, divided by r."})
     generic_retain_weight: float = field(
         default=1.0,
-        metadata={"help": "w_g >= 0: weight of the preservation term of the general rows passed as "
-                  "fit_grom(..., generic_retain=rows) (rows of general knowledge, e.g. the model's own answers to "
-                  "general questions), divided by their number g of keys: (w_g/g) X_g X_g^T joins A. Unused "
-                  "without such rows."},
+        metadata={"help": "w_g >= 0: weight of the general rows of fit_grom(..., generic_retain=rows), divided by g."},
     )
     ridge: float = field(
-        default=1e-2,
-        metadata={"help": "mu >= 0: Tikhonov term. 0 is allowed only when A is non-singular (many more retain keys "
-                  "than input dimensions); a singular A raises a ValueError suggesting a value."},
+        default=1e-2, metadata={"help": "mu >= 0: Tikhonov term; 0 only when A is non-singular (else refused)."}
     )
     max_rank: int | None = field(
         default=None,
-        metadata={"help": "None or the largest LoRA rank of the PEFT adapter. Every module's rank is also capped at "
-                  "floor(d_in d_out / (d_in + d_out)), where the factors hold as many numbers as P; an edit of "
-                  "higher rank is truncated by SVD and the relative Frobenius error is reported (and written in the "
-                  "adapter metadata)."},
+        metadata={"help": "Largest LoRA rank of the export (also capped at floor(d_in d_out / (d_in + d_out))); a "
+                  "higher-rank edit is truncated by SVD and its relative Frobenius error recorded."},
     )
     suppression_margin: float = field(
         default=30.0,
-        metadata={"help": "kappa: token suppression asks each forget token's logit margin "
-                  "z_y - logsumexp_{v != y} z_v (read through the logit lens) to fall to -kappa: the requested drop "
-                  "is alpha_y * max(0, margin + kappa) nats, shared evenly between the edited modules."},
+        metadata={"help": "kappa: each forget token's logit margin is asked to fall to -kappa nats (drop "
+                  "alpha_y max(0, margin + kappa), shared by the edited modules)."},
     )
     specificity_power: float = field(
-        default=1.0,
-        metadata={"help": "gamma: the specificity of token j is alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma "
-                  "with p_f, p_r its smoothed frequency among forget and retain answer tokens. 0 gives every token "
-                  "seen in forget answers weight 1; larger values concentrate the edit on forget-specific tokens."},
+        default=1.0, metadata={"help": "gamma: alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma."}
     )
     specificity_smoothing: float = field(
-        default=0.5,
-        metadata={"help": "beta >= 0: smoothing of the token frequencies p_f, p_r; its meaning is set by "
-                  "specificity_smoothing_mode."},
+        default=0.5, metadata={"help": "beta >= 0: smoothing of the token frequencies p_f, p_r."}
     )
     specificity_smoothing_mode: str = field(
         default="fraction",
-        metadata={"help": "'fraction': p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x), the empirical rate "
-                  "mixed with the uniform distribution over the V vocabulary tokens, the smoothing mass being the "
-                  "fraction beta of the set's own token count N_x (scale-free). 'pseudo_count': "
-                  "p_x(j) = (c_x(j) + beta) / (N_x + beta V), beta added to every count (its mass beta V can "
-                  "dwarf N_x on a large vocabulary)."},
+        metadata={"help": "'fraction': p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x); 'pseudo_count': "
+                  "p_x(j) = (c_x(j) + beta) / (N_x + beta V)."},
     )
     corruption_norm: float = field(
-        default=1.0,
-        metadata={"help": "Representation corruption: norm of the target D_t = alpha_y * c * u (u a fixed random "
-                  "unit direction of the module's output space) as a multiple c of the mean norm of the module's "
-                  "outputs on the forget keys."},
+        default=1.0, metadata={"help": "c: norm of D_t = alpha_y c u over the mean output norm on the forget keys."}
     )
     untie_lm_head: bool = field(
         default=False,
-        metadata={"help": "Allow 'lm_head' in target_modules on a model with tied input/output embeddings: the edit "
-                  "is applied to a separate copy of the LM head (to_peft, apply_ and load_grom_adapter untie the "
-                  "model first), so the input embeddings stay unchanged. The adapter records it. Plain "
-                  "PeftModel.from_pretrained leaves the embeddings unchanged while the LoRA is unmerged, but "
-                  "merge_and_unload adds the edit to the shared matrix and so to the input embeddings as well: call "
-                  "hf_unlearn.methods.grom.untie_lm_head(model) first."},
+        metadata={"help": "Allow 'lm_head' on a model with tied embeddings: the edit applies to an untied copy of the "
+                  "head (call hf_unlearn.methods.grom.untie_lm_head(model) before PEFT's merge_and_unload)."},
     )
     retain_sample: int | None = field(
         default=256,
-        metadata={"help": "Number of retain rows (examples) read for the retain second moment X_r X_r^T (and the "
-                  "retain side of the layer attribution): a uniform sample without replacement drawn with `seed`, "
-                  "so the same seed reads the same rows. None, or a retain set no larger than this, reads every "
-                  "retain row."},
+        metadata={"help": "Retain rows read for X_r X_r^T and the attribution (a uniform sample drawn with `seed`); "
+                  "None: every row."},
     )
-    seed: int = field(
-        default=0,
-        metadata={"help": "Seed of the retain row sample and of the random corruption direction."},
-    )
+    seed: int = field(default=0, metadata={"help": "Seed of the retain sample and of the corruption direction."})
     max_length: int | None = field(
         default=None,
-        metadata={"help": "Optional truncation of tokenized examples (prompt kept, answer cut). Examples are always "
-                  "cut to the model's maximum positions (max_position_embeddings / n_positions); a prompt that "
-                  "alone reaches that limit is refused."},
+        metadata={"help": "Truncation of tokenized examples (answer cut); the model's maximum positions always apply."},
     )
     prompt_template: str | None = field(
         default=None,
-        metadata={"help": "Name of a prompt preset of hf_unlearn.data.prompts (PROMPT_TEMPLATES), passed as "
-                  "template= when tokenizing questions and answers; None uses the tokenizer's chat template, or "
-                  "the plain 'Question: ...\\nAnswer:' format without one. Use the template the evaluator uses."},
+        metadata={"help": "Prompt preset of hf_unlearn.data.prompts (None: the chat template, else the plain "
+                  "prompt); use the evaluator's."},
     )
-    batch_size: int = field(
-        default=16,
-        metadata={"help": "Runtime: examples per forward pass when collecting keys (not saved with the adapter)."},
-    )
+    batch_size: int = field(default=16, metadata={"help": "Runtime: examples per forward pass (not saved)."})
     max_stat_memory_gb: float = field(
         default=4.0,
-        metadata={"help": "Runtime: with layers='auto', statistics of every candidate layer are accumulated in the "
-                  "same forward pass that scores the layers when they fit in this budget (one pass over the data); "
-                  "otherwise an attribution pass is followed by a key pass over the selected layers only."},
+        metadata={"help": "Runtime: layers='auto' collects every candidate's statistics in its scoring pass when they "
+                  "fit this budget, else scores first and collects the band's in a second pass."},
     )
-    progress: bool = field(
-        default=True,
-        metadata={"help": "Runtime: show tqdm progress bars."},
-    )
+    progress: bool = field(default=True, metadata={"help": "Runtime: show tqdm progress bars."})
 
     def __post_init__(self) -> None:
         if isinstance(self.target_modules, str):
@@ -288,6 +225,42 @@ class GROMConfig:
         if self.num_layers is not None:
             return self.num_layers
         return max(1, math.ceil(num_hidden_layers / 10))
+
+    def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_forget_keys: int | None = None
+                           ) -> dict[str, int]:
+        """What :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model (for
+        :mod:`hf_unlearn.memory_plan`), from a :class:`~hf_unlearn.model_shape.ModelShape`. Per edited module of
+        input width ``d`` and output width ``o`` (``target_modules`` by their last name component, in ``k`` layers:
+        ``len(layers)``, or the auto band ``band_width(L)``):
+
+        * ``grom_second_moments``: ``8 d^2`` per module whose keys are collected (float64 ``X_r X_r^T``); with
+          ``layers="auto"`` every candidate layer's while ``8 d^2`` over them fits ``max_stat_memory_gb``;
+        * ``grom_cholesky_factors``: ``8 d^2`` per edited module (the factor of ``A``, kept as the audit state);
+        * ``grom_normal_matrix``: ``8 d^2`` of the widest module (one ``A`` at a time);
+        * with ``num_forget_keys = s``: ``grom_forget_keys``, ``4 s d + 8 s o`` per edited module (float32 keys,
+          float64 targets).
+
+        ``weight_bytes`` does not enter (every buffer is float32 or float64). Names GROM cannot place in ``shape``
+        (a full module path of another kind) are not counted."""
+        widths = {**shape.linear_shapes(), "lm_head": (shape.hidden_size, shape.vocab_size)}
+        names = {t.rsplit(".", 1)[-1] for t in self.target_modules} & set(widths)
+        layered = [widths[n] for n in sorted(names - {"lm_head"})]
+        heads = [widths["lm_head"]] if "lm_head" in names else []
+        auto = self.layers == "auto"
+        edited_layers = self.band_width(shape.num_layers) if auto else len(self.layers)
+        candidates = (len(self.candidate_layers) if self.candidate_layers is not None
+                      else math.ceil(shape.num_layers / 3))
+        one_layer = sum(8 * i * i for i, _ in layered)
+        stat_layers = candidates if auto and one_layer * candidates <= self.max_stat_memory_gb * 2**30 else edited_layers
+        edited = layered * edited_layers + heads
+        out = {
+            "grom_second_moments": one_layer * stat_layers + sum(8 * i * i for i, _ in heads),
+            "grom_cholesky_factors": sum(8 * i * i for i, _ in edited),
+            "grom_normal_matrix": max((8 * i * i for i, _ in edited), default=0),
+        }
+        if num_forget_keys is not None:
+            out["grom_forget_keys"] = sum(num_forget_keys * (4 * i + 8 * o) for i, o in edited)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy of every field (runtime ones included)."""

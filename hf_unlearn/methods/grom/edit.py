@@ -1,17 +1,10 @@
 """``GROMEdit``: the fitted GROM edit as an artifact: audit (``influence``), PEFT LoRA export, save/load, push.
 
-Persistence: :meth:`GROMEdit.save_pretrained` writes a PEFT LoRA adapter (``PeftModel.from_pretrained``
-loads it) plus ``grom_metadata.json`` (config, layer scores, the base-model fingerprint) and
-``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs), the metadata recording the SHA-256 of
-the other files; :meth:`GROMEdit.from_pretrained` restores it from a folder or a Hub repo, refuses files
-that differ from the saved ones (:class:`~hf_unlearn.integrity.AdapterIntegrityError`) and an audit
-whose ``P`` is not the adapter's ``B A`` (the reading and checking is in :mod:`hf_unlearn.methods.grom.loading`),
-and, given a model, refuses a base other than the one the edit was solved against
-(:mod:`hf_unlearn.integrity`); :meth:`GROMEdit.push_to_hub` uploads the saved folder in one commit.
-
-Tied embeddings: with ``GROMConfig(untie_lm_head=True)`` an LM head tied to the input embeddings can be
-edited; :meth:`GROMEdit.to_peft`, :meth:`GROMEdit.apply_` and :func:`load_grom_adapter` first give the model
-a separate copy of the head (:func:`untie_lm_head`), so the input embeddings never change.
+A saved edit is a PEFT LoRA adapter plus ``grom_metadata.json`` (config, layer scores, base fingerprint, the
+SHA-256 of the other files) and ``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs); loading refuses
+changed files, an audit whose ``P`` is not the adapter's ``B A`` (:mod:`~hf_unlearn.methods.grom.loading`) and
+another base. An edit of a tied LM head (``GROMConfig(untie_lm_head=True)``) unties the model first
+(:func:`untie_lm_head`), so the input embeddings never change.
 """
 
 from __future__ import annotations
@@ -68,16 +61,10 @@ def check_base(fingerprint: dict[str, Any] | None, model: Any, what: str = "This
 
 @dataclass
 class GROMEdit:
-    """A fitted GROM edit.
-
-    ``deltas``: ``{module name: P}`` (float32, CPU), the weight change of each edited ``nn.Linear``
-    (``W <- W + P``). ``layer_scores``: the logit-lens attribution per candidate layer (``layers="auto"``).
-    ``influence(i)`` audits forget example ``i`` exactly; ``to_peft`` / ``save_pretrained`` export the edit
-    as a LoRA adapter, ``from_pretrained`` / ``push_to_hub`` reload and publish it. ``base_fingerprint``
-    identifies the base weights the edit was solved against (see :mod:`hf_unlearn.integrity`);
-    ``retain_indices`` are the retain rows that were read. ``untied_lm_head`` names the edited LM head when it
-    was tied to the input embeddings (``GROMConfig.untie_lm_head``): the edit applies to an untied copy.
-    """
+    """A fitted GROM edit: ``deltas`` ``{module: P}`` (float32, CPU; ``W <- W + P``), the float64 ``solutions``,
+    keys and targets of the audit (:meth:`influence`), the layer attribution, the fit's ``stats``, the
+    ``base_fingerprint`` of the weights it was solved against, the retain rows read and the untied LM head's name
+    (``untied_lm_head``) when the edit applies to an untied copy of a tied head."""
 
     _method: ClassVar[str] = "grom"
     _title: ClassVar[str] = "GROM (closed-form one-shot edit)"
@@ -196,17 +183,10 @@ class GROMEdit:
     def save_pretrained(
         self, save_directory: str | os.PathLike, *, overwrite: bool = False, save_audit: bool = True
     ) -> None:
-        """Write the edit as the folder ``save_directory``; load it with ``PeftModel.from_pretrained(base, dir)``
-        or :meth:`from_pretrained` / :func:`load_grom_adapter` (which check the base).
-
-        Files: ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT LoRA, ``B @ A = P``, each module
-        at its own rank, never more numbers than ``P``), ``grom_metadata.json`` (saved config, layer scores, ranks
-        and reconstruction errors, base fingerprint) and, with ``save_audit``, ``grom_audit.safetensors`` (the
-        packed float64 Cholesky factor of ``A``, ``c_f``, the forget keys and targets: what :meth:`influence`
-        needs; ``d_in (d_in + 1) / 2 + s (d_in + d_out)`` numbers per module).
-        The folder is built beside ``save_directory`` and swapped in when complete; a non-empty folder is
-        refused unless ``overwrite``; non-finite values are refused before anything is written.
-        """
+        """Write the edit as the folder ``save_directory`` (a PEFT LoRA adapter, ``B A = P`` per module at its own rank;
+    ``grom_metadata.json``; with ``save_audit`` ``grom_audit.safetensors``, ``d_in (d_in + 1) / 2 + s (d_in +
+    d_out)`` numbers per module) through :func:`~hf_unlearn.methods.grom.peft_export.save_adapter`; a non-empty
+    folder is refused unless ``overwrite``."""
         config, state, meta = self._export()
         audit = self._audit_state() if save_audit and self.solutions else None
         meta["audit_file"] = GROM_AUDIT if audit is not None else None
@@ -228,23 +208,13 @@ class GROMEdit:
     ) -> GROMEdit:
         """Load an edit saved by :meth:`save_pretrained` from a local folder or a Hub repo.
 
-        Checked before anything is used: ``grom_metadata.json`` parses and names its modules; every file it
-        records a SHA-256 for (``adapter_config.json``, ``adapter_model.safetensors``, the audit) has that digest
-        (:class:`~hf_unlearn.integrity.AdapterIntegrityError` otherwise; ``verify_integrity=False`` skips
-        this, e.g. for an adapter saved without digests); the audit the metadata names is present (refused when
-        missing unless ``allow_missing_audit=True``, which loads ``P = B A`` from the adapter without the audit);
-        every module has its LoRA factors; and the audit's float64 ``P`` (recomputed from its Cholesky factor, keys and
-        targets) equals the adapter's ``(lora_alpha / r) B A`` within the export's recorded relative Frobenius error plus ``1e-4`` (float32
-        factors). The audit state (for :meth:`influence`) is restored when present. With ``model``, the edit is
-        checked against it: a base other than the one it was solved against is refused with
-        :class:`~hf_unlearn.integrity.BaseModelMismatchError`.
-
-        Every file name the metadata gives must be a plain name inside the folder (no ``..``, absolute path or link
-        out). The digests live in the metadata, so they catch accidents and naive edits; ``expected_sha256`` (the
-        :func:`~hf_unlearn.methods.grom.peft_export.adapter_digest` printed at save time, or the
-        ``hf_unlearn_integrity`` entry of the model card pushed with it) pins the metadata itself, and with it
-        every file, so an adapter whose files and metadata were both rewritten is refused too (the file checks
-        then run even with ``verify_integrity=False``).
+        Refused before anything is used: a metadata that does not parse or name its modules; a file whose SHA-256
+        is not the recorded one, or a name outside the folder (:class:`~hf_unlearn.integrity.AdapterIntegrityError`;
+        ``verify_integrity=False`` skips the digests); a missing audit (unless ``allow_missing_audit=True``, which
+        loads ``P = B A`` without it); a module without LoRA factors; an audit whose float64 ``P`` differs from
+        ``(lora_alpha / r) B A`` by more than the recorded export error plus ``1e-4``; with ``model``, another base
+        (:class:`~hf_unlearn.integrity.BaseModelMismatchError`). ``expected_sha256`` pins the metadata itself
+        (:func:`~hf_unlearn.methods.grom.peft_export.adapter_digest`), and through it every file.
         """
         folder = _resolve_folder(path_or_repo_id, revision, token, cache_dir, local_files_only)
         what = f"The GROM adapter {path_or_repo_id}"
@@ -293,13 +263,9 @@ class GROMEdit:
         create_card: bool = True,
         endpoint: str | None = None,
     ) -> Any:
-        """Upload the saved edit (the :meth:`save_pretrained` folder, a model card rendered by
-        :func:`hf_unlearn.hub.build_model_card` when the base is known, and ``report`` as
-        ``unlearning_report.json`` when given) to ``repo_id`` in one commit with
-        :func:`hf_unlearn.hub.push.push_folder`; returns the ``CommitInfo``.
-
-        The repo id is validated and the folder fully written before anything is sent.
-        """
+        """Upload the :meth:`save_pretrained` folder, a model card (when the base is known) and ``report`` (as
+        ``unlearning_report.json``) to ``repo_id`` in one commit (:func:`hf_unlearn.hub.push.push_folder`); returns
+        the ``CommitInfo``. Everything is written and validated before anything is sent."""
         from huggingface_hub.utils import validate_repo_id
 
         from ...hub.push import push_folder

@@ -1,20 +1,10 @@
-"""``fit_grom``: forward passes collect keys, one linear solve per module gives the edit (``GROMEdit``).
+"""``fit_grom``: forward passes of the unedited model collect keys, one linear solve per module gives the edit.
 
-The edit is computed from the *unedited* model: keys and targets of all edited modules come from the
-same forward passes, and each module's ``P`` is solved independently (``k`` edited modules each take
-``1/k`` of the requested margin drop). Nothing is backpropagated through the model.
-
-Multi-process: every process passes the same forget/retain rows; forward passes are sharded across
-``torch.distributed`` processes (example ``i`` goes to rank ``i % world_size``), the second moments and
-attribution sums are all-reduced and the forget records all-gathered, so each process ends with the
-edit the single-process run computes.
-
-Cost: GROM reads every forget row but only ``GROMConfig.retain_sample`` retain rows (a seeded uniform
-sample, :func:`~hf_unlearn.methods.grom.inputs.retain_subsample`) for ``X_r X_r^T``; every example is cut
-to the model's maximum positions (:func:`hf_unlearn.data.model_max_positions`), so no position past it is
-ever indexed. The checks and tokenization before the first forward pass are in
-:mod:`hf_unlearn.methods.grom.inputs`; the artifact (save/load, PEFT export, audit) in
-:mod:`hf_unlearn.methods.grom.edit`.
+Every edited module's keys and targets come from the same passes and its ``P`` is solved independently (``k``
+modules each take ``1/k`` of the margin drop). Under ``torch.distributed`` example ``i`` runs on rank
+``i % world_size``; the sums are all-reduced and the forget records gathered, so every process gets the
+single-process edit. Checks and tokenization: :mod:`~hf_unlearn.methods.grom.inputs`; the artifact:
+:mod:`~hf_unlearn.methods.grom.edit`.
 """
 
 from __future__ import annotations
@@ -50,28 +40,28 @@ def fit_grom(
 ) -> GROMEdit:
     """Fit the closed-form GROM edit of ``model`` that unlearns ``forget`` while preserving ``retain``.
 
-    ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) as a list of dicts or a
-    ``datasets.Dataset``, or documents (a list of strings, a path, a dataset with a ``text`` column:
-    :func:`hf_unlearn.data.documents.as_documents`), cut into chunks of ``min(config.max_length, max positions)`` tokens
-    (2048 when neither is set) where every token is predicted, so every chunk position is a key (the retain
-    sample is then drawn over chunks). Every forget row is read; of the retain rows only ``config.retain_sample`` (a
-    seeded uniform sample, :func:`~hf_unlearn.methods.grom.inputs.retain_subsample`) feed ``X_r X_r^T``,
-    the retain side of the layer attribution and the retain token frequencies of the specificity weights (the whole retain set is still
-    checked to be disjoint from the forget set). ``generic_retain``: optional rows of general knowledge (any
-    question/answer rows, e.g. the model's own answers to general questions), all read, whose keys form
-    ``X_g X_g^T`` with weight ``config.generic_retain_weight`` in ``A`` (they do not enter the attribution or
-    the specificity weights). Examples are cut to the model's maximum positions. Every precondition is checked
-    before the first forward pass (:func:`~hf_unlearn.methods.grom.inputs.check_grom_inputs`). Returns a
-    :class:`GROMEdit`; ``model``'s weights are not modified.
+    ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) or documents
+    (:func:`hf_unlearn.data.documents.as_documents`, chunked, every chunk position a key). Every forget row is
+    read; of the retain rows, a seeded sample of ``config.retain_sample`` feeds ``X_r X_r^T``, the attribution
+    and the specificity weights. ``generic_retain``: optional general rows whose keys form ``X_g X_g^T`` (weight
+    ``config.generic_retain_weight``). Every precondition
+    (:func:`~hf_unlearn.methods.grom.inputs.check_grom_inputs`) is checked before the first forward pass. Returns
+    a :class:`GROMEdit`; ``model``'s weights are not modified.
 
-    ``device``: ``None`` (default) fits where the model is; ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
-    (:func:`hf_unlearn.devices.resolve_device`) moves the model there first, and a device the machine lacks is
-    refused before any work. ``gram_device``: where the float64 second moments ``X_r X_r^T`` / ``X_g X_g^T``
-    accumulate (default: the model's device; ``"cpu"`` keeps them on the host, ``8 d_in^2`` bytes per module,
-    and each batch's block travels there). Under ``torchrun`` / ``accelerate launch`` the launch's process group
-    is joined (:func:`hf_unlearn.devices.join_launch`), so the processes share the forward passes as above:
-    every process of the launch must call ``fit_grom`` with the same rows.
+    ``device``: where to fit (:func:`hf_unlearn.devices.resolve_device`; default where the model is).
+    ``gram_device``: where the float64 second moments accumulate (default the model's device; ``"cpu"`` keeps
+    ``8 d_in^2`` bytes per module on the host). Under ``torchrun`` / ``accelerate launch`` every process must
+    call ``fit_grom`` with the same rows.
     """
+    return _fit_grom(model, tokenizer, forget, retain, config, generic_retain, device, gram_device)[0]
+
+
+def _fit_grom(
+    model: Any, tokenizer: Any, forget: Any, retain: Any, config: GROMConfig | None, generic_retain: Any,
+    device: Any, gram_device: Any,
+) -> tuple[GROMEdit, dict[str, torch.Tensor]]:
+    """:func:`fit_grom` and each module's preservation part of ``A``,
+    ``R = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T`` (float64; what the strength path rescales)."""
     from ...devices import join_launch, move_to_device, resolve_device
 
     config = config or GROMConfig()
@@ -93,7 +83,7 @@ def fit_grom(
     alpha_t = alpha.to(records["gold"].device)[records["gold"]]
     solutions, keys_out, targets_out = _solve_modules(edited, stats, alpha_t, config, suppression)
     elapsed = time.perf_counter() - start
-    return GROMEdit(
+    edit = GROMEdit(
         config=config,
         deltas={name: sol.delta.float().cpu() for name, sol in solutions.items()},
         solutions=solutions,
@@ -123,6 +113,20 @@ def fit_grom(
         retain_indices=prep.retain_indices,
         untied_lm_head=prep.untied_lm_head,
     )
+    return edit, {name: _preservation(stats, name, config, sol.chol.device) for name, sol in solutions.items()}
+
+
+def _preservation(stats: dict[str, Any], name: str, config: GROMConfig, device: torch.device) -> torch.Tensor:
+    """``R = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T`` of module ``name`` (float64; a term is 0 when its count or
+    weight is)."""
+    r, g = stats["num_retain"], stats["num_generic"]
+    out = torch.zeros_like(stats["retain_moment"][name], dtype=torch.float64, device=device)
+    if r > 0 and config.retain_weight > 0:
+        out += (config.retain_weight / r) * stats["retain_moment"][name].to(device=device, dtype=torch.float64)
+    generic = stats["generic_moment"].get(name)
+    if generic is not None and g > 0 and config.generic_retain_weight > 0:
+        out += (config.generic_retain_weight / g) * generic.to(device=device, dtype=torch.float64)
+    return out
 
 
 def _collect(
@@ -219,16 +223,11 @@ def _solve_modules(
 def _one_pass_affordable(
     model: Any, candidates: list[TargetModule], band: int, num_forget_keys: int, budget_gb: float
 ) -> bool:
-    """Whether ``layers="auto"`` should collect keys of every candidate layer in the attribution pass (one pass
-    over the data) rather than run an attribution pass and then a key pass over the chosen band only.
-
-    One pass keeps, for every candidate layer, the float64 retain moment (``8 d_in^2`` bytes) and the float32
-    forget keys (``4 s d_in`` bytes); it must fit in ``budget_gb``. It also spends ``2 d_in^2`` float64
-    multiply-adds per retain key on every layer that will not be edited (counted twice, float64 being about half
-    as fast as float32), which must cost less than half of the second forward pass it saves (``2 N`` float32
-    flops per token for ``N`` parameters). TOFU-tiny (band 1 of 1 candidate) takes one pass; a 30-layer model
-    with a 3-layer band takes two when all 30 layers are candidates (it takes one over the default 10 late
-    candidates, whose extra moments cost less than the second pass).
+    """Whether ``layers="auto"`` collects keys of every candidate layer in the attribution pass (one pass) rather
+    than an attribution pass and a key pass over the chosen band: the float64 moments (``8 d_in^2``) and float32
+    forget keys (``4 s d_in``) of every candidate must fit ``budget_gb``, and the ``2 d_in^2`` float64
+    multiply-adds per retain key on the unused layers (counted twice) must cost under half the second pass
+    (``2 N`` flops per token).
     """
     stat_bytes = sum(8 * t.module.in_features**2 + 4 * num_forget_keys * t.module.in_features for t in candidates)
     if stat_bytes > budget_gb * 2**30:

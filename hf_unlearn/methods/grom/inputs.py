@@ -212,14 +212,10 @@ def check_grom_inputs(
     config: GROMConfig | None = None,
     generic_retain: Sequence[dict[str, Any]] | Any = None,
 ) -> dict[str, Any]:
-    """Every precondition :func:`fit_grom` checks before its first forward pass, without running the model.
-
-    Raises the ValueError ``fit_grom`` would raise: rows that are not dicts with string ``question`` and
-    non-empty ``answer``, an empty or overlapping set, unknown or unsuitable ``target_modules``, layers or
-    ``candidate_layers`` without a target module, a tied LM head without ``untie_lm_head``, a prompt that fills
-    the context, a tokenizer/model vocabulary mismatch, no forget answer tokens. Call it before creating output
-    folders. Returns a summary: the modules that can be edited (``"modules"``), the layers searched
-    (``"candidate_layers"``, for ``layers="auto"``) and the row counts read.
+    """Every precondition :func:`fit_grom` checks before its first forward pass, without running the model: raises
+    the ValueError ``fit_grom`` would raise (rows, empty or overlapping sets, target modules and layers, a tied
+    head without ``untie_lm_head``, prompts that fill the context, a vocabulary mismatch, no forget answer tokens).
+    Returns a summary: ``"modules"``, ``"candidate_layers"``, ``"band_width"`` and the row counts read.
     """
     prep = _prepare(model, tokenizer, forget, retain, config or GROMConfig(), generic_retain)
     return {

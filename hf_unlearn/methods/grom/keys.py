@@ -1,20 +1,10 @@
 """Key collection: forward hooks on the edited modules' inputs at answer-predicting positions.
 
-A key is the input ``x`` of an edited ``nn.Linear`` at a position ``t`` whose *next* token is an
-answer token (``labels[t + 1] != -100``, the position that predicts it). Retain keys are never
-kept: they are folded into the uncentred second moment ``X_r X_r^T`` in float64 as batches stream
-by (keys of optional general rows likewise into ``X_g X_g^T``). Forget keys are kept (the audit needs them), together with what the targets need: the gold
-token, its logit margin and the logit-lens margin gradient. The same forward pass also feeds the
-logit-lens layer attribution, so choosing layers costs no extra pass. Statistics are sums, so
-:meth:`KeyCollector.reduce` all-reduces them across ``torch.distributed`` processes (and gathers
-the forget records, ordered by example), making an N-process result equal to the 1-process one.
-
-Device: the statistics live on the model's device (the second moments on ``gram_device`` when one is given, e.g.
-``"cpu"`` for a wide module on a small GPU). The answer positions of a batch are found on the host, before the
-batch moves, so the forward hooks gather keys by index without waiting for the device, and the sums of the layer
-attribution and the output norms stay on the device until :meth:`KeyCollector.finalize`: one batch costs no copy
-to the host. On a CUDA device each Gram block ``X^T X`` is formed in float32 (float64 matrix products are many
-times slower there) and added to the float64 accumulator; on the CPU the block is formed in float64, as before.
+A key is the input ``x`` of an edited ``nn.Linear`` at a position ``t`` with ``labels[t + 1] != -100``. Retain (and
+general) keys are folded into float64 second moments ``X X^T`` as batches stream by (each Gram block formed in
+float32 on CUDA, float64 elsewhere); forget keys are kept with the gold token, its margin and the margin gradient
+the targets need. The same pass feeds the logit-lens attribution. The statistics are sums, all-reduced across
+``torch.distributed`` processes by :meth:`KeyCollector.finalize` (forget records gathered in example order).
 """
 
 from __future__ import annotations
@@ -209,26 +199,16 @@ class KeyCollector:
         d_in = {t.name: t.module.in_features for t in self.key_modules}
         device = self.unembed.device
         gram = self.gram_device or device
-        moments = {
-            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=gram))
-            for n, m in self.retain_moment.items()
-        }
-        generic = {
-            n: (m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=gram))
-            for n, m in self.generic_moment.items()
-        }
-        forget_keys = {
-            n: torch.cat(v) if v else torch.zeros(0, d_in[n], device=device) for n, v in self.forget_keys.items()
-        }
-        hidden, vocab = self.unembed.shape[1], self.unembed.shape[0]
-        empty = {
-            "example": torch.zeros(0, dtype=torch.long, device=device),
-            "position": torch.zeros(0, dtype=torch.long, device=device),
-            "gold": torch.zeros(0, dtype=torch.long, device=device),
-            "margin": torch.zeros(0, device=device),
-            "w_resid": torch.zeros(0, hidden, device=device),
-            "w_logit": torch.zeros(0, vocab, device=device),
-        }
+        def or_zero(found: dict[str, Any]) -> dict[str, torch.Tensor]:
+            return {n: m if m is not None else torch.zeros(d_in[n], d_in[n], dtype=torch.float64, device=gram)
+                    for n, m in found.items()}
+
+        moments, generic = or_zero(self.retain_moment), or_zero(self.generic_moment)
+        forget_keys = {n: torch.cat(v) if v else torch.zeros(0, d_in[n], device=device)
+                       for n, v in self.forget_keys.items()}
+        (vocab, hidden), none = self.unembed.shape, torch.zeros(0, dtype=torch.long, device=device)
+        empty = {"example": none, "position": none, "gold": none, "margin": torch.zeros(0, device=device),
+                 "w_resid": torch.zeros(0, hidden, device=device), "w_logit": torch.zeros(0, vocab, device=device)}
         needed = {"example", "position", "gold"}
         if self.suppression:
             needed |= {"margin"} | ({"w_resid"} if self.need_resid else set()) | ({"w_logit"} if self.need_lm else set())

@@ -1,26 +1,12 @@
 """Export of a GROM edit as a PEFT LoRA adapter.
 
-A LoRA layer computes ``W x + (lora_alpha / r) B A x``. With ``lora_alpha = r`` the scaling is 1, so
-factors with ``B @ A == P`` reproduce the edit ``W + P`` exactly. ``P = (w_f/s) D X_f^T A^{-1}`` has rank
-at most ``min(s, d_in, d_out)`` and the exact low-rank form ``P = B_0 A_0`` with ``B_0 = (w_f/s) D`` and
-``A_0 = X_f^T A^{-1}`` (``s`` the number of forget keys). The factors never hold more numbers than ``P``: the
-rank is capped at :func:`factor_budget`, ``k (d_in + d_out) <= d_in d_out`` (and at ``max_rank`` when set).
-When ``s`` is within the cap the export is exact: ``A_0^T = Q R`` gives ``B = B_0 R^T``, ``A = Q^T`` (one QR on
-the device the edit was solved on, :func:`lora_factors`). Otherwise the thin SVD ``P = U S V^T`` (float64;
-through :func:`product_svd` when ``s < min(d_in, d_out)``) gives ``B = U_k S_k^{1/2}``, ``A = S_k^{1/2} V_k^T``
-truncated at the cap, and the relative Frobenius error
-``||P - B A||_F / ||P||_F = sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)`` is recorded in the adapter's metadata.
-Each module keeps its own rank (PEFT's ``rank_pattern``, with ``alpha_pattern`` equal to it, so every scaling
-``lora_alpha / r`` is 1).
-
-:func:`save_adapter` writes the adapter through :mod:`hf_unlearn.safe_output` (a new folder is built beside
-the target and swapped in when complete) and refuses non-finite factors before writing. It records the SHA-256
-digest of every file it writes besides the metadata (``adapter_config.json``, ``adapter_model.safetensors``,
-``grom_audit.safetensors``) under ``integrity`` in ``grom_metadata.json``; :func:`verify_integrity` checks them,
-after confining every file name the metadata gives to the adapter folder (:func:`confined_file`). Those digests
-live in the metadata itself, so they catch accidents and naive edits, not an attacker who rewrites the metadata
-too: :func:`adapter_digest`, the SHA-256 of ``grom_metadata.json`` (and so, through its records, of every file),
-is what a user pins when loading (``expected_sha256=``) and what a pushed model card records.
+With ``lora_alpha = r`` (per module, ``rank_pattern`` = ``alpha_pattern``) a LoRA layer computes ``W x + B A x``, so
+factors with ``B A = P`` reproduce ``W + P``. ``P = B_0 A_0`` exactly with ``B_0 = (w_f/s) D`` and
+``A_0 = X_f^T A^{-1}``; the rank is capped at :func:`factor_budget` (and ``max_rank``). Within the cap the QR
+``A_0^T = Q R`` gives ``B = B_0 R^T``, ``A = Q^T``; above it the thin SVD gives ``B = U_k S_k^{1/2}``,
+``A = S_k^{1/2} V_k^T`` and the relative error ``sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)`` is recorded.
+:func:`save_adapter` records the SHA-256 of every file under ``integrity`` in ``grom_metadata.json``;
+:func:`adapter_digest` (the metadata's own digest) is what a user pins (``expected_sha256=``).
 """
 
 from __future__ import annotations
@@ -32,19 +18,13 @@ from typing import Any
 
 import torch
 
-from ...integrity import AdapterIntegrityError, confined_file, file_sha256, integrity_entry, manifest_digest
+from ...integrity import check_recorded_files, digest_record, integrity_entry, manifest_digest
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 GROM_METADATA = "grom_metadata.json"
 GROM_AUDIT = "grom_audit.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT)
-INTEGRITY_ALGORITHM = "sha256"
-
-
-def file_digests(folder: Path, names: list[str]) -> dict[str, str]:
-    """``{file name: SHA-256}`` of the files ``names`` in ``folder``."""
-    return {n: file_sha256(folder / n) for n in names}
 
 
 def adapter_digest(folder: str | os.PathLike) -> str:
@@ -70,41 +50,11 @@ def record_integrity(card: Any, folder: Path) -> dict[str, str] | None:
 
 def verify_integrity(folder: Path, metadata: dict[str, Any], what: str,
                      required: tuple[str, ...] = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)) -> None:
-    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from the digests ``metadata`` records.
-
-    Every file listed under ``metadata["integrity"]["files"]`` must be a plain name inside the folder
-    (:func:`confined_file`), exist and have its recorded SHA-256, and every name of ``required`` (the adapter
-    files, and the audit the metadata names) must be listed. A metadata without an integrity record is refused too
-    (nothing says the files are the saved ones).
-    """
-    record = metadata.get("integrity")
-    if not isinstance(record, dict) or not isinstance(record.get("files"), dict) or not record["files"]:
-        raise AdapterIntegrityError(
-            f"{what}: {GROM_METADATA} records no file digests, so hf-unlearn cannot check that "
-            f"{ADAPTER_WEIGHTS} is the saved edit. Refit and save it again with this hf-unlearn, or pass "
-            "verify_integrity=False to load it unchecked."
-        )
-    if record.get("algorithm", INTEGRITY_ALGORITHM) != INTEGRITY_ALGORITHM:
-        raise AdapterIntegrityError(f"{what}: unknown integrity algorithm {record.get('algorithm')!r} in {GROM_METADATA}.")
-    unlisted = [n for n in required if n not in record["files"]]
-    if unlisted:
-        raise AdapterIntegrityError(
-            f"{what}: {GROM_METADATA} records no digest for {', '.join(unlisted)}, which every saved adapter has; "
-            "the metadata was edited. Restore it from the saved adapter."
-        )
-    for name, want in sorted(record["files"].items()):
-        path = confined_file(folder, name, what, GROM_METADATA)
-        if not path.is_file():
-            raise AdapterIntegrityError(
-                f"{what}: {name} is missing, but {GROM_METADATA} says it was saved with the adapter. Restore the "
-                "file from the saved adapter (or download the repo again)."
-            )
-        got = file_sha256(path)
-        if got != want:
-            raise AdapterIntegrityError(
-                f"{what}: {name} was modified after it was saved (sha256 {got[:12]} != recorded {str(want)[:12]}). "
-                f"Its weights are not the fitted GROM edit; restore the saved file or refit with fit_grom."
-            )
+    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from the digests ``metadata`` records
+    under ``integrity`` (:func:`~hf_unlearn.integrity.check_recorded_files`; every name of ``required`` must be
+    listed)."""
+    check_recorded_files(folder, metadata.get("integrity"), what, GROM_METADATA, required=required,
+                         fix="Its weights are not the fitted GROM edit; restore the saved file or refit with fit_grom.")
 
 
 @dataclass
@@ -248,16 +198,12 @@ def save_adapter(
     audit: dict[str, torch.Tensor] | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write ``adapter_config.json``, ``adapter_model.safetensors``, ``grom_metadata.json`` (and, with ``audit``,
-    ``grom_audit.safetensors``) into the folder ``path``; the metadata gets an ``integrity`` record with the
-    SHA-256 of each other file.
+    """Write ``adapter_config.json``, ``adapter_model.safetensors``, ``grom_metadata.json`` (with an ``integrity``
+    record of the other files) and, with ``audit``, ``grom_audit.safetensors`` into the folder ``path``.
 
-    Non-finite factors or audit tensors are refused before anything is written. A missing or empty ``path`` is
-    built as a whole beside it and swapped in when complete (:func:`hf_unlearn.safe_output.atomic_directory`).
-    A folder holding other files (e.g. the CLI's run folder with its logs) keeps them: the adapter files are
-    written into a temporary subfolder first and then renamed into place one by one (each rename is atomic); a
-    folder that already holds adapter files is refused unless ``overwrite``, and then stale adapter files (an
-    audit file the new save does not write) are removed.
+    Non-finite tensors are refused before anything is written. A missing or empty folder is built beside ``path``
+    and swapped in; into a folder holding other files the adapter files are renamed one by one (a folder already
+    holding adapter files is refused unless ``overwrite``, and stale adapter files are then removed).
     """
     import shutil
     import tempfile
@@ -277,8 +223,7 @@ def save_adapter(
         if audit is not None:
             save_file({k: v.contiguous() for k, v in audit.items()}, str(folder / GROM_AUDIT), metadata={"format": "pt"})
             written.append(GROM_AUDIT)
-        record = {"algorithm": INTEGRITY_ALGORITHM, "files": file_digests(folder, written)}
-        atomic_write_json(folder / GROM_METADATA, {**metadata, "integrity": record})
+        atomic_write_json(folder / GROM_METADATA, {**metadata, "integrity": digest_record(folder, written)})
 
     path = Path(path)
     if path.exists() and not path.is_dir():

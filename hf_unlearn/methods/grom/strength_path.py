@@ -1,33 +1,15 @@
 """GROM's exact strength path: many edits from one key collection.
 
-``A = (w_r/r) X_r X_r^T + (w_f/s) X_f X_f^T + mu I`` does not depend on the targets ``D``, so scaling the
-targets by ``c`` scales the edit exactly:
+``A`` does not depend on the targets, so scaling them scales the edit exactly, ``P(c D) = c P(D)``. Changing
+``w_r`` or ``mu`` changes only ``A``: with ``R = (w_r0/r) X_r X_r^T + (w_g0/g) X_g X_g^T`` (the preservation part
+of the fitted ``A_0``) each ``(w_r, mu)`` is one Cholesky solve of
 
-    P(c D) = (w_f/s) (c D) X_f^T A^{-1} = c P(D).
+    A(w_r, mu) = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P = (w_f/s) D X_f^T A(w_r, mu)^{-1},
 
-Changing ``w_r`` or ``mu`` changes only ``A``; its retain part is recovered from the fitted edit's Cholesky
-factor ``L`` (``A_0 = L L^T``) as
-
-    R = (w_r0/r) X_r X_r^T = A_0 - (w_f/s) X_f X_f^T - mu_0 I,
-
-and each ``(w_r, mu)`` point is one ``d_in x d_in`` Cholesky solve of
-
-    A(w_r, mu) = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P = (w_f/s) D X_f^T A(w_r, mu)^{-1}.
-
-With general rows (``fit_grom(..., generic_retain=rows)``) ``R`` also holds ``(w_g0/g) X_g X_g^T``; the retain
-axis then scales both preservation terms together, so a point's config records
-``generic_retain_weight = w_g0 w_r / w_r0`` and the point is the exact fit of that config.
-
-:func:`fit_grom_path` runs one :func:`~hf_unlearn.methods.grom.fit_grom` (one key collection; nothing of the targets or
-the layer band depends on ``w_r``, ``mu`` or the scale) and solves every other point from it: one solve per
-``(w_r, mu)``, the scale axis being exact multiples. The path keeps each ``(w_r, mu)``'s float32 edit ``P`` and
-nothing else per point; ``path.edits[i]`` builds point ``i``'s full :class:`~hf_unlearn.methods.grom.GROMEdit` (it
-saves, pushes, exports and audits as a fitted one; a scaled point records its ``target_scale`` in ``stats``) when it
-is first asked for. :meth:`GROMPath.select` measures a :class:`~hf_unlearn.selection.SelectionCriterion` on every
-point and returns the chosen edit with the :class:`~hf_unlearn.selection.SelectionRecord` in ``stats["selection"]``
-(so ``grom_metadata.json`` and the model card carry it). The edits touch only a late band, so the hidden states
-entering it are cached once per row and each point runs only the blocks from the band on
-(:mod:`hf_unlearn.methods.grom.band_cache`); the same pass gives the original model's figures.
+the fit's own ``(w_r0, mu_0)`` being the fit's solution. With general rows the retain axis scales both preservation
+terms, so a point records ``generic_retain_weight = w_g0 w_r / w_r0``. :meth:`GROMPath.select` measures a
+:class:`~hf_unlearn.selection.SelectionCriterion` on every point from hidden states cached at the edited band
+(:mod:`hf_unlearn.methods.grom.band_cache`) and returns the chosen edit with the record in ``stats["selection"]``.
 """
 
 from __future__ import annotations
@@ -47,7 +29,7 @@ import torch
 from .band_cache import BandCache, band_entry
 from .config import GROMConfig
 from .edit import GROMEdit, untie_lm_head
-from .fit import fit_grom
+from .fit import _fit_grom
 from .solve import GROMSolution, cholesky_or_explain
 
 DEFAULT_SCALES = (0.25, 0.5, 1.0)
@@ -110,16 +92,13 @@ class GROMPath:
         cache_device: str | torch.device | None = None,
     ) -> GROMEdit:
         """Measure ``criterion`` (a :class:`~hf_unlearn.selection.SelectionCriterion`) on ``model`` with each
-        point's edit applied in turn and return the edit its rule chooses.
+        point's edit applied in turn and return the edit its rule chooses (the record in :attr:`record` and in the
+        edit's ``stats["selection"]``).
 
-        ``model`` must be the unedited base the path was fitted on; its edited weights are copied once and put
-        back exactly after each measurement. With ``cached`` (the default) one full pass over the criterion's rows
-        keeps the hidden states entering the edited band (on ``cache_device``, default the model's device; pass
-        ``"cpu"`` to keep accelerator memory free) and gives the original model's figures when the criterion has
-        none; each point then runs only the blocks from the band on (the same log-probabilities as a full pass).
-        ``cached=False`` measures the original and every point with full passes. The record goes to
-        :attr:`record` and to the chosen edit's ``stats["selection"]``; each measurement's ``seconds`` is its own
-        pass plus, when cached, its share of the caching pass.
+        ``model`` must be the unedited base the path was fitted on; its edited weights are put back exactly after
+        each measurement. With ``cached`` one pass keeps the hidden states entering the band (on
+        ``cache_device``, default the model's device) and gives the original's figures; each point then runs
+        only from the band on. ``cached=False`` uses full passes.
         """
         if not self.points or not self.unit_deltas or self.base is None:
             raise ValueError("The GROM path is empty (build it with fit_grom_path or grom_path_from_edit).")
@@ -172,33 +151,41 @@ def _cached_measure(
     """The band caches of the criterion's row sets and a function measuring the model as it is now from them;
     None, with a warning, when replaying does not reproduce the plain forward on this architecture.
 
-    The caching pass runs the unedited model up to the band on every row. It runs whole on the retain sets when
-    the criterion has no original figures yet (which that pass then gives, and whose first batch checks the
-    replay); otherwise only on the forget rows' first batch, for the check. Sets ``path.cache_bytes`` and
-    ``path.cache_seconds``."""
+    The caching pass runs the unedited model up to the band's entry (after the first edited block when its tail
+    shortcut holds, else at it: :func:`~hf_unlearn.methods.grom.band_cache.band_entry`) on every row. It runs
+    whole on the retain sets when the criterion has no original figures yet (which that pass then gives, and whose
+    first batch checks the replay); otherwise only on the forget rows' first batch, for the check. Sets
+    ``path.cache_bytes`` and ``path.cache_seconds``."""
     start = time.perf_counter()
     try:
-        entry = band_entry(model, names)
+        shortcut = band_entry(model, names, tail=True)
     except ValueError as err:
         warnings.warn(f"{err} Measuring the GROM path with full passes.", stacklevel=3)
         return None
     need_original = criterion.original is None
     sets = [(criterion.forget, not need_original and "first"), (criterion.holdout, False),
             (criterion.retain_validation, need_original), (criterion.generic, need_original)]
-    caches = [None if rows is None else BandCache(
-        model, entry, lambda scorer, rows=rows: criterion._score(model, tokenizer, rows, scorer), cache_device,
-        keep_plain=keep) for rows, keep in sets]
-    check = caches[2] if need_original else caches[0]
-    if not check.replays_exactly():
+    at = 2 if need_original else 0
+
+    def cache(entry: Any, rows: Any, keep: Any) -> BandCache | None:
+        scorer = functools.partial(criterion._score, model, tokenizer, rows)
+        return None if rows is None else BandCache(model, entry, scorer, cache_device, keep_plain=keep)
+
+    for entry in [shortcut] + ([shortcut.plain] if shortcut.plain is not None else []):
+        check = cache(entry, *sets[at])
+        if check.replays_exactly():
+            break
+    else:
         warnings.warn(f"{type(model).__name__}: running the blocks from the edited band on cached hidden states does "
                       "not reproduce the plain forward; measuring the GROM path with full passes.", stacklevel=3)
         return None
-    for cache in caches:
-        if cache is not None:
-            cache.logits_mode = check.logits_mode
+    caches = [check if i == at else cache(entry, rows, keep) for i, (rows, keep) in enumerate(sets)]
+    for c in caches:
+        if c is not None:
+            c.logits_mode = check.logits_mode
     if need_original:
         criterion.set_original_from_log_probs(caches[2].plain(), None if caches[3] is None else caches[3].plain())
-    path.cache_bytes = sum(cache.nbytes for cache in caches if cache is not None)
+    path.cache_bytes = sum(c.nbytes for c in caches if c is not None)
     path.cache_seconds = time.perf_counter() - start
     share = path.cache_seconds / len(path.points)
 
@@ -239,41 +226,46 @@ def _has_generic(edit: GROMEdit) -> bool:
     return bool(edit.stats.get("num_generic_keys")) and float(getattr(edit.config, "generic_retain_weight", 0)) > 0
 
 
-def _normal_parts(base: GROMEdit) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Each module's ``(c_f X_f X_f^T, c_f X_f D^T)`` (float64): the parts of every point's normal equations that
-    depend on neither ``w_r`` nor ``mu``."""
-    parts = {}
-    for name, sol in base.solutions.items():
-        xf = base.forget_keys[name].to(torch.float64)
-        d = base.targets[name].to(device=xf.device, dtype=torch.float64)
-        parts[name] = (sol.forget_scale * (xf.T @ xf), sol.forget_scale * (xf.T @ d))
-    return parts
+def _preservation_from_factor(edit: GROMEdit) -> dict[str, torch.Tensor]:
+    """Each module's ``R = L L^T - (w_f/s) X_f X_f^T - mu_0 I`` (float64), recovered from the fitted factor."""
+    out = {}
+    for name, sol in edit.solutions.items():
+        xf = edit.forget_keys[name].to(device=sol.chol.device, dtype=torch.float64)
+        part = sol.chol @ sol.chol.T - sol.forget_scale * (xf.T @ xf)
+        part.diagonal().sub_(float(edit.config.ridge))
+        out[name] = part
+    return out
 
 
-def _unit_solution(
-    base: GROMEdit, retain_parts: dict[str, torch.Tensor], retain_weight: float, ridge: float,
-    base_retain_weight: float, normal_parts: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+def unit_solution(
+    base: GROMEdit, preservation: dict[str, torch.Tensor], retain_weight: float, ridge: float,
 ) -> dict[str, GROMSolution]:
-    """Each module's exact solution at ``(retain_weight, ridge)`` and scale 1 (float64)."""
-    normal_parts = normal_parts or _normal_parts(base)
+    """Each module's exact solution at ``(retain_weight, ridge)`` and scale 1 (float64): the Cholesky solve of
+
+        A = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P^T = A^{-1} ((w_f/s) X_f D^T),
+
+    ``R`` from ``preservation``; at the base's own ``(w_r0, mu_0)`` the base's solutions themselves."""
+    w0, mu0 = float(base.config.retain_weight), float(base.config.ridge)
+    if retain_weight == w0 and ridge == mu0:
+        return dict(base.solutions)
     solutions = {}
     for name, sol in base.solutions.items():
-        a, rhs = normal_parts[name]
+        xf = base.forget_keys[name].to(device=sol.chol.device, dtype=torch.float64)
+        d = base.targets[name].to(device=xf.device, dtype=torch.float64)
+        a = sol.forget_scale * (xf.T @ xf)
         if retain_weight > 0:
-            a = a + (retain_weight / base_retain_weight) * retain_parts[name].to(a.device)
+            a += (retain_weight / (w0 or 1.0)) * preservation[name].to(a.device)
         if ridge:
-            a = a + ridge * torch.eye(a.shape[0], dtype=torch.float64, device=a.device)
+            a.diagonal().add_(ridge)
         chol = cholesky_or_explain(a, ridge)
-        delta = torch.cholesky_solve(rhs, chol).T.contiguous()
+        delta = torch.cholesky_solve(sol.forget_scale * (xf.T @ d), chol).T.contiguous()
         solutions[name] = GROMSolution(delta=delta, chol=chol, forget_scale=sol.forget_scale)
     return solutions
 
 
-def _point_edit(
-    base: GROMEdit, config: GROMConfig, solutions: dict[str, GROMSolution], retain_weight: float, ridge: float,
-    scale: float, base_retain_weight: float,
-) -> GROMEdit:
-    """The full edit of one point from its ``(retain_weight, ridge)``'s unit ``solutions``."""
+def _point_edit(base: GROMEdit, solutions: dict[str, GROMSolution], point: dict[str, float]) -> GROMEdit:
+    """The full edit of one ``point`` (``scale``, ``retain_weight``, ``ridge``) from its unit ``solutions``."""
+    scale, retain_weight, w0 = point["scale"], point["retain_weight"], float(base.config.retain_weight) or 1.0
     point_solutions, deltas, targets = {}, {}, {}
     for name, sol in solutions.items():
         delta, d = sol.delta, base.targets[name].to(dtype=torch.float64)
@@ -283,12 +275,12 @@ def _point_edit(
         deltas[name] = delta.float().cpu()
         targets[name] = d
     stats = {k: v for k, v in base.stats.items() if k != "selection"}
-    stats.update(target_scale=scale, path_point={"scale": scale, "retain_weight": retain_weight, "ridge": ridge})
-    changes: dict[str, Any] = {"retain_weight": retain_weight, "ridge": ridge}
-    if _has_generic(base):  # the recovered preservation term holds both moments: they scale together
-        changes["generic_retain_weight"] = float(config.generic_retain_weight) * retain_weight / base_retain_weight
+    stats.update(target_scale=scale, path_point=dict(point))
+    changes: dict[str, Any] = {"retain_weight": retain_weight, "ridge": point["ridge"]}
+    if _has_generic(base):  # the preservation term holds both moments: they scale together
+        changes["generic_retain_weight"] = float(base.config.generic_retain_weight) * retain_weight / w0
     return dataclasses.replace(
-        base, config=dataclasses.replace(config, **changes), deltas=deltas,
+        base, config=dataclasses.replace(base.config, **changes), deltas=deltas,
         solutions=point_solutions, forget_keys=dict(base.forget_keys), targets=targets, stats=stats,
         layer_scores=dict(base.layer_scores), selected_layers=list(base.selected_layers),
         retain_indices=list(base.retain_indices),
@@ -300,53 +292,42 @@ def grom_path_from_edit(
     scales: Sequence[float] = DEFAULT_SCALES,
     retain_weights: Sequence[float] | None = None,
     ridges: Sequence[float] | None = None,
+    *,
+    preservation: dict[str, torch.Tensor] | None = None,
 ) -> GROMPath:
     """The path of every ``(scale, retain_weight, ridge)`` combination, solved from a fitted ``edit`` (which must
-    carry its audit state) without reading any data again: one solve per ``(retain_weight, ridge)``, whose float32
-    edit the path keeps (a point's full edit is rebuilt from ``edit`` when ``path.edits[i]`` is first read).
-    ``retain_weights`` defaults to ``w_r0`` times 1, 10 and 100 (``w_r0`` the edit's retain weight, or 1 when it
-    is 0), ``ridges`` to the edit's ridge."""
+    carry its audit state) without reading any data again: one solve per ``(retain_weight, ridge)`` other than the
+    edit's own (:func:`unit_solution`), whose float32 edit the path keeps (a point's full edit is rebuilt when
+    ``path.edits[i]`` is first read). ``retain_weights`` defaults to ``w_r0`` times 1, 10 and 100 (``w_r0`` the
+    edit's retain weight, or 1 when it is 0), ``ridges`` to the edit's ridge. ``preservation``: each module's ``R``
+    when known (:func:`fit_grom_path` passes it), else recovered from the Cholesky factor."""
     if not edit.solutions:
         raise ValueError("The GROM path needs an edit with its audit state (keys, targets and Cholesky factors).")
-    config = edit.config
-    w0, mu0 = float(config.retain_weight), float(config.ridge)
+    w0, mu0 = float(edit.config.retain_weight), float(edit.config.ridge)
     scales, retain_weights, ridges = _path_grid(scales, retain_weights, ridges, w0, mu0)
     if w0 == 0 and any(w > 0 for w in retain_weights):
         raise ValueError("The base edit has retain_weight=0, so its normal matrix holds no retain moment to rescale; "
                          "fit it with a retain_weight > 0.")
-    retain_parts = {}
-    for name, sol in edit.solutions.items():
-        xf = edit.forget_keys[name].to(device=sol.chol.device, dtype=torch.float64)
-        a0 = sol.chol @ sol.chol.T
-        part = a0 - sol.forget_scale * (xf.T @ xf)
-        if mu0:
-            part = part - mu0 * torch.eye(part.shape[0], dtype=torch.float64, device=part.device)
-        retain_parts[name] = part
+    if preservation is None:
+        preservation = _preservation_from_factor(edit)
     axes = list(itertools.product(retain_weights, ridges))
-    units, unit_norms, normal_parts = [], [], _normal_parts(edit)
+    units, unit_norms = [], []
     for w_r, mu in axes:
-        solutions = _unit_solution(edit, retain_parts, w_r, mu, w0 or 1.0, normal_parts)
+        solutions = unit_solution(edit, preservation, w_r, mu)
         units.append({n: s.delta.float() for n, s in solutions.items()})  # on the solve's (the model's) device
         unit_norms.append(float(sum(torch.stack([s.delta.norm() for s in solutions.values()]).tolist())))
         del solutions
-    del normal_parts
-    points, norms, point_units, point_scales = [], [], [], []
-    for u, ((w_r, mu), scale) in enumerate(itertools.product(axes, scales)):
-        points.append({"scale": scale, "retain_weight": w_r, "ridge": mu})
-        point_units.append(u // len(scales))
-        point_scales.append(scale)
-        norms.append(scale * unit_norms[u // len(scales)])
-    order = sorted(range(len(points)), key=lambda i: (norms[i], i))
-    points, norms = [points[i] for i in order], [norms[i] for i in order]
-    point_units, point_scales = [point_units[i] for i in order], [point_scales[i] for i in order]
+    grid = [({"scale": scale, "retain_weight": w_r, "ridge": mu}, u, scale * unit_norms[u])
+            for u, (w_r, mu) in enumerate(axes) for scale in scales]
+    grid.sort(key=lambda item: item[2])  # stable: ties keep the grid's order
 
     def build(i: int) -> GROMEdit:
-        w_r, mu, scale = points[i]["retain_weight"], points[i]["ridge"], points[i]["scale"]
-        solutions = _unit_solution(edit, retain_parts, w_r, mu, w0 or 1.0)
-        return _point_edit(edit, config, solutions, w_r, mu, scale, w0 or 1.0)
+        point = grid[i][0]
+        return _point_edit(edit, unit_solution(edit, preservation, point["retain_weight"], point["ridge"]), point)
 
-    return GROMPath(points=points, edits=_PointEdits(build, len(points)), norms=norms, unit_deltas=units,
-                    point_units=point_units, point_scales=point_scales, base=edit)
+    return GROMPath(points=[p for p, _, _ in grid], edits=_PointEdits(build, len(grid)),
+                    norms=[n for _, _, n in grid], unit_deltas=units, point_units=[u for _, u, _ in grid],
+                    point_scales=[p["scale"] for p, _, _ in grid], base=edit)
 
 
 def fit_grom_path(
@@ -365,13 +346,12 @@ def fit_grom_path(
 ) -> GROMPath:
     """Fit GROM once (``config``; its keys, targets and band) and return the exact edits of every combination of
     ``scales`` x ``retain_weights`` x ``ridges`` (see :func:`grom_path_from_edit` for the defaults: 9 points),
-    ordered weak -> strong. ``model`` is not modified; ``generic_retain`` goes to ``fit_grom``. A point equals
-    ``fit_grom`` with ``retain_weight``/``ridge`` replaced (up to float rounding), its targets times ``scale``. The
-    grid is validated before the fit. ``device`` and ``gram_device`` are :func:`fit_grom`'s."""
+    ordered weak -> strong. ``model`` is not modified; ``generic_retain``, ``device`` and ``gram_device`` go to
+    :func:`~hf_unlearn.methods.grom.fit_grom`. A point equals ``fit_grom`` with ``retain_weight``/``ridge``
+    replaced (up to float rounding), its targets times ``scale``. The grid is validated before the fit."""
     config = config or GROMConfig()
     _path_grid(scales, retain_weights, ridges, float(config.retain_weight), float(config.ridge))  # before any work
     if config.retain_weight == 0 and (retain_weights is None or any(w > 0 for w in retain_weights)):
         config = dataclasses.replace(config, retain_weight=1.0)  # the collection is the same; A keeps X_r X_r^T
-    extra = {} if generic_retain is None else {"generic_retain": generic_retain}
-    edit = fit_grom(model, tokenizer, forget, retain, config, **extra, device=device, gram_device=gram_device)
-    return grom_path_from_edit(edit, scales, retain_weights, ridges)
+    edit, preservation = _fit_grom(model, tokenizer, forget, retain, config, generic_retain, device, gram_device)
+    return grom_path_from_edit(edit, scales, retain_weights, ridges, preservation=preservation)

@@ -1,28 +1,12 @@
-"""GROM targets ``D``: the output change each edited module should make at each forget key.
+"""GROM targets ``D``: the output change each edited module should make at each forget key, read through the logit
+lens (a residual change ``delta`` reaches the logits as ``U J_t delta``, ``U`` the unembedding, ``J_t`` the final
+norm's Jacobian at ``h_t``; the identity for the LM head).
 
-Everything is read through the *logit lens*: a change ``delta`` written into the residual stream at
-any depth reaches the logits (to first order, ignoring later blocks) as ``U J_t delta``, where ``U``
-is the unembedding and ``J_t`` the Jacobian of the final norm at the final residual ``h_t``. For the
-LM head the output already is the logit vector (``U J_t`` is the identity).
-
-* **Token suppression** (:func:`suppression_targets`): for a forget position predicting answer token
-  ``y`` the gold *margin* ``m_t = z_y - logsumexp_{v != y} z_v`` has gradient
-  ``w_t = J_t^T U^T (e_y - q_t)`` with ``q_t`` the model's distribution renormalised over ``v != y``.
-  The minimum-norm change lowering the margin by ``Delta_t`` (first order) is
-  ``D_t = -Delta_t w_t / ||w_t||^2`` with ``Delta_t = alpha_y * max(0, m_t + kappa) / k``: each token is
-  asked to fall ``kappa`` nats *below* its best competitors, ``k`` edited modules sharing the work.
-  The margin (not ``log p_y``) is used because a memorised token has ``p_y ~ 1`` and a vanishing
-  log-probability gradient.
-* **Specificity** (:func:`specificity_weights`): ``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma``
-  with ``p_f, p_r`` the smoothed frequencies of token ``j`` among forget and retain answer tokens (by
-  default each the empirical rate mixed with a uniform share, so rates are compared): the share of the
-  token's forget frequency not explained by ordinary (retain) use. A token seen only in
-  forget answers gets ``alpha ~ 1``; one at least as common in retain answers (function words, EOS,
-  shared templates) gets 0, so its key is asked to leave the output unchanged.
-* **Representation corruption** (:func:`corruption_targets`): ``D_t = alpha_y * c * u``, ``u`` a fixed
-  random unit direction of the output space, ``c`` a set multiple of the mean output norm; this
-  scrambles what the edited module writes for forget content without aiming at particular tokens
-  (for multiple-choice style knowledge, where no answer tokens should be singled out).
+* Token suppression: the gold margin ``m_t = z_y - logsumexp_{v != y} z_v`` has gradient
+  ``w_t = J_t^T U^T (e_y - q_t)`` (``q_t`` the distribution renormalised over ``v != y``), and
+  ``D_t = -Delta_t w_t / ||w_t||^2``, ``Delta_t = alpha_y max(0, m_t + kappa) / k`` for ``k`` edited modules.
+* Specificity: ``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma`` (smoothed forget / retain token frequencies).
+* Representation corruption: ``D_t = alpha_y c u``, ``u`` a fixed random unit direction.
 """
 
 from __future__ import annotations
@@ -39,20 +23,10 @@ def specificity_weights(
     smoothing: float = 0.5,
     mode: str = "fraction",
 ) -> torch.Tensor:
-    """``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma`` for tokens seen in forget answers, 0 for the others.
-
-    ``p_f``, ``p_r`` are the smoothed frequencies of token ``j`` among the ``N_f`` forget and ``N_r`` retain
-    answer tokens (counts ``c_f``, ``c_r`` over a vocabulary of ``V`` tokens), with ``beta = smoothing``:
-
-    * ``mode="fraction"``: ``p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x)``, i.e. the empirical rate
-      ``c_x(j) / N_x`` mixed with the uniform ``1 / V`` at weight ``beta / (1 + beta)``: the smoothing mass is
-      the fraction ``beta`` of the set's own count, so ``alpha`` compares *rates* (multiplying every retain
-      count by the same factor leaves it unchanged) whatever ``V`` is.
-    * ``mode="pseudo_count"``: ``p_x(j) = (c_x(j) + beta) / (N_x + beta V)``; when ``beta V`` is much larger
-      than ``N_x`` this compares raw counts ``(c_r + beta) / (c_f + beta)`` rather than rates.
-
-    ``1 - p_r/p_f`` is the share of token ``j``'s forget-set frequency that its retain-set frequency does
-    not explain: 1 for a token used only in forget answers, 0 for one at least as common in retain answers.
+    """``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma`` for tokens seen in forget answers, 0 for the others,
+    with ``beta = smoothing``, counts ``c_x`` over ``N_x`` answer tokens and a vocabulary of ``V``:
+    ``p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x)`` (``mode="fraction"``, compares rates) or
+    ``p_x(j) = (c_x(j) + beta) / (N_x + beta V)`` (``mode="pseudo_count"``).
     """
     cf = forget_counts.to(torch.float64)
     cr = retain_counts.to(torch.float64)

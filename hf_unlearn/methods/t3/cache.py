@@ -1,14 +1,7 @@
-"""What :func:`~hf_unlearn.methods.t3.fit.fit_t3` does before it trains the head: the checks before any work and
-the cache of pooled hidden states.
-
-* **Checks.** The settings (:class:`T3ClassifierConfig`), the layer against the base
-  (:meth:`T3ClassifierConfig.check_for`), the rows, forget/retain overlap and every row's prompt: a row whose
-  prompt alone fills the base's maximum positions (or ``max_length``) leaves no answer token to fit on and is
-  refused by name, never dropped. :func:`validate_t3_fit` runs exactly these checks (tokenization only).
-* **Caching.** One no-grad forward pass of the frozen base over forget + retain (``batch_size`` examples at a
-  time) reads layer ``layer``'s hidden states through a hook and keeps, for every position ``t`` whose next token
-  ``y_{t+1}`` is an answer token, the causal mean-pooled state ``pool_t`` (:mod:`hf_unlearn.methods.t3.hidden`)
-  and the token ``y_{t+1}`` (:func:`cache_answer_states`). Nothing else of the base's activations is kept.
+"""What :func:`~hf_unlearn.methods.t3.fit.fit_t3` does before it trains the head: the checks before any work
+(settings, layer, rows, overlap, prompts that fill the positions: refused by name, never dropped;
+:func:`validate_t3_fit`) and the cache: one no-grad pass of the frozen base keeping, at every position whose next
+token is an answer token, ``pool_t`` and ``y_{t+1}`` (:func:`cache_answer_states`).
 """
 
 from __future__ import annotations

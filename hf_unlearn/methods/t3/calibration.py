@@ -1,37 +1,14 @@
 """Calibrating T3's decoding parameters ``(T, w)`` on the data, after one head fit.
 
-``T`` and ``w`` enter only at decoding time (``log q = log_softmax(log p / T + w log f)``), and the base is frozen, so
-every grid point is scored from one teacher-forced pass over the criterion's rows: each batch runs the base once,
-the head gives ``log f`` at the answer positions, and every candidate's answer-token log-probability is one
-``logsumexp`` over the vocabulary per position
-(:func:`~hf_unlearn.methods.t3.scoring.candidate_answer_log_probs`). The same pass gives the untilted base's
-log-probabilities, i.e. the original model's retain figures. :func:`calibrate_t3` measures a
-:class:`~hf_unlearn.selection.SelectionCriterion` at every ``(T, w)`` from those log-probabilities
-(:meth:`~hf_unlearn.selection.SelectionCriterion.measure_from_log_probs`), applies its rule, and writes the chosen
-``temperature`` and ``tilt_weight`` into the head's config together with the record (``config.calibration``), so
-``save_pretrained`` / ``push_to_hub`` carry them and :meth:`~hf_unlearn.methods.t3.T3LogitsProcessor.from_pretrained`
-decodes with them. ``cached=False`` measures each point with its own pass of the tilted scorer instead (the
-reference the one-pass path is tested against).
-
-The default grid, ``T`` in 1, 1.5, 2, 2.5 and ``w`` in 0.25, 0.5, 1, 2 (16 points), spans the authors' released
-sweep (locuslab/open-unlearning ``community/methods/T3/run.sh``: ``base_temp=2.5``, ``guidance_scale=1``; their
-config class defaults to ``base_temp=1``, ``guidance_scale=1``): tempering (``T > 1``) is what lowers answers the
-base has memorised, which a tilt alone cannot suppress, and ``w = 2`` doubles their tilt. ``w = 0.25`` is a
-weaker tilt than any the authors ran. On SmolLM2-135M's tuning authors (forget10 authors 5-8) a grid with
-``w = 0.1`` too showed the weak end undershooting (``T = 1``: NLL shift gap -2.8 at ``w = 0.1``, -2.5 at 0.25,
--0.5 at 0.5, +6.9 at 1), so ``w = 0.1`` was left out and the rule's point stayed ``T = 1, w = 0.5``.
-
-Retain damage is judged by what the tilted greedy decoding changes, not by the teacher-forced NLL: each point's
-``retain_change`` (what the rule holds within ``retain_tolerance``) is its greedy regret on the retain-validation
-(and generic) rows, the mean over answer positions of ``max_v log p_v - log p_g`` with ``g`` the token greedy
-decoding under ``(T, w)`` picks (:func:`~hf_unlearn.methods.t3.tilt.greedy_regret`, from the same pass). It is 0 wherever the tilted decoding keeps the base's token, so a tempering alone costs nothing and
-``(T, w)`` costs what ``(1, T w)`` does; the teacher-forced NLL change, which tempering raises on every row by
-construction and which vetoed every ``T > 1`` point, stays in the record as ``retain_nll_change``. The forget side
-(the NLL shift gap to the holdout rows) is still measured teacher-forced under ``(T, w)``.
-
-Order of the grid, weak -> strong: greedy decoding from ``log p / T + w log f`` picks the same token as from
-``log p + T w log f``, so ``T w`` is the greedy-equivalent tilt; candidates are sorted by ``T w``, then by ``T``
-(which further flattens sampling and the teacher-forced scores).
+``T`` and ``w`` enter only at decoding time, ``log q = log_softmax(log p / T + w log f)``, and the base is frozen, so
+every grid point is scored from one teacher-forced pass over the criterion's rows
+(:func:`~hf_unlearn.methods.t3.scoring.candidate_answer_log_probs`); the same pass gives the original model's retain
+figures. A point's ``retain_change`` is its greedy regret on the retain rows,
+``mean_t (max_v log p_v - log p_g)`` with ``g`` the token greedy decoding under ``(T, w)`` picks
+(:func:`~hf_unlearn.methods.t3.tilt.greedy_regret`); the teacher-forced NLL change stays in the record as
+``retain_nll_change``. Candidates are ordered weak -> strong by ``T w`` (the greedy-equivalent tilt), then ``T``.
+The chosen ``temperature`` and ``tilt_weight`` and the record go into the head's config. The default grid and its
+origin: ``docs/methods/t3.md``.
 """
 
 from __future__ import annotations
@@ -173,23 +150,12 @@ def calibrate_t3(
     cached: bool = True,
     device: Any = None,
 ) -> Any:
-    """Score the ``temperatures`` x ``tilt_weights`` grid (16 points by default) with ``criterion`` and write the
-    chosen ``(T, w)`` into ``classifier.config`` (``temperature``, ``tilt_weight`` and ``calibration``, the
-    record as a dict). Returns the :class:`~hf_unlearn.selection.SelectionRecord`, whose measurements'
-    ``retain_change`` is the greedy regret on the retain rows (:func:`retain_greedy_figures`, from the same pass;
-    with ``cached=False``, one more pass over the retain rows; the teacher-forced
-    change kept as ``retain_nll_change``) and whose ``rule["retain_measure"]`` says so.
-
-    With ``cached`` (the default) all points and the original model's retain figures (the frozen base, untilted,
-    when the criterion has none) come from one pass of the base over the criterion's rows; each measurement's
-    ``seconds`` is its share of that pass. ``cached=False`` runs the original's pass and one tilted-scorer pass
-    per point (the same measurements up to float rounding, about one pass per point). Every setting is validated
-    before any pass; the head and the base are not modified otherwise.
-
-    ``device``: ``None`` (default) scores where the base is; ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
-    (:func:`hf_unlearn.devices.resolve_device`) moves the base and the head there first (refused before any work
-    when the machine lacks it). A criterion with a ``device`` of its own moves the base there when it scores.
-    """
+    """Score the ``temperatures`` x ``tilt_weights`` grid with ``criterion`` and write the chosen ``(T, w)`` into
+    ``classifier.config`` (``temperature``, ``tilt_weight``, and the record as ``calibration``); returns the
+    :class:`~hf_unlearn.selection.SelectionRecord`. With ``cached`` (the default) every point and the original's
+    retain figures come from one pass of the base; ``cached=False`` runs one tilted-scorer pass per point (the same
+    measurements up to float rounding). Settings are validated before any pass. ``device``: where to score
+    (:func:`hf_unlearn.devices.resolve_device`; default where the base is)."""
     from ...devices import device_of, move_to_device
 
     grid = calibration_grid(temperatures, tilt_weights)

@@ -1,19 +1,8 @@
-"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``).
-
-The config holds three groups of fields, all saved with the head:
-
-* the head itself: ``rank``, ``layer``, ``pooling``;
-* the base model it was fitted on (sizes, architecture, the name it was loaded from, and a fingerprint of its
-  weights), so that a head is never silently applied to another base;
-* the decoding defaults ``temperature``, ``tilt_weight`` and ``log_f_floor`` that
-  :meth:`~hf_unlearn.methods.t3.T3LogitsProcessor.from_pretrained` rebuilds the processor with, and the fit
-  settings of :func:`~hf_unlearn.methods.t3.fit_t3` (epochs, batches, learning rate, early stopping, ...) together
-  with the ``fit_report`` of the fit that produced the weights.
-
-Every float setting must be finite (and the learning rate, temperature and tilt weight positive); a template name
-must be a preset; both are refused when the config is built. :meth:`T3ClassifierConfig.check_for` checks what needs the
-base model (the layer index) before any work.
-"""
+"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``): the head (``rank``, ``layer``,
+``pooling``), the base it was fitted on (sizes, architecture, name, weight fingerprint), the decoding defaults
+(``temperature``, ``tilt_weight``, ``log_f_floor``) and the fit settings of :func:`~hf_unlearn.methods.t3.fit_t3`
+with the ``fit_report`` of the fit. Values are checked when the config is built; :meth:`T3ClassifierConfig.check_for`
+checks the layer against a base."""
 
 from __future__ import annotations
 
@@ -64,114 +53,61 @@ class T3ClassifierConfig(PreTrainedConfig):
 
     with ``T = temperature``, ``w = tilt_weight`` and ``floor = log_f_floor`` (no floor when None).
 
-    **T and w.** Under greedy decoding only the ordering of the scores matters, and multiplying them by
-    ``T > 0`` keeps it: ``argmax_v(log p / T + w log f) = argmax_v(log p + T w log f)``, so ``(T, w)`` and
-    ``(1, T w)`` pick the same tokens. ``T`` changes everything that reads the distribution itself rather than
-    its argmax: sampling (``q ∝ p^(1/T) f^w`` is flatter than ``p f^(T w)``) and the teacher-forced scores
-    (answer probabilities, truth ratios, forget quality), where ``T > 1`` lowers the probability of every
-    answer, retained ones included. ``T = 1`` and ``w = 1`` are only the defaults of the authors' config class
-    (``T3CausalLMConfig``: ``base_temp=1``, ``guidance_scale=1``); their released TOFU sweep
-    (``community/methods/T3/run.sh``) decodes with ``base_temp=2.5`` and ``guidance_scale=1``, and the method's
-    point is that tempering (``T > 1``) is needed when the forget answers are memorised. Both are meant to be
-    chosen by calibration for a given model (:func:`~hf_unlearn.methods.t3.calibrate_t3`).
-
-    **Where the defaults come from.** The authors' (locuslab/open-unlearning ``src/model/t3.py``,
-    ``src/trainer/unlearn/t3.py`` and ``community/methods/T3/run.sh``): the architecture (one linear bottleneck,
-    identity activation, no bias on the vocabulary layer, PyTorch's default initialisation of both layers),
-    ``rank = 20`` (their sweep: 20 and 50), the last layer's hidden states, causal mean pooling, ``epochs = 100``
-    with batches of 32 forget plus 32 randomly drawn retain examples, every forget example fitted, a 25-epoch
-    linear warm-up then linear decay (``warmup_epochs=25`` of 100, the ``Trainer``'s linear schedule),
-    ``learning_rate`` 1e-2 and ``weight_decay`` 1e-3 (each one point of their sweep, lr in {1e-2, 1e-3} and
-    weight decay in {1e-2, 1e-3}), no early stopping, and no floor on ``log f`` (their code only notes that
-    clipping it may help stability). hf-unlearn's own choices: AdamW on standardised states, the retain hold-out
-    share 0.1 (reported, and used by the optional early stopping), and the cache batch size.
+    Greedy decoding depends on ``T * w`` only; ``T`` also flattens sampling and the teacher-forced scores. Both
+    are meant to be calibrated (:func:`~hf_unlearn.methods.t3.calibrate_t3`). Where each default comes from:
+    ``docs/methods/t3.md``.
     """
 
     model_type = "t3_classifier"
 
-    rank: int = field(default=20, metadata={"help": "Width h of the low-rank bottleneck (hidden -> h -> vocabulary); "
-                                                    "authors' 20."})
+    rank: int = field(default=20, metadata={"help": "Width h of the bottleneck (hidden -> h -> vocabulary)."})
     layer: int = field(
-        default=-1,
-        metadata={"help": "Index into the base's `output_hidden_states` (0 = embeddings, -1 = last layer after the "
-                          "final norm; the authors' default)."},
+        default=-1, metadata={"help": "Index into the base's output_hidden_states (0 = embeddings, -1 = last layer)."}
     )
     pooling: str = field(
-        default="mean",
-        metadata={"help": "'mean': causal mean of the layer's hidden states over every non-padding position <= t "
-                          "(prompt and answer prefix alike), as the authors' implementation pools."},
+        default="mean", metadata={"help": "'mean': causal mean over the non-padding positions <= t."}
     )
     temperature: float = field(
-        default=1.0,
-        metadata={"help": "Decoding default T: the base log-probabilities are divided by T (T >= 1; the authors' "
-                          "config class default 1, their released sweep 2.5). "
-                          "Greedy tokens depend only on T * tilt_weight; T also flattens sampling and the "
-                          "teacher-forced scores."},
+        default=1.0, metadata={"help": "Decoding default T > 0: the base log-probabilities are divided by T."}
     )
-    tilt_weight: float = field(
-        default=1.0, metadata={"help": "Decoding default w > 0: weight of log f in the tilted scores (authors' 1)."}
-    )
+    tilt_weight: float = field(default=1.0, metadata={"help": "Decoding default w > 0: weight of log f."})
     log_f_floor: float | None = field(
-        default=None,
-        metadata={"help": "Optional floor (< 0) on log f in the tilted scores: max(log f, floor) bounds how far "
-                          "one token can be pushed down (None: no floor, as the authors)."},
+        default=None, metadata={"help": "Optional floor (< 0) on log f: max(log f, floor) (None: no floor)."}
     )
     prompt_template: str | None = field(
         default=None,
-        metadata={"help": "Name of a prompt template preset (hf_unlearn.data.prompts.PROMPT_TEMPLATES) the forget and "
-                          "retain examples are formatted with when fitting, passed as `template=` to tokenize_qa "
-                          "(None: the tokenizer's chat template, else the plain 'Question: ...' prompt). Generate and "
-                          "evaluate with the same template."},
+        metadata={"help": "Prompt preset of hf_unlearn.data.prompts the rows are formatted with (None: the chat "
+                          "template, else the plain prompt); generate and evaluate with the same."},
     )
     # --- fit settings (fit_t3) ---
-    epochs: int = field(
-        default=100, metadata={"help": "Passes over the forget training examples (authors' 100); early stopping "
-                                       "may end the fit sooner."}
-    )
-    steps: int | None = field(
-        default=None, metadata={"help": "Optional cap on the number of AdamW steps (None: `epochs` epochs)."}
-    )
+    epochs: int = field(default=100, metadata={"help": "Passes over the forget examples (early stopping may end sooner)."})
+    steps: int | None = field(default=None, metadata={"help": "Optional cap on the AdamW steps."})
     forget_batch_size: int = field(
-        default=32, metadata={"help": "Forget examples per AdamW step (authors' 32). Each step adds as many "
-                                      "retain examples, drawn at random: every batch is class-balanced."}
+        default=32, metadata={"help": "Forget examples per step; each step adds as many random retain examples."}
     )
-    learning_rate: float = field(
-        default=1e-2, metadata={"help": "Peak AdamW learning rate of the head (one point of the authors' sweep, "
-                                        "{1e-2, 1e-3})."}
-    )
-    weight_decay: float = field(
-        default=1e-3, metadata={"help": "AdamW weight decay of the head (one point of the authors' sweep, "
-                                        "{1e-2, 1e-3})."}
-    )
+    learning_rate: float = field(default=1e-2, metadata={"help": "Peak AdamW learning rate of the head."})
+    weight_decay: float = field(default=1e-3, metadata={"help": "AdamW weight decay of the head."})
     lr_schedule: str = field(
         default="linear",
-        metadata={"help": "'linear': the authors' linear warm-up over `warmup_epochs` then linear decay to 0 at the "
-                          "last step; 'constant': `learning_rate` throughout."},
+        metadata={"help": "'linear': warm-up over `warmup_epochs`, then linear decay to 0; 'constant'."},
     )
     warmup_epochs: float = field(
-        default=25.0, metadata={"help": "Epochs of linear warm-up (authors' 25 of 100): floor(warmup_epochs * "
-                                        "|forget| / forget_batch_size) steps."}
+        default=25.0, metadata={"help": "Warm-up: floor(warmup_epochs * |forget| / forget_batch_size) steps."}
     )
     class_balance: bool = field(
-        default=False,
-        metadata={"help": "Weigh the forget and the retain positions of each batch equally in the BCE (batches "
-                          "already hold as many forget as retain examples; see fit_t3)."},
+        default=False, metadata={"help": "Weigh the forget and retain positions of each batch equally in the BCE."}
     )
     holdout_fraction: float = field(
         default=0.1,
-        metadata={"help": "Share of the retain examples held out (0: none; every forget example is always fitted): "
-                          "their BCE and accuracy are reported, and drive the optional early stopping."},
+        metadata={"help": "Share of the retain examples held out (reported; drives the optional early stopping)."},
     )
     early_stopping_patience: int | None = field(
         default=None,
-        metadata={"help": "Stop after this many epochs without a lower held-out retain BCE and keep the best "
-                          "epoch's head (None, the authors': train every epoch; also when nothing is held out)."},
+        metadata={"help": "Stop after this many epochs without a lower held-out BCE, keeping the best epoch's head."},
     )
     batch_size: int = field(default=16, metadata={"help": "Examples per forward pass of the frozen base when caching."})
     max_length: int | None = field(
-        default=None,
-        metadata={"help": "Truncate prompt + answer to this many tokens (always also to the base's maximum "
-                          "positions)."},
+        default=None, metadata={"help": "Truncate prompt + answer to this many tokens (and the base's positions)."}
     )
     seed: int = field(default=0, metadata={"help": "Seed of the hold-out split, the initialisation and the batches."})
     # --- the base the head was fitted on (filled in by for_base / fit_t3) ---
@@ -186,7 +122,7 @@ class T3ClassifierConfig(PreTrainedConfig):
     base_num_hidden_layers: int | None = field(default=None, metadata={"help": "Number of decoder layers of the base."})
     base_weights_fingerprint: dict | None = field(
         default=None,
-        metadata={"help": "SHA-256 digests of the base's weights (see hf_unlearn.methods.t3.provenance), checked whenever "
+        metadata={"help": "SHA-256 digests of the base's weights (hf_unlearn.integrity.model_fingerprint), checked whenever "
                           "the head is attached to a model."},
     )
     fit_report: dict | None = field(default=None, metadata={"help": "Statistics of the fit (informational)."})
@@ -242,6 +178,24 @@ class T3ClassifierConfig(PreTrainedConfig):
             except ValueError as err:
                 raise ValueError(f"T3ClassifierConfig.prompt_template: {err}") from None
 
+    def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_positions: int | None = None
+                           ) -> dict[str, int]:
+        """What :func:`~hf_unlearn.methods.t3.fit_t3` holds besides the base (for :mod:`hf_unlearn.memory_plan`),
+        from a :class:`~hf_unlearn.model_shape.ModelShape` (hidden ``H``, vocabulary ``V``) and ``rank`` ``h``:
+
+        * ``t3_head``: ``4 h (H + V + 1) + 12 h (H + V)``: the float32 head, and the gradients and two AdamW moments
+          of its two weights (``+ 4 h (H + V)`` for the best epoch's copy with ``early_stopping_patience``);
+        * with ``num_positions = N`` (answer positions of forget + retain): ``t3_pooled_states``,
+          ``2 N H b`` (``b = weight_bytes``: the per-set caches in the base's dtype and their concatenation), and
+          ``t3_position_labels``, ``36 N`` (next tokens and example indices as int64, twice; float32 labels)."""
+        h, width = int(self.rank), shape.hidden_size + shape.vocab_size
+        head = 4 * h * (width + 1) + 12 * h * width + (4 * h * width if self.early_stopping_patience else 0)
+        out = {"t3_head": head}
+        if num_positions is not None:
+            out["t3_pooled_states"] = 2 * num_positions * shape.hidden_size * weight_bytes
+            out["t3_position_labels"] = 36 * num_positions
+        return out
+
     def check_for(self, model: Any) -> None:
         """Refuse (``ValueError``) settings that do not fit ``model``, before any work: a ``layer`` outside its
         ``output_hidden_states`` (``-(n + 1) .. n`` for ``n`` decoder layers). Field values themselves are
@@ -256,8 +210,8 @@ class T3ClassifierConfig(PreTrainedConfig):
     def for_base(self, model: Any, fingerprint: dict[str, Any] | None = None) -> T3ClassifierConfig:
         """A copy of this config bound to ``model`` (a causal LM): sizes, name, revision, architecture and the
         fingerprint of its weights (``fingerprint``, or computed here by
-        :func:`~hf_unlearn.methods.t3.provenance.base_weights_fingerprint`)."""
-        from .provenance import base_weights_fingerprint
+        :func:`~hf_unlearn.integrity.model_fingerprint`)."""
+        from ...integrity import model_fingerprint
 
         self.check_for(model)
         base = base_text_config(model)
@@ -272,6 +226,6 @@ class T3ClassifierConfig(PreTrainedConfig):
             base_model_revision=getattr(model.config, "_commit_hash", None) or self.base_model_revision,
             base_model_type=getattr(base, "model_type", None),
             base_num_hidden_layers=base_num_layers(model),
-            base_weights_fingerprint=fingerprint if fingerprint is not None else base_weights_fingerprint(model),
+            base_weights_fingerprint=fingerprint if fingerprint is not None else model_fingerprint(model),
         )
         return T3ClassifierConfig(**data)

@@ -1,49 +1,15 @@
 """Fitting the T3 guidance head on cached pooled hidden states of the frozen base: :func:`fit_t3`.
 
-Steps 1 and 2 are in :mod:`hf_unlearn.methods.t3.cache`, step 3 in :mod:`hf_unlearn.methods.t3.head_training`.
+The checks and the cache are in :mod:`hf_unlearn.methods.t3.cache`, the head's training in
+:mod:`hf_unlearn.methods.t3.head_training`. Only the head is trained, with binary cross-entropy on the logit of the
+observed next token (retain 1, forget 0) over the answer positions ``B`` of class-balanced mini-batches::
 
-1. **Checks, before any work.** The settings (:class:`T3ClassifierConfig`), the layer against the base
-   (:meth:`T3ClassifierConfig.check_for`), the rows, forget/retain overlap and every row's prompt: a row whose
-   prompt alone fills the base's maximum positions (or ``max_length``) leaves no answer token to fit on and is
-   refused by name, never dropped. :func:`~hf_unlearn.methods.t3.cache.validate_t3_fit` runs exactly these
-   checks (tokenization only).
-2. **Caching.** One no-grad forward pass of the frozen base over forget + retain (``batch_size``
-   examples at a time, progress bar) reads layer ``layer``'s hidden states through a hook (an
-   intermediate layer stops the forward there; no LM head is computed) and keeps, for every
-   position ``t`` whose next token ``y_{t+1}`` is an answer token, the causal mean-pooled state
-   ``pool_t`` (see :mod:`hf_unlearn.methods.t3.hidden`) and the token ``y_{t+1}``. Nothing else of the
-   base's activations is kept.
-3. **Head training, as the authors train it.** Only the head is trained, with binary cross-entropy on the logit
-   of the observed next token, label 1 on retain answer tokens and 0 on forget answer tokens (the authors'
-   ``T3`` trainer loss), on class-balanced mini-batches: each AdamW step takes the next ``forget_batch_size``
-   forget examples (an epoch is one shuffled pass over *every* forget example: none is held out) and as many
-   retain examples drawn at random, and averages over the answer positions ``B`` of those examples::
+    L = sum_{i in B} c_i BCE(g(pool_i)[y_i], s_i) / sum_{i in B} c_i,    c_i = 1, or |B| / (2 |B_{s_i}|) with
+                                                                        ``class_balance``.
 
-       L = sum_{i in B} c_i BCE(g(pool_i)[y_i], s_i) / sum_{i in B} c_i,
-       c_i = 1, or |B| / (2 |B_{s_i}|) with ``class_balance``.
-
-   Both layers start from PyTorch's default ``nn.Linear`` initialisation (``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``);
-   there is no per-token bias. The pooled states are standardised per feature during training (statistics of
-   the training positions); the standardisation is folded into the head afterwards, so the saved head is
-   exactly ``g = U (D' pool + c)`` with ``D' = D / scale`` and ``c = -D' mean``. The learning rate follows the
-   authors' schedule (:func:`~hf_unlearn.methods.t3.head_training.warmup_linear_decay`,
-   ``lr_schedule="linear"``): a linear warm-up over ``warmup_epochs`` epochs' worth of steps (the authors' 25 of
-   100 epochs, ``warmup_steps = floor(warmup_epochs |forget| / forget_batch_size)`` as their ``load_trainer_args``
-   counts it), then a linear decay to 0 at the last step (the transformers ``Trainer``'s default ``"linear"``
-   schedule they train with). Deviation from the authors' trainer, which runs the base on every step: the base
-   runs once, and the head trains on the cache.
-4. **Retain hold-out and early stopping.** ``holdout_fraction`` of the *retain* examples (whole examples) are held
-   out; the forget examples are all in the fit. After every epoch the held-out retain BCE (label 1, mean over
-   their positions) is measured and reported; with ``early_stopping_patience`` set, the fit stops after that many
-   epochs without a lower value and the head of the best epoch is returned (the authors do not stop early, the
-   default). The held-out accuracy reported is the returned head's on those retain rows (how often it calls a
-   never-fitted retain token "forget").
-
-A loss or a head that is not finite (e.g. a learning rate far too high) is refused with a ``ValueError``:
-nothing is returned, so nothing can be saved. Sequences are truncated to the base's maximum positions (and
-``max_length``) at the answer end. The caller's tokenizer is never modified. Timings (caching and head
-training apart), the epochs run, the held-out BCE per epoch and the accuracies land in
-``classifier.fit_report`` (and in ``config.fit_report``, saved with the head).
+The states are standardised during training and the standardisation is folded into the head afterwards
+(``D' = D / scale``, ``c = -D' mean``). ``holdout_fraction`` of the retain examples are held out: their BCE is
+reported per epoch and drives the optional early stopping. A non-finite loss or head is refused (``ValueError``).
 """
 
 from __future__ import annotations
@@ -81,29 +47,16 @@ def fit_t3(
 ) -> T3Classifier:
     """Fit a :class:`T3Classifier` telling ``retain`` (label 1) from ``forget`` (label 0) answers of ``model``.
 
-    ``forget`` and ``retain`` are TOFU-shaped rows (``question``, ``answer``; a ``datasets.Dataset`` or a
-    list of dicts) or documents (a path, a dataset with a ``text`` column, ``[{"text": ...}, ...]``:
-    :func:`hf_unlearn.data.documents.as_documents`), cut into chunks of the base's maximum positions
-    (``max_length`` when lower; 2048 when neither is set), each chunk one example whose every position is cached.
-    ``config`` (default ``T3ClassifierConfig()``) sets the head and the fit; keyword ``overrides`` replace config
-    fields (e.g. ``epochs=20``). The base is frozen and run once. Every refusal
-    (see :func:`~hf_unlearn.methods.t3.cache.validate_t3_fit`) comes before the first forward pass.
+    ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) or documents
+    (:func:`hf_unlearn.data.documents.as_documents`, cut into chunks of the base's maximum positions, each chunk
+    one example). ``config`` (default ``T3ClassifierConfig()``) sets the head and the fit; ``overrides`` replace
+    its fields. Every refusal (:func:`~hf_unlearn.methods.t3.cache.validate_t3_fit`) comes before the first
+    forward pass; the base is frozen and run once. Returns the head in eval mode on the base's device with its
+    ``fit_report``; raises ``ValueError`` when the loss or the head turns non-finite.
 
-    Batches hold as many forget as retain examples, so ``f`` estimates ``P(retain)`` under roughly equal class
-    priors (equal in positions too with ``class_balance=True``), whatever the sizes of the two sets.
-
-    Returns the head in eval mode on the base's device, with ``fit_report`` = ``{cache_seconds,
-    train_seconds, fit_seconds, epochs_run, best_epoch, heldout_bce_per_epoch, heldout_accuracy,
-    heldout_balanced_accuracy, train_accuracy, ...}``. Raises ``ValueError`` when the training loss or the
-    head turns non-finite.
-
-    ``device``: ``None`` (default) fits where the base is; ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
-    (:func:`hf_unlearn.devices.resolve_device`) moves the base there first, and a device the machine lacks is
-    refused before any work. ``cache_device``: where the pooled hidden states are kept (default: the base's
-    device; ``"cpu"`` keeps them on the host and moves each mini-batch to the head, which trains on the base's
-    device). Under ``torchrun`` / ``accelerate launch`` (:func:`hf_unlearn.devices.join_launch`) the head is fitted
-    on rank 0 alone and broadcast: every process of the launch must call ``fit_t3``, and every one returns the
-    same head.
+    ``device``: where to fit (:func:`hf_unlearn.devices.resolve_device`; default where the base is).
+    ``cache_device``: where the pooled states are kept (default the base's device). Under ``torchrun`` /
+    ``accelerate launch`` the head is fitted on rank 0 and broadcast: every process must call ``fit_t3``.
     """
     from ...devices import device_of, join_launch, move_to_device, on_main_process, resolve_device
 

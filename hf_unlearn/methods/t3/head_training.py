@@ -1,18 +1,7 @@
-"""Training the T3 guidance head on the cached pooled states, as the authors train it.
-
-Only the head is trained, with binary cross-entropy on the logit of the observed next token, label 1 on retain
-answer tokens and 0 on forget answer tokens, on class-balanced mini-batches (:func:`balanced_batches`): each AdamW
-step takes the next ``forget_batch_size`` forget examples and as many retain examples drawn at random, and
-averages over the answer positions ``B`` of those examples::
-
-    L = sum_{i in B} c_i BCE(g(pool_i)[y_i], s_i) / sum_{i in B} c_i,
-    c_i = 1, or |B| / (2 |B_{s_i}|) with ``class_balance``.
-
-The pooled states are standardised per feature during training (statistics of the training positions) and the
-standardisation is folded into the head afterwards: ``g = U (D' pool + c)`` with ``D' = D / scale`` and
-``c = -D' mean``. The learning rate follows :func:`fit_schedule` and :func:`warmup_linear_decay`; the held-out
-retain BCE is measured after every epoch and, with ``early_stopping_patience``, stops the fit and restores the
-head of the best epoch.
+"""Training the T3 guidance head on the cached pooled states (the loss and the folding of the standardisation:
+:mod:`hf_unlearn.methods.t3.fit`), on class-balanced mini-batches (:func:`balanced_batches`) under
+:func:`fit_schedule` / :func:`warmup_linear_decay`, with the held-out retain BCE measured after every epoch (and,
+with ``early_stopping_patience``, the best epoch's head restored).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Reading the base model's hidden states for T3 through forward hooks, and the causal mean pool.
 
-One definition is shared by fitting, the logits processor and teacher-forced scoring: layer
-``layer`` means ``output_hidden_states[layer]`` of the base's decoder (``n + 1`` entries for ``n``
-layers; index ``n`` / ``-1`` is the decoder output after the final norm, index ``i < n`` the input
-of decoder layer ``i``). It is read with hooks instead of ``output_hidden_states=True``, so the
-logits processor can take it from ``generate``'s own forward passes (the base is never run twice)
-and no other layer's activations are kept.
-
-The pooled state at position ``t`` is the causal mean over the non-padding positions ``s <= t``
-(prompt and answer alike, as in the authors' ``_mean_pool``)::
+Layer ``layer`` means ``output_hidden_states[layer]`` of the base's decoder (index ``n`` / ``-1``: the output after
+the final norm; ``i < n``: the input of block ``i``), read by hooks so the logits processor takes it from
+``generate``'s own passes. The pooled state is the causal mean over non-padding positions::
 
     pool_t = sum_{s <= t} m_s h_s / max(1, sum_{s <= t} m_s)        (m = attention mask)
 """
@@ -93,14 +87,10 @@ class _Stop(Exception):
 
 
 class HiddenStateHook:
-    """Calls ``callback(hidden [B, Q, H], attention_mask [B, K] or None)`` on every forward of the base.
-
-    ``hidden`` is layer ``layer``'s hidden state of the ``Q`` positions that forward encoded;
-    ``attention_mask`` is the 2D mask the decoder received (``K >= Q`` columns: with a KV cache the
-    last ``Q`` belong to the encoded positions). A mask wider than ``max_positions`` is refused before
-    the base runs (it would index past its position table). With ``stop_early`` an intermediate layer's forward
-    is cut short after the hidden state was read (the decoder raises and :meth:`run` catches it).
-    Remove the hooks with :meth:`remove` (or use it as a context manager).
+    """Calls ``callback(hidden [B, Q, H], attention_mask [B, K] or None)`` on every forward of the base: layer
+    ``layer``'s hidden state of the ``Q`` positions encoded and the 2D mask the decoder received (with a KV cache
+    its last ``Q`` columns). A mask wider than ``max_positions`` is refused before the base runs; with
+    ``stop_early`` an intermediate layer's forward stops after the read (:meth:`run`). A context manager.
     """
 
     def __init__(

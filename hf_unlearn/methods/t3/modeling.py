@@ -1,13 +1,6 @@
-"""The T3 guidance head: a rank-h map from the pooled hidden state to one logit per vocabulary entry.
-
-``g_t = U (D pool_t + c)`` with ``D`` (``rank x hidden``), the bottleneck offset ``c`` (``rank``), ``U``
-(``vocab x rank``) and no per-token bias; ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates
-``P(retain | x, y_<t, v)``. This is the authors' ``DataSplitClassifier`` with one hidden layer and the identity
-activation (their default, ``activation_str="id"``, no bias on the vocabulary layer). ``c`` is not a free
-parameter of the fit: :func:`~hf_unlearn.methods.t3.fit_t3` trains on standardised pooled states and folds the
-standardisation into ``D`` and ``c`` (``c = -D mean``), so a token the fit never saw keeps ``g = U[v] . (D pool +
-c)`` with ``U[v]`` at its initialisation shrunk by weight decay, as in the authors' head. With ``rank`` 20 it holds
-``20 * (hidden + vocab + 1)`` parameters (0.03% of an 8B model).
+"""The T3 guidance head: ``g_t = U (D pool_t + c)`` with ``D`` (``rank x hidden``), the offset ``c`` (``rank``),
+``U`` (``vocab x rank``) and no per-token bias; ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates
+``P(retain | x, y_<t, v)``. ``rank (hidden + vocab + 1)`` parameters.
 """
 
 from __future__ import annotations
@@ -120,12 +113,9 @@ class T3Classifier(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, verify_integrity: bool = True,
                         expected_sha256: str | None = None, **kwargs: Any) -> Any:
         """``PreTrainedModel.from_pretrained`` after checking the head's files against ``t3_integrity.json``
-        (:func:`~hf_unlearn.methods.t3.provenance.verify_head_files`): a changed, unrecorded or missing file is
-        refused naming it (:class:`~hf_unlearn.integrity.AdapterIntegrityError`), and so is a head
-        saved without the record unless ``verify_integrity=False``. ``expected_sha256`` pins the record itself
-        (the digest of ``t3_integrity.json``: :func:`~hf_unlearn.integrity.manifest_digest`, or the
-        ``hf_unlearn_integrity`` entry of the pushed model card), which also refuses a head whose files and
-        record were both rewritten. A Hub head is downloaded first and loaded from the files that were checked."""
+        (:func:`~hf_unlearn.methods.t3.provenance.verify_head_files`; a head without the record is refused unless
+        ``verify_integrity=False``). ``expected_sha256`` pins the record itself
+        (:func:`~hf_unlearn.integrity.manifest_digest`). A Hub head is loaded from the files that were checked."""
         if pretrained_model_name_or_path is None or not (verify_integrity or expected_sha256 is not None):
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         from .provenance import head_folder, verify_head_files
@@ -142,7 +132,7 @@ class T3Classifier(PreTrainedModel):
 
         Compares hidden size, vocabulary size, architecture and number of layers, then (``check_weights``,
         the default) the fingerprint of the base's weights recorded at fit time
-        (:func:`~hf_unlearn.methods.t3.provenance.check_base_weights`): the same weights under another path or name are
+        (:func:`~hf_unlearn.integrity.check_model_fingerprint`): the same weights under another path or name are
         accepted, other weights under the same name are refused. ``check_weights=False`` skips the fingerprint
         (for a base the user knows to be the same model held differently, e.g. quantized).
         """
@@ -168,6 +158,8 @@ class T3Classifier(PreTrainedModel):
                 + ". Refit it with `fit_t3` on this model."
             )
         if check_weights:
-            from .provenance import check_base_weights
+            from ...integrity import check_model_fingerprint
 
-            check_base_weights(cfg.base_weights_fingerprint, model)
+            check_model_fingerprint(cfg.base_weights_fingerprint, model, "This T3 head",
+                                    "A T3 head only fits the model whose hidden states it was trained on; attach it "
+                                    "to that model, or refit it with fit_t3 on this one.")

@@ -1,19 +1,13 @@
 """``T3LogitsProcessor``: Temper-Then-Tilt decoding through ``model.generate(logits_processor=...)``.
 
-At every step the processor returns, over the full vocabulary,
+At every step, over the full vocabulary (:mod:`hf_unlearn.methods.t3.tilt`),
 
-    s_v = log_softmax(scores)_v / T + w * max(log sigmoid(g_t[v]), floor),    g_t = U (D pool_t + c)
+    s_v = log_softmax(scores)_v / T + w * max(log sigmoid(g_t[v]), floor),    g_t = U (D pool_t + c).
 
-(see :mod:`hf_unlearn.methods.t3.tilt`). It never runs the base model: a forward hook on the base (see
-:class:`~hf_unlearn.methods.t3.hidden.HiddenStateHook`) reads layer ``layer``'s hidden state of the positions
-each of ``generate``'s own forward passes encodes, with the 2D attention mask the decoder received,
-and adds them to a running per-sequence sum, so ``pool_t`` is the causal mean over the non-padding
-positions so far (left padding is excluded through the mask, whatever the pad token is). One
-``rank x (hidden + vocab)`` matmul per step is all T3 adds to plain decoding.
-
-A forward that encodes the whole input (a new ``generate`` call's prefill) starts new sums; a
-forward of the tokens appended since the previous step (the KV-cache step) extends them. Beam
-search's reordering of sequences is followed by matching each new sequence to its prefix.
+The base is never run again: a hook (:class:`~hf_unlearn.methods.t3.hidden.HiddenStateHook`) reads layer
+``layer``'s hidden states from ``generate``'s own forward passes and keeps a running per-sequence sum, so ``pool_t``
+is the causal mean over the non-padding positions so far. A prefill starts new sums, a KV-cache step extends them,
+and beam search's reordering is followed by matching each sequence to its prefix.
 """
 
 from __future__ import annotations
@@ -73,11 +67,8 @@ class T3LogitsProcessor(LogitsProcessor):
         check_base_weights: compare the base's weights with the fingerprint recorded at fit time (the
             default); False skips that check (sizes and architecture are always compared).
 
-    Works with greedy decoding and sampling (leave ``generate``'s own temperature at 1: T3 tempers
-    here; warpers such as top-k/top-p run after it), with batches (left padding is read from the
-    attention mask) and with the KV cache. The hooks stay on the model until :meth:`close` (or the
-    end of a ``with`` block; :meth:`attach` registers them again); a new ``generate`` call resets the
-    running sums by itself.
+    Works with greedy decoding and sampling (leave ``generate``'s temperature at 1), batches (left padding read from
+    the attention mask) and the KV cache; the hooks stay until :meth:`close` (or the end of a ``with`` block).
     """
 
     def __init__(

@@ -1,19 +1,6 @@
-"""Provenance of a T3 head: the fingerprint of the base weights it was fitted on, and its own files.
-
-A T3 head reads one layer's hidden states of one base model and tilts that model's next-token distribution;
-attached to another model of the same shapes it would be silently meaningless. The head's config records
-:func:`hf_unlearn.integrity.model_fingerprint` of the base (one SHA-256 per parameter in its stored dtype), and
-:func:`check_base_weights` accepts a model with those weights whatever path or name it was loaded from, and refuses
-every other one. Per-tensor digests are cached for the process (:func:`hf_unlearn.integrity.cached_tensor_sha256`),
-so the evaluator's per-batch scoring does not hash the weights again, and an in-place change of a parameter is
-checked anew.
-
-The head's own files: :func:`write_head_integrity` records the SHA-256 of ``config.json`` and the safetensors
-weights in ``t3_integrity.json`` at save time, and :func:`verify_head_files` checks them when the head is loaded
-(:meth:`~hf_unlearn.methods.t3.T3Classifier.from_pretrained`), naming the file that changed. The record lives
-beside the files, so it catches accidents and naive edits; a digest of ``t3_integrity.json`` pinned by the user
-(``expected_sha256=``, recorded in the pushed model card) also catches a head whose files and record were both
-rewritten.
+"""The files of a saved T3 head: ``t3_integrity.json`` records their SHA-256 at save time
+(:func:`write_head_integrity`) and :func:`verify_head_files` checks them at load time. (The base's weights are
+checked by :meth:`~hf_unlearn.methods.t3.T3Classifier.check_base` against the fingerprint in the head's config.)
 """
 
 from __future__ import annotations
@@ -25,33 +12,14 @@ from typing import Any
 
 from ...integrity import (
     AdapterIntegrityError,
-    check_model_fingerprint,
     check_pinned_digest,
+    check_recorded_files,
     confined_file,
-    file_sha256,
+    digest_record,
     integrity_entry,
-    model_fingerprint,
 )
 
-__all__ = [
-    "T3_INTEGRITY", "t3_integrity_entry", "base_weights_fingerprint", "check_base_weights",
-    "head_files", "verify_head_files", "write_head_integrity",
-]
-
-
-def base_weights_fingerprint(model: Any) -> dict[str, Any]:
-    """The :func:`hf_unlearn.integrity.model_fingerprint` of ``model``, recorded in the head's config."""
-    return model_fingerprint(model)
-
-
-def check_base_weights(fingerprint: dict[str, Any] | None, model: Any, what: str = "This T3 head") -> None:
-    """Refuse (:class:`~hf_unlearn.integrity.BaseModelMismatchError`, a ``ValueError``) a ``model`` whose weights
-    are not the fingerprinted ones; ``fingerprint=None`` (a head saved without one) is refused too."""
-    check_model_fingerprint(
-        fingerprint, model, what,
-        "A T3 head only fits the model whose hidden states it was trained on; attach it to that model, or refit it "
-        "with fit_t3 on this one.",
-    )
+__all__ = ["T3_INTEGRITY", "head_files", "t3_integrity_entry", "verify_head_files", "write_head_integrity"]
 
 
 # ----- the head's own files -------------------------------------------------------------------------------------
@@ -83,48 +51,29 @@ def write_head_integrity(folder: str | os.PathLike) -> Path:
     from ...safe_output import atomic_write_json
 
     folder = Path(folder)
-    record = {"format": INTEGRITY_FORMAT, "algorithm": "sha256",
-              "files": {name: file_sha256(folder / name) for name in head_files(folder)}}
-    return atomic_write_json(folder / T3_INTEGRITY, record)
-
-
-def _integrity_error(what: str, problem: str) -> AdapterIntegrityError:
-    return AdapterIntegrityError(f"{what}: {problem}")
+    return atomic_write_json(folder / T3_INTEGRITY, {"format": INTEGRITY_FORMAT,
+                                                     **digest_record(folder, head_files(folder))})
 
 
 def verify_head_files(folder: Path, what: str, expected_sha256: str | None = None) -> None:
-    """Refuse (:class:`~hf_unlearn.integrity.AdapterIntegrityError`, a ``ValueError``) a head folder
-    whose files differ from the digests ``t3_integrity.json`` records, whose record lacks one of its
-    :func:`head_files`, names a file outside the folder, or is missing; with ``expected_sha256``, also one whose
+    """Refuse (:class:`~hf_unlearn.integrity.AdapterIntegrityError`, a ``ValueError``) a head folder without
+    ``t3_integrity.json``, or whose files differ from the digests it records, or hold a :func:`head_files` file it
+    does not record (:func:`~hf_unlearn.integrity.check_recorded_files`); with ``expected_sha256``, also one whose
     ``t3_integrity.json`` is not the pinned one (which catches a head whose weights and record were both
     rewritten)."""
     check_pinned_digest(folder, expected_sha256, what, T3_INTEGRITY)
     path = confined_file(folder, T3_INTEGRITY, what, T3_INTEGRITY)
     if not path.is_file():
-        raise _integrity_error(what, f"there is no {T3_INTEGRITY}, so hf-unlearn cannot check that model.safetensors "
-                               "is the saved head. Save it again with T3Classifier.save_pretrained, or pass "
-                               "verify_integrity=False to load it unchecked.")
+        raise AdapterIntegrityError(f"{what}: there is no {T3_INTEGRITY}, so hf-unlearn cannot check that "
+                                    "model.safetensors is the saved head. Save it again with "
+                                    "T3Classifier.save_pretrained, or pass verify_integrity=False to load it unchecked.")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise _integrity_error(what, f"{T3_INTEGRITY} cannot be read ({type(err).__name__}); restore the saved "
-                               "file.") from None
-    files = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(files, dict) or not files or record.get("algorithm") != "sha256":
-        raise _integrity_error(what, f"{T3_INTEGRITY} records no sha256 file digests; restore the saved file.")
-    unlisted = [n for n in head_files(folder) if n not in files]
-    if unlisted:
-        raise _integrity_error(what, f"{', '.join(unlisted)} {'is' if len(unlisted) == 1 else 'are'} not "
-                               f"recorded in {T3_INTEGRITY}: not a file the head was saved with. Remove it or "
-                               "restore the saved head.")
-    for name, want in sorted(files.items()):
-        file = confined_file(folder, name, what, T3_INTEGRITY)
-        if not file.is_file():
-            raise _integrity_error(what, f"{name} is missing, but {T3_INTEGRITY} says the head was saved with it.")
-        got = file_sha256(file)
-        if got != want:
-            raise _integrity_error(what, f"{name} was modified after it was saved (sha256 {got[:12]} != recorded "
-                                   f"{str(want)[:12]}). Restore the saved file or refit the head with fit_t3.")
+        raise AdapterIntegrityError(f"{what}: {T3_INTEGRITY} cannot be read ({type(err).__name__}); restore the saved "
+                                    "file.") from None
+    check_recorded_files(folder, record, what, T3_INTEGRITY, on_disk=tuple(head_files(folder)),
+                         fix="Restore the saved file or refit the head with fit_t3.")
 
 
 _HUB_KEYS = ("revision", "token", "cache_dir", "local_files_only", "force_download")
@@ -150,8 +99,8 @@ def head_folder(name_or_path: str | os.PathLike, load_kwargs: dict[str, Any]) ->
     try:
         manifest = download(T3_INTEGRITY)
     except EntryNotFoundError:
-        raise _integrity_error(what, f"the repo has no {T3_INTEGRITY}, so hf-unlearn cannot check its files; "
-                               "push it again with this hf-unlearn, or pass verify_integrity=False.") from None
+        raise AdapterIntegrityError(f"{what}: the repo has no {T3_INTEGRITY}, so hf-unlearn cannot check its files; "
+                                    "push it again with this hf-unlearn, or pass verify_integrity=False.") from None
     folder = manifest.parent
     try:
         files = json.loads(manifest.read_text(encoding="utf-8")).get("files") or {}

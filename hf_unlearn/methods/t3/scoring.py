@@ -1,16 +1,11 @@
-"""Teacher-forced log-probabilities under the T3 distribution, and the evaluator's token scorer.
-
-For every answer token ``y_t`` (exact over the full vocabulary)::
+"""Teacher-forced log-probabilities under the T3 distribution, and the evaluator's token scorer. For every answer
+token (exact over the full vocabulary)::
 
     log q(y_t | x, y_<t) = log_softmax_v( log_softmax(logits_{t-1})_v / T + w * max(log sigmoid(g_{t-1}[v]), floor) )[y_t]
 
-with ``g_{t-1} = U (D pool_{t-1} + c)`` the guidance logits of the causal mean-pooled hidden state of
-the prefix. This is the distribution :class:`~hf_unlearn.methods.t3.T3LogitsProcessor` decodes from; one
-forward pass of the base per batch gives both the logits and (through a hook) the hidden states,
-so TOFU's probability, truth ratio and forget quality score T3 unchanged. The base and the head do not depend on
-``(T, w)``, so :func:`t3_candidate_log_probs` scores many settings from the same pass
-(:func:`candidate_answer_log_probs`, one ``logsumexp`` over the vocabulary per setting and position): what
-:func:`~hf_unlearn.methods.t3.calibrate_t3` measures its grid with.
+with ``g_{t-1} = U (D pool_{t-1} + c)``: the distribution :class:`~hf_unlearn.methods.t3.T3LogitsProcessor` decodes
+from. One base forward per batch gives the logits and (through a hook) the hidden states; many ``(T, w)`` are scored
+from the same pass (:func:`candidate_answer_log_probs`).
 """
 
 from __future__ import annotations
@@ -138,18 +133,11 @@ def t3_log_probs(
     scoring_memory: int | None = None,
 ) -> torch.Tensor:
     """Per-token T3 log-probabilities of ``labels`` (``[B, L]``), aligned like
-    :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t] = log q(labels[:, t] | input_ids[:, :t])``,
-    0 where ``labels == -100`` and at ``t = 0``.
-
-    ``temperature`` / ``tilt_weight`` / ``log_f_floor`` default to the head's config values. Unlike greedy
-    decoding, these scores depend on ``T`` and ``w`` separately, not only on ``T * w``.
-    ``check_base_weights`` compares the model's weights with the head's fingerprint (checked once per model
-    state, see :mod:`hf_unlearn.methods.t3.provenance`).
-    Padding (``attention_mask == 0``) is excluded from the pooled state, so left and right padding
-    give the same numbers. The tilted distribution is built for a chunk of scored positions at a time, sized so
-    its float32 ``[positions, vocab]`` buffers fit in ``scoring_memory`` bytes (:func:`chunk_positions`; default
-    :func:`default_scoring_memory`). An input longer than the base's maximum positions
-    is refused (truncate it first).
+    :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t] = log q(labels[:, t] | input_ids[:, :t])``, 0 where
+    ``labels == -100`` and at ``t = 0``. ``temperature`` / ``tilt_weight`` / ``log_f_floor`` default to the head's
+    config; ``check_base_weights`` compares the model's weights with the head's fingerprint. Padding is excluded
+    from the pooled state. Scored positions are processed in chunks whose float32 ``[positions, vocab]`` buffers
+    fit ``scoring_memory`` bytes (:func:`chunk_positions`). An input longer than the base's positions is refused.
     """
     temperature = classifier.config.temperature if temperature is None else temperature
     tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight

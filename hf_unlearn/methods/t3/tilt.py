@@ -1,19 +1,10 @@
-"""Temper-Then-Tilt over the full vocabulary, as pure tensor functions.
+"""Temper-Then-Tilt over the full vocabulary, as pure tensor functions:
 
-T3 decodes from
+    q(v | x, y_<t) ∝ p(v | x, y_<t)^(1/T) f(x, y_<t, v)^w,
+    s_v = log_softmax(logits)_v / T + w * max(log sigmoid(g_t[v]), floor),    log q = log_softmax(s),
 
-    q(v | x, y_<t) ∝ p(v | x, y_<t)^(1/T) * f(x, y_<t, v)^w,
-
-i.e. from the scores ``s_v = log_softmax(logits)_v / T + w * log sigmoid(g_t[v])`` (the authors'
-``_guide_logits``: ``base_log_probs / base_temp + guidance_scale * logsigmoid(classifier_logits)``),
-where ``p`` is the frozen base, ``T`` the temperature (tempering flattens the memorised peaks that a
-tilt alone cannot suppress), ``g_t`` the guidance head's logits and ``w`` the tilt weight. The
-distribution is ``log q = log_softmax(s)``. An optional floor bounds the tilt of one token,
-``s_v = log_softmax(logits)_v / T + w * max(log sigmoid(g_t[v]), floor)`` (the authors' code notes that
-clipping ``log f`` may help stability; they do not clip).
-
-Under greedy decoding ``argmax_v s_v`` is unchanged by scaling ``s`` by ``T > 0``, so ``(T, w)`` and
-``(1, T w)`` choose the same tokens; ``T`` matters for sampling and for teacher-forced log-probabilities.
+with ``p`` the frozen base, ``g_t`` the guidance head's logits and an optional ``floor`` (None: no floor). Greedy
+decoding depends on ``T w`` only; ``T`` matters for sampling and teacher-forced log-probabilities.
 """
 
 from __future__ import annotations
