@@ -57,6 +57,7 @@ IN_PROCESS_RUNS = {
             "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
 }
 NOT_TRAINED = ("grom", "t3")
+REQUIRED = {"pdu": ["--retain_loss_eps", "0.1"]}  # options without a default
 
 
 def _registered() -> tuple[str, ...]:
@@ -189,13 +190,13 @@ def test_empty_forget_file_refused_before_the_model_loads(method, tiny_pair, tmp
     out = tmp_path / "out"
     with pytest.raises(UserError, match="has no rows"):
         _run_as_main(SCRIPTS / f"{method}.py", ["--model_name_or_path", str(tiny_pair.target), "--dataset_name",
-                                                "synthetic", "--forget_file", str(empty), "--output_dir", str(out)],
-                     monkeypatch)
+                                                "synthetic", "--forget_file", str(empty), "--output_dir", str(out),
+                                                *REQUIRED.get(method, [])], monkeypatch)
     assert not out.exists()
 
 
 @pytest.mark.parametrize("method,argv,match", [
-    ("npo", ["--learning_rat", "1e-4"], "--learning_rat"),
+    ("npo", ["--lerning_rate", "1e-4"], "--lerning_rate"),
     ("npo", ["--learning_rate=-1"], "learning_rate"),
     ("grom", ["--forget_weigth", "3"], "--forget_weigth"),
     ("t3", ["--rank", "0"], "rank"),

@@ -38,7 +38,7 @@ class ModelArguments:
 
 def main(script_args: ScriptArguments, training_args: MASCConfig, model_args: ModelArguments) -> None:
     forget, retain = load_forget_retain(script_args)
-    check_inputs("masc", None, None, forget, retain, training_args.output_dir)
+    check_inputs("masc", None, None, forget, retain, training_args.output_dir, training_args.to_dict())
     model, tokenizer = load_model_and_tokenizer(script_args)
     dtype = ModelOptions(dtype=model_args.dtype).torch_dtype()
     if dtype != "auto":

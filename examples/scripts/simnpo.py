@@ -25,7 +25,7 @@ from hf_unlearn.scripts import ScriptArguments, load_forget_retain, load_model_a
 
 def main(script_args: ScriptArguments, training_args: SimNPOConfig, model_args: ModelOptions) -> None:
     forget, retain = load_forget_retain(script_args)
-    check_inputs("simnpo", None, None, forget, retain, training_args.output_dir)
+    check_inputs("simnpo", None, None, forget, retain, training_args.output_dir, training_args.to_dict())
     model, tokenizer = load_model_and_tokenizer(script_args)
     if model_args.torch_dtype() != "auto":
         model = model.to(model_args.torch_dtype())
