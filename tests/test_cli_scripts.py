@@ -58,6 +58,7 @@ IN_PROCESS_RUNS = {
 }
 NOT_TRAINED = ("grom", "t3")
 REQUIRED = {"pdu": ["--retain_loss_eps", "0.1"]}  # options without a default
+BESIDE = {"atwu": "atwu_weighter", "masc": "masc_stopping.json"}  # what a trainer saves beside its model
 
 
 def _registered() -> tuple[str, ...]:
@@ -163,6 +164,8 @@ def test_script_unlearns(method, tiny_pair, tmp_path, monkeypatch, forget_rows, 
     _run_as_main(SCRIPTS / f"{method}.py", ["--model_name_or_path", str(tiny_pair.target), "--dataset_name",
                                             "synthetic", "--output_dir", str(out), *IN_PROCESS_RUNS[method],
                                             *TRAINER_FLAGS], monkeypatch)
+    if method in BESIDE:
+        assert (out / BESIDE[method]).exists()
     nll = _load_and_score(method, out, Path(tiny_pair.target), forget_rows)
     assert nll > base_forget_nll + 0.05, (method, base_forget_nll, nll)
 
