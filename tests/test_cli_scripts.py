@@ -1,10 +1,11 @@
 """The example scripts ``examples/scripts/<method>.py``, built as TRL's scripts are: one per registered method.
 
 * Each parses ``--help`` (run as ``__main__``), and the two commands of its docstring name only its options.
-* Run end to end as a user runs them (a subprocess on the tiny model): a trainer on the full weights, a trainer
-  with ``--use_peft``, GROM and T3 each save a result that loads back the way a user loads it, differs from the
-  input model where it should (weights, an adapter, a head beside unchanged base weights) and unlearns (the forget
-  answers' NLL rises). The other scripts run in this process with short budgets and unlearn too.
+* Run end to end as a user runs them (a subprocess on the tiny model): a trainer with ``--use_peft``, GROM and T3
+  each save a result that loads back the way a user loads it, differs from the input model where it should (an
+  adapter, a head beside the unchanged base) and unlearns (the forget answers' NLL rises). The other scripts run
+  in this process with short budgets, save the full weights, which differ from the input's, and unlearn too
+  (``test_multiprocess.py`` runs ``grad_diff.py`` as a subprocess under ``accelerate launch``).
 * Bad input is refused before any model loads: an empty forget file, a misspelt option, an out-of-range value.
 
 Also here: ``hf-unlearn unlearn --eval --nf4-check`` measures the NF4 copy as the benchmark does.
@@ -31,14 +32,14 @@ TRAINER_FLAGS = ["--report_to", "none", "--save_strategy", "no", "--logging_step
 
 # Short budgets for the tiny model: enough steps to move the forget NLL, no more.
 SUBPROCESS_RUNS = {
-    "grad_diff": ["--learning_rate", "3e-4", "--num_train_epochs", "3", "--per_device_train_batch_size", "8",
-                  *TRAINER_FLAGS],
     "npo": ["--use_peft", "--lora_r", "8", "--lora_target_modules", "all-linear", "--learning_rate", "1e-2",
-            "--beta", "0.1", "--num_train_epochs", "3", "--per_device_train_batch_size", "8", *TRAINER_FLAGS],
+            "--beta", "0.1", "--max_steps", "4", "--per_device_train_batch_size", "8", "--gradient_checkpointing",
+            "False", *TRAINER_FLAGS],
     "grom": ["--target_modules", "lm_head", "--forget_weight", "10", "--suppression_margin", "30", "--progress", "False"],
     "t3": ["--rank", "8", "--layer", "1", "--steps", "100"],
 }
 IN_PROCESS_RUNS = {
+    "grad_diff": ["--learning_rate", "3e-4", "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
     "npo": ["--learning_rate", "1e-3", "--beta", "0.1", "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
     "grad_ascent": ["--learning_rate", "3e-4", "--num_train_epochs", "2", "--per_device_train_batch_size", "8"],
     "simnpo": ["--learning_rate", "1e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "8"],
