@@ -14,6 +14,8 @@ A Hub model fine-tuned on TOFU (GPU):
         --model_name_or_path open-unlearning/tofu_Llama-3.2-1B-Instruct_full --dataset_name locuslab/TOFU \\
         --forget_split forget10 --layer 7 --steering_coeff 2 --learning_rate 1e-5 --num_train_epochs 10 --bf16 True \\
         --output_dir outputs/rmu-llama-1b
+
+The WMDP authors train only three down-projections: ``--trainable_params 'model\\.layers\\.(5|6|7)\\.mlp\\.down_proj\\.weight'``.
 """
 
 from trl import TrlParser, get_peft_config
