@@ -1,12 +1,10 @@
-"""MASC unlearning (margin self-correction, which stops by itself), TRL-style.
+"""MASC unlearning: margin self-correction, which stops by itself when its held-out rule fires.
 
-Every field of ``MASCConfig`` (and so of ``trl.SFTConfig`` / ``transformers.TrainingArguments``) is an option,
-plus the script arguments below; ``--help`` lists them all. MASC trains until its held-out stopping rule
-fires (``max_steps`` is only a budget). The result in ``--output_dir`` is a LoRA adapter by default
-(``use_peft=True``; load it with ``peft.AutoPeftModelForCausalLM``), or the full weights with
-``--use_peft False``, with MASC's stopping record (``masc_stopping.json``) beside it.
+``max_steps`` is only a budget. MASC trains a LoRA adapter by default (``use_peft=True`` and the ``lora_*`` fields
+of ``MASCConfig``; load the result with ``peft.AutoPeftModelForCausalLM``), or the full weights with
+``--use_peft False``.
 
-TOFU-tiny (a small Llama trained here on the synthetic authors on first use; CPU, about a minute):
+TOFU-tiny (a small Llama trained on the synthetic authors on first use; CPU, about a minute):
 
     python examples/scripts/masc.py \\
         --model_name_or_path tofu-tiny --dataset_name synthetic \\
@@ -19,44 +17,51 @@ A Hub model fine-tuned on TOFU (GPU):
         --model_name_or_path open-unlearning/tofu_Llama-3.2-1B-Instruct_full --dataset_name locuslab/TOFU \\
         --forget_split forget10 --learning_rate 1e-5 --bf16 True \\
         --output_dir outputs/masc-llama-1b
-
-Your own records: ``--forget_file delete_me.jsonl`` (and optionally ``--retain_file keep.jsonl``), JSON Lines
-with ``question`` and ``answer``.
-
-The script runs what ``hf-unlearn unlearn --method masc`` runs, and given the same options both write the
-same folder: the same checks before any work, then :func:`hf_unlearn.run.unlearn`; the folder is swapped
-in when complete and holds ``logs/masc.jsonl`` (the training logs) beside the result.
 """
 
-from __future__ import annotations
+from dataclasses import dataclass, field
 
-from typing import Any
+from trl import TrlParser
 
-from transformers import HfArgumentParser
-
-from hf_unlearn.result import Unlearned
-from hf_unlearn.scripts import (
-    OutputArguments,
-    ScriptArguments,
-    method_parser,
-    parse_script_args,
-    run_script,
-)
-
-METHOD = "masc"
+from hf_unlearn.methods.masc import MASCConfig, MASCTrainer
+from hf_unlearn.model_options import DTYPE_CHOICES, ModelOptions
+from hf_unlearn.run import check_inputs
+from hf_unlearn.scripts import ScriptArguments, load_forget_retain, load_model_and_tokenizer
 
 
-def make_parser() -> HfArgumentParser:
-    """The script's options: :class:`ScriptArguments`, :class:`OutputArguments` and every field of the method's
-    config."""
-    return method_parser(METHOD)
+@dataclass
+class ModelArguments:
+    """TRL's model options that MASCConfig does not have (its own ``use_peft`` and ``lora_*`` set the adapter)."""
+
+    dtype: str = field(default="float32", metadata={"help": "dtype the model loads in.", "choices": DTYPE_CHOICES})
 
 
-def main(script_args: ScriptArguments, output_args: OutputArguments, settings: dict[str, Any]) -> Unlearned:
-    result = run_script(METHOD, script_args, output_args, settings)
-    print(f"masc: unlearned in {result.seconds:.1f}s, saved to {output_args.output_dir}")
-    return result
+def main(script_args: ScriptArguments, training_args: MASCConfig, model_args: ModelArguments) -> None:
+    forget, retain = load_forget_retain(script_args)
+    check_inputs("masc", None, None, forget, retain, training_args.output_dir, training_args.to_dict())
+    model, tokenizer = load_model_and_tokenizer(script_args)
+    dtype = ModelOptions(dtype=model_args.dtype).torch_dtype()
+    if dtype != "auto":
+        model = model.to(dtype)
+
+    trainer = MASCTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=forget,
+        retain_dataset=retain,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+    outcome = trainer.training_outcome()
+    print(f"MASC stopped at step {outcome.global_step} ({outcome.stop_reason or 'end of the schedule'})")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+
+def make_parser() -> TrlParser:
+    return TrlParser((ScriptArguments, MASCConfig, ModelArguments))
 
 
 if __name__ == "__main__":
-    main(*parse_script_args(METHOD))
+    main(*make_parser().parse_args_and_config())

@@ -1,11 +1,7 @@
-"""SatImp unlearning (gradient ascent reweighted by saturation p^beta1 and importance (1 - p)^beta2 of each forget
-token, with a retain term), TRL-style.
+"""SatImp unlearning: gradient ascent reweighted by each forget token's saturation p^beta1 and importance
+(1 - p)^beta2, with a retain term.
 
-Every field of ``SatImpConfig`` (and so of ``trl.SFTConfig`` / ``transformers.TrainingArguments``) is an option,
-plus the script arguments below; ``--help`` lists them all. The result is the unlearned model
-(``model.safetensors`` + tokenizer) in ``--output_dir``.
-
-TOFU-tiny (a small Llama trained here on the synthetic authors on first use; CPU, about a minute):
+TOFU-tiny (a small Llama trained on the synthetic authors on first use; CPU, about a minute):
 
     python examples/scripts/satimp.py \\
         --model_name_or_path tofu-tiny --dataset_name synthetic \\
@@ -18,44 +14,40 @@ A Hub model fine-tuned on TOFU (GPU):
         --model_name_or_path open-unlearning/tofu_Llama-3.2-1B-Instruct_full --dataset_name locuslab/TOFU \\
         --forget_split forget10 --learning_rate 1e-5 --beta1 5 --beta2 1 --num_train_epochs 5 --bf16 True \\
         --output_dir outputs/satimp-llama-1b
-
-Your own records: ``--forget_file delete_me.jsonl`` (and optionally ``--retain_file keep.jsonl``), JSON Lines
-with ``question`` and ``answer``.
-
-The script runs what ``hf-unlearn unlearn --method satimp`` runs, and given the same options both write the
-same folder: the same checks before any work, then :func:`hf_unlearn.run.unlearn`; the folder is swapped
-in when complete and holds ``logs/satimp.jsonl`` (the training logs) beside the result.
 """
 
-from __future__ import annotations
+from trl import TrlParser, get_peft_config
 
-from typing import Any
-
-from transformers import HfArgumentParser
-
-from hf_unlearn.result import Unlearned
-from hf_unlearn.scripts import (
-    OutputArguments,
-    ScriptArguments,
-    method_parser,
-    parse_script_args,
-    run_script,
-)
-
-METHOD = "satimp"
+from hf_unlearn.methods.baselines import SatImpConfig, SatImpTrainer
+from hf_unlearn.model_options import ModelOptions
+from hf_unlearn.run import check_inputs
+from hf_unlearn.scripts import ScriptArguments, load_forget_retain, load_model_and_tokenizer
 
 
-def make_parser() -> HfArgumentParser:
-    """The script's options: :class:`ScriptArguments`, :class:`OutputArguments` and every field of the method's
-    config."""
-    return method_parser(METHOD)
+def main(script_args: ScriptArguments, training_args: SatImpConfig, model_args: ModelOptions) -> None:
+    forget, retain = load_forget_retain(script_args)
+    check_inputs("satimp", None, None, forget, retain, training_args.output_dir, training_args.to_dict())
+    model, tokenizer = load_model_and_tokenizer(script_args)
+    if model_args.torch_dtype() != "auto":
+        model = model.to(model_args.torch_dtype())
+
+    trainer = SatImpTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=forget,
+        retain_dataset=retain,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args.trl_model_config()),
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
 
 
-def main(script_args: ScriptArguments, output_args: OutputArguments, settings: dict[str, Any]) -> Unlearned:
-    result = run_script(METHOD, script_args, output_args, settings)
-    print(f"satimp: unlearned in {result.seconds:.1f}s, saved to {output_args.output_dir}")
-    return result
+def make_parser() -> TrlParser:
+    return TrlParser((ScriptArguments, SatImpConfig, ModelOptions))
 
 
 if __name__ == "__main__":
-    main(*parse_script_args(METHOD))
+    main(*make_parser().parse_args_and_config())

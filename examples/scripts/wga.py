@@ -1,11 +1,6 @@
-"""WGA unlearning (Weighted Gradient Ascent: the ascent on each forget token weighted by its probability, with a
-retain term), TRL-style.
+"""WGA unlearning: gradient ascent on each forget token weighted by its probability, with a retain term.
 
-Every field of ``WGAConfig`` (and so of ``trl.SFTConfig`` / ``transformers.TrainingArguments``) is an option,
-plus the script arguments below; ``--help`` lists them all. The result is the unlearned model
-(``model.safetensors`` + tokenizer) in ``--output_dir``.
-
-TOFU-tiny (a small Llama trained here on the synthetic authors on first use; CPU, about a minute):
+TOFU-tiny (a small Llama trained on the synthetic authors on first use; CPU, about a minute):
 
     python examples/scripts/wga.py \\
         --model_name_or_path tofu-tiny --dataset_name synthetic \\
@@ -18,44 +13,40 @@ A Hub model fine-tuned on TOFU (GPU):
         --model_name_or_path open-unlearning/tofu_Llama-3.2-1B-Instruct_full --dataset_name locuslab/TOFU \\
         --forget_split forget10 --learning_rate 1e-5 --beta 1.0 --num_train_epochs 5 --bf16 True \\
         --output_dir outputs/wga-llama-1b
-
-Your own records: ``--forget_file delete_me.jsonl`` (and optionally ``--retain_file keep.jsonl``), JSON Lines
-with ``question`` and ``answer``.
-
-The script runs what ``hf-unlearn unlearn --method wga`` runs, and given the same options both write the
-same folder: the same checks before any work, then :func:`hf_unlearn.run.unlearn`; the folder is swapped
-in when complete and holds ``logs/wga.jsonl`` (the training logs) beside the result.
 """
 
-from __future__ import annotations
+from trl import TrlParser, get_peft_config
 
-from typing import Any
-
-from transformers import HfArgumentParser
-
-from hf_unlearn.result import Unlearned
-from hf_unlearn.scripts import (
-    OutputArguments,
-    ScriptArguments,
-    method_parser,
-    parse_script_args,
-    run_script,
-)
-
-METHOD = "wga"
+from hf_unlearn.methods.baselines import WGAConfig, WGATrainer
+from hf_unlearn.model_options import ModelOptions
+from hf_unlearn.run import check_inputs
+from hf_unlearn.scripts import ScriptArguments, load_forget_retain, load_model_and_tokenizer
 
 
-def make_parser() -> HfArgumentParser:
-    """The script's options: :class:`ScriptArguments`, :class:`OutputArguments` and every field of the method's
-    config."""
-    return method_parser(METHOD)
+def main(script_args: ScriptArguments, training_args: WGAConfig, model_args: ModelOptions) -> None:
+    forget, retain = load_forget_retain(script_args)
+    check_inputs("wga", None, None, forget, retain, training_args.output_dir, training_args.to_dict())
+    model, tokenizer = load_model_and_tokenizer(script_args)
+    if model_args.torch_dtype() != "auto":
+        model = model.to(model_args.torch_dtype())
+
+    trainer = WGATrainer(
+        model=model,
+        args=training_args,
+        train_dataset=forget,
+        retain_dataset=retain,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args.trl_model_config()),
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
 
 
-def main(script_args: ScriptArguments, output_args: OutputArguments, settings: dict[str, Any]) -> Unlearned:
-    result = run_script(METHOD, script_args, output_args, settings)
-    print(f"wga: unlearned in {result.seconds:.1f}s, saved to {output_args.output_dir}")
-    return result
+def make_parser() -> TrlParser:
+    return TrlParser((ScriptArguments, WGAConfig, ModelOptions))
 
 
 if __name__ == "__main__":
-    main(*parse_script_args(METHOD))
+    main(*make_parser().parse_args_and_config())
