@@ -186,6 +186,33 @@ def _criterion(data: str) -> Any:
                               _rows("retain90", data, "retain_validation"))
 
 
+class StepTimer:
+    """Wall time from the first step's start to the last step's end (the callbacks of the step, MASC's probes
+    included; the start of ``train()`` and MASC's calibration excluded). Add it last, so that it runs after the
+    stopping rule's probes."""
+
+    def __init__(self) -> None:
+        from transformers import TrainerCallback
+
+        timer = self
+
+        class _Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                timer.first = time.perf_counter() if timer.first is None else timer.first
+
+            def on_step_end(self, args, state, control, **kwargs):
+                timer.last, timer.steps = time.perf_counter(), state.global_step
+
+        self.first: float | None = None
+        self.last = 0.0
+        self.steps = 0
+        self.callback = _Callback()
+
+    @property
+    def per_step(self) -> float:
+        return (self.last - self.first) / max(self.steps, 1)
+
+
 def masc(pair: Any, data: str, budget: int) -> dict[str, Any]:
     from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.baselines import GradDiffConfig, GradDiffTrainer
@@ -205,10 +232,12 @@ def masc(pair: Any, data: str, budget: int) -> dict[str, Any]:
     graddiff_args = GradDiffConfig(output_dir=str(WORK / "gd"), learning_rate=LEARNING_RATES["grad_diff"], **common)
     graddiff = GradDiffTrainer(model, graddiff_args,
                                train_dataset=forget, retain_dataset=retain, processing_class=tok)
+    gd_timer = StepTimer()
+    graddiff.add_callback(gd_timer.callback)
     start = time.perf_counter()
     graddiff.train()
     gd_seconds = time.perf_counter() - start
-    out["grad_diff"] = {"seconds": gd_seconds, "steps": graddiff.state.global_step,
+    out["grad_diff"] = {"seconds": gd_seconds, "steps": graddiff.state.global_step, "step_seconds": gd_timer.per_step,
                         "after": criterion.measure(graddiff.model, tok)}
     variants = {
         "calibrated (default)": ({}, holdout),
@@ -221,6 +250,8 @@ def masc(pair: Any, data: str, budget: int) -> dict[str, Any]:
         args = MASCConfig(output_dir=str(WORK / "masc"), learning_rate=LEARNING_RATES["masc"], **common, **settings)
         trainer = MASCTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok,
                               calibrate_stop_on=rows)
+        timer = StepTimer()
+        trainer.add_callback(timer.callback)
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
@@ -228,6 +259,8 @@ def masc(pair: Any, data: str, budget: int) -> dict[str, Any]:
         out[name] = {
             "seconds": seconds, "time_ratio_to_grad_diff": seconds / gd_seconds, "stopped_at_step": steps,
             "stop_reason": trainer.stop_reason, "per_step_ratio": (seconds / steps) / (gd_seconds / budget),
+            "step_seconds": timer.per_step, "step_ratio_to_grad_diff": timer.per_step / gd_timer.per_step,
+            "start_seconds": seconds - timer.per_step * steps,
             "calibration": trainer.stopping_callback.calibration, "recipe": trainer.recipe["used"],
             "after": criterion.measure(trainer.model, tok),
         }

@@ -62,6 +62,18 @@ def test_restricted_margin_matches_slow_loop(top_k, beta):
     torch.testing.assert_close(margins.double(), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_restricted_margin_rivals_exclude_the_target_wherever_it_ranks():
+    # position 0 predicts a target that is the argmax; position 1 one ranked last (outside the k + 1 best)
+    logits = torch.tensor([[[5.0, 4.0, 3.0, 2.0, 1.0], [5.0, 4.0, 3.0, 2.0, -9.0], [0.0] * 5]])
+    labels = torch.tensor([[-100, 0, 4]])
+    margins, mask = restricted_margin(logits, labels, top_k=2)
+    assert margins[0, 1].item() == pytest.approx(5.0 - math.log(math.exp(4.0) + math.exp(3.0)))
+    assert margins[0, 2].item() == pytest.approx(-9.0 - math.log(math.exp(5.0) + math.exp(4.0)))
+    # a batch without answer positions gives zero margins and an empty mask
+    empty, empty_mask = restricted_margin(logits, torch.full((1, 3), -100), top_k=2)
+    assert not empty_mask.any() and torch.equal(empty, torch.zeros(1, 3))
+
+
 def test_margin_is_restricted_log_odds_and_tau_rho_relation():
     logits, labels = _random_batch(seed=1)
     margins, mask = restricted_margin(logits, labels, top_k=4, beta=1.0)

@@ -45,16 +45,22 @@ def restricted_margin(
         raise ValueError(f"top_k must be in [1, vocab_size - 1] = [1, {vocab - 1}], got {top_k}.")
     if not beta > 0:
         raise ValueError(f"margin_beta must be > 0, got {beta}.")
-    z = logits[:, :-1, :].float() * beta
     mask = answer_mask(labels)
     valid = mask[:, 1:]
-    safe = labels[:, 1:].masked_fill(~valid, 0).unsqueeze(-1)
-    with torch.no_grad():
-        rivals = z.detach().scatter(-1, safe, float("-inf")).topk(int(top_k), dim=-1).indices
-    target_z = z.gather(-1, safe).squeeze(-1)
+    margins = torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
+    # only the positions that predict an answer token: [N, V] instead of [B, L, V]
+    z = logits[:, :-1, :][valid].float()
+    if beta != 1.0:
+        z = z * beta
+    target = labels[:, 1:][valid].unsqueeze(-1)
+    target_z = z.gather(-1, target).squeeze(-1)
+    with torch.no_grad():  # the k + 1 best, then the target dropped (or the last one when the target is not there)
+        best = z.detach().topk(int(top_k) + 1, dim=-1).indices
+        keep = best != target
+        keep[:, -1] &= ~keep.all(-1)
+        rivals = best[keep].view(-1, int(top_k))
     rival_lse = torch.logsumexp(z.gather(-1, rivals), dim=-1)
-    margins = torch.zeros(labels.shape, dtype=z.dtype, device=z.device)
-    margins[:, 1:] = (target_z - rival_lse) * valid
+    margins[:, 1:][valid] = (target_z - rival_lse).to(margins.dtype)
     return margins, mask
 
 
