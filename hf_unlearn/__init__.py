@@ -57,7 +57,7 @@ _import_structure = {
     "selection": ["SelectionCallback", "SelectionCriterion", "SelectionRecord"],
     "evaluation": ["TOFUReport", "evaluate_tofu", "quantization_attack", "relearning_attack"],
     "result": ["Unlearned"],
-    "run": ["run_method", "run_with_selection", "unlearn"],
+    "run": ["TrainOptions", "UnlearnRequest", "fit_or_train", "prepare_inputs", "unlearn"],
     "data": ["PromptTemplate", "load_tofu"],
     "hub": ["push_unlearned"],
 }
@@ -104,7 +104,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve l
         t3_scorer,
     )
     from .result import Unlearned
-    from .run import run_method, run_with_selection, unlearn
+    from .run import TrainOptions, UnlearnRequest, fit_or_train, prepare_inputs, unlearn
     from .selection import SelectionCallback, SelectionCriterion, SelectionRecord
 
 

@@ -306,7 +306,7 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
     why = f"max_length={max_length}" if cut is not None and cut == max_length else f"the model's {positions} positions"
     uses_retain, may_overlap = True, False
     info = get_method(method)
-    trainer_cls = info.load_trainer_class()
+    trainer_cls = info.trainer_cls
     try:
         if trainer_cls is not None:
             trainer_cls._resolve_args(config, model)  # noqa: SLF001 (the trainer's own checks, without building it)
@@ -316,10 +316,9 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
             config.check_for(model)
     except (ValueError, TypeError) as err:
         raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
-    check_rows = getattr(trainer_cls, "check_forget_rows", None)
-    if check_rows is not None:  # what the trainer needs of each forget row besides its question and answer
+    if trainer_cls is not None:  # what the trainer needs of each forget row besides its question and answer
         try:
-            check_rows(forget, config)
+            trainer_cls.check_forget_rows(forget, config)
         except ValueError as err:
             raise UserError(f"{method}: {' '.join(str(err).split())}") from None
     if uses_retain and not may_overlap:
@@ -331,7 +330,7 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
     if is_document_rows(forget) or is_document_rows(retain):
         return  # documents are cut into chunks of max_length tokens: no prompt to fit
     prompt_fits(tokenizer, forget, cut, why, template, "forget", every=True)
-    rows_read = info.hook("retain_rows_read")
+    rows_read = info.fit.retain_rows_read if info.fit is not None else None
     if rows_read is not None:  # a method that reads a sample of the retain rows cannot leave one of them out
         prompt_fits(tokenizer, rows_read(config, retain), cut, why, template, f"retain ({method}'s sample)",
                     every=True)

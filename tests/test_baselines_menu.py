@@ -19,27 +19,10 @@ from hf_unlearn.demo import load_tiny
 from hf_unlearn.logprobs import answer_mask, answer_nll, label_log_probs
 from hf_unlearn.methods.base import BaseUnlearningConfig
 from hf_unlearn.methods.base.checkpoints import ResumeMismatchError
-from hf_unlearn.methods.baselines import (
-    CEUConfig,
-    CEUTrainer,
-    IdkDPOConfig,
-    IdkDPOTrainer,
-    SatImpConfig,
-    SatImpTrainer,
-    UNDIALConfig,
-    UNDIALTrainer,
-    UnlearnDPOConfig,
-    UnlearnDPOTrainer,
-    WGAConfig,
-    WGATrainer,
-    ceu_loss,
-    dpo_loss,
-    load_idk_answers,
-    npo_loss,
-    satimp_loss,
-    undial_loss,
-    wga_loss,
-)
+from hf_unlearn.methods.baselines import CEUConfig, CEUTrainer, IdkDPOConfig, IdkDPOTrainer, SatImpConfig, SatImpTrainer, UNDIALConfig, UNDIALTrainer, UnlearnDPOConfig, UnlearnDPOTrainer, WGAConfig, WGATrainer
+from hf_unlearn.methods.baselines.token_loss import ceu_loss, satimp_loss, undial_loss, wga_loss
+from hf_unlearn.methods.baselines.loss import dpo_loss, npo_loss
+from hf_unlearn.methods.baselines.dpo import load_idk_answers
 
 datasets.disable_progress_bars()
 

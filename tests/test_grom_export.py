@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom, solve_grom
+from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom
+from hf_unlearn.methods.grom.solve import solve_grom
 from hf_unlearn.methods.grom import edit as edit_module
 from hf_unlearn.methods.grom.peft_export import factor_budget, lora_factors, pack_lower, unpack_lower
 from hf_unlearn.methods.grom.solve import delta_from_cholesky, low_rank_form

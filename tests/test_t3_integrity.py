@@ -14,14 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from hf_unlearn.demo import load_tiny
 from hf_unlearn.integrity import BaseModelMismatchError
-from hf_unlearn.methods.t3 import (
-    T3Classifier,
-    T3ClassifierConfig,
-    T3LogitsProcessor,
-    fit_t3,
-    t3_log_probs,
-    validate_t3_fit,
-)
+from hf_unlearn.methods.t3 import T3Classifier, T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_log_probs
+from hf_unlearn.methods.t3.cache import validate_t3_fit
 from hf_unlearn.methods.t3.provenance import base_weights_fingerprint
 
 

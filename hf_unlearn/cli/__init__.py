@@ -6,11 +6,10 @@ Third-party chatter a user cannot act on (library log messages, progress bars, d
 inside transformers/TRL/PEFT/bitsandbytes) is silenced here, in the CLI only: importing ``hf_unlearn``
 changes no global logging or warning state.
 
-This package is a thin dispatcher: one module per command (:mod:`.demo`, :mod:`.unlearn`, :mod:`.eval`), each with ``add_parser(subparsers)`` and its command function, and what they share
-in :mod:`.common`. `unlearn` runs :func:`hf_unlearn.scripts.run_unlearn`, the run of the per-method scripts
-(``examples/scripts/<method>.py``), and takes the method's own config fields as options, generated from its config
-dataclass with :class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every
-field).
+This package is a thin dispatcher: one module per command (:mod:`.demo`, :mod:`.unlearn`, :mod:`.eval`), each
+with ``add_parser(subparsers)`` and its command function, and what they share in :mod:`.common`. `unlearn` runs
+:func:`hf_unlearn.run.unlearn` and takes the method's own config fields as options (``hf-unlearn unlearn --method
+masc --help`` lists every field).
 
 ``--data`` (``unlearn``, ``eval``) defaults to the folder in ``$HF_UNLEARN_TOFU_DIR`` when
 set, else the Hub dataset ``locuslab/TOFU``.
@@ -40,8 +39,7 @@ import os
 import sys
 
 from ..console import quiet_console
-from ..options import UserError, join_negative_values
-from ..scripts import RunFailure
+from ..options import RunFailure, UserError, join_negative_values
 from . import demo, unlearn
 from . import eval as eval_command
 from .common import TOFU_DIR_ENV, ArgumentParser, default_data_source

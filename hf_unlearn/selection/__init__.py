@@ -61,7 +61,7 @@ artifact and shown in its model card.
 
 Modules: :mod:`~hf_unlearn.selection.record` (the statistics, the rule, the record), :mod:`~hf_unlearn.selection.criterion`
 (the criterion), :mod:`~hf_unlearn.selection.callback` (best-checkpoint selection for trainers). How a method
-applies the criterion is its spec's ``selection`` (:func:`hf_unlearn.run.run_with_selection`).
+applies the criterion is its registered classes' business (:func:`hf_unlearn.run.fit_or_train`).
 """
 
 from .callback import SelectionCallback
