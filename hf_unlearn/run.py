@@ -29,6 +29,16 @@ from transformers import TrainerCallback
 from . import registry
 from .locking import _is_secondary_rank
 from .options import RunFailure, UserError, validate_settings
+from .preconditions import (
+    check_eval_configs,
+    check_resume_request,
+    check_retain_reference,
+    check_run_preconditions,
+    load_model,
+    load_rows,
+    rows_from_spec,
+    run_request,
+)
 from .result import Unlearned, num_params
 from .safe_output import append_text, gated_path
 
@@ -123,7 +133,6 @@ def check_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: A
     bad rows, settings the method's config refuses, and, with question/answer rows and a loaded model, what the
     method would refuse with them (:func:`~hf_unlearn.preconditions.check_run_preconditions`). Returns the
     method's config built from ``settings``."""
-    from .preconditions import check_run_preconditions
 
     qa_rows = check_rows_given(forget, "forget") & check_rows_given(retain, "retain")
     try:
@@ -355,7 +364,6 @@ def check_request(request: UnlearnRequest) -> Any:
     ``resume`` needs a trainer and a ``checkpoint-*`` folder in the output folder; a checkpointing run needs an
     empty folder; the output folder may not overlap the model, the data folder or the rows files; the evaluation's
     retain reference and TOFU configs load."""
-    from .preconditions import check_eval_configs, check_retain_reference
     from .safe_output import FAILED_SUFFIX, OutputDirError, check_output_dir
 
     out, method = request.folder, request.method
@@ -402,7 +410,6 @@ def selection_criterion(selection: SelectionRequest, data: str, forget: list[dic
     (without the validation rows when they are split off the retain rows); the reference model loads on
     ``device``."""
     from .data.overlap import overlapping_examples
-    from .preconditions import load_model, rows_from_spec
     from .selection import SelectionCriterion
 
     holdout = rows_from_spec(selection.holdout, data, "--holdout")
@@ -455,13 +462,6 @@ def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
     the run's recorded request (the same method, settings and rows), the memory plan, the model and what the
     method would refuse with it. Returns the :class:`Inputs` (in the output folder) and the criterion."""
     from .data import RETAIN_FOR_FORGET
-    from .preconditions import (
-        check_resume_request,
-        check_run_preconditions,
-        load_model,
-        load_rows,
-        run_request,
-    )
 
     forget = load_rows(request.forget_split, request.data, request.forget_file)
     retain = load_rows(RETAIN_FOR_FORGET[request.forget_split], request.data, request.retain_file)
@@ -557,7 +557,6 @@ def unlearn(request: UnlearnRequest, reporter: Any = None) -> RunOutput:
     :class:`~hf_unlearn.options.RunFailure` (one line printed), else as it was raised.
     """
     from .console import PhaseReporter
-    from .preconditions import run_request
     from .safe_output import atomic_directory, atomic_write_json, keep_failed
 
     config = check_request(request)

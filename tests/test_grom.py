@@ -11,9 +11,8 @@ import torch
 
 from hf_unlearn.logprobs import answer_nll
 from hf_unlearn.methods.grom import GROMConfig, fit_grom
-from hf_unlearn.methods.grom.solve import grom_objective, solve_grom, woodbury_drop
 from hf_unlearn.methods.grom.peft_export import lora_factors
-from hf_unlearn.methods.grom.solve import normal_matrix
+from hf_unlearn.methods.grom.solve import grom_objective, normal_matrix, solve_grom, woodbury_drop
 
 # Hyperparameters that give a strong, specific effect on the tiny memorizing model (see the report).
 STRONG = dict(target_modules="lm_head", forget_weight=10.0, suppression_margin=30.0, ridge=1e-2, progress=False)
@@ -390,8 +389,8 @@ def test_save_refuses_overwrite_and_non_finite(two_module_edit, tmp_path):
 
 def test_load_grom_adapter_checks_the_base(tiny_pair, two_module_edit, tmp_path):
     from hf_unlearn.demo import load_tiny
-    from hf_unlearn.methods.grom import load_grom_adapter
     from hf_unlearn.integrity import BaseModelMismatchError
+    from hf_unlearn.methods.grom import load_grom_adapter
 
     two_module_edit.save_pretrained(tmp_path / "a")
     base, tok = load_tiny(tiny_pair.target)

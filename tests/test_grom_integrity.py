@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom, load_grom_adapter
 from hf_unlearn.integrity import AdapterIntegrityError
+from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom, load_grom_adapter
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from hf_unlearn.methods.base.checkpoints import TRAINER_STATE_NAME
 from hf_unlearn.methods.pdu import PDUConfig, PDUTrainer
 from hf_unlearn.methods.pdu.loss import dual_update, pdu_forget_loss, pdu_loss
 from hf_unlearn.methods.rmu import RMUConfig, RMUTrainer
-from hf_unlearn.methods.rmu.trainer import CONTROL_VECTOR_NAME
 from hf_unlearn.methods.rmu.loss import activation_mse, rmu_control_vector, rmu_loss
+from hf_unlearn.methods.rmu.trainer import CONTROL_VECTOR_NAME
 
 datasets.disable_progress_bars()
 
