@@ -5,11 +5,9 @@ nor transformers' model code; each exported name is imported from its submodule 
 
     from hf_unlearn import NPOTrainer, UnlearningConfig, evaluate_tofu
 
-The T3 classifier head is registered with the transformers Auto classes as soon as they are
-imported (``from transformers import AutoModel``), so ``AutoModel.from_pretrained`` loads a saved
-head without ``trust_remote_code``.
-
-Each method lives in one folder, ``hf_unlearn.methods.<name>`` (see :mod:`hf_unlearn.methods`).
+The T3 classifier head is registered with the transformers Auto classes as soon as they are imported, so
+``AutoModel.from_pretrained`` loads a saved head without ``trust_remote_code``. Each method lives in one folder,
+``hf_unlearn.methods.<name>``; :func:`hf_unlearn.run.fit_or_train` runs any of them.
 """
 
 # ruff: noqa: F401  (the TYPE_CHECKING imports are re-exports)
@@ -26,27 +24,10 @@ from .assets import METRIC_NAMES, __version__, hub_cards_dir, metric_path
 _import_structure = {
     "methods.base": ["UnlearningConfig", "UnlearningTrainer"],
     "methods.baselines": [
-        "BaselineTrainer",
-        "GradAscentConfig",
-        "GradAscentTrainer",
-        "GradDiffConfig",
-        "GradDiffTrainer",
-        "NPOConfig",
-        "NPOTrainer",
-        "SimNPOConfig",
-        "SimNPOTrainer",
-        "WGAConfig",
-        "WGATrainer",
-        "SatImpConfig",
-        "SatImpTrainer",
-        "CEUConfig",
-        "CEUTrainer",
-        "UNDIALConfig",
-        "UNDIALTrainer",
-        "UnlearnDPOConfig",
-        "UnlearnDPOTrainer",
-        "IdkDPOConfig",
-        "IdkDPOTrainer",
+        "BaselineTrainer", "GradAscentConfig", "GradAscentTrainer", "GradDiffConfig", "GradDiffTrainer", "NPOConfig",
+        "NPOTrainer", "SimNPOConfig", "SimNPOTrainer", "WGAConfig", "WGATrainer", "SatImpConfig", "SatImpTrainer",
+        "CEUConfig", "CEUTrainer", "UNDIALConfig", "UNDIALTrainer", "UnlearnDPOConfig", "UnlearnDPOTrainer",
+        "IdkDPOConfig", "IdkDPOTrainer",
     ],
     "methods.masc": ["MASCConfig", "MASCTrainer"],
     "methods.atwu": ["ATWUConfig", "ATWUTrainer", "ATWUTokenWeighter"],

@@ -1,10 +1,8 @@
 """A method's config dataclass as command-line options, and the checks of the settings given that way.
 
-Every init field of a method's config (a trainer's ``TrainingArguments`` subclass, ``GROMConfig``,
-``T3ClassifierConfig``) becomes an ``--field value`` option, through :class:`transformers.HfArgumentParser`,
-except those the command line sets itself (:data:`CLI_OWNED_FIELDS`) and those a ``PreTrainedConfig`` fills in
-from the base model. ``hf-unlearn unlearn``, the per-method scripts in ``examples/scripts`` and
-``examples/deletion_request.py`` read a method's options this way::
+Every init field of a method's registered config becomes an ``--field value`` option, through
+:class:`transformers.HfArgumentParser`, except those the command line sets itself (:data:`CLI_OWNED_FIELDS`) and
+those a ``PreTrainedConfig`` fills in from the base model::
 
     settings = parse_method_settings("npo", ["--beta", "0.2"])   # {'beta': 0.2}: only what was given
     config = validate_settings("npo", settings, "outputs/npo")    # the config, or UserError (one line)

@@ -13,7 +13,8 @@ from transformers import AutoConfig, AutoModel, LogitsProcessorList
 
 import hf_unlearn  # noqa: F401  (registers the T3 classes with the Auto classes)
 from hf_unlearn.data import build_prompt, collate_qa, tokenize_qa
-from hf_unlearn.demo import TinyRecipe, build_tiny_llama, load_tiny
+from hf_unlearn.demo import TinyRecipe, load_tiny
+from hf_unlearn.demo.tofu_tiny import build_tiny_llama
 from hf_unlearn.logprobs import answer_nll, label_log_probs
 from hf_unlearn.methods.t3 import (
     T3Classifier,
