@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -107,8 +108,10 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
             criterion, retain = selection_criterion(SelectionRequest(DEMO_HOLDOUT), data["source"], data["forget"],
                                                     data["retain"], settings.get("prompt_template"))
             inputs = prepare_inputs(method, model, tokenizer, data["forget"], retain, work, settings)
-            result = fit_or_train(inputs, TrainOptions(callbacks=callbacks, criterion=criterion,
-                                                       selection_steps=DEMO_SELECTION_STEPS))
+            with warnings.catch_warnings():  # a selection's caveat is kept in its record (row["selection"]["warning"])
+                warnings.simplefilter("ignore", UserWarning)
+                result = fit_or_train(inputs, TrainOptions(callbacks=callbacks, criterion=criterion,
+                                                           selection_steps=DEMO_SELECTION_STEPS))
             row["selection"] = result.info.get("selection")
             steps = result.info.get("global_step")
             say.done(f"{steps} steps" if steps else "")
