@@ -74,7 +74,8 @@ def run_end_to_end(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from unlearn_bench.measure import load_speed_subject, plain_forward_seconds
 
-    from hf_unlearn.methods.grom import GROMConfig, fit_grom_path, retain_subsample
+    from hf_unlearn.methods.grom import GROMConfig, fit_grom_path
+    from hf_unlearn.methods.grom.inputs import retain_subsample
     from hf_unlearn.selection import SelectionCriterion
 
     model, tokenizer, _, _, device = load_speed_subject(args.model, args.cache_dir, args.device, "synthetic",
@@ -128,7 +129,7 @@ def run_export_shape(d_out: int, d_in: int, s: int, dense_svd: bool, seed: int) 
     """The solve and the export of one random ``s``-key module of shape ``d_out x d_in`` (float64, CPU/GPU)."""
     import torch
 
-    from hf_unlearn.methods.grom import solve_grom
+    from hf_unlearn.methods.grom.solve import solve_grom
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(device=device).manual_seed(seed)

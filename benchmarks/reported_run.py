@@ -220,15 +220,15 @@ def run_chosen(method: str, settings: dict[str, Any], pair: Any, tokenizer: Any,
                max_new_tokens: int | None) -> dict[str, Any]:
     """The chosen configuration run once with the package's strength selection, its chosen candidate evaluated."""
     from hf_unlearn.demo import load_tiny
-    from hf_unlearn.run import run_with_selection
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
 
     model, _ = load_tiny(pair.target)
     template = settings.get("prompt_template")
     criterion = pair.criteria.get(template) or pair.criteria.setdefault(
         template, sweep.make_criterion(pair, tokenizer, template))
     with tempfile.TemporaryDirectory(prefix=f"reported-{method}-") as work:
-        result = run_with_selection(method, model, tokenizer, pair.forget, pair.retain_rows, work, dict(settings),
-                                    criterion, selection_steps=selection_steps, quiet=True)
+        inputs = prepare_inputs(method, model, tokenizer, pair.forget, pair.retain_rows, work, dict(settings))
+        result = fit_or_train(inputs, TrainOptions(criterion=criterion, selection_steps=selection_steps))
         start = time.perf_counter()
         result.model.eval()
         evaluation = evaluate_model(result.model, tokenizer, pair, result.scorer, result.generation_kwargs,

@@ -133,7 +133,7 @@ def trainer_settings(step: str) -> dict[str, Any]:
 def run_entry_point(step: str, model: Any, tokenizer: Any, rows: dict[str, list], work: Path,
                     quick: bool) -> dict[str, Any]:
     """Run one entry point; returns what it reports beside its time and peak."""
-    from hf_unlearn.run import run_method
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
 
     forget, retain = rows["forget"], rows["retain"]
     if step in TRAINER_STEPS:
@@ -141,11 +141,11 @@ def run_entry_point(step: str, model: Any, tokenizer: Any, rows: dict[str, list]
 
         method, _, lora = TRAINER_STEPS[step]
         peft = LoraConfig(r=lora, lora_alpha=2 * lora, target_modules=["q_proj", "v_proj"]) if lora else None
-        result = run_method(method, model, tokenizer, forget, retain, work / step, trainer_settings(step),
-                            quiet=True, peft_config=peft)
+        inputs = prepare_inputs(method, model, tokenizer, forget, retain, work / step, trainer_settings(step))
+        result = fit_or_train(inputs, TrainOptions(peft_config=peft))
         return {"global_step": result.info.get("global_step"), "trainable_params": result.trainable_params}
     if step in ("grom", "t3"):
-        result = run_method(step, model, tokenizer, forget, retain, work / step, {}, quiet=True)
+        result = fit_or_train(prepare_inputs(step, model, tokenizer, forget, retain, work / step))
         saved = time.perf_counter()
         result.save_pretrained(work / step / "saved")
         out = {"run_seconds": result.seconds, "save_seconds": time.perf_counter() - saved}

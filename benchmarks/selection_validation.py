@@ -288,7 +288,7 @@ def run_t3(ctx: Context) -> dict[str, Any]:
 def run_trainer(ctx: Context, method: str, selection_steps: int, learning_rate: float | None) -> dict[str, Any]:
     from transformers import TrainerCallback
 
-    from hf_unlearn.run import run_method
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
     from hf_unlearn.selection import SelectionCallback
 
     settings = dict(ctx.presets[method]["demo"])
@@ -319,8 +319,8 @@ def run_trainer(ctx: Context, method: str, selection_steps: int, learning_rate: 
 
     with tempfile.TemporaryDirectory(prefix=f"selection_{method}_") as work, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        result = run_method(method, ctx.target(), ctx.tokenizer, ctx.forget, ctx.retain, work, settings,
-                            callbacks=[Snapshots(), selection], quiet=True)
+        inputs = prepare_inputs(method, ctx.target(), ctx.tokenizer, ctx.forget, ctx.retain, work, settings)
+        result = fit_or_train(inputs, TrainOptions(callbacks=[Snapshots(), selection]))
     record = selection.record
     candidates = []
     for step, measurement in zip(selection.steps, selection.measurements):

@@ -260,7 +260,7 @@ def validate_t3(ctx: Pair, row: dict[str, Any], record: dict[str, Any], indices:
     from hf_unlearn.run import DEFAULT_SEED
 
     model = ctx.target()
-    torch.manual_seed(row["settings"].get("seed", DEFAULT_SEED))  # as run_with_selection seeds a selector's run
+    torch.manual_seed(row["settings"].get("seed", DEFAULT_SEED))  # as fit_or_train seeds a fit
     start = time.perf_counter()
     head = fit_t3(model, ctx.tokenizer, ctx.forget, ctx.retain, T3ClassifierConfig(**row["settings"]), progress=False)
     fit_seconds = time.perf_counter() - start
@@ -289,7 +289,7 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
     from unlearn_bench.criterion import selection_criterion_options
     from unlearn_bench.runner import _subject_selection_rows
 
-    from hf_unlearn.run import run_with_selection
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
     from hf_unlearn.selection import SelectionCriterion
 
     steps = [c["step"] for c in record["candidates"]]
@@ -307,8 +307,9 @@ def validate_trainer(ctx: Pair, row: dict[str, Any], record: dict[str, Any], met
     probe = CheckpointProbe(ctx.score, selection_steps, report=_say_forget_quality)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"validate-{method}-") as work:
-        result = run_with_selection(method, model, ctx.tokenizer, ctx.forget, ctx.retain, work, dict(row["settings"]),
-                                    criterion, selection_steps=selection_steps, callbacks=[probe], quiet=True)
+        inputs = prepare_inputs(method, model, ctx.tokenizer, ctx.forget, ctx.retain, work, dict(row["settings"]))
+        result = fit_or_train(inputs, TrainOptions(callbacks=[probe], criterion=criterion,
+                                                   selection_steps=selection_steps))
     rerun = result.info["selection"]
     scored = {i: probe.scores[c["step"]] for i, c in enumerate(rerun["candidates"])}
     scoring_seconds = sum(probe.seconds.values())
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     saved = json.loads(Path(args.bench_partial).read_text(encoding="utf-8"))
     row, record = bench_record(saved, args.method)
-    trainer = registry.get_method(args.method).selection in (registry.BEST_CHECKPOINT, registry.OWN_STOP)
+    trainer = registry.get_method(args.method).is_trainer
     if trainer and args.points is not None:
         parser.error("--points applies to GROM's path and T3's grid; a trainer's checkpoints come from one run.")
     ctx = Pair(args.subject, args.data, args.cache_dir, args.max_rows)

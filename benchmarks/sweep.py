@@ -153,18 +153,17 @@ def run_configuration(method: str, settings: dict[str, Any], pair: SweepPair, to
     scored by the probe, the chosen candidate scored; ``seconds`` is the run without the probe's scoring."""
     from hf_unlearn import registry
     from hf_unlearn.demo import load_tiny
-    from hf_unlearn.run import run_with_selection
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
 
-    info = registry.get_method(method)
-    trainer = info.selection in (registry.BEST_CHECKPOINT, registry.OWN_STOP)
+    trainer = registry.get_method(method).is_trainer
     model, _ = load_tiny(pair.target)
     template = settings.get("prompt_template")
     criterion = pair.criteria.get(template) or pair.criteria.setdefault(template, make_criterion(pair, tokenizer, template))
     probe = CheckpointProbe(lambda m: score_forget(m, tokenizer, pair, n_resamples=PROBE_RESAMPLES), selection_steps)
-    options = {"callbacks": [probe], "quiet": True} if trainer else {"quiet": True}
+    options = TrainOptions(callbacks=[probe] if trainer else (), criterion=criterion, selection_steps=selection_steps)
     with tempfile.TemporaryDirectory(prefix=f"sweep-{method}-") as work:
-        result = run_with_selection(method, model, tokenizer, pair.forget, pair.retain_rows, work, dict(settings),
-                                    criterion, selection_steps=selection_steps, **options)
+        inputs = prepare_inputs(method, model, tokenizer, pair.forget, pair.retain_rows, work, dict(settings))
+        result = fit_or_train(inputs, options)
         start = time.perf_counter()
         result.model.eval()
         chosen = score_forget(result.model, tokenizer, pair, scorer=result.scorer)

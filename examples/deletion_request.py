@@ -59,7 +59,7 @@ from hf_unlearn.evaluation.attacks import check_attack_options, parse_attacks
 from hf_unlearn.logprobs import mean_answer_nll
 from hf_unlearn.options import UserError, parse_method_settings
 from hf_unlearn.preconditions import check_push_target, load_model, load_rows
-from hf_unlearn.run import JsonlLogCallback, run_method
+from hf_unlearn.run import JsonlLogCallback, TrainOptions, fit_or_train, prepare_inputs
 from hf_unlearn.safe_output import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir
 
 COLUMNS = (("forget_nll", "forget NLL", ".3f"), ("forget_rouge_l", "forget ROUGE-L", ".3f"),
@@ -195,8 +195,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     with atomic_directory(out, overwrite=args.overwrite) as work:
         print(f"2/5 unlearning with {args.method}")
-        result = run_method(args.method, model, tokenizer, records, retain, work / "run", settings,
-                            callbacks=[JsonlLogCallback(work / "logs" / f"{args.method}.jsonl")])
+        inputs = prepare_inputs(args.method, model, tokenizer, records, retain, work / "run", settings)
+        log = JsonlLogCallback(work / "logs" / f"{args.method}.jsonl")
+        result = fit_or_train(inputs, TrainOptions(callbacks=[log], quiet=False))
         print("3/5 measuring the result (and after NF4 quantization)")
         after = behaviour(result.model, tokenizer, records, retain_eval, args.max_new_tokens,
                           scorer=result.scorer, generation_kwargs=result.generation_kwargs)

@@ -21,7 +21,7 @@ from unlearn_bench.registry import PRESETS
 from hf_unlearn.data import FORGET_SPLITS, RETAIN_FOR_FORGET, load_tofu_rows
 from hf_unlearn.demo import TinyPair, build_tiny_pair, recipe_for, reference_rows
 from hf_unlearn.evaluation import evaluate_tofu, format_report_table
-from hf_unlearn.run import run_method
+from hf_unlearn.run import fit_or_train, prepare_inputs
 
 
 def main() -> None:
@@ -51,7 +51,7 @@ def main() -> None:
     forget = load_tofu_rows(args.forget_split, args.data)
     retain = load_tofu_rows(RETAIN_FOR_FORGET[args.forget_split], args.data)
     out = Path(args.output) / args.method
-    result = run_method(args.method, model, tokenizer, forget, retain, out, settings)
+    result = fit_or_train(prepare_inputs(args.method, model, tokenizer, forget, retain, out, settings))
     result.save_pretrained(out)
     report = evaluate_tofu(
         result.model, tokenizer, source=args.data, forget_split=args.forget_split, retain_reference=retain_report,

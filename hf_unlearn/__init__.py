@@ -5,11 +5,9 @@ nor transformers' model code; each exported name is imported from its submodule 
 
     from hf_unlearn import NPOTrainer, UnlearningConfig, evaluate_tofu
 
-The T3 classifier head is registered with the transformers Auto classes as soon as they are
-imported (``from transformers import AutoModel``), so ``AutoModel.from_pretrained`` loads a saved
-head without ``trust_remote_code``.
-
-Each method lives in one folder, ``hf_unlearn.methods.<name>`` (see :mod:`hf_unlearn.methods`).
+The T3 classifier head is registered with the transformers Auto classes as soon as they are imported, so
+``AutoModel.from_pretrained`` loads a saved head without ``trust_remote_code``. Each method lives in one folder,
+``hf_unlearn.methods.<name>``; :func:`hf_unlearn.run.fit_or_train` runs any of them.
 """
 
 # ruff: noqa: F401  (the TYPE_CHECKING imports are re-exports)
@@ -26,27 +24,10 @@ from .assets import METRIC_NAMES, __version__, hub_cards_dir, metric_path
 _import_structure = {
     "methods.base": ["UnlearningConfig", "UnlearningTrainer"],
     "methods.baselines": [
-        "BaselineTrainer",
-        "GradAscentConfig",
-        "GradAscentTrainer",
-        "GradDiffConfig",
-        "GradDiffTrainer",
-        "NPOConfig",
-        "NPOTrainer",
-        "SimNPOConfig",
-        "SimNPOTrainer",
-        "WGAConfig",
-        "WGATrainer",
-        "SatImpConfig",
-        "SatImpTrainer",
-        "CEUConfig",
-        "CEUTrainer",
-        "UNDIALConfig",
-        "UNDIALTrainer",
-        "UnlearnDPOConfig",
-        "UnlearnDPOTrainer",
-        "IdkDPOConfig",
-        "IdkDPOTrainer",
+        "BaselineTrainer", "GradAscentConfig", "GradAscentTrainer", "GradDiffConfig", "GradDiffTrainer", "NPOConfig",
+        "NPOTrainer", "SimNPOConfig", "SimNPOTrainer", "WGAConfig", "WGATrainer", "SatImpConfig", "SatImpTrainer",
+        "CEUConfig", "CEUTrainer", "UNDIALConfig", "UNDIALTrainer", "UnlearnDPOConfig", "UnlearnDPOTrainer",
+        "IdkDPOConfig", "IdkDPOTrainer",
     ],
     "methods.masc": ["MASCConfig", "MASCTrainer"],
     "methods.atwu": ["ATWUConfig", "ATWUTrainer", "ATWUTokenWeighter"],
@@ -57,7 +38,7 @@ _import_structure = {
     "selection": ["SelectionCallback", "SelectionCriterion", "SelectionRecord"],
     "evaluation": ["TOFUReport", "evaluate_tofu", "quantization_attack", "relearning_attack"],
     "result": ["Unlearned"],
-    "run": ["run_method", "run_with_selection", "unlearn"],
+    "run": ["TrainOptions", "UnlearnRequest", "fit_or_train", "prepare_inputs", "unlearn"],
     "data": ["PromptTemplate", "load_tofu"],
     "hub": ["push_unlearned"],
 }
@@ -104,7 +85,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names resolve l
         t3_scorer,
     )
     from .result import Unlearned
-    from .run import run_method, run_with_selection, unlearn
+    from .run import TrainOptions, UnlearnRequest, fit_or_train, prepare_inputs, unlearn
     from .selection import SelectionCallback, SelectionCriterion, SelectionRecord
 
 

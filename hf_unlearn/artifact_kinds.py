@@ -1,12 +1,9 @@
-"""Artifact kinds: how each kind of unlearned artifact is carded, recognised and pinned.
+"""Artifact kinds: how each kind of unlearned artifact is carded, recognised and pinned (:data:`ARTIFACT_KINDS`).
 
-Artifact kinds live in :data:`ARTIFACT_KINDS`. The catch-all kind ``unlearned_model`` (any transformers model or
-PEFT model) is defined here; a method whose artifact is of its own kind registers it from its folder with one
-:func:`register_artifact_kind` call (a template in ``hub_cards/``, the classes of the artifact, how to recognise a
-saved folder and, when it has one, its integrity record). An in-memory artifact's kind is found with
-``isinstance`` against those classes; a lookup imports the built-in method folders first
-(:func:`hf_unlearn.registry.method_names`), so every built-in kind is known. This module is on the bottom floor:
-it imports only the registry, and third-party classes inside the functions that need them.
+The catch-all kind ``unlearned_model`` (any transformers or PEFT model) is defined here; a method whose artifact is
+of its own kind registers it from its folder with :func:`register_artifact_kind`. An artifact's kind is found with
+``isinstance`` against the kinds' classes, or for a saved folder by its files; a lookup imports the built-in method
+folders first. This module imports only the registry (third-party classes inside the functions that need them).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A method's config dataclass as command-line options, and the checks of the settings given that way.
 
-Every init field of a method's config (a trainer's ``TrainingArguments`` subclass, ``GROMConfig``,
-``T3ClassifierConfig``) becomes an ``--field value`` option, through :class:`transformers.HfArgumentParser`,
-except those the command line sets itself (:data:`CLI_OWNED_FIELDS`) and those a ``PreTrainedConfig`` fills in
-from the base model. ``hf-unlearn unlearn``, the per-method scripts in ``examples/scripts`` and
-``examples/deletion_request.py`` read a method's options this way::
+Every init field of a method's registered config becomes an ``--field value`` option, through
+:class:`transformers.HfArgumentParser`, except those the command line sets itself (:data:`CLI_OWNED_FIELDS`) and
+those a ``PreTrainedConfig`` fills in from the base model::
 
     settings = parse_method_settings("npo", ["--beta", "0.2"])   # {'beta': 0.2}: only what was given
     config = validate_settings("npo", settings, "outputs/npo")    # the config, or UserError (one line)
@@ -24,10 +22,10 @@ import typing
 import warnings
 from typing import Any
 
-from .registry import MethodView, get_method
+from .registry import get_method
 
 __all__ = [
-    "CLI_OWNED_FIELDS", "TRAINER_CLASSES", "UserError", "config_kwargs", "config_parser", "join_negative_values",
+    "CLI_OWNED_FIELDS", "RunFailure", "UserError", "config_kwargs", "config_parser", "join_negative_values",
     "method_config_class", "option_fields", "options_dataclass", "parse_method_settings", "validate_settings",
 ]
 
@@ -38,26 +36,26 @@ CLI_OWNED_FIELDS = frozenset({
     "hidden_size", "vocab_size", "fit_report",
 })
 
-#: ``{method: trainer class name}`` of the registered methods trained by a trainer (read from
-#: :mod:`hf_unlearn.registry` on access).
-TRAINER_CLASSES: typing.Mapping[str, str] = MethodView(
-    lambda info: info.trainer_class.rpartition(":")[2].rpartition(".")[2] if info.is_trainer else None, skip_none=True)
-
-
 class UserError(Exception):
     """A mistake in the command line or its inputs: reported as one line, exit status 2."""
 
 
+class RunFailure(Exception):
+    """A method failed during a phase: reported as one line (method, phase, log file), exit status 1.
+
+    ``printed`` is true when the progress line already showed it (then the command line prints nothing more)."""
+
+    def __init__(self, message: str, printed: bool = False):
+        super().__init__(message)
+        self.printed = printed
+
+
 def method_config_class(method: str) -> type:
-    """The config dataclass of ``method`` as registered (:mod:`hf_unlearn.registry`): the trainer's
-    ``config_class``, ``GROMConfig`` or ``T3ClassifierConfig``."""
+    """The config dataclass ``method`` registered (:mod:`hf_unlearn.registry`)."""
     try:
-        config_class = get_method(method).load_config_class()
+        return get_method(method).config_cls
     except KeyError:
-        config_class = None
-    if config_class is None:
-        raise UserError(f"Method {method!r} has no config class the CLI knows.")
-    return config_class
+        raise UserError(f"Method {method!r} is not registered.") from None
 
 
 def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
@@ -184,7 +182,7 @@ def validate_settings(method: str, settings: dict[str, Any], output_dir: str | o
     """Build the method's config from ``settings`` so that a bad value fails now (one line), not mid-run."""
     config_class = method_config_class(method)
     kwargs = dict(settings)
-    if method in TRAINER_CLASSES:
+    if get_method(method).is_trainer:
         kwargs = {"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **kwargs}
     try:
         with warnings.catch_warnings():

@@ -1,16 +1,8 @@
-"""What a run would refuse, checked before any work and before any output folder is created.
-
-Each check ends with one :class:`~hf_unlearn.options.UserError` line naming the problem and the fix: a model
-path that does not exist, a folder without safetensors weights or tokenizer, a folder that asks to run its own
-code (:func:`check_no_remote_code`), a damaged weight file, weights that do not fit the config or hold NaN
-(:func:`load_model`, with :mod:`hf_unlearn.model_files`), a rows file or TOFU config with a bad row, an empty
-document, a link inside a documents folder, a byte-order mark or a repeated JSON key (:func:`load_rows`,
-:func:`rows_from_spec`), a resume with another setting or other rows than the run it resumes
-(:func:`check_resume_request`), an output path below a file
-(:func:`check_output_parent`), a retain reference that is missing or made on other rows (:func:`check_retain_reference`),
-TOFU configs the evaluator needs but the data source lacks (:func:`check_eval_configs`), an invalid repo id or a
-missing token (:func:`check_push_target`), and what the method itself would refuse with this model and these
-rows (:func:`check_run_preconditions`). ``hf-unlearn unlearn`` / ``eval`` and the per-method scripts run them.
+"""What a run would refuse, checked before any work and before any output folder is created: the model
+(:func:`load_model`), the rows (:func:`load_rows`), a resume's request, the output path, the retain reference, the
+evaluation's TOFU configs, the push target, and what the method would refuse with this model and these rows
+(:func:`check_run_preconditions`). Each ends with one :class:`~hf_unlearn.options.UserError` line naming the
+problem and the fix.
 """
 
 from __future__ import annotations
@@ -75,10 +67,8 @@ def _json_object(path: Path) -> dict[str, Any]:
 
 
 def check_no_remote_code(folder: str | os.PathLike) -> None:
-    """Refuse, before anything is loaded, a model folder that asks for code shipped with it: an ``auto_map`` in
-    ``config.json`` or ``tokenizer_config.json``, or a ``config.json`` whose ``model_type`` transformers does not
-    know (only the model's own Python files could build it). Reads the two files as JSON and imports nothing from
-    the folder; the package never passes ``trust_remote_code=True``, so no prompt asks to run such code either."""
+    """Refuse a model folder that asks for code shipped with it (an ``auto_map`` in ``config.json`` or
+    ``tokenizer_config.json``, or a ``model_type`` transformers does not know), reading the two files as JSON."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     folder = Path(folder)
@@ -122,17 +112,11 @@ def _check_model_folder(name_or_path: str) -> None:
 
 
 def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
-    """The causal LM and its tokenizer from a local folder or a Hub id, moved to ``device`` (a name that
-    :func:`hf_unlearn.devices.resolve_device` returned; ``None`` leaves it on the CPU where transformers loads
-    it) once every check passed, and refused in one line naming the problem
-    and the fix, before any work, when: the folder does not exist (a local path is never looked up on the Hub),
-    is not a saved model, holds no weights, only pickle weights (``pytorch_model.bin``: safetensors only),
-    an empty, truncated or unreadable safetensors file, or no tokenizer; the weights lack one the model has
-    (it would be initialised at random), hold one it does not have, or have another shape than ``config.json``
-    says (tied weights such as an ``lm_head`` tied to the embeddings are not missing); a weight holds NaN or an
-    infinity; the folder asks to run code shipped with the model (:func:`check_no_remote_code`). Every load passes
-    ``trust_remote_code=False``: code shipped with a model never runs, and no prompt offers to run it. ``dtype`` is
-    ``from_pretrained``'s (``"auto"``, a ``torch.dtype``; ``None``: transformers' default)."""
+    """The causal LM and its tokenizer from a local folder or a Hub id, moved to ``device`` (``None``: left
+    where transformers loads it), loaded with ``trust_remote_code=False`` and ``dtype`` (``from_pretrained``'s;
+    ``None``: its default). Refused in one line, before any work, when the folder does not exist (a local path is
+    never looked up on the Hub), holds no model, no safetensors weights, a damaged weight file or no tokenizer, when
+    the weights do not fit the config or hold NaN or an infinity, or when the folder asks to run its own code."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .model_files import first_non_finite, loading_problems
@@ -177,11 +161,9 @@ def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) 
 
 def check_retain_reference(path: str | None, forget_split: str, source: str | None = None,
                            max_examples: int | None = None) -> None:
-    """The retain reference loads (our report or saved ratios, open-unlearning's ``TOFU_EVAL.json``, TOFU's
-    ``eval_log_forget.json`` or its results folder; :func:`~hf_unlearn.evaluation.load_retain_reference`) and,
-    where it says so, was computed on ``forget_split``. With ``source`` (an evaluation will run): it has one
-    forget truth ratio per evaluated forget row (the first ``max_examples`` rows of ``<forget_split>_perturbed``)
-    and, where it records them, the same row count and rows."""
+    """The retain reference at ``path`` loads and, where it says so, was computed on ``forget_split``;
+    with ``source`` (an evaluation will run) it has one forget truth ratio per evaluated forget row (the first
+    ``max_examples`` of ``<forget_split>_perturbed``) and, where it records them, the same rows."""
     if not path:
         return
     from .evaluation import load_retain_reference
@@ -281,18 +263,12 @@ def prompt_fits(tokenizer: Any, rows: list[dict[str, Any]], cut: int | None, why
 
 def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any, forget: list[dict[str, Any]],
                             retain: list[dict[str, Any]]) -> None:
-    """What a method would refuse during its run, checked before any work and before any folder is created.
-
-    For every method: the prompt template renders with this tokenizer, and (for question/answer rows; documents
-    are chunked) every forget row leaves room for at least one answer token within ``max_length`` (the config's, cut to the model's maximum positions). Trainer
-    methods: the trainer's own setting checks (preset, learning rate, steps), forget/retain overlap unless
-    ``allow_overlap`` (when the objective uses the retain set), at least one retain row that fits, and what the
-    trainer needs of each forget row besides its question and answer (its ``check_forget_rows``, when it has one:
-    a preferred answer, say). Other methods: no overlap, the config's own checks against the model
-    (``config.check_for(model)``, when it has one: target modules that exist, a layer within the hidden states),
-    and a retain row that fits; a method whose spec names ``retain_rows_read`` (it reads a sample) needs every
-    row of that sample to fit.
-    """
+    """What ``method`` would refuse during its run with this model and these rows, as one
+    :class:`~hf_unlearn.options.UserError` line: a prompt template the tokenizer cannot render; a forget row that
+    leaves no room for an answer token within ``max_length`` (cut to the model's positions; documents are chunked);
+    for a trainer, its own setting checks, its ``check_forget_rows``, forget/retain overlap (unless
+    ``allow_overlap``) and no retain row that fits; for a fit, overlap, the config's ``check_for(model)`` and,
+    when it reads a sample of the retain rows (``retain_rows_read``), every sampled row fitting."""
     from .data import model_max_positions, overlapping_examples, resolve_template
 
     template = getattr(config, "prompt_template", None)
@@ -306,7 +282,7 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
     why = f"max_length={max_length}" if cut is not None and cut == max_length else f"the model's {positions} positions"
     uses_retain, may_overlap = True, False
     info = get_method(method)
-    trainer_cls = info.load_trainer_class()
+    trainer_cls = info.trainer_cls
     try:
         if trainer_cls is not None:
             trainer_cls._resolve_args(config, model)  # noqa: SLF001 (the trainer's own checks, without building it)
@@ -316,10 +292,9 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
             config.check_for(model)
     except (ValueError, TypeError) as err:
         raise UserError(f"Invalid {method} setting: {' '.join(str(err).split())}") from None
-    check_rows = getattr(trainer_cls, "check_forget_rows", None)
-    if check_rows is not None:  # what the trainer needs of each forget row besides its question and answer
+    if trainer_cls is not None:  # what the trainer needs of each forget row besides its question and answer
         try:
-            check_rows(forget, config)
+            trainer_cls.check_forget_rows(forget, config)
         except ValueError as err:
             raise UserError(f"{method}: {' '.join(str(err).split())}") from None
     if uses_retain and not may_overlap:
@@ -331,7 +306,7 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
     if is_document_rows(forget) or is_document_rows(retain):
         return  # documents are cut into chunks of max_length tokens: no prompt to fit
     prompt_fits(tokenizer, forget, cut, why, template, "forget", every=True)
-    rows_read = info.hook("retain_rows_read")
+    rows_read = info.fit.retain_rows_read if info.fit is not None else None
     if rows_read is not None:  # a method that reads a sample of the retain rows cannot leave one of them out
         prompt_fits(tokenizer, rows_read(config, retain), cut, why, template, f"retain ({method}'s sample)",
                     every=True)
@@ -358,13 +333,9 @@ def _check_rows_file(file: str) -> None:
 
 
 def load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]:
-    """The rows of ``file`` or of TOFU config ``split``, checked as they load (one line naming the file or config
-    and the row: a line that is not UTF-8 or not JSON, a missing field, an empty, blank, null, non-string or not
-    valid Unicode question or answer; a ``file`` that is missing or not a regular file).
-
-    ``file`` holds question/answer rows (JSON Lines), or documents (:func:`is_documents_file`: a ``.txt`` file, a
-    folder of ``.txt``/``.json``/``.jsonl`` files, or JSON Lines of strings or ``{"text"}`` objects), which come
-    back as ``{"text": document}`` rows (:func:`hf_unlearn.data.documents.load_documents`)."""
+    """The rows of ``file`` or of TOFU config ``split``, checked as they load (one line naming the file or
+    config and the row). ``file`` holds question/answer rows (JSON Lines) or documents (:func:`is_documents_file`),
+    which come back as ``{"text": document}`` rows."""
     from .data import load_tofu_rows, read_qa_file
     from .data.documents import DOCUMENT_FILE_SUFFIXES, load_documents
 
@@ -414,9 +385,9 @@ def is_document_rows(rows: Sequence[Any] | None) -> bool:
 
 
 def rows_from_spec(spec: str, source: str, flag: str) -> list[dict[str, Any]]:
-    """The rows an option such as ``--holdout SPLIT_OR_FILE`` names (:func:`load_rows`): a JSON Lines file when
-    ``spec`` exists, contains a path separator or ends in ``.json`` / ``.jsonl`` / ``.txt`` (documents too, see
-    :func:`load_rows`), else TOFU config ``spec`` of ``source``. One line names the option and the cause (a missing file is not reported as an unknown config)."""
+    """The rows an option such as ``--holdout SPLIT_OR_FILE`` names (:func:`load_rows`): a rows file when
+    ``spec`` exists, contains a path separator or ends in ``.json`` / ``.jsonl`` / ``.txt``, else TOFU config
+    ``spec`` of ``source``. One line names the option and the cause."""
     from .data import TOFU_CONFIGS
 
     is_file = os.path.lexists(spec) or "/" in spec or os.sep in spec or spec.endswith((".json", ".jsonl", ".txt"))

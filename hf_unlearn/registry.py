@@ -1,138 +1,136 @@
-"""The method registry: each unlearning method registers one spec (:class:`MethodInfo`), and the core reads it.
+"""The method registry: each unlearning method registers its classes, as PEFT's tuners call
+``register_peft_method(name=, config_cls=, model_cls=)``::
 
-Core and light: this module imports only the standard library. A spec holds metadata (strings) and dotted paths
-(``"package.module:attribute"``) that are imported only when used, so importing it, or ``hf_unlearn``, imports
-no torch. Each method registers itself once, in the ``__init__`` of its folder ``hf_unlearn.methods.<name>``
-(the folders are listed, in order, by ``hf_unlearn.methods.BUILTIN_PACKAGES``), as PEFT's tuners call
-``register_peft_method``::
+    register_method("npo", config_cls=NPOConfig, trainer_cls=NPOTrainer)     # trained by a TRL trainer
+    register_method("grom", config_cls=GROMConfig, fit=GROMFit())            # fitted by a callable
 
-    from hf_unlearn.registry import get_method, method_names
     method_names()                  # ('grom', 't3', 'masc', 'atwu', 'grad_ascent', ...)
     get_method("npo").paper         # {'title': 'Negative Preference Optimization: ...', 'id': '2404.05868'}
 
-The method contract (what a spec gives, and who reads it; nothing outside ``hf_unlearn/methods`` names a method):
+A method is its classes:
 
-* ``config_class``: its config dataclass; its fields are the command line's options, and it refuses bad settings
-  when built (``validate_settings``). A config may define ``check_for(model)``, run before any work.
-* how it runs: a trainer method gives its ``trainer_class`` (a TRL trainer subclass of
-  :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer`), which the core's trainer runner drives; any other
-  method gives ``entry_point``, a runner ``run(model, tokenizer, forget, retain, output_dir, settings) ->``
-  :class:`~hf_unlearn.result.Unlearned`.
-* ``selection``: how it picks its own strength under a criterion (``--select``): ``"best_checkpoint"`` (a
-  trainer: the criterion is measured every few steps and the best step restored), ``"own_stop"`` (a trainer with
-  its own stopping rule: the criterion is recorded, nothing restored), a dotted path of a selector
-  ``select(run, model, tokenizer, forget, retain, output_dir, settings, criterion) -> Unlearned`` (``run`` runs
-  the method plainly with the caller's run options), or ``None`` (no selection).
-* ``artifact_kind``: a key of :data:`hf_unlearn.artifact_kinds.ARTIFACT_KINDS` (how the artifact is carded,
-  recognised, pinned and pushed); a method with an artifact of its own registers that kind from its folder.
-* ``decoding``: for a method that changes decoding rather than weights, a dotted path of
-  ``decoding(model, artifact, check_base_weights=True) ->`` :class:`~hf_unlearn.result.Decoding` (the scorer and
-  ``generate`` keywords the evaluator and the attacks use).
-* ``metrics``: a dotted path of ``metrics(trainer, tokenizer, forget, retain) -> {name: float}``, numbers only
-  the method can measure, copied into the run's result.
-* ``retain_rows_read``: a dotted path of ``rows_read(config, retain) -> rows``, the retain rows the method reads
-  when it does not read them all (each must fit ``max_length``, checked before work).
+* ``config_cls``: a dataclass whose fields are the command line's options; it refuses bad settings when built.
+  It may define ``check_for(model)``, run before any work.
+* ``trainer_cls``: a subclass of :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer`. The core reads its
+  class members only: ``needs_retain``, ``watches_retain``, ``forget_columns``, ``check_forget_rows``,
+  ``stops_itself`` (its own stopping rule replaces best-checkpoint selection), and after training
+  ``training_outcome()`` and ``method_metrics(...)``.
+* ``fit``: for a method not trained by a trainer, a :class:`MethodFit` instance.
 
-A lookup (:func:`get_method`, :func:`method_names`) imports the built-in method packages the first time it
-runs, then the plugins of installed packages (entry-point group ``hf_unlearn.methods``, :func:`load_plugins`).
-Adding a method is one :func:`register_method` (or :func:`register_class`) call, from any module; the command
-line, ``--select``, the cards, the Hub push and the benchmark then know it.
+The class that describes the method (the trainer class, or the fit's ``artifact_cls``) carries its display name
+``_title``, its paper ``_paper`` (``{"title", "id"}`` or ``None``) and its ``_cli_help`` line.
+
+A lookup imports the built-in method packages (``hf_unlearn.methods.BUILTIN_PACKAGES``) the first time it runs,
+then the plugins of installed packages (entry-point group ``hf_unlearn.methods``). This module imports only the
+standard library, so importing it imports no torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
-    "BEST_CHECKPOINT", "ENTRY_POINT_GROUP", "METHODS_PACKAGE", "OWN_STOP", "MethodInfo", "MethodView", "decoding_of",
-    "get_method", "load_plugins", "method_for_artifact", "method_names", "register_class", "register_method",
-    "resolve", "unregister_method",
+    "ENTRY_POINT_GROUP", "MethodFit", "MethodInfo", "MethodView", "decoding_of", "get_method", "load_plugins",
+    "method_for_artifact", "method_names", "register_method", "unregister_method",
 ]
 
-#: The package whose ``BUILTIN_PACKAGES`` lists the built-in method folders (imported by the first lookup; their
-#: order is the order of :func:`method_names`, then any method registered elsewhere, in registration order).
+#: The package whose ``BUILTIN_PACKAGES`` lists the built-in method folders.
 METHODS_PACKAGE = "hf_unlearn.methods"
 
 #: The entry-point group through which an installed package adds methods (see :func:`load_plugins`).
 ENTRY_POINT_GROUP = "hf_unlearn.methods"
 
-#: How a trainer method selects its strength when its spec says nothing: keep the best checkpoint.
-BEST_CHECKPOINT, OWN_STOP = "best_checkpoint", "own_stop"
+#: The artifact kind of a trainer method: the trained model (or its LoRA adapter).
+TRAINED_MODEL_KIND = "unlearned_model"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-def resolve(path: str) -> Any:
-    """The object a dotted path ``"package.module:attribute"`` names (imported now)."""
-    if not isinstance(path, str) or not _DOTTED.match(path):
-        raise ValueError(f"Expected a dotted path 'package.module:attribute', got {path!r}.")
-    module_name, _, attribute = path.partition(":")
-    value: Any = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        value = getattr(value, part)
-    return value
+class MethodFit:
+    """How a method that is not trained by a trainer runs. Subclass it and register an instance as ``fit=``.
 
+    ``artifact_cls``: the class of what it produces (it carries ``_title``, ``_paper``, ``_cli_help``).
+    ``artifact_kind``: a key of :data:`hf_unlearn.artifact_kinds.ARTIFACT_KINDS`.
 
-def dotted_path(obj: Any) -> str:
-    """The dotted path ``"module:qualname"`` of a class or function (the inverse of :func:`resolve`)."""
-    return f"{obj.__module__}:{obj.__qualname__}"
+    ``__call__(model, tokenizer, forget, retain, config) -> Unlearned``: fit the method with its config. The
+    result's ``settings`` hold only the values the fit chose itself; the run adds the settings it was given.
+
+    Optional members (``None`` when the method has none):
+
+    * ``select(model, tokenizer, forget, retain, config, criterion) -> Unlearned``: the run with its strength
+      chosen by a :class:`~hf_unlearn.selection.SelectionCriterion`, its record in ``info["selection"]``;
+    * ``retain_rows_read(config, retain) -> rows``: the retain rows it reads when it does not read them all
+      (each must fit ``max_length``, checked before work);
+    * ``decoding(model, artifact, check_base_weights=True) -> Decoding``: for a method that changes decoding
+      rather than weights, the scorer and ``generate`` keywords of ``artifact`` on ``model``.
+    """
+
+    artifact_cls: ClassVar[type]
+    artifact_kind: ClassVar[str]
+    select: ClassVar[Callable[..., Any] | None] = None
+    retain_rows_read: ClassVar[Callable[..., Any] | None] = None
+    decoding: ClassVar[Callable[..., Any] | None] = None
+
+    def __call__(self, model: Any, tokenizer: Any, forget: Any, retain: Any, config: Any) -> Any:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:  # a fit holds no state: two of one class are the same method
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
 
 
 @dataclass(frozen=True)
 class MethodInfo:
-    """One registered method.
-
-    ``name``: the key (``--method``, card tag). ``title``: its display name in cards. ``paper``: ``{"title",
-    "id"}`` (arXiv id) or ``None`` when the method has no paper to cite. ``artifact_kind``: the kind of artifact
-    it produces, a key of :data:`hf_unlearn.hub.ARTIFACT_KINDS`. ``entry_point``: dotted path of how to run it
-    (a trainer class, a fit function, or a runner; see :func:`register_method`). ``cli_help``: one line for the
-    command line. ``config_class``: dotted path of its config dataclass (its fields are the CLI's options).
-    ``trainer_class``: dotted path of its trainer class, for the methods trained by a TRL trainer.
-    ``selection``, ``decoding``, ``metrics``, ``retain_rows_read``: the hooks of the method contract (see the
-    module docstring).
-    """
+    """One registered method: its ``name`` (``--method``, card tag) and its classes (see the module docstring)."""
 
     name: str
-    title: str
-    paper: Mapping[str, str] | None
-    artifact_kind: str
-    entry_point: str
-    cli_help: str
-    config_class: str | None = None
-    trainer_class: str | None = None
-    selection: str | None = None
-    decoding: str | None = None
-    metrics: str | None = None
-    retain_rows_read: str | None = None
+    config_cls: type
+    trainer_cls: type | None = None
+    fit: MethodFit | None = None
 
     @property
     def is_trainer(self) -> bool:
-        """Whether the method is trained by a trainer class (checkpoints, ``--resume``, TRL options)."""
-        return self.trainer_class is not None
+        """Whether a trainer trains it (checkpoints, ``--resume``, TRL options, LoRA)."""
+        return self.trainer_cls is not None
 
-    def load(self) -> Any:
-        """The entry point object (imported now)."""
-        return resolve(self.entry_point)
+    @property
+    def described_by(self) -> type:
+        """The class carrying ``_title``, ``_paper`` and ``_cli_help``."""
+        return self.trainer_cls if self.trainer_cls is not None else self.fit.artifact_cls
 
-    def load_config_class(self) -> type | None:
-        """The config dataclass (imported now), or ``None`` when the method has none."""
-        return resolve(self.config_class) if self.config_class else None
+    @property
+    def title(self) -> str:
+        return self.described_by._title
 
-    def load_trainer_class(self) -> type | None:
-        """The trainer class (imported now), or ``None`` for a method without one."""
-        return resolve(self.trainer_class) if self.trainer_class else None
+    @property
+    def paper(self) -> Mapping[str, str] | None:
+        return self.described_by._paper
 
-    def hook(self, name: str) -> Any:
-        """The hook ``name`` (``"decoding"``, ``"metrics"``, ``"retain_rows_read"``, or a selector given as
-        ``"selection"``), imported now; ``None`` when the method has none."""
-        path = getattr(self, name)
-        return resolve(path) if path and _DOTTED.match(path) else None
+    @property
+    def cli_help(self) -> str:
+        return self.described_by._cli_help
+
+    @property
+    def artifact_kind(self) -> str:
+        return TRAINED_MODEL_KIND if self.trainer_cls is not None else self.fit.artifact_kind
+
+    @property
+    def stops_itself(self) -> bool:
+        """Whether its trainer stops by a rule of its own (then ``--select`` only records the criterion)."""
+        return self.trainer_cls is not None and self.trainer_cls.stops_itself
+
+    @property
+    def has_selection(self) -> bool:
+        """Whether ``--select`` applies: every trainer (best checkpoint or its own stop), a fit with ``select``."""
+        return self.trainer_cls is not None or self.fit.select is not None
 
 
 _METHODS: dict[str, MethodInfo] = {}
@@ -140,92 +138,45 @@ _LOCK = threading.RLock()
 _builtin_loaded = False
 
 
-def _check_text(name: str, field: str, value: Any) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"Method {name!r}: {field} must be a non-empty string, got {value!r}.")
+def _check_described(name: str, cls: type) -> None:
+    for attribute in ("_title", "_cli_help"):
+        value = getattr(cls, attribute, None)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"Method {name!r}: {cls.__name__}.{attribute} must be a non-empty string, got {value!r}.")
+    paper = getattr(cls, "_paper", None)
+    if paper is not None and not (isinstance(paper, Mapping) and all(
+            isinstance(paper.get(k), str) and paper.get(k) for k in ("title", "id"))):
+        raise ValueError(f"Method {name!r}: {cls.__name__}._paper must be None or a mapping with a 'title' and an "
+                         f"'id', got {paper!r}.")
 
 
-def register_method(
-    name: str,
-    *,
-    title: str,
-    paper: Mapping[str, str] | None,
-    artifact_kind: str,
-    entry_point: str,
-    cli_help: str,
-    config_class: str | None = None,
-    trainer_class: str | None = None,
-    selection: str | None = None,
-    decoding: str | None = None,
-    metrics: str | None = None,
-    retain_rows_read: str | None = None,
-    replace: bool = False,
-) -> MethodInfo:
-    """Register an unlearning method; returns its :class:`MethodInfo`.
+def register_method(name: str, *, config_cls: type, trainer_cls: type | None = None, fit: MethodFit | None = None,
+                    replace: bool = False) -> MethodInfo:
+    """Register a method by its classes; returns its :class:`MethodInfo`.
 
-    ``entry_point`` is the dotted path ``"package.module:attribute"`` of how to run the method: for a method
-    trained by a trainer, the trainer class (give ``trainer_class`` too); for GROM and T3 their fit function;
-    for any other method a runner ``run(model, tokenizer, forget, retain, output_dir, settings)`` returning a
-    :class:`hf_unlearn.run.Unlearned`, which is what ``hf-unlearn unlearn --method NAME`` calls.
-    ``config_class`` (dotted path of a dataclass) gives the command line its options and validates settings.
-    ``selection`` defaults to ``"best_checkpoint"`` for a trainer method and ``None`` otherwise; ``decoding``,
-    ``metrics`` and ``retain_rows_read`` are optional hooks (dotted paths; see the module docstring).
-
-    Registering the same information again is a no-op; a different method under a taken name raises
-    ``ValueError`` unless ``replace``. Nothing is imported here (paths resolve on use).
+    ``config_cls`` is a dataclass; exactly one of ``trainer_cls`` (a trainer class) and ``fit`` (a
+    :class:`MethodFit`) is given. Registering the same classes again is a no-op; another method under a taken
+    name raises ``ValueError`` unless ``replace``.
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"Method name must be lowercase letters, digits and '_' (starting with a letter), got {name!r}.")
-    for field_name, value in (("title", title), ("artifact_kind", artifact_kind), ("cli_help", cli_help)):
-        _check_text(name, field_name, value)
-    if selection is None and trainer_class is not None:
-        selection = BEST_CHECKPOINT
-    if selection in (BEST_CHECKPOINT, OWN_STOP) and trainer_class is None:
-        raise ValueError(f"Method {name!r}: selection {selection!r} applies to trainer methods; give a selector.")
-    hooks = (("selection", None if selection in (BEST_CHECKPOINT, OWN_STOP) else selection),
-             ("decoding", decoding), ("metrics", metrics), ("retain_rows_read", retain_rows_read))
-    for field_name, value in (("entry_point", entry_point), ("config_class", config_class),
-                              ("trainer_class", trainer_class), *hooks):
-        if value is not None and (not isinstance(value, str) or not _DOTTED.match(value)):
-            raise ValueError(f"Method {name!r}: {field_name} must be a dotted path 'package.module:attribute', "
-                             f"got {value!r}.")
-    if entry_point is None:
-        raise ValueError(f"Method {name!r} needs an entry_point.")
-    if paper is not None:
-        if not isinstance(paper, Mapping) or not all(isinstance(paper.get(k), str) and paper.get(k)
-                                                     for k in ("title", "id")):
-            raise ValueError(f"Method {name!r}: paper must be None or a mapping with a 'title' and an 'id', got {paper!r}.")
-        paper = {"title": paper["title"], "id": paper["id"]}
-    info = MethodInfo(name, title, paper, artifact_kind, entry_point, cli_help, config_class, trainer_class,
-                      selection, decoding, metrics, retain_rows_read)
+    if not (isinstance(config_cls, type) and dataclasses.is_dataclass(config_cls)):
+        raise ValueError(f"Method {name!r}: config_cls must be a dataclass, got {config_cls!r}.")
+    if (trainer_cls is None) == (fit is None):
+        raise ValueError(f"Method {name!r}: give exactly one of trainer_cls and fit.")
+    if trainer_cls is not None and not isinstance(trainer_cls, type):
+        raise ValueError(f"Method {name!r}: trainer_cls must be a class, got {trainer_cls!r}.")
+    if fit is not None and not isinstance(fit, MethodFit):
+        raise ValueError(f"Method {name!r}: fit must be a MethodFit instance, got {fit!r}.")
+    info = MethodInfo(name, config_cls, trainer_cls, fit)
+    _check_described(name, info.described_by)
     with _LOCK:
         old = _METHODS.get(name)
         if old is not None and old != info and not replace:
-            raise ValueError(f"Method {name!r} is already registered (entry point {old.entry_point}); pass "
+            raise ValueError(f"Method {name!r} is already registered (by {old.described_by.__qualname__}); pass "
                              "replace=True to replace it.")
         _METHODS[name] = info
     return info
-
-
-def register_class(cls: type, *, artifact_kind: str, entry_point: str | None = None, trainer: bool = False,
-                   config_class: type | None = None, **hooks: str | None) -> MethodInfo:
-    """Register the method a trainer or artifact class describes with its class attributes ``_method`` (the
-    name), ``_title``, ``_paper`` and ``_cli_help``.
-
-    With ``trainer`` the class is the entry point and trainer class, and its ``config_class`` the config;
-    otherwise give ``entry_point`` (a dotted path) and ``config_class``. ``hooks`` are :func:`register_method`'s
-    ``selection``, ``decoding``, ``metrics`` and ``retain_rows_read``.
-    """
-    if trainer:
-        entry_point = dotted_path(cls)
-        config_class = config_class or cls.config_class
-    if entry_point is None:
-        raise ValueError(f"register_class({cls.__name__}) needs entry_point= (or trainer=True).")
-    return register_method(
-        cls._method, title=cls._title, paper=cls._paper, artifact_kind=artifact_kind, entry_point=entry_point,
-        cli_help=cls._cli_help, config_class=dotted_path(config_class) if config_class is not None else None,
-        trainer_class=dotted_path(cls) if trainer else None, **hooks,
-    )
 
 
 def unregister_method(name: str) -> None:
@@ -235,8 +186,7 @@ def unregister_method(name: str) -> None:
 
 
 def _load_builtin() -> None:
-    """Import the built-in method packages once (their ``__init__`` registers them), then the method plugins of
-    installed packages (:func:`load_plugins`)."""
+    """Import the built-in method packages once (their ``__init__`` registers them), then the plugins."""
     global _builtin_loaded
     if _builtin_loaded:
         return
@@ -250,11 +200,9 @@ def _load_builtin() -> None:
 
 
 def load_plugins() -> list[str]:
-    """Load the methods other installed packages declare under the entry-point group :data:`ENTRY_POINT_GROUP`
-    (``[options.entry_points] hf_unlearn.methods = name = package.module`` in their ``setup.cfg``): each entry
-    point names a module whose import registers its methods, or a function to call that does. Returns the names
-    of the entry points loaded; one that fails to load is skipped with a warning naming it (a broken plugin
-    does not take the built-in methods down)."""
+    """Load the methods other installed packages declare under the entry-point group :data:`ENTRY_POINT_GROUP`:
+    each entry point names a module whose import registers its methods, or a function to call that does. Returns
+    the names of the entry points loaded; one that fails to load is skipped with a warning naming it."""
     import warnings
     from importlib.metadata import entry_points
 
@@ -277,17 +225,14 @@ def _builtin_packages() -> tuple[str, ...]:
 
 
 def _package_rank(info: MethodInfo) -> int:
-    module = info.entry_point.partition(":")[0]
+    module = info.described_by.__module__
     packages = _builtin_packages()
-    for rank, package in enumerate(packages):
-        if module == package or module.startswith(package + "."):
-            return rank
-    return len(packages)
+    return next((rank for rank, package in enumerate(packages) if module == package or module.startswith(package + ".")),
+                len(packages))
 
 
 def method_names() -> tuple[str, ...]:
-    """Names of every registered method: the built-in ones (in ``hf_unlearn.methods.BUILTIN_PACKAGES`` order), then
-    the others."""
+    """Every registered method: the built-in ones (in ``BUILTIN_PACKAGES`` order), then the others."""
     _load_builtin()
     with _LOCK:
         infos = sorted(_METHODS.values(), key=_package_rank)  # stable: registration order within a package
@@ -304,28 +249,26 @@ def get_method(name: str) -> MethodInfo:
 
 
 def method_for_artifact(obj: Any) -> str | None:
-    """The registered method an object (trainer or artifact) belongs to, by the ``_method`` class attribute of
-    its class, most derived first; ``None`` when no class in its MRO names a registered method."""
+    """The registered method a trainer or artifact (object or class) belongs to: the method whose trainer class
+    or artifact class comes first in its MRO; ``None`` when there is none."""
     cls = obj if isinstance(obj, type) else type(obj)
-    for klass in cls.__mro__:
-        name = vars(klass).get("_method")
-        if isinstance(name, str):
-            names = method_names()
-            if name in names:
-                return name
-    return None
+    method_names()
+    with _LOCK:
+        by_class = {info.described_by: info.name for info in _METHODS.values()}
+    return next((by_class[klass] for klass in cls.__mro__ if klass in by_class), None)
 
 
 def decoding_of(artifact: Any) -> Callable[..., Any] | None:
-    """The ``decoding`` hook of the method an artifact belongs to (:func:`method_for_artifact`), imported now;
-    ``None`` for an artifact of no registered method, or of a method that changes weights, not decoding."""
+    """``decoding(model, artifact, check_base_weights=True) -> Decoding`` of the method ``artifact`` belongs to;
+    ``None`` for an artifact of no registered method, or of a method that changes weights."""
     name = method_for_artifact(artifact)
-    return get_method(name).hook("decoding") if name is not None else None
+    fit = get_method(name).fit if name is not None else None
+    return fit.decoding if fit is not None else None
 
 
 class MethodView(Mapping):
-    """A read-only ``{method name: value}`` view of the registry (``value = read(MethodInfo)``), read on access,
-    so that it also shows methods registered later. ``skip_none`` leaves out methods whose value is ``None``."""
+    """A read-only ``{method name: read(MethodInfo)}`` view of the registry, read on access (it shows methods
+    registered later). ``skip_none`` leaves out methods whose value is ``None``."""
 
     def __init__(self, read: Callable[[MethodInfo], Any], skip_none: bool = False):
         self._read = read
@@ -343,6 +286,3 @@ class MethodView(Mapping):
 
     def __len__(self) -> int:
         return len(self._items())
-
-    def __repr__(self) -> str:
-        return f"MethodView({self._items()!r})"

@@ -1,9 +1,7 @@
 """What a method run produces: :class:`Unlearned` (the model to evaluate, the native artifact, the settings and
-sizes), and :class:`Decoding`, the scorer and ``generate`` keywords of a method that changes decoding rather than
-weights.
-
-Bottom floor: this module imports only the standard library and :mod:`hf_unlearn.locking`, so that every method's
-runner can build its result without importing the run orchestration above it.
+sizes), :class:`TrainingOutcome` (how a trainer's run ended) and :class:`Decoding` (the scorer and ``generate``
+keywords of a method that changes decoding rather than weights). Imports no torch, so that a method's fit can build
+its result without importing :mod:`hf_unlearn.run`.
 """
 
 from __future__ import annotations

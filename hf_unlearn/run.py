@@ -1,25 +1,26 @@
-"""Running one registered method: :func:`run_method` (apply it, timed) and :func:`unlearn` (apply it and save the
-result into a folder), with their result type :class:`Unlearned`.
+"""The one run path of a registered method: checked inputs -> fit or train (with its strength selection) -> save.
 
-Every way in goes through these two functions: ``hf-unlearn unlearn``, the per-method scripts in
-``examples/scripts`` (both through :func:`unlearn`) and the benchmark harness (through :func:`run_method`), so a
-method is applied, seeded, timed and saved the same way everywhere. The method comes from the core registry
-(:mod:`hf_unlearn.registry`), and this module knows it only by its spec: a trainer method runs its trainer with
-its config, any other method the runner it registered; with a criterion, its spec's ``selection`` picks the
-strength (:func:`run_with_selection`). Seeding and the run options (callbacks, console quietness, resuming) are
-explicit arguments.
+From Python, on a loaded model::
 
-    from hf_unlearn.run import unlearn
-    result = unlearn("npo", model, tokenizer, forget_rows, retain_rows, "outputs/npo", {"learning_rate": 1e-4})
-    result.model          # what to evaluate; the folder holds the saved artifact and logs/npo.jsonl
+    inputs = prepare_inputs("npo", model, tokenizer, forget_rows, retain_rows, "outputs/npo", {"learning_rate": 1e-4})
+    result = fit_or_train(inputs, TrainOptions(seed=0))     # result.model is what to evaluate
+    save(result, inputs, "outputs/npo")                       # the artifact, the tokenizer, the selection record
+
+From names (what ``hf-unlearn unlearn`` runs): :func:`unlearn` takes an :class:`UnlearnRequest` (model folder or
+Hub id, data, method and settings, output folder) and runs :func:`check_request` -> :func:`load_inputs` ->
+:func:`fit_or_train` -> :func:`save` -> :func:`evaluate` in a temporary folder swapped in as the output folder when
+complete (in the output folder itself when resuming or checkpointing, so that checkpoints outlive an interrupted
+run). The method is known by its registered classes only (:mod:`hf_unlearn.registry`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,27 @@ from transformers import TrainerCallback
 
 from . import registry
 from .locking import _is_secondary_rank
+from .options import RunFailure, UserError, validate_settings
+from .preconditions import (
+    check_eval_configs,
+    check_resume_request,
+    check_retain_reference,
+    check_run_preconditions,
+    load_model,
+    load_rows,
+    rows_from_spec,
+    run_request,
+)
 from .result import Unlearned, num_params
 from .safe_output import append_text, gated_path
-from .selection import SelectionCallback, SelectionRecord
 
-__all__ = ["JsonlLogCallback", "check_inputs", "check_rows_given", "nf4_forget_rouge", "release_training_state",
-           "run_method", "run_with_selection", "runner_for", "unlearn"]
+__all__ = [
+    "EvaluationRequest", "Inputs", "JsonlLogCallback", "RunOutput", "SelectionRequest", "TrainOptions",
+    "UnlearnRequest", "check_inputs", "check_request", "evaluate", "fit_or_train", "load_inputs", "nf4_forget_rouge",
+    "prepare_inputs", "release_training_state", "save", "selection_criterion", "unlearn",
+]
 
-#: The seed :func:`run_method` sets (``torch.manual_seed``) before a method runs, unless told otherwise.
+#: The seed :func:`fit_or_train` sets (``torch.manual_seed``) before a method runs, unless told otherwise.
 DEFAULT_SEED = 0
 
 
@@ -56,144 +70,44 @@ class JsonlLogCallback(TrainerCallback):
             print(line, flush=True)
 
 
-def _as_dataset(rows: Any, columns: Sequence[str] = ()) -> Any:
-    """Rows as a ``datasets.Dataset`` of their ``question``, ``answer`` and ``columns`` (``None`` where a row has
-    none of a column); documents (:func:`~hf_unlearn.data.documents.as_documents`: strings, ``{"text"}`` rows, a
-    file or folder) as a dataset of their ``text``; a dataset as it is."""
-    import datasets
+# ---------------------------------------------------------------------------------------------- on a loaded model
+@dataclass
+class Inputs:
+    """What a method runs on, checked (:func:`prepare_inputs`): the rows, the given ``settings`` and the
+    ``config`` built from them, and the folder the run writes into."""
 
-    from .data.documents import as_documents
-
-    if isinstance(rows, datasets.Dataset):
-        return rows
-    documents = as_documents(rows)
-    if documents is not None:
-        return datasets.Dataset.from_dict({"text": list(documents)})
-    extra = [c for c in columns if c not in ("question", "answer")]
-    return datasets.Dataset.from_list(
-        [{"question": r["question"], "answer": r["answer"], **{c: r.get(c) for c in extra}} for r in rows])
+    method: str
+    model: Any
+    tokenizer: Any
+    forget: Any
+    retain: Any
+    settings: dict[str, Any]
+    config: Any
+    output_dir: Path
 
 
-def _trainer_runner(info: registry.MethodInfo) -> Callable[..., Unlearned]:
-    """The runner of a trainer method: its spec's trainer class and config (imported when it runs) and, after
-    training, its ``metrics`` hook. Besides the six arguments of every runner it takes the run options
-    ``callbacks`` (extra ``TrainerCallback``s), ``quiet`` (drop the Trainer's console progress bar and log
-    printing), ``resume_from_checkpoint`` (passed to ``trainer.train``), ``config`` (the config built from
-    the settings by the checks before work, so that it is built once) and ``peft_config`` (the trainer's
-    ``peft_config=``: a LoRA adapter on the frozen base, whose disabled adapter is then the reference)."""
+@dataclass
+class TrainOptions:
+    """How a run goes, apart from the method's settings: ``seed`` (``torch.manual_seed`` first; ``None`` leaves
+    it), ``callbacks`` (extra ``TrainerCallback``s), ``quiet`` (no Trainer progress bar or log printing),
+    ``resume_from_checkpoint``, ``peft_config`` (a ``peft.LoraConfig``: a trainer trains an adapter on the frozen
+    base). With a ``criterion`` (:class:`~hf_unlearn.selection.SelectionCriterion`) the method picks its own
+    strength: a trainer measures it every ``selection_steps`` optimizer steps (the best weights kept in ``keep``)."""
 
-    def run(model, tokenizer, forget, retain, output_dir, settings, *, callbacks: Sequence[Any] = (),
-            quiet: bool = False, resume_from_checkpoint: str | bool | None = None, config: Any = None,
-            peft_config: Any = None) -> Unlearned:
-        trainer_cls = info.load_trainer_class()
-        # The settings may override the run defaults (e.g. save_strategy="steps" to checkpoint and resume); a
-        # config already built from them (by the checks before work) is used as it is.
-        args = config if config is not None else info.load_config_class()(
-            **{"output_dir": str(output_dir), "report_to": "none", "save_strategy": "no", **settings})
-        # GradAscent's objective has no retain term, but its divergence guard watches a retain set when given one
-        needs_retain = getattr(trainer_cls, "needs_retain", lambda _: True)(args) or getattr(
-            trainer_cls, "watches_retain", lambda _: False)(args)
-        # a trainer that reads more of a forget row than its question and answer names those columns
-        forget_columns = trainer_cls.forget_columns(args)
-        trainer = trainer_cls(
-            model=model, args=args, train_dataset=_as_dataset(forget, forget_columns),
-            retain_dataset=_as_dataset(retain) if needs_retain else None,
-            processing_class=tokenizer, callbacks=list(callbacks) or None,
-            **({} if peft_config is None else {"peft_config": peft_config}),
-        )
-        if quiet:  # the console shows one line per phase; the per-step logs go to callbacks
-            from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-            trainer.remove_callback(ProgressCallback)
-            trainer.remove_callback(PrinterCallback)
-        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-        trained = trainer.model
-        trained.eval()
-        run_info = trainer.training_outcome().as_info()
-        trainable = sum(p.numel() for p in trained.parameters() if p.requires_grad)
-        result = Unlearned(
-            method="", model=trained, artifact=trained, settings=dict(settings),
-            trainable_params=trainable, total_params=num_params(trained), info=run_info,
-        )
-        metrics = info.hook("metrics")
-        if metrics is not None:  # numbers only the method can measure
-            result.metrics.update(metrics(trainer, tokenizer, _as_dataset(forget), retain))
-        result.info["trainer"] = trainer
-        return result
-
-    run.takes_run_options = run.takes_config = True
-    return run
-
-
-def runner_for(info: registry.MethodInfo) -> Callable[..., Unlearned]:
-    """The runner ``run(model, tokenizer, forget, retain, output_dir, settings) -> Unlearned`` of a registered
-    method: the trainer runner for a trainer method, else the registered entry point itself (a runner). A runner
-    whose ``takes_run_options`` attribute is true (the trainer runner's) is also given the run options of
-    :func:`run_method` as keywords (``callbacks``, ``quiet``, ``resume_from_checkpoint``)."""
-    if info.is_trainer:
-        return _trainer_runner(info)
-    return info.load()
-
-
-def run_with_selection(
-    method: str,
-    model: Any,
-    tokenizer: Any,
-    forget: Any,
-    retain: Any,
-    output_dir: str | os.PathLike,
-    settings: Mapping[str, Any],
-    criterion: Any,
-    *,
-    selection_steps: int = 50,
-    keep: str = "memory",
-    **run_options: Any,
-) -> Unlearned:
-    """Run ``method`` with its strength chosen by ``criterion`` (a
-    :class:`~hf_unlearn.selection.SelectionCriterion`), as its spec's ``selection`` says; returns the result with
-    ``info["selection"]`` (the record as a dict) and ``seconds`` the whole run (fit, search and measurements).
-
-    * ``"best_checkpoint"`` (trainers): a :class:`~hf_unlearn.selection.SelectionCallback` joins the run's
-      callbacks, measures the criterion every ``selection_steps`` optimizer steps (``keep``: where the best
-      weights are kept) and restores the chosen step's weights;
-    * ``"own_stop"`` (a trainer with its own stopping rule): the criterion is recorded beside it, nothing restored;
-    * a selector (dotted path): ``select(run, model, tokenizer, forget, retain, output_dir, settings, criterion)``,
-      where ``run`` is the plain, seeded run with these run options (an edit's exact path, a head's calibration).
-    """
-    info = registry.get_method(method)
-    start = time.perf_counter()
-    if info.selection in (registry.BEST_CHECKPOINT, registry.OWN_STOP):
-        callback = SelectionCallback(criterion, selection_steps=selection_steps, keep=keep,
-                                     restore=info.selection == registry.BEST_CHECKPOINT)
-        options = {**run_options, "callbacks": [*run_options.get("callbacks", ()), callback]}
-        result = run_method(method, model, tokenizer, forget, retain, output_dir, dict(settings), **options)
-        if callback.record is None:
-            raise RuntimeError(f"{method}: the selection callback did not run (no training happened).")
-        result.info["selection"] = callback.record.to_dict()
-    else:
-        select = info.hook("selection")
-        if select is None:
-            raise ValueError(f"Method {method!r} has no strength selection; run it without a criterion.")
-
-        def run(*args: Any) -> Unlearned:
-            return run_method(method, *args, **run_options)
-
-        seed = run_options.get("seed", DEFAULT_SEED)
-        if seed is not None:
-            import torch
-
-            torch.manual_seed(seed)
-        result = select(run, model, tokenizer, forget, retain, output_dir, dict(settings), criterion)
-        result.method = method
-    result.seconds = time.perf_counter() - start
-    return result
+    seed: int | None = DEFAULT_SEED
+    callbacks: Sequence[Any] = ()
+    quiet: bool = True
+    resume_from_checkpoint: str | bool | None = None
+    peft_config: Any = None
+    criterion: Any = None
+    selection_steps: int = 50
+    keep: str = "memory"
 
 
 def check_rows_given(rows: Any, what: str) -> bool:
     """Question/answer ``rows`` (a list of dicts or a ``datasets.Dataset``) are checked as the command line checks
-    the rows it loads (:func:`~hf_unlearn.data.check_rows`): a ``ValueError`` names the first row whose question or
-    answer is missing, empty, null, not a string or not valid Unicode. Returns whether ``rows`` were such rows;
-    ``None``, other iterables and rows of another kind (documents) are left to the method."""
+    the rows it loads (:func:`~hf_unlearn.data.check_rows`): a ``ValueError`` names the first bad row. Returns
+    whether ``rows`` were such rows; ``None``, other iterables and documents are left to the method."""
     from .data import check_rows
 
     if rows is None:
@@ -215,18 +129,12 @@ def check_rows_given(rows: Any, what: str) -> bool:
 
 def check_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: Any, output_dir: str | os.PathLike,
                  settings: dict[str, Any] | None = None) -> Any:
-    """What ``hf-unlearn unlearn`` refuses before any work, for the Python API (a ``ValueError`` with the same
-    one-line message): bad rows (:func:`check_rows_given`), settings the method's config refuses
-    (:func:`~hf_unlearn.options.validate_settings`), and, with question/answer forget and retain rows and a loaded
-    model, what the method would refuse with them (:func:`~hf_unlearn.preconditions.check_run_preconditions`:
-    forget/retain overlap, prompts that leave no room for an answer, settings that do not fit the model).
-    Returns the method's config built from ``settings`` (``None`` for a runner without a config)."""
-    from .options import UserError, validate_settings
-    from .preconditions import check_run_preconditions
+    """What ``hf-unlearn unlearn`` refuses before any work, as a ``ValueError`` with the same one-line message:
+    bad rows, settings the method's config refuses, and, with question/answer rows and a loaded model, what the
+    method would refuse with them (:func:`~hf_unlearn.preconditions.check_run_preconditions`). Returns the
+    method's config built from ``settings``."""
 
     qa_rows = check_rows_given(forget, "forget") & check_rows_given(retain, "retain")
-    if not registry.get_method(method).config_class:
-        return None  # a registered runner without a config checks its own settings
     try:
         config = validate_settings(method, dict(settings or {}), output_dir)
         if qa_rows and hasattr(model, "config") and tokenizer is not None:
@@ -236,150 +144,447 @@ def check_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: A
     return config
 
 
-def run_method(
-    name: str,
-    model: Any,
-    tokenizer: Any,
-    forget: Any,
-    retain: Any,
-    output_dir: str | os.PathLike,
-    settings: dict[str, Any] | None = None,
-    *,
-    seed: int | None = DEFAULT_SEED,
-    callbacks: Sequence[Any] = (),
-    quiet: bool = False,
-    resume_from_checkpoint: str | bool | None = None,
-    config: Any = None,
-    peft_config: Any = None,
-    runner: Callable[..., Unlearned] | None = None,
-) -> Unlearned:
-    """Run the registered method ``name`` on ``model`` with ``settings`` (fields of its config; default: the
-    config's defaults), timed; returns its :class:`Unlearned` with ``seconds`` and ``method`` filled in.
-
-    ``seed`` is set with ``torch.manual_seed`` first (``None``: left as it is). ``callbacks`` (extra
-    ``TrainerCallback``s, e.g. a :class:`JsonlLogCallback`), ``quiet`` (no Trainer progress bar or log printing),
-    ``resume_from_checkpoint``, ``config`` (the method's config already built from ``settings``) and
-    ``peft_config`` (a ``peft.LoraConfig``: train an adapter, the base frozen) apply to the trainer methods; a
-    ``peft_config`` for any other method is refused (``ValueError``). ``runner`` replaces the registry's runner (:func:`runner_for`), for a caller that keeps its
-    own. Question/answer rows are checked first
-    (:func:`check_rows_given`: a ``ValueError`` naming the first bad row).
-    """
-    import torch
-
-    run = runner or runner_for(registry.get_method(name))
+def prepare_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: Any,
+                   output_dir: str | os.PathLike, settings: dict[str, Any] | None = None) -> Inputs:
+    """:func:`check_inputs`, then the checked :class:`Inputs` (``settings``: fields of the method's config;
+    default: its defaults)."""
     settings = dict(settings or {})
-    check_rows_given(forget, "forget")
-    check_rows_given(retain, "retain")
-    if seed is not None:
-        torch.manual_seed(seed)
-    start = time.perf_counter()
-    if peft_config is not None and not getattr(run, "takes_run_options", False):
-        raise ValueError(f"{name} is not trained by a trainer; a LoRA adapter (peft_config, --use_peft) applies to "
-                         "the trainer methods only.")
-    if getattr(run, "takes_run_options", False):
-        built = {"config": config} if getattr(run, "takes_config", False) else {}
-        if peft_config is not None:
-            built["peft_config"] = peft_config
-        result = run(model, tokenizer, forget, retain, output_dir, settings, callbacks=tuple(callbacks), quiet=quiet,
-                     resume_from_checkpoint=resume_from_checkpoint, **built)
-    else:
-        result = run(model, tokenizer, forget, retain, output_dir, settings)
-    result.seconds = time.perf_counter() - start
-    result.method = name
+    config = check_inputs(method, model, tokenizer, forget, retain, output_dir, settings)
+    return Inputs(method, model, tokenizer, forget, retain, settings, config, Path(output_dir))
+
+
+def _as_dataset(rows: Any, columns: Sequence[str] = ()) -> Any:
+    """Rows as a ``datasets.Dataset`` of their ``question``, ``answer`` and ``columns``; documents as a dataset of
+    their ``text``; a dataset as it is."""
+    import datasets
+
+    from .data.documents import as_documents
+
+    if isinstance(rows, datasets.Dataset):
+        return rows
+    documents = as_documents(rows)
+    if documents is not None:
+        return datasets.Dataset.from_dict({"text": list(documents)})
+    extra = [c for c in columns if c not in ("question", "answer")]
+    return datasets.Dataset.from_list(
+        [{"question": r["question"], "answer": r["answer"], **{c: r.get(c) for c in extra}} for r in rows])
+
+
+def _train(trainer_cls: type, inputs: Inputs, options: TrainOptions) -> Unlearned:
+    """Train with the method's trainer class; with a criterion, a
+    :class:`~hf_unlearn.selection.SelectionCallback` joins the callbacks (the best checkpoint is restored unless
+    the trainer stops itself)."""
+    from .selection import SelectionCallback
+
+    args = inputs.config
+    callbacks = list(options.callbacks)
+    selection = None
+    if options.criterion is not None:
+        selection = SelectionCallback(options.criterion, selection_steps=options.selection_steps, keep=options.keep,
+                                      restore=not trainer_cls.stops_itself)
+        callbacks.append(selection)
+    # an objective without a retain term still watches a retain set with its divergence guard
+    needs_retain = trainer_cls.needs_retain(args) or trainer_cls.watches_retain(args)
+    trainer = trainer_cls(
+        model=inputs.model, args=args, train_dataset=_as_dataset(inputs.forget, trainer_cls.forget_columns(args)),
+        retain_dataset=_as_dataset(inputs.retain) if needs_retain else None,
+        processing_class=inputs.tokenizer, callbacks=callbacks or None,
+        **({} if options.peft_config is None else {"peft_config": options.peft_config}),
+    )
+    if options.quiet:  # the console shows one line per phase; the per-step logs go to callbacks
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
+    trainer.train(resume_from_checkpoint=options.resume_from_checkpoint)
+    trained = trainer.model
+    trained.eval()
+    result = Unlearned(method=inputs.method, model=trained, artifact=trained, settings={},
+                       trainable_params=sum(p.numel() for p in trained.parameters() if p.requires_grad),
+                       total_params=num_params(trained), info=trainer.training_outcome().as_info())
+    result.metrics.update(trainer.method_metrics(inputs.tokenizer, _as_dataset(inputs.forget), inputs.retain))
+    if selection is not None:
+        if selection.record is None:
+            raise RuntimeError(f"{inputs.method}: the selection callback did not run (no training happened).")
+        result.info["selection"] = selection.record.to_dict()
+    result.info["trainer"] = trainer
     return result
 
 
-def unlearn(
-    method: str,
-    model: Any,
-    tokenizer: Any,
-    forget: Any,
-    retain: Any,
-    output_dir: str | os.PathLike,
-    settings: dict[str, Any] | None = None,
-    *,
-    seed: int | None = DEFAULT_SEED,
-    log_path: str | os.PathLike | None = None,
-    echo_logs: bool = False,
-    quiet: bool = True,
-    resume_from_checkpoint: str | bool | None = None,
-    criterion: Any = None,
-    selection_steps: int = 50,
-    on_phase: Callable[[str], None] | None = None,
-    peft_config: Any = None,
-) -> Unlearned:
-    """Run ``method`` (:func:`run_method`) and save what it produced into ``output_dir``: the native artifact
-    (:meth:`Unlearned.save_pretrained`), the tokenizer beside changed weights, and the selection record when a
-    ``criterion`` chose the strength. What ``hf-unlearn unlearn`` and ``examples/scripts/<method>.py`` run.
+def fit_or_train(inputs: Inputs, options: TrainOptions | None = None) -> Unlearned:
+    """Run the method on ``inputs``, seeded and timed: its trainer, or its fit (with a criterion, the fit's
+    ``select``). Returns its :class:`~hf_unlearn.result.Unlearned` with ``method``, ``seconds`` (the whole run) and
+    ``settings`` (the given settings, updated with any the selection chose). A ``peft_config`` for a method
+    without a trainer, or a criterion for a method without a selection, is refused (``ValueError``)."""
+    import torch
 
-    ``output_dir`` must be writable now (the caller checks it and, for an atomic result, passes a temporary
-    folder that it swaps in). With ``log_path`` the Trainer's per-step logs go to that JSON Lines file
-    (``echo_logs`` also prints them) followed by one ``trained`` record (with the device the result is on). With a ``criterion``
-    (:class:`~hf_unlearn.selection.SelectionCriterion`) the method picks its own strength
-    (:func:`~hf_unlearn.selection.run_with_selection`, measured every ``selection_steps`` optimizer steps for the
-    trainers). ``peft_config`` (a ``peft.LoraConfig``, a trainer method only) trains a LoRA adapter on the frozen
-    base. ``on_phase`` is told ``"training"`` and then ``"training (saving the result)"`` as they begin.
-
-    Before any work, what the command line refuses is refused here too, as a ``ValueError`` with the same
-    message (:func:`check_inputs`): a bad row, a setting the method's config refuses, forget rows that occur in
-    the retain rows, a prompt that leaves no room for an answer token.
-    """
-    from .console import log_event
-    from .devices import device_of
-
-    folder = Path(output_dir)
-    config = check_inputs(method, model, tokenizer, forget, retain, folder, settings)
-    if on_phase is not None:
-        on_phase("training")
-    callbacks = [JsonlLogCallback(log_path, echo=echo_logs)] if log_path is not None else []
-    options: dict[str, Any] = dict(seed=seed, callbacks=callbacks, quiet=quiet,
-                                   resume_from_checkpoint=resume_from_checkpoint, config=config)
-    if peft_config is not None:
-        options["peft_config"] = peft_config
-    if criterion is None:
-        result = run_method(method, model, tokenizer, forget, retain, folder, settings, **options)
+    options = options or TrainOptions()
+    info = registry.get_method(inputs.method)
+    if options.peft_config is not None and not info.is_trainer:
+        raise ValueError(f"{inputs.method} is not trained by a trainer; a LoRA adapter (peft_config, --use_peft) "
+                         "applies to the trainer methods only.")
+    if options.criterion is not None and not info.has_selection:
+        raise ValueError(f"Method {inputs.method!r} has no strength selection; run it without a criterion.")
+    if options.seed is not None:
+        torch.manual_seed(options.seed)
+    start = time.perf_counter()
+    if info.is_trainer:
+        result = _train(info.trainer_cls, inputs, options)
+    elif options.criterion is not None:
+        result = info.fit.select(inputs.model, inputs.tokenizer, inputs.forget, inputs.retain, inputs.config,
+                                 options.criterion)
     else:
-        result = run_with_selection(method, model, tokenizer, forget, retain, folder, dict(settings or {}),
-                                    criterion, selection_steps=selection_steps, **options)
-    if on_phase is not None:
-        on_phase("training (saving the result)")
-    folder = gated_path(folder)
-    result.save_pretrained(folder)  # a trainer's save_model writes from the main process of a launch
-    release_training_state(result)
-    main = not _is_secondary_rank()  # under torchrun / accelerate launch every process shares ``folder``
-    if main and result.info.get("selection"):
-        SelectionRecord.from_dict(result.info["selection"]).save(folder)
-    if main and result.weights_changed and result.artifact is result.model:
-        tokenizer.save_pretrained(folder)
-    if main and log_path is not None:
-        log_event(log_path, "trained", method=method, seconds=result.seconds, settings=dict(settings or {}),
-                  device=device_of(result.model))
+        result = info.fit(inputs.model, inputs.tokenizer, inputs.forget, inputs.retain, inputs.config)
+    result.method = inputs.method
+    result.settings = {**inputs.settings, **result.settings}
+    result.seconds = time.perf_counter() - start
     return result
 
 
 def release_training_state(result: Unlearned) -> None:
-    """Free what only the run's training needed (a trainer's optimizer states, its frozen reference model;
-    ``release_training_state`` of the trainer in ``result.info["trainer"]``), before the evaluation, the NF4
-    re-check and the attacks use the memory. The trainer stays, for a later ``save_pretrained``."""
+    """Free what only the run's training needed (a trainer's optimizer states, its frozen reference model) before
+    the evaluation uses the memory. The trainer stays, for a later ``save_pretrained``."""
     trainer = result.info.get("trainer")
-    release = getattr(trainer, "release_training_state", None)
-    if release is not None:
-        release()
+    if trainer is not None:
+        trainer.release_training_state()
+
+
+def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
+         log_path: str | os.PathLike | None = None) -> None:
+    """Save what the run produced into ``folder`` (writable now): the native artifact
+    (:meth:`~hf_unlearn.result.Unlearned.save_pretrained`), the selection record when a criterion chose the
+    strength, the tokenizer beside changed weights and, with ``log_path``, one ``trained`` record in that log.
+    Then the training state is released (:func:`release_training_state`)."""
+    from .console import log_event
+    from .devices import device_of
+    from .selection import SelectionRecord
+
+    folder = gated_path(folder)
+    result.save_pretrained(folder)  # a trainer's save_model writes from the main process of a launch
+    release_training_state(result)
+    if _is_secondary_rank():  # under torchrun / accelerate launch every process shares ``folder``
+        return
+    if result.info.get("selection"):
+        SelectionRecord.from_dict(result.info["selection"]).save(folder)
+    if result.weights_changed and result.artifact is result.model:
+        inputs.tokenizer.save_pretrained(folder)
+    if log_path is not None:
+        log_event(log_path, "trained", method=inputs.method, seconds=result.seconds, settings=inputs.settings,
+                  device=device_of(result.model))
 
 
 def nf4_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]],
                      eval_kwargs: dict[str, Any] | None = None) -> float:
     """Forget ROUGE-L recall of greedy answers from the NF4-quantized copy of ``model``: the mean over rows of
-    ``LCS(answer, reference) / len(reference)`` in words (quantization can bring forgotten answers back).
-    ``eval_kwargs`` may set ``batch_size`` (16) and ``max_new_tokens``."""
+    ``LCS(answer, reference) / len(reference)`` in words. ``eval_kwargs`` may set ``batch_size`` (16) and
+    ``max_new_tokens``."""
     from .evaluation import generate_answers, quantize_nf4, rouge_l_recall
     from .evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 
     eval_kwargs = eval_kwargs or {}
-    quantized = quantize_nf4(model)
     answers = generate_answers(
-        quantized, tokenizer, [r["question"] for r in forget_rows], batch_size=eval_kwargs.get("batch_size", 16),
+        quantize_nf4(model), tokenizer, [r["question"] for r in forget_rows],
+        batch_size=eval_kwargs.get("batch_size", 16),
         max_new_tokens=eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
     )
     scores = rouge_l_recall(answers, [r["answer"] for r in forget_rows])
     return float(sum(scores) / len(scores))
+
+
+# ---------------------------------------------------------------------------------------------- from names
+@dataclass
+class SelectionRequest:
+    """``--select``: the strength chosen by the reference-free criterion. ``holdout`` (a TOFU config or a rows
+    file the model never saw), ``retain_validation`` (default: the last 10%, at most 100, of the retain rows,
+    which the method then does not see), ``groups`` (``"rows"``, ``"tofu_authors"`` or N rows each),
+    ``reference_model`` (its NLL is subtracted per row), ``selection_steps`` (trainers: measured every N steps)."""
+
+    holdout: str
+    retain_validation: str | None = None
+    groups: str | int = "rows"
+    reference_model: str | None = None
+    selection_steps: int = 50
+
+
+@dataclass
+class EvaluationRequest:
+    """``--eval``: the TOFU report of the result (``tofu_report.json``), against ``retain_reference`` when given,
+    with answers of ``max_new_tokens``; with ``nf4_check`` the forget ROUGE-L of the NF4 copy too."""
+
+    retain_reference: str | None = None
+    max_new_tokens: int = 200
+    nf4_check: bool = False
+
+
+@dataclass
+class UnlearnRequest:
+    """One run from names: the model (a folder or Hub id), the method and its ``settings`` (fields of its
+    config), the rows (TOFU's ``forget_split`` of ``data`` and the retain split that complements it, or rows
+    files), the output folder; ``device`` a resolved device name (``None``: where transformers loads the
+    model); ``model_options`` (:class:`~hf_unlearn.model_options.ModelOptions`: dtype, LoRA adapter)."""
+
+    method: str
+    model: str
+    output: str | os.PathLike
+    settings: dict[str, Any]
+    data: str
+    forget_split: str = "forget10"
+    forget_file: str | None = None
+    retain_file: str | None = None
+    overwrite: bool = False
+    resume: bool = False
+    verbose: bool = False
+    device: str | None = None
+    model_options: Any = None
+    selection: SelectionRequest | None = None
+    evaluation: EvaluationRequest | None = None
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.output).expanduser()
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the Trainer writes checkpoints into the output folder (a trainer with a save strategy)."""
+        strategy = str(self.settings.get("save_strategy", "no")).lower().split(".")[-1]
+        return registry.get_method(self.method).is_trainer and strategy != "no"
+
+
+@dataclass
+class RunOutput:
+    """What :func:`unlearn` returns: the run's result, the tokenizer and, with ``--eval``, its TOFU report."""
+
+    result: Unlearned
+    tokenizer: Any
+    report: Any = None
+
+
+def check_request(request: UnlearnRequest) -> Any:
+    """The checks before any row or model loads; returns the method's config built from the settings.
+    ``resume`` needs a trainer and a ``checkpoint-*`` folder in the output folder; a checkpointing run needs an
+    empty folder; the output folder may not overlap the model, the data folder or the rows files; the evaluation's
+    retain reference and TOFU configs load."""
+    from .safe_output import FAILED_SUFFIX, OutputDirError, check_output_dir
+
+    out, method = request.folder, request.method
+    config = validate_settings(method, request.settings, out)
+    trainer = registry.get_method(method).is_trainer
+    options = request.model_options
+    if options is not None and options.use_peft and not trainer:
+        raise UserError(f"--use_peft trains a LoRA adapter with a trainer; {method} is not trained by one.")
+    if (options is not None and options.dtype == "float16" and trainer and not options.use_peft
+            and not getattr(config, "use_peft", False)):
+        raise UserError(f"--dtype float16 would train {method}'s float16 weights in place, with no float32 "
+                        "master weights or gradient scaling: AdamW's updates underflow. Load in --dtype float32 "
+                        "(add --fp16 True for mixed precision), --dtype bfloat16, or train an adapter with "
+                        "--use_peft.")
+    inputs = [request.model, request.data if request.data and os.path.isdir(request.data) else None,
+              request.forget_file, request.retain_file]
+    try:
+        if request.resume:
+            if not trainer:
+                raise UserError(f"--resume applies to trainer methods, not {method}.")
+            if not (out.is_dir() and any(p.is_dir() for p in out.glob("checkpoint-*"))):
+                raise UserError(f"--resume: no checkpoint-* folder in {out} to resume from.")
+            check_output_dir(out, inputs, overwrite=True)
+        else:
+            if request.checkpointing and request.overwrite and out.is_dir() and any(out.iterdir()):
+                raise UserError(f"With save_strategy={request.settings['save_strategy']} the run writes its "
+                                f"checkpoints into {out}; choose an empty folder, or --resume a run that stopped.")
+            check_output_dir(out, inputs, overwrite=request.overwrite, siblings=(FAILED_SUFFIX,))
+    except OutputDirError as err:
+        raise UserError(str(err)) from None
+    evaluation = request.evaluation
+    if evaluation is not None:
+        check_retain_reference(evaluation.retain_reference, request.forget_split, request.data)
+        if evaluation.max_new_tokens < 1:
+            raise UserError(f"--max-new-tokens must be >= 1, got {evaluation.max_new_tokens}.")
+        check_eval_configs(request.data, request.forget_split)
+    return config
+
+
+def selection_criterion(selection: SelectionRequest, data: str, forget: list[dict[str, Any]],
+                        retain: list[dict[str, Any]], template: Any = None,
+                        device: str | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """The :class:`~hf_unlearn.selection.SelectionCriterion` of ``selection`` and the retain rows the method sees
+    (without the validation rows when they are split off the retain rows); the reference model loads on
+    ``device``."""
+    from .data.overlap import overlapping_examples
+    from .selection import SelectionCriterion
+
+    holdout = rows_from_spec(selection.holdout, data, "--holdout")
+    if overlapping_examples(forget, holdout):
+        raise UserError(f"--holdout {selection.holdout} shares rows with the forget set; holdout rows must be unseen.")
+    if selection.retain_validation:
+        validation = rows_from_spec(selection.retain_validation, data, "--retain-validation")
+        if overlapping_examples(validation, retain):
+            raise UserError(f"--retain-validation {selection.retain_validation} shares rows with the retain rows the "
+                            "method unlearns with; pass rows it does not see (or omit it to split them off).")
+    else:
+        if len(retain) < 2:
+            raise UserError("--select splits validation rows off the retain rows, but there is only one; pass "
+                            "--retain-validation.")
+        n = max(1, min(100, len(retain) // 10))
+        retain, validation = retain[:-n], retain[-n:]
+    reference_model = reference_tokenizer = None
+    if selection.reference_model:
+        reference_model, reference_tokenizer = load_model(selection.reference_model, device)
+    criterion = SelectionCriterion(
+        forget, holdout, validation, template=template, groups=None if selection.groups == "rows" else selection.groups,
+        reference_model=reference_model, reference_tokenizer=reference_tokenizer,
+    )
+    return criterion, retain
+
+
+def check_memory(request: UnlearnRequest, config: Any, forget: list, retain: list) -> None:
+    """On a CUDA device, refuse before the model loads a run whose memory plan does not fit the device
+    (:func:`hf_unlearn.memory_plan.check_run_memory`; the longest row sets the sequence length). A sharded launch
+    (FSDP, DeepSpeed) is not checked: the plan is for one process holding the whole model."""
+    from .memory_plan import check_run_memory, device_capacity, dtype_bytes, sharded_launch
+
+    if device_capacity(request.device) is None or sharded_launch():
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    model_config = AutoConfig.from_pretrained(request.model, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(request.model, trust_remote_code=False)
+    texts = [r.get("text") or f"{r.get('question', '')} {r.get('answer', '')}" if isinstance(r, dict) else str(r)
+             for r in [*forget, *(retain or [])]]
+    longest = max((len(ids) for ids in tokenizer(texts)["input_ids"]), default=1) + 32  # + the prompt template
+    seq_len = min(longest, getattr(config, "max_length", None) or longest)
+    dtype = request.model_options.dtype if request.model_options is not None else "auto"
+    check_run_memory(request.method, config, model_config, request.model_options, request.device, seq_len,
+                     weight_bytes=dtype_bytes(dtype, model_config))
+
+
+def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
+    """The rows (checked as they load), the selection criterion (``None`` without ``--select``), for ``--resume``
+    the run's recorded request (the same method, settings and rows), the memory plan, the model and what the
+    method would refuse with it. Returns the :class:`Inputs` (in the output folder) and the criterion."""
+    from .data import RETAIN_FOR_FORGET
+
+    forget = load_rows(request.forget_split, request.data, request.forget_file)
+    retain = load_rows(RETAIN_FOR_FORGET[request.forget_split], request.data, request.retain_file)
+    criterion = None
+    if request.selection is not None:
+        criterion, retain = selection_criterion(request.selection, request.data, forget, retain,
+                                                request.settings.get("prompt_template"), request.device)
+    if request.resume:
+        check_resume_request(request.folder, run_request(request.method, config, forget, retain))
+    check_memory(request, config, forget, retain)
+    options = request.model_options
+    model, tokenizer = load_model(request.model, request.device, dtype=None if options is None else options.torch_dtype())
+    check_run_preconditions(request.method, config, model, tokenizer, forget, retain)
+    inputs = Inputs(request.method, model, tokenizer, forget, retain, dict(request.settings), config, request.folder)
+    return inputs, criterion
+
+
+def evaluate(result: Unlearned, inputs: Inputs, folder: Path, request: UnlearnRequest, phases: Any) -> Any:
+    """``--eval``: the TOFU report of the result, written to ``tofu_report.json`` in ``folder``; with
+    ``nf4_check`` and changed weights, the forget ROUGE-L of the NF4 copy in ``extra["forget_rouge_l_nf4"]``."""
+    from .data import load_tofu_rows
+    from .evaluation import evaluate_tofu
+
+    evaluation = request.evaluation
+    phases.start("evaluation")
+    report = evaluate_tofu(
+        result.model, inputs.tokenizer, source=request.data, forget_split=request.forget_split,
+        retain_reference=evaluation.retain_reference, scorer=result.scorer,
+        generation_kwargs=result.generation_kwargs, progress=request.verbose,
+        output_path=folder / "tofu_report.json", max_new_tokens=evaluation.max_new_tokens,
+        template=inputs.settings.get("prompt_template"),
+    )
+    phases.done()
+    if evaluation.nf4_check and result.weights_changed:
+        phases.start("NF4 re-check")
+        rows = load_tofu_rows(f"{request.forget_split}_perturbed", request.data)[:report.splits["forget"]["num_examples"]]
+        nf4_rouge = nf4_forget_rouge(result.model, inputs.tokenizer, rows, {"max_new_tokens": evaluation.max_new_tokens})
+        report.extra["forget_rouge_l_nf4"] = nf4_rouge
+        phases.done(f"forget ROUGE-L {nf4_rouge:.3f}")
+    return report
+
+
+@dataclass
+class _Phases:
+    """The phase a run is in, told to a :class:`~hf_unlearn.console.PhaseReporter` (one console line each), and
+    where its log is."""
+
+    reporter: Any
+    label: str
+    name: str = "training"
+    log: Path | None = None
+    failed: bool = field(default=False)
+
+    def start(self, name: str) -> None:
+        self.name = name
+        self.reporter.start(self.label, name)
+
+    def done(self, note: str = "") -> None:
+        self.reporter.done(note)
+
+
+def _run_in(folder: Path, request: UnlearnRequest, inputs: Inputs, options: TrainOptions, phases: _Phases) -> RunOutput:
+    """Fit or train, save and evaluate in ``folder``; a failure is written to ``logs/<method>.jsonl`` with its
+    phase."""
+    from .console import log_exception
+
+    phases.log = log_path = folder / "logs" / f"{request.method}.jsonl"
+    try:
+        phases.start("training")
+        inputs = dataclasses.replace(inputs, output_dir=folder,
+                                     config=validate_settings(request.method, inputs.settings, folder))
+        options = dataclasses.replace(options, callbacks=[JsonlLogCallback(log_path, echo=request.verbose)])
+        result = fit_or_train(inputs, options)
+        phases.name = "training (saving the result)"
+        save(result, inputs, folder, log_path=log_path)
+        phases.done(f"{result.info['global_step']} steps" if result.info.get("global_step") else "")
+        report = evaluate(result, inputs, folder, request, phases) if request.evaluation is not None else None
+    except Exception as err:
+        log_exception(log_path, phases.name, err)
+        phases.failed = True
+        raise
+    return RunOutput(result, inputs.tokenizer, report)
+
+
+def unlearn(request: UnlearnRequest, reporter: Any = None) -> RunOutput:
+    """The run of ``hf-unlearn unlearn``: :func:`check_request`, :func:`load_inputs`, then :func:`fit_or_train`,
+    :func:`save` and (``request.evaluation``) :func:`evaluate` in a temporary folder swapped in as the output folder
+    when complete, or in the output folder itself when resuming or checkpointing. The folder holds the method's
+    artifact, the tokenizer beside changed weights and ``logs/<method>.jsonl``.
+
+    A failure is written to the log with its phase and the run's folder is kept beside the output folder
+    (``<output>.failed``); with a ``reporter`` (:class:`~hf_unlearn.console.PhaseReporter`) it is raised as
+    :class:`~hf_unlearn.options.RunFailure` (one line printed), else as it was raised.
+    """
+    from .console import PhaseReporter
+    from .safe_output import atomic_directory, atomic_write_json, keep_failed
+
+    config = check_request(request)
+    inputs, criterion = load_inputs(request, config)
+    options = TrainOptions(resume_from_checkpoint=True if request.resume else None, criterion=criterion,
+                           peft_config=None if request.model_options is None else request.model_options.peft_config(),
+                           selection_steps=request.selection.selection_steps if request.selection else 50)
+    say = reporter or PhaseReporter(enabled=False)
+    phases = _Phases(say, request.method)
+    out = request.folder
+    try:
+        if request.checkpointing or request.resume:  # checkpoints must outlive an interrupted run: train in place
+            gated_path(out).mkdir(parents=True, exist_ok=True)
+            if not request.resume and os.environ.get("RANK", "0") == "0":  # one writer under a launch
+                from .methods.base.checkpoints import RUN_REQUEST_NAME
+
+                atomic_write_json(out / "logs" / RUN_REQUEST_NAME,
+                                  run_request(request.method, config, inputs.forget, inputs.retain))
+            return _run_in(out, request, inputs, options, phases)
+        with atomic_directory(out, overwrite=request.overwrite, all_ranks=True) as work:
+            try:
+                return _run_in(Path(work), request, inputs, options, phases)
+            except BaseException:
+                # keep the log (and anything written) to inspect, under a name nothing else has
+                phases.log = keep_failed(work, out) / "logs" / f"{request.method}.jsonl"
+                raise
+    except Exception as err:
+        if reporter is None:
+            raise
+        phase = phases.name if phases.failed else "its run"
+        raise RunFailure(say.fail(err, phases.log, phase=phase), printed=True) from err

@@ -32,14 +32,10 @@ from hf_unlearn.methods.baselines import (
     UnlearnDPOTrainer,
     WGAConfig,
     WGATrainer,
-    ceu_loss,
-    dpo_loss,
-    load_idk_answers,
-    npo_loss,
-    satimp_loss,
-    undial_loss,
-    wga_loss,
 )
+from hf_unlearn.methods.baselines.dpo import load_idk_answers
+from hf_unlearn.methods.baselines.loss import dpo_loss, npo_loss
+from hf_unlearn.methods.baselines.token_loss import ceu_loss, satimp_loss, undial_loss, wga_loss
 
 datasets.disable_progress_bars()
 
@@ -208,7 +204,7 @@ def test_registered_with_cli_help_and_an_example_script(method, option, capsys):
     from hf_unlearn.registry import get_method
 
     info = get_method(method)
-    assert info.is_trainer and info.load_trainer_class() is TRAINERS[method]
+    assert info.is_trainer and info.trainer_cls is TRAINERS[method]
     assert info.paper["id"] and info.artifact_kind == "unlearned_model"
     assert main(["unlearn", "--method", method, "--help"]) == 0
     assert option in capsys.readouterr().out
@@ -286,15 +282,14 @@ def test_each_batch_carries_the_preferred_answer_of_its_own_forget_row(tiny_targ
 
 def test_the_runner_hands_the_preferred_answer_column_to_the_trainer(tiny_pair, synthetic, tmp_path):
     from hf_unlearn.demo import forget_rows_with_other_answers
-    from hf_unlearn.run import run_method
+    from hf_unlearn.run import fit_or_train, prepare_inputs
 
     rows = forget_rows_with_other_answers("forget10", "synthetic")
     assert [(r["question"], r["answer"]) for r in rows] == [(r["question"], r["answer"]) for r in synthetic["forget10"]]
     assert all(r["perturbed_answer"] for r in rows)
     model, tok = load_tiny(tiny_pair.target)
-    result = run_method("dpo", model, tok, rows[:4], synthetic["retain90"][:8], tmp_path / "out",
-                        {"alternate_column": "perturbed_answer", "max_steps": 1, "per_device_train_batch_size": 4,
-                         "learning_rate": 1e-4, "disable_tqdm": True}, quiet=True)
+    result = fit_or_train(prepare_inputs("dpo", model, tok, rows[:4], synthetic["retain90"][:8], tmp_path / "out", {"alternate_column": "perturbed_answer", "max_steps": 1, "per_device_train_batch_size": 4,
+                         "learning_rate": 1e-4, "disable_tqdm": True}))
     assert result.info["global_step"] == 1
 
 
@@ -437,15 +432,13 @@ def test_dpo_example_script_parses_its_commands_refuses_rows_without_alternates_
 def test_selection_picks_a_measured_step_of_a_menu_trainer(tiny_pair, synthetic, tmp_path):
     """The base trainer's selection callback works for the new trainers as for the others: the criterion is
     measured at step 0 and every 2 steps, and one of those steps is chosen and recorded."""
-    from hf_unlearn.run import run_with_selection
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
     from hf_unlearn.selection import SelectionCriterion
 
     criterion = SelectionCriterion(synthetic["forget10"][:8], synthetic["holdout10"][:8], synthetic["retain90"][150:158])
     model, tok = load_tiny(tiny_pair.target)
     settings = {"max_steps": 6, "learning_rate": 3e-3, "per_device_train_batch_size": 4, "disable_tqdm": True}
-    result = run_with_selection("idk_dpo", model, tok, synthetic["forget10"],
-                                synthetic["retain90"][:40], tmp_path / "out", settings, criterion, selection_steps=2,
-                                quiet=True)
+    result = fit_or_train(prepare_inputs("idk_dpo", model, tok, synthetic["forget10"], synthetic["retain90"][:40], tmp_path / "out", settings), TrainOptions(criterion=criterion, selection_steps=2))
     record = result.info["selection"]
     assert [c["step"] for c in record["candidates"]] == [0, 2, 4, 6]
     assert record["chosen"] == record["candidates"][record["index"]]

@@ -120,12 +120,12 @@ def test_a_resume_with_other_settings_or_rows_is_refused_before_the_model_loads(
                    method="grad_diff")
     assert main([*run, "--max_steps", "1"]) == 0, capsys.readouterr().err
     capsys.readouterr()
-    import hf_unlearn.scripts as scripts
+    import hf_unlearn.run as run_path
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(scripts, "load_model", no_model)
+    monkeypatch.setattr(run_path, "load_model", no_model)
     _refused_with_nothing_changed(capsys, here, [*run, "--max_steps", "2", "--resume", "--learning_rate", "1e-4"],
                                   "--resume", "learning_rate=1e-05 (now 0.0001)")
     other_rows = [a if a != "synthetic" else "synthetic:1" for a in run]

@@ -25,11 +25,11 @@ def no_training(monkeypatch):
 
     calls = []
 
-    def forbidden(*args, **kwargs):
-        calls.append(args[0])
-        raise AssertionError(f"training started for {args[0]} although a precondition failed")
+    def forbidden(inputs, options=None):
+        calls.append(inputs.method)
+        raise AssertionError(f"training started for {inputs.method} although a precondition failed")
 
-    monkeypatch.setattr(registry, "run_method", forbidden)
+    monkeypatch.setattr(registry, "fit_or_train", forbidden)
     return calls
 
 

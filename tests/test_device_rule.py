@@ -13,7 +13,7 @@ import torch
 from conftest import fake_cuda
 
 import hf_unlearn.cli.eval as eval_command
-import hf_unlearn.scripts as run_path
+import hf_unlearn.run as run_path
 from hf_unlearn.cli import main
 from hf_unlearn.devices import device_of, resolve_device
 from hf_unlearn.options import UserError

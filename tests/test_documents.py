@@ -214,14 +214,14 @@ def test_every_trainer_takes_documents_or_says_why_not(name, tiny_target, tmp_pa
     from hf_unlearn.registry import get_method
 
     info = get_method(name)
-    assert info.load_trainer_class().accepts_documents is (name not in PREFERENCE_METHODS)
+    assert info.trainer_cls.accepts_documents is (name not in PREFERENCE_METHODS)
     model, tok = tiny_target
-    args = info.load_config_class()(
+    args = info.config_cls(
         output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", disable_tqdm=True,
         per_device_train_batch_size=2, max_steps=2, logging_steps=1, seed=0, max_length=32,
         **REQUIRED_SETTINGS.get(name, {}))
     forget, retain = [d * 3 for d in DOCS[:2]], [d * 3 for d in DOCS[2:]]
-    trainer_class = info.load_trainer_class()
+    trainer_class = info.trainer_cls
     if name in PREFERENCE_METHODS:
         with pytest.raises(ValueError, match="question"):
             trainer_class(model=model, args=args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
@@ -234,17 +234,15 @@ def test_every_trainer_takes_documents_or_says_why_not(name, tiny_target, tmp_pa
     assert trained and max(float((after[n].detach() - p).abs().max()) for n, p in trained.items()) > 0
 
 
-def test_run_method_takes_documents_for_a_trainer_with_its_own_metric(tiny_target, tmp_path):
-    """``run_method`` gives a trainer documents as they come (plain strings here): ATWU trains on their chunks, and
+def test_fit_or_train_takes_documents_for_a_trainer_with_its_own_metric(tiny_target, tmp_path):
+    """``fit_or_train`` gives a trainer documents as they come (plain strings here): ATWU trains on their chunks, and
     its token AUROC, defined on answer tokens, is left out rather than failing on rows without an answer."""
-    from hf_unlearn.run import run_method
+    from hf_unlearn.run import fit_or_train, prepare_inputs
 
     model, tok = tiny_target
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     forget, retain = [d * 3 for d in DOCS[:2]], [d * 3 for d in DOCS[2:]]
-    result = run_method("atwu", model, tok, forget, retain, tmp_path / "out",
-                        {"max_steps": 2, "per_device_train_batch_size": 2, "max_length": 32, "disable_tqdm": True},
-                        quiet=True)
+    result = fit_or_train(prepare_inputs("atwu", model, tok, forget, retain, tmp_path / "out", {"max_steps": 2, "per_device_train_batch_size": 2, "max_length": 32, "disable_tqdm": True}))
     assert result.metrics == {} and result.info["global_step"] == 2
     assert any(not torch.equal(p.detach(), before[n]) for n, p in result.model.named_parameters())
 

@@ -67,7 +67,8 @@ def test_document_heads_cut_each_document_alone(tiny_pair):
 def test_grom_on_documents_keys_every_chunk_position_and_unlearns(tiny_target, synthetic, tmp_path):
     import json
 
-    from hf_unlearn.methods.grom import GROMConfig, check_grom_inputs, fit_grom
+    from hf_unlearn.methods.grom import GROMConfig, fit_grom
+    from hf_unlearn.methods.grom.inputs import check_grom_inputs
 
     model, tok = tiny_target
     forget, retain = _texts(synthetic["forget10"]), _texts(synthetic["retain90"][:60])

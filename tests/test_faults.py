@@ -329,13 +329,8 @@ def test_low_precision_weights_warn_when_updates_round_to_zero(tiny_target, faul
 def test_grom_adapter_on_a_mismatched_base_is_refused(tiny_target, tiny_retain, fault_rows, tmp_path):
     from peft import PeftModel
 
-    from hf_unlearn.methods.grom import (
-        BaseModelMismatchError,
-        GROMConfig,
-        GROMEdit,
-        fit_grom,
-        load_grom_adapter,
-    )
+    from hf_unlearn.integrity import BaseModelMismatchError
+    from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom, load_grom_adapter
 
     model, tok = tiny_target
     forget, retain = fault_rows

@@ -10,15 +10,9 @@ import pytest
 import torch
 
 from hf_unlearn.logprobs import answer_nll
-from hf_unlearn.methods.grom import (
-    GROMConfig,
-    fit_grom,
-    grom_objective,
-    lora_factors,
-    solve_grom,
-    woodbury_drop,
-)
-from hf_unlearn.methods.grom.solve import normal_matrix
+from hf_unlearn.methods.grom import GROMConfig, fit_grom
+from hf_unlearn.methods.grom.peft_export import lora_factors
+from hf_unlearn.methods.grom.solve import grom_objective, normal_matrix, solve_grom, woodbury_drop
 
 # Hyperparameters that give a strong, specific effect on the tiny memorizing model (see the report).
 STRONG = dict(target_modules="lm_head", forget_weight=10.0, suppression_margin=30.0, ridge=1e-2, progress=False)
@@ -271,7 +265,7 @@ def test_gpt2_conv1d_refused_by_name():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
-    from hf_unlearn.methods.grom import find_target_modules
+    from hf_unlearn.methods.grom.attribution import find_target_modules
 
     with pytest.raises(ValueError, match="Conv1D"):
         find_target_modules(gpt2, ["c_proj"])
@@ -395,7 +389,8 @@ def test_save_refuses_overwrite_and_non_finite(two_module_edit, tmp_path):
 
 def test_load_grom_adapter_checks_the_base(tiny_pair, two_module_edit, tmp_path):
     from hf_unlearn.demo import load_tiny
-    from hf_unlearn.methods.grom import BaseModelMismatchError, load_grom_adapter
+    from hf_unlearn.integrity import BaseModelMismatchError
+    from hf_unlearn.methods.grom import load_grom_adapter
 
     two_module_edit.save_pretrained(tmp_path / "a")
     base, tok = load_tiny(tiny_pair.target)
@@ -450,7 +445,7 @@ def test_push_to_hub_one_commit_and_pull_back(hub, tiny_pair, two_module_edit):
 
 
 def test_default_retain_subsample_is_deterministic():
-    from hf_unlearn.methods.grom import retain_subsample
+    from hf_unlearn.methods.grom.inputs import retain_subsample
 
     k = GROMConfig().retain_sample
     assert k == 256
@@ -487,7 +482,7 @@ def _module_inputs(model, tok, rows, module):
 
 
 def test_retain_sample_solve_satisfies_its_objective(tiny, sets):
-    from hf_unlearn.methods.grom import retain_subsample
+    from hf_unlearn.methods.grom.inputs import retain_subsample
 
     model, tok = tiny
     forget, retain = sets
@@ -539,7 +534,7 @@ def _short_gpt2(n_positions=64):
 
 
 def test_gpt2_answers_longer_than_n_positions_are_cut():
-    from hf_unlearn.methods.grom import model_max_positions
+    from hf_unlearn.methods.grom.inputs import model_max_positions
 
     model, tok = _short_gpt2(64)
     assert model_max_positions(model) == 64
@@ -583,7 +578,7 @@ def test_config_fields_documented_and_band_defaults():
 def test_two_pass_auto_equals_one_pass_and_deep_models_take_two(tiny, sets):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_unlearn.methods.grom import find_target_modules
+    from hf_unlearn.methods.grom.attribution import find_target_modules
     from hf_unlearn.methods.grom.fit import _one_pass_affordable
 
     model, tok = tiny

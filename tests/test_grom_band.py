@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from hf_unlearn.methods.grom import GROMConfig, fit_grom, specificity_weights
+from hf_unlearn.methods.grom import GROMConfig, fit_grom
+from hf_unlearn.methods.grom.targets import specificity_weights
 
 
 @pytest.fixture(scope="module")

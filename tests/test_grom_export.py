@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom, solve_grom
+from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom
 from hf_unlearn.methods.grom import edit as edit_module
 from hf_unlearn.methods.grom.peft_export import factor_budget, lora_factors, pack_lower, unpack_lower
-from hf_unlearn.methods.grom.solve import delta_from_cholesky, low_rank_form
+from hf_unlearn.methods.grom.solve import delta_from_cholesky, low_rank_form, solve_grom
 
 
 def _problem(s: int, d_in: int = 24, d_out: int = 40, seed: int = 0):
@@ -115,7 +115,7 @@ def test_loaded_audit_is_exact_against_a_refit_without_the_example(small_edit, t
 
 def test_one_factorisation_per_run(tiny_pair, synthetic, tmp_path, monkeypatch):
     from hf_unlearn.demo import load_tiny
-    from hf_unlearn.methods.grom.runner import run_grom
+    from hf_unlearn.methods.grom import GROMConfig, GROMFit
 
     calls = []
     real = edit_module.lora_factors
@@ -127,7 +127,7 @@ def test_one_factorisation_per_run(tiny_pair, synthetic, tmp_path, monkeypatch):
     monkeypatch.setattr(edit_module, "lora_factors", spy)
     model, tok = load_tiny(tiny_pair.target)
     settings = {"target_modules": ["down_proj", "lm_head"], "layers": [1]}
-    result = run_grom(model, tok, synthetic["forget10"][:2], synthetic["retain90"][:40], tmp_path, settings)
+    result = GROMFit()(model, tok, synthetic["forget10"][:2], synthetic["retain90"][:40], GROMConfig(**settings))
     result.artifact.save_pretrained(tmp_path / "a")
     result.artifact.truncation_errors()
     assert len(calls) == 2  # one per edited module, for the merge, the size, the errors and the save together

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from hf_unlearn.methods.grom import AdapterIntegrityError, GROMConfig, GROMEdit, fit_grom, load_grom_adapter
+from hf_unlearn.integrity import AdapterIntegrityError
+from hf_unlearn.methods.grom import GROMConfig, GROMEdit, fit_grom, load_grom_adapter
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +177,7 @@ class _CountForwards:
 
 
 def test_bad_rows_and_unknown_modules_are_refused_before_any_forward_pass(tiny_pair, synthetic):
-    from hf_unlearn.methods.grom import check_grom_inputs
+    from hf_unlearn.methods.grom.inputs import check_grom_inputs
 
     model, tok = _fresh(tiny_pair)
     forget, retain = synthetic["forget10"][:4], synthetic["retain90"][:20]

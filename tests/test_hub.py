@@ -82,7 +82,7 @@ def test_model_round_trip_native_and_push_unlearned(hub, tiny_target):
     report = dict(REPORT, base_model=base_id)
     before = len(hub.requests)
     result = Unlearned(method="npo", model=model, artifact=model, settings={"beta": 0.1, "learning_rate": 1e-4},
-                       trainable_params=1, total_params=1)  # what hf_unlearn.run.run_method returns
+                       trainable_params=1, total_params=1)  # what hf_unlearn.run.fit_or_train returns
     info = push_unlearned(result, "tester/tiny-npo", report, token=hub.token, tokenizer=tokenizer,
                           base_model=base_id, dataset="synthetic")
     commits = hub.commits("tester/tiny-npo")

@@ -27,11 +27,12 @@ def runs(monkeypatch):
 
     calls: list[dict] = []
 
-    def recorder(name, model, tokenizer, forget, retain, output_dir, settings=None, **kwargs):
-        calls.append({"method": name, "forget": list(forget), "retain": list(retain), "settings": settings})
+    def recorder(inputs, options=None):
+        calls.append({"method": inputs.method, "forget": list(inputs.forget), "retain": list(inputs.retain),
+                      "settings": inputs.settings})
         raise RuntimeError("stand-in runner: no training in this test")
 
-    monkeypatch.setattr(registry, "run_method", recorder)
+    monkeypatch.setattr(registry, "fit_or_train", recorder)
     return calls
 
 

@@ -50,7 +50,7 @@ def test_each_weight_is_hashed_once_and_an_in_place_edit_is_seen(hash_calls):
 
 
 def test_untying_the_head_keeps_the_fingerprint_and_another_dtype_is_refused():
-    from hf_unlearn.methods.grom import untie_lm_head
+    from hf_unlearn.methods.grom.edit import untie_lm_head
 
     model = _tiny_llama()
     recorded = model_fingerprint(model)

@@ -14,15 +14,8 @@ import torch
 from test_t3 import random_head
 
 from hf_unlearn.demo import load_tiny
-from hf_unlearn.integrity import manifest_digest
-from hf_unlearn.methods.grom import (
-    AdapterIntegrityError,
-    GROMConfig,
-    GROMEdit,
-    adapter_digest,
-    fit_grom,
-    load_grom_adapter,
-)
+from hf_unlearn.integrity import AdapterIntegrityError, manifest_digest
+from hf_unlearn.methods.grom import GROMConfig, GROMEdit, adapter_digest, fit_grom, load_grom_adapter
 from hf_unlearn.methods.t3 import T3Classifier, T3LogitsProcessor
 
 

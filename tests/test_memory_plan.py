@@ -111,9 +111,9 @@ def test_check_run_memory_asks_the_registry_what_the_method_needs(tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        npo = get_method("npo").load_config_class()(output_dir=str(tmp_path), report_to="none",
+        npo = get_method("npo").config_cls(output_dir=str(tmp_path), report_to="none",
                                                     per_device_train_batch_size=8)
-        ga = get_method("grad_ascent").load_config_class()(output_dir=str(tmp_path), report_to="none",
+        ga = get_method("grad_ascent").config_cls(output_dir=str(tmp_path), report_to="none",
                                                             per_device_train_batch_size=8)
     config = _config(**LLAMA_31_8B)
     with pytest.raises(UserError, match="--use_peft"):
@@ -130,13 +130,13 @@ def test_check_run_memory_asks_the_registry_what_the_method_needs(tmp_path):
 def test_a_run_that_does_not_fit_the_gpu_is_refused_before_the_model_loads(tiny_pair, synthetic, tmp_path,
                                                                            monkeypatch):
     import hf_unlearn.memory_plan as memory_plan
-    import hf_unlearn.scripts as scripts
+    import hf_unlearn.run as run_path
     from hf_unlearn.model_options import ModelOptions
-    from hf_unlearn.scripts import UnlearnRun, run_unlearn
+    from hf_unlearn.run import UnlearnRequest, unlearn
 
     monkeypatch.setattr(memory_plan, "device_capacity", lambda device: 1000 if device == "cuda:0" else None)
-    monkeypatch.setattr(scripts, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
-    run = UnlearnRun("npo", str(tiny_pair.target), tmp_path / "out", {"max_steps": 1}, "synthetic",
-                     device="cuda:0", model_options=ModelOptions())
+    monkeypatch.setattr(run_path, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    request = UnlearnRequest("npo", str(tiny_pair.target), tmp_path / "out", {"max_steps": 1}, "synthetic",
+                             device="cuda:0", model_options=ModelOptions())
     with pytest.raises(UserError, match=r"npo needs about .* on cuda:0, which holds 0\.0 GiB"):
-        run_unlearn(run)
+        unlearn(request)

@@ -10,16 +10,17 @@ import pytest
 import torch
 
 
-def test_registry_entry_points_name_the_method_packages():
+def test_the_registered_classes_live_in_the_method_packages():
     from hf_unlearn.methods import BUILTIN_PACKAGES
     from hf_unlearn.registry import get_method, method_names
 
     assert method_names()[:8] == ("grom", "t3", "masc", "atwu", "grad_ascent", "grad_diff", "npo", "simnpo")
-    for name in method_names()[:8]:
+    for name in method_names():
         info = get_method(name)
-        module = info.entry_point.partition(":")[0]
-        assert any(module == p or module.startswith(p + ".") for p in BUILTIN_PACKAGES), info.entry_point
-        assert info.load() is not None
+        classes = [info.config_cls, info.trainer_cls if info.is_trainer else type(info.fit), info.described_by]
+        for cls in classes:
+            module = cls.__module__
+            assert any(module == p or module.startswith(p + ".") for p in BUILTIN_PACKAGES), (name, cls)
 
 
 # ----- the baseline trainers train their pure loss function -------------------------------------------------

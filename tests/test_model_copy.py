@@ -14,12 +14,10 @@ def test_copy_of_a_masc_lora_result_runs_its_own_weights(tiny_target, synthetic,
     ``PeftModel``. A copy (the attacks' and the NF4 re-check's) must still compute with its own weights: zeroing the
     copy must change its outputs and leave the original's alone."""
     from hf_unlearn.evaluation.quantization import merged_copy
-    from hf_unlearn.run import run_method
+    from hf_unlearn.run import fit_or_train, prepare_inputs
 
     model, tokenizer = tiny_target
-    result = run_method("masc", model, tokenizer, synthetic["forget10"][:8], synthetic["retain90"][:8], tmp_path,
-                        {"max_steps": 1, "learning_rate": 1e-4, "per_device_train_batch_size": 4},
-                        callbacks=[], quiet=True)
+    result = fit_or_train(prepare_inputs("masc", model, tokenizer, synthetic["forget10"][:8], synthetic["retain90"][:8], tmp_path, {"max_steps": 1, "learning_rate": 1e-4, "per_device_train_batch_size": 4}))
     trained = result.model
     assert any("forward" in vars(m) for m in trained.modules())  # the patch this test is about is there
     ids = tokenizer(["Question: who?\nAnswer:"], return_tensors="pt")

@@ -53,16 +53,17 @@ def test_script_args_carry_the_model_options():
 def test_cli_options_reach_the_trainer(tiny_pair, tmp_path, monkeypatch, capsys):
     from peft import PeftModel
 
-    import hf_unlearn.cli.unlearn as cli_unlearn
+    import hf_unlearn.run as run_path
 
     seen = {}
-    real = cli_unlearn.run_unlearn
+    real = run_path.unlearn
 
-    def spy(run, **kwargs):
-        seen["result"] = real(run, **kwargs)
-        return seen["result"]
+    def spy(request, **kwargs):
+        done = real(request, **kwargs)
+        seen["result"] = done.result
+        return done
 
-    monkeypatch.setattr(cli_unlearn, "run_unlearn", spy)
+    monkeypatch.setattr(run_path, "unlearn", spy)
     code = main(["unlearn", "--method", "npo", "--model", str(tiny_pair.target), "--data", "synthetic",
                  "--output", str(tmp_path / "out"), "--dtype", "bfloat16", *LORA, "--gradient_checkpointing", "True",
                  "--max_steps", "1", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3"])
@@ -87,13 +88,13 @@ def test_use_peft_is_refused_for_a_method_without_a_trainer(tiny_pair, tmp_path,
 
 
 def test_float16_weights_are_refused_for_a_full_finetune_before_work(tmp_path):
-    from hf_unlearn.scripts import UnlearnRun, check_output
+    from hf_unlearn.run import UnlearnRequest, check_request
 
     def run(method, **options):
-        return UnlearnRun(method, "model", tmp_path / method, {}, "synthetic", model_options=ModelOptions(**options))
+        return UnlearnRequest(method, "model", tmp_path / method, {}, "synthetic", model_options=ModelOptions(**options))
 
     with pytest.raises(UserError, match="--dtype float16.*master weights"):
-        check_output(run("npo", dtype="float16"))
-    check_output(run("npo", dtype="float16", use_peft=True))  # the adapter trains in float32
-    check_output(run("npo", dtype="bfloat16"))
-    check_output(run("masc", dtype="float16"))  # MASC trains its own adapter
+        check_request(run("npo", dtype="float16"))
+    check_request(run("npo", dtype="float16", use_peft=True))  # the adapter trains in float32
+    check_request(run("npo", dtype="bfloat16"))
+    check_request(run("masc", dtype="float16"))  # MASC trains its own adapter

@@ -21,7 +21,7 @@ REFERENCE_SETTINGS = {
 def _config(method: str, tmp_path, **settings):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return get_method(method).load_config_class()(
+        return get_method(method).config_cls(
             output_dir=str(tmp_path / method), report_to="none", save_strategy="no", max_steps=1,
             per_device_train_batch_size=4, **settings)
 
@@ -33,11 +33,11 @@ def test_every_reference_objective_is_covered(tmp_path):
         info = get_method(name)
         if not info.is_trainer or name == "pdu":  # PDU has no default retain bound; it is in the table
             continue
-        trainer_cls = info.load_trainer_class()
+        trainer_cls = info.trainer_cls
         if trainer_cls.needs_reference_model(_config(name, tmp_path)):
             assert name in REFERENCE_SETTINGS, name
     for name, settings in REFERENCE_SETTINGS.items():
-        trainer_cls = get_method(name).load_trainer_class()
+        trainer_cls = get_method(name).trainer_cls
         assert trainer_cls.needs_reference_model(_config(name, tmp_path, **settings)), name
 
 
@@ -58,7 +58,7 @@ def test_peft_reference_is_the_base_with_the_adapter_disabled(method, tiny_pair,
     info = get_method(method)
     args = _config(method, tmp_path, **REFERENCE_SETTINGS[method])
     lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-    trainer = info.load_trainer_class()(
+    trainer = info.trainer_cls(
         model, args, train_dataset=synthetic["forget10_perturbed"][:4], retain_dataset=synthetic["retain90"][:4],
         processing_class=tok, peft_config=lora)
     assert trainer.ref_model is None and not built

@@ -188,14 +188,12 @@ def test_nf4_copy_of_a_trainer_trained_model_runs_its_own_quantized_weights(tiny
     """A model trained by an SFTTrainer subclass carries an instance ``forward`` that calls the original's bound
     forward; the NF4 copy must still compute with its own quantized weights (it once gave the original's logits
     exactly, so every trainer-trained row's NF4 re-check measured the unquantized model)."""
-    from hf_unlearn.run import run_method
+    from hf_unlearn.run import fit_or_train, prepare_inputs
 
     model, tokenizer = tiny_target
     fresh = type(model)(model.config)
     fresh.load_state_dict(model.state_dict())
-    result = run_method("grad_diff", fresh, tokenizer, synthetic["forget10"][:8], synthetic["retain90"][:8],
-                        tmp_path, {"max_steps": 1, "learning_rate": 1e-5, "per_device_train_batch_size": 4},
-                        callbacks=[], quiet=True)
+    result = fit_or_train(prepare_inputs("grad_diff", fresh, tokenizer, synthetic["forget10"][:8], synthetic["retain90"][:8], tmp_path, {"max_steps": 1, "learning_rate": 1e-5, "per_device_train_batch_size": 4}))
     trained = result.model
     quantized = quantize_nf4(trained)
     clean = type(model)(model.config)  # the same trained weights in a model no trainer has touched

@@ -41,8 +41,8 @@ def test_every_method_has_its_metadata_and_the_cli_lists_the_registry():
         assert info.name == name and info.title.strip() and info.cli_help.strip()
         assert info.artifact_kind in ARTIFACT_KINDS
         assert info.paper is None or (info.paper["title"].strip() and ARXIV_ID.match(info.paper["id"]))
-        assert dataclasses.is_dataclass(info.load_config_class())
-        assert callable(info.load())
+        assert dataclasses.is_dataclass(info.config_cls)
+        assert (info.trainer_cls is None) != (info.fit is None)
         assert METHOD_TITLES[name] == info.title
     assert [n for n in names if registry.get_method(n).paper is None] == ["grom"]  # no paper to cite yet
     assert set(METHOD_PAPERS) == set(names) - {"grom"}
@@ -82,15 +82,30 @@ def test_classes_carry_their_method_and_artifacts_map_back():
 
 
 def test_register_method_refuses_bad_entries():
-    good = dict(title="Toy", paper=None, artifact_kind="unlearned_model", entry_point="json:dumps", cli_help="toy")
+    from hf_unlearn.methods.baselines import GradAscentConfig
+
+    good = dict(config_cls=ToyConfig, fit=ToyFit())
     with pytest.raises(ValueError, match="lowercase"):
         registry.register_method("Toy-Method", **good)
-    with pytest.raises(ValueError, match="dotted path"):
-        registry.register_method("toy_bad", **dict(good, entry_point="json.dumps"))
-    with pytest.raises(ValueError, match="paper must be None or a mapping"):
-        registry.register_method("toy_bad", **dict(good, paper={"title": "x"}))
-    with pytest.raises(ValueError, match="cli_help must be a non-empty string"):
-        registry.register_method("toy_bad", **dict(good, cli_help=" "))
+    with pytest.raises(ValueError, match="config_cls must be a dataclass"):
+        registry.register_method("toy_bad", config_cls=dict, fit=ToyFit())
+    with pytest.raises(ValueError, match="exactly one of trainer_cls and fit"):
+        registry.register_method("toy_bad", config_cls=GradAscentConfig, trainer_cls=ToyAscentTrainer, fit=ToyFit())
+    with pytest.raises(ValueError, match="exactly one of trainer_cls and fit"):
+        registry.register_method("toy_bad", config_cls=ToyConfig)
+    with pytest.raises(ValueError, match="fit must be a MethodFit instance"):
+        registry.register_method("toy_bad", config_cls=ToyConfig, fit=run_toy)
+
+    class NoPaper(ToyArtifact):
+        _paper = {"title": "x"}
+
+    class NoHelp(ToyArtifact):
+        _cli_help = " "
+
+    for artifact, message in ((NoPaper, "_paper must be None or a mapping"), (NoHelp, "_cli_help must be a non-empty")):
+        fit = type("Fit", (ToyFit,), {"artifact_cls": artifact})()
+        with pytest.raises(ValueError, match=message):
+            registry.register_method("toy_bad", config_cls=ToyConfig, fit=fit)
     with pytest.raises(ValueError, match="already registered"):
         registry.register_method("npo", **good)
     with pytest.raises(KeyError, match="Unknown method 'toy_bad'"):
@@ -124,25 +139,42 @@ class ToyConfig:
     max_length: int | None = dataclasses.field(default=None, metadata={"help": "prompt + answer token limit"})
 
 
-def run_toy(model, tokenizer, forget, retain, output_dir, settings):
-    """The toy method: leaves the model unchanged and writes a marker beside it."""
+class ToyArtifact:
+    """The toy's artifact: the unchanged model, saved with a marker beside it."""
+
+    _title = "Toy (unchanged model)"
+    _paper = None
+    _cli_help = "saves the model unchanged with a marker"
+
+    def __init__(self, model, marker: dict):
+        self.model, self.marker = model, marker
+
+    def save_pretrained(self, path):
+        self.model.save_pretrained(path)
+        (Path(path) / "toy_marker.json").write_text(json.dumps(self.marker))
+
+
+def run_toy(model, tokenizer, forget, retain, config):
+    """The toy method: leaves the model unchanged, with a marker."""
     from hf_unlearn.result import Unlearned
 
-    config = ToyConfig(**settings)
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    (Path(output_dir) / "toy_marker.json").write_text(json.dumps({"marker": config.marker, "forget": len(forget)}))
     total = sum(p.numel() for p in model.parameters())
-    return Unlearned(method="toy", model=model, artifact=model, settings=dict(settings), trainable_params=0,
+    artifact = ToyArtifact(model, {"marker": config.marker, "forget": len(forget)})
+    return Unlearned(method="toy", model=model, artifact=artifact, settings={}, trainable_params=0,
                      total_params=total, weights_changed=False)
+
+
+class ToyFit(registry.MethodFit):
+    artifact_cls = ToyArtifact
+    artifact_kind = "unlearned_model"
+
+    def __call__(self, model, tokenizer, forget, retain, config):
+        return run_toy(model, tokenizer, forget, retain, config)
 
 
 @pytest.fixture()
 def toy_method():
-    info = registry.register_method(
-        "toy", title="Toy (unchanged model)", paper=None, artifact_kind="unlearned_model",
-        entry_point=f"{__name__}:run_toy", cli_help="saves the model unchanged with a marker",
-        config_class=f"{__name__}:ToyConfig",
-    )
+    info = registry.register_method("toy", config_cls=ToyConfig, fit=ToyFit())
     yield info
     registry.unregister_method("toy")
 
@@ -196,16 +228,16 @@ class ToyAscentTrainer(GradAscentTrainer):
 
 
 def test_a_registered_toy_trainer_trains_through_the_cli(tiny_pair, tmp_path, capsys):
-    """A trainer subclass registered from its class attributes is a trainer method to the CLI (its config's
+    """A trainer subclass registered with its config is a trainer method to the CLI (its config's
     options, trainer checks, checkpoint rules) and names its method in its model card."""
     from hf_unlearn.hub.cards import _trainer_method
 
     try:
-        info = registry.register_class(ToyAscentTrainer, artifact_kind="unlearned_model", trainer=True)
-        assert info.is_trainer and info.config_class.endswith(":GradAscentConfig")
-        from hf_unlearn.options import TRAINER_CLASSES
+        from hf_unlearn.methods.baselines import GradAscentConfig
 
-        assert TRAINER_CLASSES["toy_ascent"] == "ToyAscentTrainer"
+        info = registry.register_method("toy_ascent", config_cls=GradAscentConfig, trainer_cls=ToyAscentTrainer)
+        assert info.is_trainer and info.has_selection and not info.stops_itself
+        assert registry.get_method("toy_ascent").trainer_cls is ToyAscentTrainer
         out = tmp_path / "ascent"
         code = main(["unlearn", "--method", "toy_ascent", "--model", str(tiny_pair.target), "--data", "synthetic",
                      "--output", str(out), "--max_steps", "1", "--learning_rate", "1e-3"])

@@ -8,10 +8,10 @@ import weakref
 
 import torch
 
-from hf_unlearn.run import unlearn
+from hf_unlearn.run import fit_or_train, prepare_inputs, save
 
 
-def test_unlearn_releases_the_optimizer_and_the_reference_before_evaluation(tiny_target, synthetic, tmp_path,
+def test_save_releases_the_optimizer_and_the_reference_before_evaluation(tiny_target, synthetic, tmp_path,
                                                                              monkeypatch):
     from hf_unlearn.methods.base.trainer import UnlearningTrainer
 
@@ -28,8 +28,10 @@ def test_unlearn_releases_the_optimizer_and_the_reference_before_evaluation(tiny
         return out
 
     monkeypatch.setattr(UnlearningTrainer, "train", train_and_watch)
-    result = unlearn("npo", model, tok, synthetic["forget10"][:4], synthetic["retain90"][:4], tmp_path / "out",
-                     {"max_steps": 1, "per_device_train_batch_size": 4, "learning_rate": 1e-3})
+    inputs = prepare_inputs("npo", model, tok, synthetic["forget10"][:4], synthetic["retain90"][:4], tmp_path / "out",
+                            {"max_steps": 1, "per_device_train_batch_size": 4, "learning_rate": 1e-3})
+    result = fit_or_train(inputs)
+    save(result, inputs, tmp_path / "out")
     gc.collect()
     assert alive["states"] and all(ref() is None for ref in alive["states"])
     assert alive["optimizer"]() is None and alive["reference"]() is None

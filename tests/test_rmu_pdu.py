@@ -14,15 +14,11 @@ from transformers import TrainerCallback
 from hf_unlearn.demo import load_tiny
 from hf_unlearn.logprobs import answer_nll
 from hf_unlearn.methods.base.checkpoints import TRAINER_STATE_NAME
-from hf_unlearn.methods.pdu import PDUConfig, PDUTrainer, dual_update, pdu_forget_loss, pdu_loss
-from hf_unlearn.methods.rmu import (
-    CONTROL_VECTOR_NAME,
-    RMUConfig,
-    RMUTrainer,
-    activation_mse,
-    rmu_control_vector,
-    rmu_loss,
-)
+from hf_unlearn.methods.pdu import PDUConfig, PDUTrainer
+from hf_unlearn.methods.pdu.loss import dual_update, pdu_forget_loss, pdu_loss
+from hf_unlearn.methods.rmu import RMUConfig, RMUTrainer
+from hf_unlearn.methods.rmu.loss import activation_mse, rmu_control_vector, rmu_loss
+from hf_unlearn.methods.rmu.trainer import CONTROL_VECTOR_NAME
 
 datasets.disable_progress_bars()
 

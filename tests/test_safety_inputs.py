@@ -20,7 +20,7 @@ import pytest
 from test_input_validation import _nothing_written, _refused
 
 from hf_unlearn.cli import main
-from hf_unlearn.run import run_method as real_run_method  # the fixture below replaces the module's
+from hf_unlearn.run import fit_or_train as real_fit_or_train  # the fixture below replaces the module's
 
 
 @pytest.fixture()
@@ -30,11 +30,11 @@ def runs(monkeypatch):
 
     calls: list[str] = []
 
-    def recorder(name, *args, **kwargs):
-        calls.append(name)
+    def recorder(inputs, options=None):
+        calls.append(inputs.method)
         raise RuntimeError("stand-in runner: no training in this test")
 
-    monkeypatch.setattr(registry, "run_method", recorder)
+    monkeypatch.setattr(registry, "fit_or_train", recorder)
     return calls
 
 
@@ -291,25 +291,25 @@ def test_paths_that_are_not_rows_files_or_folders_get_their_real_cause(tiny_pair
 
 
 # ---------------------------------------------------------------------------------- the Python API, one path
-def test_unlearn_refuses_what_the_cli_refuses(tiny_target, synthetic, tmp_path, runs):
-    from hf_unlearn.run import unlearn
+def test_prepare_inputs_refuses_what_the_cli_refuses(tiny_target, synthetic, tmp_path, runs):
+    from hf_unlearn.run import prepare_inputs
 
     model, tokenizer = tiny_target
     retain = synthetic["retain90"][:4]
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=r"Row 0 of the forget rows: 'answer' is null"):
-        unlearn("grad_diff", model, tokenizer, [{"question": "q", "answer": None}], retain, out)
+        prepare_inputs("grad_diff", model, tokenizer, [{"question": "q", "answer": None}], retain, out)
     with pytest.raises(ValueError, match=r"Row 1 of the retain rows: 'question' is an int"):
-        unlearn("npo", model, tokenizer, synthetic["forget10"][:2], [retain[0], {"question": 3, "answer": "a"}], out)
+        prepare_inputs("npo", model, tokenizer, synthetic["forget10"][:2], [retain[0], {"question": 3, "answer": "a"}], out)
     with pytest.raises(ValueError, match="also occur in the retain rows"):
-        unlearn("grad_diff", model, tokenizer, retain[:2], retain, out)
+        prepare_inputs("grad_diff", model, tokenizer, retain[:2], retain, out)
     with pytest.raises(ValueError, match="Invalid masc setting: lora_alpha=0"):
-        unlearn("masc", model, tokenizer, synthetic["forget10"][:2], retain, out, {"lora_alpha": 0})
+        prepare_inputs("masc", model, tokenizer, synthetic["forget10"][:2], retain, out, {"lora_alpha": 0})
     with pytest.raises(ValueError, match="forget row 0: its prompt alone is"):
-        unlearn("t3", model, tokenizer, [{"question": "Is it " + "very " * 400 + "long?", "answer": "Yes."}], retain,
+        prepare_inputs("t3", model, tokenizer, [{"question": "Is it " + "very " * 400 + "long?", "answer": "Yes."}], retain,
                 out)
     with pytest.raises(ValueError, match=r"Row 0 of the forget rows: 'answer' is null"):
-        real_run_method("grom", model, tokenizer, [{"question": "q", "answer": None}], retain, out)
+        real_fit_or_train(prepare_inputs("grom", model, tokenizer, [{"question": "q", "answer": None}], retain, out))
     assert not runs and not out.exists()
 
 

@@ -54,12 +54,12 @@ def failing_runner(monkeypatch):
 
     calls = []
 
-    def runner(name, model, tokenizer, forget, retain, output_dir, settings=None, **kwargs):
-        calls.append(Path(output_dir))
-        (Path(output_dir) / "partial.txt").write_text("written by the failed run")
+    def runner(inputs, options=None):
+        calls.append(inputs.output_dir)
+        (inputs.output_dir / "partial.txt").write_text("written by the failed run")
         raise RuntimeError("stand-in runner: the run failed")
 
-    monkeypatch.setattr(registry, "run_method", runner)
+    monkeypatch.setattr(registry, "fit_or_train", runner)
     return calls
 
 
@@ -96,11 +96,11 @@ def test_an_input_model_named_out_failed_is_refused_before_any_work(tiny_pair, t
 def test_a_failed_run_never_replaces_an_unrelated_out_failed(tiny_pair, tmp_path, capsys, monkeypatch, interrupt):
     import hf_unlearn.run as registry
 
-    def runner(name, model, tokenizer, forget, retain, output_dir, settings=None, **kwargs):
-        (Path(output_dir) / "partial.txt").write_text("written by the failed run")
+    def runner(inputs, options=None):
+        (inputs.output_dir / "partial.txt").write_text("written by the failed run")
         raise KeyboardInterrupt if interrupt else RuntimeError("stand-in runner: the run failed")
 
-    monkeypatch.setattr(registry, "run_method", runner)
+    monkeypatch.setattr(registry, "fit_or_train", runner)
     model = _model_copy(tiny_pair, tmp_path / "model")
     out = tmp_path / "out"
     unrelated = tmp_path / "out.failed"

@@ -306,7 +306,7 @@ def test_cli_select_without_holdout_says_what_is_missing_before_any_work(tiny_pa
     import hf_unlearn.run as registry
     from hf_unlearn.cli import main
 
-    monkeypatch.setattr(registry, "run_method", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr(registry, "fit_or_train", lambda *a, **k: pytest.fail("training started"))
     out = tmp_path / "out"
     base = ["unlearn", "--method", "grom", "--model", str(tiny_pair.target), "--data", "synthetic", "--output", str(out)]
     for extra, fragment in ((["--select"], "--select needs --holdout SPLIT_OR_FILE"),

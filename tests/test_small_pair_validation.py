@@ -131,7 +131,7 @@ def test_max_rows_must_be_whole_authors(script, tmp_path, capsys):
 
 def test_the_probe_scores_every_checkpoint_the_selection_measures(script, tiny_pair, synthetic, tmp_path):
     from hf_unlearn.demo import load_tiny
-    from hf_unlearn.run import run_with_selection
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
     from hf_unlearn.selection import SelectionCriterion
 
     model, tok = load_tiny(tiny_pair.target)
@@ -144,9 +144,7 @@ def test_the_probe_scores_every_checkpoint_the_selection_measures(script, tiny_p
     probe = script.CheckpointProbe(score, selection_steps=2)
     criterion = SelectionCriterion(synthetic["forget10"][:8], synthetic["holdout10"][:8], synthetic["retain90"][150:158])
     settings = {"max_steps": 5, "learning_rate": 3e-3, "per_device_train_batch_size": 4, "disable_tqdm": True}
-    result = run_with_selection("grad_ascent", model, tok, synthetic["forget10"], synthetic["retain90"][:40],
-                                tmp_path / "out", settings, criterion, selection_steps=2, callbacks=[probe],
-                                quiet=True)
+    result = fit_or_train(prepare_inputs("grad_ascent", model, tok, synthetic["forget10"], synthetic["retain90"][:40], tmp_path / "out", settings), TrainOptions(criterion=criterion, selection_steps=2, callbacks=[probe]))
     record = result.info["selection"]
     steps = [c["step"] for c in record["candidates"]]
     assert steps == [0, 2, 4, 5] and sorted(probe.scores) == steps and set(probe.seconds) == set(steps)

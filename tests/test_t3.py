@@ -13,20 +13,19 @@ from transformers import AutoConfig, AutoModel, LogitsProcessorList
 
 import hf_unlearn  # noqa: F401  (registers the T3 classes with the Auto classes)
 from hf_unlearn.data import build_prompt, collate_qa, tokenize_qa
-from hf_unlearn.demo import TinyRecipe, build_tiny_llama, load_tiny
+from hf_unlearn.demo import TinyRecipe, load_tiny
+from hf_unlearn.demo.tofu_tiny import build_tiny_llama
 from hf_unlearn.logprobs import answer_nll, label_log_probs
 from hf_unlearn.methods.t3 import (
     T3Classifier,
     T3ClassifierConfig,
     T3LogitsProcessor,
-    causal_mean_pool,
     fit_t3,
     t3_log_probs,
     t3_scorer,
-    tilted_log_probs,
-    tilted_scores,
 )
-from hf_unlearn.methods.t3.hidden import layer_hidden
+from hf_unlearn.methods.t3.hidden import causal_mean_pool, layer_hidden
+from hf_unlearn.methods.t3.tilt import tilted_log_probs, tilted_scores
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -14,15 +14,9 @@ from transformers import LogitsProcessorList
 import hf_unlearn.methods.t3.head_training as head_training
 from hf_unlearn.demo import load_tiny
 from hf_unlearn.logprobs import label_log_probs
-from hf_unlearn.methods.t3 import (
-    T3Classifier,
-    T3ClassifierConfig,
-    T3LogitsProcessor,
-    fit_t3,
-    t3_log_probs,
-    tilted_scores,
-)
+from hf_unlearn.methods.t3 import T3Classifier, T3ClassifierConfig, T3LogitsProcessor, fit_t3, t3_log_probs
 from hf_unlearn.methods.t3.head_training import balanced_batches
+from hf_unlearn.methods.t3.tilt import tilted_scores
 
 
 @pytest.fixture(scope="module")

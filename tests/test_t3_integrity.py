@@ -20,8 +20,8 @@ from hf_unlearn.methods.t3 import (
     T3LogitsProcessor,
     fit_t3,
     t3_log_probs,
-    validate_t3_fit,
 )
+from hf_unlearn.methods.t3.cache import validate_t3_fit
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The MUSE-News-small benchmark: every method on one MUSE pair, each picking its own strength, scored by MUSE.
 
 For each method a fresh copy of the pair's target is unlearned with forget = the subset's forget documents and
-retain = its retain documents, through :func:`hf_unlearn.run.run_with_selection` with a
+retain = its retain documents, through :func:`hf_unlearn.run.fit_or_train` with a
 :class:`~hf_unlearn.selection.SelectionCriterion` on documents (forget documents against the criterion's holdout
 documents, the retain-validation documents no method sees; each document scored on its first ``max_length``
 tokens), then evaluated by :func:`~hf_unlearn.evaluation.evaluate_muse` on the subset's data folder: C1 VerbMem,
@@ -70,7 +70,7 @@ def run_muse_one(
     from transformers import AutoModelForCausalLM
 
     from hf_unlearn.evaluation import evaluate_muse
-    from hf_unlearn.run import run_with_selection
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
 
     from .rows import selected_summary, selection_applied
 
@@ -83,8 +83,8 @@ def run_muse_one(
     phase = "training"
     try:
         model = AutoModelForCausalLM.from_pretrained(pair.target, trust_remote_code=False)
-        result = run_with_selection(method, model, tokenizer, documents["forget"], documents["retain"], work,
-                                    settings, criterion, selection_steps=selection_steps, quiet=True)
+        inputs = prepare_inputs(method, model, tokenizer, documents["forget"], documents["retain"], work, settings)
+        result = fit_or_train(inputs, TrainOptions(criterion=criterion, selection_steps=selection_steps))
         row["selected"] = selected_summary(result.info.get("selection"), applied=applied)
         row["candidates"] = candidate_figures(result.info.get("selection"))
         row["seconds"] = result.seconds
@@ -300,7 +300,7 @@ def document_methods() -> list[str]:
 
     names = []
     for name in registry.method_names():
-        trainer = registry.get_method(name).load_trainer_class()
+        trainer = registry.get_method(name).trainer_cls
         if trainer is None or getattr(trainer, "accepts_documents", True):
             names.append(name)
     return names

@@ -2,10 +2,9 @@
 files (``benchmarks/configs/<subject>.toml``).
 
 The methods themselves are those of the core registry (:mod:`hf_unlearn.registry`) and run through the library's
-:func:`hf_unlearn.run.run_method`; this module holds only their presets, as data: :class:`MethodPresets` (a
+:func:`hf_unlearn.run.fit_or_train`; this module holds only their presets, as data: :class:`MethodPresets` (a
 method's demo setting and benchmark grid), :data:`PRESETS` (every registered method's, TOFU-tiny's by default)
-and :func:`method_presets`. The benchmark runs a method's demo setting as
-``hf_unlearn.run.run_method(name, ..., settings=method_presets(name).demo)``.
+and :func:`method_presets`.
 
 Adding a method is one :func:`hf_unlearn.registry.register_method` call (and, for the benchmark, its presets
 in the subject TOML files).
@@ -123,7 +122,7 @@ def _load_presets(subject: str | os.PathLike = DEFAULT_SUBJECT) -> None:
     names = core_registry.method_names()
     for name in [n for n in presets if n in names] + [n for n in names if n not in presets]:
         info = core_registry.get_method(name)
-        if name not in presets and info.entry_point.startswith("hf_unlearn."):
+        if name not in presets and info.described_by.__module__.startswith("hf_unlearn."):
             raise ValueError(f"{subject_config_path(subject)} has no [methods.{name}] table.")
         preset = presets.get(name, {"demo": {}, "grid": ({},)})
         PRESETS[name] = MethodPresets(name, demo=preset["demo"], grid=preset["grid"], description=info.cli_help)

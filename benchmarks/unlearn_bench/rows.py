@@ -57,7 +57,7 @@ def run_one(
     """Unlearn a fresh copy of the target with one method/setting, evaluate it; one result row.
 
     With a ``criterion`` (:class:`~hf_unlearn.selection.SelectionCriterion`) the method picks its own strength
-    through :func:`~hf_unlearn.run.run_with_selection` (each method's own selection: an exact path, a calibration,
+    through :func:`~hf_unlearn.run.fit_or_train` (each method's own selection: an exact path, a calibration,
     a stopping rule with the criterion recorded beside it, or best-checkpoint selection every ``selection_steps``
     steps);
     the row's ``selected`` says which candidate was chosen and why, and ``seconds`` includes the selection.
@@ -137,22 +137,17 @@ def _unlearn(row: dict[str, Any], method: str, settings: dict[str, Any], target_
     :class:`~unlearn_bench.measure.PeakMemory` of the run."""
     from transformers import AutoModelForCausalLM
 
-    from hf_unlearn.run import run_method
+    from hf_unlearn.run import TrainOptions, fit_or_train, prepare_inputs
 
     from .measure import PeakMemory
 
     model = AutoModelForCausalLM.from_pretrained(target_path, trust_remote_code=False)
     settings = on_harness_device(settings, model, row)
     with PeakMemory() as mem:
-        if criterion is None:
-            result = run_method(method, model, tokenizer, forget_rows, retain_rows, work, settings,
-                                callbacks=callbacks, quiet=quiet)
-        else:
-            from hf_unlearn.run import run_with_selection
-
-            result = run_with_selection(method, model, tokenizer, forget_rows, retain_rows, work, settings,
-                                        criterion, selection_steps=selection_steps, callbacks=callbacks,
-                                        quiet=quiet)
+        inputs = prepare_inputs(method, model, tokenizer, forget_rows, retain_rows, work, settings)
+        result = fit_or_train(inputs, TrainOptions(callbacks=callbacks, quiet=quiet, criterion=criterion,
+                                                   selection_steps=selection_steps))
+        if criterion is not None:
             row["selected"] = selected_summary(result.info.get("selection"), applied=selection_applied(method))
     return result, mem
 
@@ -212,7 +207,7 @@ def selection_applied(method: str) -> bool:
     selection record is only kept beside it)."""
     from hf_unlearn import registry
 
-    return registry.get_method(method).selection != registry.OWN_STOP
+    return not registry.get_method(method).stops_itself
 
 
 def selected_summary(record: dict[str, Any] | None, applied: bool = True) -> dict[str, Any] | None:

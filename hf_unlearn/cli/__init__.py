@@ -1,37 +1,11 @@
-"""The `hf-unlearn` command line: `demo`, `unlearn` and `eval`.
+"""The `hf-unlearn` command line: `demo`, `unlearn` and `eval`, one module per command (each with
+``add_parser(subparsers)`` and its command function) and what they share in :mod:`.common`.
 
-Console: one progress line per method and phase (training, evaluation, NF4 re-check), then the table. The
-Trainer's per-step logs go to ``<output>/logs/<method>.jsonl`` (``--verbose`` also prints them).
-Third-party chatter a user cannot act on (library log messages, progress bars, deprecation notices raised
-inside transformers/TRL/PEFT/bitsandbytes) is silenced here, in the CLI only: importing ``hf_unlearn``
-changes no global logging or warning state.
-
-This package is a thin dispatcher: one module per command (:mod:`.demo`, :mod:`.unlearn`, :mod:`.eval`), each with ``add_parser(subparsers)`` and its command function, and what they share
-in :mod:`.common`. `unlearn` runs :func:`hf_unlearn.scripts.run_unlearn`, the run of the per-method scripts
-(``examples/scripts/<method>.py``), and takes the method's own config fields as options, generated from its config
-dataclass with :class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every
-field).
-
-``--data`` (``unlearn``, ``eval``) defaults to the folder in ``$HF_UNLEARN_TOFU_DIR`` when
-set, else the Hub dataset ``locuslab/TOFU``.
-
-Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, before any training step and before
-any output folder is created: an unknown method or option, a value of the wrong type or one the method's config
-refuses (for the trainers: a learning rate that is not a finite number > 0, zero or negative epochs,
-``--max_steps 0``, a batch size below 1, ``--max_length`` below 2, any NaN or infinite value, a value outside
-its range such as a seed outside 0..2**32 - 1, ``trust_remote_code``), an output folder that is unsafe or not
-writable, a model path that does not exist, a model folder without weights or without a tokenizer, one that asks
-to run its own code (``auto_map``, an unknown ``model_type``; no prompt is ever shown), or with pickle-only,
-damaged, non-finite or mismatched weights (:mod:`hf_unlearn.model_files`), a rows file or TOFU config with a
-missing, empty, null, non-string or not valid Unicode question or answer, an empty or whitespace-only document, a
-link inside a documents folder, a UTF-8 byte-order mark or a repeated key in JSON input, a ``--resume`` with
-another setting or other rows than the run it resumes, forget rows that also occur in the retain rows, a forget prompt
-that leaves no room for an answer token, a prompt template the tokenizer cannot render, a T3 ``--layer`` outside
-the model, a GROM ``--target_modules`` entry the model does not have, a retain reference that is missing,
-unreadable or (with ``--eval``) made on other rows, TOFU configs that ``--eval`` needs but the data source lacks,
-an invalid repo id, a missing token when pushing (:func:`hf_unlearn.preconditions.check_run_preconditions` holds
-the checks that need the model). A failure during a run prints one line naming the method, the phase and the log
-file (exit status 1).
+Console: one progress line per method and phase, then the table; the Trainer's per-step logs go to
+``<output>/logs/<method>.jsonl`` (``--verbose`` also prints them). Third-party chatter is silenced in the CLI only.
+Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, before any training step and before any
+output folder is created (the checks are :mod:`hf_unlearn.preconditions`' and the method config's; docs/safety.md
+lists them); a failure during a run prints one line naming the method, the phase and the log file (exit status 1).
 """
 
 from __future__ import annotations
@@ -40,8 +14,7 @@ import os
 import sys
 
 from ..console import quiet_console
-from ..options import UserError, join_negative_values
-from ..scripts import RunFailure
+from ..options import RunFailure, UserError, join_negative_values
 from . import demo, unlearn
 from . import eval as eval_command
 from .common import TOFU_DIR_ENV, ArgumentParser, default_data_source

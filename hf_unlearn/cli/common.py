@@ -8,7 +8,8 @@ import os
 import typing
 from typing import Any
 
-from ..options import TRAINER_CLASSES, UserError
+from ..options import UserError
+from ..registry import get_method
 
 #: Environment variable naming a local folder of TOFU ``<config>.jsonl`` files: the default of ``--data``.
 TOFU_DIR_ENV = "HF_UNLEARN_TOFU_DIR"
@@ -61,7 +62,7 @@ def resolve_cli_device(args: argparse.Namespace, method: str | None = None,
         device = resolve_device(args.device)
     except ValueError as err:
         raise UserError(str(err)) from None
-    if settings is None or method not in TRAINER_CLASSES:
+    if settings is None or not get_method(method).is_trainer:
         return device
     use_cpu = settings.get("use_cpu")
     if device == "cpu":

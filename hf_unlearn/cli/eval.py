@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..devices import DEVICE_HELP
-from ..options import UserError
+from ..options import RunFailure, UserError
 from ..preconditions import check_eval_configs, check_retain_reference, load_model
-from ..scripts import RunFailure
 from .common import AUTOCAST_CHOICES, DATA_HELP, RETAIN_REFERENCE_HELP, autocast_dtype, resolve_cli_device
 
 

@@ -2,30 +2,21 @@
 
 The method's own config fields are options, generated from its config dataclass with
 :class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every field). The run is
-:func:`hf_unlearn.scripts.run_unlearn`, the one the per-method scripts (``examples/scripts/<method>.py``) run; this
-command adds ``--select`` (the strength chosen by the reference-free criterion), ``--eval`` (the TOFU evaluator on
-the result, with the NF4 re-check) and ``--push-to-hub``.
+:func:`hf_unlearn.run.unlearn` with an :class:`~hf_unlearn.run.UnlearnRequest` built from the options (``--select``
+and ``--eval`` are parts of the request); ``--push-to-hub`` pushes the result with its model card afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from ..devices import DEVICE_HELP
 from ..model_options import parse_model_options
-from ..options import UserError, config_parser, method_config_class, parse_method_settings
-from ..preconditions import (
-    check_eval_configs,
-    check_output_parent,
-    check_push_target,
-    check_retain_reference,
-    load_model,
-    rows_from_spec,
-)
+from ..options import RunFailure, UserError, config_parser, method_config_class, parse_method_settings
+from ..preconditions import check_output_parent, check_push_target, check_retain_reference
 from ..registry import method_names
-from ..scripts import RunFailure, UnlearnRun, method_option_names, run_unlearn
+from ..scripts import method_option_names
 from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
 
 
@@ -126,10 +117,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
-    """Parse the method's options into settings, then :func:`hf_unlearn.scripts.run_unlearn` with this command's
-    steps: before the model loads, ``--select``'s criterion and the checks of ``--retain-reference``, ``--eval``
-    and ``--push-to-hub``; in the run's folder, ``--eval``; after it, the push."""
+    """Parse the method's options into settings, build the :class:`~hf_unlearn.run.UnlearnRequest` and run it
+    (:func:`hf_unlearn.run.unlearn`); then ``--push-to-hub``."""
     from ..console import PhaseReporter
+    from ..run import EvaluationRequest, SelectionRequest, UnlearnRequest, unlearn
 
     if args.help:
         return unlearn_help(args.subparser, args.method)
@@ -138,37 +129,26 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     model_options, extra = parse_model_options(extra, method_option_names(method))
     settings = parse_method_settings(method, extra, demo_preset(method) if args.preset == "demo" else {})
     device = resolve_cli_device(args, method, settings)
-    run = UnlearnRun(method, args.model, args.output, settings, args.data, forget_split=args.forget_split,
-                     forget_file=args.forget_file, retain_file=args.retain_file, overwrite=args.overwrite,
-                     resume=args.resume, verbose=args.verbose, device=device, model_options=model_options)
-    state: dict[str, Any] = {}
-
-    def prepare(forget: list, retain: list) -> tuple[Any, list]:
-        criterion, retain = selection_setup(args, forget, retain, settings, device) if args.select else (None, retain)
-        check_retain_reference(args.retain_reference, args.forget_split, args.data if args.eval else None)
-        if args.eval:
-            if args.max_new_tokens < 1:
-                raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
-            check_eval_configs(args.data, args.forget_split)
-        state["token"] = check_push_target(args.push_to_hub, args.hub_token)
-        return criterion, retain
-
-    def after(result: Any, tokenizer: Any, work: Path, phases: Any) -> None:
-        state["tokenizer"] = tokenizer
-        if args.eval:
-            state["report"] = _evaluate(args, result, tokenizer, work, phases, settings)
-
+    selection = SelectionRequest(args.holdout, args.retain_validation, args.groups, args.reference_model,
+                                 args.selection_steps) if args.select else None
+    evaluation = EvaluationRequest(args.retain_reference, args.max_new_tokens, args.nf4_check) if args.eval else None
+    if not args.eval:
+        check_retain_reference(args.retain_reference, args.forget_split)
+    token = check_push_target(args.push_to_hub, args.hub_token)
+    request = UnlearnRequest(method, args.model, args.output, settings, args.data, forget_split=args.forget_split,
+                             forget_file=args.forget_file, retain_file=args.retain_file, overwrite=args.overwrite,
+                             resume=args.resume, verbose=args.verbose, device=device, model_options=model_options,
+                             selection=selection, evaluation=evaluation)
     say = PhaseReporter(inline=not args.verbose)
-    result = run_unlearn(run, prepare=prepare, after=after, reporter=say, selection_steps=args.selection_steps)
-    print(f"{method}: unlearned in {result.seconds:.1f}s, saved to {run.folder}  "
-          f"(log: {run.folder / 'logs' / f'{method}.jsonl'})")
-    report = state.get("report")
-    if report is not None:
+    done = unlearn(request, reporter=say)
+    print(f"{method}: unlearned in {done.result.seconds:.1f}s, saved to {request.folder}  "
+          f"(log: {request.folder / 'logs' / f'{method}.jsonl'})")
+    if done.report is not None:
         from ..evaluation import format_report_table
 
-        print(format_report_table({method: report}))
+        print(format_report_table({method: done.report}))
     if args.push_to_hub:
-        _push(args, result, report, state, say)
+        _push(args, done, token, say)
     return 0
 
 
@@ -239,78 +219,17 @@ def check_selection_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--selection-steps must be >= 1, got {args.selection_steps}.")
 
 
-def selection_setup(args: argparse.Namespace, forget: list[dict[str, Any]], retain: list[dict[str, Any]],
-                    settings: dict[str, Any], device: str | None = None) -> tuple[Any, list[dict[str, Any]]]:
-    """The :class:`~hf_unlearn.selection.SelectionCriterion` of ``--select`` and the retain rows the method sees
-    (without the validation rows when they are split off the retain rows); ``--reference-model`` is loaded on
-    ``device``."""
-    from ..data.overlap import overlapping_examples
-    from ..selection import SelectionCriterion
-
-    holdout = rows_from_spec(args.holdout, args.data, "--holdout")
-    if overlapping_examples(forget, holdout):
-        raise UserError(f"--holdout {args.holdout} shares rows with the forget set; holdout rows must be unseen.")
-    if args.retain_validation:
-        validation = rows_from_spec(args.retain_validation, args.data, "--retain-validation")
-        if overlapping_examples(validation, retain):
-            raise UserError(f"--retain-validation {args.retain_validation} shares rows with the retain rows the "
-                            "method unlearns with; pass rows it does not see (or omit it to split them off).")
-    else:
-        if len(retain) < 2:
-            raise UserError("--select splits validation rows off the retain rows, but there is only one; pass "
-                            "--retain-validation.")
-        n = max(1, min(100, len(retain) // 10))
-        retain, validation = retain[:-n], retain[-n:]
-    reference_model = reference_tokenizer = None
-    if args.reference_model:
-        reference_model, reference_tokenizer = load_model(args.reference_model, device)
-    criterion = SelectionCriterion(
-        forget, holdout, validation, template=settings.get("prompt_template"),
-        groups=None if args.groups == "rows" else args.groups,
-        reference_model=reference_model, reference_tokenizer=reference_tokenizer,
-    )
-    return criterion, retain
-
-
-def _evaluate(args: argparse.Namespace, result: Any, tokenizer: Any, work: Path, phases: Any,
-              settings: dict[str, Any]) -> Any:
-    """``--eval``: the TOFU report of the result, written to ``tofu_report.json`` in the run's folder; with
-    ``--nf4-check`` and changed weights, the forget ROUGE-L of the NF4-quantized copy in the report's
-    ``extra["forget_rouge_l_nf4"]``."""
-    from ..evaluation import evaluate_tofu
-    from ..run import nf4_forget_rouge
-
-    phases.start("evaluation")
-    report = evaluate_tofu(
-        result.model, tokenizer, source=args.data, forget_split=args.forget_split,
-        retain_reference=args.retain_reference, scorer=result.scorer,
-        generation_kwargs=result.generation_kwargs, progress=args.verbose,
-        output_path=work / "tofu_report.json", max_new_tokens=args.max_new_tokens,
-        template=settings.get("prompt_template"),
-    )
-    phases.done()
-    if args.nf4_check and result.weights_changed:
-        from ..data import load_tofu_rows
-
-        phases.start("NF4 re-check")
-        n = report.splits["forget"]["num_examples"]
-        rows = load_tofu_rows(f"{args.forget_split}_perturbed", args.data)[:n]
-        nf4_rouge = nf4_forget_rouge(result.model, tokenizer, rows, {"max_new_tokens": args.max_new_tokens})
-        report.extra["forget_rouge_l_nf4"] = nf4_rouge
-        phases.done(f"forget ROUGE-L {nf4_rouge:.3f}")
-    return report
-
-
-def _push(args: argparse.Namespace, result: Any, report: Any, state: dict[str, Any], say: Any) -> None:
+def _push(args: argparse.Namespace, done: Any, token: str | None, say: Any) -> None:
     """``--push-to-hub``: the result with its model card (and the tokenizer beside changed weights)."""
     from ..hub import push_unlearned
 
+    result = done.result
     say.start(result.method, "push")
     try:
         commit = push_unlearned(
-            result, args.push_to_hub, report=report, token=state["token"], forget_split=args.forget_split,
+            result, args.push_to_hub, report=done.report, token=token, forget_split=args.forget_split,
             dataset=args.data, base_model=args.model, selection=result.info.get("selection"),
-            tokenizer=state["tokenizer"] if result.artifact is result.model else None,
+            tokenizer=done.tokenizer if result.artifact is result.model else None,
         )
     except Exception as err:
         raise RunFailure(say.fail(err), printed=True) from err

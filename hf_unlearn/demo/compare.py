@@ -1,10 +1,12 @@
-"""The demo's comparison: every method unlearns a fresh copy of the TOFU-tiny target with its demo setting, and one
-evaluator scores each against the retain reference.
+"""The demo's comparison: every method unlearns a fresh copy of the TOFU-tiny target with its demo setting and its
+strength chosen as ``--select`` chooses it, and one evaluator scores each against the retain reference.
 
-Per method: :func:`hf_unlearn.run.run_method` with the method's demo setting (:func:`~.settings.demo_settings`),
-:func:`hf_unlearn.evaluation.evaluate_tofu` against the retain reference (with the method's decoding-time scorer,
-if any) and, for a method that changed the weights, the forget ROUGE-L of its 4-bit NF4 copy
-(:func:`hf_unlearn.run.nf4_forget_rouge`). A failure in one method is recorded in its row and the others still run.
+Per method: :func:`hf_unlearn.run.prepare_inputs` and :func:`hf_unlearn.run.fit_or_train` with the method's demo
+setting (:func:`~.settings.demo_settings`) and the selection criterion of ``--select --holdout holdout10``
+(:func:`hf_unlearn.run.selection_criterion`), :func:`hf_unlearn.evaluation.evaluate_tofu` against the retain
+reference (with the method's decoding-time scorer, if any) and, for a method that changed the weights, the forget
+ROUGE-L of its 4-bit NF4 copy (:func:`hf_unlearn.run.nf4_forget_rouge`). A failure in one method is recorded in its
+row and the others still run.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,11 @@ from ..evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 from ..safe_output import atomic_write_json, atomic_write_text
 from .references import reference_rows, sanity_gate
 from .settings import demo_settings
+
+#: The rows the selection criterion compares the forget rows with (never seen by the target), and how often a
+#: trainer's checkpoint is measured (optimizer steps).
+DEMO_HOLDOUT = "holdout10"
+DEMO_SELECTION_STEPS = 10
 
 #: ``(row key, column title, format)`` of the demo table, in order.
 DEMO_COLUMNS = (
@@ -71,14 +79,22 @@ def nf4_rouge(model: Any, tokenizer: Any, report: Any, source: str, forget_split
 def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any], retain_report: Any,
                     eval_kwargs: dict[str, Any], *, quantization_check: bool, say: Any,
                     log_path: Path | None, verbose: bool) -> dict[str, Any]:
-    """One method's row: unlearn a fresh copy of ``pair.target`` with its demo setting, evaluate it, and re-check
-    its NF4 copy when it changed the weights. ``data`` holds ``source``, ``forget_split``, ``forget`` and
-    ``retain`` rows. A failure fills ``error`` and ``failed_phase`` instead of raising."""
+    """One method's row: unlearn a fresh copy of ``pair.target`` with its demo setting and its strength selection,
+    evaluate it, and re-check its NF4 copy when it changed the weights. ``data`` holds ``source``,
+    ``forget_split``, ``forget`` and ``retain`` rows. A failure fills ``error`` and ``failed_phase`` instead of
+    raising."""
     from transformers import AutoModelForCausalLM
 
     from ..console import log_event, log_exception
     from ..evaluation import evaluate_tofu
-    from ..run import JsonlLogCallback, run_method
+    from ..run import (
+        JsonlLogCallback,
+        SelectionRequest,
+        TrainOptions,
+        fit_or_train,
+        prepare_inputs,
+        selection_criterion,
+    )
 
     settings = demo_settings(method)
     row: dict[str, Any] = {"method": method, "settings": settings, "error": None, "forget_rouge_l_nf4": None}
@@ -89,8 +105,14 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
         with tempfile.TemporaryDirectory(prefix=f"hf_unlearn_demo_{method}_") as work:
             say.start(method, phase)
             model = AutoModelForCausalLM.from_pretrained(pair.target, trust_remote_code=False)
-            result = run_method(method, model, tokenizer, data["forget"], data["retain"], work, settings,
-                                callbacks=callbacks, quiet=True)
+            criterion, retain = selection_criterion(SelectionRequest(DEMO_HOLDOUT), data["source"], data["forget"],
+                                                    data["retain"], settings.get("prompt_template"))
+            inputs = prepare_inputs(method, model, tokenizer, data["forget"], retain, work, settings)
+            with warnings.catch_warnings():  # a selection's caveat is kept in its record (row["selection"]["warning"])
+                warnings.simplefilter("ignore", UserWarning)
+                result = fit_or_train(inputs, TrainOptions(callbacks=callbacks, criterion=criterion,
+                                                           selection_steps=DEMO_SELECTION_STEPS))
+            row["selection"] = result.info.get("selection")
             steps = result.info.get("global_step")
             say.done(f"{steps} steps" if steps else "")
             phase = "evaluation"

@@ -20,18 +20,12 @@ Every method keeps its whole definition in ``hf_unlearn/methods/<name>/``:
 ``t3/``         T3, inference-time: ``config.py``, ``tilt.py`` (its formulas), ``fit.py``, ``cache.py``,
                 ``head_training.py``, ``processor.py``, ...
 
-A ``loss.py`` holds pure tensor functions (formula in each docstring) that the method's trainer calls, so a test of
-a loss function tests the formula the trainer trains. Each method's ``__init__`` registers the method once with
-:mod:`hf_unlearn.registry` (``register_class``), from the class attributes its trainer or artifact carries
-(``_method``, ``_title``, ``_paper``, ``_cli_help``); the command line, the model cards and the benchmark read
-the registry.
-
-Adding a method is one folder plus one registration: write ``methods/<name>/`` (a config subclassing
-``BaseUnlearningConfig`` and a trainer subclassing ``UnlearningTrainer`` that overrides
-``compute_unlearning_loss``, or a runner and an artifact class), call ``register_class`` (or
-``register_method``) in its ``__init__`` with the hooks of the method contract (:mod:`hf_unlearn.registry`), and
-add the package to :data:`BUILTIN_PACKAGES` (a method outside the package registers itself when its module is
-imported). No module outside this folder names a method.
+A ``loss.py`` holds pure tensor functions (formula in each docstring) that the method's trainer calls. Each
+method's ``__init__`` registers it once with :func:`hf_unlearn.registry.register_method` and its classes: its config
+and its trainer (``trainer_cls=``), or its config and its fit (``fit=``, a
+:class:`~hf_unlearn.registry.MethodFit`). Adding a built-in method is one folder, that registration, and its
+package in :data:`BUILTIN_PACKAGES`; a method outside the package registers itself when its module is imported.
+No module outside these folders names a method.
 
 This package imports nothing itself, so importing one method does not import the others.
 """

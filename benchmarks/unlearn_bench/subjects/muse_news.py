@@ -363,7 +363,8 @@ def fit_documents(model: Any, tokenizer: Any, documents: list[str], recipe: Muse
 def _tiny_base(recipe: MuseRecipe, tokenizer_texts: list[str]) -> tuple[Any, Any]:
     """A fresh tiny Llama and its byte-level BPE tokenizer (TOFU-tiny's helpers), its maximum positions set to the
     training chunk length."""
-    from hf_unlearn.demo import TinyRecipe, build_tiny_llama, train_bpe_tokenizer
+    from hf_unlearn.demo import TinyRecipe
+    from hf_unlearn.demo.tofu_tiny import build_tiny_llama, train_bpe_tokenizer
 
     tiny = TinyRecipe(vocab_size=recipe.vocab_size, hidden_size=recipe.hidden_size,
                       intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.num_hidden_layers,

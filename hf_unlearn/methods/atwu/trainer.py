@@ -342,3 +342,9 @@ class ATWUTrainer(UnlearningTrainer):
         saved = ATWUTokenWeighter.from_pretrained(folder / WEIGHTER_DIR, hidden_size=self.scorer.hidden_size)
         self.scorer.load_state_dict(saved.state_dict())
         load_optimizer_state(self.scorer_optimizer, folder / WEIGHTER_OPTIMIZER_NAME)
+
+    def method_metrics(self, tokenizer: Any, forget: Any, retain: Any) -> dict[str, float]:
+        """``token_auroc`` of the trained weighter (:func:`~hf_unlearn.methods.atwu.weighter.token_auroc_metrics`)."""
+        from .weighter import token_auroc_metrics
+
+        return token_auroc_metrics(self, tokenizer, forget, retain)

@@ -811,3 +811,18 @@ class UnlearningTrainer(SFTTrainer):
         self.accelerator.free_memory()
         gc.collect()
         self.accelerator.end_training()
+
+    # ----- what the run reads after training -----------------------------------------------------------------------
+
+    #: Whether the trainer stops itself by a rule of its own: then that rule is its strength selection and a
+    #: criterion is only recorded beside it; otherwise the best checkpoint under the criterion is restored.
+    stops_itself: ClassVar[bool] = False
+
+    def method_metrics(self, tokenizer: Any, forget: Any, retain: Any) -> dict[str, float]:
+        """Numbers only this method can measure after training, copied into the run's result (default: none)."""
+        return {}
+
+    @classmethod
+    def check_forget_rows(cls, rows: Any, args: BaseUnlearningConfig) -> None:
+        """Raise a ``ValueError`` naming the first forget row that lacks what this trainer reads besides its
+        question and answer (default: nothing more is read)."""

@@ -11,27 +11,19 @@ LoRA adapter, with exact per-example influence by the Woodbury identity.
     edit.push_to_hub("me/grom-adapter")                           # one commit
 """
 
-# ruff: noqa: F401  (names beside __all__ are imported here for the tests of the internals)
-
 from ...artifact_kinds import ArtifactKind as _ArtifactKind
 from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
-from ...integrity import AdapterIntegrityError, BaseModelMismatchError
-from ...registry import register_class as _register_class
-from .attribution import attribution_scores, find_target_modules, lm_head_is_tied, select_band
+from ...registry import register_method
 from .config import GROMConfig
-from .edit import GROMEdit, check_base, load_grom_adapter, untie_lm_head
+from .edit import GROMEdit, load_grom_adapter
 from .fit import fit_grom
-from .inputs import check_grom_inputs, model_max_positions, retain_subsample
 from .peft_export import GROM_METADATA as _GROM_METADATA
-from .peft_export import LoraFactors, adapter_digest, lora_factors
+from .peft_export import adapter_digest
 from .peft_export import grom_integrity_entry as _grom_integrity_entry
-from .solve import GROMSolution, grom_objective, normal_matrix, solve_grom, woodbury_drop
-from .strength_path import GROMPath, fit_grom_path, grom_path_from_edit
-from .targets import specificity_weights
+from .runner import GROMFit
+from .strength_path import GROMPath, fit_grom_path
 
-_register_class(GROMEdit, artifact_kind="grom_adapter", entry_point="hf_unlearn.methods.grom.runner:run_grom",
-                config_class=GROMConfig, selection="hf_unlearn.methods.grom.runner:select_grom",
-                retain_rows_read="hf_unlearn.methods.grom.runner:retain_rows_read")
+register_method("grom", config_cls=GROMConfig, fit=GROMFit())
 
 
 def _folder_is_grom(folder):
@@ -44,9 +36,5 @@ _register_artifact_kind(_ArtifactKind(
     folder_matches=_folder_is_grom, integrity=_grom_integrity_entry,
 ))
 
-# What a user imports: the config, the fit, the edit and its strength path, loading a saved adapter with its checks,
-# and the closed-form solve with its objective. The other names imported above are for the tests of the internals.
-__all__ = [
-    "AdapterIntegrityError", "BaseModelMismatchError", "GROMConfig", "GROMEdit", "GROMPath", "adapter_digest",
-    "fit_grom", "fit_grom_path", "grom_objective", "load_grom_adapter", "solve_grom",
-]
+__all__ = ["GROMConfig", "GROMEdit", "GROMFit", "GROMPath", "adapter_digest", "fit_grom", "fit_grom_path",
+           "load_grom_adapter"]

@@ -1,13 +1,16 @@
-"""GROM's side of the method contract: its runner (fit, merge), its selector (the exact strength path) and the
-retain rows it reads (its sample), which :mod:`hf_unlearn.registry` names for the core."""
+"""GROM's fit as the registry runs it (:class:`GROMFit`): fit the edit and merge it, or fit the exact strength
+path and keep the edit a criterion selects; it reads a seeded sample of the retain rows."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from ...registry import MethodFit
 from ...result import Unlearned, num_params
+from .edit import GROMEdit
 
-__all__ = ["retain_rows_read", "run_grom", "select_grom"]
+__all__ = ["GROMFit"]
 
 
 def _merged_result(model: Any, edit: Any, settings: dict[str, Any], info: dict[str, Any]) -> Unlearned:
@@ -16,37 +19,38 @@ def _merged_result(model: Any, edit: Any, settings: dict[str, Any], info: dict[s
     merged = edit.to_peft(model).merge_and_unload()
     merged.eval()
     info = {"selected_layers": list(edit.selected_layers), "truncation_errors": edit.truncation_errors(), **info}
-    return Unlearned(method="grom", model=merged, artifact=edit, settings=dict(settings),
-                     trainable_params=delta_params, total_params=num_params(model), info=info)
+    return Unlearned(method="grom", model=merged, artifact=edit, settings=settings, trainable_params=delta_params,
+                     total_params=num_params(model), info=info)
 
 
-def run_grom(model: Any, tokenizer: Any, forget: Any, retain: Any, output_dir: Any,
-             settings: dict[str, Any]) -> Unlearned:
-    """Fit the edit with ``settings`` (fields of :class:`~hf_unlearn.methods.grom.GROMConfig`) and merge it."""
-    from . import GROMConfig, fit_grom
+class GROMFit(MethodFit):
+    """GROM as a registered method: the edit (:class:`~hf_unlearn.methods.grom.GROMEdit`), saved as a PEFT LoRA
+    adapter."""
 
-    edit = fit_grom(model, tokenizer, forget, retain, GROMConfig(progress=False, **settings))
-    return _merged_result(model, edit, settings, {"retain_rows_read": edit.stats["num_retain_rows_read"]})
+    artifact_cls = GROMEdit
+    artifact_kind = "grom_adapter"
 
+    def __call__(self, model: Any, tokenizer: Any, forget: Any, retain: Any, config: Any) -> Unlearned:
+        """Fit the edit with ``config`` (:class:`~hf_unlearn.methods.grom.GROMConfig`) and merge it."""
+        from .fit import fit_grom
 
-def select_grom(run: Any, model: Any, tokenizer: Any, forget: Any, retain: Any, output_dir: Any,
-                settings: dict[str, Any], criterion: Any) -> Unlearned:
-    """One fit, then the exact strength path (:func:`~hf_unlearn.methods.grom.fit_grom_path`) and its
-    :meth:`~hf_unlearn.methods.grom.GROMPath.select` under ``criterion``; the chosen edit is merged as
-    :func:`run_grom` merges. ``run`` (the plain run) is not needed: the path is the fit."""
-    from . import GROMConfig, fit_grom_path
+        edit = fit_grom(model, tokenizer, forget, retain, dataclasses.replace(config, progress=False))
+        return _merged_result(model, edit, {}, {"retain_rows_read": edit.stats["num_retain_rows_read"]})
 
-    path = fit_grom_path(model, tokenizer, forget, retain, GROMConfig(**{"progress": False, **settings}))
-    edit = path.select(criterion, model, tokenizer)
-    chosen = path.points[path.record.index]
-    chosen_settings = {**settings, "retain_weight": chosen["retain_weight"], "ridge": chosen["ridge"],
-                       "target_scale": chosen["scale"]}
-    info = {"retain_rows_read": edit.stats.get("num_retain_rows_read"), "selection": path.record.to_dict()}
-    return _merged_result(model, edit, chosen_settings, info)
+    def select(self, model: Any, tokenizer: Any, forget: Any, retain: Any, config: Any, criterion: Any) -> Unlearned:
+        """One fit, then the exact strength path (:func:`~hf_unlearn.methods.grom.fit_grom_path`) and its
+        :meth:`~hf_unlearn.methods.grom.GROMPath.select` under ``criterion``; the chosen edit is merged."""
+        from .strength_path import fit_grom_path
 
+        path = fit_grom_path(model, tokenizer, forget, retain, dataclasses.replace(config, progress=False))
+        edit = path.select(criterion, model, tokenizer)
+        chosen = path.points[path.record.index]
+        settings = {"retain_weight": chosen["retain_weight"], "ridge": chosen["ridge"], "target_scale": chosen["scale"]}
+        info = {"retain_rows_read": edit.stats.get("num_retain_rows_read"), "selection": path.record.to_dict()}
+        return _merged_result(model, edit, settings, info)
 
-def retain_rows_read(config: Any, retain: list[Any]) -> list[Any]:
-    """The retain rows GROM reads: its seeded sample of ``config.retain_sample`` rows (it cannot leave one out)."""
-    from . import retain_subsample
+    def retain_rows_read(self, config: Any, retain: list[Any]) -> list[Any]:
+        """GROM's seeded sample of ``config.retain_sample`` retain rows (it cannot leave one out)."""
+        from .inputs import retain_subsample
 
-    return [retain[i] for i in retain_subsample(len(retain), config.retain_sample, config.seed)]
+        return [retain[i] for i in retain_subsample(len(retain), config.retain_sample, config.seed)]

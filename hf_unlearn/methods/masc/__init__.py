@@ -1,13 +1,12 @@
 """MASC (Margin Self-Correction): ``config.py`` (:class:`MASCConfig`), ``loss.py`` (restricted margin, hinges,
 violation rates, Hoeffding bound), ``trainer.py`` (:class:`MASCTrainer` and its probes) and ``stopping.py``
-(:class:`MarginStoppingCallback`, the margin stopping rule). The trainer registers the method here, with its own
-stop as its strength selection."""
+(:class:`MarginStoppingCallback`, the margin stopping rule, which is also its strength selection)."""
 
-from ...registry import register_class as _register_class
+from ...registry import register_method
 from .config import MASCConfig
 from .stopping import MarginStoppingCallback
 from .trainer import MASCTrainer
 
-_register_class(MASCTrainer, artifact_kind="unlearned_model", trainer=True, selection="own_stop")
+register_method("masc", config_cls=MASCConfig, trainer_cls=MASCTrainer)
 
 __all__ = ["MASCConfig", "MASCTrainer", "MarginStoppingCallback"]

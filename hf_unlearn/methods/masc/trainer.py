@@ -480,3 +480,6 @@ class MASCTrainer(UnlearningTrainer):
         super()._save(output_dir, state_dict)
         if self.args.should_save and getattr(self, "stopping_callback", None) is not None:
             self.stopping_callback.save(output_dir if output_dir is not None else self.args.output_dir)
+
+    #: The margin stopping rule is MASC's strength selection.
+    stops_itself: ClassVar[bool] = True

@@ -10,29 +10,23 @@ hidden state of the prefix to one retain-vs-forget logit per vocabulary entry. G
         out = model.generate(**inputs, logits_processor=LogitsProcessorList([t3]))
     lp = t3_log_probs(model, clf, input_ids, labels, attention_mask)   # exact tilted log-probs
 
-A head records a fingerprint of its base's weights and refuses any other model (:mod:`hf_unlearn.methods.t3.provenance`).
+A head records a fingerprint of its base's weights and refuses any other model.
 """
-
-# ruff: noqa: F401  (names beside __all__ are imported here for the tests of the internals)
 
 from ...artifact_kinds import ArtifactKind as _ArtifactKind
 from ...artifact_kinds import config_base_model as _config_base_model
 from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
-from ...registry import register_class as _register_class
-from .cache import validate_t3_fit
+from ...registry import register_method
 from .calibration import calibrate_t3
 from .config import T3ClassifierConfig
 from .fit import fit_t3
-from .hidden import causal_mean_pool
-from .modeling import T3Classifier, T3ClassifierOutput
+from .modeling import T3Classifier
 from .processor import T3LogitsProcessor
 from .provenance import t3_integrity_entry as _t3_integrity_entry
+from .runner import T3Fit
 from .scoring import t3_log_probs, t3_scorer
-from .tilt import tilted_log_probs, tilted_scores
 
-_register_class(T3Classifier, artifact_kind="t3_classifier", entry_point="hf_unlearn.methods.t3.runner:run_t3",
-                config_class=T3ClassifierConfig, selection="hf_unlearn.methods.t3.runner:select_t3",
-                decoding="hf_unlearn.methods.t3.runner:t3_decoding")
+register_method("t3", config_cls=T3ClassifierConfig, fit=T3Fit())
 
 
 def _t3_card_settings(head):
@@ -52,9 +46,5 @@ _register_artifact_kind(_ArtifactKind(
     integrity=_t3_integrity_entry,
 ))
 
-# What a user imports: the head and its config, the fit and its calibration, the decoding processor and the exact
-# tilted scores. The other names imported above are for the tests of the internals.
-__all__ = [
-    "T3Classifier", "T3ClassifierConfig", "T3ClassifierOutput", "T3LogitsProcessor", "calibrate_t3", "fit_t3",
-    "t3_log_probs", "t3_scorer", "tilted_log_probs",
-]
+__all__ = ["T3Classifier", "T3ClassifierConfig", "T3Fit", "T3LogitsProcessor", "calibrate_t3", "fit_t3",
+           "t3_log_probs", "t3_scorer"]
