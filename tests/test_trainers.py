@@ -442,7 +442,7 @@ def _trainer_classes():
 
     classes = {UnlearningTrainer}
     for name in registry.method_names():
-        cls = registry.get_method(name).load_trainer_class()
+        cls = registry.get_method(name).trainer_cls
         if isinstance(cls, type) and issubclass(cls, UnlearningTrainer):
             classes.update(c for c in cls.__mro__ if isinstance(c, type) and issubclass(c, UnlearningTrainer))
     return sorted(classes, key=lambda c: c.__qualname__)
