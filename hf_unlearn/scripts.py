@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hf_unlearn.model_options import ModelOptions
@@ -126,13 +127,25 @@ def model_path(script_args: ScriptArguments) -> str:
     return tofu_tiny_target(script_args.dataset_name, script_args.forget_split)
 
 
-def load_model_and_tokenizer(source: ScriptArguments | str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The causal LM and its tokenizer, from the script arguments (resolved with :func:`model_path`) or from
-    a path that :func:`model_path` already returned, checked as ``hf-unlearn unlearn`` checks them
-    (:func:`hf_unlearn.preconditions.load_model`: a ``UserError`` line for a missing path, damaged or pickle-only
-    weights, weights that do not fit the config, NaN weights)."""
+def load_model_and_tokenizer(source: ScriptArguments | str, dtype: Any = None
+                             ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The causal LM, loaded in ``dtype`` (``from_pretrained``'s; ``None``: its default), and its tokenizer, from
+    the script arguments (resolved with :func:`model_path`) or from a path that :func:`model_path` already
+    returned, checked as ``hf-unlearn unlearn`` checks them (:func:`hf_unlearn.preconditions.load_model`: a
+    ``UserError`` line for a missing path, damaged or pickle-only weights, weights that do not fit the config, NaN
+    weights)."""
     path = source if isinstance(source, str) else model_path(source)
-    return load_model(path)
+    return load_model(path, dtype=dtype)
+
+
+def check_output_folder(output_dir: str | os.PathLike, script_args: ScriptArguments, overwrite: bool = False) -> Path:
+    """Refuse, before any model loads, an output folder the run must not write
+    (:func:`hf_unlearn.safe_output.check_output_dir`): a link, a non-empty folder without ``overwrite``, a folder
+    overlapping the model folder, one another run holds. Returns it absolute."""
+    from .safe_output import check_output_dir
+
+    model = script_args.model_name_or_path
+    return check_output_dir(output_dir, [model] if os.path.isdir(model) else [], overwrite=overwrite)
 
 
 def qa_dataset(rows: list[dict[str, Any]]) -> Dataset:

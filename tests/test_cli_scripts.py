@@ -214,6 +214,21 @@ def test_bad_option_refused_before_the_model_loads(method, argv, match, tiny_pai
     assert not out.exists()
 
 
+@pytest.mark.parametrize("method", ["npo", "masc", "grom", "t3"])
+def test_non_empty_output_folder_refused_before_the_model_loads(method, tiny_pair, tmp_path, monkeypatch,
+                                                                no_model_load):
+    from hf_unlearn.safe_output import OutputDirError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("a user's file")
+    with pytest.raises(OutputDirError, match="not empty|overwrite"):
+        _run_as_main(SCRIPTS / f"{method}.py", ["--model_name_or_path", str(tiny_pair.target), "--dataset_name",
+                                                "synthetic", "--output_dir", str(out), *REQUIRED.get(method, [])],
+                     monkeypatch)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "a user's file"
+
+
 # ----- the command line's NF4 re-check ----------------------------------------------------------------------------
 
 

@@ -20,15 +20,19 @@ from trl import TrlParser, get_peft_config
 from hf_unlearn.methods.baselines import CEUConfig, CEUTrainer
 from hf_unlearn.model_options import ModelOptions
 from hf_unlearn.run import check_inputs
-from hf_unlearn.scripts import ScriptArguments, load_forget_retain, load_model_and_tokenizer
+from hf_unlearn.scripts import (
+    ScriptArguments,
+    check_output_folder,
+    load_forget_retain,
+    load_model_and_tokenizer,
+)
 
 
 def main(script_args: ScriptArguments, training_args: CEUConfig, model_args: ModelOptions) -> None:
     forget, retain = load_forget_retain(script_args)
     check_inputs("ceu", None, None, forget, retain, training_args.output_dir, training_args.to_dict())
-    model, tokenizer = load_model_and_tokenizer(script_args)
-    if model_args.torch_dtype() != "auto":
-        model = model.to(model_args.torch_dtype())
+    check_output_folder(training_args.output_dir, script_args, overwrite=training_args.overwrite)
+    model, tokenizer = load_model_and_tokenizer(script_args, dtype=model_args.torch_dtype())
 
     trainer = CEUTrainer(
         model=model,

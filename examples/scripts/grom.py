@@ -26,7 +26,12 @@ from hf_unlearn.methods.grom import GROMConfig, fit_grom
 from hf_unlearn.model_options import DTYPE_CHOICES, ModelOptions
 from hf_unlearn.options import config_kwargs, options_dataclass
 from hf_unlearn.run import check_inputs
-from hf_unlearn.scripts import ScriptArguments, load_forget_retain, load_model_and_tokenizer
+from hf_unlearn.scripts import (
+    ScriptArguments,
+    check_output_folder,
+    load_forget_retain,
+    load_model_and_tokenizer,
+)
 
 
 @dataclass
@@ -44,10 +49,8 @@ def main(script_args: ScriptArguments, grom_args, save_args: SaveArguments) -> N
     settings = config_kwargs(grom_args)
     forget, retain = load_forget_retain(script_args)
     check_inputs("grom", None, None, forget, retain, save_args.output_dir, settings)
-    model, tokenizer = load_model_and_tokenizer(script_args)
-    dtype = ModelOptions(dtype=save_args.dtype).torch_dtype()
-    if dtype != "auto":
-        model = model.to(dtype)
+    check_output_folder(save_args.output_dir, script_args, overwrite=save_args.overwrite)
+    model, tokenizer = load_model_and_tokenizer(script_args, dtype=ModelOptions(dtype=save_args.dtype).torch_dtype())
 
     edit = fit_grom(model, tokenizer, forget, retain, GROMConfig(**settings))
     edit.save_pretrained(save_args.output_dir, overwrite=save_args.overwrite)

@@ -26,7 +26,12 @@ from trl import TrlParser
 from hf_unlearn.methods.masc import MASCConfig, MASCTrainer
 from hf_unlearn.model_options import DTYPE_CHOICES, ModelOptions
 from hf_unlearn.run import check_inputs
-from hf_unlearn.scripts import ScriptArguments, load_forget_retain, load_model_and_tokenizer
+from hf_unlearn.scripts import (
+    ScriptArguments,
+    check_output_folder,
+    load_forget_retain,
+    load_model_and_tokenizer,
+)
 
 
 @dataclass
@@ -39,10 +44,8 @@ class ModelArguments:
 def main(script_args: ScriptArguments, training_args: MASCConfig, model_args: ModelArguments) -> None:
     forget, retain = load_forget_retain(script_args)
     check_inputs("masc", None, None, forget, retain, training_args.output_dir, training_args.to_dict())
-    model, tokenizer = load_model_and_tokenizer(script_args)
-    dtype = ModelOptions(dtype=model_args.dtype).torch_dtype()
-    if dtype != "auto":
-        model = model.to(dtype)
+    check_output_folder(training_args.output_dir, script_args, overwrite=training_args.overwrite)
+    model, tokenizer = load_model_and_tokenizer(script_args, dtype=ModelOptions(dtype=model_args.dtype).torch_dtype())
 
     trainer = MASCTrainer(
         model=model,

@@ -30,14 +30,20 @@ from hf_unlearn.methods.t3 import T3ClassifierConfig, fit_t3
 from hf_unlearn.model_options import DTYPE_CHOICES, ModelOptions
 from hf_unlearn.options import config_kwargs, options_dataclass
 from hf_unlearn.run import check_inputs
-from hf_unlearn.scripts import ScriptArguments, load_forget_retain, load_model_and_tokenizer
+from hf_unlearn.scripts import (
+    ScriptArguments,
+    check_output_folder,
+    load_forget_retain,
+    load_model_and_tokenizer,
+)
 
 
 @dataclass
 class SaveArguments:
     """The model's dtype and where the head goes (T3 does not train the model, so it has no ``TrainingArguments``)."""
 
-    output_dir: str = field(default="outputs/t3", metadata={"help": "Folder of the T3 head."})
+    output_dir: str = field(default="outputs/t3", metadata={"help": "Folder of the T3 head (refused if not empty)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output_dir."})
     dtype: str = field(default="float32", metadata={"help": "dtype the model loads in.", "choices": DTYPE_CHOICES})
     push_to_hub: bool = field(default=False, metadata={"help": "Upload the head to hub_model_id."})
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repository of the upload (user/name)."})
@@ -47,10 +53,8 @@ def main(script_args: ScriptArguments, t3_args, save_args: SaveArguments) -> Non
     settings = config_kwargs(t3_args)
     forget, retain = load_forget_retain(script_args)
     check_inputs("t3", None, None, forget, retain, save_args.output_dir, settings)
-    model, tokenizer = load_model_and_tokenizer(script_args)
-    dtype = ModelOptions(dtype=save_args.dtype).torch_dtype()
-    if dtype != "auto":
-        model = model.to(dtype)
+    check_output_folder(save_args.output_dir, script_args, overwrite=save_args.overwrite)
+    model, tokenizer = load_model_and_tokenizer(script_args, dtype=ModelOptions(dtype=save_args.dtype).torch_dtype())
 
     head = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(**settings))
     head.save_pretrained(save_args.output_dir)
