@@ -1,7 +1,6 @@
-"""The example scripts' arguments, as TRL ships ``trl.ScriptArguments`` beside ``trl/scripts``: where the model
-and the forget/retain rows come from (:class:`ScriptArguments`), where the result goes (:class:`OutputArguments`),
-and the method's config fields as options (:func:`parse_script_args`, read as ``hf-unlearn unlearn`` reads them).
-The data come from a TOFU split (the Hub dataset, a folder of ``<config>.jsonl`` files, or the built-in
+"""The example scripts' arguments and loaders, as TRL ships ``trl.ScriptArguments`` beside ``trl/scripts``: where
+the model and the forget/retain rows come from (:class:`ScriptArguments`), loading them with the command line's
+checks, and the output folder's check before any work. The data come from a TOFU split (the Hub dataset, a folder of ``<config>.jsonl`` files, or the built-in
 ``synthetic`` authors) or from the user's own JSON Lines files of ``question``/``answer`` rows; ``tofu-tiny`` as the
 model builds (once, cached) the demo's small target model.
 """
@@ -9,22 +8,20 @@ model builds (once, cached) the demo's small target model.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hf_unlearn.model_options import ModelOptions
 from hf_unlearn.preconditions import load_model, load_rows
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from transformers import HfArgumentParser, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 __all__ = [
-    "TOFU_TINY", "OutputArguments", "ScriptArguments", "load_forget_retain", "load_model_and_tokenizer",
-    "method_option_names", "method_parser", "model_path", "parse_script_args", "qa_dataset", "tofu_tiny_target",
+    "TOFU_TINY", "ScriptArguments", "check_output_folder", "load_forget_retain", "load_model_and_tokenizer",
+    "method_option_names", "model_path", "qa_dataset", "tofu_tiny_target",
 ]
 
 TOFU_TINY = "tofu-tiny"  # the model shortcut: TOFU-tiny, built and cached on first use
@@ -49,34 +46,7 @@ class ScriptArguments:
                 "JSON Lines of texts)."})
     retain_file: str | None = field(default=None, metadata={
         "help": "What to keep: question/answer rows or documents, as --forget_file."})
-    #: TRL's model options (``--dtype``, ``--use_peft``, ``--lora_*``) read by :func:`parse_script_args`.
-    model_options: ModelOptions = field(default_factory=ModelOptions, init=False)
 
-
-@dataclass
-class OutputArguments:
-    """Where an example script writes its result, as ``hf-unlearn unlearn``'s ``--output`` / ``--overwrite`` /
-    ``--resume`` / ``--verbose``."""
-
-    output_dir: str | None = field(
-        default=None, metadata={"help": "Folder for the result (refused if not empty; default: outputs/<method>)."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder (swapped in when done)."})
-    resume: bool = field(default=False, metadata={
-        "help": "Trainer methods: resume from the latest checkpoint-* in output_dir (a run with save_strategy=steps)."})
-    verbose: bool = field(default=False, metadata={"help": "Also print the per-step training logs."})
-
-
-def method_parser(method: str) -> HfArgumentParser:
-    """The parser of ``examples/scripts/<method>.py``: :class:`ScriptArguments`, :class:`OutputArguments` and one
-    option per field of the method's config (:func:`hf_unlearn.options.options_dataclass`); its ``--help`` lists
-    them all."""
-    from transformers import HfArgumentParser
-
-    from hf_unlearn.model_options import model_options_dataclass
-    from hf_unlearn.options import method_config_class, options_dataclass
-
-    return HfArgumentParser((ScriptArguments, OutputArguments, model_options_dataclass(method_option_names(method)),
-                             options_dataclass(method_config_class(method))))
 
 
 def method_option_names(method: str) -> frozenset[str]:
@@ -86,28 +56,6 @@ def method_option_names(method: str) -> frozenset[str]:
 
     return frozenset(f.name for f in option_fields(method_config_class(method)))
 
-
-def parse_script_args(method: str, argv: list[str] | None = None) -> tuple[ScriptArguments, OutputArguments,
-                                                                            dict[str, Any]]:
-    """``(script_args, output_args, settings)`` from ``argv`` (default ``sys.argv[1:]``): the settings are the
-    method options given (:func:`hf_unlearn.options.parse_method_settings`, as ``hf-unlearn unlearn`` reads
-    them) and ``script_args.model_options`` TRL's model options given (``--dtype``, ``--use_peft``, ``--lora_*``;
-    :func:`~hf_unlearn.model_options.parse_model_options`). ``-h`` / ``--help`` prints :func:`method_parser`'s
-    help and exits."""
-    from transformers import HfArgumentParser
-
-    from hf_unlearn.model_options import parse_model_options
-    from hf_unlearn.options import join_negative_values, parse_method_settings
-
-    argv = join_negative_values(list(sys.argv[1:] if argv is None else argv))
-    if "-h" in argv or "--help" in argv:
-        method_parser(method).parse_args(["--help"])
-    common = HfArgumentParser((ScriptArguments, OutputArguments))
-    script_args, output_args, rest = common.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    if output_args.output_dir is None:
-        output_args.output_dir = f"outputs/{method}"
-    script_args.model_options, rest = parse_model_options(rest, method_option_names(method))
-    return script_args, output_args, parse_method_settings(method, rest)
 
 
 def tofu_tiny_target(source: str, forget_split: str) -> str:

@@ -40,15 +40,6 @@ def test_parse_model_options_leaves_the_method_its_own_fields():
         parse_model_options(["--dtype", "float8"])
 
 
-def test_script_args_carry_the_model_options():
-    from hf_unlearn.scripts import method_parser, parse_script_args
-
-    script_args, _, settings = parse_script_args("npo", ["--dataset_name", "synthetic", *LORA, "--beta", "0.3"])
-    assert script_args.model_options.use_peft and script_args.model_options.lora_r == 4 and settings == {"beta": 0.3}
-    masc_args, _, masc_settings = parse_script_args("masc", ["--use_peft", "False", "--lora_r", "8"])
-    assert masc_settings == {"use_peft": False, "lora_r": 8} and not masc_args.model_options.use_peft
-    assert "--lora_alpha" in method_parser("npo").format_help()
-
 
 def test_cli_options_reach_the_trainer(tiny_pair, tmp_path, monkeypatch, capsys):
     from peft import PeftModel
