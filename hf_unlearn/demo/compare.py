@@ -27,7 +27,7 @@ from .settings import demo_settings
 #: The rows the selection criterion compares the forget rows with (never seen by the target), and how often a
 #: trainer's checkpoint is measured (optimizer steps).
 DEMO_HOLDOUT = "holdout10"
-DEMO_SELECTION_STEPS = 10
+DEMO_SELECTION_STEPS = 5
 
 #: ``(row key, column title, format)`` of the demo table, in order.
 DEMO_COLUMNS = (
@@ -38,7 +38,18 @@ DEMO_COLUMNS = (
     ("forget_rouge_l_nf4", "forget ROUGE-L (NF4)", ".3f"),
     ("seconds", "wall s", ".2f"),
     ("steps", "steps", "d"),
+    ("chosen", "strength chosen", "s"),
 )
+
+
+def chosen_label(selection: dict[str, Any] | None, steps: int | None) -> str | None:
+    """The strength a selection record chose, in a few words: ``step 10 of 30`` for a trainer's checkpoint, the
+    first three settings of a path or grid point otherwise."""
+    chosen = (selection or {}).get("chosen") or {}
+    if "step" in chosen:
+        return f"step {chosen['step']} of {steps}" if steps else f"step {chosen['step']}"
+    items = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}" for key, value in chosen.items()]
+    return ", ".join(items[:3]) or None
 
 
 def forget_rows_with_other_answers(forget_split: str, source: str) -> list[dict[str, Any]]:
@@ -120,7 +131,8 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
             report = evaluate_tofu(result.model, tokenizer, source=data["source"], forget_split=data["forget_split"],
                                    retain_reference=retain_report, scorer=result.scorer,
                                    generation_kwargs=result.generation_kwargs, progress=False, **eval_kwargs)
-            row.update(report_row(report), seconds=result.seconds, steps=steps)
+            row.update(report_row(report), seconds=result.seconds, steps=steps,
+                       chosen=chosen_label(row["selection"], steps))
             say.done()
             if quantization_check and result.weights_changed:
                 phase = "NF4 re-check"
