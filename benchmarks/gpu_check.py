@@ -3,8 +3,9 @@
 step in one JSON.
 
 It uses the machine's own ``python3`` and torch. Packages the machine lacks (trl, datasets, evaluate,
-rouge-score and their dependencies) travel as wheels in the git-ignored ``.whl/`` folder and are installed from
-it, without an index, into ``.whl/site`` on first use (``docs/gpu.md`` says how to fill it). The TOFU rows come
+rouge-score) or holds below this package's pins (transformers) travel as wheels in the git-ignored ``.whl/``
+folder (``benchmarks/gpu_wheels.sh`` fills it) and are installed from it, without an index, into ``.whl/site`` on
+first use. The TOFU rows come
 from the checkout (``benchmarks/data/tofu-scale``); every model is built on the GPU from a config with random
 weights (the tiny shape for correctness, SmolLM2-135M's shape, Llama-3.1-8B's full shape in bfloat16), so
 nothing is downloaded.
@@ -43,25 +44,36 @@ DRY_SHAPES = (("tiny", None),)
 
 
 def ensure_packages() -> list[str]:
-    """Install from ``.whl/`` (no index) what :data:`MISSING` names and does not import; returns what was
-    installed. ``.whl/site`` is put first on ``sys.path`` and ``PYTHONPATH``."""
+    """Install every wheel of ``.whl/`` (``benchmarks/gpu_wheels.txt``; no index, ``--no-deps``) into
+    ``.whl/site`` when a package of :data:`MISSING` does not import or transformers is below this package's pin;
+    ``.whl/site`` is then put first on ``sys.path`` and ``PYTHONPATH``. Returns the wheels installed."""
     site = WHEELS / "site"
-    if site.is_dir():
+    wheels = sorted(str(w) for w in WHEELS.glob("*.whl")) if WHEELS.is_dir() else []
+    if wheels and not site.is_dir() and (_missing() or _transformers_below_pin()):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--upgrade", "--target", str(site), "--no-warn-script-location", *wheels], check=True)
+    else:
+        wheels = []
+    if site.is_dir() and str(site) not in sys.path:
         sys.path.insert(0, str(site))
         os.environ["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
-    missing = []
-    for name in MISSING:
-        try:
-            __import__(name)
-        except ImportError:
-            missing.append(name.replace("_", "-"))
-    if missing and WHEELS.is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(WHEELS),
-                        "--target", str(site), "--no-warn-script-location", *missing], check=True)
-        if str(site) not in sys.path:
-            sys.path.insert(0, str(site))
-            os.environ["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
-    return missing
+    return [Path(w).name for w in wheels]
+
+
+def _missing() -> list[str]:
+    import importlib.util
+
+    return [name for name in MISSING if importlib.util.find_spec(name) is None]
+
+
+def _transformers_below_pin(pin: tuple[int, int] = (5, 19)) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version("transformers").split(".")[:2])
+    except PackageNotFoundError:
+        return True
+    return (major, minor) < pin
 
 
 def cuda_tests(limit_s: int, out: Path) -> dict[str, Any]:

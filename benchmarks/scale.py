@@ -3,7 +3,9 @@
 Models are built from configs with random weights (nothing is downloaded): Llama-3.1-8B's and Llama-2-7B's exact
 shapes (hidden size, MLP width, heads, key/value heads, vocabulary) with a few decoder layers, in bfloat16, on TOFU
 forget10 authors 1-4 (the rows in ``benchmarks/data/tofu-scale``, tokenized by a small BPE tokenizer trained on
-them). Each entry point (a trainer step with and without PEFT and a reference, GROM's run and save, T3's run and
+them). ``--dtype auto`` (the default) builds them in bfloat16 on a GPU or on a CPU that computes bfloat16 natively,
+and in float32 on any other CPU, where bfloat16 matrix products run orders of magnitude slower; the plan is made
+for the dtype measured. Each entry point (a trainer step with and without PEFT and a reference, GROM's run and save, T3's run and
 generation, the selection criterion, ``evaluate_tofu``, the NF4 copy) runs in its own process, so that peaks
 are separable: on the CPU the peak resident memory above the process's memory before the model is built, on a
 GPU ``torch.cuda.max_memory_allocated``. An entry point whose plan exceeds ``--max-gib`` is not run; the JSON
@@ -12,6 +14,7 @@ measured depth to the measured peak, and compares it with an 80 GB GPU.
 
     python benchmarks/scale.py --out benchmarks/results/scale            # CPU, 2 layers, both shapes
     python benchmarks/scale.py --shapes llama-3.1-8b --steps nf4,grom      # a subset
+    python benchmarks/scale.py --resume                                    # run only what the JSON lacks
 
 ``benchmarks/gpu_check.py`` runs the same entry points on a GPU at full depth (:func:`run_step`).
 """
@@ -193,8 +196,19 @@ def _rss_bytes() -> int:
     return 0
 
 
+def resolve_dtype(name: str, device: str) -> str:
+    """``"auto"``: ``"bfloat16"`` on CUDA or a CPU with native bfloat16, else ``"float32"``; other names as given."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        return "bfloat16"
+    from unlearn_bench.subjects import cpu_has_native_bf16
+
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
 def run_step(step: str, shape: str, layers: int | None, device: str, rows: int, quick: bool = False,
-             max_bytes: float | None = None) -> dict[str, Any]:
+             max_bytes: float | None = None, dtype: str = "bfloat16") -> dict[str, Any]:
     """Build the model and run ``step`` in this process: ``{seconds, peak_bytes, plan_bytes, plan, ...}``, with
     ``error`` (and ``out_of_memory``) when it failed, ``skipped`` when its plan exceeds ``max_bytes``."""
     import torch
@@ -209,10 +223,10 @@ def run_step(step: str, shape: str, layers: int | None, device: str, rows: int, 
         torch.cuda.reset_peak_memory_stats()
     baseline = _rss_bytes()
     record: dict[str, Any] = {"step": step, "shape": shape, "layers": layers or SHAPES[shape]["num_hidden_layers"],
-                              "device": device, "dtype": "bfloat16"}
+                              "device": device, "dtype": dtype}
     started = time.perf_counter()
     try:
-        model = build_model(shape, layers, device, torch.bfloat16)
+        model = build_model(shape, layers, device, getattr(torch, dtype))
         record["build_seconds"] = time.perf_counter() - started
         settings = trainer_settings(step) if step in TRAINER_STEPS else {}
         plan = step_plan(step, model, tokenizer, data, settings)
@@ -280,7 +294,7 @@ def _record_shape(record: dict[str, Any]) -> Any:
 
 def _child(args: argparse.Namespace) -> int:
     record = run_step(args.step, args.shape, args.layers, args.device, args.rows, quick=args.quick,
-                      max_bytes=args.max_gib * GIB)
+                      max_bytes=args.max_gib * GIB, dtype=args.dtype)
     print("SCALE-RECORD " + json.dumps(record, default=str), flush=True)
     return 0
 
@@ -294,17 +308,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=16, help="forget rows (and as many retain rows)")
     parser.add_argument("--max-gib", type=float, default=8.0, help="skip an entry point whose plan exceeds this")
     parser.add_argument("--quick", action="store_true", help="shorter generation (dry runs)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                        help="weights' dtype (auto: bfloat16 where it is native, else float32)")
+    parser.add_argument("--resume", action="store_true", help="keep the JSON's finished records; run the rest")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale"))
     parser.add_argument("--step", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.dtype = resolve_dtype(args.dtype, args.device)
     if args.step:
         return _child(args)
-    records = []
+    records = _finished_records(args) if args.resume else []
+    done_keys = {(r["shape"], r["step"]) for r in records}
     for shape in args.shapes.split(","):
         for step in args.steps.split(","):
+            if (shape, step) in done_keys:
+                continue
             command = [sys.executable, __file__, "--step", step, "--shape", shape, "--layers", str(args.layers),
-                       "--device", args.device, "--rows", str(args.rows), "--max-gib", str(args.max_gib)]
+                       "--device", args.device, "--rows", str(args.rows), "--max-gib", str(args.max_gib),
+                       "--dtype", args.dtype]
             command += ["--quick"] if args.quick else []
             done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
             lines = [line for line in done.stdout.splitlines() if line.startswith("SCALE-RECORD ")]
@@ -320,11 +342,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _json_path(args: argparse.Namespace) -> Path:
+    return Path(args.out) / f"scale_{args.device.split(':')[0]}.json"
+
+
+def _finished_records(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The records of an earlier run with the same layers and dtype that finished or were skipped by their plan."""
+    path = _json_path(args)
+    if not path.is_file():
+        return []
+    return [r for r in json.loads(path.read_text())["records"]
+            if r.get("layers") == args.layers and r.get("dtype") == args.dtype
+            and ("seconds" in r or "skipped" in r) and "error" not in r]
+
+
 def _write(args: argparse.Namespace, argv: list[str] | None, records: list[dict[str, Any]]) -> None:
     """The records so far, as ``<out>/scale_<device>.json`` (rewritten after each entry point)."""
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"scale_{args.device.split(':')[0]}.json").write_text(json.dumps(
+    path = _json_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(
         {"command": " ".join(["python", "benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])]),
          "records": records}, indent=2, default=str) + "\n")
 
