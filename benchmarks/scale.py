@@ -15,6 +15,7 @@ measured depth to the measured peak, and compares it with an 80 GB GPU.
     python benchmarks/scale.py --out benchmarks/results/scale            # CPU, 2 layers, both shapes
     python benchmarks/scale.py --shapes llama-3.1-8b --steps nf4,grom      # a subset
     python benchmarks/scale.py --resume                                    # run only what the JSON lacks
+    python benchmarks/scale.py --fits-table                                # fits_80gb.md from the plan and the JSON
 
 ``benchmarks/gpu_check.py`` runs the same entry points on a GPU at full depth (:func:`run_step`).
 """
@@ -116,9 +117,10 @@ def step_plan(step: str, model: Any, tokenizer: Any, rows: dict[str, list], sett
     if step == "nf4":
         return None
     method = TRAINER_STEPS[step][0] if step in TRAINER_STEPS else step if step in ("grom", "t3") else None
-    if method is None:
+    if method is None:  # the criterion scores 16 rows a batch, evaluate_tofu 4; either at most the rows it has
+        batch = min(16 if step == "criterion" else 4, len(rows["forget"]))
         return plan_memory(shape, MethodNeeds(trains=False, retain_pairing=False),
-                           Settings(weight_bytes=weight_bytes, batch=16, seq_len=seq_len))
+                           Settings(weight_bytes=weight_bytes, batch=batch, seq_len=seq_len))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = validate_settings(method, settings, tempfile.gettempdir())
@@ -292,6 +294,52 @@ def _record_shape(record: dict[str, Any]) -> Any:
     return ModelShape(**_shape_numbers(record["shape"], record["layers"]))
 
 
+#: The settings of the fits table: bfloat16 weights, 4 rows a step, 512 tokens a row (a TOFU question and answer
+#: in Llama's tokenizer are about 100-200 tokens).
+FITS_BATCH, FITS_SEQ_LEN = 4, 512
+#: Settings a method requires (no default); they change no memory.
+FITS_REQUIRED = {"pdu": {"retain_loss_eps": 1.0}}
+
+
+def fits_table(records: list[dict[str, Any]], depth: int = 32) -> str:
+    """For every registered method at both shapes with ``depth`` layers in bfloat16: the plan's peak on one 80 GB
+    GPU with full fine-tuning and with LoRA (r 16), without and with gradient checkpointing, and whether it fits;
+    the plan is scaled by the largest measured ``peak / plan`` of ``records`` (the plan's error at real width) when
+    that exceeds 1, else taken as it is."""
+    from hf_unlearn.memory_plan import Settings, method_needs, plan_memory
+    from hf_unlearn.options import validate_settings
+    from hf_unlearn.registry import get_method, method_names
+
+    ratios = [r["peak_bytes"] / r["plan_bytes"] for r in records
+              if r.get("plan_bytes") and r.get("peak_bytes") and "seconds" in r]
+    worst = max([1.0, *ratios])
+    lines = [f"Plan x {worst:.2f} (the largest measured peak / plan at 2 layers, at least 1), GB of an 80 GB GPU, "
+             "bfloat16, "
+             f"batch {FITS_BATCH} x {FITS_SEQ_LEN} tokens; `ckpt`: gradient checkpointing.", "",
+             "| method | shape | full | full, ckpt | LoRA r16 | LoRA r16, ckpt |", "|---|---|---|---|---|---|"]
+    for method in method_names():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = validate_settings(method, FITS_REQUIRED.get(method, {}), tempfile.gettempdir())
+        trains = get_method(method).is_trainer
+        for shape_name in ("llama-2-7b", "llama-3.1-8b"):
+            from hf_unlearn.memory_plan import ModelShape
+
+            shape = ModelShape(**_shape_numbers(shape_name, depth))
+            needs = method_needs(method, config, shape, 2)
+            cells = []
+            for lora, checkpointing in ((None, False), (None, True), (16, False), (16, True)):
+                if not trains and (lora or checkpointing):
+                    cells.append("-")
+                    continue
+                plan = plan_memory(shape, needs, Settings(weight_bytes=2, lora_r=lora, batch=FITS_BATCH,
+                                                          seq_len=FITS_SEQ_LEN, checkpointing=checkpointing))
+                peak = plan.total * worst
+                cells.append(f"{peak / 1e9:.0f} {'fits' if peak <= GPU_80GB else '**no**'}")
+            lines.append(f"| {method} | {shape_name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _child(args: argparse.Namespace) -> int:
     record = run_step(args.step, args.shape, args.layers, args.device, args.rows, quick=args.quick,
                       max_bytes=args.max_gib * GIB, dtype=args.dtype)
@@ -311,11 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                         help="weights' dtype (auto: bfloat16 where it is native, else float32)")
     parser.add_argument("--resume", action="store_true", help="keep the JSON's finished records; run the rest")
+    parser.add_argument("--fits-table", action="store_true", help="write fits_80gb.md (every method, 32 layers)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale"))
     parser.add_argument("--step", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.dtype = resolve_dtype(args.dtype, args.device)
+    if args.fits_table:
+        records = json.loads(_json_path(args).read_text())["records"] if _json_path(args).is_file() else []
+        (Path(args.out) / "fits_80gb.md").write_text(fits_table(records))
+        return 0
     if args.step:
         return _child(args)
     records = _finished_records(args) if args.resume else []
