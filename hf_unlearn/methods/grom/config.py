@@ -10,55 +10,24 @@ from typing import Any
 OBJECTIVES = ("token_suppression", "representation_corruption")
 SMOOTHING_MODES = ("fraction", "pseudo_count")
 
-#: Fields that only change how the fit runs (speed, memory, display), never the edit it computes: they are not
-#: written into a saved adapter (PEFT keeps ``inference_mode`` and similar settings apart in the same way).
+#: Fields that change how the fit runs, never the edit: not written into a saved adapter.
 RUNTIME_FIELDS = ("batch_size", "max_stat_memory_gb", "progress")
 
-#: Values of fields that a saved adapter may lack because it predates them, where the edit it holds was computed
-#: with a value other than today's default.
+#: Values of fields an older saved adapter lacks, where its edit was computed with other than today's default.
 LEGACY_VALUES = {"specificity_smoothing_mode": "pseudo_count"}
 
 
 @dataclass
 class GROMConfig:
-    r"""Configuration of :func:`hf_unlearn.methods.grom.fit_grom`.
-
-    The edit of a linear module ``y = W x`` is ``W + P`` with
+    r"""Configuration of :func:`hf_unlearn.methods.grom.fit_grom`. The edit of a linear module ``y = W x`` is
+    ``W + P`` with
 
         P* = (w_f/s) D X_f^T A^{-1},
         A  = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I,
 
-    with ``X_f`` the forget keys (module inputs at the ``s`` forget answer positions), ``X_r`` the ``r`` retain keys,
-    ``X_g`` the keys of optional general rows and ``D`` the targets. Fields in :data:`RUNTIME_FIELDS` only change how
-    the fit runs and are not saved. Where each default comes from: ``docs/methods/grom.md``.
-
-    Parameters (each field's ``metadata["help"]`` has the full text):
-        target_modules (`str | list[str]`, defaults to `"down_proj"`): linear modules to edit (residual writers or
-            the LM head).
-        layers (`str | list[int]`, defaults to `"auto"`): layer indices, or logit-lens attribution.
-        candidate_layers (`list[int] | None`, defaults to `None`): layers `layers="auto"` may choose from;
-            `None` = the last `ceil(L / 3)`.
-        num_layers (`int | None`, defaults to `None`): width of the auto band; `None` = `ceil(L / 10)`.
-        objective (`str`, defaults to `"token_suppression"`): or `"representation_corruption"`.
-        forget_weight (`float`, defaults to `10.0`): `w_f`.
-        retain_weight (`float`, defaults to `1.0`): `w_r`.
-        generic_retain_weight (`float`, defaults to `1.0`): `w_g`, weight of the general rows' keys.
-        ridge (`float`, defaults to `1e-2`): `mu`.
-        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export besides the factor budget
-            `floor(d_in d_out / (d_in + d_out))` (truncated SVD, error reported).
-        suppression_margin (`float`, defaults to `30.0`): `kappa`, nats below the best competitors.
-        specificity_power (`float`, defaults to `1.0`): `gamma`.
-        specificity_smoothing (`float`, defaults to `0.5`): `beta`.
-        specificity_smoothing_mode (`str`, defaults to `"fraction"`): or `"pseudo_count"`.
-        corruption_norm (`float`, defaults to `1.0`): `c`, target norm over the mean output norm.
-        untie_lm_head (`bool`, defaults to `False`): edit a separate copy of a tied LM head.
-        retain_sample (`int | None`, defaults to `256`): retain rows read for `X_r X_r^T` (`None`: all).
-        seed (`int`, defaults to `0`): seed of the retain sample and of the corruption direction.
-        max_length (`int | None`, defaults to `None`): extra truncation (the model's positions always apply).
-        prompt_template (`str | None`, defaults to `None`): prompt preset name of `hf_unlearn.data.prompts`.
-        batch_size (`int`, defaults to `16`): runtime; examples per forward pass.
-        max_stat_memory_gb (`float`, defaults to `4.0`): runtime; one pass or attribution + key passes.
-        progress (`bool`, defaults to `True`): runtime; progress bars.
+    ``X_f`` the keys (module inputs) at the ``s`` forget answer positions, ``X_r`` the ``r`` retain keys, ``X_g``
+    the keys of optional general rows and ``D`` the targets. Each field's ``metadata["help"]`` says what it sets;
+    :data:`RUNTIME_FIELDS` are not saved. Where the defaults come from: ``docs/methods/grom.md``.
     """
 
     target_modules: str | list[str] = field(
@@ -199,17 +168,15 @@ class GROMConfig:
             get_template(self.prompt_template)  # an unknown preset name is refused here, before any work
 
     def check_for(self, model: Any) -> None:
-        """The checks that need the model, without running it: every ``target_modules`` entry names a suitable
-        linear module (residual writer, or an LM head, tied only with ``untie_lm_head``), and ``layers`` /
-        ``candidate_layers`` hold such modules. Raises a ValueError naming the problem; ``fit_grom`` runs the same
-        checks (and those of its rows, :func:`hf_unlearn.methods.grom.check_grom_inputs`) before its first forward pass."""
+        """Refuse (ValueError), without running ``model``, target modules that are not residual writers or an LM
+        head (tied only with ``untie_lm_head``), and ``layers`` / ``candidate_layers`` that hold none."""
         from .attribution import select_targets
 
         select_targets(model, self)
 
     def candidates(self, available: list[int]) -> list[int]:
-        """Layers ``layers="auto"`` searches among ``available`` (the sorted layer indices holding a target module):
-        ``candidate_layers`` when set (each must be available), else the last ``ceil(len(available) / 3)``."""
+        """Layers ``layers="auto"`` searches: ``candidate_layers`` (each must be in ``available``), else the last
+        ``ceil(len(available) / 3)`` of ``available``."""
         available = sorted(available)
         if self.candidate_layers is None:
             return available[len(available) - math.ceil(len(available) / 3):]
@@ -221,27 +188,17 @@ class GROMConfig:
         return list(self.candidate_layers)
 
     def band_width(self, num_hidden_layers: int) -> int:
-        """Layers in the auto-selected band: ``num_layers``, or ``ceil(num_hidden_layers / 10)`` when it is None."""
+        """``num_layers``, or ``ceil(num_hidden_layers / 10)`` when it is None."""
         if self.num_layers is not None:
             return self.num_layers
         return max(1, math.ceil(num_hidden_layers / 10))
 
     def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_forget_keys: int | None = None
                            ) -> dict[str, int]:
-        """What :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model (for
-        :mod:`hf_unlearn.memory_plan`), from a :class:`~hf_unlearn.model_shape.ModelShape`. Per edited module of
-        input width ``d`` and output width ``o`` (``target_modules`` by their last name component, in ``k`` layers:
-        ``len(layers)``, or the auto band ``band_width(L)``):
-
-        * ``grom_second_moments``: ``8 d^2`` per module whose keys are collected (float64 ``X_r X_r^T``); with
-          ``layers="auto"`` every candidate layer's while ``8 d^2`` over them fits ``max_stat_memory_gb``;
-        * ``grom_cholesky_factors``: ``8 d^2`` per edited module (the factor of ``A``, kept as the audit state);
-        * ``grom_normal_matrix``: ``8 d^2`` of the widest module (one ``A`` at a time);
-        * with ``num_forget_keys = s``: ``grom_forget_keys``, ``4 s d + 8 s o`` per edited module (float32 keys,
-          float64 targets).
-
-        ``weight_bytes`` does not enter (every buffer is float32 or float64). Names GROM cannot place in ``shape``
-        (a full module path of another kind) are not counted."""
+        """The buffers :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model, for
+        :mod:`hf_unlearn.memory_plan`; per module of input width ``d`` and output width ``o``: ``8 d^2`` per second
+        moment (every candidate layer's while they fit ``max_stat_memory_gb``), per Cholesky factor and for the
+        widest ``A``; with ``num_forget_keys = s``, ``4 s d + 8 s o`` of keys and targets per edited module."""
         widths = {**shape.linear_shapes(), "lm_head": (shape.hidden_size, shape.vocab_size)}
         names = {t.rsplit(".", 1)[-1] for t in self.target_modules} & set(widths)
         layered = [widths[n] for n in sorted(names - {"lm_head"})]
@@ -263,19 +220,17 @@ class GROMConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy of every field (runtime ones included)."""
+        """Every field, runtime ones included."""
         return asdict(self)
 
     def saved_dict(self) -> dict[str, Any]:
-        """The fields that determine the edit (what a saved adapter records): :meth:`to_dict` minus
-        :data:`RUNTIME_FIELDS`."""
+        """The fields that determine the edit (what a saved adapter records)."""
         return {k: v for k, v in asdict(self).items() if k not in RUNTIME_FIELDS}
 
     @classmethod
     def from_saved(cls, values: dict[str, Any], **runtime: Any) -> GROMConfig:
-        """Rebuild a config from :meth:`saved_dict` output (unknown keys are refused), with runtime overrides. A
-        field missing from an older save takes the value that save was computed with (:data:`LEGACY_VALUES`), else
-        its default."""
+        """A config from :meth:`saved_dict` output (unknown keys refused) and ``runtime`` overrides; a field an
+        older save lacks takes its :data:`LEGACY_VALUES` entry, else its default."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -292,7 +247,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _index_list(name: str, values: Any) -> list[int]:
-    """A sorted, de-duplicated list of non-negative layer indices, or a ValueError naming ``name``."""
+    """Sorted, de-duplicated non-negative layer indices, or a ValueError naming ``name``."""
     try:
         items = list(values)
     except TypeError:
@@ -305,8 +260,7 @@ def _index_list(name: str, values: Any) -> list[int]:
 
 
 def _check_real(name: str, value: Any, valid: str, strict: bool = False) -> None:
-    """Refuse ``value`` unless it is a finite real number ``>= 0`` (``> 0`` when ``strict``); the message names the
-    field and its valid range (``inf``/``nan``/negatives included)."""
+    """Refuse ``value`` unless it is a finite real ``>= 0`` (``> 0`` when ``strict``)."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > 0 if strict else value >= 0)
     if not ok:

@@ -1,15 +1,8 @@
-"""What :func:`~hf_unlearn.methods.grom.fit.fit_grom` checks and tokenizes before its first forward pass.
-
-Rows (TOFU-shaped dicts) or documents, disjointness of forget / retain / general rows, the seeded retain sample
-(:func:`retain_subsample`), the edited modules (:func:`~hf_unlearn.methods.grom.attribution.select_targets`),
-tokenization cut to the model's maximum positions, the vocabulary check and the answer-token counts of the
-specificity weights.
-:func:`check_grom_inputs` runs all of it without running the model.
-"""
+"""What :func:`~hf_unlearn.methods.grom.fit.fit_grom` checks and tokenizes before its first forward pass."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +18,8 @@ from .config import GROMConfig
 
 
 def retain_subsample(num_rows: int, sample: int | None, seed: int) -> list[int]:
-    """Sorted indices of the retain rows GROM reads for ``X_r X_r^T``.
-
-    Every row when ``sample`` is None or ``>= num_rows``; otherwise ``sample`` rows drawn uniformly without
-    replacement by ``torch.randperm`` on a generator seeded with ``seed`` (independent of the global RNG), so
-    the same ``(num_rows, sample, seed)`` always reads the same rows, on every process.
-    """
+    """Sorted indices of the retain rows GROM reads: every row when ``sample`` is None or ``>= num_rows``, else
+    ``sample`` rows drawn without replacement by a generator seeded with ``seed`` (the same on every process)."""
     if sample is None or sample >= num_rows:
         return list(range(num_rows))
     gen = torch.Generator().manual_seed(seed)
@@ -41,9 +30,8 @@ def _tokenize_rows(
     tokenizer: Any, rows: list[dict[str, Any]], max_length: int | None, limit: int | None,
     template: str | None, what: str,
 ) -> list[dict[str, Any]]:
-    """:func:`~hf_unlearn.data.prepare_qa` of every row through ``template``, cut to ``min(max_length, limit)``
-    tokens (prompt kept, answer cut); a prompt leaving no room for an answer token is refused, naming the
-    example."""
+    """:func:`~hf_unlearn.data.prepare_qa` of every row, cut to ``min(max_length, limit)`` tokens (answer cut); a
+    prompt leaving no room for an answer token is refused."""
     bounds = [v for v in (max_length, limit) if v is not None]
     cut = min(bounds) if bounds else None
     why = "the model's maximum positions" if cut is not None and cut == limit else "GROMConfig.max_length"
@@ -58,8 +46,8 @@ def _tokenize_rows(
 
 
 def _rows(data: Any, what: str, allow_empty: bool = False) -> list[dict[str, Any]]:
-    """The rows of ``data`` as dicts, each with string ``question`` and non-empty string ``answer`` fields; a
-    ValueError naming the set, the row and the fix otherwise."""
+    """The rows of ``data`` as dicts with string ``question`` and non-empty string ``answer`` fields, else a
+    ValueError naming the row."""
     if isinstance(data, (str, bytes, Mapping)):
         raise ValueError(
             f"The {what} set must be a list of rows like {{'question': ..., 'answer': ...}} or a datasets.Dataset, "
@@ -138,7 +126,7 @@ def _check_vocab(model: Any, tokenizer: Any, features: list[dict[str, Any]]) -> 
 
 @dataclass
 class _Prepared:
-    """Everything :func:`fit_grom` checks and tokenizes before its first forward pass."""
+    """What :func:`_prepare` returns."""
 
     targets: list[TargetModule]
     layered: list[TargetModule]
@@ -158,6 +146,8 @@ class _Prepared:
 def _prepare(
     model: Any, tokenizer: Any, forget: Any, retain: Any, config: GROMConfig, generic_retain: Any
 ) -> _Prepared:
+    """Every check of :func:`fit_grom` before its first forward pass (rows, overlap, modules, prompts, vocabulary),
+    and the tokenized examples and answer-token counts."""
     if not isinstance(config, GROMConfig):
         raise ValueError(f"config must be a GROMConfig, got {type(config).__name__}")
     docs = {what: as_documents(data, plain_lists=False)
@@ -202,28 +192,3 @@ def _prepare(
         )
     return _Prepared(targets, layered, heads, candidates, band, retain_indices, forget_feats, retain_feats,
                      generic_feats, f_counts, r_counts, limit, untied)
-
-
-def check_grom_inputs(
-    model: Any,
-    tokenizer: Any,
-    forget: Sequence[dict[str, Any]] | Any,
-    retain: Sequence[dict[str, Any]] | Any,
-    config: GROMConfig | None = None,
-    generic_retain: Sequence[dict[str, Any]] | Any = None,
-) -> dict[str, Any]:
-    """Every precondition :func:`fit_grom` checks before its first forward pass, without running the model: raises
-    the ValueError ``fit_grom`` would raise (rows, empty or overlapping sets, target modules and layers, a tied
-    head without ``untie_lm_head``, prompts that fill the context, a vocabulary mismatch, no forget answer tokens).
-    Returns a summary: ``"modules"``, ``"candidate_layers"``, ``"band_width"`` and the row counts read.
-    """
-    prep = _prepare(model, tokenizer, forget, retain, config or GROMConfig(), generic_retain)
-    return {
-        "modules": [t.name for t in prep.layered + prep.heads],
-        "candidate_layers": prep.candidates,
-        "band_width": prep.band,
-        "num_forget_rows": len(prep.forget_feats),
-        "num_retain_rows_read": len(prep.retain_feats),
-        "num_generic_rows": len(prep.generic_feats),
-    }
-

@@ -1,8 +1,5 @@
-"""Reading a saved GROM adapter folder back: where it is (a folder or a Hub snapshot), its metadata, its
-safetensors files, the LoRA scaling, the audit state, and the check that the audit's ``P`` is the adapter's ``B A``.
-
-Used by :meth:`hf_unlearn.methods.grom.edit.GROMEdit.from_pretrained`; every error names the file and the fix.
-"""
+"""Reading a saved GROM adapter back for :meth:`~hf_unlearn.methods.grom.GROMEdit.from_pretrained`, with the check
+that the audit's ``P`` is the adapter's ``B A``."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ from .solve import GROMSolution, delta_from_cholesky
 
 
 def _read_metadata(folder: Path, source: Any) -> dict[str, Any]:
-    """``grom_metadata.json`` of ``folder`` as a dict with ``config`` and ``modules``, or a ValueError naming the
-    file and the problem."""
+    """``grom_metadata.json`` of ``folder`` as a dict with ``config`` and ``modules``, or a ValueError."""
     meta_path = folder / GROM_METADATA
     if not meta_path.is_file():
         raise ValueError(
@@ -58,8 +54,7 @@ def _load_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
 
 
 def _lora_scaling(folder: Path, what: str) -> Any:
-    """``scaling(module)``: ``lora_alpha / r`` of ``adapter_config.json`` for that module (its ``rank_pattern`` /
-    ``alpha_pattern`` entries when present; ``lora_alpha / sqrt(r)`` with ``use_rslora``)."""
+    """``scaling(module)``: ``lora_alpha / r`` of that module (``/ sqrt(r)`` with ``use_rslora``)."""
     import re
 
     path = folder / ADAPTER_CONFIG
@@ -87,16 +82,15 @@ def _lora_scaling(folder: Path, what: str) -> Any:
     return scaling
 
 
-#: Slack, beyond the export's recorded truncation error, of the check that the audit's ``P`` is the adapter's
-#: ``B A``: the float32 factors of a float64 ``P`` carry a relative Frobenius error of about ``1e-7 sqrt(k)``.
+#: Slack beyond the recorded truncation error of the check that the audit's ``P`` is ``B A`` (float32 factors).
 FACTOR_CHECK_RTOL = 1e-4
 
 
 def _check_factors_match(
     delta: torch.Tensor, product: torch.Tensor, info: Any, name: str, what: str, audit_name: str
 ) -> None:
-    """Refuse an audit ``P`` that is not the adapter's ``s B A``:
-    ``||s B A - P||_F <= (e + FACTOR_CHECK_RTOL) ||P||_F`` with ``e`` the recorded truncation error."""
+    """Refuse an audit ``P`` unless ``||s B A - P||_F <= (e + FACTOR_CHECK_RTOL) ||P||_F`` (``e`` the recorded
+    truncation error)."""
     recorded = info.get("relative_frobenius_error", 0.0) if isinstance(info, dict) else 0.0
     recorded = float(recorded) if isinstance(recorded, (int, float)) and math.isfinite(recorded) else 0.0
     p = delta.to(torch.float64)
@@ -158,14 +152,8 @@ def _restore_modules(
     modules: dict[str, Any], state: dict[str, torch.Tensor], scaling: Any, audit: dict[str, torch.Tensor],
     what: str, audit_name: str | None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, GROMSolution], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """``(deltas, solutions, forget keys, targets)`` of every module the metadata lists.
-
-    Without an audit, ``P = s B A`` with ``s = lora_alpha / r`` of the module (:func:`_lora_scaling`); with one,
-    ``P = c_f D X_f^T A^{-1}`` is recomputed in float64 from the audit's Cholesky factor, keys and targets
-    (:func:`~hf_unlearn.methods.grom.solve.delta_from_cholesky`), checked against ``s B A``
-    (:func:`_check_factors_match`), and the solution :meth:`GROMEdit.influence` needs is restored with it. An adapter or audit missing a module's
-    entries is refused.
-    """
+    """``(deltas, solutions, forget keys, targets)`` of every module the metadata lists: ``P = s B A`` without an
+    audit, else ``P = c_f D X_f^T A^{-1}`` recomputed from the audit and checked against ``s B A``."""
     deltas, solutions, keys, targets = {}, {}, {}, {}
     for name, info in modules.items():
         a_key, b_key = f"base_model.model.{name}.lora_A.weight", f"base_model.model.{name}.lora_B.weight"
