@@ -26,8 +26,33 @@ class GROMConfig:
         A  = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I,
 
     ``X_f`` the keys (module inputs) at the ``s`` forget answer positions, ``X_r`` the ``r`` retain keys, ``X_g``
-    the keys of optional general rows and ``D`` the targets. Each field's ``metadata["help"]`` says what it sets;
-    :data:`RUNTIME_FIELDS` are not saved. Where the defaults come from: ``docs/methods/grom.md``.
+    the keys of optional general rows and ``D`` the targets. :data:`RUNTIME_FIELDS` are not saved. Where the
+    defaults come from: ``docs/methods/grom.md``.
+
+    Parameters (each field's ``metadata["help"]`` has the full text):
+        target_modules (`str | list[str]`, defaults to `"down_proj"`): linear modules to edit.
+        layers (`str | list[int]`, defaults to `"auto"`): layer indices, or logit-lens attribution.
+        candidate_layers (`list[int] | None`, defaults to `None`): layers `layers="auto"` may choose from.
+        num_layers (`int | None`, defaults to `None`): width of the auto band.
+        objective (`str`, defaults to `"token_suppression"`): or `"representation_corruption"`.
+        forget_weight (`float`, defaults to `10.0`): `w_f`.
+        retain_weight (`float`, defaults to `1.0`): `w_r`.
+        generic_retain_weight (`float`, defaults to `1.0`): `w_g`.
+        ridge (`float`, defaults to `1e-2`): `mu`.
+        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export.
+        suppression_margin (`float`, defaults to `30.0`): `kappa`.
+        specificity_power (`float`, defaults to `1.0`): `gamma`.
+        specificity_smoothing (`float`, defaults to `0.5`): `beta`.
+        specificity_smoothing_mode (`str`, defaults to `"fraction"`): or `"pseudo_count"`.
+        corruption_norm (`float`, defaults to `1.0`): `c`.
+        untie_lm_head (`bool`, defaults to `False`): edit a separate copy of a tied LM head.
+        retain_sample (`int | None`, defaults to `256`): retain rows read (`None`: all).
+        seed (`int`, defaults to `0`): seed of the retain sample and of the corruption direction.
+        max_length (`int | None`, defaults to `None`): extra truncation.
+        prompt_template (`str | None`, defaults to `None`): prompt preset name.
+        batch_size (`int`, defaults to `16`): runtime; examples per forward pass.
+        max_stat_memory_gb (`float`, defaults to `4.0`): runtime; one pass or two with `layers="auto"`.
+        progress (`bool`, defaults to `True`): runtime; progress bars.
     """
 
     target_modules: str | list[str] = field(

@@ -1,16 +1,6 @@
-"""T3 (Temper-Then-Tilt): inference-time unlearning with a frozen base model and a guidance head.
-
-Decode from ``softmax(log p(v | x, y_<t) / T + w log f(x, y_<t, v))`` over the full vocabulary, where
-``f = sigmoid(U (D pool_t + c))`` is a rank-h head (h = 20, no per-token bias) mapping the causal mean-pooled
-hidden state of the prefix to one retain-vs-forget logit per vocabulary entry. Greedy decoding depends on
-``T * w`` only; ``T`` also changes sampling and teacher-forced scores::
-
-    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(rank=20, tilt_weight=0.5))
-    with T3LogitsProcessor(model, clf) as t3:      # reads generate's own hidden states via a hook
-        out = model.generate(**inputs, logits_processor=LogitsProcessorList([t3]))
-    lp = t3_log_probs(model, clf, input_ids, labels, attention_mask)   # exact tilted log-probs
-
-A head records a fingerprint of its base's weights and refuses any other model.
+"""T3 (Temper-Then-Tilt): inference-time unlearning with a frozen base model and a guidance head. Decode from
+``softmax(log p(v | x, y_<t) / T + w log f(x, y_<t, v))``, ``f = sigmoid(U (D pool_t + c))`` a low-rank head on the
+causal mean-pooled hidden state of the prefix (``docs/methods/t3.md``).
 """
 
 from ...artifact_kinds import ArtifactKind as _ArtifactKind

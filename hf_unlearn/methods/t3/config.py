@@ -1,8 +1,5 @@
-"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``): the head (``rank``, ``layer``,
-``pooling``), the base it was fitted on (sizes, architecture, name, weight fingerprint), the decoding defaults
-(``temperature``, ``tilt_weight``, ``log_f_floor``) and the fit settings of :func:`~hf_unlearn.methods.t3.fit_t3`
-with the ``fit_report`` of the fit. Values are checked when the config is built; :meth:`T3ClassifierConfig.check_for`
-checks the layer against a base."""
+"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``): the head, the base it was fitted on,
+the decoding defaults and the fit settings of :func:`~hf_unlearn.methods.t3.fit_t3`."""
 
 from __future__ import annotations
 
@@ -44,18 +41,14 @@ def _finite(value: Any) -> bool:
 class T3ClassifierConfig(PreTrainedConfig):
     r"""Configuration of :class:`~hf_unlearn.methods.t3.T3Classifier` and of :func:`~hf_unlearn.methods.t3.fit_t3`.
 
-    The head maps the causal mean-pooled hidden state ``pool_t`` of the frozen base to one logit per
-    vocabulary entry, ``g_t = U (D pool_t + c)`` (``D``: hidden -> ``rank``, ``c``: the bottleneck offset that
-    centres the pooled states, ``U``: ``rank`` -> vocab, no per-token bias), and
-    ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates ``P(retain | x, y_<t, v)``. T3 decodes from
+    The head maps the causal mean-pooled hidden state ``pool_t`` of the frozen base to ``g_t = U (D pool_t + c)``
+    (``D``: hidden -> ``rank``, ``U``: ``rank`` -> vocab); ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates
+    ``P(retain | x, y_<t, v)``. T3 decodes from
 
         softmax(log p(v | x, y_<t) / T + w * max(log f(x, y_<t, v), floor))
 
-    with ``T = temperature``, ``w = tilt_weight`` and ``floor = log_f_floor`` (no floor when None).
-
-    Greedy decoding depends on ``T * w`` only; ``T`` also flattens sampling and the teacher-forced scores. Both
-    are meant to be calibrated (:func:`~hf_unlearn.methods.t3.calibrate_t3`). Where each default comes from:
-    ``docs/methods/t3.md``.
+    with ``T = temperature``, ``w = tilt_weight``, ``floor = log_f_floor`` (none when None). Where each default
+    comes from: ``docs/methods/t3.md``.
     """
 
     model_type = "t3_classifier"
@@ -132,7 +125,7 @@ class T3ClassifierConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
     def _check_fields(self) -> None:
-        """Reject values the head or its fit cannot implement (``ValueError``)."""
+        """Refuse (``ValueError``) values the head or its fit cannot implement."""
         if self.pooling not in POOLINGS:
             raise ValueError(f"T3ClassifierConfig.pooling must be one of {POOLINGS}, got {self.pooling!r}.")
         for name in ("rank", "epochs", "forget_batch_size", "batch_size"):
@@ -180,14 +173,10 @@ class T3ClassifierConfig(PreTrainedConfig):
 
     def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_positions: int | None = None
                            ) -> dict[str, int]:
-        """What :func:`~hf_unlearn.methods.t3.fit_t3` holds besides the base (for :mod:`hf_unlearn.memory_plan`),
-        from a :class:`~hf_unlearn.model_shape.ModelShape` (hidden ``H``, vocabulary ``V``) and ``rank`` ``h``:
-
-        * ``t3_head``: ``4 h (H + V + 1) + 12 h (H + V)``: the float32 head, and the gradients and two AdamW moments
-          of its two weights (``+ 4 h (H + V)`` for the best epoch's copy with ``early_stopping_patience``);
-        * with ``num_positions = N`` (answer positions of forget + retain): ``t3_pooled_states``,
-          ``2 N H b`` (``b = weight_bytes``: the per-set caches in the base's dtype and their concatenation), and
-          ``t3_position_labels``, ``36 N`` (next tokens and example indices as int64, twice; float32 labels)."""
+        """What :func:`~hf_unlearn.methods.t3.fit_t3` holds besides the base, for :mod:`hf_unlearn.memory_plan`
+        (hidden ``H``, vocabulary ``V``, rank ``h``): ``t3_head``, ``4 h (H + V + 1) + 12 h (H + V)`` (head, gradients,
+        AdamW moments; ``+ 4 h (H + V)`` with early stopping); with ``N`` answer positions, ``t3_pooled_states``
+        ``2 N H weight_bytes`` and ``t3_position_labels`` ``36 N``."""
         h, width = int(self.rank), shape.hidden_size + shape.vocab_size
         head = 4 * h * (width + 1) + 12 * h * width + (4 * h * width if self.early_stopping_patience else 0)
         out = {"t3_head": head}
@@ -197,9 +186,7 @@ class T3ClassifierConfig(PreTrainedConfig):
         return out
 
     def check_for(self, model: Any) -> None:
-        """Refuse (``ValueError``) settings that do not fit ``model``, before any work: a ``layer`` outside its
-        ``output_hidden_states`` (``-(n + 1) .. n`` for ``n`` decoder layers). Field values themselves are
-        checked when the config is built."""
+        """Refuse (``ValueError``) a ``layer`` outside ``model``'s ``output_hidden_states`` (``-(n + 1) .. n``)."""
         n_layers = base_num_layers(model)
         if n_layers is not None and not -(n_layers + 1) <= int(self.layer) <= n_layers:
             raise ValueError(
@@ -208,9 +195,7 @@ class T3ClassifierConfig(PreTrainedConfig):
             )
 
     def for_base(self, model: Any, fingerprint: dict[str, Any] | None = None) -> T3ClassifierConfig:
-        """A copy of this config bound to ``model`` (a causal LM): sizes, name, revision, architecture and the
-        fingerprint of its weights (``fingerprint``, or computed here by
-        :func:`~hf_unlearn.integrity.model_fingerprint`)."""
+        """A copy of this config bound to ``model``: sizes, name, revision, architecture and weight fingerprint."""
         from ...integrity import model_fingerprint
 
         self.check_for(model)

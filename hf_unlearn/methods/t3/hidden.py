@@ -1,11 +1,5 @@
-"""Reading the base model's hidden states for T3 through forward hooks, and the causal mean pool.
-
-Layer ``layer`` means ``output_hidden_states[layer]`` of the base's decoder (index ``n`` / ``-1``: the output after
-the final norm; ``i < n``: the input of block ``i``), read by hooks so the logits processor takes it from
-``generate``'s own passes. The pooled state is the causal mean over non-padding positions::
-
-    pool_t = sum_{s <= t} m_s h_s / max(1, sum_{s <= t} m_s)        (m = attention mask)
-"""
+"""Reading the base's ``output_hidden_states[layer]`` for T3 through forward hooks, and the causal mean pool
+``pool_t = sum_{s <= t} m_s h_s / max(1, sum_{s <= t} m_s)`` (``m`` the attention mask)."""
 
 from __future__ import annotations
 
@@ -39,11 +33,8 @@ def decoder_layers(decoder: Any) -> torch.nn.ModuleList:
 
 
 def resolve_layer(model: Any, layer: int) -> tuple[Any, torch.nn.Module | None, int]:
-    """``(decoder, block or None, index)``: where ``output_hidden_states[layer]`` is read.
-
-    ``block`` is the decoder layer whose input is that hidden state; None when it is the decoder's
-    output (the last entry, after the final norm).
-    """
+    """``(decoder, block, index)``: ``block`` is the decoder layer whose input is ``output_hidden_states[layer]``,
+    None for the decoder's output."""
     decoder = decoder_of(model)
     layers = decoder_layers(decoder)
     n = len(layers)
@@ -87,11 +78,9 @@ class _Stop(Exception):
 
 
 class HiddenStateHook:
-    """Calls ``callback(hidden [B, Q, H], attention_mask [B, K] or None)`` on every forward of the base: layer
-    ``layer``'s hidden state of the ``Q`` positions encoded and the 2D mask the decoder received (with a KV cache
-    its last ``Q`` columns). A mask wider than ``max_positions`` is refused before the base runs; with
-    ``stop_early`` an intermediate layer's forward stops after the read (:meth:`run`). A context manager.
-    """
+    """Calls ``callback(hidden [B, Q, H], attention_mask [B, K] or None)`` with layer ``layer``'s hidden state on
+    every forward of the base; a sequence longer than ``max_positions`` is refused before the base runs, and with
+    ``stop_early`` :meth:`run` stops after the read. A context manager."""
 
     def __init__(
         self, model: Any, layer: int, callback: Callable[[torch.Tensor, torch.Tensor | None], None],
@@ -163,8 +152,7 @@ def layer_hidden(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
     layer: int,
 ) -> torch.Tensor:
-    """``output_hidden_states[layer]`` of the decoder for a batch (``[B, L, H]``); the layers above an
-    intermediate ``layer`` are not run and no LM head is computed."""
+    """``output_hidden_states[layer]`` of a batch (``[B, L, H]``); the layers above it are not run."""
     captured: list[torch.Tensor] = []
     with HiddenStateHook(model, layer, lambda h, m: captured.append(h), stop_early=True) as hook:
         hook.run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)

@@ -1,13 +1,9 @@
-"""``T3LogitsProcessor``: Temper-Then-Tilt decoding through ``model.generate(logits_processor=...)``.
+"""``T3LogitsProcessor``: Temper-Then-Tilt decoding through ``model.generate(logits_processor=...)``. At every
+step, over the full vocabulary,
 
-At every step, over the full vocabulary (:mod:`hf_unlearn.methods.t3.tilt`),
+    s_v = log_softmax(scores)_v / T + w * max(log sigmoid(g_t[v]), floor),    g_t = U (D pool_t + c),
 
-    s_v = log_softmax(scores)_v / T + w * max(log sigmoid(g_t[v]), floor),    g_t = U (D pool_t + c).
-
-The base is never run again: a hook (:class:`~hf_unlearn.methods.t3.hidden.HiddenStateHook`) reads layer
-``layer``'s hidden states from ``generate``'s own forward passes and keeps a running per-sequence sum, so ``pool_t``
-is the causal mean over the non-padding positions so far. A prefill starts new sums, a KV-cache step extends them,
-and beam search's reordering is followed by matching each sequence to its prefix.
+``pool_t`` kept as a running per-sequence sum of the hidden states a hook reads from ``generate``'s own passes.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LogitsProcessor
 
+from ...devices import device_of
 from .hidden import HiddenStateHook, model_max_positions
 from .modeling import T3Classifier
 from .tilt import tilted_scores
@@ -29,8 +26,8 @@ from .tilt import tilted_scores
 def validate_t3_arguments(
     temperature: float, tilt_weight: float, allow_temperature_below_one: bool = False, log_f_floor: float | None = None
 ) -> None:
-    """Refuse settings outside T3's definition (finite ``T >= 1`` unless explicitly overridden, finite ``w``, a
-    finite negative floor on ``log f`` or none)."""
+    """Refuse settings outside T3's definition: finite ``T >= 1`` (unless overridden), finite ``w``, a finite
+    negative floor or none."""
     if isinstance(temperature, bool) or not math.isfinite(float(temperature)) or float(temperature) <= 0:
         raise ValueError(f"temperature must be a finite positive number, got {temperature!r}.")
     if float(temperature) < 1.0 and not allow_temperature_below_one:
@@ -46,29 +43,12 @@ def validate_t3_arguments(
         raise ValueError(f"log_f_floor must be a finite negative number or None, got {log_f_floor!r}.")
 
 
-def _device_of(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover - a model always has parameters
-        return torch.device("cpu")
-
-
 class T3LogitsProcessor(LogitsProcessor):
-    """Temper-Then-Tilt as a ``LogitsProcessor`` reading the hidden states of ``generate``'s own forwards.
-
-    Args:
-        model: the frozen base causal LM, the one ``generate`` runs (hooks are registered on it).
-        classifier: a :class:`T3Classifier` fitted on ``model`` (another base is refused).
-        temperature: ``T`` (default: the head's ``config.temperature``); ``T >= 1``.
-        tilt_weight: ``w`` (default: the head's ``config.tilt_weight``). Greedy decoding depends on ``T * w``
-            only; ``T`` also changes the sampled distribution.
-        log_f_floor: floor on ``log f`` (default: the head's ``config.log_f_floor``; None there: no floor).
-        allow_temperature_below_one: explicit override of the ``T >= 1`` check.
-        check_base_weights: compare the base's weights with the fingerprint recorded at fit time (the
-            default); False skips that check (sizes and architecture are always compared).
-
-    Works with greedy decoding and sampling (leave ``generate``'s temperature at 1), batches (left padding read from
-    the attention mask) and the KV cache; the hooks stay until :meth:`close` (or the end of a ``with`` block).
+    """Temper-Then-Tilt as a ``LogitsProcessor`` on ``model``, the base ``classifier`` was fitted on (another is
+    refused; ``check_base_weights=False`` skips the weights). ``temperature`` (``T >= 1`` unless
+    ``allow_temperature_below_one``), ``tilt_weight`` and ``log_f_floor`` default to the head's. Works with greedy
+    decoding and sampling (leave ``generate``'s temperature at 1), left padding, the KV cache and beam search; the
+    hooks stay until :meth:`close` (or the end of a ``with`` block).
     """
 
     def __init__(
@@ -89,7 +69,7 @@ class T3LogitsProcessor(LogitsProcessor):
         classifier.check_finite()
         classifier.check_base(model, check_weights=check_base_weights)
         self.model = model
-        self.classifier = classifier.to(device=_device_of(model), dtype=torch.float32).eval()
+        self.classifier = classifier.to(device=device_of(model), dtype=torch.float32).eval()
         self._down, self._offset, self._up = classifier.down.weight, classifier.down.bias, classifier.up.weight
         self.temperature = float(temperature)
         self.tilt_weight = float(tilt_weight)
@@ -102,19 +82,11 @@ class T3LogitsProcessor(LogitsProcessor):
 
     @classmethod
     def from_pretrained(
-        cls,
-        model: Any,
-        repo_or_dir: str,
-        *,
-        temperature: float | None = None,
-        tilt_weight: float | None = None,
-        log_f_floor: float | None = None,
-        allow_temperature_below_one: bool = False,
-        check_base_weights: bool = True,
+        cls, model: Any, repo_or_dir: str, *, temperature: float | None = None, tilt_weight: float | None = None,
+        log_f_floor: float | None = None, allow_temperature_below_one: bool = False, check_base_weights: bool = True,
         **load_kwargs: Any,
     ) -> T3LogitsProcessor:
-        """Load a saved or pushed head (``repo_or_dir``; ``load_kwargs`` go to ``from_pretrained``, e.g.
-        ``revision``) and build its processor with the decoding defaults it was saved with."""
+        """The processor of a saved or pushed head (``load_kwargs`` go to its ``from_pretrained``)."""
         classifier = T3Classifier.from_pretrained(repo_or_dir, **load_kwargs)
         return cls(
             model, classifier, temperature, tilt_weight, log_f_floor=log_f_floor,
@@ -123,7 +95,7 @@ class T3LogitsProcessor(LogitsProcessor):
 
     # ------------------------------------------------------------------ hook side
     def _record(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
-        """Sum of the hidden states of the positions one forward encoded (padding excluded)."""
+        """Sum the hidden states of the positions one forward encoded (padding excluded)."""
         q = hidden.shape[1]
         if mask is None:
             m = torch.ones(hidden.shape[:2], device=hidden.device, dtype=torch.float32)
