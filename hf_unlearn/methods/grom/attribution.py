@@ -62,31 +62,19 @@ def find_target_modules(model: Any, targets: Sequence[str], allow_tied_head: boo
         hits = [(n, m) for n, m in model.named_modules() if _matches(n, target)]
         if not hits:
             leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-            raise ValueError(
-                f"target_modules entry {target!r} matches no module of {type(model).__name__}; its linear modules "
-                f"are named {leaves}."
-            )
+            raise ValueError(f"target_modules entry {target!r} matches no module; the linear modules are {leaves}.")
         for name, module in hits:
             if type(module).__name__ == "Conv1D":
-                raise ValueError(
-                    f"{name} is a transformers Conv1D (GPT-2 style, weight stored transposed); GROM edits nn.Linear "
-                    "modules only. Use a Llama/Qwen/Mistral-style model or target 'lm_head'."
-                )
+                raise ValueError(f"{name} is a transformers Conv1D (GPT-2 style); GROM edits nn.Linear modules only.")
             if not isinstance(module, nn.Linear):
                 raise ValueError(f"{name} is a {type(module).__name__}, not an nn.Linear: GROM edits linear modules.")
             is_head = module is head
             if not is_head and module.out_features != hidden:
-                raise ValueError(
-                    f"{name} maps {module.in_features} -> {module.out_features} features, not into the residual "
-                    f"stream (hidden_size={hidden}); GROM targets are read through the logit lens, so edit a "
-                    "module writing to the residual stream (e.g. 'down_proj') or 'lm_head'."
-                )
+                raise ValueError(f"{name} maps {module.in_features} -> {module.out_features} features, not into the "
+                                 f"residual stream (hidden_size={hidden}); edit e.g. 'down_proj' or 'lm_head'.")
             if is_head and not allow_tied_head and lm_head_is_tied(model):
-                raise ValueError(
-                    f"{name} is tied to the input embeddings (tie_word_embeddings=True): an edit of it would also "
-                    "change the embeddings. Pass GROMConfig(untie_lm_head=True) to edit a separate copy of the "
-                    "LM head, or target 'down_proj' instead."
-                )
+                raise ValueError(f"{name} is tied to the input embeddings: pass GROMConfig(untie_lm_head=True) to edit "
+                                 "a separate copy of the LM head.")
             layer = None if is_head else layer_index(name)
             if not is_head and layer is None:
                 raise ValueError(f"Cannot tell the layer index of {name}; pass a module inside a numbered block.")

@@ -56,43 +56,34 @@ class GROMConfig:
     """
 
     target_modules: str | list[str] = field(
-        default="down_proj",
-        metadata={"help": "Linear modules to edit, matched as the last component(s) of the module path ('down_proj', "
-                  "'lm_head' or a full path); each must write the residual stream or be an untied LM head."},
+        default="down_proj", metadata={"help": "Linear modules to edit: residual writers ('down_proj') or 'lm_head'."}
     )
     layers: str | list[int] = field(
         default="auto", metadata={"help": "'auto' (logit-lens attribution S_l = F_l - R_l) or layer indices."}
     )
     candidate_layers: list[int] | None = field(
-        default=None,
-        metadata={"help": "Layers layers='auto' chooses from; None: the last ceil(L / 3) holding a target module."},
+        default=None, metadata={"help": "Layers layers='auto' chooses from; None: the last ceil(L / 3)."}
     )
     num_layers: int | None = field(
         default=None, metadata={"help": "Width of the band layers='auto' chooses; None: ceil(num_hidden_layers / 10)."}
     )
     objective: str = field(
         default="token_suppression",
-        metadata={"help": "'token_suppression' (lower each forget token's logit margin, weighted by its specificity) "
-                  "or 'representation_corruption' (push the output along a fixed random direction)."},
+        metadata={"help": "'token_suppression' (lower forget tokens' margins) or 'representation_corruption'."},
     )
     forget_weight: float = field(default=10.0, metadata={"help": "w_f > 0: forget fit weight, divided by s."})
     retain_weight: float = field(default=1.0, metadata={"help": "w_r >= 0: retain preservation weight, divided by r."})
     generic_retain_weight: float = field(
-        default=1.0,
-        metadata={"help": "w_g >= 0: weight of the general rows of fit_grom(..., generic_retain=rows), divided by g."},
+        default=1.0, metadata={"help": "w_g >= 0: weight of the general rows (generic_retain), divided by g."}
     )
     ridge: float = field(
         default=1e-2, metadata={"help": "mu >= 0: Tikhonov term; 0 only when A is non-singular (else refused)."}
     )
     max_rank: int | None = field(
-        default=None,
-        metadata={"help": "Largest LoRA rank of the export (also capped at floor(d_in d_out / (d_in + d_out))); a "
-                  "higher-rank edit is truncated by SVD and its relative Frobenius error recorded."},
+        default=None, metadata={"help": "Largest LoRA rank of the export (beyond it: truncated SVD, error recorded)."}
     )
     suppression_margin: float = field(
-        default=30.0,
-        metadata={"help": "kappa: each forget token's logit margin is asked to fall to -kappa nats (drop "
-                  "alpha_y max(0, margin + kappa), shared by the edited modules)."},
+        default=30.0, metadata={"help": "kappa: nats below its competitors each forget token's margin is pushed to."}
     )
     specificity_power: float = field(
         default=1.0, metadata={"help": "gamma: alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma."}
@@ -101,38 +92,27 @@ class GROMConfig:
         default=0.5, metadata={"help": "beta >= 0: smoothing of the token frequencies p_f, p_r."}
     )
     specificity_smoothing_mode: str = field(
-        default="fraction",
-        metadata={"help": "'fraction': p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x); 'pseudo_count': "
-                  "p_x(j) = (c_x(j) + beta) / (N_x + beta V)."},
+        default="fraction", metadata={"help": "Smoothing of p_f, p_r: 'fraction' (of rates) or 'pseudo_count'."}
     )
     corruption_norm: float = field(
         default=1.0, metadata={"help": "c: norm of D_t = alpha_y c u over the mean output norm on the forget keys."}
     )
     untie_lm_head: bool = field(
-        default=False,
-        metadata={"help": "Allow 'lm_head' on a model with tied embeddings: the edit applies to an untied copy of the "
-                  "head (call hf_unlearn.methods.grom.untie_lm_head(model) before PEFT's merge_and_unload)."},
+        default=False, metadata={"help": "Allow a tied 'lm_head': the edit applies to an untied copy of the head."}
     )
     retain_sample: int | None = field(
-        default=256,
-        metadata={"help": "Retain rows read for X_r X_r^T and the attribution (a uniform sample drawn with `seed`); "
-                  "None: every row."},
+        default=256, metadata={"help": "Retain rows read (a uniform sample drawn with `seed`); None: every row."}
     )
     seed: int = field(default=0, metadata={"help": "Seed of the retain sample and of the corruption direction."})
     max_length: int | None = field(
-        default=None,
-        metadata={"help": "Truncation of tokenized examples (answer cut); the model's maximum positions always apply."},
+        default=None, metadata={"help": "Truncation of tokenized examples (the model's positions always apply)."}
     )
     prompt_template: str | None = field(
-        default=None,
-        metadata={"help": "Prompt preset of hf_unlearn.data.prompts (None: the chat template, else the plain "
-                  "prompt); use the evaluator's."},
+        default=None, metadata={"help": "Prompt preset of hf_unlearn.data.prompts (None: chat template, else plain)."}
     )
     batch_size: int = field(default=16, metadata={"help": "Runtime: examples per forward pass (not saved)."})
     max_stat_memory_gb: float = field(
-        default=4.0,
-        metadata={"help": "Runtime: layers='auto' collects every candidate's statistics in its scoring pass when they "
-                  "fit this budget, else scores first and collects the band's in a second pass."},
+        default=4.0, metadata={"help": "Runtime: GiB of statistics layers='auto' may collect in one pass (else two)."}
     )
     progress: bool = field(default=True, metadata={"help": "Runtime: show tqdm progress bars."})
 
@@ -149,13 +129,14 @@ class GROMConfig:
             self.layers = _index_list("layers", self.layers)
         if self.candidate_layers is not None:
             if self.layers != "auto":
-                raise ValueError(
-                    "candidate_layers only applies to layers='auto' (it bounds the auto search); with an explicit "
-                    f"layers={self.layers} list, drop candidate_layers."
-                )
+                raise ValueError(f"candidate_layers only applies to layers='auto', not layers={self.layers}.")
             self.candidate_layers = _index_list("candidate_layers", self.candidate_layers)
-        if self.num_layers is not None and (not _is_int(self.num_layers) or self.num_layers < 1):
-            raise ValueError(f"num_layers must be None (a tenth of the depth) or an integer >= 1, got {self.num_layers!r}")
+        for name, low, optional in (("num_layers", 1, True), ("max_rank", 1, True), ("retain_sample", 1, True),
+                                    ("max_length", 2, True), ("batch_size", 1, False), ("seed", None, False)):
+            value = getattr(self, name)
+            if not (value is None and optional) and not (_is_int(value) and (low is None or value >= low)):
+                bound = "an integer" if low is None else f"an integer >= {low}"
+                raise ValueError(f"{name} must be {'None or ' if optional else ''}{bound}, got {value!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         _check_real("forget_weight", self.forget_weight, "w_f, a finite number > 0", strict=True)
@@ -168,26 +149,12 @@ class GROMConfig:
         _check_real("corruption_norm", self.corruption_norm, "c, a finite number > 0", strict=True)
         _check_real("max_stat_memory_gb", self.max_stat_memory_gb, "a finite number of GiB >= 0")
         if self.specificity_smoothing_mode not in SMOOTHING_MODES:
-            raise ValueError(
-                f"specificity_smoothing_mode must be one of {SMOOTHING_MODES}, got {self.specificity_smoothing_mode!r}"
-            )
+            raise ValueError(f"specificity_smoothing_mode must be one of {SMOOTHING_MODES}, got {self.specificity_smoothing_mode!r}")
         if not isinstance(self.untie_lm_head, bool):
             raise ValueError(f"untie_lm_head must be True or False, got {self.untie_lm_head!r}")
-        if self.max_rank is not None and (not _is_int(self.max_rank) or self.max_rank < 1):
-            raise ValueError(f"max_rank must be None or an integer >= 1, got {self.max_rank!r}")
-        if self.retain_sample is not None and (not _is_int(self.retain_sample) or self.retain_sample < 1):
-            raise ValueError(f"retain_sample must be None (every retain row) or an integer >= 1, got {self.retain_sample!r}")
-        if not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not _is_int(self.batch_size) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if self.max_length is not None and (not _is_int(self.max_length) or self.max_length < 2):
-            raise ValueError(f"max_length must be None or an integer >= 2, got {self.max_length!r}")
         if self.prompt_template is not None:
             if not isinstance(self.prompt_template, str):
-                raise ValueError(
-                    f"prompt_template must be None or a preset name, got {type(self.prompt_template).__name__}"
-                )
+                raise ValueError(f"prompt_template must be None or a preset name, got {type(self.prompt_template).__name__}")
             from ...data.prompts import get_template
 
             get_template(self.prompt_template)  # an unknown preset name is refused here, before any work

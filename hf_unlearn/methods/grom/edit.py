@@ -86,10 +86,7 @@ class GROMEdit:
         """Exact change of each ``P`` (float64) if forget example ``example_index`` left the objective (``w_f/s``
         kept), by :func:`~hf_unlearn.methods.grom.solve.woodbury_drop` on the cached Cholesky factor."""
         if not self.solutions:
-            raise ValueError(
-                "This GROM edit carries no audit state (it was saved with save_audit=False), so influence() cannot "
-                "be computed; refit it or load an adapter saved with its audit state."
-            )
+            raise ValueError("This GROM edit carries no audit state (saved with save_audit=False): no influence().")
         if not 0 <= example_index < self.num_forget_examples:
             raise ValueError(f"example_index must be in [0, {self.num_forget_examples}), got {example_index}")
         rows = (self.example_ids == example_index).nonzero().squeeze(-1)
@@ -121,20 +118,13 @@ class GROMEdit:
             "method": "GROM",
             "formula": "P = (w_f/s) D X_f^T A^{-1}, "
                        "A = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I",
-            "config": self.config.saved_dict(),
-            "lora_rank": rank,
-            "modules": {
-                n: {"rank": f.rank, "relative_frobenius_error": f.relative_error, "truncated": f.truncated}
-                for n, f in factors.items()
-            },
-            "layer_scores": {str(k): v for k, v in self.layer_scores.items()},
-            "selected_layers": self.selected_layers,
-            "stats": self.stats,
-            "num_forget_examples": self.num_forget_examples,
-            "retain_indices": list(self.retain_indices),
-            "base_model_name_or_path": self.base_model_name_or_path,
-            "base_fingerprint": self.base_fingerprint,
-            "untied_lm_head": self.untied_lm_head,
+            "config": self.config.saved_dict(), "lora_rank": rank,
+            "modules": {n: {"rank": f.rank, "relative_frobenius_error": f.relative_error, "truncated": f.truncated}
+                        for n, f in factors.items()},
+            "layer_scores": {str(k): v for k, v in self.layer_scores.items()}, "selected_layers": self.selected_layers,
+            "stats": self.stats, "num_forget_examples": self.num_forget_examples,
+            "retain_indices": list(self.retain_indices), "base_model_name_or_path": self.base_model_name_or_path,
+            "base_fingerprint": self.base_fingerprint, "untied_lm_head": self.untied_lm_head,
         }
         return config, state, json_safe(meta)
 
@@ -295,10 +285,7 @@ def untie_lm_head(model: Any) -> Any:
     embed = base.get_input_embeddings()
     if head.weight is embed.weight or head.weight.data_ptr() == embed.weight.data_ptr():
         head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
-    for cfg in {id(c): c for c in (base.config, _text_config(base.config))}.values():
+    text = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    for cfg in {id(c): c for c in (base.config, text)}.values():
         cfg.tie_word_embeddings = False
     return model
-
-
-def _text_config(config: Any) -> Any:
-    return config.get_text_config() if hasattr(config, "get_text_config") else config

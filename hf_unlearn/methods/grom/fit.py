@@ -75,19 +75,12 @@ def _fit_grom(
         num_forget_examples=len(prep.forget_feats), layer_scores=scores,
         selected_layers=sorted({t.layer for t in layered}),
         stats={
-            "num_forget_keys": int(records["gold"].numel()),
-            "num_retain_keys": stats["num_retain"],
-            "num_retain_rows_read": len(prep.retain_feats),
-            "num_generic_keys": stats["num_generic"],
-            "num_generic_rows_read": len(prep.generic_feats),
-            "candidate_layers": prep.candidates,
-            "max_positions": prep.limit,
-            "forward_passes_over_data": passes_done,
-            "processes": world,
-            "distributed": distributed,
-            "mean_specificity": float(alpha_t.mean()),
-            "mean_forget_margin": float(records["margin"].mean()) if suppression else None,
-            "seconds": elapsed,
+            "num_forget_keys": int(records["gold"].numel()), "num_retain_keys": stats["num_retain"],
+            "num_retain_rows_read": len(prep.retain_feats), "num_generic_keys": stats["num_generic"],
+            "num_generic_rows_read": len(prep.generic_feats), "candidate_layers": prep.candidates,
+            "max_positions": prep.limit, "forward_passes_over_data": passes_done, "processes": world,
+            "distributed": distributed, "mean_specificity": float(alpha_t.mean()),
+            "mean_forget_margin": float(records["margin"].mean()) if suppression else None, "seconds": elapsed,
         },
         base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
         base_fingerprint=model_fingerprint(model), retain_indices=prep.retain_indices,
@@ -175,22 +168,16 @@ def _solve_modules(
             direction = random_direction(t.module.out_features, config.seed + (t.layer or 0)).to(keys.device)
             d = corruption_targets(alpha_t.double(), direction, config.corruption_norm * mean_norm)
         if not bool(torch.isfinite(keys).all()) or not bool(torch.isfinite(d).all()):
-            raise ValueError(
-                f"GROM keys or targets of {t.name} are not finite (NaN/inf): the model's forward pass overflowed "
-                "(e.g. a model in half precision) or suppression_margin / corruption_norm is too large. Load the "
-                "model in float32 or lower them; nothing was solved."
-            )
+            raise ValueError(f"GROM keys or targets of {t.name} are not finite: load the model in float32 or lower "
+                             "suppression_margin / corruption_norm.")
         sol = solve_grom(
             stats["retain_moment"][t.name], stats["num_retain"], keys, d,
             config.forget_weight, config.retain_weight, config.ridge,
             stats["generic_moment"].get(t.name), stats["num_generic"], config.generic_retain_weight,
         )
         if not bool(torch.isfinite(sol.delta).all()):
-            raise ValueError(
-                f"The GROM edit of {t.name} is not finite (NaN/inf): the solve overflowed with "
-                f"suppression_margin={config.suppression_margin}, forget_weight={config.forget_weight}, "
-                f"ridge={config.ridge}. Lower suppression_margin or forget_weight, or raise ridge."
-            )
+            raise ValueError(f"The GROM edit of {t.name} is not finite: lower suppression_margin="
+                             f"{config.suppression_margin} or forget_weight, or raise ridge.")
         solutions[t.name], keys_out[t.name], targets_out[t.name] = sol, keys, d
     return solutions, keys_out, targets_out
 

@@ -38,9 +38,8 @@ def _tokenize_rows(
     try:
         return prepare_qa(rows, tokenizer, template=template, max_length=cut, truncation="answer")
     except PromptTooLongError as err:
-        raise ValueError(
-            f"{what} example {err.index}: {err.reason} (GROM cuts every example to {cut} tokens, {why})."
-        ) from err.__cause__
+        raise ValueError(f"{what} example {err.index}: {err.reason} (GROM cuts every example to {cut} tokens, "
+                         f"{why}).") from err.__cause__
     except ValueError as err:  # the template (e.g. 'chat' without a chat template), refused at the first example
         raise ValueError(f"{what} example 0: {err} (GROM cuts every example to {cut} tokens, {why}).") from err
 
@@ -49,33 +48,21 @@ def _rows(data: Any, what: str, allow_empty: bool = False) -> list[dict[str, Any
     """The rows of ``data`` as dicts with string ``question`` and non-empty string ``answer`` fields, else a
     ValueError naming the row."""
     if isinstance(data, (str, bytes, Mapping)):
-        raise ValueError(
-            f"The {what} set must be a list of rows like {{'question': ..., 'answer': ...}} or a datasets.Dataset, "
-            f"got a single {type(data).__name__}."
-        )
+        raise ValueError(f"The {what} set must be a list of rows or a datasets.Dataset, got a {type(data).__name__}.")
     rows = []
     for i, r in enumerate(data if data is not None else []):
         if not isinstance(r, Mapping):
-            raise ValueError(
-                f"{what} row {i} is a {type(r).__name__} ({str(r)[:40]!r}), not a dict: GROM rows are TOFU-shaped "
-                "dicts with 'question' and 'answer' fields (a list of dicts or a datasets.Dataset); pass documents "
-                "as hf_unlearn.data.documents_dataset(texts), a path or [{'text': ...}, ...]."
-            )
+            raise ValueError(f"{what} row {i} is a {type(r).__name__} ({str(r)[:40]!r}), not a dict with 'question' and "
+                             "'answer' fields (pass documents as hf_unlearn.data.documents_dataset(texts)).")
         missing = [k for k in ("question", "answer") if k not in r]
         if missing:
-            raise ValueError(
-                f"{what} row {i} has no {' / '.join(repr(k) for k in missing)} field; rows need 'question' and "
-                f"'answer' fields; got {sorted(str(k) for k in r)}"
-            )
+            raise ValueError(f"{what} row {i} has no {' / '.join(repr(k) for k in missing)} field; got "
+                             f"{sorted(str(k) for k in r)}")
         for k in ("question", "answer"):
             if not isinstance(r[k], str):
-                raise ValueError(
-                    f"{what} row {i}: {k!r} must be a string, got {type(r[k]).__name__} ({r[k]!r:.40}); fix the row."
-                )
+                raise ValueError(f"{what} row {i}: {k!r} must be a string, got {type(r[k]).__name__} ({r[k]!r:.40}).")
         if not r["answer"].strip():
-            raise ValueError(
-                f"{what} row {i} has an empty answer: it has no answer tokens to read; fill in or remove the row."
-            )
+            raise ValueError(f"{what} row {i} has an empty answer: fill in or remove the row.")
         rows.append(dict(r))
     if not rows and not allow_empty:
         raise ValueError(f"The {what} set is empty.")
@@ -92,15 +79,9 @@ def _check_disjoint(
             overlap = shared_documents(docs["forget"], docs[what])
         else:
             overlap = overlapping_examples(forget_rows, rows) if forget_rows and rows else 0
-        if overlap and what == "retain":
-            raise ValueError(
-                f"{overlap} forget examples also occur in the retain set; forget and retain must be disjoint."
-            )
         if overlap:
-            raise ValueError(
-                f"{overlap} forget examples also occur in generic_retain; the general rows must not contain forget "
-                "rows."
-            )
+            where = "the retain set" if what == "retain" else what
+            raise ValueError(f"{overlap} forget examples also occur in {where}; the sets must be disjoint.")
 
 
 def _answer_token_counts(features: list[dict[str, Any]], vocab: int) -> torch.Tensor:
@@ -114,10 +95,8 @@ def _check_vocab(model: Any, tokenizer: Any, features: list[dict[str, Any]]) -> 
         raise ValueError(f"{type(model).__name__} has no output embeddings (LM head): GROM needs a causal LM.")
     vocab = vocab_size(model)  # from the config when the head is partitioned (ZeRO-3 / FSDP)
     if len(tokenizer) > vocab:
-        raise ValueError(
-            f"Tokenizer/model vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens but the model's LM head "
-            f"has {vocab} rows. Use the tokenizer the model was trained with."
-        )
+        raise ValueError(f"Tokenizer/model vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens, the LM "
+                         f"head {vocab} rows.")
     top = max(max(f["input_ids"]) for f in features)
     if top >= vocab:
         raise ValueError(f"Token id {top} is outside the model's vocabulary ({vocab}): tokenizer/model mismatch.")
@@ -186,9 +165,6 @@ def _prepare(
     f_counts = _answer_token_counts(forget_feats, vocab)
     r_counts = _answer_token_counts(retain_feats, vocab)
     if int(f_counts.sum()) == 0:
-        raise ValueError(
-            "The forget set has no answer tokens (every label is -100, e.g. empty answers or max_length cutting "
-            "them off): there are no forget keys to unlearn."
-        )
+        raise ValueError("The forget set has no answer tokens (every label is -100, e.g. cut off by max_length).")
     return _Prepared(targets, layered, heads, candidates, band, retain_indices, forget_feats, retain_feats,
                      generic_feats, f_counts, r_counts, limit, untied)

@@ -20,25 +20,16 @@ def _read_metadata(folder: Path, source: Any) -> dict[str, Any]:
     """``grom_metadata.json`` of ``folder`` as a dict with ``config`` and ``modules``, or a ValueError."""
     meta_path = folder / GROM_METADATA
     if not meta_path.is_file():
-        raise ValueError(
-            f"{source} is not a GROM adapter (no {GROM_METADATA}); a plain PEFT adapter loads with "
-            "peft.PeftModel.from_pretrained."
-        )
+        raise ValueError(f"{source} is not a GROM adapter (no {GROM_METADATA}).")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"{meta_path} is not valid JSON ({err}); the GROM metadata was damaged. Restore the file from the saved "
-            "adapter (or download the repo again), or refit and save the edit."
-        ) from None
+        raise ValueError(f"{meta_path} is not valid JSON ({err}). Restore the file from the saved adapter.") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{meta_path} must hold a JSON object, got {type(meta).__name__}; the GROM metadata is damaged.")
     missing = [k for k in ("config", "modules") if not isinstance(meta.get(k), dict)]
     if missing:
-        raise ValueError(
-            f"{meta_path} has no {missing} entry (or not an object); the GROM metadata is damaged or was not written "
-            "by hf-unlearn. Restore the file from the saved adapter, or refit and save the edit."
-        )
+        raise ValueError(f"{meta_path} has no {missing} entry (or not an object); restore the file.")
     return meta
 
 
@@ -64,10 +55,8 @@ def _lora_scaling(folder: Path, what: str) -> Any:
         ranks = {str(k): float(v) for k, v in (cfg.get("rank_pattern") or {}).items()}
         alphas = {str(k): float(v) for k, v in (cfg.get("alpha_pattern") or {}).items()}
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
-        raise ValueError(
-            f"{what}: {ADAPTER_CONFIG} is missing or has no numeric r / lora_alpha ({type(err).__name__}); restore "
-            "the saved file."
-        ) from None
+        raise ValueError(f"{what}: {ADAPTER_CONFIG} is missing or has no numeric r / lora_alpha "
+                         f"({type(err).__name__}).") from None
 
     def pick(pattern: dict[str, float], default: float, name: str) -> float:
         return next((v for k, v in pattern.items() if re.match(rf"(.*\.)?({k})$", name)), default)
@@ -95,19 +84,15 @@ def _check_factors_match(
     recorded = float(recorded) if isinstance(recorded, (int, float)) and math.isfinite(recorded) else 0.0
     p = delta.to(torch.float64)
     if tuple(p.shape) != tuple(product.shape):
-        raise AdapterIntegrityError(
-            f"{what}: module {name!r} has P of shape {list(p.shape)} in {audit_name} but B A of shape "
-            f"{list(product.shape)} in {ADAPTER_WEIGHTS}: the files do not belong together."
-        )
+        raise AdapterIntegrityError(f"{what}: module {name!r} has P of shape {list(p.shape)} in {audit_name} but B A "
+                                    f"of shape {list(product.shape)} in {ADAPTER_WEIGHTS}.")
     scale = float(p.norm())
     err = float((product - p).norm())
     if not err <= (recorded + FACTOR_CHECK_RTOL) * scale + 1e-30:
         rel = err / scale if scale > 0 else float("inf")
         raise AdapterIntegrityError(
-            f"{what}: for module {name!r} the audit's P ({audit_name}) and the adapter's (lora_alpha/r) B A "
-            f"({ADAPTER_WEIGHTS}) differ by a relative Frobenius error of {rel:.3g} (allowed: {recorded:.3g} "
-            f"recorded + {FACTOR_CHECK_RTOL:g}). One of the files was modified after saving; restore both from the "
-            "saved adapter or refit with fit_grom."
+            f"{what}: for module {name!r} the audit's P ({audit_name}) and the adapter's B A ({ADAPTER_WEIGHTS}) differ "
+            f"by a relative Frobenius error of {rel:.3g} (allowed: {recorded:.3g} + {FACTOR_CHECK_RTOL:g}); restore both."
         )
 
 
@@ -130,21 +115,16 @@ def _resolve_folder(
     ))
 
 
-
 def _read_audit(audit_path: Path | None, audit_name: str | None, allow_missing: bool, what: str
                 ) -> dict[str, torch.Tensor]:
-    """The audit state the metadata names (``{}`` when it names none); a missing file is refused unless
-    ``allow_missing`` (the edit then loads from the adapter alone, without :meth:`GROMEdit.influence`)."""
+    """The audit state the metadata names (``{}`` when none); a missing file is refused unless ``allow_missing``."""
     if audit_path is None:
         return {}
     if audit_path.is_file():
         return _load_safetensors(audit_path, what)
     if not allow_missing:
-        raise AdapterIntegrityError(
-            f"{what}: {audit_name} is missing, but {GROM_METADATA} says the adapter was saved with it. "
-            "Restore the file, or pass allow_missing_audit=True to load the edit from "
-            f"{ADAPTER_WEIGHTS} alone (influence() is then unavailable)."
-        )
+        raise AdapterIntegrityError(f"{what}: {audit_name} is missing; restore it, or pass allow_missing_audit=True "
+                                    "to load the edit without it (no influence()).")
     return {}
 
 
@@ -158,10 +138,8 @@ def _restore_modules(
     for name, info in modules.items():
         a_key, b_key = f"base_model.model.{name}.lora_A.weight", f"base_model.model.{name}.lora_B.weight"
         if a_key not in state or b_key not in state:
-            raise ValueError(
-                f"{what}: {ADAPTER_WEIGHTS} has no LoRA factors for module {name!r} that {GROM_METADATA} lists "
-                f"(keys {a_key} / {b_key}); the adapter is incomplete. Save it again with save_pretrained."
-            )
+            raise ValueError(f"{what}: {ADAPTER_WEIGHTS} has no LoRA factors for module {name!r} (keys {a_key} / "
+                             f"{b_key}).")
         product = scaling(name) * (state[b_key].double() @ state[a_key].double())
         if not audit:
             deltas[name] = product.float()
@@ -169,19 +147,14 @@ def _restore_modules(
         parts = {part: f"{part}/{name}" for part in ("chol_lower", "forget_scale", "forget_keys", "targets")}
         absent = [k for k in parts.values() if k not in audit]
         if absent:
-            raise ValueError(
-                f"{what}: {audit_name} has no {absent} for module {name!r}; the audit is incomplete. Save the "
-                "edit again with save_pretrained."
-            )
+            raise ValueError(f"{what}: {audit_name} has no {absent} for module {name!r}; the audit is incomplete.")
         try:
             chol = unpack_lower(audit[parts["chol_lower"]].to(torch.float64))
             forget_scale = float(audit[parts["forget_scale"]][0])
             delta = delta_from_cholesky(chol, audit[parts["forget_keys"]], audit[parts["targets"]], forget_scale)
         except (ValueError, RuntimeError, IndexError) as err:
-            raise AdapterIntegrityError(
-                f"{what}: the audit state of module {name!r} in {audit_name} does not fit together ({err}); restore "
-                "the saved file."
-            ) from None
+            raise AdapterIntegrityError(f"{what}: the audit state of module {name!r} in {audit_name} does not fit "
+                                        f"together ({err}).") from None
         _check_factors_match(delta, product, info, name, what, audit_name)
         sol = GROMSolution(delta=delta, chol=chol, forget_scale=forget_scale)
         solutions[name], keys[name], targets[name] = sol, audit[parts["forget_keys"]], audit[parts["targets"]]

@@ -161,10 +161,7 @@ def unpack_lower(packed: torch.Tensor) -> torch.Tensor:
 def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
     bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
-        raise ValueError(
-            f"Refusing to save a GROM {what} with non-finite values (NaN/inf) in {bad[:4]}: the solve diverged "
-            "(e.g. non-finite keys from a model in half precision, or a huge suppression_margin). Nothing was written."
-        )
+        raise ValueError(f"Refusing to save a GROM {what} with non-finite values in {bad[:4]}; nothing was written.")
 
 
 def save_adapter(
@@ -203,9 +200,7 @@ def save_adapter(
         return path
     clash = sorted(n for n in ADAPTER_FILES if (path / n).exists())
     if clash and not overwrite:
-        raise OutputDirError(
-            f"{path} already holds an adapter ({', '.join(clash)}); pass overwrite=True to replace it."
-        )
+        raise OutputDirError(f"{path} already holds an adapter ({', '.join(clash)}); pass overwrite=True to replace it.")
     with output_lock(path):  # no other process writes into the folder while the files are renamed in
         tmp = Path(tempfile.mkdtemp(prefix=".grom-adapter.tmp-", dir=path))
         try:

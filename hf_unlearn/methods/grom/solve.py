@@ -55,22 +55,16 @@ def cholesky_or_explain(a: torch.Tensor, ridge: float) -> torch.Tensor:
     """Lower Cholesky factor of ``A``; a ``ValueError`` suggesting a ridge when ``A`` is singular."""
     a = a.to(torch.float64)
     if not bool(torch.isfinite(a).all()):
-        raise ValueError(
-            f"The GROM normal matrix A ({a.shape[0]}x{a.shape[0]}) has non-finite entries (ridge={ridge}; or "
-            "non-finite keys, e.g. a model in half precision that overflowed). Use a finite ridge >= 0 and a model "
-            "whose forward pass is finite (float32)."
-        )
+        raise ValueError(f"The GROM normal matrix A has non-finite entries (ridge={ridge}, or non-finite keys from a "
+                         "model in half precision).")
     singular = False
     if ridge <= 0:
         eig = torch.linalg.eigvalsh(a)
         singular = bool(eig[0] <= 1e-10 * max(float(eig[-1]), 1e-300))
     chol, info = torch.linalg.cholesky_ex(a)
     if singular or int(info) != 0:
-        raise ValueError(
-            f"The GROM normal matrix A ({a.shape[0]}x{a.shape[0]}) is singular with ridge={ridge}: the forget and "
-            f"retain keys do not span the module's input space. Set a ridge > 0, e.g. "
-            f"GROMConfig(ridge={suggested_ridge(a):.3g})."
-        )
+        raise ValueError(f"The GROM normal matrix A ({a.shape[0]}x{a.shape[0]}) is singular with ridge={ridge}; set "
+                         f"a ridge > 0, e.g. GROMConfig(ridge={suggested_ridge(a):.3g}).")
     return chol
 
 

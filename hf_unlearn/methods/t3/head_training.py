@@ -201,17 +201,10 @@ def _train_head(
         torch.set_num_threads(threads)
     _fold_standardisation(clf, mean, scale, best[2] if patience is not None else None)
     return {
-        "epochs_run": epochs_run,
-        "steps_run": step,
-        "best_epoch": (best[1] + 1) if best[2] is not None else None,
-        "stopped_early": stopped_early,
-        "heldout_bce_per_epoch": history,
-        "lr_schedule": config.lr_schedule,
-        "total_steps": max_steps,
-        "warmup_steps": warmup_steps,
-        "fit_forget_examples": len(forget_train),
-        "fit_forget_positions": int((train_mask & (y == 0)).sum()),
-        "fit_retain_examples": len(retain_train),
+        "epochs_run": epochs_run, "steps_run": step, "best_epoch": (best[1] + 1) if best[2] is not None else None,
+        "stopped_early": stopped_early, "heldout_bce_per_epoch": history, "lr_schedule": config.lr_schedule,
+        "total_steps": max_steps, "warmup_steps": warmup_steps, "fit_forget_examples": len(forget_train),
+        "fit_forget_positions": int((train_mask & (y == 0)).sum()), "fit_retain_examples": len(retain_train),
     }
 
 
