@@ -53,8 +53,7 @@ def lm_head_is_tied(model: Any) -> bool:
 
 
 def find_target_modules(model: Any, targets: Sequence[str], allow_tied_head: bool = False) -> list[TargetModule]:
-    """All modules matching ``targets``: ``nn.Linear`` residual writers or the LM head (tied only with
-    ``allow_tied_head``), else a ``ValueError`` naming the problem."""
+    """All modules matching ``targets``: ``nn.Linear`` residual writers or the LM head, else a ValueError."""
     hidden = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     found: list[TargetModule] = []

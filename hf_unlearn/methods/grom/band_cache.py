@@ -1,12 +1,9 @@
 """Measuring many GROM edits from one pass: the hidden states entering the edited band, cached once per row.
 
-An edit of blocks ``l0 <= l <= l1`` (or of the LM head) leaves everything before block ``l0`` unchanged, so each
-batch's input of block ``l0`` is kept and a candidate runs from there. When the only edited module of block ``l0``
-is its last residual writer (``out = r + W x``) the block's output is linear in the edit,
-``out_b(P) = out_b(0) + x_b P^T``, so ``out_b(0)`` and ``x_b`` are kept and only the later blocks run (the tail
-shortcut, checked under a random perturbation of ``W``). Logits are computed only at the scored pairs ``(b, t)``:
-``log p(y_{b,t+1}) = z_{b,t}[y_{b,t+1}] - logsumexp_v z_{b,t}[v]``, by the first of :data:`LOGITS_MODES` that
-reproduces the plain forward.
+An edit of blocks ``l0 <= l`` (or of the LM head) leaves everything before block ``l0`` unchanged, so a candidate
+runs from block ``l0``'s cached input. When block ``l0``'s only edited module is its last residual writer the
+block's output is linear in the edit, ``out_b(P) = out_b(0) + x_b P^T``, and only the later blocks run (checked
+under a random perturbation of ``W``). Logits are computed only at the scored pairs.
 """
 
 from __future__ import annotations
@@ -321,8 +318,7 @@ class BandCache:
 
     @torch.no_grad()
     def _tail_is_linear(self, plain: torch.Tensor, atol: float) -> bool:
-        """The shortcut against a replay of the tail's block under ``W + E``, ``E`` a seeded Gaussian (which must move
-        the scores)."""
+        """The shortcut against a replay of the tail's block under ``W + E``, ``E`` a seeded Gaussian."""
         weight = self.entry.tail.weight
         scale = 0.1 * float(weight.float().std().clamp_min(1e-3))
         noise = (scale * torch.randn(weight.shape, generator=torch.Generator().manual_seed(0))).to(weight)

@@ -58,55 +58,28 @@ class GROMConfig:
     target_modules: str | list[str] = field(
         default="down_proj", metadata={"help": "Linear modules to edit: residual writers ('down_proj') or 'lm_head'."}
     )
-    layers: str | list[int] = field(
-        default="auto", metadata={"help": "'auto' (logit-lens attribution S_l = F_l - R_l) or layer indices."}
-    )
+    layers: str | list[int] = field(default="auto", metadata={"help": "'auto' (logit-lens attribution) or indices."})
     candidate_layers: list[int] | None = field(
         default=None, metadata={"help": "Layers layers='auto' chooses from; None: the last ceil(L / 3)."}
     )
-    num_layers: int | None = field(
-        default=None, metadata={"help": "Width of the band layers='auto' chooses; None: ceil(num_hidden_layers / 10)."}
-    )
+    num_layers: int | None = field(default=None, metadata={"help": "Width of the auto band; None: ceil(L / 10)."})
     objective: str = field(
-        default="token_suppression",
-        metadata={"help": "'token_suppression' (lower forget tokens' margins) or 'representation_corruption'."},
+        default="token_suppression", metadata={"help": "'token_suppression' or 'representation_corruption'."}
     )
     forget_weight: float = field(default=10.0, metadata={"help": "w_f > 0: forget fit weight, divided by s."})
     retain_weight: float = field(default=1.0, metadata={"help": "w_r >= 0: retain preservation weight, divided by r."})
-    generic_retain_weight: float = field(
-        default=1.0, metadata={"help": "w_g >= 0: weight of the general rows (generic_retain), divided by g."}
-    )
-    ridge: float = field(
-        default=1e-2, metadata={"help": "mu >= 0: Tikhonov term; 0 only when A is non-singular (else refused)."}
-    )
-    max_rank: int | None = field(
-        default=None, metadata={"help": "Largest LoRA rank of the export (beyond it: truncated SVD, error recorded)."}
-    )
-    suppression_margin: float = field(
-        default=30.0, metadata={"help": "kappa: nats below its competitors each forget token's margin is pushed to."}
-    )
-    specificity_power: float = field(
-        default=1.0, metadata={"help": "gamma: alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma."}
-    )
-    specificity_smoothing: float = field(
-        default=0.5, metadata={"help": "beta >= 0: smoothing of the token frequencies p_f, p_r."}
-    )
-    specificity_smoothing_mode: str = field(
-        default="fraction", metadata={"help": "Smoothing of p_f, p_r: 'fraction' (of rates) or 'pseudo_count'."}
-    )
-    corruption_norm: float = field(
-        default=1.0, metadata={"help": "c: norm of D_t = alpha_y c u over the mean output norm on the forget keys."}
-    )
-    untie_lm_head: bool = field(
-        default=False, metadata={"help": "Allow a tied 'lm_head': the edit applies to an untied copy of the head."}
-    )
-    retain_sample: int | None = field(
-        default=256, metadata={"help": "Retain rows read (a uniform sample drawn with `seed`); None: every row."}
-    )
+    generic_retain_weight: float = field(default=1.0, metadata={"help": "w_g >= 0: general rows' weight, / g."})
+    ridge: float = field(default=1e-2, metadata={"help": "mu >= 0: Tikhonov term (0 only for a non-singular A)."})
+    max_rank: int | None = field(default=None, metadata={"help": "Largest LoRA rank of the export (truncated SVD)."})
+    suppression_margin: float = field(default=30.0, metadata={"help": "kappa: nats the margins go below 0."})
+    specificity_power: float = field(default=1.0, metadata={"help": "gamma: the power of alpha_j."})
+    specificity_smoothing: float = field(default=0.5, metadata={"help": "beta >= 0: smoothing of p_f, p_r."})
+    specificity_smoothing_mode: str = field(default="fraction", metadata={"help": "'fraction' or 'pseudo_count'."})
+    corruption_norm: float = field(default=1.0, metadata={"help": "c: norm of D_t over the mean output norm."})
+    untie_lm_head: bool = field(default=False, metadata={"help": "Allow a tied 'lm_head' (edit an untied copy)."})
+    retain_sample: int | None = field(default=256, metadata={"help": "Retain rows read (seeded); None: every row."})
     seed: int = field(default=0, metadata={"help": "Seed of the retain sample and of the corruption direction."})
-    max_length: int | None = field(
-        default=None, metadata={"help": "Truncation of tokenized examples (the model's positions always apply)."}
-    )
+    max_length: int | None = field(default=None, metadata={"help": "Truncation of tokenized examples (answer cut)."})
     prompt_template: str | None = field(
         default=None, metadata={"help": "Prompt preset of hf_unlearn.data.prompts (None: chat template, else plain)."}
     )
@@ -149,12 +122,13 @@ class GROMConfig:
         _check_real("corruption_norm", self.corruption_norm, "c, a finite number > 0", strict=True)
         _check_real("max_stat_memory_gb", self.max_stat_memory_gb, "a finite number of GiB >= 0")
         if self.specificity_smoothing_mode not in SMOOTHING_MODES:
-            raise ValueError(f"specificity_smoothing_mode must be one of {SMOOTHING_MODES}, got {self.specificity_smoothing_mode!r}")
+            raise ValueError(f"specificity_smoothing_mode must be one of {SMOOTHING_MODES}, got "
+                             f"{self.specificity_smoothing_mode!r}")
         if not isinstance(self.untie_lm_head, bool):
             raise ValueError(f"untie_lm_head must be True or False, got {self.untie_lm_head!r}")
         if self.prompt_template is not None:
             if not isinstance(self.prompt_template, str):
-                raise ValueError(f"prompt_template must be None or a preset name, got {type(self.prompt_template).__name__}")
+                raise ValueError(f"prompt_template must be None or a name, got {type(self.prompt_template).__name__}")
             from ...data.prompts import get_template
 
             get_template(self.prompt_template)  # an unknown preset name is refused here, before any work
@@ -167,8 +141,7 @@ class GROMConfig:
         select_targets(model, self)
 
     def candidates(self, available: list[int]) -> list[int]:
-        """Layers ``layers="auto"`` searches: ``candidate_layers`` (each must be in ``available``), else the last
-        ``ceil(len(available) / 3)`` of ``available``."""
+        """``candidate_layers`` (each in ``available``), else the last ``ceil(len(available) / 3)``."""
         available = sorted(available)
         if self.candidate_layers is None:
             return available[len(available) - math.ceil(len(available) / 3):]

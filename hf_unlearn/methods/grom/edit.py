@@ -44,16 +44,6 @@ from .peft_export import (
 from .peft_export import verify_integrity as _verify_files
 from .solve import GROMSolution, low_rank_form, woodbury_drop
 
-_BASE_FIX = ("A GROM edit P is only valid for the weights it was solved with; load it onto that base (adapter "
-             "base_model_name_or_path), or refit fit_grom on this one. Applying it here would silently change the "
-             "model.")
-
-
-def check_base(fingerprint: dict[str, Any] | None, model: Any, what: str = "This GROM adapter") -> None:
-    """Refuse (:class:`~hf_unlearn.integrity.BaseModelMismatchError`) a ``model`` whose weights (every parameter)
-    are not the ones the edit was solved against."""
-    check_model_fingerprint(fingerprint, model, what, _BASE_FIX)
-
 
 @dataclass
 class GROMEdit:
@@ -97,8 +87,7 @@ class GROMEdit:
         return out
 
     def lora_factors(self) -> dict[str, LoraFactors]:
-        """``{module: LoraFactors}`` of each ``P`` (:func:`~hf_unlearn.methods.grom.peft_export.lora_factors`), from
-        its low-rank form when the edit carries its solution; computed once."""
+        """``{module: LoraFactors}`` of each ``P``, from its low-rank form when known; computed once."""
         if self._factors is None:
             factors = {}
             for name, p in self.deltas.items():
@@ -132,13 +121,14 @@ class GROMEdit:
         """Relative Frobenius error of each module's LoRA export (0 when exact)."""
         return {n: f.relative_error for n, f in self.lora_factors().items()}
 
-    def verify_base(self, model: Any) -> None:
-        """:func:`check_base` of ``model``."""
-        check_base(self.base_fingerprint, model)
+    def verify_base(self, model: Any, what: str = "This GROM adapter") -> None:
+        """Refuse (``BaseModelMismatchError``) a ``model`` whose weights are not the ones solved against."""
+        check_model_fingerprint(self.base_fingerprint, model, what,
+                                "A GROM edit P is only valid for the weights it was solved with; load it onto that base "
+                                "(adapter base_model_name_or_path), or refit fit_grom on this one.")
 
     def to_peft(self, model: Any, check_base_model: bool = True) -> Any:
-        """``peft.PeftModel`` (LoRA, ``lora_alpha = r``) applying ``W + P``, wrapping ``model`` in place; another base
-        is refused unless ``check_base_model=False``."""
+        """``peft.PeftModel`` applying ``W + P`` around ``model``; another base is refused."""
         if check_base_model:
             self.verify_base(model)
         config, state, _ = self._export()
@@ -204,7 +194,7 @@ class GROMEdit:
             retain_indices=list(meta.get("retain_indices", [])), untied_lm_head=meta.get("untied_lm_head"),
         )
         if model is not None:
-            check_base(edit.base_fingerprint, model, what)
+            edit.verify_base(model, what)
         return edit
 
     def push_to_hub(
@@ -212,8 +202,7 @@ class GROMEdit:
         commit_message: str | None = None, revision: str | None = None, report: dict[str, Any] | None = None,
         save_audit: bool = True, create_card: bool = True, endpoint: str | None = None,
     ) -> Any:
-        """Upload the :meth:`save_pretrained` folder, a model card (when the base is known) and ``report`` to
-        ``repo_id`` in one commit; returns the ``CommitInfo``."""
+        """Upload the saved folder, a model card and ``report`` in one commit; returns the ``CommitInfo``."""
         from huggingface_hub.utils import validate_repo_id
 
         from ...hub.push import push_folder

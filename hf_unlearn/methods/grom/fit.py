@@ -1,8 +1,5 @@
-"""``fit_grom``: forward passes of the unedited model collect keys, one linear solve per module gives the edit.
-
-Each edited module's ``P`` is solved independently (``k`` modules each take ``1/k`` of the margin drop). Under
-``torch.distributed`` example ``i`` runs on rank ``i % world_size`` and the statistics are reduced, so every process
-gets the single-process edit.
+"""``fit_grom``: forward passes of the unedited model collect keys, one linear solve per module gives the edit
+(``k`` edited modules each take ``1/k`` of the margin drop).
 """
 
 from __future__ import annotations
@@ -154,8 +151,7 @@ def _choose_band(stats: dict[str, Any], layered: list[TargetModule], band: int
 def _solve_modules(
     edited: list[TargetModule], stats: dict[str, Any], alpha_t: torch.Tensor, config: GROMConfig, suppression: bool
 ) -> tuple[dict[str, GROMSolution], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """``(solutions, forget keys, targets)`` of every edited module; non-finite keys, targets or solutions are
-    refused."""
+    """``(solutions, forget keys, targets)`` of every edited module; non-finite ones are refused."""
     records = stats["records"]
     solutions, keys_out, targets_out = {}, {}, {}
     for t in edited:

@@ -30,8 +30,7 @@ def _tokenize_rows(
     tokenizer: Any, rows: list[dict[str, Any]], max_length: int | None, limit: int | None,
     template: str | None, what: str,
 ) -> list[dict[str, Any]]:
-    """:func:`~hf_unlearn.data.prepare_qa` of every row, cut to ``min(max_length, limit)`` tokens (answer cut); a
-    prompt leaving no room for an answer token is refused."""
+    """Every row tokenized and cut to ``min(max_length, limit)`` tokens; a prompt that fills it is refused."""
     bounds = [v for v in (max_length, limit) if v is not None]
     cut = min(bounds) if bounds else None
     why = "the model's maximum positions" if cut is not None and cut == limit else "GROMConfig.max_length"
@@ -45,8 +44,7 @@ def _tokenize_rows(
 
 
 def _rows(data: Any, what: str, allow_empty: bool = False) -> list[dict[str, Any]]:
-    """The rows of ``data`` as dicts with string ``question`` and non-empty string ``answer`` fields, else a
-    ValueError naming the row."""
+    """The rows of ``data`` as dicts with string ``question`` and non-empty ``answer``, else a ValueError."""
     if isinstance(data, (str, bytes, Mapping)):
         raise ValueError(f"The {what} set must be a list of rows or a datasets.Dataset, got a {type(data).__name__}.")
     rows = []

@@ -16,15 +16,6 @@ from .attribution import TargetModule, direct_contributions
 from .targets import logit_lens_rows, margin_and_competitors, margin_gradient_logits, margin_gradient_residual
 
 
-def answer_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask ``[B, L]`` of positions predicting an answer token and the gold next tokens ``[B, L]``."""
-    mask = torch.zeros_like(labels, dtype=torch.bool)
-    gold = torch.zeros_like(labels)
-    mask[:, :-1] = labels[:, 1:] != IGNORE_INDEX
-    gold[:, :-1] = labels[:, 1:].clamp_min(0)
-    return mask, gold
-
-
 def _dist() -> tuple[bool, int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return True, torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -50,18 +41,11 @@ class KeyCollector:
     direct gold-logit contributions of ``attribution_modules``; ``suppression``: record the margin gradients."""
 
     def __init__(
-        self,
-        model: Any,
-        key_modules: list[TargetModule],
-        attribution_modules: list[TargetModule],
-        *,
-        suppression: bool,
-        gram_device: str | torch.device | None = None,
+        self, model: Any, key_modules: list[TargetModule], attribution_modules: list[TargetModule], *,
+        suppression: bool, gram_device: str | torch.device | None = None,
     ) -> None:
-        self.model = model
+        self.model, self.key_modules, self.attribution_modules = model, key_modules, attribution_modules
         self.gram_device = None if gram_device is None else torch.device(gram_device)
-        self.key_modules = key_modules
-        self.attribution_modules = attribution_modules
         self.suppression = suppression
         self.norm = _final_norm(model)
         self.unembed = model.get_output_embeddings().weight
@@ -80,7 +64,6 @@ class KeyCollector:
                                                 "retain": {t.layer: 0.0 for t in attribution_modules}}
         self.counts = {"forget": 0, "retain": 0}
 
-    # -- hooks -----------------------------------------------------------------------------------
     def _hook(self, name: str, want_out: bool):
         def hook(module, args, output):
             if self._at is None:  # calls outside the model's forward (e.g. the norm's VJP)
@@ -110,20 +93,18 @@ class KeyCollector:
             h.remove()
         self._cache = {}
 
-    # -- passes ----------------------------------------------------------------------------------
     @torch.no_grad()
     def run(self, batches: Iterable[dict[str, Any]], role: str, progress: bool = True, total: int | None = None) -> None:
-        """Forward every batch and accumulate ``role`` (``"forget"``, ``"retain"`` or ``"generic"``: only
-        ``X_g X_g^T``) statistics."""
+        """Forward every batch and accumulate ``role`` (``forget``, ``retain`` or ``generic``) statistics."""
         if role not in ("forget", "retain", "generic"):
             raise ValueError(f"role must be 'forget', 'retain' or 'generic', got {role!r}")
         device = self.unembed.device
         for batch in tqdm(batches, desc=f"GROM keys ({role})", disable=not progress, total=total, leave=False):
-            host_mask, host_gold = answer_positions(batch["labels"])  # on the host: no wait for the device
-            n_keys = int(host_mask.sum())
+            labels = batch["labels"]  # on the host: no wait for the device
+            rows, cols = (labels[:, 1:] != IGNORE_INDEX).nonzero(as_tuple=True)  # row-major, as boolean indexing
+            n_keys = len(rows)
             if n_keys == 0:
                 continue
-            rows, cols = host_mask.nonzero(as_tuple=True)  # row-major, the order of boolean indexing
             self._at = (rows.to(device), cols.to(device))
             out = self.model(
                 input_ids=batch["input_ids"].to(device),
@@ -131,7 +112,7 @@ class KeyCollector:
                 position_ids=batch["position_ids"].to(device),
             )
             at, self._at = self._at, None
-            gold = host_gold[rows, cols].to(device)
+            gold = labels[rows, cols + 1].to(device)
             hidden = self._cache["__final__"]
             if role == "generic":
                 self.num_generic += n_keys
@@ -169,8 +150,7 @@ class KeyCollector:
             self._cache = {}
 
     def _add_moment(self, moments: dict[str, Any], name: str, x: torch.Tensor) -> None:
-        """``moments[name] += x^T x`` in float64 on :attr:`gram_device` (the block formed in
-        :func:`_gram_block_dtype`)."""
+        """``moments[name] += x^T x`` in float64 on :attr:`gram_device`."""
         target = self.gram_device or x.device
         dtype = _gram_block_dtype(x.device)
         m, xb = moments[name], x.to(dtype)
@@ -180,7 +160,6 @@ class KeyCollector:
         block = (xb.T @ xb).to(device=target, dtype=torch.float64)
         moments[name] = block if m is None else m.add_(block)
 
-    # -- reduction -------------------------------------------------------------------------------
     def finalize(self) -> dict[str, Any]:
         """Concatenate, reduce across processes, and order forget records by (example, position)."""
         distributed, _, _ = _dist()

@@ -78,8 +78,7 @@ FACTOR_CHECK_RTOL = 1e-4
 def _check_factors_match(
     delta: torch.Tensor, product: torch.Tensor, info: Any, name: str, what: str, audit_name: str
 ) -> None:
-    """Refuse an audit ``P`` unless ``||s B A - P||_F <= (e + FACTOR_CHECK_RTOL) ||P||_F`` (``e`` the recorded
-    truncation error)."""
+    """Refuse an audit ``P`` unless ``||s B A - P||_F <= (e + FACTOR_CHECK_RTOL) ||P||_F``."""
     recorded = info.get("relative_frobenius_error", 0.0) if isinstance(info, dict) else 0.0
     recorded = float(recorded) if isinstance(recorded, (int, float)) and math.isfinite(recorded) else 0.0
     p = delta.to(torch.float64)

@@ -41,16 +41,14 @@ def record_integrity(card: Any, folder: Path) -> dict[str, str] | None:
 
 def verify_integrity(folder: Path, metadata: dict[str, Any], what: str,
                      required: tuple[str, ...] = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)) -> None:
-    """Refuse (:class:`AdapterIntegrityError`) files that differ from the digests ``metadata["integrity"]`` records
-    (each of ``required`` must be listed)."""
+    """Refuse files that differ from the digests ``metadata["integrity"]`` records."""
     check_recorded_files(folder, metadata.get("integrity"), what, GROM_METADATA, required=required,
                          fix="Its weights are not the fitted GROM edit; restore the saved file or refit with fit_grom.")
 
 
 @dataclass
 class LoraFactors:
-    """``lora_A`` (``[k, d_in]``), ``lora_B`` (``[d_out, k]``), the rank ``k``, ``||P - B A||_F / ||P||_F`` and
-    whether a rank cap cut the rank."""
+    """``lora_A`` ``[k, d_in]``, ``lora_B`` ``[d_out, k]``, ``||P - B A||_F / ||P||_F``, truncated or not."""
 
     lora_A: torch.Tensor
     lora_B: torch.Tensor
@@ -116,8 +114,7 @@ def lora_factors(
 
 
 def lora_config(ranks: dict[str, int], base_model_name_or_path: str | None = None) -> Any:
-    """``LoraConfig`` targeting exactly the modules of ``ranks`` (``{module: k}``), each at rank and ``lora_alpha``
-    ``k`` (scaling 1), no dropout."""
+    """``LoraConfig`` of exactly the modules of ``ranks``, each at rank and ``lora_alpha`` ``k``."""
     import re
 
     from peft import LoraConfig

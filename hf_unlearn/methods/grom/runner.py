@@ -23,8 +23,7 @@ def _merged_result(model: Any, edit: Any, settings: dict[str, Any], info: dict[s
 
 
 class GROMFit(MethodFit):
-    """GROM as a registered method: the edit (:class:`~hf_unlearn.methods.grom.GROMEdit`), saved as a PEFT LoRA
-    adapter."""
+    """GROM as a registered method: the edit, saved as a PEFT LoRA adapter."""
 
     artifact_cls = GROMEdit
     artifact_kind = "grom_adapter"

@@ -1,11 +1,7 @@
-"""GROM's exact strength path: many edits from one key collection.
+"""GROM's exact strength path: many edits from one key collection. Scaling the targets scales the edit,
+``P(c D) = c P(D)``, and with ``R`` the preservation part of the fitted ``A_0`` each ``(w_r, mu)`` is one solve of
 
-Scaling the targets scales the edit exactly, ``P(c D) = c P(D)``; with ``R = (w_r0/r) X_r X_r^T + (w_g0/g) X_g X_g^T``
-the preservation part of the fitted ``A_0``, each ``(w_r, mu)`` is one Cholesky solve of
-
-    A(w_r, mu) = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P = (w_f/s) D X_f^T A(w_r, mu)^{-1}
-
-(a point records ``generic_retain_weight = w_g0 w_r / w_r0``).
+    A(w_r, mu) = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P = (w_f/s) D X_f^T A(w_r, mu)^{-1}.
 """
 
 from __future__ import annotations

@@ -34,8 +34,7 @@ def _rows(data: Any, name: str) -> list[dict[str, Any]]:
 def _tokenize(
     tokenizer: Any, rows: list[dict[str, Any]], limit: int | None, template: str | None
 ) -> tuple[list[dict[str, Any] | None], int, list[tuple[int, int]]]:
-    """``(features cut to limit tokens, None for a row left without an answer token; number truncated;
-    [(row, prompt tokens)] of those rows)``."""
+    """``(features, None where no answer token is left; number truncated; [(row, prompt length)])``."""
     out: list[dict[str, Any] | None] = []
     full: list[tuple[int, int]] = []
     feats, truncated = prepare_qa(
@@ -56,11 +55,8 @@ def _refuse_full_prompts(name: str, rows: list[dict[str, Any]], full: list[tuple
     shown = "; ".join(
         f"row {i} ({length} prompt tokens, question {str(rows[i]['question'])[:40]!r})" for i, length in full[:5]
     ) + (f"; and {len(full) - 5} more" if len(full) > 5 else "")
-    raise ValueError(
-        f"{len(full)} {name} row(s) leave no answer token within the first {limit} positions (the base's maximum "
-        f"positions / max_length): the prompt alone fills them: {shown}. T3 refuses such rows rather than fit "
-        "without them; shorten the questions, raise max_length within the model's positions, or remove the rows."
-    )
+    raise ValueError(f"{len(full)} {name} row(s) leave no answer token within the first {limit} positions (the "
+                     f"prompt alone fills them): {shown}; shorten the questions, raise max_length or remove the rows.")
 
 
 @dataclass
@@ -96,9 +92,7 @@ def _prepare(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3Cla
     else:
         overlap = overlapping_examples(forget_rows, retain_rows)
     if overlap:
-        raise ValueError(
-            f"{overlap} forget examples also occur in the retain set; the head cannot tell identical examples apart."
-        )
+        raise ValueError(f"{overlap} forget examples also occur in the retain set; the sets must be disjoint.")
     limit = model_max_positions(model)
     if config.max_length is not None:
         limit = int(config.max_length) if limit is None else min(limit, int(config.max_length))

@@ -25,8 +25,7 @@ _BASE_SETTING = (1.0, 0.0)
 
 
 def calibration_grid(temperatures: Sequence[float], tilt_weights: Sequence[float]) -> list[dict[str, float]]:
-    """Every ``{"temperature": T, "tilt_weight": w}`` of the grid, ordered by ``(T w, T)``; duplicates dropped,
-    invalid values refused."""
+    """The grid's points ordered by ``(T w, T)``; duplicates dropped, invalid values refused."""
     temps = list(dict.fromkeys(float(t) for t in temperatures))
     weights = list(dict.fromkeys(float(w) for w in tilt_weights))
     if not temps or not weights:
@@ -93,8 +92,7 @@ def retain_greedy_figures(regrets: dict[str, list[list[np.ndarray]] | None], n: 
 
 
 def _judge_retain_by_greedy_decoding(measurements: list[dict[str, Any]], greedy: list[dict[str, float]]) -> None:
-    """Make each ``retain_change`` the larger of its retain and generic greedy regrets (the teacher-forced change
-    stays as ``retain_nll_change``)."""
+    """Each ``retain_change`` becomes the larger greedy regret (the teacher-forced one: ``retain_nll_change``)."""
     for m, g in zip(measurements, greedy, strict=True):
         m["retain_nll_change"] = m["retain_change"]
         m.update(g)

@@ -1,11 +1,9 @@
-"""Fitting the T3 guidance head on cached pooled hidden states of the frozen base: :func:`fit_t3`. Only the head is
-trained, with binary cross-entropy on the logit of the observed next token (retain 1, forget 0) over the answer
-positions ``B`` of class-balanced mini-batches::
+"""Fitting the T3 guidance head on cached pooled hidden states of the frozen base: binary cross-entropy on the
+logit of the observed next token (retain 1, forget 0) over the answer positions ``B`` of mini-batches::
 
-    L = sum_{i in B} c_i BCE(g(pool_i)[y_i], s_i) / sum_{i in B} c_i,    c_i = 1, or |B| / (2 |B_{s_i}|) with
-                                                                        ``class_balance``.
+    L = sum_{i in B} c_i BCE(g(pool_i)[y_i], s_i) / sum_{i in B} c_i,   c_i = 1, or |B| / (2 |B_{s_i}|) (class_balance)
 
-The states are standardised in training and the standardisation folded into the head (``D' = D / scale``,
+with the states standardised, the standardisation folded into the head afterwards (``D' = D / scale``,
 ``c = -D' mean``).
 """
 
@@ -79,15 +77,13 @@ def _fit_t3_here(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T
                          progress, device=next(model.parameters()).device)
     bad = clf.non_finite_parameters()
     if bad:
-        raise ValueError(
-            f"Fitting left the T3 head with non-finite weights ({', '.join(bad)}) at learning_rate="
-            f"{config.learning_rate}; nothing is returned. Lower learning_rate."
-        )
+        raise ValueError(f"Fitting left the T3 head with non-finite weights ({', '.join(bad)}); lower learning_rate="
+                         f"{config.learning_rate}.")
     report: dict[str, Any] = {**record, **_fit_accuracies(clf, x, tokens, y, held_mask, len(r_hold))}
     train_seconds = time.perf_counter() - train_start
 
     n_base = sum(p.numel() for p in model.parameters())
-    n_head = clf.num_trainable_parameters()
+    n_head = sum(p.numel() for p in clf.parameters())  # rank (hidden + vocab + 1)
     report.update(
         n_forget_examples=len(forget_rows), n_retain_examples=len(retain_rows), n_forget_positions=len(xf),
         n_retain_positions=len(xr), truncated_examples=prep.truncated, max_positions=prep.limit,

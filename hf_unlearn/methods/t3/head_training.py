@@ -97,8 +97,7 @@ def _default_init(weight: torch.Tensor, gen: torch.Generator) -> None:
 
 
 def _init_head(clf: T3Classifier, device: torch.device, gen: torch.Generator) -> None:
-    """Move the head to ``device`` in float32, initialise ``D`` then ``U`` from ``gen``, and freeze ``c = 0`` (set
-    when the standardisation is folded in)."""
+    """Move the head to ``device`` (float32), initialise ``D`` and ``U`` from ``gen``, freeze ``c = 0``."""
     clf.to(device=device, dtype=torch.float32)
     with torch.no_grad():
         _default_init(clf.down.weight, gen)
@@ -112,8 +111,7 @@ def _train_epoch(
     index: ExamplePositions, x: torch.Tensor, tokens: torch.Tensor, y: torch.Tensor, mean: torch.Tensor,
     scale: torch.Tensor, config: T3ClassifierConfig, step: int, schedule: tuple[int, int],
 ) -> int:
-    """One epoch of AdamW steps over ``batches`` under ``schedule``; returns the steps run so far. A non-finite loss
-    is refused."""
+    """One epoch of AdamW steps under ``schedule``; returns the steps run so far."""
     max_steps, warmup_steps = schedule
     base_lr = float(config.learning_rate)
     device = mean.device  # the head's: the cache may be elsewhere (on the host), a batch moves at a time
@@ -122,10 +120,8 @@ def _train_epoch(
         z = (x[idx].to(device).float() - mean) / scale
         loss = _bce(clf.token_logits(z, tokens[idx].to(device)), y[idx].to(device), bool(config.class_balance))
         if not torch.isfinite(loss):
-            raise ValueError(
-                f"The T3 head's training loss became {float(loss)} at step {step + 1} "
-                f"(learning_rate={config.learning_rate}); nothing is returned. Lower learning_rate."
-            )
+            raise ValueError(f"The T3 head's training loss became {float(loss)} at step {step + 1}; lower "
+                             f"learning_rate={config.learning_rate}.")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if config.lr_schedule == "linear":

@@ -11,32 +11,19 @@ import torch
 from ...data.prompts import model_max_positions
 
 
-def decoder_of(model: Any) -> Any:
-    """The base model's decoder (``LlamaModel`` inside ``LlamaForCausalLM``, ``GPT2Model``...)."""
+def resolve_layer(model: Any, layer: int) -> tuple[Any, torch.nn.Module | None, int]:
+    """``(decoder, block whose input is output_hidden_states[layer] or None, index)``."""
+    decoder = None
     if hasattr(model, "get_decoder"):
         try:
             decoder = model.get_decoder()
         except (AttributeError, NotImplementedError):
-            decoder = None
-        if decoder is not None:
-            return decoder
-    return getattr(model, "base_model", model)
-
-
-def decoder_layers(decoder: Any) -> torch.nn.ModuleList:
-    """The decoder's list of blocks (``layers`` for Llama-like models, ``h`` for GPT-2)."""
-    for name in ("layers", "h", "blocks"):
-        layers = getattr(decoder, name, None)
-        if isinstance(layers, torch.nn.ModuleList):
-            return layers
-    raise ValueError(f"Cannot find the decoder blocks of {type(decoder).__name__} (looked for .layers, .h, .blocks).")
-
-
-def resolve_layer(model: Any, layer: int) -> tuple[Any, torch.nn.Module | None, int]:
-    """``(decoder, block, index)``: ``block`` is the decoder layer whose input is ``output_hidden_states[layer]``,
-    None for the decoder's output."""
-    decoder = decoder_of(model)
-    layers = decoder_layers(decoder)
+            pass
+    decoder = decoder if decoder is not None else getattr(model, "base_model", model)
+    layers = next((m for m in (getattr(decoder, a, None) for a in ("layers", "h", "blocks"))
+                   if isinstance(m, torch.nn.ModuleList)), None)
+    if layers is None:
+        raise ValueError(f"Cannot find the decoder blocks of {type(decoder).__name__} (looked for .layers, .h, .blocks).")
     n = len(layers)
     if not -(n + 1) <= int(layer) <= n:
         raise ValueError(f"layer={layer} is out of range for a base with {n} layers (use -{n + 1}..{n}).")
@@ -48,10 +35,7 @@ def check_length(model: Any, length: int, what: str) -> None:
     """Refuse a sequence longer than the base's maximum positions, before the base indexes past them."""
     limit = model_max_positions(model)
     if limit is not None and length > limit:
-        raise ValueError(
-            f"{what} has {length} positions but the base model accepts at most {limit} "
-            f"(max positions of its config); truncate the input (e.g. max_length={limit})."
-        )
+        raise ValueError(f"{what} has {length} positions but the base model accepts at most {limit}; truncate it.")
 
 
 def causal_mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -102,10 +86,8 @@ class HiddenStateHook:
         if mask is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
             mask = args[1]
         if mask is not None and mask.dim() != 2:
-            raise ValueError(
-                f"T3 reads padding from a 2D attention mask, but the decoder received a {mask.dim()}D mask; "
-                "pass a 2D attention_mask (the one the tokenizer returns) to generate or the model."
-            )
+            raise ValueError(f"T3 reads padding from a 2D attention mask, but the decoder received a {mask.dim()}D "
+                             "mask; pass the tokenizer's attention_mask.")
         if self.max_positions is not None:
             if mask is not None:
                 length = mask.shape[1]
@@ -113,10 +95,8 @@ class HiddenStateHook:
                 positions = kwargs.get("position_ids")
                 length = int(positions.max()) + 1 if isinstance(positions, torch.Tensor) else 0
             if length > self.max_positions:
-                raise ValueError(
-                    f"The sequence has {length} positions but the base model accepts at most {self.max_positions}; "
-                    "truncate the prompt or lower max_new_tokens."
-                )
+                raise ValueError(f"The sequence has {length} positions but the base model accepts at most "
+                                 f"{self.max_positions}; truncate the prompt or lower max_new_tokens.")
         self._mask = mask
 
     def _decoder_post(self, module: Any, args: tuple, output: Any) -> None:

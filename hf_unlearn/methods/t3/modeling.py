@@ -40,10 +40,7 @@ class T3Classifier(PreTrainedModel):
     def __init__(self, config: T3ClassifierConfig) -> None:
         super().__init__(config)
         if config.hidden_size is None or config.vocab_size is None:
-            raise ValueError(
-                "T3ClassifierConfig.hidden_size / vocab_size are unset: build the config with "
-                "`config.for_base(model)` or fit the head with `fit_t3`."
-            )
+            raise ValueError("T3ClassifierConfig.hidden_size / vocab_size are unset: use `config.for_base(model)`.")
         hidden, rank, vocab = int(config.hidden_size), int(config.rank), int(config.vocab_size)
         self.down = nn.Linear(hidden, rank, bias=True)
         self.up = nn.Linear(rank, vocab, bias=False)
@@ -65,10 +62,6 @@ class T3Classifier(PreTrainedModel):
         z = self.down(pooled_hidden_states.to(self.down.weight.dtype))
         return (z * self.up.weight[token_ids.long()]).sum(-1)
 
-    def num_trainable_parameters(self) -> int:
-        """Parameters of the head: ``rank * (hidden + vocab + 1)``."""
-        return sum(p.numel() for p in self.parameters())
-
     def non_finite_parameters(self) -> list[str]:
         """Names of the parameters holding a NaN or an infinity."""
         return [name for name, p in self.named_parameters() if not bool(torch.isfinite(p).all())]
@@ -77,14 +70,10 @@ class T3Classifier(PreTrainedModel):
         """Refuse (``ValueError``) a head with a non-finite weight."""
         bad = self.non_finite_parameters()
         if bad:
-            raise ValueError(
-                f"The T3 head has non-finite weights ({', '.join(bad)}); it would turn every tilted score into "
-                "NaN. Refit it (a lower learning_rate)."
-            )
+            raise ValueError(f"The T3 head has non-finite weights ({', '.join(bad)}); refit it (a lower learning_rate).")
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
-        """``PreTrainedModel.save_pretrained`` of a finite head, then ``t3_integrity.json`` (the SHA-256 of its
-        files)."""
+        """``PreTrainedModel.save_pretrained`` of a finite head, then ``t3_integrity.json``."""
         from ...safe_output import output_lock
         from .provenance import write_head_integrity
 
@@ -130,10 +119,7 @@ class T3Classifier(PreTrainedModel):
         if problems:
             from ...integrity import BaseModelMismatchError
 
-            raise BaseModelMismatchError(
-                "This T3 head was fitted on another base model: " + "; ".join(problems)
-                + ". Refit it with `fit_t3` on this model."
-            )
+            raise BaseModelMismatchError(f"This T3 head was fitted on another base model: {'; '.join(problems)}.")
         if check_weights:
             from ...integrity import check_model_fingerprint
 

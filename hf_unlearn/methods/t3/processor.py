@@ -1,9 +1,8 @@
-"""``T3LogitsProcessor``: Temper-Then-Tilt decoding through ``model.generate(logits_processor=...)``. At every
-step, over the full vocabulary,
+"""``T3LogitsProcessor``: Temper-Then-Tilt decoding through ``model.generate(logits_processor=...)``,
 
     s_v = log_softmax(scores)_v / T + w * max(log sigmoid(g_t[v]), floor),    g_t = U (D pool_t + c),
 
-``pool_t`` kept as a running per-sequence sum of the hidden states a hook reads from ``generate``'s own passes.
+``pool_t`` a running mean of the hidden states a hook reads from ``generate``'s own passes.
 """
 
 from __future__ import annotations
@@ -26,15 +25,12 @@ from .tilt import tilted_scores
 def validate_t3_arguments(
     temperature: float, tilt_weight: float, allow_temperature_below_one: bool = False, log_f_floor: float | None = None
 ) -> None:
-    """Refuse settings outside T3's definition: finite ``T >= 1`` (unless overridden), finite ``w``, a finite
-    negative floor or none."""
+    """Refuse a non-finite or ``< 1`` ``T`` (unless allowed), a non-finite ``w``, a floor ``>= 0``."""
     if isinstance(temperature, bool) or not math.isfinite(float(temperature)) or float(temperature) <= 0:
         raise ValueError(f"temperature must be a finite positive number, got {temperature!r}.")
     if float(temperature) < 1.0 and not allow_temperature_below_one:
-        raise ValueError(
-            f"temperature={temperature} < 1: T3 tempers with T >= 1 (T < 1 sharpens the memorised peaks it is "
-            "meant to flatten). Pass allow_temperature_below_one=True to use it anyway."
-        )
+        raise ValueError(f"temperature={temperature} < 1: T3 tempers with T >= 1 (T < 1 sharpens the peaks it is meant "
+                         "to flatten); pass allow_temperature_below_one=True to use it anyway.")
     if isinstance(tilt_weight, bool) or not math.isfinite(float(tilt_weight)):
         raise ValueError(f"tilt_weight must be a finite number, got {tilt_weight!r}.")
     if log_f_floor is not None and (
@@ -93,7 +89,6 @@ class T3LogitsProcessor(LogitsProcessor):
             allow_temperature_below_one=allow_temperature_below_one, check_base_weights=check_base_weights,
         )
 
-    # ------------------------------------------------------------------ hook side
     def _record(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
         """Sum the hidden states of the positions one forward encoded (padding excluded)."""
         q = hidden.shape[1]
@@ -104,7 +99,6 @@ class T3LogitsProcessor(LogitsProcessor):
         total = torch.bmm(m.unsqueeze(1), hidden.float()).squeeze(1)  # sum_q m_q h_q per sequence
         self._pending = (total, m.sum(1), q)
 
-    # ------------------------------------------------------------------ processor side
     def reset(self) -> None:
         """Drop the running sums; the next step must come from a forward over the whole input."""
         self._pending: tuple[torch.Tensor, torch.Tensor, int] | None = None
@@ -119,10 +113,8 @@ class T3LogitsProcessor(LogitsProcessor):
             return None
         same = (prefix.unsqueeze(1) == self._ids.unsqueeze(0)).all(-1)
         if not bool(same.any(1).all()):
-            raise RuntimeError(
-                "T3LogitsProcessor: the input does not continue the sequences of the previous step and the forward "
-                "pass only encoded the new tokens; call processor.reset() before reusing it on other sequences."
-            )
+            raise RuntimeError("T3LogitsProcessor: the input does not continue the previous step's sequences; call "
+                               "processor.reset() before reusing it on other sequences.")
         return same.float().argmax(1)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -130,19 +122,15 @@ class T3LogitsProcessor(LogitsProcessor):
             raise RuntimeError("T3LogitsProcessor was closed (its hooks are removed); call attach() first.")
         pending, self._pending = self._pending, None
         if pending is None:
-            raise RuntimeError(
-                "T3LogitsProcessor: its hook saw no forward pass of the base model before this step. Use it in "
-                "`generate` of the model it was built with (the hook reads that model's hidden states)."
-            )
+            raise RuntimeError("T3LogitsProcessor: its hook saw no forward pass of the base model before this step; use "
+                               "it in `generate` of the model it was built with.")
         if scores.shape[-1] != self.vocab_size:
             raise ValueError(f"scores have {scores.shape[-1]} entries but the T3 head {self.vocab_size}.")
         total, count, q = pending
         batch, length = input_ids.shape
         if total.shape[0] != batch:
-            raise RuntimeError(
-                f"T3LogitsProcessor: the last forward encoded {total.shape[0]} sequences but generate passed {batch}; "
-                "the hook saw a forward of another input."
-            )
+            raise RuntimeError(f"T3LogitsProcessor: the last forward encoded {total.shape[0]} sequences but generate "
+                               f"passed {batch}.")
         if q == length:  # a forward over the whole input: a new generate call (or a re-encoding)
             self._sum, self._count = total, count
         elif self._ids is not None and self._ids.shape[0] == batch and q == length - self._ids.shape[1]:
@@ -153,17 +141,14 @@ class T3LogitsProcessor(LogitsProcessor):
             self._count = self._count + count
         else:
             expected = length if self._ids is None else f"{length} or {length - self._ids.shape[1]}"
-            raise RuntimeError(
-                f"T3LogitsProcessor: the last forward encoded {q} positions, expected {expected} for an input of "
-                f"{length} tokens; the hook saw a forward of another input (or generate was given a prefilled cache)."
-            )
+            raise RuntimeError(f"T3LogitsProcessor: the last forward encoded {q} positions, expected {expected} for an "
+                               f"input of {length} tokens (another input, or a prefilled cache).")
         self._ids = input_ids
         pooled = self._sum / self._count.clamp_min(1.0).unsqueeze(-1)
         # g = U (D pool + c), called on the weights directly (no module dispatch: this runs every step).
         guidance = F.linear(F.linear(pooled, self._down, self._offset), self._up)
         return tilted_scores(scores, guidance, self.temperature, self.tilt_weight, self.log_f_floor).to(scores.dtype)
 
-    # ------------------------------------------------------------------ lifetime
     def attach(self) -> None:
         """Register the forward hooks on the base model (done by the constructor; idempotent)."""
         self.reset()

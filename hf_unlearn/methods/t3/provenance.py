@@ -55,9 +55,8 @@ def verify_head_files(folder: Path, what: str, expected_sha256: str | None = Non
     check_pinned_digest(folder, expected_sha256, what, T3_INTEGRITY)
     path = confined_file(folder, T3_INTEGRITY, what, T3_INTEGRITY)
     if not path.is_file():
-        raise AdapterIntegrityError(f"{what}: there is no {T3_INTEGRITY}, so hf-unlearn cannot check that "
-                                    "model.safetensors is the saved head. Save it again with "
-                                    "T3Classifier.save_pretrained, or pass verify_integrity=False to load it unchecked.")
+        raise AdapterIntegrityError(f"{what}: there is no {T3_INTEGRITY} to check the head's files against; save it "
+                                    "again, or pass verify_integrity=False to load it unchecked.")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -71,8 +70,7 @@ _HUB_KEYS = ("revision", "token", "cache_dir", "local_files_only", "force_downlo
 
 
 def head_folder(name_or_path: str | os.PathLike, load_kwargs: dict[str, Any]) -> Path:
-    """The local folder of a head: ``name_or_path`` (and its ``subfolder``), else the Hub snapshot of its
-    ``t3_integrity.json`` and the files it names."""
+    """The head's local folder, or the Hub snapshot of its ``t3_integrity.json`` and the files it names."""
     subfolder = load_kwargs.get("subfolder") or None
     local = Path(name_or_path).expanduser()
     if local.is_dir():

@@ -18,8 +18,7 @@ class T3Fit(MethodFit):
     artifact_kind = "t3_classifier"
 
     def decoding(self, model: Any, head: Any, check_base_weights: bool = True) -> Decoding:
-        """Score and generate with ``head`` on ``model`` at the head's ``(T, w)``; ``check_base_weights=False`` for a
-        base changed on purpose (an attacked copy)."""
+        """Score and generate with ``head`` on ``model`` at the head's ``(T, w)``."""
         from transformers import LogitsProcessorList
 
         from .processor import T3LogitsProcessor
@@ -43,8 +42,7 @@ class T3Fit(MethodFit):
         return result
 
     def select(self, model: Any, tokenizer: Any, forget: Any, retain: Any, config: Any, criterion: Any) -> Unlearned:
-        """Fit the head once, then :func:`~hf_unlearn.methods.t3.calibrate_t3` writes the ``(T, w)`` ``criterion``
-        chooses into it."""
+        """Fit the head, then write the ``(T, w)`` ``criterion`` chooses into it (:func:`calibrate_t3`)."""
         from .calibration import calibrate_t3
 
         result = self(model, tokenizer, forget, retain, config)

@@ -1,9 +1,6 @@
-"""Teacher-forced log-probabilities under the T3 distribution, and the evaluator's token scorer. For every answer
-token (exact over the full vocabulary)::
+"""Teacher-forced log-probabilities under the T3 distribution, exact over the full vocabulary::
 
     log q(y_t | x, y_<t) = log_softmax_v( log_softmax(logits_{t-1})_v / T + w * max(log sigmoid(g_{t-1}[v]), floor) )[y_t]
-
-with ``g_{t-1} = U (D pool_{t-1} + c)``. One base forward per batch gives the logits and the hidden states.
 """
 
 from __future__ import annotations
@@ -31,11 +28,6 @@ ACCELERATOR_SCORING_MEMORY = 2**30
 def chunk_positions(vocab_size: int, memory_bytes: int) -> int:
     """Scored positions per chunk: ``max(1, floor(memory_bytes / (BUFFERS_PER_POSITION * 4 * V)))``."""
     return max(1, int(memory_bytes) // (BUFFERS_PER_POSITION * 4 * int(vocab_size)))
-
-
-def default_scoring_memory(device: torch.device) -> int:
-    """:data:`CPU_SCORING_MEMORY` on the CPU, :data:`ACCELERATOR_SCORING_MEMORY` elsewhere."""
-    return CPU_SCORING_MEMORY if torch.device(device).type == "cpu" else ACCELERATOR_SCORING_MEMORY
 
 
 def candidate_answer_log_probs(
@@ -94,8 +86,9 @@ def _answer_chunks(labels: torch.Tensor, logits: torch.Tensor, memory_bytes: int
     """``(rows, cols, targets = labels[rows, cols + 1])`` of the scored positions, :func:`chunk_positions` at a time."""
     targets = labels[:, 1:]
     rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)
-    budget = default_scoring_memory(logits.device) if memory_bytes is None else memory_bytes
-    step = chunk_positions(logits.shape[-1], budget)
+    if memory_bytes is None:
+        memory_bytes = CPU_SCORING_MEMORY if logits.device.type == "cpu" else ACCELERATOR_SCORING_MEMORY
+    step = chunk_positions(logits.shape[-1], memory_bytes)
     for start in range(0, len(rows), step):
         b, t = rows[start : start + step], cols[start : start + step]
         yield b, t, targets[b, t]
@@ -159,8 +152,7 @@ def t3_scorer(
     model: Any, classifier: T3Classifier, temperature: float | None = None, tilt_weight: float | None = None,
     **kwargs: Any,
 ) -> TokenScorer:
-    """A :data:`hf_unlearn.logprobs.TokenScorer` scoring answers under T3; arguments are validated here, ``kwargs``
-    go to :func:`t3_log_probs`."""
+    """A :data:`hf_unlearn.logprobs.TokenScorer` under T3; ``kwargs`` go to :func:`t3_log_probs`."""
     temperature = classifier.config.temperature if temperature is None else temperature
     tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight
     log_f_floor = kwargs.get("log_f_floor")

@@ -1,10 +1,8 @@
 """Temper-Then-Tilt over the full vocabulary, as pure tensor functions:
 
-    q(v | x, y_<t) ∝ p(v | x, y_<t)^(1/T) f(x, y_<t, v)^w,
     s_v = log_softmax(logits)_v / T + w * max(log sigmoid(g_t[v]), floor),    log q = log_softmax(s),
 
-with ``p`` the frozen base, ``g_t`` the guidance head's logits and an optional ``floor`` (None: no floor). Greedy
-decoding depends on ``T w`` only; ``T`` matters for sampling and teacher-forced log-probabilities.
+``g_t`` the guidance head's logits. Greedy decoding depends on ``T w`` only.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ def tilted_scores(
     base_logits: torch.Tensor, guidance_logits: torch.Tensor, temperature: float, tilt_weight: float,
     log_f_floor: float | None = None,
 ) -> torch.Tensor:
-    """``s = log_softmax(base_logits) / T + w * max(logsigmoid(guidance_logits), floor)`` (float32, unnormalised:
-    ``softmax(s)`` is the T3 distribution)."""
+    """``s = log_softmax(base_logits) / T + w * max(logsigmoid(guidance_logits), floor)`` (float32)."""
     s = torch.log_softmax(base_logits.float(), dim=-1)
     if float(temperature) != 1.0:
         s.div_(float(temperature))
