@@ -16,15 +16,11 @@ from .strength_path import GROMPath, fit_grom_path
 
 register_method("grom", config_cls=GROMConfig, fit=GROMFit())
 
-
-def _folder_is_grom(folder):
-    return (folder / "adapter_config.json").is_file() and (folder / _GROM_METADATA).is_file()
-
-
 _register_artifact_kind(_ArtifactKind(
     "grom_adapter", "grom_adapter.md", "grom", lambda: (GROMEdit,), "peft",
     base_model=lambda edit: edit.base_model_name_or_path, settings=lambda edit: dict(edit.config.saved_dict()),
-    folder_matches=_folder_is_grom, integrity=_grom_integrity_entry,
+    folder_matches=lambda folder: (folder / "adapter_config.json").is_file() and (folder / _GROM_METADATA).is_file(),
+    integrity=_grom_integrity_entry,
 ))
 
 __all__ = ["GROMConfig", "GROMEdit", "GROMFit", "GROMPath", "adapter_digest", "fit_grom", "fit_grom_path",

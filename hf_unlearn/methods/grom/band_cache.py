@@ -150,9 +150,8 @@ LOGITS_MODES = ("direct", "pairs", "positions", "all")
 
 
 class BandCache:
-    """The band inputs of one row set, cached by one pass of the criterion's scoring loop ``score_rows(scorer)``
-    with the unedited model; :meth:`current` scores the model as it is now from the entry on. ``keep_plain``:
-    ``True`` runs the caching pass whole (:meth:`plain`), ``"first"`` only its first batch, ``False`` none."""
+    """The band inputs of one row set, cached by one pass of the scoring loop ``score_rows(scorer)``; ``keep_plain``:
+    run that pass whole (``True``), its first batch only (``"first"``) or none of it beyond the band (``False``)."""
 
     def __init__(
         self, model: nn.Module, entry: BandEntry, score_rows: Any, cache_device: str | torch.device | None = None,
@@ -297,9 +296,8 @@ class BandCache:
         return self.batches.rows_of([self._replay(b, delta=delta) for b in range(len(self.batches.kept))])
 
     def replays_exactly(self, atol: float = 1e-4) -> bool:
-        """Whether the first batch, replayed, gives the caching pass's log-probabilities within ``atol`` (keeping
-        the first of :data:`LOGITS_MODES` that does) and, with a tail, the shortcut equals a replay of its block
-        under a random perturbation of its weight. Call it before any edit is applied."""
+        """Whether a replay of the first batch gives the caching pass's scores (setting :attr:`logits_mode`) and,
+        with a tail, the shortcut equals a replay of its block under a perturbed weight. Call it before any edit."""
         if not self.batches.kept:
             return True
         plain = self.batches.kept[0][1]

@@ -160,10 +160,9 @@ class GROMConfig:
 
     def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_forget_keys: int | None = None
                            ) -> dict[str, int]:
-        """The buffers :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model, for
-        :mod:`hf_unlearn.memory_plan`; per module of input width ``d`` and output width ``o``: ``8 d^2`` per second
-        moment (every candidate layer's while they fit ``max_stat_memory_gb``), per Cholesky factor and for the
-        widest ``A``; with ``num_forget_keys = s``, ``4 s d + 8 s o`` of keys and targets per edited module."""
+        """The buffers :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model
+        (:mod:`hf_unlearn.memory_plan`): ``8 d^2`` per second moment, Cholesky factor, widest ``A``; ``4 s d + 8 s o``
+        of keys and targets per module."""
         widths = {**shape.linear_shapes(), "lm_head": (shape.hidden_size, shape.vocab_size)}
         names = {t.rsplit(".", 1)[-1] for t in self.target_modules} & set(widths)
         layered = [widths[n] for n in sorted(names - {"lm_head"})]

@@ -47,9 +47,8 @@ from .solve import GROMSolution, low_rank_form, woodbury_drop
 
 @dataclass
 class GROMEdit:
-    """A fitted GROM edit: ``deltas`` ``{module: P}`` (float32, CPU; ``W <- W + P``), the float64 ``solutions``,
-    keys and targets of the audit (:meth:`influence`), the layer attribution, the fit's ``stats``, the base's
-    fingerprint, the retain rows read and ``untied_lm_head`` when the edit applies to an untied copy of a tied head."""
+    """A fitted GROM edit: ``deltas`` ``{module: P}`` (float32, CPU), the float64 ``solutions``, keys and targets of
+    the audit (:meth:`influence`), the attribution, ``stats``, the base's fingerprint and the retain rows read."""
 
     _method: ClassVar[str] = "grom"
     _title: ClassVar[str] = "GROM (closed-form one-shot edit)"
@@ -149,9 +148,8 @@ class GROMEdit:
     def save_pretrained(
         self, save_directory: str | os.PathLike, *, overwrite: bool = False, save_audit: bool = True
     ) -> None:
-        """Write the PEFT LoRA adapter (``B A = P`` per module), ``grom_metadata.json`` and, with ``save_audit``,
-        ``grom_audit.safetensors`` into ``save_directory``; a folder holding an adapter is refused unless
-        ``overwrite``."""
+        """Write the PEFT LoRA adapter, ``grom_metadata.json`` and (``save_audit``) ``grom_audit.safetensors``; a
+        folder holding an adapter is refused unless ``overwrite``."""
         config, state, meta = self._export()
         audit = self._audit_state() if save_audit and self.solutions else None
         meta["audit_file"] = GROM_AUDIT if audit is not None else None
@@ -163,13 +161,10 @@ class GROMEdit:
         token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, local_files_only: bool = False,
         verify_integrity: bool = True, allow_missing_audit: bool = False, expected_sha256: str | None = None,
     ) -> GROMEdit:
-        """Load an edit saved by :meth:`save_pretrained` from a folder or a Hub repo.
-
-        Refused: damaged metadata; a file whose SHA-256 is not the recorded one (unless ``verify_integrity=False``)
-        or metadata other than ``expected_sha256`` (:func:`~hf_unlearn.methods.grom.peft_export.adapter_digest`),
-        both :class:`~hf_unlearn.integrity.AdapterIntegrityError`; a missing audit (unless ``allow_missing_audit``:
-        ``P = B A`` then); an audit ``P`` that is not ``(lora_alpha / r) B A``; with ``model``, another base.
-        """
+        """Load an edit saved by :meth:`save_pretrained` from a folder or a Hub repo. Refused: damaged metadata;
+        files whose SHA-256 is not the recorded one (unless ``verify_integrity=False``) or metadata other than
+        ``expected_sha256``; a missing audit (unless ``allow_missing_audit``); an audit ``P`` other than
+        ``(lora_alpha / r) B A``; another base."""
         folder = _resolve_folder(path_or_repo_id, revision, token, cache_dir, local_files_only)
         what = f"The GROM adapter {path_or_repo_id}"
         check_pinned_digest(folder, expected_sha256, what, GROM_METADATA)
@@ -234,12 +229,15 @@ class GROMEdit:
         """Add ``sign * P`` to the edited weights of ``model`` in place (untying a tied head first)."""
         if self.untied_lm_head:
             untie_lm_head(model)
-        modules = dict(model.named_modules())
-        with torch.no_grad():
-            for name, p in self.deltas.items():
-                w = modules[name].weight
-                w.add_(sign * p.to(device=w.device, dtype=w.dtype))
+        _add_deltas(dict(model.named_modules()), {name: sign * p for name, p in self.deltas.items()})
         return model
+
+
+def _add_deltas(modules: dict[str, Any], deltas: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, p in deltas.items():
+            w = modules[name].weight
+            w.add_(p.to(device=w.device, dtype=w.dtype))
 
 
 def load_grom_adapter(model: Any, path_or_repo_id: str | os.PathLike, **kwargs: Any) -> Any:

@@ -27,14 +27,10 @@ def fit_grom(
     config: GROMConfig | None = None, generic_retain: Sequence[dict[str, Any]] | Any = None, *,
     device: Any = None, gram_device: Any = None,
 ) -> GROMEdit:
-    """Fit the closed-form GROM edit of ``model`` that unlearns ``forget`` while preserving ``retain``; ``model``'s
-    weights are not modified.
-
-    ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) or documents (every chunk position a key);
-    a seeded sample of ``config.retain_sample`` retain rows is read. ``generic_retain``: optional general rows
-    whose keys form ``X_g X_g^T``. Every input is checked before the first forward pass. ``device``: where to fit
-    (default where the model is); ``gram_device``: where the float64 second moments accumulate (``"cpu"`` keeps
-    them on the host). Under ``torchrun`` every process must call it with the same rows.
+    """Fit the closed-form GROM edit of ``model`` (left unmodified) that unlearns ``forget`` while preserving a
+    seeded sample of ``retain``: TOFU-shaped rows or documents. ``generic_retain``: optional general rows (``X_g``).
+    Every input is checked before the first forward pass. ``gram_device``: where the float64 second moments
+    accumulate. Under ``torchrun`` every process must call it with the same rows.
     """
     return _fit_grom(model, tokenizer, forget, retain, config, generic_retain, device, gram_device)[0]
 
@@ -102,9 +98,8 @@ def _collect(
     model: Any, prep: _Prepared, config: GROMConfig, pad_id: int, rank: int, world: int, suppression: bool,
     gram_device: str | None = None,
 ) -> tuple[dict[str, Any], list[TargetModule], dict[int, dict[str, float]], int]:
-    """The forward passes of :func:`fit_grom` over this process's share of the examples, in eval mode:
-    ``(statistics, layered modules to edit, layer scores, passes)``. With ``layers="auto"`` the attribution scores
-    the candidates in the key pass when :func:`_one_pass_affordable`, else in a pass of its own before it."""
+    """The forward passes of :func:`fit_grom` over this process's examples, in eval mode: ``(statistics, layered
+    modules to edit, layer scores, passes)``; ``layers="auto"`` may take two (:func:`_one_pass_affordable`)."""
     layered, heads, band = prep.layered, prep.heads, prep.band
     auto = config.layers == "auto" and bool(layered)
     feats = {"forget": prep.forget_feats, "retain": prep.retain_feats, "generic": prep.generic_feats}
@@ -181,9 +176,8 @@ def _solve_modules(
 def _one_pass_affordable(
     model: Any, candidates: list[TargetModule], band: int, num_forget_keys: int, budget_gb: float
 ) -> bool:
-    """Whether ``layers="auto"`` collects every candidate's keys in the attribution pass: their moments
-    (``8 d_in^2``) and keys (``4 s d_in``) fit ``budget_gb`` and the extra ``4 d_in^2`` flops per retain key on
-    the unused layers cost under half a second pass (``2 N`` flops per token)."""
+    """Whether every candidate's moments and keys fit ``budget_gb`` and cost (``4 d_in^2`` flops per retain key on
+    unused layers) under half a second pass (``2 N`` flops per token): then one pass collects them all."""
     stat_bytes = sum(8 * t.module.in_features**2 + 4 * num_forget_keys * t.module.in_features for t in candidates)
     if stat_bytes > budget_gb * 2**30:
         return False

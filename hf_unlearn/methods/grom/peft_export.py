@@ -72,18 +72,12 @@ def product_svd(left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def lora_factors(
-    delta: torch.Tensor | None = None,
-    max_rank: int | None = None,
-    rtol: float = 1e-10,
-    *,
+    delta: torch.Tensor | None = None, max_rank: int | None = None, rtol: float = 1e-10, *,
     low_rank: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> LoraFactors:
-    """Rank-``k`` factors ``B A`` of ``P`` (float64), the rank capped at ``c = min(factor_budget, max_rank)``.
-
-    With ``low_rank=(left, right)`` of ``s <= c`` columns, exact: ``B = left R^T``, ``A = Q^T`` from the QR
-    ``right^T = Q R`` (orthonormal rows keep float32 rounding small). Otherwise from the thin SVD ``P = U S V^T``:
-    ``B = U_k S_k^{1/2}``, ``A = S_k^{1/2} V_k^T``, ``k`` the numerical rank (``S_j > rtol S_0``) capped at ``c``,
-    relative error ``sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)``.
+    """Rank-``k`` factors ``B A`` of ``P`` (float64), ``k <= c = min(factor_budget, max_rank)``: exact from
+    ``low_rank=(left, right)`` of ``s <= c`` columns (``B = left R^T``, ``A = Q^T``, ``right^T = Q R``), else
+    ``B = U_k S_k^{1/2}``, ``A = S_k^{1/2} V_k^T`` from the thin SVD (error ``sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)``).
     """
     if low_rank is not None:
         left, right = low_rank
@@ -165,9 +159,8 @@ def save_adapter(
     path: str | os.PathLike, config: Any, state_dict: dict[str, torch.Tensor], metadata: dict[str, Any],
     audit: dict[str, torch.Tensor] | None = None, overwrite: bool = False,
 ) -> Path:
-    """Write the adapter files, ``grom_metadata.json`` (with their digests) and, with ``audit``,
-    ``grom_audit.safetensors`` into ``path``. Non-finite tensors are refused before anything is written; a folder
-    already holding adapter files is refused unless ``overwrite``. The files are swapped in whole."""
+    """Write the adapter files, ``grom_metadata.json`` (with their digests) and ``audit`` into ``path``, all or
+    nothing; non-finite tensors, and a folder holding adapter files unless ``overwrite``, are refused."""
     import shutil
     import tempfile
 

@@ -20,7 +20,7 @@ import torch
 
 from .band_cache import BandCache, band_entry
 from .config import GROMConfig
-from .edit import GROMEdit, untie_lm_head
+from .edit import GROMEdit, _add_deltas, untie_lm_head
 from .fit import _fit_grom
 from .solve import GROMSolution, cholesky_or_explain
 
@@ -50,10 +50,8 @@ class _PointEdits(Sequence):
 
 @dataclass
 class GROMPath:
-    """Exact GROM edits at several strengths: ``points[i]`` (``{"scale", "retain_weight", "ridge"}``) and its edit
-    ``edits[i]``, ordered weak -> strong by ``norms[i] = sum_m ||P_m||_F``; ``record`` is set by :meth:`select`.
-    Point ``i``'s deltas are ``point_scales[i] * unit_deltas[point_units[i]]``. ``cache_bytes`` and
-    ``cache_seconds``: the band cache of the last cached :meth:`select`."""
+    """Exact GROM edits ordered weak -> strong by ``norms[i] = sum_m ||P_m||_F``: ``points[i]`` (``scale``,
+    ``retain_weight``, ``ridge``), its edit ``edits[i]``, deltas ``point_scales[i] * unit_deltas[point_units[i]]``."""
 
     points: list[dict[str, float]]
     edits: Sequence[GROMEdit]
@@ -78,10 +76,8 @@ class GROMPath:
         self, criterion: Any, model: Any, tokenizer: Any, *, cached: bool = True,
         cache_device: str | torch.device | None = None,
     ) -> GROMEdit:
-        """Measure ``criterion`` (a :class:`~hf_unlearn.selection.SelectionCriterion`) on ``model``, the unedited
-        base, with each point's edit applied in turn (the weights put back exactly after each) and return the edit
-        its rule chooses, the record in :attr:`record` and its ``stats["selection"]``. With ``cached`` each point
-        runs from hidden states cached at the band (on ``cache_device``); ``cached=False`` uses full passes."""
+        """Measure ``criterion`` on ``model`` (the unedited base) with each point's edit applied in turn and return the
+        edit its rule chooses (record in :attr:`record`); ``cached``: each point runs from band inputs cached once."""
         if not self.points or not self.unit_deltas or self.base is None:
             raise ValueError("The GROM path is empty (build it with fit_grom_path or grom_path_from_edit).")
         base = self.base
@@ -113,13 +109,6 @@ class GROMPath:
         return chosen
 
 
-def _add_deltas(modules: dict[str, Any], deltas: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for name, p in deltas.items():
-            w = modules[name].weight
-            w.add_(p.to(device=w.device, dtype=w.dtype))
-
-
 def _restore(modules: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, w in saved.items():
@@ -131,8 +120,7 @@ def _cached_measure(
     cache_device: str | torch.device | None,
 ) -> Any:
     """A function measuring the model as it is now from band caches of the criterion's row sets; None, with a
-    warning, when replaying does not reproduce the plain forward. The caching pass runs whole on the retain sets
-    when the criterion has no original figures yet (it gives them), else only on the first forget batch."""
+    warning, when a replay does not reproduce the plain forward."""
     start = time.perf_counter()
     try:
         shortcut = band_entry(model, names, tail=True)
@@ -198,11 +186,6 @@ def _path_grid(
     return axes["scales"], axes["retain_weights"], axes["ridges"]
 
 
-def _has_generic(edit: GROMEdit) -> bool:
-    """Whether the edit's normal matrix holds a general-rows term ``(w_g/g) X_g X_g^T``."""
-    return bool(edit.stats.get("num_generic_keys")) and float(getattr(edit.config, "generic_retain_weight", 0)) > 0
-
-
 def _preservation_from_factor(edit: GROMEdit) -> dict[str, torch.Tensor]:
     """Each module's ``R = L L^T - (w_f/s) X_f X_f^T - mu_0 I`` (float64), recovered from the fitted factor."""
     out = {}
@@ -251,7 +234,8 @@ def _point_edit(base: GROMEdit, solutions: dict[str, GROMSolution], point: dict[
     stats = {k: v for k, v in base.stats.items() if k != "selection"}
     stats.update(target_scale=scale, path_point=dict(point))
     changes: dict[str, Any] = {"retain_weight": retain_weight, "ridge": point["ridge"]}
-    if _has_generic(base):  # the preservation term holds both moments: they scale together
+    has_generic = base.stats.get("num_generic_keys") and float(getattr(base.config, "generic_retain_weight", 0)) > 0
+    if has_generic:  # the preservation term holds both moments: they scale together
         changes["generic_retain_weight"] = float(base.config.generic_retain_weight) * retain_weight / w0
     return dataclasses.replace(
         base, config=dataclasses.replace(base.config, **changes), deltas=deltas,
@@ -262,16 +246,11 @@ def _point_edit(base: GROMEdit, solutions: dict[str, GROMSolution], point: dict[
 
 
 def grom_path_from_edit(
-    edit: GROMEdit,
-    scales: Sequence[float] = DEFAULT_SCALES,
-    retain_weights: Sequence[float] | None = None,
-    ridges: Sequence[float] | None = None,
-    *,
-    preservation: dict[str, torch.Tensor] | None = None,
+    edit: GROMEdit, scales: Sequence[float] = DEFAULT_SCALES, retain_weights: Sequence[float] | None = None,
+    ridges: Sequence[float] | None = None, *, preservation: dict[str, torch.Tensor] | None = None,
 ) -> GROMPath:
-    """The path of every ``(scale, retain_weight, ridge)`` combination, solved from a fitted ``edit`` that carries
-    its audit state, without reading data again. ``retain_weights`` defaults to ``w_r0`` times 1, 10 and 100,
-    ``ridges`` to the edit's ridge; ``preservation`` (each module's ``R``) is recovered from the factor if not given."""
+    """The path of every ``(scale, retain_weight, ridge)`` point, solved from an ``edit`` with its audit state;
+    ``retain_weights`` default to ``w_r0`` times 1, 10 and 100, ``ridges`` to the edit's."""
     if not edit.solutions:
         raise ValueError("The GROM path needs an edit with its audit state (keys, targets and Cholesky factors).")
     w0, mu0 = float(edit.config.retain_weight), float(edit.config.ridge)
@@ -307,8 +286,7 @@ def fit_grom_path(
     ridges: Sequence[float] | None = None, generic_retain: Any = None, device: Any = None, gram_device: Any = None,
 ) -> GROMPath:
     """Fit GROM once and return the exact edits of every ``scales`` x ``retain_weights`` x ``ridges`` point
-    (:func:`grom_path_from_edit`), ordered weak -> strong; a point equals ``fit_grom`` with its ``retain_weight`` and
-    ``ridge``, its targets times ``scale``. The grid is validated before the fit; ``model`` is not modified."""
+    (:func:`grom_path_from_edit`); the grid is validated before the fit."""
     config = config or GROMConfig()
     _path_grid(scales, retain_weights, ridges, float(config.retain_weight), float(config.ridge))  # before any work
     if config.retain_weight == 0 and (retain_weights is None or any(w > 0 for w in retain_weights)):

@@ -17,10 +17,7 @@ import torch
 
 
 def specificity_weights(
-    forget_counts: torch.Tensor,
-    retain_counts: torch.Tensor,
-    power: float = 1.0,
-    smoothing: float = 0.5,
+    forget_counts: torch.Tensor, retain_counts: torch.Tensor, power: float = 1.0, smoothing: float = 0.5,
     mode: str = "fraction",
 ) -> torch.Tensor:
     """``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma`` for tokens seen in forget answers, else 0, with
@@ -76,10 +73,7 @@ def logit_lens_rows(
 
 
 def margin_gradient_residual(
-    norm: Callable[[torch.Tensor], torch.Tensor],
-    hidden: torch.Tensor,
-    unembed: torch.Tensor,
-    gold: torch.Tensor,
+    norm: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, unembed: torch.Tensor, gold: torch.Tensor,
     q: torch.Tensor,
 ) -> torch.Tensor:
     """``w_t = J_t^T U^T (e_y - q_t)``: residual-space gradient of the gold margin (``[n, d]``)."""

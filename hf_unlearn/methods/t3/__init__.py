@@ -5,6 +5,7 @@ causal mean-pooled hidden state of the prefix (``docs/methods/t3.md``).
 
 from ...artifact_kinds import ArtifactKind as _ArtifactKind
 from ...artifact_kinds import config_base_model as _config_base_model
+from ...artifact_kinds import read_json as _read_json
 from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
 from ...registry import register_method
 from .calibration import calibrate_t3
@@ -24,16 +25,10 @@ def _t3_card_settings(head):
     return {k: getattr(head.config, k) for k in keep if getattr(head.config, k, None) is not None}
 
 
-def _folder_is_t3(folder):
-    from ...artifact_kinds import read_json
-
-    return read_json(folder / "config.json").get("model_type") == T3ClassifierConfig.model_type
-
-
 _register_artifact_kind(_ArtifactKind(
     "t3_classifier", "t3_classifier.md", "t3", lambda: (T3Classifier,), "transformers",
-    base_model=_config_base_model, settings=_t3_card_settings, folder_matches=_folder_is_t3,
-    integrity=_t3_integrity_entry,
+    base_model=_config_base_model, settings=_t3_card_settings, integrity=_t3_integrity_entry,
+    folder_matches=lambda folder: _read_json(folder / "config.json").get("model_type") == T3ClassifierConfig.model_type,
 ))
 
 __all__ = ["T3Classifier", "T3ClassifierConfig", "T3Fit", "T3LogitsProcessor", "calibrate_t3", "fit_t3",

@@ -49,9 +49,8 @@ def _one_pass(
     model: Any, tokenizer: Any, classifier: T3Classifier, criterion: Any, settings: list[tuple[float, float]],
     greedy_settings: list[tuple[float, float]], log_probs: bool = True,
 ) -> tuple[list[list[list[np.ndarray] | None]], dict[str, list[list[np.ndarray]] | None]]:
-    """From one base pass per batch of the criterion's scoring loop: ``out[k][s]``, setting ``k``'s per-row
-    log-probabilities on row set ``s`` of :data:`_ROW_SETS` (all None without ``log_probs``: the retain sets only),
-    and ``regrets[name][g]``, greedy setting ``g``'s per-row greedy regrets on the two retain sets."""
+    """From one base pass per batch: ``out[k][s]``, setting ``k``'s per-row log-probabilities on row set ``s`` (none
+    without ``log_probs``), and ``regrets[name][g]``, greedy setting ``g``'s per-row regrets on the retain sets."""
     sets = [getattr(criterion, name) for name in _ROW_SETS]
     scored = list(settings) if log_probs else []
     out: list[list[list[np.ndarray] | None]] = [[None] * len(sets) for _ in scored]
@@ -75,9 +74,8 @@ def _one_pass(
 
 
 def retain_greedy_figures(regrets: dict[str, list[list[np.ndarray]] | None], n: int) -> list[dict[str, float]]:
-    """Per greedy setting: ``retain_greedy_regret`` (mean over retain-validation rows of each row's mean regret),
-    ``retain_greedy_agreement`` (mean share of positions where it picks the base's token) and
-    ``generic_greedy_regret`` (on the generic rows; ``None`` without them)."""
+    """Per greedy setting: ``retain_greedy_regret``, ``retain_greedy_agreement`` (share of positions where it picks
+    the base's token) and ``generic_greedy_regret`` (``None`` without generic rows), means of per-row means."""
     figures: list[dict[str, float]] = [{} for _ in range(n)]
     for name, key in (("retain_validation", "retain"), ("generic", "generic")):
         for g, f in enumerate(figures):
@@ -91,23 +89,13 @@ def retain_greedy_figures(regrets: dict[str, list[list[np.ndarray]] | None], n: 
     return figures
 
 
-def _judge_retain_by_greedy_decoding(measurements: list[dict[str, Any]], greedy: list[dict[str, float]]) -> None:
-    """Each ``retain_change`` becomes the larger greedy regret (the teacher-forced one: ``retain_nll_change``)."""
-    for m, g in zip(measurements, greedy, strict=True):
-        m["retain_nll_change"] = m["retain_change"]
-        m.update(g)
-        m["retain_change"] = max(v for v in (g["retain_greedy_regret"], g["generic_greedy_regret"]) if v is not None)
-
-
 def calibrate_t3(
     model: Any, tokenizer: Any, classifier: T3Classifier, criterion: Any,
     temperatures: Sequence[float] = DEFAULT_TEMPERATURES, tilt_weights: Sequence[float] = DEFAULT_TILT_WEIGHTS, *,
     cached: bool = True, device: Any = None,
 ) -> Any:
-    """Score the ``temperatures`` x ``tilt_weights`` grid with ``criterion`` and write the chosen ``(T, w)`` and the
-    record (``calibration``) into ``classifier.config``; returns the :class:`~hf_unlearn.selection.SelectionRecord`.
-    ``cached``: every point from one pass of the base (else one scorer pass per point). Settings are validated
-    before any pass."""
+    """Score the ``temperatures`` x ``tilt_weights`` grid with ``criterion`` (``cached``: from one pass of the base)
+    and write the chosen ``(T, w)`` and the record into ``classifier.config``; returns the record."""
     from ...devices import device_of, move_to_device
 
     grid = calibration_grid(temperatures, tilt_weights)
@@ -134,7 +122,10 @@ def calibrate_t3(
             for p in grid
         ]
         _, regrets = _one_pass(model, tokenizer, classifier, criterion, [], points, log_probs=False)
-    _judge_retain_by_greedy_decoding(measurements, retain_greedy_figures(regrets, len(grid)))
+    for m, g in zip(measurements, retain_greedy_figures(regrets, len(grid)), strict=True):
+        m["retain_nll_change"] = m["retain_change"]  # the retain change judged is the larger greedy regret
+        m.update(g)
+        m["retain_change"] = max(v for v in (g["retain_greedy_regret"], g["generic_greedy_regret"]) if v is not None)
     record = criterion.decide(grid, measurements)
     record.rule["retain_measure"] = RETAIN_MEASURE
     chosen = record.chosen

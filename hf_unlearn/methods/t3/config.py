@@ -139,10 +139,9 @@ class T3ClassifierConfig(PreTrainedConfig):
 
     def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_positions: int | None = None
                            ) -> dict[str, int]:
-        """What :func:`~hf_unlearn.methods.t3.fit_t3` holds besides the base, for :mod:`hf_unlearn.memory_plan`
-        (hidden ``H``, vocabulary ``V``, rank ``h``): ``t3_head``, ``4 h (H + V + 1) + 12 h (H + V)`` (head, gradients,
-        AdamW moments; ``+ 4 h (H + V)`` with early stopping); with ``N`` answer positions, ``t3_pooled_states``
-        ``2 N H weight_bytes`` and ``t3_position_labels`` ``36 N``."""
+        """What :func:`~hf_unlearn.methods.t3.fit_t3` holds besides the base (:mod:`hf_unlearn.memory_plan`):
+        ``t3_head`` ``4 h (H + V + 1) + 12 h (H + V)`` (``+ 4 h (H + V)`` with early stopping); with ``N`` positions,
+        ``t3_pooled_states`` ``2 N H weight_bytes`` and ``t3_position_labels`` ``36 N``."""
         h, width = int(self.rank), shape.hidden_size + shape.vocab_size
         head = 4 * h * (width + 1) + 12 * h * width + (4 * h * width if self.early_stopping_patience else 0)
         out = {"t3_head": head}

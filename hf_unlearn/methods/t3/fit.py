@@ -32,12 +32,9 @@ def fit_t3(
     model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3ClassifierConfig | None = None, *,
     progress: bool = True, device: Any = None, cache_device: Any = None, **overrides: Any,
 ) -> T3Classifier:
-    """Fit a :class:`T3Classifier` telling ``retain`` (label 1) from ``forget`` (label 0) answers of ``model``.
-
-    ``forget`` / ``retain``: TOFU-shaped rows or documents (each chunk one example); ``overrides`` replace fields
-    of ``config``. Every refusal comes before the first forward pass; the base is frozen and run once. Returns the
-    head in eval mode with its ``fit_report``; a non-finite loss or head raises ``ValueError``. ``cache_device``:
-    where the pooled states are kept. Under ``torchrun`` the head is fitted on rank 0 and broadcast.
+    """Fit a :class:`T3Classifier` telling ``retain`` (1) from ``forget`` (0) answers of ``model`` (TOFU-shaped rows or
+    documents); ``overrides`` replace fields of ``config``. Every refusal comes before the first forward pass; a
+    non-finite loss or head raises ``ValueError``. Under ``torchrun`` the head is fitted on rank 0 and broadcast.
     """
     from ...devices import device_of, join_launch, move_to_device, on_main_process, resolve_device
 

@@ -49,22 +49,13 @@ def causal_mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) 
     return sums / m.cumsum(dim=1).clamp_min(1.0).unsqueeze(-1)
 
 
-def _first_tensor(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    if hasattr(output, "last_hidden_state") and output.last_hidden_state is not None:
-        return output.last_hidden_state
-    return output[0]
-
-
 class _Stop(Exception):
     pass
 
 
 class HiddenStateHook:
-    """Calls ``callback(hidden [B, Q, H], attention_mask [B, K] or None)`` with layer ``layer``'s hidden state on
-    every forward of the base; a sequence longer than ``max_positions`` is refused before the base runs, and with
-    ``stop_early`` :meth:`run` stops after the read. A context manager."""
+    """Calls ``callback(hidden [B, Q, H], attention_mask or None)`` with layer ``layer``'s hidden state on every
+    forward of the base (a context manager); sequences longer than ``max_positions`` are refused before it runs."""
 
     def __init__(
         self, model: Any, layer: int, callback: Callable[[torch.Tensor, torch.Tensor | None], None],
@@ -100,7 +91,8 @@ class HiddenStateHook:
         self._mask = mask
 
     def _decoder_post(self, module: Any, args: tuple, output: Any) -> None:
-        self.callback(_first_tensor(output), self._mask)
+        hidden = output if isinstance(output, torch.Tensor) else getattr(output, "last_hidden_state", None)
+        self.callback(output[0] if hidden is None else hidden, self._mask)
 
     def _block_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]

@@ -41,22 +41,13 @@ def validate_t3_arguments(
 
 class T3LogitsProcessor(LogitsProcessor):
     """Temper-Then-Tilt as a ``LogitsProcessor`` on ``model``, the base ``classifier`` was fitted on (another is
-    refused; ``check_base_weights=False`` skips the weights). ``temperature`` (``T >= 1`` unless
-    ``allow_temperature_below_one``), ``tilt_weight`` and ``log_f_floor`` default to the head's. Works with greedy
-    decoding and sampling (leave ``generate``'s temperature at 1), left padding, the KV cache and beam search; the
-    hooks stay until :meth:`close` (or the end of a ``with`` block).
+    refused); the settings default to the head's. Works with greedy decoding, sampling (at ``generate``'s temperature
+    1), left padding, the KV cache and beam search; the hooks stay until :meth:`close` or the ``with`` block's end.
     """
 
     def __init__(
-        self,
-        model: Any,
-        classifier: T3Classifier,
-        temperature: float | None = None,
-        tilt_weight: float | None = None,
-        *,
-        log_f_floor: float | None = None,
-        allow_temperature_below_one: bool = False,
-        check_base_weights: bool = True,
+        self, model: Any, classifier: T3Classifier, temperature: float | None = None, tilt_weight: float | None = None,
+        *, log_f_floor: float | None = None, allow_temperature_below_one: bool = False, check_base_weights: bool = True,
     ) -> None:
         temperature = classifier.config.temperature if temperature is None else temperature
         tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight

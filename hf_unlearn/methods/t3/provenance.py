@@ -49,9 +49,8 @@ def write_head_integrity(folder: str | os.PathLike) -> Path:
 
 
 def verify_head_files(folder: Path, what: str, expected_sha256: str | None = None) -> None:
-    """Refuse (:class:`~hf_unlearn.integrity.AdapterIntegrityError`) a head folder without ``t3_integrity.json``,
-    with files it does not record or that differ from it, or (``expected_sha256``) whose record is not the pinned
-    one."""
+    """Refuse (``AdapterIntegrityError``) a head folder whose files ``t3_integrity.json`` does not record or
+    match, or (``expected_sha256``) whose record is not the pinned one."""
     check_pinned_digest(folder, expected_sha256, what, T3_INTEGRITY)
     path = confined_file(folder, T3_INTEGRITY, what, T3_INTEGRITY)
     if not path.is_file():

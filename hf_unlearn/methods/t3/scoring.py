@@ -101,11 +101,8 @@ def t3_log_probs(
     temperature: float | None = None, tilt_weight: float | None = None, log_f_floor: float | None = None,
     allow_temperature_below_one: bool = False, check_base_weights: bool = True, scoring_memory: int | None = None,
 ) -> torch.Tensor:
-    """Per-token T3 log-probabilities of ``labels`` (``[B, L]``), aligned like
-    :func:`hf_unlearn.logprobs.label_log_probs` (0 where ``labels == -100`` and at ``t = 0``); the settings default
-    to the head's. Positions are scored in chunks whose buffers fit ``scoring_memory`` bytes. Another base (by
-    weights, unless ``check_base_weights=False``) and an input longer than the base's positions are refused.
-    """
+    """Per-token T3 log-probabilities of ``labels`` (``[B, L]``, aligned like ``label_log_probs``) scored
+    in chunks that fit ``scoring_memory`` bytes. Another base and an input past its positions are refused."""
     temperature = classifier.config.temperature if temperature is None else temperature
     tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight
     log_f_floor = classifier.config.log_f_floor if log_f_floor is None else log_f_floor
@@ -129,10 +126,8 @@ def t3_candidate_log_probs(
     *, greedy_settings: Sequence[tuple[float, float]] = (), log_f_floor: float | None = None,
     scoring_memory: int | None = None,
 ) -> torch.Tensor:
-    """``[B, L, K + G]`` from one forward of the base, aligned as :func:`t3_log_probs`: the log-probabilities of
-    ``labels`` under the ``K`` ``settings`` (:func:`candidate_answer_log_probs`), then the
-    :func:`~hf_unlearn.methods.t3.tilt.greedy_regret` of the ``G`` ``greedy_settings``. Settings are taken as given
-    and the head and its base are checked by the caller; ``log_f_floor`` defaults to the head's.
+    """``[B, L, K + G]`` from one forward of the base: the log-probabilities of ``labels`` under the ``K``
+    ``settings``, then the greedy regrets of the ``G`` ``greedy_settings`` (settings and head checked by the caller).
     """
     log_f_floor = classifier.config.log_f_floor if log_f_floor is None else log_f_floor
     logits, pooled = _base_pass(model, classifier, input_ids, attention_mask, position_ids)
