@@ -114,8 +114,8 @@ class T3ClassifierConfig(PreTrainedConfig):
             if not _finite(getattr(self, name)):
                 raise ValueError(f"T3ClassifierConfig.{name} must be a finite number, got {getattr(self, name)!r}.")
         if float(self.tilt_weight) <= 0:
-            raise ValueError(f"T3ClassifierConfig.tilt_weight must be > 0 (w < 0 tilts towards the forget set), got "
-                             f"{self.tilt_weight}.")
+            raise ValueError(f"T3ClassifierConfig.tilt_weight must be > 0, got {self.tilt_weight} (w < 0 tilts decoding "
+                             "towards the forget set).")
         if float(self.weight_decay) < 0:
             raise ValueError(f"T3ClassifierConfig.weight_decay must be >= 0, got {self.weight_decay}.")
         if self.lr_schedule not in LR_SCHEDULES:
