@@ -68,7 +68,7 @@ def test_grom_on_documents_keys_every_chunk_position_and_unlearns(tiny_target, s
     import json
 
     from hf_unlearn.methods.grom import GROMConfig, fit_grom
-    from hf_unlearn.methods.grom.inputs import check_grom_inputs
+    from hf_unlearn.methods.grom.inputs import _prepare
 
     model, tok = tiny_target
     forget, retain = _texts(synthetic["forget10"]), _texts(synthetic["retain90"][:60])
@@ -76,12 +76,12 @@ def test_grom_on_documents_keys_every_chunk_position_and_unlearns(tiny_target, s
                      max_length=CHUNK, progress=False)
     path = tmp_path / "forget.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in forget))
-    summary = check_grom_inputs(model, tok, path, documents_dataset(retain), cfg)
-    assert summary["num_forget_rows"] == len(chunk_documents(forget, tok, CHUNK))
-    assert summary["num_retain_rows_read"] == len(chunk_documents(retain, tok, CHUNK))
-    sampled = check_grom_inputs(model, tok, path, documents_dataset(retain), GROMConfig(
-        target_modules="lm_head", max_length=CHUNK, retain_sample=3, progress=False))
-    assert sampled["num_retain_rows_read"] == 3  # the retain sample is drawn over chunks
+    prep = _prepare(model, tok, path, documents_dataset(retain), cfg, None)
+    assert len(prep.forget_feats) == len(chunk_documents(forget, tok, CHUNK))
+    assert len(prep.retain_feats) == len(chunk_documents(retain, tok, CHUNK))
+    sampled = _prepare(model, tok, path, documents_dataset(retain), GROMConfig(
+        target_modules="lm_head", max_length=CHUNK, retain_sample=3, progress=False), None)
+    assert len(sampled.retain_feats) == 3  # the retain sample is drawn over chunks
     edit = fit_grom(model, tok, documents_dataset(forget), [{"text": t} for t in retain], cfg)
     assert edit.stats["num_forget_keys"] == _chunk_keys(forget, tok)
     assert edit.stats["num_retain_keys"] == _chunk_keys(retain, tok)

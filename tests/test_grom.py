@@ -12,10 +12,18 @@ import torch
 from hf_unlearn.logprobs import answer_nll
 from hf_unlearn.methods.grom import GROMConfig, fit_grom
 from hf_unlearn.methods.grom.peft_export import lora_factors
-from hf_unlearn.methods.grom.solve import grom_objective, normal_matrix, solve_grom, woodbury_drop
+from hf_unlearn.methods.grom.solve import normal_matrix, solve_grom, woodbury_drop
 
 # Hyperparameters that give a strong, specific effect on the tiny memorizing model (see the report).
 STRONG = dict(target_modules="lm_head", forget_weight=10.0, suppression_margin=30.0, ridge=1e-2, progress=False)
+
+
+def grom_objective(delta, forget_keys, targets, retain_keys, forget_weight=1.0, retain_weight=1.0, ridge=1e-2):
+    """Slow reference: ``L(P) = (w_f/s)||P X_f - D||^2 + (w_r/r)||P X_r||^2 + mu ||P||^2`` (keys as rows)."""
+    s, r = forget_keys.shape[0], retain_keys.shape[0]
+    fit = ((forget_keys @ delta.T - targets) ** 2).sum()
+    keep = ((retain_keys @ delta.T) ** 2).sum() if r else delta.new_zeros(())
+    return (forget_weight / s) * fit + (retain_weight / max(r, 1)) * keep + ridge * (delta**2).sum()
 
 
 def _random_problem(seed=0, d_in=12, d_out=7, s=9, r=40):

@@ -177,7 +177,7 @@ class _CountForwards:
 
 
 def test_bad_rows_and_unknown_modules_are_refused_before_any_forward_pass(tiny_pair, synthetic):
-    from hf_unlearn.methods.grom.inputs import check_grom_inputs
+    from hf_unlearn.methods.grom.inputs import _prepare
 
     model, tok = _fresh(tiny_pair)
     forget, retain = synthetic["forget10"][:4], synthetic["retain90"][:20]
@@ -195,7 +195,7 @@ def test_bad_rows_and_unknown_modules_are_refused_before_any_forward_pass(tiny_p
     ]
     for f, r, cfg, message in cases:
         with pytest.raises(ValueError, match=message):
-            check_grom_inputs(model, tok, f, r, cfg)
+            _prepare(model, tok, f, r, cfg, None)
         with pytest.raises(ValueError, match=message):
             fit_grom(model, tok, f, r, cfg)
     for cfg, message in ((GROMConfig(target_modules="no_such_proj"), "matches no module"),
@@ -206,9 +206,9 @@ def test_bad_rows_and_unknown_modules_are_refused_before_any_forward_pass(tiny_p
             cfg.check_for(model)  # the model-level checks alone (what the CLI runs before creating folders)
     GROMConfig(target_modules=["down_proj", "lm_head"]).check_for(model)
     assert counter.calls == 0
-    summary = check_grom_inputs(model, tok, forget, retain, GROMConfig(progress=False))
-    assert summary["modules"] == ["model.layers.1.mlp.down_proj"] and summary["candidate_layers"] == [1]
-    assert summary["num_forget_rows"] == 4 and summary["num_retain_rows_read"] == 20
+    prep = _prepare(model, tok, forget, retain, GROMConfig(progress=False), None)
+    assert [t.name for t in prep.layered + prep.heads] == ["model.layers.1.mlp.down_proj"] and prep.candidates == [1]
+    assert len(prep.forget_feats) == 4 and len(prep.retain_feats) == 20
     assert counter.calls == 0
     counter.handle.remove()
 

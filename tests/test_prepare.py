@@ -142,7 +142,7 @@ def test_consumers_return_what_their_loops_returned(rows, plain_tok):
 
     from hf_unlearn.methods.base.pairing import to_trl_format
     from hf_unlearn.methods.grom.inputs import _tokenize_rows
-    from hf_unlearn.methods.t3.cache import tokenize_examples
+    from hf_unlearn.methods.t3.cache import _tokenize
 
     lengths, prompts = _lengths(plain_tok, rows, None)
     cut = sorted(lengths)[len(lengths) // 2]
@@ -156,7 +156,7 @@ def test_consumers_return_what_their_loops_returned(rows, plain_tok):
     assert str(info.value) == (f"retain example {first_long}: {old.value} (GROM cuts every example to {tight} tokens, "
                                "the model's maximum positions).")
 
-    feats, truncated = tokenize_examples(plain_tok, rows, tight)
+    feats, truncated, _ = _tokenize(plain_tok, rows, tight, None)
     ref, ref_truncated = old_end_cut(plain_tok, rows, tight, None)
     assert truncated == ref_truncated
     assert feats == [f if any(lab != IGNORE_INDEX for lab in f["labels"][1:]) else None for f in ref]

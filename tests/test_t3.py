@@ -285,9 +285,9 @@ def test_fit_caches_answer_positions_only_and_keeps_the_tokenizer(target, synthe
     with pytest.raises(ValueError, match="unknown settings"):
         fit_t3(model, tok, forget, retain, top_k=20, progress=False)
     # A prompt template reaches the tokenization (and is saved with the head).
-    from hf_unlearn.methods.t3.cache import tokenize_examples
+    from hf_unlearn.methods.t3.cache import _tokenize
 
-    feats, _ = tokenize_examples(tok, forget, None, "tofu-llama2")
+    feats, _, _ = _tokenize(tok, forget, None, "tofu-llama2")
     assert feats[0]["input_ids"] == tokenize_qa(tok, forget[0]["question"], forget[0]["answer"],
                                                 template="tofu-llama2")["input_ids"]
     assert feats[0]["input_ids"] != tokenize_qa(tok, forget[0]["question"], forget[0]["answer"])["input_ids"]

@@ -21,7 +21,12 @@ from hf_unlearn.methods.t3 import (
     fit_t3,
     t3_log_probs,
 )
-from hf_unlearn.methods.t3.cache import validate_t3_fit
+from hf_unlearn.methods.t3.cache import _prepare
+
+
+def validate_t3_fit(model, tok, forget, retain, config=None, **overrides):
+    """Every check fit_t3 makes before its first forward pass, without running the base."""
+    return _prepare(model, tok, forget, retain, config, overrides, fingerprint=False).config
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,9 @@
-"""Which modules GROM edits: target-module discovery and logit-lens layer attribution.
-
-Layer ``l``'s score is
+"""Which modules GROM edits: target-module discovery and logit-lens layer attribution,
 
     S_l = F_l - R_l,   F_l = mean_{t in forget} <J_t^T u_{y_t}, o_{l,t}>,   R_l = same over retain tokens,
 
-the mean direct contribution of the layer's MLP output ``o_{l,t}`` (the output of its down-projection),
-through the final norm (Jacobian ``J_t`` at the final residual) and the unembedding row of the gold
-token ``u_{y_t}``, to the gold-token logit, on forget minus retain answer tokens. A layer that writes
-forget answers more than retain answers scores high; ``layers="auto"`` picks the contiguous band of
+the mean direct contribution of module output ``o_{l,t}`` to the gold-token logit (``J_t`` the final norm's
+Jacobian, ``u_{y_t}`` the gold token's unembedding row); ``layers="auto"`` picks the contiguous band of
 ``num_layers`` layers with the highest mean score.
 """
 
@@ -26,8 +22,7 @@ _LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 @dataclass
 class TargetModule:
-    """An edited (or candidate) linear module: its full name, the module, its layer index (``None`` for the LM
-    head) and whether it writes into the residual stream (``d_out == hidden_size``) or is the LM head."""
+    """An edited (or candidate) linear module, its layer index (``None`` for the LM head)."""
 
     name: str
     module: nn.Linear
@@ -46,8 +41,7 @@ def _matches(name: str, target: str) -> bool:
 
 
 def lm_head_is_tied(model: Any) -> bool:
-    """Whether ``model``'s LM head shares its weight with the input embeddings (the same tensor, or
-    ``tie_word_embeddings`` set in its config)."""
+    """Whether ``model``'s LM head shares its weight with the input embeddings (or its config says so)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if head is None or embed is None:
@@ -59,12 +53,7 @@ def lm_head_is_tied(model: Any) -> bool:
 
 
 def find_target_modules(model: Any, targets: Sequence[str], allow_tied_head: bool = False) -> list[TargetModule]:
-    """All modules matching ``targets``, validated: linear, writing to the residual stream or the LM head.
-
-    Raises a ``ValueError`` naming the linear modules the model has when a target matches nothing, and
-    refuses GPT-2 style ``Conv1D`` modules by name. An LM head tied to the input embeddings is refused unless
-    ``allow_tied_head`` (``GROMConfig.untie_lm_head``: the edit then goes to a separate copy of the head).
-    """
+    """All modules matching ``targets``: ``nn.Linear`` residual writers or the LM head, else a ValueError."""
     hidden = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     found: list[TargetModule] = []
@@ -72,31 +61,19 @@ def find_target_modules(model: Any, targets: Sequence[str], allow_tied_head: boo
         hits = [(n, m) for n, m in model.named_modules() if _matches(n, target)]
         if not hits:
             leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-            raise ValueError(
-                f"target_modules entry {target!r} matches no module of {type(model).__name__}; its linear modules "
-                f"are named {leaves}."
-            )
+            raise ValueError(f"target_modules entry {target!r} matches no module; the linear modules are {leaves}.")
         for name, module in hits:
             if type(module).__name__ == "Conv1D":
-                raise ValueError(
-                    f"{name} is a transformers Conv1D (GPT-2 style, weight stored transposed); GROM edits nn.Linear "
-                    "modules only. Use a Llama/Qwen/Mistral-style model or target 'lm_head'."
-                )
+                raise ValueError(f"{name} is a transformers Conv1D (GPT-2 style); GROM edits nn.Linear modules only.")
             if not isinstance(module, nn.Linear):
                 raise ValueError(f"{name} is a {type(module).__name__}, not an nn.Linear: GROM edits linear modules.")
             is_head = module is head
             if not is_head and module.out_features != hidden:
-                raise ValueError(
-                    f"{name} maps {module.in_features} -> {module.out_features} features, not into the residual "
-                    f"stream (hidden_size={hidden}); GROM targets are read through the logit lens, so edit a "
-                    "module writing to the residual stream (e.g. 'down_proj') or 'lm_head'."
-                )
+                raise ValueError(f"{name} maps {module.in_features} -> {module.out_features} features, not into the "
+                                 f"residual stream (hidden_size={hidden}); edit e.g. 'down_proj' or 'lm_head'.")
             if is_head and not allow_tied_head and lm_head_is_tied(model):
-                raise ValueError(
-                    f"{name} is tied to the input embeddings (tie_word_embeddings=True): an edit of it would also "
-                    "change the embeddings. Pass GROMConfig(untie_lm_head=True) to edit a separate copy of the "
-                    "LM head, or target 'down_proj' instead."
-                )
+                raise ValueError(f"{name} is tied to the input embeddings: pass GROMConfig(untie_lm_head=True) to edit "
+                                 "a separate copy of the LM head.")
             layer = None if is_head else layer_index(name)
             if not is_head and layer is None:
                 raise ValueError(f"Cannot tell the layer index of {name}; pass a module inside a numbered block.")
@@ -108,10 +85,8 @@ def find_target_modules(model: Any, targets: Sequence[str], allow_tied_head: boo
 def select_targets(
     model: Any, config: Any
 ) -> tuple[list[TargetModule], list[TargetModule], list[TargetModule], list[int], int]:
-    """The modules ``config`` (a :class:`~hf_unlearn.methods.grom.config.GROMConfig`) edits in ``model``, checked
-    without running it: ``(all targets, layered modules to edit or search, LM heads, candidate layers of
-    layers='auto' (else []), band width)``. Raises a ValueError for unknown or unsuitable ``target_modules``,
-    ``layers`` / ``candidate_layers`` without a target module, or a tied LM head without ``untie_lm_head``."""
+    """The modules ``config`` edits in ``model``, checked without running it: ``(all targets, layered modules to
+    edit or search, LM heads, candidate layers of layers='auto' (else []), band width)``."""
     targets = find_target_modules(model, config.target_modules, allow_tied_head=config.untie_lm_head)
     layered = [t for t in targets if not t.is_lm_head]
     heads = [t for t in targets if t.is_lm_head]
@@ -144,8 +119,7 @@ def attribution_scores(
 
 
 def select_band(scores: dict[int, float], num_layers: int) -> list[int]:
-    """The contiguous run of ``num_layers`` layers (consecutive among the candidates) with the highest mean
-    score; ties go to the earliest band. All candidates when there are fewer than ``num_layers``."""
+    """The run of ``num_layers`` consecutive layers with the highest mean score (the earliest on ties)."""
     layers = sorted(scores)
     if num_layers >= len(layers):
         return layers
@@ -161,5 +135,5 @@ def select_band(scores: dict[int, float], num_layers: int) -> list[int]:
 
 
 def direct_contributions(outputs: torch.Tensor, lens_rows: torch.Tensor) -> torch.Tensor:
-    """Per-token ``<J_t^T u_{y_t}, o_t>`` (``[n]``) from module outputs and logit-lens rows (both ``[n, d]``)."""
+    """Per-token ``<J_t^T u_{y_t}, o_t>`` (``[n]``) from module outputs and logit-lens rows."""
     return (outputs.float() * lens_rows.float()).sum(-1)

@@ -1,22 +1,9 @@
 """Measuring many GROM edits from one pass: the hidden states entering the edited band, cached once per row.
 
-An edit of decoder blocks ``l0 <= l <= l1`` (or of the LM head) leaves everything before block ``l0`` unchanged, so
-each batch's input ``h_b`` of block ``l0`` under the unedited model is kept and a candidate is scored by the model's
-own forward from block ``l0`` on. When the only edited module of block ``l0`` is its last residual writer (Llama's
-``down_proj``, ``out = r + W x``) the block's output is linear in the edit,
-
-    out_b(P) = out_b(0) + x_b P^T,
-
-so ``out_b(0)`` and ``x_b`` are kept instead and only the blocks after ``l0`` run (the tail shortcut, checked by
-:meth:`BandCache.replays_exactly` under a random perturbation of ``W``). Logits are computed only at the scored
-pairs ``(b, t)`` (``answer_mask(labels)[b, t + 1]``)::
-
-    log p(y_{b,t+1}) = z_{b,t}[y_{b,t+1}] - logsumexp_v z_{b,t}[v],    z_{b,t} = head(norm(h_{b,t}))
-
-with no block after the entry, for every batch in one call (``"direct"``); else through a pre-hook on the head
-(``"pairs"``), ``logits_to_keep`` (``"positions"``) or all logits (``"all"``), the first mode that reproduces the
-plain forward. The caching pass stops at the entry (``keep_plain=False``) unless the row set's unedited scores are
-needed (``True``; ``"first"``: the first batch only, for the check).
+An edit of blocks ``l0 <= l`` (or of the LM head) leaves everything before block ``l0`` unchanged, so a candidate
+runs from block ``l0``'s cached input. When block ``l0``'s only edited module is its last residual writer the
+block's output is linear in the edit, ``out_b(P) = out_b(0) + x_b P^T``, and only the later blocks run (checked
+under a random perturbation of ``W``). Logits are computed only at the scored pairs.
 """
 
 from __future__ import annotations
@@ -38,10 +25,9 @@ from .keys import _final_norm
 
 @dataclass
 class BandEntry:
-    """Where a replay starts: ``owner.<attr>`` is the decoder's list of blocks, ``start`` the first block that runs
-    (``len(blocks)`` when none does) and ``module`` the one whose input is cached (that block, or the final norm).
-    With a ``tail`` (the edited last writer of block ``start - 1``) the cached input is corrected by ``x P^T``;
-    ``plain`` is then the entry at block ``start - 1`` that the shortcut is checked against."""
+    """Where a replay starts: ``owner.<attr>`` is the list of blocks, ``start`` the first block that runs and
+    ``module`` the one whose input is cached (that block, or the final norm). With a ``tail`` (the edited last
+    writer of block ``start - 1``) the cached input is corrected by ``x P^T``; ``plain`` is the entry at that block."""
 
     owner: nn.Module
     attr: str
@@ -73,10 +59,8 @@ def _decoder_blocks(model: nn.Module) -> str:
 
 
 def band_entry(model: nn.Module, module_names: Sequence[str], tail: bool = False) -> BandEntry:
-    """The :class:`BandEntry` of an edit of ``module_names``: the first edited block (by its index in the decoder's
-    list of blocks), or the final norm when every edited module is outside the blocks (the LM head). With ``tail``,
-    the shortcut entry after that block when its one edited module is an ``nn.Linear`` (checked to be the block's
-    last writer by :meth:`BandCache.replays_exactly`)."""
+    """The :class:`BandEntry` of an edit of ``module_names``: the first edited block, or the final norm for the LM
+    head; with ``tail``, the shortcut entry after that block when its one edited module is an ``nn.Linear``."""
     located = [_block_list(model, n) for n in module_names]
     blocks = [loc for loc in located if loc is not None]
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -115,7 +99,7 @@ def _skip_before(entry: BandEntry) -> Iterator[None]:
 
 
 def predicting_positions(labels: torch.Tensor) -> torch.Tensor:
-    """The positions ``t`` (1-D, ascending) whose next label is scored in some row (``"positions"`` mode)."""
+    """The positions ``t`` whose next label is scored in some row (``"positions"`` mode)."""
     return answer_mask(labels)[:, 1:].any(dim=0).nonzero().squeeze(-1)
 
 
@@ -126,8 +110,7 @@ def scored_pairs(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def kept_label_log_probs(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """:func:`~hf_unlearn.logprobs.label_log_probs` from the logits of positions ``keep`` only (``[B, len(keep),
-    V]``): ``out[:, keep + 1] = log_softmax(logits)[labels[:, keep + 1]]`` on scored labels, 0 elsewhere."""
+    """:func:`~hf_unlearn.logprobs.label_log_probs` from the logits of positions ``keep`` only."""
     kept = logits.float()
     targets = labels[:, keep + 1]
     valid = answer_mask(labels)[:, keep + 1]
@@ -139,8 +122,7 @@ def kept_label_log_probs(logits: torch.Tensor, labels: torch.Tensor, keep: torch
 
 def pair_label_log_probs(logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor,
                          positions: torch.Tensor) -> torch.Tensor:
-    """:func:`~hf_unlearn.logprobs.label_log_probs` from the logits of the :func:`scored_pairs` only (``[N, V]`` or
-    ``[1, N, V]``): ``out[b, t + 1] = z[y] - logsumexp(z)``, ``y = labels[b, t + 1]``; 0 elsewhere."""
+    """:func:`~hf_unlearn.logprobs.label_log_probs` from the logits of the :func:`scored_pairs` only."""
     z = logits.reshape(-1, logits.shape[-1]).float()
     targets = labels[rows, positions + 1]
     picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
@@ -168,14 +150,8 @@ LOGITS_MODES = ("direct", "pairs", "positions", "all")
 
 
 class BandCache:
-    """The band inputs of one row set, cached by one pass of the criterion's scoring loop.
-
-    ``score_rows(scorer)`` runs that loop (e.g. ``lambda s: criterion._score(model, tokenizer, rows, s)``) once, with
-    the unedited model, through :class:`~hf_unlearn.scoring_pass.RowBatches`. :meth:`current` gives the per-row
-    log-probabilities of the model as it is now (edited in place), computed from the entry on. ``keep_plain``:
-    ``True`` runs the caching pass whole (:meth:`plain` gives its scores), ``"first"`` only its first batch,
-    ``False`` none. ``logits_mode`` (:data:`LOGITS_MODES`) is settled by :meth:`replays_exactly`.
-    """
+    """The band inputs of one row set, cached by one pass of the scoring loop ``score_rows(scorer)``; ``keep_plain``:
+    run that pass whole (``True``), its first batch only (``"first"``) or none of it beyond the band (``False``)."""
 
     def __init__(
         self, model: nn.Module, entry: BandEntry, score_rows: Any, cache_device: str | torch.device | None = None,
@@ -242,8 +218,7 @@ class BandCache:
 
     @torch.no_grad()
     def _direct(self, delta: torch.Tensor | None) -> list[torch.Tensor]:
-        """Every batch's ``[B, L]`` log-probabilities from ``head(norm(h + x delta^T))`` at its scored pairs, all
-        batches in one product (``"direct"``: no block after the entry)."""
+        """Every batch's log-probabilities from ``head(norm(h + x delta^T))`` at its scored pairs, in one product."""
         head = self.model.get_output_embeddings()
         if head is None or self.entry.start < len(getattr(self.entry.owner, self.entry.attr)):
             raise RuntimeError("Blocks run after the entry, or the model has no LM head to call.")
@@ -272,8 +247,8 @@ class BandCache:
     @torch.no_grad()
     def _replay(self, b: int, entry: BandEntry | None = None, hidden: torch.Tensor | None = None,
                 delta: torch.Tensor | None = None, mode: str | None = None) -> torch.Tensor:
-        """Log-probabilities ``[B, L]`` of batch ``b`` from ``entry`` (default: the cache's) on; ``hidden`` is the
-        entry module's input (default: the cached one, plus ``x_b delta^T`` with a tail ``delta``)."""
+        """Log-probabilities ``[B, L]`` of batch ``b`` from ``entry`` on; ``hidden`` is the entry module's input
+        (default: the cached one, plus ``x_b delta^T`` with a tail ``delta``)."""
         entry, mode = entry or self.entry, mode or self.logits_mode
         if mode == "direct":
             return self._direct(delta)[b]
@@ -308,7 +283,7 @@ class BandCache:
         return label_log_probs(logits, labels)
 
     def plain(self) -> list[np.ndarray]:
-        """Per-row answer-token log-probabilities of the caching pass (the unedited model); needs ``keep_plain``."""
+        """Per-row answer-token log-probabilities of the caching pass (the unedited model)."""
         if self.keep_plain is not True:
             raise RuntimeError(f"This band cache stopped its caching pass at the band (keep_plain={self.keep_plain!r}).")
         return self.batches.rows_of([lp for _, lp in self.batches.kept])
@@ -321,10 +296,8 @@ class BandCache:
         return self.batches.rows_of([self._replay(b, delta=delta) for b in range(len(self.batches.kept))])
 
     def replays_exactly(self, atol: float = 1e-4) -> bool:
-        """Whether the first batch, replayed through the unedited model, gives the caching pass's log-probabilities
-        (within ``atol``), trying the :data:`LOGITS_MODES` in order and keeping the first that does; with a tail,
-        also whether the shortcut equals a replay of the tail's block under a seeded random perturbation of its
-        weight (put back bit for bit). Call it before any edit is applied; False when a check fails."""
+        """Whether a replay of the first batch gives the caching pass's scores (setting :attr:`logits_mode`) and,
+        with a tail, the shortcut equals a replay of its block under a perturbed weight. Call it before any edit."""
         if not self.batches.kept:
             return True
         plain = self.batches.kept[0][1]
@@ -343,8 +316,7 @@ class BandCache:
 
     @torch.no_grad()
     def _tail_is_linear(self, plain: torch.Tensor, atol: float) -> bool:
-        """The shortcut of the first batch against a replay of the tail's block under ``W + E``, ``E`` a seeded
-        Gaussian of a tenth of ``W``'s scale (which must move the scores)."""
+        """The shortcut against a replay of the tail's block under ``W + E``, ``E`` a seeded Gaussian."""
         weight = self.entry.tail.weight
         scale = 0.1 * float(weight.float().std().clamp_min(1e-3))
         noise = (scale * torch.randn(weight.shape, generator=torch.Generator().manual_seed(0))).to(weight)

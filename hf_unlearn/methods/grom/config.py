@@ -10,135 +10,82 @@ from typing import Any
 OBJECTIVES = ("token_suppression", "representation_corruption")
 SMOOTHING_MODES = ("fraction", "pseudo_count")
 
-#: Fields that only change how the fit runs (speed, memory, display), never the edit it computes: they are not
-#: written into a saved adapter (PEFT keeps ``inference_mode`` and similar settings apart in the same way).
+#: Fields that change how the fit runs, never the edit: not written into a saved adapter.
 RUNTIME_FIELDS = ("batch_size", "max_stat_memory_gb", "progress")
 
-#: Values of fields that a saved adapter may lack because it predates them, where the edit it holds was computed
-#: with a value other than today's default.
+#: Values of fields an older saved adapter lacks, where its edit was computed with other than today's default.
 LEGACY_VALUES = {"specificity_smoothing_mode": "pseudo_count"}
 
 
 @dataclass
 class GROMConfig:
-    r"""Configuration of :func:`hf_unlearn.methods.grom.fit_grom`.
-
-    The edit of a linear module ``y = W x`` is ``W + P`` with
+    r"""Configuration of :func:`hf_unlearn.methods.grom.fit_grom`. The edit of a linear module ``y = W x`` is
+    ``W + P`` with
 
         P* = (w_f/s) D X_f^T A^{-1},
         A  = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I,
 
-    with ``X_f`` the forget keys (module inputs at the ``s`` forget answer positions), ``X_r`` the ``r`` retain keys,
-    ``X_g`` the keys of optional general rows and ``D`` the targets. Fields in :data:`RUNTIME_FIELDS` only change how
-    the fit runs and are not saved. Where each default comes from: ``docs/methods/grom.md``.
+    ``X_f`` the keys (module inputs) at the ``s`` forget answer positions, ``X_r`` the ``r`` retain keys, ``X_g``
+    the keys of optional general rows and ``D`` the targets. :data:`RUNTIME_FIELDS` are not saved. Where the
+    defaults come from: ``docs/methods/grom.md``.
 
     Parameters (each field's ``metadata["help"]`` has the full text):
-        target_modules (`str | list[str]`, defaults to `"down_proj"`): linear modules to edit (residual writers or
-            the LM head).
+        target_modules (`str | list[str]`, defaults to `"down_proj"`): linear modules to edit.
         layers (`str | list[int]`, defaults to `"auto"`): layer indices, or logit-lens attribution.
-        candidate_layers (`list[int] | None`, defaults to `None`): layers `layers="auto"` may choose from;
-            `None` = the last `ceil(L / 3)`.
-        num_layers (`int | None`, defaults to `None`): width of the auto band; `None` = `ceil(L / 10)`.
+        candidate_layers (`list[int] | None`, defaults to `None`): layers `layers="auto"` may choose from.
+        num_layers (`int | None`, defaults to `None`): width of the auto band.
         objective (`str`, defaults to `"token_suppression"`): or `"representation_corruption"`.
         forget_weight (`float`, defaults to `10.0`): `w_f`.
         retain_weight (`float`, defaults to `1.0`): `w_r`.
-        generic_retain_weight (`float`, defaults to `1.0`): `w_g`, weight of the general rows' keys.
+        generic_retain_weight (`float`, defaults to `1.0`): `w_g`.
         ridge (`float`, defaults to `1e-2`): `mu`.
-        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export besides the factor budget
-            `floor(d_in d_out / (d_in + d_out))` (truncated SVD, error reported).
-        suppression_margin (`float`, defaults to `30.0`): `kappa`, nats below the best competitors.
+        max_rank (`int | None`, defaults to `None`): LoRA rank cap of the export.
+        suppression_margin (`float`, defaults to `30.0`): `kappa`.
         specificity_power (`float`, defaults to `1.0`): `gamma`.
         specificity_smoothing (`float`, defaults to `0.5`): `beta`.
         specificity_smoothing_mode (`str`, defaults to `"fraction"`): or `"pseudo_count"`.
-        corruption_norm (`float`, defaults to `1.0`): `c`, target norm over the mean output norm.
+        corruption_norm (`float`, defaults to `1.0`): `c`.
         untie_lm_head (`bool`, defaults to `False`): edit a separate copy of a tied LM head.
-        retain_sample (`int | None`, defaults to `256`): retain rows read for `X_r X_r^T` (`None`: all).
+        retain_sample (`int | None`, defaults to `256`): retain rows read (`None`: all).
         seed (`int`, defaults to `0`): seed of the retain sample and of the corruption direction.
-        max_length (`int | None`, defaults to `None`): extra truncation (the model's positions always apply).
-        prompt_template (`str | None`, defaults to `None`): prompt preset name of `hf_unlearn.data.prompts`.
+        max_length (`int | None`, defaults to `None`): extra truncation.
+        prompt_template (`str | None`, defaults to `None`): prompt preset name.
         batch_size (`int`, defaults to `16`): runtime; examples per forward pass.
-        max_stat_memory_gb (`float`, defaults to `4.0`): runtime; one pass or attribution + key passes.
+        max_stat_memory_gb (`float`, defaults to `4.0`): runtime; one pass or two with `layers="auto"`.
         progress (`bool`, defaults to `True`): runtime; progress bars.
     """
 
     target_modules: str | list[str] = field(
-        default="down_proj",
-        metadata={"help": "Linear modules to edit, matched as the last component(s) of the module path ('down_proj', "
-                  "'lm_head' or a full path); each must write the residual stream or be an untied LM head."},
+        default="down_proj", metadata={"help": "Linear modules to edit: residual writers ('down_proj') or 'lm_head'."}
     )
-    layers: str | list[int] = field(
-        default="auto", metadata={"help": "'auto' (logit-lens attribution S_l = F_l - R_l) or layer indices."}
-    )
+    layers: str | list[int] = field(default="auto", metadata={"help": "'auto' (logit-lens attribution) or indices."})
     candidate_layers: list[int] | None = field(
-        default=None,
-        metadata={"help": "Layers layers='auto' chooses from; None: the last ceil(L / 3) holding a target module."},
+        default=None, metadata={"help": "Layers layers='auto' chooses from; None: the last ceil(L / 3)."}
     )
-    num_layers: int | None = field(
-        default=None, metadata={"help": "Width of the band layers='auto' chooses; None: ceil(num_hidden_layers / 10)."}
-    )
+    num_layers: int | None = field(default=None, metadata={"help": "Width of the auto band; None: ceil(L / 10)."})
     objective: str = field(
-        default="token_suppression",
-        metadata={"help": "'token_suppression' (lower each forget token's logit margin, weighted by its specificity) "
-                  "or 'representation_corruption' (push the output along a fixed random direction)."},
+        default="token_suppression", metadata={"help": "'token_suppression' or 'representation_corruption'."}
     )
     forget_weight: float = field(default=10.0, metadata={"help": "w_f > 0: forget fit weight, divided by s."})
     retain_weight: float = field(default=1.0, metadata={"help": "w_r >= 0: retain preservation weight, divided by r."})
-    generic_retain_weight: float = field(
-        default=1.0,
-        metadata={"help": "w_g >= 0: weight of the general rows of fit_grom(..., generic_retain=rows), divided by g."},
-    )
-    ridge: float = field(
-        default=1e-2, metadata={"help": "mu >= 0: Tikhonov term; 0 only when A is non-singular (else refused)."}
-    )
-    max_rank: int | None = field(
-        default=None,
-        metadata={"help": "Largest LoRA rank of the export (also capped at floor(d_in d_out / (d_in + d_out))); a "
-                  "higher-rank edit is truncated by SVD and its relative Frobenius error recorded."},
-    )
-    suppression_margin: float = field(
-        default=30.0,
-        metadata={"help": "kappa: each forget token's logit margin is asked to fall to -kappa nats (drop "
-                  "alpha_y max(0, margin + kappa), shared by the edited modules)."},
-    )
-    specificity_power: float = field(
-        default=1.0, metadata={"help": "gamma: alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma."}
-    )
-    specificity_smoothing: float = field(
-        default=0.5, metadata={"help": "beta >= 0: smoothing of the token frequencies p_f, p_r."}
-    )
-    specificity_smoothing_mode: str = field(
-        default="fraction",
-        metadata={"help": "'fraction': p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x); 'pseudo_count': "
-                  "p_x(j) = (c_x(j) + beta) / (N_x + beta V)."},
-    )
-    corruption_norm: float = field(
-        default=1.0, metadata={"help": "c: norm of D_t = alpha_y c u over the mean output norm on the forget keys."}
-    )
-    untie_lm_head: bool = field(
-        default=False,
-        metadata={"help": "Allow 'lm_head' on a model with tied embeddings: the edit applies to an untied copy of the "
-                  "head (call hf_unlearn.methods.grom.untie_lm_head(model) before PEFT's merge_and_unload)."},
-    )
-    retain_sample: int | None = field(
-        default=256,
-        metadata={"help": "Retain rows read for X_r X_r^T and the attribution (a uniform sample drawn with `seed`); "
-                  "None: every row."},
-    )
+    generic_retain_weight: float = field(default=1.0, metadata={"help": "w_g >= 0: general rows' weight, / g."})
+    ridge: float = field(default=1e-2, metadata={"help": "mu >= 0: Tikhonov term (0 only for a non-singular A)."})
+    max_rank: int | None = field(default=None, metadata={"help": "Largest LoRA rank of the export (truncated SVD)."})
+    suppression_margin: float = field(default=30.0, metadata={"help": "kappa: nats the margins go below 0."})
+    specificity_power: float = field(default=1.0, metadata={"help": "gamma: the power of alpha_j."})
+    specificity_smoothing: float = field(default=0.5, metadata={"help": "beta >= 0: smoothing of p_f, p_r."})
+    specificity_smoothing_mode: str = field(default="fraction", metadata={"help": "'fraction' or 'pseudo_count'."})
+    corruption_norm: float = field(default=1.0, metadata={"help": "c: norm of D_t over the mean output norm."})
+    untie_lm_head: bool = field(default=False, metadata={"help": "Allow a tied 'lm_head' (edit an untied copy)."})
+    retain_sample: int | None = field(default=256, metadata={"help": "Retain rows read (seeded); None: every row."})
     seed: int = field(default=0, metadata={"help": "Seed of the retain sample and of the corruption direction."})
-    max_length: int | None = field(
-        default=None,
-        metadata={"help": "Truncation of tokenized examples (answer cut); the model's maximum positions always apply."},
-    )
+    max_length: int | None = field(default=None, metadata={"help": "Truncation of tokenized examples (answer cut)."})
     prompt_template: str | None = field(
-        default=None,
-        metadata={"help": "Prompt preset of hf_unlearn.data.prompts (None: the chat template, else the plain "
-                  "prompt); use the evaluator's."},
+        default=None, metadata={"help": "Prompt preset of hf_unlearn.data.prompts (None: chat template, else plain)."}
     )
     batch_size: int = field(default=16, metadata={"help": "Runtime: examples per forward pass (not saved)."})
     max_stat_memory_gb: float = field(
-        default=4.0,
-        metadata={"help": "Runtime: layers='auto' collects every candidate's statistics in its scoring pass when they "
-                  "fit this budget, else scores first and collects the band's in a second pass."},
+        default=4.0, metadata={"help": "Runtime: GiB of statistics layers='auto' may collect in one pass (else two)."}
     )
     progress: bool = field(default=True, metadata={"help": "Runtime: show tqdm progress bars."})
 
@@ -155,13 +102,14 @@ class GROMConfig:
             self.layers = _index_list("layers", self.layers)
         if self.candidate_layers is not None:
             if self.layers != "auto":
-                raise ValueError(
-                    "candidate_layers only applies to layers='auto' (it bounds the auto search); with an explicit "
-                    f"layers={self.layers} list, drop candidate_layers."
-                )
+                raise ValueError(f"candidate_layers only applies to layers='auto', not layers={self.layers}.")
             self.candidate_layers = _index_list("candidate_layers", self.candidate_layers)
-        if self.num_layers is not None and (not _is_int(self.num_layers) or self.num_layers < 1):
-            raise ValueError(f"num_layers must be None (a tenth of the depth) or an integer >= 1, got {self.num_layers!r}")
+        for name, low, optional in (("num_layers", 1, True), ("max_rank", 1, True), ("retain_sample", 1, True),
+                                    ("max_length", 2, True), ("batch_size", 1, False), ("seed", None, False)):
+            value = getattr(self, name)
+            if not (value is None and optional) and not (_is_int(value) and (low is None or value >= low)):
+                bound = "an integer" if low is None else f"an integer >= {low}"
+                raise ValueError(f"{name} must be {'None or ' if optional else ''}{bound}, got {value!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         _check_real("forget_weight", self.forget_weight, "w_f, a finite number > 0", strict=True)
@@ -174,42 +122,26 @@ class GROMConfig:
         _check_real("corruption_norm", self.corruption_norm, "c, a finite number > 0", strict=True)
         _check_real("max_stat_memory_gb", self.max_stat_memory_gb, "a finite number of GiB >= 0")
         if self.specificity_smoothing_mode not in SMOOTHING_MODES:
-            raise ValueError(
-                f"specificity_smoothing_mode must be one of {SMOOTHING_MODES}, got {self.specificity_smoothing_mode!r}"
-            )
+            raise ValueError(f"specificity_smoothing_mode must be one of {SMOOTHING_MODES}, got "
+                             f"{self.specificity_smoothing_mode!r}")
         if not isinstance(self.untie_lm_head, bool):
             raise ValueError(f"untie_lm_head must be True or False, got {self.untie_lm_head!r}")
-        if self.max_rank is not None and (not _is_int(self.max_rank) or self.max_rank < 1):
-            raise ValueError(f"max_rank must be None or an integer >= 1, got {self.max_rank!r}")
-        if self.retain_sample is not None and (not _is_int(self.retain_sample) or self.retain_sample < 1):
-            raise ValueError(f"retain_sample must be None (every retain row) or an integer >= 1, got {self.retain_sample!r}")
-        if not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not _is_int(self.batch_size) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if self.max_length is not None and (not _is_int(self.max_length) or self.max_length < 2):
-            raise ValueError(f"max_length must be None or an integer >= 2, got {self.max_length!r}")
         if self.prompt_template is not None:
             if not isinstance(self.prompt_template, str):
-                raise ValueError(
-                    f"prompt_template must be None or a preset name, got {type(self.prompt_template).__name__}"
-                )
+                raise ValueError(f"prompt_template must be None or a name, got {type(self.prompt_template).__name__}")
             from ...data.prompts import get_template
 
             get_template(self.prompt_template)  # an unknown preset name is refused here, before any work
 
     def check_for(self, model: Any) -> None:
-        """The checks that need the model, without running it: every ``target_modules`` entry names a suitable
-        linear module (residual writer, or an LM head, tied only with ``untie_lm_head``), and ``layers`` /
-        ``candidate_layers`` hold such modules. Raises a ValueError naming the problem; ``fit_grom`` runs the same
-        checks (and those of its rows, :func:`hf_unlearn.methods.grom.check_grom_inputs`) before its first forward pass."""
+        """Refuse (ValueError), without running ``model``, target modules that are not residual writers or an LM
+        head (tied only with ``untie_lm_head``), and ``layers`` / ``candidate_layers`` that hold none."""
         from .attribution import select_targets
 
         select_targets(model, self)
 
     def candidates(self, available: list[int]) -> list[int]:
-        """Layers ``layers="auto"`` searches among ``available`` (the sorted layer indices holding a target module):
-        ``candidate_layers`` when set (each must be available), else the last ``ceil(len(available) / 3)``."""
+        """``candidate_layers`` (each in ``available``), else the last ``ceil(len(available) / 3)``."""
         available = sorted(available)
         if self.candidate_layers is None:
             return available[len(available) - math.ceil(len(available) / 3):]
@@ -221,27 +153,16 @@ class GROMConfig:
         return list(self.candidate_layers)
 
     def band_width(self, num_hidden_layers: int) -> int:
-        """Layers in the auto-selected band: ``num_layers``, or ``ceil(num_hidden_layers / 10)`` when it is None."""
+        """``num_layers``, or ``ceil(num_hidden_layers / 10)`` when it is None."""
         if self.num_layers is not None:
             return self.num_layers
         return max(1, math.ceil(num_hidden_layers / 10))
 
     def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_forget_keys: int | None = None
                            ) -> dict[str, int]:
-        """What :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model (for
-        :mod:`hf_unlearn.memory_plan`), from a :class:`~hf_unlearn.model_shape.ModelShape`. Per edited module of
-        input width ``d`` and output width ``o`` (``target_modules`` by their last name component, in ``k`` layers:
-        ``len(layers)``, or the auto band ``band_width(L)``):
-
-        * ``grom_second_moments``: ``8 d^2`` per module whose keys are collected (float64 ``X_r X_r^T``); with
-          ``layers="auto"`` every candidate layer's while ``8 d^2`` over them fits ``max_stat_memory_gb``;
-        * ``grom_cholesky_factors``: ``8 d^2`` per edited module (the factor of ``A``, kept as the audit state);
-        * ``grom_normal_matrix``: ``8 d^2`` of the widest module (one ``A`` at a time);
-        * with ``num_forget_keys = s``: ``grom_forget_keys``, ``4 s d + 8 s o`` per edited module (float32 keys,
-          float64 targets).
-
-        ``weight_bytes`` does not enter (every buffer is float32 or float64). Names GROM cannot place in ``shape``
-        (a full module path of another kind) are not counted."""
+        """The buffers :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model
+        (:mod:`hf_unlearn.memory_plan`): ``8 d^2`` per second moment, Cholesky factor, widest ``A``; ``4 s d + 8 s o``
+        of keys and targets per module."""
         widths = {**shape.linear_shapes(), "lm_head": (shape.hidden_size, shape.vocab_size)}
         names = {t.rsplit(".", 1)[-1] for t in self.target_modules} & set(widths)
         layered = [widths[n] for n in sorted(names - {"lm_head"})]
@@ -263,19 +184,17 @@ class GROMConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy of every field (runtime ones included)."""
+        """Every field, runtime ones included."""
         return asdict(self)
 
     def saved_dict(self) -> dict[str, Any]:
-        """The fields that determine the edit (what a saved adapter records): :meth:`to_dict` minus
-        :data:`RUNTIME_FIELDS`."""
+        """The fields that determine the edit (what a saved adapter records)."""
         return {k: v for k, v in asdict(self).items() if k not in RUNTIME_FIELDS}
 
     @classmethod
     def from_saved(cls, values: dict[str, Any], **runtime: Any) -> GROMConfig:
-        """Rebuild a config from :meth:`saved_dict` output (unknown keys are refused), with runtime overrides. A
-        field missing from an older save takes the value that save was computed with (:data:`LEGACY_VALUES`), else
-        its default."""
+        """A config from :meth:`saved_dict` output (unknown keys refused) and ``runtime`` overrides; a field an
+        older save lacks takes its :data:`LEGACY_VALUES` entry, else its default."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -292,7 +211,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _index_list(name: str, values: Any) -> list[int]:
-    """A sorted, de-duplicated list of non-negative layer indices, or a ValueError naming ``name``."""
+    """Sorted, de-duplicated non-negative layer indices, or a ValueError naming ``name``."""
     try:
         items = list(values)
     except TypeError:
@@ -305,8 +224,7 @@ def _index_list(name: str, values: Any) -> list[int]:
 
 
 def _check_real(name: str, value: Any, valid: str, strict: bool = False) -> None:
-    """Refuse ``value`` unless it is a finite real number ``>= 0`` (``> 0`` when ``strict``); the message names the
-    field and its valid range (``inf``/``nan``/negatives included)."""
+    """Refuse ``value`` unless it is a finite real ``>= 0`` (``> 0`` when ``strict``)."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > 0 if strict else value >= 0)
     if not ok:

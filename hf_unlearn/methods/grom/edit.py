@@ -1,10 +1,7 @@
 """``GROMEdit``: the fitted GROM edit as an artifact: audit (``influence``), PEFT LoRA export, save/load, push.
 
-A saved edit is a PEFT LoRA adapter plus ``grom_metadata.json`` (config, layer scores, base fingerprint, the
-SHA-256 of the other files) and ``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs); loading refuses
-changed files, an audit whose ``P`` is not the adapter's ``B A`` (:mod:`~hf_unlearn.methods.grom.loading`) and
-another base. An edit of a tied LM head (``GROMConfig(untie_lm_head=True)``) unties the model first
-(:func:`untie_lm_head`), so the input embeddings never change.
+A saved edit is a PEFT LoRA adapter plus ``grom_metadata.json`` (config, base fingerprint, the SHA-256 of the other
+files) and ``grom_audit.safetensors`` (what :meth:`GROMEdit.influence` needs).
 """
 
 from __future__ import annotations
@@ -47,24 +44,11 @@ from .peft_export import (
 from .peft_export import verify_integrity as _verify_files
 from .solve import GROMSolution, low_rank_form, woodbury_drop
 
-_BASE_FIX = ("A GROM edit P is only valid for the weights it was solved with; load it onto that base (adapter "
-             "base_model_name_or_path), or refit fit_grom on this one. Applying it here would silently change the "
-             "model.")
-
-
-def check_base(fingerprint: dict[str, Any] | None, model: Any, what: str = "This GROM adapter") -> None:
-    """Refuse (:class:`~hf_unlearn.integrity.BaseModelMismatchError`) a ``model`` whose weights are not the ones
-    the edit was solved against (:func:`~hf_unlearn.integrity.check_model_fingerprint`: every parameter, so a
-    change in a layer before the edited ones is refused too)."""
-    check_model_fingerprint(fingerprint, model, what, _BASE_FIX)
-
 
 @dataclass
 class GROMEdit:
-    """A fitted GROM edit: ``deltas`` ``{module: P}`` (float32, CPU; ``W <- W + P``), the float64 ``solutions``,
-    keys and targets of the audit (:meth:`influence`), the layer attribution, the fit's ``stats``, the
-    ``base_fingerprint`` of the weights it was solved against, the retain rows read and the untied LM head's name
-    (``untied_lm_head``) when the edit applies to an untied copy of a tied head."""
+    """A fitted GROM edit: ``deltas`` ``{module: P}`` (float32, CPU), the float64 ``solutions``, keys and targets of
+    the audit (:meth:`influence`), the attribution, ``stats``, the base's fingerprint and the retain rows read."""
 
     _method: ClassVar[str] = "grom"
     _title: ClassVar[str] = "GROM (closed-form one-shot edit)"
@@ -88,17 +72,10 @@ class GROMEdit:
     _factors: dict[str, LoraFactors] | None = field(default=None, init=False, repr=False, compare=False)
 
     def influence(self, example_index: int) -> dict[str, torch.Tensor]:
-        """Exact change of each ``P`` (float64) if forget example ``example_index`` were dropped.
-
-        Dropping means removing that example's keys and targets from the objective with the per-key forget
-        weight ``w_f/s`` kept at its fitted value; computed by the Sherman-Morrison-Woodbury identity from
-        the cached Cholesky factor (see :func:`hf_unlearn.methods.grom.solve.woodbury_drop`), not by re-solving.
-        """
+        """Exact change of each ``P`` (float64) if forget example ``example_index`` left the objective (``w_f/s``
+        kept), by :func:`~hf_unlearn.methods.grom.solve.woodbury_drop` on the cached Cholesky factor."""
         if not self.solutions:
-            raise ValueError(
-                "This GROM edit carries no audit state (it was saved with save_audit=False), so influence() cannot "
-                "be computed; refit it or load an adapter saved with its audit state."
-            )
+            raise ValueError("This GROM edit carries no audit state (saved with save_audit=False): no influence().")
         if not 0 <= example_index < self.num_forget_examples:
             raise ValueError(f"example_index must be in [0, {self.num_forget_examples}), got {example_index}")
         rows = (self.example_ids == example_index).nonzero().squeeze(-1)
@@ -109,9 +86,7 @@ class GROMEdit:
         return out
 
     def lora_factors(self) -> dict[str, LoraFactors]:
-        """``{module: LoraFactors}`` reproducing each ``P`` (:func:`~hf_unlearn.methods.grom.peft_export.lora_factors`:
-        exact up to float rounding unless its rank cap binds), from the edit's low-rank form ``(w_f/s) D`` times
-        ``X_f^T A^{-1}`` when it carries its solution, else from ``P``; computed once per edit."""
+        """``{module: LoraFactors}`` of each ``P``, from its low-rank form when known; computed once."""
         if self._factors is None:
             factors = {}
             for name, p in self.deltas.items():
@@ -131,37 +106,28 @@ class GROMEdit:
             "method": "GROM",
             "formula": "P = (w_f/s) D X_f^T A^{-1}, "
                        "A = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I",
-            "config": self.config.saved_dict(),
-            "lora_rank": rank,
-            "modules": {
-                n: {"rank": f.rank, "relative_frobenius_error": f.relative_error, "truncated": f.truncated}
-                for n, f in factors.items()
-            },
-            "layer_scores": {str(k): v for k, v in self.layer_scores.items()},
-            "selected_layers": self.selected_layers,
-            "stats": self.stats,
-            "num_forget_examples": self.num_forget_examples,
-            "retain_indices": list(self.retain_indices),
-            "base_model_name_or_path": self.base_model_name_or_path,
-            "base_fingerprint": self.base_fingerprint,
-            "untied_lm_head": self.untied_lm_head,
+            "config": self.config.saved_dict(), "lora_rank": rank,
+            "modules": {n: {"rank": f.rank, "relative_frobenius_error": f.relative_error, "truncated": f.truncated}
+                        for n, f in factors.items()},
+            "layer_scores": {str(k): v for k, v in self.layer_scores.items()}, "selected_layers": self.selected_layers,
+            "stats": self.stats, "num_forget_examples": self.num_forget_examples,
+            "retain_indices": list(self.retain_indices), "base_model_name_or_path": self.base_model_name_or_path,
+            "base_fingerprint": self.base_fingerprint, "untied_lm_head": self.untied_lm_head,
         }
         return config, state, json_safe(meta)
 
     def truncation_errors(self) -> dict[str, float]:
-        """Relative Frobenius error of the LoRA export of each module (0 when exact)."""
+        """Relative Frobenius error of each module's LoRA export (0 when exact)."""
         return {n: f.relative_error for n, f in self.lora_factors().items()}
 
-    def verify_base(self, model: Any) -> None:
-        """Raise :class:`~hf_unlearn.integrity.BaseModelMismatchError` unless ``model``'s edited modules hold
-        the weights this edit was solved against."""
-        check_base(self.base_fingerprint, model)
+    def verify_base(self, model: Any, what: str = "This GROM adapter") -> None:
+        """Refuse (``BaseModelMismatchError``) a ``model`` whose weights are not the ones solved against."""
+        check_model_fingerprint(self.base_fingerprint, model, what,
+                                "A GROM edit P is only valid for the weights it was solved with; load it onto that base "
+                                "(adapter base_model_name_or_path), or refit fit_grom on this one.")
 
     def to_peft(self, model: Any, check_base_model: bool = True) -> Any:
-        """``peft.PeftModel`` (LoRA, ``lora_alpha = r``) applying ``W + P``; wraps ``model`` in place.
-
-        ``model`` must be the base the edit was solved against (checked by fingerprint unless
-        ``check_base_model=False``)."""
+        """``peft.PeftModel`` applying ``W + P`` around ``model``; another base is refused."""
         if check_base_model:
             self.verify_base(model)
         config, state, _ = self._export()
@@ -170,8 +136,7 @@ class GROMEdit:
         return to_peft_model(model, config, state)
 
     def _audit_state(self) -> dict[str, torch.Tensor]:
-        """What :meth:`influence` needs and nothing more: per module the lower triangle of the Cholesky factor of
-        ``A`` (float64, packed by rows), ``c_f``, the forget keys and targets (``P`` is recomputed from them)."""
+        """What :meth:`influence` needs: per module the packed Cholesky factor of ``A``, ``c_f``, keys and targets."""
         out: dict[str, torch.Tensor] = {"example_ids": self.example_ids.to(torch.long).cpu()}
         for name, sol in self.solutions.items():
             out[f"chol_lower/{name}"] = pack_lower(sol.chol.to(torch.float64)).cpu()
@@ -183,10 +148,8 @@ class GROMEdit:
     def save_pretrained(
         self, save_directory: str | os.PathLike, *, overwrite: bool = False, save_audit: bool = True
     ) -> None:
-        """Write the edit as the folder ``save_directory`` (a PEFT LoRA adapter, ``B A = P`` per module at its own rank;
-    ``grom_metadata.json``; with ``save_audit`` ``grom_audit.safetensors``, ``d_in (d_in + 1) / 2 + s (d_in +
-    d_out)`` numbers per module) through :func:`~hf_unlearn.methods.grom.peft_export.save_adapter`; a non-empty
-    folder is refused unless ``overwrite``."""
+        """Write the PEFT LoRA adapter, ``grom_metadata.json`` and (``save_audit``) ``grom_audit.safetensors``; a
+        folder holding an adapter is refused unless ``overwrite``."""
         config, state, meta = self._export()
         audit = self._audit_state() if save_audit and self.solutions else None
         meta["audit_file"] = GROM_AUDIT if audit is not None else None
@@ -194,28 +157,14 @@ class GROMEdit:
 
     @classmethod
     def from_pretrained(
-        cls,
-        path_or_repo_id: str | os.PathLike,
-        model: Any = None,
-        *,
-        revision: str | None = None,
-        token: str | bool | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        local_files_only: bool = False,
-        verify_integrity: bool = True,
-        allow_missing_audit: bool = False,
-        expected_sha256: str | None = None,
+        cls, path_or_repo_id: str | os.PathLike, model: Any = None, *, revision: str | None = None,
+        token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, local_files_only: bool = False,
+        verify_integrity: bool = True, allow_missing_audit: bool = False, expected_sha256: str | None = None,
     ) -> GROMEdit:
-        """Load an edit saved by :meth:`save_pretrained` from a local folder or a Hub repo.
-
-        Refused before anything is used: a metadata that does not parse or name its modules; a file whose SHA-256
-        is not the recorded one, or a name outside the folder (:class:`~hf_unlearn.integrity.AdapterIntegrityError`;
-        ``verify_integrity=False`` skips the digests); a missing audit (unless ``allow_missing_audit=True``, which
-        loads ``P = B A`` without it); a module without LoRA factors; an audit whose float64 ``P`` differs from
-        ``(lora_alpha / r) B A`` by more than the recorded export error plus ``1e-4``; with ``model``, another base
-        (:class:`~hf_unlearn.integrity.BaseModelMismatchError`). ``expected_sha256`` pins the metadata itself
-        (:func:`~hf_unlearn.methods.grom.peft_export.adapter_digest`), and through it every file.
-        """
+        """Load an edit saved by :meth:`save_pretrained` from a folder or a Hub repo. Refused: damaged metadata;
+        files whose SHA-256 is not the recorded one (unless ``verify_integrity=False``) or metadata other than
+        ``expected_sha256``; a missing audit (unless ``allow_missing_audit``); an audit ``P`` other than
+        ``(lora_alpha / r) B A``; another base."""
         folder = _resolve_folder(path_or_repo_id, revision, token, cache_dir, local_files_only)
         what = f"The GROM adapter {path_or_repo_id}"
         check_pinned_digest(folder, expected_sha256, what, GROM_METADATA)
@@ -231,41 +180,24 @@ class GROMEdit:
         audit = _read_audit(audit_path, audit_name, allow_missing_audit, what)
         deltas, solutions, keys, targets = _restore_modules(meta["modules"], state, scaling, audit, what, audit_name)
         edit = cls(
-            config=config,
-            deltas=deltas,
-            solutions=solutions,
-            forget_keys=keys,
-            targets=targets,
+            config=config, deltas=deltas, solutions=solutions, forget_keys=keys, targets=targets,
             example_ids=audit.get("example_ids", torch.zeros(0, dtype=torch.long)),
             num_forget_examples=int(meta.get("num_forget_examples", 0)),
             layer_scores={int(k): v for k, v in meta.get("layer_scores", {}).items()},
-            selected_layers=list(meta.get("selected_layers", [])),
-            stats=dict(meta.get("stats", {})),
-            base_model_name_or_path=meta.get("base_model_name_or_path"),
-            base_fingerprint=meta.get("base_fingerprint"),
-            retain_indices=list(meta.get("retain_indices", [])),
-            untied_lm_head=meta.get("untied_lm_head"),
+            selected_layers=list(meta.get("selected_layers", [])), stats=dict(meta.get("stats", {})),
+            base_model_name_or_path=meta.get("base_model_name_or_path"), base_fingerprint=meta.get("base_fingerprint"),
+            retain_indices=list(meta.get("retain_indices", [])), untied_lm_head=meta.get("untied_lm_head"),
         )
         if model is not None:
-            check_base(edit.base_fingerprint, model, what)
+            edit.verify_base(model, what)
         return edit
 
     def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        token: str | None = None,
-        private: bool | None = None,
-        commit_message: str | None = None,
-        revision: str | None = None,
-        report: dict[str, Any] | None = None,
-        save_audit: bool = True,
-        create_card: bool = True,
-        endpoint: str | None = None,
+        self, repo_id: str, *, token: str | None = None, private: bool | None = None,
+        commit_message: str | None = None, revision: str | None = None, report: dict[str, Any] | None = None,
+        save_audit: bool = True, create_card: bool = True, endpoint: str | None = None,
     ) -> Any:
-        """Upload the :meth:`save_pretrained` folder, a model card (when the base is known) and ``report`` (as
-        ``unlearning_report.json``) to ``repo_id`` in one commit (:func:`hf_unlearn.hub.push.push_folder`); returns
-        the ``CommitInfo``. Everything is written and validated before anything is sent."""
+        """Upload the saved folder, a model card and ``report`` in one commit; returns the ``CommitInfo``."""
         from huggingface_hub.utils import validate_repo_id
 
         from ...hub.push import push_folder
@@ -294,26 +226,23 @@ class GROMEdit:
             )
 
     def apply_(self, model: Any, sign: float = 1.0) -> Any:
-        """Add ``sign * P`` to the edited weights of ``model`` in place (``sign=-1`` undoes the edit); an edit of a
-        tied LM head first unties it (:func:`untie_lm_head`), so the input embeddings are left unchanged."""
+        """Add ``sign * P`` to the edited weights of ``model`` in place (untying a tied head first)."""
         if self.untied_lm_head:
             untie_lm_head(model)
-        modules = dict(model.named_modules())
-        with torch.no_grad():
-            for name, p in self.deltas.items():
-                w = modules[name].weight
-                w.add_(sign * p.to(device=w.device, dtype=w.dtype))
+        _add_deltas(dict(model.named_modules()), {name: sign * p for name, p in self.deltas.items()})
         return model
 
 
+def _add_deltas(modules: dict[str, Any], deltas: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, p in deltas.items():
+            w = modules[name].weight
+            w.add_(p.to(device=w.device, dtype=w.dtype))
+
+
 def load_grom_adapter(model: Any, path_or_repo_id: str | os.PathLike, **kwargs: Any) -> Any:
-    """``PeftModel.from_pretrained(model, path)`` for a GROM adapter, after the checks of
-    :meth:`GROMEdit.from_pretrained`: the files are the saved ones, and ``model`` is the base the edit was solved
-    against (a mismatch raises :class:`~hf_unlearn.integrity.BaseModelMismatchError`; plain PEFT would load
-    it silently whenever module names and shapes fit). An edit of a tied LM head unties ``model`` first
-    (:func:`untie_lm_head`), so merging leaves the input embeddings unchanged. ``kwargs``: ``revision``,
-    ``token``, ``cache_dir``, ``local_files_only``, ``verify_integrity``, ``allow_missing_audit``,
-    ``expected_sha256``."""
+    """``PeftModel.from_pretrained(model, path)`` after the checks of :meth:`GROMEdit.from_pretrained` (whose keyword
+    arguments ``kwargs`` takes), ``model`` included: plain PEFT would load onto any base whose shapes fit."""
     from peft import PeftModel
 
     folder = _resolve_folder(path_or_repo_id, kwargs.get("revision"), kwargs.get("token"),
@@ -330,12 +259,8 @@ def load_grom_adapter(model: Any, path_or_repo_id: str | os.PathLike, **kwargs: 
 
 
 def untie_lm_head(model: Any) -> Any:
-    """Give ``model`` an LM head of its own when it is tied to the input embeddings (in place; returns ``model``).
-
-    The head's weight becomes a copy of the shared matrix (same values, so the base fingerprint is unchanged) and
-    ``tie_word_embeddings`` is set to False in the config, so transformers does not tie them again. A model
-    whose head is already separate is returned unchanged. A ``PeftModel`` is untied in its base model.
-    """
+    """Give ``model`` (or a ``PeftModel``'s base) an LM head of its own when it is tied to the input embeddings,
+    in place: a copy of the shared matrix, and ``tie_word_embeddings=False`` so transformers does not tie it again."""
     from torch import nn
 
     base = model.get_base_model() if hasattr(model, "peft_config") and hasattr(model, "get_base_model") else model
@@ -347,10 +272,7 @@ def untie_lm_head(model: Any) -> Any:
     embed = base.get_input_embeddings()
     if head.weight is embed.weight or head.weight.data_ptr() == embed.weight.data_ptr():
         head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
-    for cfg in {id(c): c for c in (base.config, _text_config(base.config))}.values():
+    text = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    for cfg in {id(c): c for c in (base.config, text)}.values():
         cfg.tie_word_embeddings = False
     return model
-
-
-def _text_config(config: Any) -> Any:
-    return config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -1,10 +1,5 @@
-"""``fit_grom``: forward passes of the unedited model collect keys, one linear solve per module gives the edit.
-
-Every edited module's keys and targets come from the same passes and its ``P`` is solved independently (``k``
-modules each take ``1/k`` of the margin drop). Under ``torch.distributed`` example ``i`` runs on rank
-``i % world_size``; the sums are all-reduced and the forget records gathered, so every process gets the
-single-process edit. Checks and tokenization: :mod:`~hf_unlearn.methods.grom.inputs`; the artifact:
-:mod:`~hf_unlearn.methods.grom.edit`.
+"""``fit_grom``: forward passes of the unedited model collect keys, one linear solve per module gives the edit
+(``k`` edited modules each take ``1/k`` of the margin drop).
 """
 
 from __future__ import annotations
@@ -28,30 +23,14 @@ from .targets import corruption_targets, random_direction, specificity_weights, 
 
 
 def fit_grom(
-    model: Any,
-    tokenizer: Any,
-    forget: Sequence[dict[str, Any]] | Any,
-    retain: Sequence[dict[str, Any]] | Any,
-    config: GROMConfig | None = None,
-    generic_retain: Sequence[dict[str, Any]] | Any = None,
-    *,
-    device: Any = None,
-    gram_device: Any = None,
+    model: Any, tokenizer: Any, forget: Sequence[dict[str, Any]] | Any, retain: Sequence[dict[str, Any]] | Any,
+    config: GROMConfig | None = None, generic_retain: Sequence[dict[str, Any]] | Any = None, *,
+    device: Any = None, gram_device: Any = None,
 ) -> GROMEdit:
-    """Fit the closed-form GROM edit of ``model`` that unlearns ``forget`` while preserving ``retain``.
-
-    ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) or documents
-    (:func:`hf_unlearn.data.documents.as_documents`, chunked, every chunk position a key). Every forget row is
-    read; of the retain rows, a seeded sample of ``config.retain_sample`` feeds ``X_r X_r^T``, the attribution
-    and the specificity weights. ``generic_retain``: optional general rows whose keys form ``X_g X_g^T`` (weight
-    ``config.generic_retain_weight``). Every precondition
-    (:func:`~hf_unlearn.methods.grom.inputs.check_grom_inputs`) is checked before the first forward pass. Returns
-    a :class:`GROMEdit`; ``model``'s weights are not modified.
-
-    ``device``: where to fit (:func:`hf_unlearn.devices.resolve_device`; default where the model is).
-    ``gram_device``: where the float64 second moments accumulate (default the model's device; ``"cpu"`` keeps
-    ``8 d_in^2`` bytes per module on the host). Under ``torchrun`` / ``accelerate launch`` every process must
-    call ``fit_grom`` with the same rows.
+    """Fit the closed-form GROM edit of ``model`` (left unmodified) that unlearns ``forget`` while preserving a
+    seeded sample of ``retain``: TOFU-shaped rows or documents. ``generic_retain``: optional general rows (``X_g``).
+    Every input is checked before the first forward pass. ``gram_device``: where the float64 second moments
+    accumulate. Under ``torchrun`` every process must call it with the same rows.
     """
     return _fit_grom(model, tokenizer, forget, retain, config, generic_retain, device, gram_device)[0]
 
@@ -60,8 +39,8 @@ def _fit_grom(
     model: Any, tokenizer: Any, forget: Any, retain: Any, config: GROMConfig | None, generic_retain: Any,
     device: Any, gram_device: Any,
 ) -> tuple[GROMEdit, dict[str, torch.Tensor]]:
-    """:func:`fit_grom` and each module's preservation part of ``A``,
-    ``R = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T`` (float64; what the strength path rescales)."""
+    """:func:`fit_grom` and each module's preservation part of ``A``, ``R = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T``
+    (float64; what the strength path rescales)."""
     from ...devices import join_launch, move_to_device, resolve_device
 
     config = config or GROMConfig()
@@ -84,41 +63,27 @@ def _fit_grom(
     solutions, keys_out, targets_out = _solve_modules(edited, stats, alpha_t, config, suppression)
     elapsed = time.perf_counter() - start
     edit = GROMEdit(
-        config=config,
-        deltas={name: sol.delta.float().cpu() for name, sol in solutions.items()},
-        solutions=solutions,
-        forget_keys=keys_out,
-        targets=targets_out,
-        example_ids=records["example"].cpu(),
-        num_forget_examples=len(prep.forget_feats),
-        layer_scores=scores,
+        config=config, deltas={name: sol.delta.float().cpu() for name, sol in solutions.items()},
+        solutions=solutions, forget_keys=keys_out, targets=targets_out, example_ids=records["example"].cpu(),
+        num_forget_examples=len(prep.forget_feats), layer_scores=scores,
         selected_layers=sorted({t.layer for t in layered}),
         stats={
-            "num_forget_keys": int(records["gold"].numel()),
-            "num_retain_keys": stats["num_retain"],
-            "num_retain_rows_read": len(prep.retain_feats),
-            "num_generic_keys": stats["num_generic"],
-            "num_generic_rows_read": len(prep.generic_feats),
-            "candidate_layers": prep.candidates,
-            "max_positions": prep.limit,
-            "forward_passes_over_data": passes_done,
-            "processes": world,
-            "distributed": distributed,
-            "mean_specificity": float(alpha_t.mean()),
-            "mean_forget_margin": float(records["margin"].mean()) if suppression else None,
-            "seconds": elapsed,
+            "num_forget_keys": int(records["gold"].numel()), "num_retain_keys": stats["num_retain"],
+            "num_retain_rows_read": len(prep.retain_feats), "num_generic_keys": stats["num_generic"],
+            "num_generic_rows_read": len(prep.generic_feats), "candidate_layers": prep.candidates,
+            "max_positions": prep.limit, "forward_passes_over_data": passes_done, "processes": world,
+            "distributed": distributed, "mean_specificity": float(alpha_t.mean()),
+            "mean_forget_margin": float(records["margin"].mean()) if suppression else None, "seconds": elapsed,
         },
         base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
-        base_fingerprint=model_fingerprint(model),
-        retain_indices=prep.retain_indices,
+        base_fingerprint=model_fingerprint(model), retain_indices=prep.retain_indices,
         untied_lm_head=prep.untied_lm_head,
     )
     return edit, {name: _preservation(stats, name, config, sol.chol.device) for name, sol in solutions.items()}
 
 
 def _preservation(stats: dict[str, Any], name: str, config: GROMConfig, device: torch.device) -> torch.Tensor:
-    """``R = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T`` of module ``name`` (float64; a term is 0 when its count or
-    weight is)."""
+    """``R`` of module ``name`` (float64; a term with a zero count or weight is left out)."""
     r, g = stats["num_retain"], stats["num_generic"]
     out = torch.zeros_like(stats["retain_moment"][name], dtype=torch.float64, device=device)
     if r > 0 and config.retain_weight > 0:
@@ -133,13 +98,8 @@ def _collect(
     model: Any, prep: _Prepared, config: GROMConfig, pad_id: int, rank: int, world: int, suppression: bool,
     gram_device: str | None = None,
 ) -> tuple[dict[str, Any], list[TargetModule], dict[int, dict[str, float]], int]:
-    """The forward passes of :func:`fit_grom` over this process's share of the examples (example ``i`` on rank
-    ``i % world``), in eval mode: ``(collected statistics, layered modules to edit, layer scores, passes)``.
-
-    With ``layers="auto"`` the layered candidates are scored by logit-lens attribution and cut to the chosen
-    band: in the same pass as the keys when :func:`_one_pass_affordable`, else in an attribution pass followed
-    by a key pass over the band only.
-    """
+    """The forward passes of :func:`fit_grom` over this process's examples, in eval mode: ``(statistics, layered
+    modules to edit, layer scores, passes)``; ``layers="auto"`` may take two (:func:`_one_pass_affordable`)."""
     layered, heads, band = prep.layered, prep.heads, prep.band
     auto = config.layers == "auto" and bool(layered)
     feats = {"forget": prep.forget_feats, "retain": prep.retain_feats, "generic": prep.generic_feats}
@@ -177,7 +137,8 @@ def _collect(
 def _choose_band(stats: dict[str, Any], layered: list[TargetModule], band: int
                  ) -> tuple[dict[int, dict[str, float]], list[TargetModule]]:
     """The attribution scores of the candidate layers and the modules of the ``band`` layers they select."""
-    scores = attribution_scores(**_attr_args(stats))
+    a = stats["attribution"]
+    scores = attribution_scores(a["forget"], a["forget_count"], a["retain"], a["retain_count"])
     chosen = select_band({k: v["score"] for k, v in scores.items()}, band)
     return scores, [t for t in layered if t.layer in chosen]
 
@@ -185,9 +146,7 @@ def _choose_band(stats: dict[str, Any], layered: list[TargetModule], band: int
 def _solve_modules(
     edited: list[TargetModule], stats: dict[str, Any], alpha_t: torch.Tensor, config: GROMConfig, suppression: bool
 ) -> tuple[dict[str, GROMSolution], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """``(solutions, forget keys, targets)`` of every edited module: its targets ``D`` (token suppression, or a
-    corruption along a seeded random direction), then ``P`` by :func:`~hf_unlearn.methods.grom.solve.solve_grom`.
-    Non-finite keys, targets or solutions are refused, naming the module and the settings to change."""
+    """``(solutions, forget keys, targets)`` of every edited module; non-finite ones are refused."""
     records = stats["records"]
     solutions, keys_out, targets_out = {}, {}, {}
     for t in edited:
@@ -200,22 +159,16 @@ def _solve_modules(
             direction = random_direction(t.module.out_features, config.seed + (t.layer or 0)).to(keys.device)
             d = corruption_targets(alpha_t.double(), direction, config.corruption_norm * mean_norm)
         if not bool(torch.isfinite(keys).all()) or not bool(torch.isfinite(d).all()):
-            raise ValueError(
-                f"GROM keys or targets of {t.name} are not finite (NaN/inf): the model's forward pass overflowed "
-                "(e.g. a model in half precision) or suppression_margin / corruption_norm is too large. Load the "
-                "model in float32 or lower them; nothing was solved."
-            )
+            raise ValueError(f"GROM keys or targets of {t.name} are not finite: load the model in float32 or lower "
+                             "suppression_margin / corruption_norm.")
         sol = solve_grom(
             stats["retain_moment"][t.name], stats["num_retain"], keys, d,
             config.forget_weight, config.retain_weight, config.ridge,
             stats["generic_moment"].get(t.name), stats["num_generic"], config.generic_retain_weight,
         )
         if not bool(torch.isfinite(sol.delta).all()):
-            raise ValueError(
-                f"The GROM edit of {t.name} is not finite (NaN/inf): the solve overflowed with "
-                f"suppression_margin={config.suppression_margin}, forget_weight={config.forget_weight}, "
-                f"ridge={config.ridge}. Lower suppression_margin or forget_weight, or raise ridge."
-            )
+            raise ValueError(f"The GROM edit of {t.name} is not finite: lower suppression_margin="
+                             f"{config.suppression_margin} or forget_weight, or raise ridge.")
         solutions[t.name], keys_out[t.name], targets_out[t.name] = sol, keys, d
     return solutions, keys_out, targets_out
 
@@ -223,12 +176,8 @@ def _solve_modules(
 def _one_pass_affordable(
     model: Any, candidates: list[TargetModule], band: int, num_forget_keys: int, budget_gb: float
 ) -> bool:
-    """Whether ``layers="auto"`` collects keys of every candidate layer in the attribution pass (one pass) rather
-    than an attribution pass and a key pass over the chosen band: the float64 moments (``8 d_in^2``) and float32
-    forget keys (``4 s d_in``) of every candidate must fit ``budget_gb``, and the ``2 d_in^2`` float64
-    multiply-adds per retain key on the unused layers (counted twice) must cost under half the second pass
-    (``2 N`` flops per token).
-    """
+    """Whether every candidate's moments and keys fit ``budget_gb`` and cost (``4 d_in^2`` flops per retain key on
+    unused layers) under half a second pass (``2 N`` flops per token): then one pass collects them all."""
     stat_bytes = sum(8 * t.module.in_features**2 + 4 * num_forget_keys * t.module.in_features for t in candidates)
     if stat_bytes > budget_gb * 2**30:
         return False
@@ -236,14 +185,6 @@ def _one_pass_affordable(
     unused = max(len(candidates) - band, 0) / max(len(candidates), 1)
     extra_flops_per_key = unused * sum(2 * 2 * t.module.in_features**2 for t in candidates)
     return extra_flops_per_key <= 0.5 * 2 * n_params
-
-
-def _attr_args(stats: dict[str, Any]) -> dict[str, Any]:
-    a = stats["attribution"]
-    return {
-        "forget_sums": a["forget"], "forget_count": a["forget_count"],
-        "retain_sums": a["retain"], "retain_count": a["retain_count"],
-    }
 
 
 def _batches(features: list[dict[str, Any]], ids: list[int], pad_id: int, batch_size: int):

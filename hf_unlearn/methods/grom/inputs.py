@@ -1,15 +1,8 @@
-"""What :func:`~hf_unlearn.methods.grom.fit.fit_grom` checks and tokenizes before its first forward pass.
-
-Rows (TOFU-shaped dicts) or documents, disjointness of forget / retain / general rows, the seeded retain sample
-(:func:`retain_subsample`), the edited modules (:func:`~hf_unlearn.methods.grom.attribution.select_targets`),
-tokenization cut to the model's maximum positions, the vocabulary check and the answer-token counts of the
-specificity weights.
-:func:`check_grom_inputs` runs all of it without running the model.
-"""
+"""What :func:`~hf_unlearn.methods.grom.fit.fit_grom` checks and tokenizes before its first forward pass."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +18,8 @@ from .config import GROMConfig
 
 
 def retain_subsample(num_rows: int, sample: int | None, seed: int) -> list[int]:
-    """Sorted indices of the retain rows GROM reads for ``X_r X_r^T``.
-
-    Every row when ``sample`` is None or ``>= num_rows``; otherwise ``sample`` rows drawn uniformly without
-    replacement by ``torch.randperm`` on a generator seeded with ``seed`` (independent of the global RNG), so
-    the same ``(num_rows, sample, seed)`` always reads the same rows, on every process.
-    """
+    """Sorted indices of the retain rows GROM reads: every row when ``sample`` is None or ``>= num_rows``, else
+    ``sample`` rows drawn without replacement by a generator seeded with ``seed`` (the same on every process)."""
     if sample is None or sample >= num_rows:
         return list(range(num_rows))
     gen = torch.Generator().manual_seed(seed)
@@ -41,53 +30,37 @@ def _tokenize_rows(
     tokenizer: Any, rows: list[dict[str, Any]], max_length: int | None, limit: int | None,
     template: str | None, what: str,
 ) -> list[dict[str, Any]]:
-    """:func:`~hf_unlearn.data.prepare_qa` of every row through ``template``, cut to ``min(max_length, limit)``
-    tokens (prompt kept, answer cut); a prompt leaving no room for an answer token is refused, naming the
-    example."""
+    """Every row tokenized and cut to ``min(max_length, limit)`` tokens; a prompt that fills it is refused."""
     bounds = [v for v in (max_length, limit) if v is not None]
     cut = min(bounds) if bounds else None
     why = "the model's maximum positions" if cut is not None and cut == limit else "GROMConfig.max_length"
     try:
         return prepare_qa(rows, tokenizer, template=template, max_length=cut, truncation="answer")
     except PromptTooLongError as err:
-        raise ValueError(
-            f"{what} example {err.index}: {err.reason} (GROM cuts every example to {cut} tokens, {why})."
-        ) from err.__cause__
+        raise ValueError(f"{what} example {err.index}: {err.reason} (GROM cuts every example to {cut} tokens, "
+                         f"{why}).") from err.__cause__
     except ValueError as err:  # the template (e.g. 'chat' without a chat template), refused at the first example
         raise ValueError(f"{what} example 0: {err} (GROM cuts every example to {cut} tokens, {why}).") from err
 
 
 def _rows(data: Any, what: str, allow_empty: bool = False) -> list[dict[str, Any]]:
-    """The rows of ``data`` as dicts, each with string ``question`` and non-empty string ``answer`` fields; a
-    ValueError naming the set, the row and the fix otherwise."""
+    """The rows of ``data`` as dicts with string ``question`` and non-empty ``answer``, else a ValueError."""
     if isinstance(data, (str, bytes, Mapping)):
-        raise ValueError(
-            f"The {what} set must be a list of rows like {{'question': ..., 'answer': ...}} or a datasets.Dataset, "
-            f"got a single {type(data).__name__}."
-        )
+        raise ValueError(f"The {what} set must be a list of rows or a datasets.Dataset, got a {type(data).__name__}.")
     rows = []
     for i, r in enumerate(data if data is not None else []):
         if not isinstance(r, Mapping):
-            raise ValueError(
-                f"{what} row {i} is a {type(r).__name__} ({str(r)[:40]!r}), not a dict: GROM rows are TOFU-shaped "
-                "dicts with 'question' and 'answer' fields (a list of dicts or a datasets.Dataset); pass documents "
-                "as hf_unlearn.data.documents_dataset(texts), a path or [{'text': ...}, ...]."
-            )
+            raise ValueError(f"{what} row {i} is a {type(r).__name__} ({str(r)[:40]!r}), not a dict with 'question' and "
+                             "'answer' fields (pass documents as hf_unlearn.data.documents_dataset(texts)).")
         missing = [k for k in ("question", "answer") if k not in r]
         if missing:
-            raise ValueError(
-                f"{what} row {i} has no {' / '.join(repr(k) for k in missing)} field; rows need 'question' and "
-                f"'answer' fields; got {sorted(str(k) for k in r)}"
-            )
+            raise ValueError(f"{what} row {i} has no {' / '.join(repr(k) for k in missing)} field; got "
+                             f"{sorted(str(k) for k in r)}")
         for k in ("question", "answer"):
             if not isinstance(r[k], str):
-                raise ValueError(
-                    f"{what} row {i}: {k!r} must be a string, got {type(r[k]).__name__} ({r[k]!r:.40}); fix the row."
-                )
+                raise ValueError(f"{what} row {i}: {k!r} must be a string, got {type(r[k]).__name__} ({r[k]!r:.40}).")
         if not r["answer"].strip():
-            raise ValueError(
-                f"{what} row {i} has an empty answer: it has no answer tokens to read; fill in or remove the row."
-            )
+            raise ValueError(f"{what} row {i} has an empty answer: fill in or remove the row.")
         rows.append(dict(r))
     if not rows and not allow_empty:
         raise ValueError(f"The {what} set is empty.")
@@ -104,15 +77,9 @@ def _check_disjoint(
             overlap = shared_documents(docs["forget"], docs[what])
         else:
             overlap = overlapping_examples(forget_rows, rows) if forget_rows and rows else 0
-        if overlap and what == "retain":
-            raise ValueError(
-                f"{overlap} forget examples also occur in the retain set; forget and retain must be disjoint."
-            )
         if overlap:
-            raise ValueError(
-                f"{overlap} forget examples also occur in generic_retain; the general rows must not contain forget "
-                "rows."
-            )
+            where = "the retain set" if what == "retain" else what
+            raise ValueError(f"{overlap} forget examples also occur in {where}; the sets must be disjoint.")
 
 
 def _answer_token_counts(features: list[dict[str, Any]], vocab: int) -> torch.Tensor:
@@ -126,10 +93,8 @@ def _check_vocab(model: Any, tokenizer: Any, features: list[dict[str, Any]]) -> 
         raise ValueError(f"{type(model).__name__} has no output embeddings (LM head): GROM needs a causal LM.")
     vocab = vocab_size(model)  # from the config when the head is partitioned (ZeRO-3 / FSDP)
     if len(tokenizer) > vocab:
-        raise ValueError(
-            f"Tokenizer/model vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens but the model's LM head "
-            f"has {vocab} rows. Use the tokenizer the model was trained with."
-        )
+        raise ValueError(f"Tokenizer/model vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens, the LM "
+                         f"head {vocab} rows.")
     top = max(max(f["input_ids"]) for f in features)
     if top >= vocab:
         raise ValueError(f"Token id {top} is outside the model's vocabulary ({vocab}): tokenizer/model mismatch.")
@@ -138,7 +103,7 @@ def _check_vocab(model: Any, tokenizer: Any, features: list[dict[str, Any]]) -> 
 
 @dataclass
 class _Prepared:
-    """Everything :func:`fit_grom` checks and tokenizes before its first forward pass."""
+    """What :func:`_prepare` returns."""
 
     targets: list[TargetModule]
     layered: list[TargetModule]
@@ -158,6 +123,8 @@ class _Prepared:
 def _prepare(
     model: Any, tokenizer: Any, forget: Any, retain: Any, config: GROMConfig, generic_retain: Any
 ) -> _Prepared:
+    """Every check of :func:`fit_grom` before its first forward pass (rows, overlap, modules, prompts, vocabulary),
+    and the tokenized examples and answer-token counts."""
     if not isinstance(config, GROMConfig):
         raise ValueError(f"config must be a GROMConfig, got {type(config).__name__}")
     docs = {what: as_documents(data, plain_lists=False)
@@ -196,34 +163,6 @@ def _prepare(
     f_counts = _answer_token_counts(forget_feats, vocab)
     r_counts = _answer_token_counts(retain_feats, vocab)
     if int(f_counts.sum()) == 0:
-        raise ValueError(
-            "The forget set has no answer tokens (every label is -100, e.g. empty answers or max_length cutting "
-            "them off): there are no forget keys to unlearn."
-        )
+        raise ValueError("The forget set has no answer tokens (every label is -100, e.g. cut off by max_length).")
     return _Prepared(targets, layered, heads, candidates, band, retain_indices, forget_feats, retain_feats,
                      generic_feats, f_counts, r_counts, limit, untied)
-
-
-def check_grom_inputs(
-    model: Any,
-    tokenizer: Any,
-    forget: Sequence[dict[str, Any]] | Any,
-    retain: Sequence[dict[str, Any]] | Any,
-    config: GROMConfig | None = None,
-    generic_retain: Sequence[dict[str, Any]] | Any = None,
-) -> dict[str, Any]:
-    """Every precondition :func:`fit_grom` checks before its first forward pass, without running the model: raises
-    the ValueError ``fit_grom`` would raise (rows, empty or overlapping sets, target modules and layers, a tied
-    head without ``untie_lm_head``, prompts that fill the context, a vocabulary mismatch, no forget answer tokens).
-    Returns a summary: ``"modules"``, ``"candidate_layers"``, ``"band_width"`` and the row counts read.
-    """
-    prep = _prepare(model, tokenizer, forget, retain, config or GROMConfig(), generic_retain)
-    return {
-        "modules": [t.name for t in prep.layered + prep.heads],
-        "candidate_layers": prep.candidates,
-        "band_width": prep.band,
-        "num_forget_rows": len(prep.forget_feats),
-        "num_retain_rows_read": len(prep.retain_feats),
-        "num_generic_rows": len(prep.generic_feats),
-    }
-

@@ -1,10 +1,6 @@
-"""Key collection: forward hooks on the edited modules' inputs at answer-predicting positions.
-
-A key is the input ``x`` of an edited ``nn.Linear`` at a position ``t`` with ``labels[t + 1] != -100``. Retain (and
-general) keys are folded into float64 second moments ``X X^T`` as batches stream by (each Gram block formed in
-float32 on CUDA, float64 elsewhere); forget keys are kept with the gold token, its margin and the margin gradient
-the targets need. The same pass feeds the logit-lens attribution. The statistics are sums, all-reduced across
-``torch.distributed`` processes by :meth:`KeyCollector.finalize` (forget records gathered in example order).
+"""Key collection: a key is the input ``x`` of an edited ``nn.Linear`` at a position ``t`` with
+``labels[t + 1] != -100``. Retain and general keys are folded into float64 second moments ``X X^T``; forget keys are
+kept with the gold token, its margin and the margin gradient the targets need.
 """
 
 from __future__ import annotations
@@ -20,15 +16,6 @@ from .attribution import TargetModule, direct_contributions
 from .targets import logit_lens_rows, margin_and_competitors, margin_gradient_logits, margin_gradient_residual
 
 
-def answer_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask ``[B, L]`` of positions predicting an answer token and the gold next tokens ``[B, L]``."""
-    mask = torch.zeros_like(labels, dtype=torch.bool)
-    gold = torch.zeros_like(labels)
-    mask[:, :-1] = labels[:, 1:] != IGNORE_INDEX
-    gold[:, :-1] = labels[:, 1:].clamp_min(0)
-    return mask, gold
-
-
 def _dist() -> tuple[bool, int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return True, torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -36,7 +23,7 @@ def _dist() -> tuple[bool, int, int]:
 
 
 def _all_gather_rows(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate a ``[n_p, ...]`` tensor of each process along dim 0 (rank order), sizes may differ."""
+    """Concatenate each process's ``[n_p, ...]`` tensor in rank order (sizes may differ)."""
     world = torch.distributed.get_world_size()
     n = torch.tensor([t.shape[0]], device=t.device)
     sizes = [torch.zeros_like(n) for _ in range(world)]
@@ -50,27 +37,15 @@ def _all_gather_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 class KeyCollector:
-    """Hooks ``modules`` (and the final norm) and accumulates GROM statistics over forget and retain batches.
-
-    ``key_modules``: modules whose keys are collected (forget keys kept, retain keys reduced to
-    ``X_r X_r^T``); ``attribution_modules``: residual-writing modules whose direct gold-logit
-    contribution is summed for layer attribution. ``suppression`` says whether the forget records need
-    the margin gradients (token suppression).
-    """
+    """Hooks the modules and the final norm and accumulates GROM statistics: keys of ``key_modules``, and the
+    direct gold-logit contributions of ``attribution_modules``; ``suppression``: record the margin gradients."""
 
     def __init__(
-        self,
-        model: Any,
-        key_modules: list[TargetModule],
-        attribution_modules: list[TargetModule],
-        *,
-        suppression: bool,
-        gram_device: str | torch.device | None = None,
+        self, model: Any, key_modules: list[TargetModule], attribution_modules: list[TargetModule], *,
+        suppression: bool, gram_device: str | torch.device | None = None,
     ) -> None:
-        self.model = model
+        self.model, self.key_modules, self.attribution_modules = model, key_modules, attribution_modules
         self.gram_device = None if gram_device is None else torch.device(gram_device)
-        self.key_modules = key_modules
-        self.attribution_modules = attribution_modules
         self.suppression = suppression
         self.norm = _final_norm(model)
         self.unembed = model.get_output_embeddings().weight
@@ -89,7 +64,6 @@ class KeyCollector:
                                                 "retain": {t.layer: 0.0 for t in attribution_modules}}
         self.counts = {"forget": 0, "retain": 0}
 
-    # -- hooks -----------------------------------------------------------------------------------
     def _hook(self, name: str, want_out: bool):
         def hook(module, args, output):
             if self._at is None:  # calls outside the model's forward (e.g. the norm's VJP)
@@ -119,21 +93,18 @@ class KeyCollector:
             h.remove()
         self._cache = {}
 
-    # -- passes ----------------------------------------------------------------------------------
     @torch.no_grad()
     def run(self, batches: Iterable[dict[str, Any]], role: str, progress: bool = True, total: int | None = None) -> None:
-        """Forward every batch (``input_ids``, ``attention_mask``, ``position_ids``, ``labels``, ``example_ids``)
-        and accumulate ``role`` (``"forget"``, ``"retain"`` or ``"generic"``) statistics. General rows feed
-        only ``X_g X_g^T``: neither the layer attribution nor the forget records."""
+        """Forward every batch and accumulate ``role`` (``forget``, ``retain`` or ``generic``) statistics."""
         if role not in ("forget", "retain", "generic"):
             raise ValueError(f"role must be 'forget', 'retain' or 'generic', got {role!r}")
         device = self.unembed.device
         for batch in tqdm(batches, desc=f"GROM keys ({role})", disable=not progress, total=total, leave=False):
-            host_mask, host_gold = answer_positions(batch["labels"])  # on the host: no wait for the device
-            n_keys = int(host_mask.sum())
+            labels = batch["labels"]  # on the host: no wait for the device
+            rows, cols = (labels[:, 1:] != IGNORE_INDEX).nonzero(as_tuple=True)  # row-major, as boolean indexing
+            n_keys = len(rows)
             if n_keys == 0:
                 continue
-            rows, cols = host_mask.nonzero(as_tuple=True)  # row-major, the order of boolean indexing
             self._at = (rows.to(device), cols.to(device))
             out = self.model(
                 input_ids=batch["input_ids"].to(device),
@@ -141,7 +112,7 @@ class KeyCollector:
                 position_ids=batch["position_ids"].to(device),
             )
             at, self._at = self._at, None
-            gold = host_gold[rows, cols].to(device)
+            gold = labels[rows, cols + 1].to(device)
             hidden = self._cache["__final__"]
             if role == "generic":
                 self.num_generic += n_keys
@@ -179,10 +150,7 @@ class KeyCollector:
             self._cache = {}
 
     def _add_moment(self, moments: dict[str, Any], name: str, x: torch.Tensor) -> None:
-        """``moments[name] += x^T x``, accumulated in float64 on :attr:`gram_device` (default: ``x``'s device).
-
-        On the CPU the block is formed in float64 (``addmm_`` into the accumulator, as it always was); on a CUDA
-        device it is formed in float32 and added to the float64 accumulator."""
+        """``moments[name] += x^T x`` in float64 on :attr:`gram_device`."""
         target = self.gram_device or x.device
         dtype = _gram_block_dtype(x.device)
         m, xb = moments[name], x.to(dtype)
@@ -192,7 +160,6 @@ class KeyCollector:
         block = (xb.T @ xb).to(device=target, dtype=torch.float64)
         moments[name] = block if m is None else m.add_(block)
 
-    # -- reduction -------------------------------------------------------------------------------
     def finalize(self) -> dict[str, Any]:
         """Concatenate, reduce across processes, and order forget records by (example, position)."""
         distributed, _, _ = _dist()
@@ -250,8 +217,7 @@ class KeyCollector:
 
 
 def _gram_block_dtype(device: torch.device) -> torch.dtype:
-    """The dtype a batch's Gram block ``X^T X`` is formed in on ``device``: float32 on CUDA (float64 matrix
-    products are many times slower there), float64 elsewhere."""
+    """float32 on CUDA (float64 products are many times slower there), float64 elsewhere."""
     return torch.float32 if device.type == "cuda" else torch.float64
 
 
@@ -263,8 +229,7 @@ def _stack(values: list[Any], device: torch.device) -> torch.Tensor:
 
 
 def _all_reduce_on(m: torch.Tensor, device: torch.device) -> None:
-    """All-reduce ``m`` in place through ``device`` (the process group's device: a moment kept on the host by
-    ``gram_device="cpu"`` travels to the model's device and back when the group cannot reduce host tensors)."""
+    """All-reduce ``m`` in place through ``device`` (a moment on the host travels to the model's device and back)."""
     if m.device == device:
         torch.distributed.all_reduce(m)
         return
@@ -274,8 +239,7 @@ def _all_reduce_on(m: torch.Tensor, device: torch.device) -> None:
 
 
 def _final_norm(model: Any) -> torch.nn.Module:
-    """The norm applied to the last residual stream before the LM head (``model.model.norm`` for Llama-style
-    decoders, ``transformer.ln_f`` for GPT-2 style)."""
+    """The norm applied to the last residual stream before the LM head."""
     base = getattr(model, "base_model", None) or getattr(model, "model", None)
     for attr in ("norm", "final_layernorm", "ln_f", "final_layer_norm"):
         for owner in (base, getattr(base, "model", None), getattr(model, "transformer", None)):

@@ -1,8 +1,5 @@
-"""Reading a saved GROM adapter folder back: where it is (a folder or a Hub snapshot), its metadata, its
-safetensors files, the LoRA scaling, the audit state, and the check that the audit's ``P`` is the adapter's ``B A``.
-
-Used by :meth:`hf_unlearn.methods.grom.edit.GROMEdit.from_pretrained`; every error names the file and the fix.
-"""
+"""Reading a saved GROM adapter back for :meth:`~hf_unlearn.methods.grom.GROMEdit.from_pretrained`, with the check
+that the audit's ``P`` is the adapter's ``B A``."""
 
 from __future__ import annotations
 
@@ -20,29 +17,19 @@ from .solve import GROMSolution, delta_from_cholesky
 
 
 def _read_metadata(folder: Path, source: Any) -> dict[str, Any]:
-    """``grom_metadata.json`` of ``folder`` as a dict with ``config`` and ``modules``, or a ValueError naming the
-    file and the problem."""
+    """``grom_metadata.json`` of ``folder`` as a dict with ``config`` and ``modules``, or a ValueError."""
     meta_path = folder / GROM_METADATA
     if not meta_path.is_file():
-        raise ValueError(
-            f"{source} is not a GROM adapter (no {GROM_METADATA}); a plain PEFT adapter loads with "
-            "peft.PeftModel.from_pretrained."
-        )
+        raise ValueError(f"{source} is not a GROM adapter (no {GROM_METADATA}).")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"{meta_path} is not valid JSON ({err}); the GROM metadata was damaged. Restore the file from the saved "
-            "adapter (or download the repo again), or refit and save the edit."
-        ) from None
+        raise ValueError(f"{meta_path} is not valid JSON ({err}). Restore the file from the saved adapter.") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{meta_path} must hold a JSON object, got {type(meta).__name__}; the GROM metadata is damaged.")
     missing = [k for k in ("config", "modules") if not isinstance(meta.get(k), dict)]
     if missing:
-        raise ValueError(
-            f"{meta_path} has no {missing} entry (or not an object); the GROM metadata is damaged or was not written "
-            "by hf-unlearn. Restore the file from the saved adapter, or refit and save the edit."
-        )
+        raise ValueError(f"{meta_path} has no {missing} entry (or not an object); restore the file.")
     return meta
 
 
@@ -58,8 +45,7 @@ def _load_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
 
 
 def _lora_scaling(folder: Path, what: str) -> Any:
-    """``scaling(module)``: ``lora_alpha / r`` of ``adapter_config.json`` for that module (its ``rank_pattern`` /
-    ``alpha_pattern`` entries when present; ``lora_alpha / sqrt(r)`` with ``use_rslora``)."""
+    """``scaling(module)``: ``lora_alpha / r`` of that module (``/ sqrt(r)`` with ``use_rslora``)."""
     import re
 
     path = folder / ADAPTER_CONFIG
@@ -69,10 +55,8 @@ def _lora_scaling(folder: Path, what: str) -> Any:
         ranks = {str(k): float(v) for k, v in (cfg.get("rank_pattern") or {}).items()}
         alphas = {str(k): float(v) for k, v in (cfg.get("alpha_pattern") or {}).items()}
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
-        raise ValueError(
-            f"{what}: {ADAPTER_CONFIG} is missing or has no numeric r / lora_alpha ({type(err).__name__}); restore "
-            "the saved file."
-        ) from None
+        raise ValueError(f"{what}: {ADAPTER_CONFIG} is missing or has no numeric r / lora_alpha "
+                         f"({type(err).__name__}).") from None
 
     def pick(pattern: dict[str, float], default: float, name: str) -> float:
         return next((v for k, v in pattern.items() if re.match(rf"(.*\.)?({k})$", name)), default)
@@ -87,33 +71,27 @@ def _lora_scaling(folder: Path, what: str) -> Any:
     return scaling
 
 
-#: Slack, beyond the export's recorded truncation error, of the check that the audit's ``P`` is the adapter's
-#: ``B A``: the float32 factors of a float64 ``P`` carry a relative Frobenius error of about ``1e-7 sqrt(k)``.
+#: Slack beyond the recorded truncation error of the check that the audit's ``P`` is ``B A`` (float32 factors).
 FACTOR_CHECK_RTOL = 1e-4
 
 
 def _check_factors_match(
     delta: torch.Tensor, product: torch.Tensor, info: Any, name: str, what: str, audit_name: str
 ) -> None:
-    """Refuse an audit ``P`` that is not the adapter's ``s B A``:
-    ``||s B A - P||_F <= (e + FACTOR_CHECK_RTOL) ||P||_F`` with ``e`` the recorded truncation error."""
+    """Refuse an audit ``P`` unless ``||s B A - P||_F <= (e + FACTOR_CHECK_RTOL) ||P||_F``."""
     recorded = info.get("relative_frobenius_error", 0.0) if isinstance(info, dict) else 0.0
     recorded = float(recorded) if isinstance(recorded, (int, float)) and math.isfinite(recorded) else 0.0
     p = delta.to(torch.float64)
     if tuple(p.shape) != tuple(product.shape):
-        raise AdapterIntegrityError(
-            f"{what}: module {name!r} has P of shape {list(p.shape)} in {audit_name} but B A of shape "
-            f"{list(product.shape)} in {ADAPTER_WEIGHTS}: the files do not belong together."
-        )
+        raise AdapterIntegrityError(f"{what}: module {name!r} has P of shape {list(p.shape)} in {audit_name} but B A "
+                                    f"of shape {list(product.shape)} in {ADAPTER_WEIGHTS}.")
     scale = float(p.norm())
     err = float((product - p).norm())
     if not err <= (recorded + FACTOR_CHECK_RTOL) * scale + 1e-30:
         rel = err / scale if scale > 0 else float("inf")
         raise AdapterIntegrityError(
-            f"{what}: for module {name!r} the audit's P ({audit_name}) and the adapter's (lora_alpha/r) B A "
-            f"({ADAPTER_WEIGHTS}) differ by a relative Frobenius error of {rel:.3g} (allowed: {recorded:.3g} "
-            f"recorded + {FACTOR_CHECK_RTOL:g}). One of the files was modified after saving; restore both from the "
-            "saved adapter or refit with fit_grom."
+            f"{what}: for module {name!r} the audit's P ({audit_name}) and the adapter's B A ({ADAPTER_WEIGHTS}) differ "
+            f"by a relative Frobenius error of {rel:.3g} (allowed: {recorded:.3g} + {FACTOR_CHECK_RTOL:g}); restore both."
         )
 
 
@@ -136,21 +114,16 @@ def _resolve_folder(
     ))
 
 
-
 def _read_audit(audit_path: Path | None, audit_name: str | None, allow_missing: bool, what: str
                 ) -> dict[str, torch.Tensor]:
-    """The audit state the metadata names (``{}`` when it names none); a missing file is refused unless
-    ``allow_missing`` (the edit then loads from the adapter alone, without :meth:`GROMEdit.influence`)."""
+    """The audit state the metadata names (``{}`` when none); a missing file is refused unless ``allow_missing``."""
     if audit_path is None:
         return {}
     if audit_path.is_file():
         return _load_safetensors(audit_path, what)
     if not allow_missing:
-        raise AdapterIntegrityError(
-            f"{what}: {audit_name} is missing, but {GROM_METADATA} says the adapter was saved with it. "
-            "Restore the file, or pass allow_missing_audit=True to load the edit from "
-            f"{ADAPTER_WEIGHTS} alone (influence() is then unavailable)."
-        )
+        raise AdapterIntegrityError(f"{what}: {audit_name} is missing; restore it, or pass allow_missing_audit=True "
+                                    "to load the edit without it (no influence()).")
     return {}
 
 
@@ -158,22 +131,14 @@ def _restore_modules(
     modules: dict[str, Any], state: dict[str, torch.Tensor], scaling: Any, audit: dict[str, torch.Tensor],
     what: str, audit_name: str | None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, GROMSolution], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """``(deltas, solutions, forget keys, targets)`` of every module the metadata lists.
-
-    Without an audit, ``P = s B A`` with ``s = lora_alpha / r`` of the module (:func:`_lora_scaling`); with one,
-    ``P = c_f D X_f^T A^{-1}`` is recomputed in float64 from the audit's Cholesky factor, keys and targets
-    (:func:`~hf_unlearn.methods.grom.solve.delta_from_cholesky`), checked against ``s B A``
-    (:func:`_check_factors_match`), and the solution :meth:`GROMEdit.influence` needs is restored with it. An adapter or audit missing a module's
-    entries is refused.
-    """
+    """``(deltas, solutions, forget keys, targets)`` of every module the metadata lists: ``P = s B A`` without an
+    audit, else ``P = c_f D X_f^T A^{-1}`` recomputed from the audit and checked against ``s B A``."""
     deltas, solutions, keys, targets = {}, {}, {}, {}
     for name, info in modules.items():
         a_key, b_key = f"base_model.model.{name}.lora_A.weight", f"base_model.model.{name}.lora_B.weight"
         if a_key not in state or b_key not in state:
-            raise ValueError(
-                f"{what}: {ADAPTER_WEIGHTS} has no LoRA factors for module {name!r} that {GROM_METADATA} lists "
-                f"(keys {a_key} / {b_key}); the adapter is incomplete. Save it again with save_pretrained."
-            )
+            raise ValueError(f"{what}: {ADAPTER_WEIGHTS} has no LoRA factors for module {name!r} (keys {a_key} / "
+                             f"{b_key}).")
         product = scaling(name) * (state[b_key].double() @ state[a_key].double())
         if not audit:
             deltas[name] = product.float()
@@ -181,19 +146,14 @@ def _restore_modules(
         parts = {part: f"{part}/{name}" for part in ("chol_lower", "forget_scale", "forget_keys", "targets")}
         absent = [k for k in parts.values() if k not in audit]
         if absent:
-            raise ValueError(
-                f"{what}: {audit_name} has no {absent} for module {name!r}; the audit is incomplete. Save the "
-                "edit again with save_pretrained."
-            )
+            raise ValueError(f"{what}: {audit_name} has no {absent} for module {name!r}; the audit is incomplete.")
         try:
             chol = unpack_lower(audit[parts["chol_lower"]].to(torch.float64))
             forget_scale = float(audit[parts["forget_scale"]][0])
             delta = delta_from_cholesky(chol, audit[parts["forget_keys"]], audit[parts["targets"]], forget_scale)
         except (ValueError, RuntimeError, IndexError) as err:
-            raise AdapterIntegrityError(
-                f"{what}: the audit state of module {name!r} in {audit_name} does not fit together ({err}); restore "
-                "the saved file."
-            ) from None
+            raise AdapterIntegrityError(f"{what}: the audit state of module {name!r} in {audit_name} does not fit "
+                                        f"together ({err}).") from None
         _check_factors_match(delta, product, info, name, what, audit_name)
         sol = GROMSolution(delta=delta, chol=chol, forget_scale=forget_scale)
         solutions[name], keys[name], targets[name] = sol, audit[parts["forget_keys"]], audit[parts["targets"]]

@@ -1,13 +1,6 @@
-"""Export of a GROM edit as a PEFT LoRA adapter.
-
-With ``lora_alpha = r`` (per module, ``rank_pattern`` = ``alpha_pattern``) a LoRA layer computes ``W x + B A x``, so
-factors with ``B A = P`` reproduce ``W + P``. ``P = B_0 A_0`` exactly with ``B_0 = (w_f/s) D`` and
-``A_0 = X_f^T A^{-1}``; the rank is capped at :func:`factor_budget` (and ``max_rank``). Within the cap the QR
-``A_0^T = Q R`` gives ``B = B_0 R^T``, ``A = Q^T``; above it the thin SVD gives ``B = U_k S_k^{1/2}``,
-``A = S_k^{1/2} V_k^T`` and the relative error ``sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)`` is recorded.
-:func:`save_adapter` records the SHA-256 of every file under ``integrity`` in ``grom_metadata.json``;
-:func:`adapter_digest` (the metadata's own digest) is what a user pins (``expected_sha256=``).
-"""
+"""Export of a GROM edit as a PEFT LoRA adapter: with ``lora_alpha = r`` per module a LoRA layer computes
+``W x + B A x``, so factors with ``B A = P`` reproduce ``W + P``; ``grom_metadata.json`` records the SHA-256 of the
+other files."""
 
 from __future__ import annotations
 
@@ -28,9 +21,8 @@ ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, GROM_METADATA, GROM_AUDIT)
 
 
 def adapter_digest(folder: str | os.PathLike) -> str:
-    """The digest that identifies a saved GROM adapter: the SHA-256 of its ``grom_metadata.json``
-    (:func:`hf_unlearn.integrity.manifest_digest`), which records the SHA-256 of each of its other files. Pin it
-    when loading (``expected_sha256=``) to refuse an adapter whose files and metadata were both rewritten."""
+    """The SHA-256 of a saved adapter's ``grom_metadata.json`` (which records those of its other files): pin it when
+    loading (``expected_sha256=``)."""
     return manifest_digest(folder, GROM_METADATA)
 
 
@@ -40,8 +32,7 @@ def grom_integrity_entry(folder: str | os.PathLike) -> dict[str, str] | None:
 
 
 def record_integrity(card: Any, folder: Path) -> dict[str, str] | None:
-    """Put the :func:`grom_integrity_entry` of ``folder`` into the front matter of the model card ``card`` as
-    ``hf_unlearn_integrity``; return it (``None`` when the folder holds no GROM metadata)."""
+    """Put the :func:`grom_integrity_entry` of ``folder`` into ``card``'s front matter (``hf_unlearn_integrity``)."""
     entry = grom_integrity_entry(folder)
     if entry is not None:
         card.data.hf_unlearn_integrity = entry
@@ -50,17 +41,14 @@ def record_integrity(card: Any, folder: Path) -> dict[str, str] | None:
 
 def verify_integrity(folder: Path, metadata: dict[str, Any], what: str,
                      required: tuple[str, ...] = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)) -> None:
-    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from the digests ``metadata`` records
-    under ``integrity`` (:func:`~hf_unlearn.integrity.check_recorded_files`; every name of ``required`` must be
-    listed)."""
+    """Refuse files that differ from the digests ``metadata["integrity"]`` records."""
     check_recorded_files(folder, metadata.get("integrity"), what, GROM_METADATA, required=required,
                          fix="Its weights are not the fitted GROM edit; restore the saved file or refit with fit_grom.")
 
 
 @dataclass
 class LoraFactors:
-    """``lora_A`` (``[k, d_in]``), ``lora_B`` (``[d_out, k]``), the rank ``k``, the relative Frobenius error
-    ``||P - B A||_F / ||P||_F`` (float64 round-off when not truncated) and whether a rank cap cut the rank."""
+    """``lora_A`` ``[k, d_in]``, ``lora_B`` ``[d_out, k]``, ``||P - B A||_F / ||P||_F``, truncated or not."""
 
     lora_A: torch.Tensor
     lora_B: torch.Tensor
@@ -70,15 +58,13 @@ class LoraFactors:
 
 
 def factor_budget(d_out: int, d_in: int) -> int:
-    """The largest rank ``k`` whose factors hold no more numbers than the dense delta:
-    ``k (d_in + d_out) <= d_in d_out``, i.e. ``k = floor(d_in d_out / (d_in + d_out))`` (at least 1)."""
+    """``floor(d_in d_out / (d_in + d_out))`` (at least 1): the largest rank whose factors are no larger than ``P``."""
     return max(1, (d_in * d_out) // (d_in + d_out))
 
 
 def product_svd(left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Thin SVD ``U S V^T`` of ``P = left @ right`` (``left [d_out, s]``, ``right [s, d_in]``) without forming
-    ``P``: with ``left = Q_l R_l`` and ``right^T = Q_r R_r`` (reduced QR), ``P = Q_l (R_l R_r^T) Q_r^T``, and the
-    SVD ``R_l R_r^T = U' S V'^T`` of the small core gives ``U = Q_l U'``, ``V = Q_r V'``. Float64."""
+    """Thin SVD ``U S V^T`` of ``P = left @ right`` without forming ``P``: ``P = Q_l (R_l R_r^T) Q_r^T`` from the QRs
+    ``left = Q_l R_l``, ``right^T = Q_r R_r`` and the SVD of the small core. Float64."""
     q_l, r_l = torch.linalg.qr(left.to(torch.float64))
     q_r, r_r = torch.linalg.qr(right.to(torch.float64).T)
     u, s, vh = torch.linalg.svd(r_l @ r_r.T, full_matrices=False)
@@ -86,21 +72,12 @@ def product_svd(left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def lora_factors(
-    delta: torch.Tensor | None = None,
-    max_rank: int | None = None,
-    rtol: float = 1e-10,
-    *,
+    delta: torch.Tensor | None = None, max_rank: int | None = None, rtol: float = 1e-10, *,
     low_rank: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> LoraFactors:
-    """Rank-``k`` factors ``B A`` of ``P`` (float64, on the tensors' device), never more numbers than ``P``.
-
-    The rank cap is ``c = min(factor_budget(d_out, d_in), max_rank)``. With ``low_rank=(left, right)``,
-    ``P = left @ right`` of ``s <= c`` columns, the factors are exact: with the QR ``right^T = Q R``,
-    ``B = left R^T`` and ``A = Q^T`` (orthonormal rows, so the float32 factors reproduce ``P`` to float32
-    rounding), ``k = s``. Otherwise from the thin SVD ``P = U S V^T`` (:func:`product_svd` of the low-rank form
-    when ``s < min(d_in, d_out)``, else of the dense ``delta``): ``B = U_k S_k^{1/2}``, ``A = S_k^{1/2} V_k^T``,
-    ``k`` the numerical rank (``S_j > rtol S_0``) capped at ``c``; a cap that binds records the relative Frobenius
-    error ``||P - B A||_F / ||P||_F = sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)``.
+    """Rank-``k`` factors ``B A`` of ``P`` (float64), ``k <= c = min(factor_budget, max_rank)``: exact from
+    ``low_rank=(left, right)`` of ``s <= c`` columns (``B = left R^T``, ``A = Q^T``, ``right^T = Q R``), else
+    ``B = U_k S_k^{1/2}``, ``A = S_k^{1/2} V_k^T`` from the thin SVD (error ``sqrt(sum_{j>k} S_j^2 / sum_j S_j^2)``).
     """
     if low_rank is not None:
         left, right = low_rank
@@ -131,9 +108,7 @@ def lora_factors(
 
 
 def lora_config(ranks: dict[str, int], base_model_name_or_path: str | None = None) -> Any:
-    """``LoraConfig`` targeting exactly the modules of ``ranks`` (``{module: k}``), each with its own rank and
-    ``lora_alpha = k`` (scaling 1; ``rank_pattern`` / ``alpha_pattern``, ``r = lora_alpha`` the largest ``k``), no
-    dropout."""
+    """``LoraConfig`` of exactly the modules of ``ranks``, each at rank and ``lora_alpha`` ``k``."""
     import re
 
     from peft import LoraConfig
@@ -141,21 +116,14 @@ def lora_config(ranks: dict[str, int], base_model_name_or_path: str | None = Non
     top = max(ranks.values())
     pattern = {re.escape(name): k for name, k in ranks.items()}
     return LoraConfig(
-        r=top,
-        lora_alpha=top,
-        rank_pattern=dict(pattern),
-        alpha_pattern=dict(pattern),
-        target_modules=list(ranks),
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-        base_model_name_or_path=base_model_name_or_path,
+        r=top, lora_alpha=top, rank_pattern=dict(pattern), alpha_pattern=dict(pattern), target_modules=list(ranks),
+        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_model_name_or_path,
         inference_mode=True,
     )
 
 
 def adapter_state_dict(factors: dict[str, LoraFactors], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """PEFT's saved-adapter key layout: ``base_model.model.<module>.lora_{A,B}.weight`` (each at its own rank)."""
+    """PEFT's saved-adapter keys: ``base_model.model.<module>.lora_{A,B}.weight``."""
     out = {}
     for name, f in factors.items():
         out[f"base_model.model.{name}.lora_A.weight"] = f.lora_A.to("cpu", dtype).contiguous()
@@ -169,7 +137,7 @@ def pack_lower(chol: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_lower(packed: torch.Tensor) -> torch.Tensor:
-    """The lower-triangular ``d x d`` matrix whose rows :func:`pack_lower` wrote (``d`` from the length)."""
+    """The lower-triangular matrix :func:`pack_lower` packed."""
     d = int(round(((8 * packed.numel() + 1) ** 0.5 - 1) / 2))
     if d * (d + 1) // 2 != packed.numel():
         raise ValueError(f"{packed.numel()} numbers are not the lower triangle of a square matrix.")
@@ -184,27 +152,15 @@ def unpack_lower(packed: torch.Tensor) -> torch.Tensor:
 def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
     bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
-        raise ValueError(
-            f"Refusing to save a GROM {what} with non-finite values (NaN/inf) in {bad[:4]}: the solve diverged "
-            "(e.g. non-finite keys from a model in half precision, or a huge suppression_margin). Nothing was written."
-        )
+        raise ValueError(f"Refusing to save a GROM {what} with non-finite values in {bad[:4]}; nothing was written.")
 
 
 def save_adapter(
-    path: str | os.PathLike,
-    config: Any,
-    state_dict: dict[str, torch.Tensor],
-    metadata: dict[str, Any],
-    audit: dict[str, torch.Tensor] | None = None,
-    overwrite: bool = False,
+    path: str | os.PathLike, config: Any, state_dict: dict[str, torch.Tensor], metadata: dict[str, Any],
+    audit: dict[str, torch.Tensor] | None = None, overwrite: bool = False,
 ) -> Path:
-    """Write ``adapter_config.json``, ``adapter_model.safetensors``, ``grom_metadata.json`` (with an ``integrity``
-    record of the other files) and, with ``audit``, ``grom_audit.safetensors`` into the folder ``path``.
-
-    Non-finite tensors are refused before anything is written. A missing or empty folder is built beside ``path``
-    and swapped in; into a folder holding other files the adapter files are renamed one by one (a folder already
-    holding adapter files is refused unless ``overwrite``, and stale adapter files are then removed).
-    """
+    """Write the adapter files, ``grom_metadata.json`` (with their digests) and ``audit`` into ``path``, all or
+    nothing; non-finite tensors, and a folder holding adapter files unless ``overwrite``, are refused."""
     import shutil
     import tempfile
 
@@ -234,9 +190,7 @@ def save_adapter(
         return path
     clash = sorted(n for n in ADAPTER_FILES if (path / n).exists())
     if clash and not overwrite:
-        raise OutputDirError(
-            f"{path} already holds an adapter ({', '.join(clash)}); pass overwrite=True to replace it."
-        )
+        raise OutputDirError(f"{path} already holds an adapter ({', '.join(clash)}); pass overwrite=True to replace it.")
     with output_lock(path):  # no other process writes into the folder while the files are renamed in
         tmp = Path(tempfile.mkdtemp(prefix=".grom-adapter.tmp-", dir=path))
         try:
@@ -253,7 +207,7 @@ def save_adapter(
 
 
 def to_peft_model(model: Any, config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
-    """Wrap ``model`` (in place, as ``get_peft_model`` does) in a ``PeftModel`` carrying the factors."""
+    """Wrap ``model`` in place in a ``PeftModel`` carrying the factors."""
     from peft import get_peft_model, set_peft_model_state_dict
 
     peft_model = get_peft_model(model, config)

@@ -1,5 +1,4 @@
-"""GROM's fit as the registry runs it (:class:`GROMFit`): fit the edit and merge it, or fit the exact strength
-path and keep the edit a criterion selects; it reads a seeded sample of the retain rows."""
+"""GROM's fit as the registry runs it (:class:`GROMFit`)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ __all__ = ["GROMFit"]
 
 
 def _merged_result(model: Any, edit: Any, settings: dict[str, Any], info: dict[str, Any]) -> Unlearned:
-    """The merged model of ``edit`` on ``model``; the adapter's size is its LoRA factors (rank <= forget keys)."""
+    """The merged model of ``edit`` on ``model``; the trainable size is its LoRA factors."""
     delta_params = sum(f.lora_A.numel() + f.lora_B.numel() for f in edit.lora_factors().values())
     merged = edit.to_peft(model).merge_and_unload()
     merged.eval()
@@ -24,8 +23,7 @@ def _merged_result(model: Any, edit: Any, settings: dict[str, Any], info: dict[s
 
 
 class GROMFit(MethodFit):
-    """GROM as a registered method: the edit (:class:`~hf_unlearn.methods.grom.GROMEdit`), saved as a PEFT LoRA
-    adapter."""
+    """GROM as a registered method: the edit, saved as a PEFT LoRA adapter."""
 
     artifact_cls = GROMEdit
     artifact_kind = "grom_adapter"
@@ -38,8 +36,7 @@ class GROMFit(MethodFit):
         return _merged_result(model, edit, {}, {"retain_rows_read": edit.stats["num_retain_rows_read"]})
 
     def select(self, model: Any, tokenizer: Any, forget: Any, retain: Any, config: Any, criterion: Any) -> Unlearned:
-        """One fit, then the exact strength path (:func:`~hf_unlearn.methods.grom.fit_grom_path`) and its
-        :meth:`~hf_unlearn.methods.grom.GROMPath.select` under ``criterion``; the chosen edit is merged."""
+        """:func:`~hf_unlearn.methods.grom.fit_grom_path`, then merge the edit ``criterion`` selects on it."""
         from .strength_path import fit_grom_path
 
         path = fit_grom_path(model, tokenizer, forget, retain, dataclasses.replace(config, progress=False))
@@ -50,7 +47,7 @@ class GROMFit(MethodFit):
         return _merged_result(model, edit, settings, info)
 
     def retain_rows_read(self, config: Any, retain: list[Any]) -> list[Any]:
-        """GROM's seeded sample of ``config.retain_sample`` retain rows (it cannot leave one out)."""
+        """GROM's seeded sample of ``config.retain_sample`` retain rows."""
         from .inputs import retain_subsample
 
         return [retain[i] for i in retain_subsample(len(retain), config.retain_sample, config.seed)]

@@ -1,20 +1,12 @@
 """GROM's closed-form solve and exact leave-one-out audit: pure float64 tensor functions.
 
-Notation (column convention of the paper; tensors here store keys as rows):
+Keys are stored as rows: ``forget_keys = X_f^T`` (``[s, d_in]``), ``targets = D^T`` (``[s, d_out]``); ``X_r X_r^T``
+and ``X_g X_g^T`` are the uncentred second moments of ``r`` retain and ``g`` general keys. The edit ``P`` of
+``y = W x`` minimises
 
-* ``X_f`` (``d_in x s``): forget keys, passed as ``forget_keys = X_f^T`` of shape ``[s, d_in]``;
-* ``D`` (``d_out x s``): targets, passed as ``targets = D^T`` of shape ``[s, d_out]``;
-* ``X_r X_r^T`` (``d_in x d_in``): the uncentred retain second moment over ``r`` retain keys;
-* ``X_g X_g^T`` (``d_in x d_in``): the same over ``g`` keys of optional general rows (absent when ``g = 0``);
-* ``c_f = w_f / s``, ``c_r = w_r / r`` and ``c_g = w_g / g`` the per-key weights.
+    L(P) = (w_f/s) ||P X_f - D||_F^2 + (w_r/r) ||P X_r||_F^2 + (w_g/g) ||P X_g||_F^2 + mu ||P||_F^2,
 
-The edit ``P`` (``d_out x d_in``, added to ``W`` of ``y = W x``) minimises
-
-    L(P) = c_f ||P X_f - D||_F^2 + c_r ||P X_r||_F^2 + c_g ||P X_g||_F^2 + mu ||P||_F^2,
-
-whose normal equations ``P A = c_f D X_f^T`` give
-
-    P* = c_f D X_f^T A^{-1},   A = c_r X_r X_r^T + c_g X_g X_g^T + c_f X_f X_f^T + mu I.
+    P* = (w_f/s) D X_f^T A^{-1},   A = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I.
 """
 
 from __future__ import annotations
@@ -34,18 +26,11 @@ class GROMSolution:
 
 
 def normal_matrix(
-    retain_moment: torch.Tensor,
-    num_retain: int,
-    forget_keys: torch.Tensor,
-    forget_weight: float,
-    retain_weight: float,
-    ridge: float,
-    generic_moment: torch.Tensor | None = None,
-    num_generic: int = 0,
+    retain_moment: torch.Tensor, num_retain: int, forget_keys: torch.Tensor, forget_weight: float,
+    retain_weight: float, ridge: float, generic_moment: torch.Tensor | None = None, num_generic: int = 0,
     generic_weight: float = 0.0,
 ) -> torch.Tensor:
-    """``A = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T + (w_f/s) X_f X_f^T + mu I`` in float64 (the retain term is 0
-    when ``r = 0``, the general term when ``g = 0`` or ``generic_moment`` is None)."""
+    """``A`` in float64 (a term with a zero count or weight is left out)."""
     xf = forget_keys.to(torch.float64)
     s, d = xf.shape
     if s == 0:
@@ -61,7 +46,7 @@ def normal_matrix(
 
 
 def suggested_ridge(a: torch.Tensor) -> float:
-    """A ridge that makes ``A`` well conditioned: ``1e-3 * trace(A) / d`` (or ``1e-3`` if ``A = 0``)."""
+    """``1e-3 * trace(A) / d`` (or ``1e-3`` if ``A = 0``): a ridge that makes ``A`` well conditioned."""
     scale = float(torch.diagonal(a).mean())
     return 1e-3 * scale if scale > 0 else 1e-3
 
@@ -70,43 +55,25 @@ def cholesky_or_explain(a: torch.Tensor, ridge: float) -> torch.Tensor:
     """Lower Cholesky factor of ``A``; a ``ValueError`` suggesting a ridge when ``A`` is singular."""
     a = a.to(torch.float64)
     if not bool(torch.isfinite(a).all()):
-        raise ValueError(
-            f"The GROM normal matrix A ({a.shape[0]}x{a.shape[0]}) has non-finite entries (ridge={ridge}; or "
-            "non-finite keys, e.g. a model in half precision that overflowed). Use a finite ridge >= 0 and a model "
-            "whose forward pass is finite (float32)."
-        )
+        raise ValueError(f"The GROM normal matrix A has non-finite entries (ridge={ridge}, or non-finite keys from a "
+                         "model in half precision).")
     singular = False
     if ridge <= 0:
         eig = torch.linalg.eigvalsh(a)
         singular = bool(eig[0] <= 1e-10 * max(float(eig[-1]), 1e-300))
     chol, info = torch.linalg.cholesky_ex(a)
     if singular or int(info) != 0:
-        raise ValueError(
-            f"The GROM normal matrix A ({a.shape[0]}x{a.shape[0]}) is singular with ridge={ridge}: the forget and "
-            f"retain keys do not span the module's input space. Set a ridge > 0, e.g. "
-            f"GROMConfig(ridge={suggested_ridge(a):.3g})."
-        )
+        raise ValueError(f"The GROM normal matrix A ({a.shape[0]}x{a.shape[0]}) is singular with ridge={ridge}; set "
+                         f"a ridge > 0, e.g. GROMConfig(ridge={suggested_ridge(a):.3g}).")
     return chol
 
 
 def solve_grom(
-    retain_moment: torch.Tensor,
-    num_retain: int,
-    forget_keys: torch.Tensor,
-    targets: torch.Tensor,
-    forget_weight: float = 1.0,
-    retain_weight: float = 1.0,
-    ridge: float = 1e-2,
-    generic_moment: torch.Tensor | None = None,
-    num_generic: int = 0,
-    generic_weight: float = 0.0,
+    retain_moment: torch.Tensor, num_retain: int, forget_keys: torch.Tensor, targets: torch.Tensor,
+    forget_weight: float = 1.0, retain_weight: float = 1.0, ridge: float = 1e-2,
+    generic_moment: torch.Tensor | None = None, num_generic: int = 0, generic_weight: float = 0.0,
 ) -> GROMSolution:
-    """``P* = (w_f/s) D X_f^T A^{-1}`` by a float64 Cholesky solve of ``A P^T = (w_f/s) X_f D^T``.
-
-    ``forget_keys`` is ``X_f^T`` (``[s, d_in]``), ``targets`` is ``D^T`` (``[s, d_out]``), ``retain_moment``
-    is ``X_r X_r^T`` (``[d_in, d_in]``) summed over ``num_retain`` keys, ``generic_moment`` is ``X_g X_g^T``
-    summed over ``num_generic`` keys of general rows (weight ``generic_weight = w_g``; optional).
-    """
+    """``P* = (w_f/s) D X_f^T A^{-1}`` by a float64 Cholesky solve of ``A P^T = (w_f/s) X_f D^T``."""
     xf = forget_keys.to(torch.float64)
     dt = targets.to(device=xf.device, dtype=torch.float64)
     if dt.shape[0] != xf.shape[0]:
@@ -120,8 +87,7 @@ def solve_grom(
 
 def delta_from_cholesky(chol: torch.Tensor, forget_keys: torch.Tensor, targets: torch.Tensor,
                         forget_scale: float) -> torch.Tensor:
-    """``P = c_f D X_f^T A^{-1} = (A^{-1} (c_f X_f D^T))^T`` (float64 ``[d_out, d_in]``) from the lower Cholesky
-    factor ``L`` of ``A = L L^T``, ``forget_keys = X_f^T`` (``[s, d_in]``), ``targets = D^T`` (``[s, d_out]``)."""
+    """``P = (A^{-1} (c_f X_f D^T))^T`` (float64 ``[d_out, d_in]``) from the lower Cholesky factor of ``A``."""
     xf = forget_keys.to(device=chol.device, dtype=torch.float64)
     rhs = forget_scale * (xf.T @ targets.to(device=chol.device, dtype=torch.float64))  # [d_in, d_out]
     return torch.cholesky_solve(rhs, chol).T.contiguous()
@@ -129,42 +95,18 @@ def delta_from_cholesky(chol: torch.Tensor, forget_keys: torch.Tensor, targets: 
 
 def low_rank_form(solution: GROMSolution, forget_keys: torch.Tensor, targets: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(B_0, A_0)`` with ``P = B_0 A_0`` exactly: ``B_0 = c_f D`` (``[d_out, s]``) and
-    ``A_0 = X_f^T A^{-1} = (A^{-1} X_f)^T`` (``[s, d_in]``), float64, on the Cholesky factor's device."""
+    """``(B_0, A_0)`` with ``P = B_0 A_0`` exactly: ``B_0 = c_f D`` (``[d_out, s]``), ``A_0 = (A^{-1} X_f)^T``."""
     chol = solution.chol
     xf = forget_keys.to(device=chol.device, dtype=torch.float64)
     left = solution.forget_scale * targets.to(device=chol.device, dtype=torch.float64).T
     return left, torch.cholesky_solve(xf.T, chol).T
 
 
-def grom_objective(
-    delta: torch.Tensor,
-    forget_keys: torch.Tensor,
-    targets: torch.Tensor,
-    retain_keys: torch.Tensor,
-    forget_weight: float = 1.0,
-    retain_weight: float = 1.0,
-    ridge: float = 1e-2,
-) -> torch.Tensor:
-    """``L(P) = (w_f/s)||P X_f - D||^2 + (w_r/r)||P X_r||^2 + mu ||P||^2`` (keys and targets as rows)."""
-    s, r = forget_keys.shape[0], retain_keys.shape[0]
-    fit = ((forget_keys @ delta.T - targets) ** 2).sum()
-    keep = ((retain_keys @ delta.T) ** 2).sum() if r else delta.new_zeros(())
-    return (forget_weight / s) * fit + (retain_weight / max(r, 1)) * keep + ridge * (delta**2).sum()
+def woodbury_drop(solution: GROMSolution, keys_i: torch.Tensor, targets_i: torch.Tensor) -> torch.Tensor:
+    """Exact change of ``P`` when the ``k`` keys ``X_i`` (``[k, d_in]``) and targets ``D_i`` of one forget example
+    leave the objective, ``c = w_f/s`` held fixed (Sherman-Morrison-Woodbury on ``A' = A - c X_i X_i^T``):
 
-
-def woodbury_drop(
-    solution: GROMSolution, keys_i: torch.Tensor, targets_i: torch.Tensor
-) -> torch.Tensor:
-    """Exact change of ``P`` when the ``k`` keys ``X_i`` (``[k, d_in]``) and targets ``D_i`` (``[k, d_out]``)
-    of one forget example are removed from the objective, the per-key weight ``c = w_f/s`` held fixed.
-
-    With ``A' = A - c X_i X_i^T`` and the Sherman-Morrison-Woodbury identity
-    ``A'^{-1} = A^{-1} + c A^{-1} X_i K^{-1} X_i^T A^{-1}``, ``K = I_k - c X_i^T A^{-1} X_i``:
-
-        P' - P = c (P X_i - D_i) K^{-1} (A^{-1} X_i)^T,
-
-    which costs two triangular solves with the cached Cholesky factor and one ``k x k`` solve.
+        P' - P = c (P X_i - D_i) K^{-1} (A^{-1} X_i)^T,    K = I_k - c X_i^T A^{-1} X_i.
     """
     xi = keys_i.to(device=solution.chol.device, dtype=torch.float64).T  # [d_in, k]
     di = targets_i.to(device=solution.chol.device, dtype=torch.float64).T  # [d_out, k]

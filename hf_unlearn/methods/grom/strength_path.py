@@ -1,15 +1,7 @@
-"""GROM's exact strength path: many edits from one key collection.
+"""GROM's exact strength path: many edits from one key collection. Scaling the targets scales the edit,
+``P(c D) = c P(D)``, and with ``R`` the preservation part of the fitted ``A_0`` each ``(w_r, mu)`` is one solve of
 
-``A`` does not depend on the targets, so scaling them scales the edit exactly, ``P(c D) = c P(D)``. Changing
-``w_r`` or ``mu`` changes only ``A``: with ``R = (w_r0/r) X_r X_r^T + (w_g0/g) X_g X_g^T`` (the preservation part
-of the fitted ``A_0``) each ``(w_r, mu)`` is one Cholesky solve of
-
-    A(w_r, mu) = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P = (w_f/s) D X_f^T A(w_r, mu)^{-1},
-
-the fit's own ``(w_r0, mu_0)`` being the fit's solution. With general rows the retain axis scales both preservation
-terms, so a point records ``generic_retain_weight = w_g0 w_r / w_r0``. :meth:`GROMPath.select` measures a
-:class:`~hf_unlearn.selection.SelectionCriterion` on every point from hidden states cached at the edited band
-(:mod:`hf_unlearn.methods.grom.band_cache`) and returns the chosen edit with the record in ``stats["selection"]``.
+    A(w_r, mu) = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P = (w_f/s) D X_f^T A(w_r, mu)^{-1}.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ import torch
 
 from .band_cache import BandCache, band_entry
 from .config import GROMConfig
-from .edit import GROMEdit, untie_lm_head
+from .edit import GROMEdit, _add_deltas, untie_lm_head
 from .fit import _fit_grom
 from .solve import GROMSolution, cholesky_or_explain
 
@@ -37,7 +29,7 @@ DEFAULT_RETAIN_WEIGHT_FACTORS = (1.0, 10.0, 100.0)
 
 
 class _PointEdits(Sequence):
-    """``edits[i]``: point ``i``'s full :class:`~hf_unlearn.methods.grom.GROMEdit`, built on first access and kept."""
+    """``edits[i]``: point ``i``'s :class:`~hf_unlearn.methods.grom.GROMEdit`, built on first access and kept."""
 
     def __init__(self, build: Any, n: int) -> None:
         self._build, self._n, self._built = build, n, {}
@@ -58,12 +50,8 @@ class _PointEdits(Sequence):
 
 @dataclass
 class GROMPath:
-    """Exact GROM edits at several strengths: ``points[i]`` (``{"scale", "retain_weight", "ridge"}``) and
-    ``edits[i]`` the :class:`~hf_unlearn.methods.grom.GROMEdit` of that point (built when first accessed), ordered
-    weak -> strong by the edit's size ``sum_m ||P_m||_F`` (``norms``). ``record`` is set by :meth:`select`.
-    ``unit_deltas[u]`` is the float32 edit of one ``(retain_weight, ridge)`` at scale 1 and point ``i`` is
-    ``point_scales[i] * unit_deltas[point_units[i]]`` (:meth:`point_deltas`); ``cache_bytes`` is what the last
-    cached :meth:`select` held in band inputs and ``cache_seconds`` how long its caching pass took."""
+    """Exact GROM edits ordered weak -> strong by ``norms[i] = sum_m ||P_m||_F``: ``points[i]`` (``scale``,
+    ``retain_weight``, ``ridge``), its edit ``edits[i]``, deltas ``point_scales[i] * unit_deltas[point_units[i]]``."""
 
     points: list[dict[str, float]]
     edits: Sequence[GROMEdit]
@@ -80,10 +68,7 @@ class GROMPath:
         return len(self.points)
 
     def point_deltas(self, i: int) -> dict[str, torch.Tensor]:
-        """``{module: P}`` of point ``i`` (float32, on the device the path was solved on: the model's): its scale
-        times its ``(w_r, mu)``'s unit edit (equal to ``edits[i].deltas`` up to float32 rounding). The path keeps
-        only these unit edits on the device; a point's full edit (:attr:`edits`, built when read) holds its deltas
-        on the host, as every :class:`~hf_unlearn.methods.grom.GROMEdit` does."""
+        """``{module: P}`` of point ``i`` (float32, on the device the path was solved on)."""
         scale = self.point_scales[i]
         return {n: d * scale if scale != 1.0 else d for n, d in self.unit_deltas[self.point_units[i]].items()}
 
@@ -91,15 +76,8 @@ class GROMPath:
         self, criterion: Any, model: Any, tokenizer: Any, *, cached: bool = True,
         cache_device: str | torch.device | None = None,
     ) -> GROMEdit:
-        """Measure ``criterion`` (a :class:`~hf_unlearn.selection.SelectionCriterion`) on ``model`` with each
-        point's edit applied in turn and return the edit its rule chooses (the record in :attr:`record` and in the
-        edit's ``stats["selection"]``).
-
-        ``model`` must be the unedited base the path was fitted on; its edited weights are put back exactly after
-        each measurement. With ``cached`` one pass keeps the hidden states entering the band (on
-        ``cache_device``, default the model's device) and gives the original's figures; each point then runs
-        only from the band on. ``cached=False`` uses full passes.
-        """
+        """Measure ``criterion`` on ``model`` (the unedited base) with each point's edit applied in turn and return the
+        edit its rule chooses (record in :attr:`record`); ``cached``: each point runs from band inputs cached once."""
         if not self.points or not self.unit_deltas or self.base is None:
             raise ValueError("The GROM path is empty (build it with fit_grom_path or grom_path_from_edit).")
         base = self.base
@@ -131,13 +109,6 @@ class GROMPath:
         return chosen
 
 
-def _add_deltas(modules: dict[str, Any], deltas: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for name, p in deltas.items():
-            w = modules[name].weight
-            w.add_(p.to(device=w.device, dtype=w.dtype))
-
-
 def _restore(modules: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, w in saved.items():
@@ -148,14 +119,8 @@ def _cached_measure(
     path: GROMPath, criterion: Any, model: Any, tokenizer: Any, names: list[str],
     cache_device: str | torch.device | None,
 ) -> Any:
-    """The band caches of the criterion's row sets and a function measuring the model as it is now from them;
-    None, with a warning, when replaying does not reproduce the plain forward on this architecture.
-
-    The caching pass runs the unedited model up to the band's entry (after the first edited block when its tail
-    shortcut holds, else at it: :func:`~hf_unlearn.methods.grom.band_cache.band_entry`) on every row. It runs
-    whole on the retain sets when the criterion has no original figures yet (which that pass then gives, and whose
-    first batch checks the replay); otherwise only on the forget rows' first batch, for the check. Sets
-    ``path.cache_bytes`` and ``path.cache_seconds``."""
+    """A function measuring the model as it is now from band caches of the criterion's row sets; None, with a
+    warning, when a replay does not reproduce the plain forward."""
     start = time.perf_counter()
     try:
         shortcut = band_entry(model, names, tail=True)
@@ -209,7 +174,7 @@ def _path_grid(
     scales: Sequence[float], retain_weights: Sequence[float] | None, ridges: Sequence[float] | None, w0: float,
     mu0: float,
 ) -> tuple[list[float], list[float], list[float]]:
-    """The validated, de-duplicated axes of a path (defaults filled in from the base ``w_r0``, ``mu_0``)."""
+    """The validated, de-duplicated axes of a path (defaults from the base ``w_r0``, ``mu_0``)."""
     if retain_weights is None:
         retain_weights = [(w0 or 1.0) * f for f in DEFAULT_RETAIN_WEIGHT_FACTORS]
     axes = {"scales": _unique(scales, "scales"), "retain_weights": _unique(retain_weights, "retain_weights"),
@@ -219,11 +184,6 @@ def _path_grid(
         if bad:
             raise ValueError(f"GROM path {what} must be finite and {'> 0' if what == 'scales' else '>= 0'}; got {bad}.")
     return axes["scales"], axes["retain_weights"], axes["ridges"]
-
-
-def _has_generic(edit: GROMEdit) -> bool:
-    """Whether the edit's normal matrix holds a general-rows term ``(w_g/g) X_g X_g^T``."""
-    return bool(edit.stats.get("num_generic_keys")) and float(getattr(edit.config, "generic_retain_weight", 0)) > 0
 
 
 def _preservation_from_factor(edit: GROMEdit) -> dict[str, torch.Tensor]:
@@ -240,11 +200,8 @@ def _preservation_from_factor(edit: GROMEdit) -> dict[str, torch.Tensor]:
 def unit_solution(
     base: GROMEdit, preservation: dict[str, torch.Tensor], retain_weight: float, ridge: float,
 ) -> dict[str, GROMSolution]:
-    """Each module's exact solution at ``(retain_weight, ridge)`` and scale 1 (float64): the Cholesky solve of
-
-        A = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I,    P^T = A^{-1} ((w_f/s) X_f D^T),
-
-    ``R`` from ``preservation``; at the base's own ``(w_r0, mu_0)`` the base's solutions themselves."""
+    """Each module's exact solution at ``(retain_weight, ridge)`` and scale 1 (float64):
+    ``A = (w_r / w_r0) R + (w_f/s) X_f X_f^T + mu I``, ``P^T = A^{-1} ((w_f/s) X_f D^T)``."""
     w0, mu0 = float(base.config.retain_weight), float(base.config.ridge)
     if retain_weight == w0 and ridge == mu0:
         return dict(base.solutions)
@@ -277,7 +234,8 @@ def _point_edit(base: GROMEdit, solutions: dict[str, GROMSolution], point: dict[
     stats = {k: v for k, v in base.stats.items() if k != "selection"}
     stats.update(target_scale=scale, path_point=dict(point))
     changes: dict[str, Any] = {"retain_weight": retain_weight, "ridge": point["ridge"]}
-    if _has_generic(base):  # the preservation term holds both moments: they scale together
+    has_generic = base.stats.get("num_generic_keys") and float(getattr(base.config, "generic_retain_weight", 0)) > 0
+    if has_generic:  # the preservation term holds both moments: they scale together
         changes["generic_retain_weight"] = float(base.config.generic_retain_weight) * retain_weight / w0
     return dataclasses.replace(
         base, config=dataclasses.replace(base.config, **changes), deltas=deltas,
@@ -288,19 +246,11 @@ def _point_edit(base: GROMEdit, solutions: dict[str, GROMSolution], point: dict[
 
 
 def grom_path_from_edit(
-    edit: GROMEdit,
-    scales: Sequence[float] = DEFAULT_SCALES,
-    retain_weights: Sequence[float] | None = None,
-    ridges: Sequence[float] | None = None,
-    *,
-    preservation: dict[str, torch.Tensor] | None = None,
+    edit: GROMEdit, scales: Sequence[float] = DEFAULT_SCALES, retain_weights: Sequence[float] | None = None,
+    ridges: Sequence[float] | None = None, *, preservation: dict[str, torch.Tensor] | None = None,
 ) -> GROMPath:
-    """The path of every ``(scale, retain_weight, ridge)`` combination, solved from a fitted ``edit`` (which must
-    carry its audit state) without reading any data again: one solve per ``(retain_weight, ridge)`` other than the
-    edit's own (:func:`unit_solution`), whose float32 edit the path keeps (a point's full edit is rebuilt when
-    ``path.edits[i]`` is first read). ``retain_weights`` defaults to ``w_r0`` times 1, 10 and 100 (``w_r0`` the
-    edit's retain weight, or 1 when it is 0), ``ridges`` to the edit's ridge. ``preservation``: each module's ``R``
-    when known (:func:`fit_grom_path` passes it), else recovered from the Cholesky factor."""
+    """The path of every ``(scale, retain_weight, ridge)`` point, solved from an ``edit`` with its audit state;
+    ``retain_weights`` default to ``w_r0`` times 1, 10 and 100, ``ridges`` to the edit's."""
     if not edit.solutions:
         raise ValueError("The GROM path needs an edit with its audit state (keys, targets and Cholesky factors).")
     w0, mu0 = float(edit.config.retain_weight), float(edit.config.ridge)
@@ -331,24 +281,12 @@ def grom_path_from_edit(
 
 
 def fit_grom_path(
-    model: Any,
-    tokenizer: Any,
-    forget: Any,
-    retain: Any,
-    config: GROMConfig | None = None,
-    *,
-    scales: Sequence[float] = DEFAULT_SCALES,
-    retain_weights: Sequence[float] | None = None,
-    ridges: Sequence[float] | None = None,
-    generic_retain: Any = None,
-    device: Any = None,
-    gram_device: Any = None,
+    model: Any, tokenizer: Any, forget: Any, retain: Any, config: GROMConfig | None = None, *,
+    scales: Sequence[float] = DEFAULT_SCALES, retain_weights: Sequence[float] | None = None,
+    ridges: Sequence[float] | None = None, generic_retain: Any = None, device: Any = None, gram_device: Any = None,
 ) -> GROMPath:
-    """Fit GROM once (``config``; its keys, targets and band) and return the exact edits of every combination of
-    ``scales`` x ``retain_weights`` x ``ridges`` (see :func:`grom_path_from_edit` for the defaults: 9 points),
-    ordered weak -> strong. ``model`` is not modified; ``generic_retain``, ``device`` and ``gram_device`` go to
-    :func:`~hf_unlearn.methods.grom.fit_grom`. A point equals ``fit_grom`` with ``retain_weight``/``ridge``
-    replaced (up to float rounding), its targets times ``scale``. The grid is validated before the fit."""
+    """Fit GROM once and return the exact edits of every ``scales`` x ``retain_weights`` x ``ridges`` point
+    (:func:`grom_path_from_edit`); the grid is validated before the fit."""
     config = config or GROMConfig()
     _path_grid(scales, retain_weights, ridges, float(config.retain_weight), float(config.ridge))  # before any work
     if config.retain_weight == 0 and (retain_weights is None or any(w > 0 for w in retain_weights)):

@@ -17,16 +17,12 @@ import torch
 
 
 def specificity_weights(
-    forget_counts: torch.Tensor,
-    retain_counts: torch.Tensor,
-    power: float = 1.0,
-    smoothing: float = 0.5,
+    forget_counts: torch.Tensor, retain_counts: torch.Tensor, power: float = 1.0, smoothing: float = 0.5,
     mode: str = "fraction",
 ) -> torch.Tensor:
-    """``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma`` for tokens seen in forget answers, 0 for the others,
-    with ``beta = smoothing``, counts ``c_x`` over ``N_x`` answer tokens and a vocabulary of ``V``:
-    ``p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x)`` (``mode="fraction"``, compares rates) or
-    ``p_x(j) = (c_x(j) + beta) / (N_x + beta V)`` (``mode="pseudo_count"``).
+    """``alpha_j = clip(1 - p_r(j) / p_f(j), 0, 1)^gamma`` for tokens seen in forget answers, else 0, with
+    ``p_x(j) = (c_x(j) + beta N_x / V) / ((1 + beta) N_x)`` (``"fraction"``) or
+    ``p_x(j) = (c_x(j) + beta) / (N_x + beta V)`` (``"pseudo_count"``), ``beta = smoothing``.
     """
     cf = forget_counts.to(torch.float64)
     cr = retain_counts.to(torch.float64)
@@ -72,16 +68,12 @@ def norm_vjp(norm: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
 def logit_lens_rows(
     norm: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, unembed: torch.Tensor, gold: torch.Tensor
 ) -> torch.Tensor:
-    """``J_t^T u_{y_t}``: the residual-stream direction whose dot product with a residual change is its
-    direct (logit-lens) contribution to the gold-token logit."""
+    """``J_t^T u_{y_t}``: the residual direction of the gold-token logit through the logit lens."""
     return norm_vjp(norm, hidden, unembed[gold].float())
 
 
 def margin_gradient_residual(
-    norm: Callable[[torch.Tensor], torch.Tensor],
-    hidden: torch.Tensor,
-    unembed: torch.Tensor,
-    gold: torch.Tensor,
+    norm: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, unembed: torch.Tensor, gold: torch.Tensor,
     q: torch.Tensor,
 ) -> torch.Tensor:
     """``w_t = J_t^T U^T (e_y - q_t)``: residual-space gradient of the gold margin (``[n, d]``)."""
@@ -111,7 +103,7 @@ def corruption_targets(alpha: torch.Tensor, direction: torch.Tensor, scale: floa
 
 
 def random_direction(dim: int, seed: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """A fixed random unit vector of ``dim`` entries (Gaussian, seeded independently of global RNG state)."""
+    """A seeded random unit vector (independent of the global RNG)."""
     gen = torch.Generator().manual_seed(seed)
     u = torch.randn(dim, generator=gen, dtype=torch.float64)
     return (u / u.norm()).to(dtype)

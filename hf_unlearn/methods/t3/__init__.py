@@ -1,20 +1,11 @@
-"""T3 (Temper-Then-Tilt): inference-time unlearning with a frozen base model and a guidance head.
-
-Decode from ``softmax(log p(v | x, y_<t) / T + w log f(x, y_<t, v))`` over the full vocabulary, where
-``f = sigmoid(U (D pool_t + c))`` is a rank-h head (h = 20, no per-token bias) mapping the causal mean-pooled
-hidden state of the prefix to one retain-vs-forget logit per vocabulary entry. Greedy decoding depends on
-``T * w`` only; ``T`` also changes sampling and teacher-forced scores::
-
-    clf = fit_t3(model, tokenizer, forget, retain, T3ClassifierConfig(rank=20, tilt_weight=0.5))
-    with T3LogitsProcessor(model, clf) as t3:      # reads generate's own hidden states via a hook
-        out = model.generate(**inputs, logits_processor=LogitsProcessorList([t3]))
-    lp = t3_log_probs(model, clf, input_ids, labels, attention_mask)   # exact tilted log-probs
-
-A head records a fingerprint of its base's weights and refuses any other model.
+"""T3 (Temper-Then-Tilt): inference-time unlearning with a frozen base model and a guidance head. Decode from
+``softmax(log p(v | x, y_<t) / T + w log f(x, y_<t, v))``, ``f = sigmoid(U (D pool_t + c))`` a low-rank head on the
+causal mean-pooled hidden state of the prefix (``docs/methods/t3.md``).
 """
 
 from ...artifact_kinds import ArtifactKind as _ArtifactKind
 from ...artifact_kinds import config_base_model as _config_base_model
+from ...artifact_kinds import read_json as _read_json
 from ...artifact_kinds import register_artifact_kind as _register_artifact_kind
 from ...registry import register_method
 from .calibration import calibrate_t3
@@ -34,16 +25,10 @@ def _t3_card_settings(head):
     return {k: getattr(head.config, k) for k in keep if getattr(head.config, k, None) is not None}
 
 
-def _folder_is_t3(folder):
-    from ...artifact_kinds import read_json
-
-    return read_json(folder / "config.json").get("model_type") == T3ClassifierConfig.model_type
-
-
 _register_artifact_kind(_ArtifactKind(
     "t3_classifier", "t3_classifier.md", "t3", lambda: (T3Classifier,), "transformers",
-    base_model=_config_base_model, settings=_t3_card_settings, folder_matches=_folder_is_t3,
-    integrity=_t3_integrity_entry,
+    base_model=_config_base_model, settings=_t3_card_settings, integrity=_t3_integrity_entry,
+    folder_matches=lambda folder: _read_json(folder / "config.json").get("model_type") == T3ClassifierConfig.model_type,
 ))
 
 __all__ = ["T3Classifier", "T3ClassifierConfig", "T3Fit", "T3LogitsProcessor", "calibrate_t3", "fit_t3",

@@ -1,7 +1,6 @@
-"""What :func:`~hf_unlearn.methods.t3.fit.fit_t3` does before it trains the head: the checks before any work
-(settings, layer, rows, overlap, prompts that fill the positions: refused by name, never dropped;
-:func:`validate_t3_fit`) and the cache: one no-grad pass of the frozen base keeping, at every position whose next
-token is an answer token, ``pool_t`` and ``y_{t+1}`` (:func:`cache_answer_states`).
+"""What :func:`~hf_unlearn.methods.t3.fit.fit_t3` does before it trains the head: the checks before any work, and
+one no-grad pass of the frozen base keeping ``pool_t`` and ``y_{t+1}`` at every position whose next token is an
+answer token.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ def _rows(data: Any, name: str) -> list[dict[str, Any]]:
 def _tokenize(
     tokenizer: Any, rows: list[dict[str, Any]], limit: int | None, template: str | None
 ) -> tuple[list[dict[str, Any] | None], int, list[tuple[int, int]]]:
-    """``(features, number truncated, [(row, prompt tokens)] of rows left without an answer token)``."""
+    """``(features, None where no answer token is left; number truncated; [(row, prompt length)])``."""
     out: list[dict[str, Any] | None] = []
     full: list[tuple[int, int]] = []
     feats, truncated = prepare_qa(
@@ -50,26 +49,14 @@ def _tokenize(
     return out, truncated, full
 
 
-def tokenize_examples(
-    tokenizer: Any, rows: list[dict[str, Any]], limit: int | None, template: str | None = None
-) -> tuple[list[dict[str, Any] | None], int]:
-    """Tokenized prompt + answer of each row, cut to ``limit`` tokens; ``None`` for a row with no answer
-    token left to predict. Returns ``(features, number of truncated rows)``."""
-    feats, truncated, _ = _tokenize(tokenizer, rows, limit, template)
-    return feats, truncated
-
-
 def _refuse_full_prompts(name: str, rows: list[dict[str, Any]], full: list[tuple[int, int]], limit: int | None) -> None:
     if not full:
         return
     shown = "; ".join(
         f"row {i} ({length} prompt tokens, question {str(rows[i]['question'])[:40]!r})" for i, length in full[:5]
     ) + (f"; and {len(full) - 5} more" if len(full) > 5 else "")
-    raise ValueError(
-        f"{len(full)} {name} row(s) leave no answer token within the first {limit} positions (the base's maximum "
-        f"positions / max_length): the prompt alone fills them: {shown}. T3 refuses such rows rather than fit "
-        "without them; shorten the questions, raise max_length within the model's positions, or remove the rows."
-    )
+    raise ValueError(f"{len(full)} {name} row(s) leave no answer token within the first {limit} positions (the "
+                     f"prompt alone fills them): {shown}; shorten the questions, raise max_length or remove the rows.")
 
 
 @dataclass
@@ -85,6 +72,8 @@ class _Prepared:
 
 def _prepare(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3ClassifierConfig | None,
              overrides: dict[str, Any], fingerprint: bool) -> _Prepared:
+    """Every check of :func:`fit_t3` before its first forward pass (settings, layer, rows, overlap, prompts that fill
+    the positions: refused, never dropped) and the tokenized examples."""
     config = config or T3ClassifierConfig()
     if overrides:
         known = {f.name for f in fields(T3ClassifierConfig)}
@@ -103,9 +92,7 @@ def _prepare(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3Cla
     else:
         overlap = overlapping_examples(forget_rows, retain_rows)
     if overlap:
-        raise ValueError(
-            f"{overlap} forget examples also occur in the retain set; the head cannot tell identical examples apart."
-        )
+        raise ValueError(f"{overlap} forget examples also occur in the retain set; the sets must be disjoint.")
     limit = model_max_positions(model)
     if config.max_length is not None:
         limit = int(config.max_length) if limit is None else min(limit, int(config.max_length))
@@ -128,33 +115,13 @@ def _prepare(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3Cla
     return _Prepared(config, forget_rows, retain_rows, forget_feats, retain_feats, forget_cut + retain_cut, limit)
 
 
-def validate_t3_fit(
-    model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3ClassifierConfig | None = None, **overrides: Any
-) -> T3ClassifierConfig:
-    """Every check :func:`fit_t3` makes before its first forward pass (settings, ``layer`` against ``model``,
-    rows, overlap, prompts that fill the positions), without running the base: tokenization only. Raises
-    ``ValueError``; returns the config with ``overrides`` applied."""
-    return _prepare(model, tokenizer, forget, retain, config, overrides, fingerprint=False).config
-
-
 @torch.no_grad()
 def cache_answer_states(
-    model: Any,
-    features: list[dict[str, Any] | None],
-    layer: int,
-    pad_token_id: int,
-    *,
-    batch_size: int = 16,
-    progress: bool = True,
-    desc: str = "caching pooled states",
-    cache_device: str | torch.device | None = None,
+    model: Any, features: list[dict[str, Any] | None], layer: int, pad_token_id: int, *, batch_size: int = 16,
+    progress: bool = True, desc: str = "caching pooled states", cache_device: str | torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(pooled [N, H], next_tokens [N], example_index [N])`` for every position ``t`` whose next token is an
-    answer token: ``pooled = pool_t`` (causal mean over positions ``<= t``), ``next_tokens = y_{t+1}``.
-
-    Kept in the base's dtype on ``cache_device`` (default: the base's device; ``"cpu"`` keeps the cache on the
-    host, each batch's part copied there); one forward per ``batch_size`` examples.
-    """
+    """``(pool_t [N, H], y_{t+1} [N], example index [N])`` for every position ``t`` whose next token is an answer
+    token, in the base's dtype on ``cache_device`` (default: the base's device)."""
     device = next(model.parameters()).device
     store = device if cache_device is None else torch.device(cache_device)
     keep = [i for i, f in enumerate(features) if f is not None]
@@ -178,9 +145,7 @@ def cache_answer_states(
 def cache_fit_states(
     model: Any, prep: _Prepared, pad_id: int, progress: bool, cache_device: str | torch.device | None = None
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """:func:`cache_answer_states` of the prepared forget and retain examples (on ``cache_device``), the base in
-    eval mode (its mode is restored after): ``((pooled, next tokens, example index) of forget, the same of
-    retain)``."""
+    """:func:`cache_answer_states` of the prepared forget and retain examples, the base in eval mode."""
     config = prep.config
     was_training = model.training
     model.eval()

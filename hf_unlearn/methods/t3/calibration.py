@@ -1,14 +1,7 @@
-"""Calibrating T3's decoding parameters ``(T, w)`` on the data, after one head fit.
-
-``T`` and ``w`` enter only at decoding time, ``log q = log_softmax(log p / T + w log f)``, and the base is frozen, so
-every grid point is scored from one teacher-forced pass over the criterion's rows
-(:func:`~hf_unlearn.methods.t3.scoring.candidate_answer_log_probs`); the same pass gives the original model's retain
-figures. A point's ``retain_change`` is its greedy regret on the retain rows,
-``mean_t (max_v log p_v - log p_g)`` with ``g`` the token greedy decoding under ``(T, w)`` picks
-(:func:`~hf_unlearn.methods.t3.tilt.greedy_regret`); the teacher-forced NLL change stays in the record as
-``retain_nll_change``. Candidates are ordered weak -> strong by ``T w`` (the greedy-equivalent tilt), then ``T``.
-The chosen ``temperature`` and ``tilt_weight`` and the record go into the head's config. The default grid and its
-origin: ``docs/methods/t3.md``.
+"""Calibrating T3's decoding parameters ``(T, w)`` after one head fit: ``T`` and ``w`` enter only at decoding,
+``log q = log_softmax(log p / T + w log f)``, so every grid point is scored from one teacher-forced pass of the frozen
+base. A point's ``retain_change`` is its greedy regret on the retain rows, ``mean_t (max_v log p_v - log p_g)`` with
+``g`` the token greedy decoding under ``(T, w)`` picks; candidates are ordered weak -> strong by ``(T w, T)``.
 """
 
 from __future__ import annotations
@@ -19,14 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from ...data.prompts import IGNORE_INDEX
 from ...scoring_pass import RowBatches
 from .modeling import T3Classifier
 from .processor import validate_t3_arguments
-from .scoring import _base_pass, candidate_answer_log_probs, t3_scorer
-from .tilt import greedy_regret
+from .scoring import t3_candidate_log_probs, t3_scorer
 
 DEFAULT_TEMPERATURES = (1.0, 1.5, 2.0, 2.5)
 DEFAULT_TILT_WEIGHTS = (0.25, 0.5, 1.0, 2.0)
@@ -35,8 +25,7 @@ _BASE_SETTING = (1.0, 0.0)
 
 
 def calibration_grid(temperatures: Sequence[float], tilt_weights: Sequence[float]) -> list[dict[str, float]]:
-    """Every ``{"temperature": T, "tilt_weight": w}`` of the grid, ordered weak -> strong by ``(T w, T)``;
-    duplicates are dropped and invalid values refused (``T >= 1`` finite, ``w`` finite)."""
+    """The grid's points ordered by ``(T w, T)``; duplicates dropped, invalid values refused."""
     temps = list(dict.fromkeys(float(t) for t in temperatures))
     weights = list(dict.fromkeys(float(w) for w in tilt_weights))
     if not temps or not weights:
@@ -56,39 +45,12 @@ RETAIN_MEASURE = (
 _ROW_SETS = ("forget", "holdout", "retain_validation", "generic")
 
 
-@torch.no_grad()
-def _scores_and_regrets(model: Any, classifier: T3Classifier, input_ids: torch.Tensor, labels: torch.Tensor,
-                        attention_mask: Any, position_ids: Any, settings: list[tuple[float, float]],
-                        greedy_settings: list[tuple[float, float]]) -> torch.Tensor:
-    """``[B, L, K + G]`` from one forward of the base: the answer-token log-probabilities of the ``K`` ``settings``
-    (:func:`~hf_unlearn.methods.t3.scoring.candidate_answer_log_probs`) and the
-    :func:`~hf_unlearn.methods.t3.tilt.greedy_regret` of the ``G`` ``greedy_settings``, aligned as
-    :func:`~hf_unlearn.methods.t3.scoring.t3_log_probs` (``out[:, t]`` is label ``t``'s), ``2^20 / V`` positions
-    at a time."""
-    logits, pooled = _base_pass(model, classifier, input_ids, attention_mask, position_ids)
-    floor = classifier.config.log_f_floor
-    k = len(settings)
-    out = torch.zeros((*labels.shape, k + len(greedy_settings)), dtype=torch.float32, device=logits.device)
-    rows, cols = (labels[:, 1:] != IGNORE_INDEX).nonzero(as_tuple=True)
-    step = max(1, 2**20 // logits.shape[-1])
-    for start in range(0, len(rows), step):
-        b, t = rows[start : start + step], cols[start : start + step]
-        guidance = classifier(pooled[b, t].to(classifier.device)).logits.to(logits.device)
-        if k:
-            out[b, t + 1, :k] = candidate_answer_log_probs(logits[b, t], guidance, labels[b, t + 1], settings, floor)
-        out[b, t + 1, k:] = greedy_regret(logits[b, t], guidance, greedy_settings, floor)
-    return out
-
-
 def _one_pass(
     model: Any, tokenizer: Any, classifier: T3Classifier, criterion: Any, settings: list[tuple[float, float]],
     greedy_settings: list[tuple[float, float]], log_probs: bool = True,
 ) -> tuple[list[list[list[np.ndarray] | None]], dict[str, list[list[np.ndarray]] | None]]:
-    """From one base pass per batch of the criterion's own scoring loop (:class:`~hf_unlearn.scoring_pass.RowBatches`):
-    ``out[k][s]``, setting ``k``'s per-row answer-token log-probabilities on the row set ``s`` (forget, holdout,
-    retain_validation, generic; None without generic rows, and all None when ``log_probs`` is false, which
-    passes over the retain sets only); and ``regrets[name][g]``, greedy setting ``g``'s per-row greedy regrets on
-    the retain sets (``"retain_validation"``, ``"generic"``: None without generic rows)."""
+    """From one base pass per batch: ``out[k][s]``, setting ``k``'s per-row log-probabilities on row set ``s`` (none
+    without ``log_probs``), and ``regrets[name][g]``, greedy setting ``g``'s per-row regrets on the retain sets."""
     sets = [getattr(criterion, name) for name in _ROW_SETS]
     scored = list(settings) if log_probs else []
     out: list[list[list[np.ndarray] | None]] = [[None] * len(sets) for _ in scored]
@@ -100,8 +62,8 @@ def _one_pass(
         greedy = greedy_settings if retain_side else []
         batches = RowBatches(
             lambda scorer, rows=rows: criterion._score(model, tokenizer, rows, scorer),
-            lambda ids, mask, pos, labels, greedy=greedy: _scores_and_regrets(
-                model, classifier, ids, labels, mask, pos, scored, greedy),
+            lambda ids, mask, pos, labels, greedy=greedy: t3_candidate_log_probs(
+                model, classifier, ids, labels, mask, pos, scored, greedy_settings=greedy),
         )
         for k in range(len(scored)):
             out[k][s] = batches.rows_of([kept[..., k] for kept in batches.kept])
@@ -112,11 +74,8 @@ def _one_pass(
 
 
 def retain_greedy_figures(regrets: dict[str, list[list[np.ndarray]] | None], n: int) -> list[dict[str, float]]:
-    """Per greedy setting (``n`` of them), what its greedy decoding changes on the retain rows, from the per-row
-    greedy regrets of :func:`_one_pass`: ``retain_greedy_regret`` (the mean over the retain-validation rows of each
-    row's mean regret), ``retain_greedy_agreement`` (the mean over those rows of the fraction of answer positions
-    where it picks the base's token) and ``generic_greedy_regret`` (the same on the generic rows; ``None`` without
-    them)."""
+    """Per greedy setting: ``retain_greedy_regret``, ``retain_greedy_agreement`` (share of positions where it picks
+    the base's token) and ``generic_greedy_regret`` (``None`` without generic rows), means of per-row means."""
     figures: list[dict[str, float]] = [{} for _ in range(n)]
     for name, key in (("retain_validation", "retain"), ("generic", "generic")):
         for g, f in enumerate(figures):
@@ -130,32 +89,13 @@ def retain_greedy_figures(regrets: dict[str, list[list[np.ndarray]] | None], n: 
     return figures
 
 
-def _judge_retain_by_greedy_decoding(measurements: list[dict[str, Any]], greedy: list[dict[str, float]]) -> None:
-    """Make each measurement's ``retain_change`` (what the rule holds within the tolerance) the larger of its
-    retain and generic greedy regrets; the teacher-forced change it replaces stays as ``retain_nll_change``."""
-    for m, g in zip(measurements, greedy, strict=True):
-        m["retain_nll_change"] = m["retain_change"]
-        m.update(g)
-        m["retain_change"] = max(v for v in (g["retain_greedy_regret"], g["generic_greedy_regret"]) if v is not None)
-
-
 def calibrate_t3(
-    model: Any,
-    tokenizer: Any,
-    classifier: T3Classifier,
-    criterion: Any,
-    temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
-    tilt_weights: Sequence[float] = DEFAULT_TILT_WEIGHTS,
-    *,
-    cached: bool = True,
-    device: Any = None,
+    model: Any, tokenizer: Any, classifier: T3Classifier, criterion: Any,
+    temperatures: Sequence[float] = DEFAULT_TEMPERATURES, tilt_weights: Sequence[float] = DEFAULT_TILT_WEIGHTS, *,
+    cached: bool = True, device: Any = None,
 ) -> Any:
-    """Score the ``temperatures`` x ``tilt_weights`` grid with ``criterion`` and write the chosen ``(T, w)`` into
-    ``classifier.config`` (``temperature``, ``tilt_weight``, and the record as ``calibration``); returns the
-    :class:`~hf_unlearn.selection.SelectionRecord`. With ``cached`` (the default) every point and the original's
-    retain figures come from one pass of the base; ``cached=False`` runs one tilted-scorer pass per point (the same
-    measurements up to float rounding). Settings are validated before any pass. ``device``: where to score
-    (:func:`hf_unlearn.devices.resolve_device`; default where the base is)."""
+    """Score the ``temperatures`` x ``tilt_weights`` grid with ``criterion`` (``cached``: from one pass of the base)
+    and write the chosen ``(T, w)`` and the record into ``classifier.config``; returns the record."""
     from ...devices import device_of, move_to_device
 
     grid = calibration_grid(temperatures, tilt_weights)
@@ -182,7 +122,10 @@ def calibrate_t3(
             for p in grid
         ]
         _, regrets = _one_pass(model, tokenizer, classifier, criterion, [], points, log_probs=False)
-    _judge_retain_by_greedy_decoding(measurements, retain_greedy_figures(regrets, len(grid)))
+    for m, g in zip(measurements, retain_greedy_figures(regrets, len(grid)), strict=True):
+        m["retain_nll_change"] = m["retain_change"]  # the retain change judged is the larger greedy regret
+        m.update(g)
+        m["retain_change"] = max(v for v in (g["retain_greedy_regret"], g["generic_greedy_regret"]) if v is not None)
     record = criterion.decide(grid, measurements)
     record.rule["retain_measure"] = RETAIN_MEASURE
     chosen = record.chosen

@@ -1,8 +1,5 @@
-"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``): the head (``rank``, ``layer``,
-``pooling``), the base it was fitted on (sizes, architecture, name, weight fingerprint), the decoding defaults
-(``temperature``, ``tilt_weight``, ``log_f_floor``) and the fit settings of :func:`~hf_unlearn.methods.t3.fit_t3`
-with the ``fit_report`` of the fit. Values are checked when the config is built; :meth:`T3ClassifierConfig.check_for`
-checks the layer against a base."""
+"""Configuration of the T3 guidance head (``model_type = "t3_classifier"``): the head, the base it was fitted on,
+the decoding defaults and the fit settings of :func:`~hf_unlearn.methods.t3.fit_t3`."""
 
 from __future__ import annotations
 
@@ -44,86 +41,52 @@ def _finite(value: Any) -> bool:
 class T3ClassifierConfig(PreTrainedConfig):
     r"""Configuration of :class:`~hf_unlearn.methods.t3.T3Classifier` and of :func:`~hf_unlearn.methods.t3.fit_t3`.
 
-    The head maps the causal mean-pooled hidden state ``pool_t`` of the frozen base to one logit per
-    vocabulary entry, ``g_t = U (D pool_t + c)`` (``D``: hidden -> ``rank``, ``c``: the bottleneck offset that
-    centres the pooled states, ``U``: ``rank`` -> vocab, no per-token bias), and
-    ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates ``P(retain | x, y_<t, v)``. T3 decodes from
+    The head maps the causal mean-pooled hidden state ``pool_t`` of the frozen base to ``g_t = U (D pool_t + c)``
+    (``D``: hidden -> ``rank``, ``U``: ``rank`` -> vocab); ``f(x, y_<t, v) = sigmoid(g_t[v])`` estimates
+    ``P(retain | x, y_<t, v)``. T3 decodes from
 
         softmax(log p(v | x, y_<t) / T + w * max(log f(x, y_<t, v), floor))
 
-    with ``T = temperature``, ``w = tilt_weight`` and ``floor = log_f_floor`` (no floor when None).
-
-    Greedy decoding depends on ``T * w`` only; ``T`` also flattens sampling and the teacher-forced scores. Both
-    are meant to be calibrated (:func:`~hf_unlearn.methods.t3.calibrate_t3`). Where each default comes from:
-    ``docs/methods/t3.md``.
+    with ``T = temperature``, ``w = tilt_weight``, ``floor = log_f_floor`` (none when None). Where each default
+    comes from: ``docs/methods/t3.md``.
     """
 
     model_type = "t3_classifier"
 
     rank: int = field(default=20, metadata={"help": "Width h of the bottleneck (hidden -> h -> vocabulary)."})
-    layer: int = field(
-        default=-1, metadata={"help": "Index into the base's output_hidden_states (0 = embeddings, -1 = last layer)."}
-    )
-    pooling: str = field(
-        default="mean", metadata={"help": "'mean': causal mean over the non-padding positions <= t."}
-    )
-    temperature: float = field(
-        default=1.0, metadata={"help": "Decoding default T > 0: the base log-probabilities are divided by T."}
-    )
+    layer: int = field(default=-1, metadata={"help": "Index into the base's output_hidden_states (-1: the last)."})
+    pooling: str = field(default="mean", metadata={"help": "'mean': causal mean over the non-padding positions <= t."})
+    temperature: float = field(default=1.0, metadata={"help": "Decoding default T > 0 (log p is divided by T)."})
     tilt_weight: float = field(default=1.0, metadata={"help": "Decoding default w > 0: weight of log f."})
-    log_f_floor: float | None = field(
-        default=None, metadata={"help": "Optional floor (< 0) on log f: max(log f, floor) (None: no floor)."}
-    )
+    log_f_floor: float | None = field(default=None, metadata={"help": "Optional floor (< 0) on log f (None: none)."})
     prompt_template: str | None = field(
-        default=None,
-        metadata={"help": "Prompt preset of hf_unlearn.data.prompts the rows are formatted with (None: the chat "
-                          "template, else the plain prompt); generate and evaluate with the same."},
+        default=None, metadata={"help": "Prompt preset of hf_unlearn.data.prompts (None: chat template, else plain)."}
     )
     # --- fit settings (fit_t3) ---
-    epochs: int = field(default=100, metadata={"help": "Passes over the forget examples (early stopping may end sooner)."})
+    epochs: int = field(default=100, metadata={"help": "Passes over the forget examples (at most)."})
     steps: int | None = field(default=None, metadata={"help": "Optional cap on the AdamW steps."})
-    forget_batch_size: int = field(
-        default=32, metadata={"help": "Forget examples per step; each step adds as many random retain examples."}
-    )
+    forget_batch_size: int = field(default=32, metadata={"help": "Forget examples (and retain ones) per step."})
     learning_rate: float = field(default=1e-2, metadata={"help": "Peak AdamW learning rate of the head."})
     weight_decay: float = field(default=1e-3, metadata={"help": "AdamW weight decay of the head."})
-    lr_schedule: str = field(
-        default="linear",
-        metadata={"help": "'linear': warm-up over `warmup_epochs`, then linear decay to 0; 'constant'."},
-    )
-    warmup_epochs: float = field(
-        default=25.0, metadata={"help": "Warm-up: floor(warmup_epochs * |forget| / forget_batch_size) steps."}
-    )
-    class_balance: bool = field(
-        default=False, metadata={"help": "Weigh the forget and retain positions of each batch equally in the BCE."}
-    )
-    holdout_fraction: float = field(
-        default=0.1,
-        metadata={"help": "Share of the retain examples held out (reported; drives the optional early stopping)."},
-    )
+    lr_schedule: str = field(default="linear", metadata={"help": "'linear' (warm-up, then decay to 0) or 'constant'."})
+    warmup_epochs: float = field(default=25.0, metadata={"help": "Warm-up length in epochs of the forget examples."})
+    class_balance: bool = field(default=False, metadata={"help": "Weigh the two classes equally in the BCE."})
+    holdout_fraction: float = field(default=0.1, metadata={"help": "Share of the retain examples held out."})
     early_stopping_patience: int | None = field(
-        default=None,
-        metadata={"help": "Stop after this many epochs without a lower held-out BCE, keeping the best epoch's head."},
+        default=None, metadata={"help": "Stop after this many epochs without a lower held-out BCE (best head kept)."}
     )
     batch_size: int = field(default=16, metadata={"help": "Examples per forward pass of the frozen base when caching."})
-    max_length: int | None = field(
-        default=None, metadata={"help": "Truncate prompt + answer to this many tokens (and the base's positions)."}
-    )
+    max_length: int | None = field(default=None, metadata={"help": "Truncate prompt + answer to this many tokens."})
     seed: int = field(default=0, metadata={"help": "Seed of the hold-out split, the initialisation and the batches."})
     # --- the base the head was fitted on (filled in by for_base / fit_t3) ---
     hidden_size: int | None = field(default=None, metadata={"help": "Hidden size of the base."})
     vocab_size: int | None = field(default=None, metadata={"help": "Vocabulary size of the base (the head's output)."})
-    base_model_name_or_path: str = field(
-        default="", metadata={"help": "Name or path the base was loaded from (informational; the base is checked by "
-                                      "its weights)."}
-    )
+    base_model_name_or_path: str = field(default="", metadata={"help": "Name or path the base was loaded from."})
     base_model_revision: str | None = field(default=None, metadata={"help": "Hub commit of the base, when known."})
     base_model_type: str | None = field(default=None, metadata={"help": "`model_type` of the base."})
     base_num_hidden_layers: int | None = field(default=None, metadata={"help": "Number of decoder layers of the base."})
     base_weights_fingerprint: dict | None = field(
-        default=None,
-        metadata={"help": "SHA-256 digests of the base's weights (hf_unlearn.integrity.model_fingerprint), checked whenever "
-                          "the head is attached to a model."},
+        default=None, metadata={"help": "SHA-256 digests of the base's weights, checked whenever the head is attached."}
     )
     fit_report: dict | None = field(default=None, metadata={"help": "Statistics of the fit (informational)."})
 
@@ -132,7 +95,7 @@ class T3ClassifierConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
     def _check_fields(self) -> None:
-        """Reject values the head or its fit cannot implement (``ValueError``)."""
+        """Refuse (``ValueError``) values the head or its fit cannot implement."""
         if self.pooling not in POOLINGS:
             raise ValueError(f"T3ClassifierConfig.pooling must be one of {POOLINGS}, got {self.pooling!r}.")
         for name in ("rank", "epochs", "forget_batch_size", "batch_size"):
@@ -151,10 +114,8 @@ class T3ClassifierConfig(PreTrainedConfig):
             if not _finite(getattr(self, name)):
                 raise ValueError(f"T3ClassifierConfig.{name} must be a finite number, got {getattr(self, name)!r}.")
         if float(self.tilt_weight) <= 0:
-            raise ValueError(
-                f"T3ClassifierConfig.tilt_weight must be > 0, got {self.tilt_weight}: w = 0 decodes from the base "
-                "unchanged and w < 0 tilts decoding towards the forget set."
-            )
+            raise ValueError(f"T3ClassifierConfig.tilt_weight must be > 0, got {self.tilt_weight} (w < 0 tilts decoding "
+                             "towards the forget set).")
         if float(self.weight_decay) < 0:
             raise ValueError(f"T3ClassifierConfig.weight_decay must be >= 0, got {self.weight_decay}.")
         if self.lr_schedule not in LR_SCHEDULES:
@@ -164,10 +125,8 @@ class T3ClassifierConfig(PreTrainedConfig):
         if not 0 <= float(self.holdout_fraction) < 1:
             raise ValueError(f"T3ClassifierConfig.holdout_fraction must be in [0, 1), got {self.holdout_fraction}.")
         if self.log_f_floor is not None and (not _finite(self.log_f_floor) or float(self.log_f_floor) >= 0):
-            raise ValueError(
-                f"T3ClassifierConfig.log_f_floor must be a finite negative number or None, got {self.log_f_floor!r} "
-                "(log f <= 0, so a floor >= 0 would erase the tilt)."
-            )
+            raise ValueError(f"T3ClassifierConfig.log_f_floor must be a finite negative number or None, got "
+                             f"{self.log_f_floor!r}.")
         if self.max_length is not None and int(self.max_length) < 2:
             raise ValueError(f"T3ClassifierConfig.max_length must be >= 2, got {self.max_length}.")
         if self.prompt_template is not None:
@@ -180,14 +139,9 @@ class T3ClassifierConfig(PreTrainedConfig):
 
     def extra_memory_bytes(self, shape: Any, weight_bytes: int, num_positions: int | None = None
                            ) -> dict[str, int]:
-        """What :func:`~hf_unlearn.methods.t3.fit_t3` holds besides the base (for :mod:`hf_unlearn.memory_plan`),
-        from a :class:`~hf_unlearn.model_shape.ModelShape` (hidden ``H``, vocabulary ``V``) and ``rank`` ``h``:
-
-        * ``t3_head``: ``4 h (H + V + 1) + 12 h (H + V)``: the float32 head, and the gradients and two AdamW moments
-          of its two weights (``+ 4 h (H + V)`` for the best epoch's copy with ``early_stopping_patience``);
-        * with ``num_positions = N`` (answer positions of forget + retain): ``t3_pooled_states``,
-          ``2 N H b`` (``b = weight_bytes``: the per-set caches in the base's dtype and their concatenation), and
-          ``t3_position_labels``, ``36 N`` (next tokens and example indices as int64, twice; float32 labels)."""
+        """What :func:`~hf_unlearn.methods.t3.fit_t3` holds besides the base (:mod:`hf_unlearn.memory_plan`):
+        ``t3_head`` ``4 h (H + V + 1) + 12 h (H + V)`` (``+ 4 h (H + V)`` with early stopping); with ``N`` positions,
+        ``t3_pooled_states`` ``2 N H weight_bytes`` and ``t3_position_labels`` ``36 N``."""
         h, width = int(self.rank), shape.hidden_size + shape.vocab_size
         head = 4 * h * (width + 1) + 12 * h * width + (4 * h * width if self.early_stopping_patience else 0)
         out = {"t3_head": head}
@@ -197,9 +151,7 @@ class T3ClassifierConfig(PreTrainedConfig):
         return out
 
     def check_for(self, model: Any) -> None:
-        """Refuse (``ValueError``) settings that do not fit ``model``, before any work: a ``layer`` outside its
-        ``output_hidden_states`` (``-(n + 1) .. n`` for ``n`` decoder layers). Field values themselves are
-        checked when the config is built."""
+        """Refuse (``ValueError``) a ``layer`` outside ``model``'s ``output_hidden_states`` (``-(n + 1) .. n``)."""
         n_layers = base_num_layers(model)
         if n_layers is not None and not -(n_layers + 1) <= int(self.layer) <= n_layers:
             raise ValueError(
@@ -208,9 +160,7 @@ class T3ClassifierConfig(PreTrainedConfig):
             )
 
     def for_base(self, model: Any, fingerprint: dict[str, Any] | None = None) -> T3ClassifierConfig:
-        """A copy of this config bound to ``model`` (a causal LM): sizes, name, revision, architecture and the
-        fingerprint of its weights (``fingerprint``, or computed here by
-        :func:`~hf_unlearn.integrity.model_fingerprint`)."""
+        """A copy of this config bound to ``model``: sizes, name, revision, architecture and weight fingerprint."""
         from ...integrity import model_fingerprint
 
         self.check_for(model)

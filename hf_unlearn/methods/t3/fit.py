@@ -1,15 +1,10 @@
-"""Fitting the T3 guidance head on cached pooled hidden states of the frozen base: :func:`fit_t3`.
+"""Fitting the T3 guidance head on cached pooled hidden states of the frozen base: binary cross-entropy on the
+logit of the observed next token (retain 1, forget 0) over the answer positions ``B`` of mini-batches::
 
-The checks and the cache are in :mod:`hf_unlearn.methods.t3.cache`, the head's training in
-:mod:`hf_unlearn.methods.t3.head_training`. Only the head is trained, with binary cross-entropy on the logit of the
-observed next token (retain 1, forget 0) over the answer positions ``B`` of class-balanced mini-batches::
+    L = sum_{i in B} c_i BCE(g(pool_i)[y_i], s_i) / sum_{i in B} c_i,   c_i = 1, or |B| / (2 |B_{s_i}|) (class_balance)
 
-    L = sum_{i in B} c_i BCE(g(pool_i)[y_i], s_i) / sum_{i in B} c_i,    c_i = 1, or |B| / (2 |B_{s_i}|) with
-                                                                        ``class_balance``.
-
-The states are standardised during training and the standardisation is folded into the head afterwards
-(``D' = D / scale``, ``c = -D' mean``). ``holdout_fraction`` of the retain examples are held out: their BCE is
-reported per epoch and drives the optional early stopping. A non-finite loss or head is refused (``ValueError``).
+with the states standardised, the standardisation folded into the head afterwards (``D' = D / scale``,
+``c = -D' mean``).
 """
 
 from __future__ import annotations
@@ -34,29 +29,12 @@ def _split(examples: list[int], fraction: float, rng: random.Random) -> tuple[li
 
 
 def fit_t3(
-    model: Any,
-    tokenizer: Any,
-    forget: Any,
-    retain: Any,
-    config: T3ClassifierConfig | None = None,
-    *,
-    progress: bool = True,
-    device: Any = None,
-    cache_device: Any = None,
-    **overrides: Any,
+    model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3ClassifierConfig | None = None, *,
+    progress: bool = True, device: Any = None, cache_device: Any = None, **overrides: Any,
 ) -> T3Classifier:
-    """Fit a :class:`T3Classifier` telling ``retain`` (label 1) from ``forget`` (label 0) answers of ``model``.
-
-    ``forget`` / ``retain``: TOFU-shaped rows (``question``, ``answer``) or documents
-    (:func:`hf_unlearn.data.documents.as_documents`, cut into chunks of the base's maximum positions, each chunk
-    one example). ``config`` (default ``T3ClassifierConfig()``) sets the head and the fit; ``overrides`` replace
-    its fields. Every refusal (:func:`~hf_unlearn.methods.t3.cache.validate_t3_fit`) comes before the first
-    forward pass; the base is frozen and run once. Returns the head in eval mode on the base's device with its
-    ``fit_report``; raises ``ValueError`` when the loss or the head turns non-finite.
-
-    ``device``: where to fit (:func:`hf_unlearn.devices.resolve_device`; default where the base is).
-    ``cache_device``: where the pooled states are kept (default the base's device). Under ``torchrun`` /
-    ``accelerate launch`` the head is fitted on rank 0 and broadcast: every process must call ``fit_t3``.
+    """Fit a :class:`T3Classifier` telling ``retain`` (1) from ``forget`` (0) answers of ``model`` (TOFU-shaped rows or
+    documents); ``overrides`` replace fields of ``config``. Every refusal comes before the first forward pass; a
+    non-finite loss or head raises ``ValueError``. Under ``torchrun`` the head is fitted on rank 0 and broadcast.
     """
     from ...devices import device_of, join_launch, move_to_device, on_main_process, resolve_device
 
@@ -71,7 +49,7 @@ def fit_t3(
 
 def _fit_t3_here(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T3ClassifierConfig | None,
                  progress: bool, cache_device: str | None, overrides: dict[str, Any]) -> T3Classifier:
-    """:func:`fit_t3` in this process (the checks, the cache, the head's training)."""
+    """:func:`fit_t3` in this process."""
     start = time.perf_counter()
     prep = _prepare(model, tokenizer, forget, retain, config, overrides, fingerprint=True)
     config = prep.config
@@ -96,28 +74,18 @@ def _fit_t3_here(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T
                          progress, device=next(model.parameters()).device)
     bad = clf.non_finite_parameters()
     if bad:
-        raise ValueError(
-            f"Fitting left the T3 head with non-finite weights ({', '.join(bad)}) at learning_rate="
-            f"{config.learning_rate}; nothing is returned. Lower learning_rate."
-        )
+        raise ValueError(f"Fitting left the T3 head with non-finite weights ({', '.join(bad)}); lower learning_rate="
+                         f"{config.learning_rate}.")
     report: dict[str, Any] = {**record, **_fit_accuracies(clf, x, tokens, y, held_mask, len(r_hold))}
     train_seconds = time.perf_counter() - train_start
 
     n_base = sum(p.numel() for p in model.parameters())
-    n_head = clf.num_trainable_parameters()
+    n_head = sum(p.numel() for p in clf.parameters())  # rank (hidden + vocab + 1)
     report.update(
-        n_forget_examples=len(forget_rows),
-        n_retain_examples=len(retain_rows),
-        n_forget_positions=len(xf),
-        n_retain_positions=len(xr),
-        truncated_examples=prep.truncated,
-        max_positions=prep.limit,
-        cache_seconds=cache_seconds,
-        train_seconds=train_seconds,
-        fit_seconds=time.perf_counter() - start,
-        trainable_parameters=n_head,
-        base_parameters=n_base,
-        parameter_share=n_head / max(n_base, 1),
+        n_forget_examples=len(forget_rows), n_retain_examples=len(retain_rows), n_forget_positions=len(xf),
+        n_retain_positions=len(xr), truncated_examples=prep.truncated, max_positions=prep.limit,
+        cache_seconds=cache_seconds, train_seconds=train_seconds, fit_seconds=time.perf_counter() - start,
+        trainable_parameters=n_head, base_parameters=n_base, parameter_share=n_head / max(n_base, 1),
     )
     clf.config.fit_report = report
     clf.fit_report = report
@@ -128,8 +96,7 @@ def _fit_t3_here(model: Any, tokenizer: Any, forget: Any, retain: Any, config: T
 
 def _fit_accuracies(clf: T3Classifier, x: torch.Tensor, tokens: torch.Tensor, y: torch.Tensor,
                     held_mask: torch.Tensor, heldout_examples: int) -> dict[str, Any]:
-    """The fitted head's accuracies of the report: on the held-out retain positions (``held_mask``; retain rows
-    only, so accuracy and balanced accuracy coincide; ``None`` without a hold-out), then on the others."""
+    """The fitted head's accuracies on the held-out retain positions (``None`` without a hold-out) and the others."""
     if heldout_examples:
         held = _accuracies(clf, x[held_mask], tokens[held_mask], y[held_mask])
         out = {"heldout_accuracy": held["accuracy"], "heldout_balanced_accuracy": held["balanced_accuracy"],

@@ -1,8 +1,4 @@
-"""Training the T3 guidance head on the cached pooled states (the loss and the folding of the standardisation:
-:mod:`hf_unlearn.methods.t3.fit`), on class-balanced mini-batches (:func:`balanced_batches`) under
-:func:`fit_schedule` / :func:`warmup_linear_decay`, with the held-out retain BCE measured after every epoch (and,
-with ``early_stopping_patience``, the best epoch's head restored).
-"""
+"""Training the T3 guidance head on the cached pooled states (the loss: :mod:`hf_unlearn.methods.t3.fit`)."""
 
 from __future__ import annotations
 
@@ -45,9 +41,8 @@ class ExamplePositions:
 def balanced_batches(
     forget_examples: list[int], retain_examples: list[int], batch_size: int, gen: torch.Generator
 ) -> list[tuple[list[int], list[int]]]:
-    """One epoch of ``(forget ids, retain ids)`` batches: the forget examples shuffled and cut into batches of
-    ``batch_size`` (the last one smaller), each with as many retain examples drawn at random (without
-    replacement within the batch while the retain set is large enough)."""
+    """One epoch of ``(forget ids, retain ids)`` batches: the shuffled forget examples by ``batch_size``, each with as
+    many random retain examples (without replacement within the batch when there are enough)."""
     order = torch.randperm(len(forget_examples), generator=gen).tolist()
     out = []
     for start in range(0, len(order), batch_size):
@@ -62,22 +57,16 @@ def balanced_batches(
 
 
 def warmup_linear_decay(step: int, total_steps: int, warmup_steps: int) -> float:
-    """Learning-rate multiplier of optimizer step ``step`` (0-based) under a linear warm-up and linear decay,
-    the transformers ``get_linear_schedule_with_warmup``::
-
-        m(k) = k / max(1, W)                      for k < W
-        m(k) = max(0, (N - k) / max(1, N - W))    for k >= W
-
-    with ``N = total_steps`` and ``W = warmup_steps`` (the first step of a warm-up has multiplier 0, as there)."""
+    """Learning-rate multiplier of step ``k`` (0-based), transformers' ``get_linear_schedule_with_warmup``:
+    ``k / max(1, W)`` for ``k < W``, else ``max(0, (N - k) / max(1, N - W))``."""
     if step < warmup_steps:
         return step / max(1, warmup_steps)
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
 def fit_schedule(n_forget: int, config: T3ClassifierConfig) -> tuple[int, int]:
-    """``(total_steps, warmup_steps)`` of a fit on ``n_forget`` forget examples: ``total_steps = epochs *
-    ceil(n_forget / forget_batch_size)``, capped by ``steps``; ``warmup_steps = floor(warmup_epochs * n_forget /
-    forget_batch_size)`` (the authors' count; 0 with ``lr_schedule="constant"``)."""
+    """``(total, warmup)`` steps: ``epochs * ceil(n_forget / forget_batch_size)`` capped by ``steps``, and
+    ``floor(warmup_epochs * n_forget / forget_batch_size)`` (0 with ``lr_schedule="constant"``)."""
     batch = int(config.forget_batch_size)
     total = int(config.epochs) * math.ceil(n_forget / batch)
     if config.steps is not None:
@@ -108,8 +97,7 @@ def _default_init(weight: torch.Tensor, gen: torch.Generator) -> None:
 
 
 def _init_head(clf: T3Classifier, device: torch.device, gen: torch.Generator) -> None:
-    """Move the head to ``device`` in float32 and initialise it: ``D`` then ``U`` by :func:`_default_init` from
-    ``gen``, ``c = 0`` and frozen (it is set only when the standardisation is folded in)."""
+    """Move the head to ``device`` (float32), initialise ``D`` and ``U`` from ``gen``, freeze ``c = 0``."""
     clf.to(device=device, dtype=torch.float32)
     with torch.no_grad():
         _default_init(clf.down.weight, gen)
@@ -123,9 +111,7 @@ def _train_epoch(
     index: ExamplePositions, x: torch.Tensor, tokens: torch.Tensor, y: torch.Tensor, mean: torch.Tensor,
     scale: torch.Tensor, config: T3ClassifierConfig, step: int, schedule: tuple[int, int],
 ) -> int:
-    """One epoch of AdamW steps over ``batches`` (positions standardised by ``mean`` / ``scale``), the learning
-    rate ``learning_rate * warmup_linear_decay(step, *schedule)`` with ``lr_schedule="linear"``; stops at the
-    schedule's last step. Returns the number of steps run so far. A non-finite loss is refused."""
+    """One epoch of AdamW steps under ``schedule``; returns the steps run so far."""
     max_steps, warmup_steps = schedule
     base_lr = float(config.learning_rate)
     device = mean.device  # the head's: the cache may be elsewhere (on the host), a batch moves at a time
@@ -134,10 +120,8 @@ def _train_epoch(
         z = (x[idx].to(device).float() - mean) / scale
         loss = _bce(clf.token_logits(z, tokens[idx].to(device)), y[idx].to(device), bool(config.class_balance))
         if not torch.isfinite(loss):
-            raise ValueError(
-                f"The T3 head's training loss became {float(loss)} at step {step + 1} "
-                f"(learning_rate={config.learning_rate}); nothing is returned. Lower learning_rate."
-            )
+            raise ValueError(f"The T3 head's training loss became {float(loss)} at step {step + 1}; lower "
+                             f"learning_rate={config.learning_rate}.")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if config.lr_schedule == "linear":
@@ -153,7 +137,7 @@ def _train_epoch(
 def _fold_standardisation(clf: T3Classifier, mean: torch.Tensor, scale: torch.Tensor,
                           best_weights: list[torch.Tensor] | None) -> None:
     """Restore the best epoch's ``D`` and ``U`` (when given), then fold the standardisation into the head:
-    ``g = U D (p - mean) / scale = U ((D / scale) p - (D / scale) mean)``."""
+    ``U D (p - mean) / scale = U ((D / scale) p - (D / scale) mean)``."""
     with torch.no_grad():
         if best_weights is not None:
             clf.down.weight.copy_(best_weights[0])
@@ -164,23 +148,12 @@ def _fold_standardisation(clf: T3Classifier, mean: torch.Tensor, scale: torch.Te
 
 
 def _train_head(
-    clf: T3Classifier,
-    x: torch.Tensor,
-    tokens: torch.Tensor,
-    y: torch.Tensor,
-    owners: torch.Tensor,
-    forget_train: list[int],
-    retain_train: list[int],
-    heldout: torch.Tensor | None,
-    config: T3ClassifierConfig,
-    progress: bool,
-    device: torch.device | None = None,
+    clf: T3Classifier, x: torch.Tensor, tokens: torch.Tensor, y: torch.Tensor, owners: torch.Tensor,
+    forget_train: list[int], retain_train: list[int], heldout: torch.Tensor | None, config: T3ClassifierConfig,
+    progress: bool, device: torch.device | None = None,
 ) -> dict[str, Any]:
-    """Balanced mini-batch AdamW under :func:`fit_schedule`'s learning rates, the held-out BCE (positions
-    ``heldout``, a boolean mask) measured every epoch and, with a patience, stopping early on it; then the
-    standardisation is folded into ``D`` and ``c`` (see the module docstring). The head trains on ``device``
-    (default: the cache's, ``x.device``); a cache elsewhere is moved a mini-batch at a time. Returns the training
-    record."""
+    """Balanced mini-batch AdamW on ``device`` (default ``x.device``), the BCE of the ``heldout`` positions measured
+    every epoch (stopping early on it with a patience), then the standardisation folded in. Returns the record."""
     device = x.device if device is None else torch.device(device)
     gen = torch.Generator(device="cpu").manual_seed(int(config.seed))
     train_mask = torch.isin(owners, torch.tensor(forget_train + retain_train, device=owners.device))
@@ -224,24 +197,16 @@ def _train_head(
         torch.set_num_threads(threads)
     _fold_standardisation(clf, mean, scale, best[2] if patience is not None else None)
     return {
-        "epochs_run": epochs_run,
-        "steps_run": step,
-        "best_epoch": (best[1] + 1) if best[2] is not None else None,
-        "stopped_early": stopped_early,
-        "heldout_bce_per_epoch": history,
-        "lr_schedule": config.lr_schedule,
-        "total_steps": max_steps,
-        "warmup_steps": warmup_steps,
-        "fit_forget_examples": len(forget_train),
-        "fit_forget_positions": int((train_mask & (y == 0)).sum()),
-        "fit_retain_examples": len(retain_train),
+        "epochs_run": epochs_run, "steps_run": step, "best_epoch": (best[1] + 1) if best[2] is not None else None,
+        "stopped_early": stopped_early, "heldout_bce_per_epoch": history, "lr_schedule": config.lr_schedule,
+        "total_steps": max_steps, "warmup_steps": warmup_steps, "fit_forget_examples": len(forget_train),
+        "fit_forget_positions": int((train_mask & (y == 0)).sum()), "fit_retain_examples": len(retain_train),
     }
 
 
 @torch.no_grad()
 def _accuracies(clf: T3Classifier, x: torch.Tensor, tokens: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Accuracy and balanced accuracy of ``g[y_{t+1}] > 0`` (retain) per cached position (the cache moved to the
-    head's device a chunk at a time)."""
+    """Accuracy and balanced accuracy of ``g[y_{t+1}] > 0`` (retain) per cached position."""
     device = next(clf.parameters()).device
     pred = torch.cat([
         (clf.token_logits(x[i : i + 65536].to(device).float(), tokens[i : i + 65536].to(device)) > 0).float()

@@ -1,11 +1,5 @@
-"""Reading the base model's hidden states for T3 through forward hooks, and the causal mean pool.
-
-Layer ``layer`` means ``output_hidden_states[layer]`` of the base's decoder (index ``n`` / ``-1``: the output after
-the final norm; ``i < n``: the input of block ``i``), read by hooks so the logits processor takes it from
-``generate``'s own passes. The pooled state is the causal mean over non-padding positions::
-
-    pool_t = sum_{s <= t} m_s h_s / max(1, sum_{s <= t} m_s)        (m = attention mask)
-"""
+"""Reading the base's ``output_hidden_states[layer]`` for T3 through forward hooks, and the causal mean pool
+``pool_t = sum_{s <= t} m_s h_s / max(1, sum_{s <= t} m_s)`` (``m`` the attention mask)."""
 
 from __future__ import annotations
 
@@ -17,35 +11,19 @@ import torch
 from ...data.prompts import model_max_positions
 
 
-def decoder_of(model: Any) -> Any:
-    """The base model's decoder (``LlamaModel`` inside ``LlamaForCausalLM``, ``GPT2Model``...)."""
+def resolve_layer(model: Any, layer: int) -> tuple[Any, torch.nn.Module | None, int]:
+    """``(decoder, block whose input is output_hidden_states[layer] or None, index)``."""
+    decoder = None
     if hasattr(model, "get_decoder"):
         try:
             decoder = model.get_decoder()
         except (AttributeError, NotImplementedError):
-            decoder = None
-        if decoder is not None:
-            return decoder
-    return getattr(model, "base_model", model)
-
-
-def decoder_layers(decoder: Any) -> torch.nn.ModuleList:
-    """The decoder's list of blocks (``layers`` for Llama-like models, ``h`` for GPT-2)."""
-    for name in ("layers", "h", "blocks"):
-        layers = getattr(decoder, name, None)
-        if isinstance(layers, torch.nn.ModuleList):
-            return layers
-    raise ValueError(f"Cannot find the decoder blocks of {type(decoder).__name__} (looked for .layers, .h, .blocks).")
-
-
-def resolve_layer(model: Any, layer: int) -> tuple[Any, torch.nn.Module | None, int]:
-    """``(decoder, block or None, index)``: where ``output_hidden_states[layer]`` is read.
-
-    ``block`` is the decoder layer whose input is that hidden state; None when it is the decoder's
-    output (the last entry, after the final norm).
-    """
-    decoder = decoder_of(model)
-    layers = decoder_layers(decoder)
+            pass
+    decoder = decoder if decoder is not None else getattr(model, "base_model", model)
+    layers = next((m for m in (getattr(decoder, a, None) for a in ("layers", "h", "blocks"))
+                   if isinstance(m, torch.nn.ModuleList)), None)
+    if layers is None:
+        raise ValueError(f"Cannot find the decoder blocks of {type(decoder).__name__} (looked for .layers, .h, .blocks).")
     n = len(layers)
     if not -(n + 1) <= int(layer) <= n:
         raise ValueError(f"layer={layer} is out of range for a base with {n} layers (use -{n + 1}..{n}).")
@@ -57,10 +35,7 @@ def check_length(model: Any, length: int, what: str) -> None:
     """Refuse a sequence longer than the base's maximum positions, before the base indexes past them."""
     limit = model_max_positions(model)
     if limit is not None and length > limit:
-        raise ValueError(
-            f"{what} has {length} positions but the base model accepts at most {limit} "
-            f"(max positions of its config); truncate the input (e.g. max_length={limit})."
-        )
+        raise ValueError(f"{what} has {length} positions but the base model accepts at most {limit}; truncate it.")
 
 
 def causal_mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -74,24 +49,13 @@ def causal_mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) 
     return sums / m.cumsum(dim=1).clamp_min(1.0).unsqueeze(-1)
 
 
-def _first_tensor(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    if hasattr(output, "last_hidden_state") and output.last_hidden_state is not None:
-        return output.last_hidden_state
-    return output[0]
-
-
 class _Stop(Exception):
     pass
 
 
 class HiddenStateHook:
-    """Calls ``callback(hidden [B, Q, H], attention_mask [B, K] or None)`` on every forward of the base: layer
-    ``layer``'s hidden state of the ``Q`` positions encoded and the 2D mask the decoder received (with a KV cache
-    its last ``Q`` columns). A mask wider than ``max_positions`` is refused before the base runs; with
-    ``stop_early`` an intermediate layer's forward stops after the read (:meth:`run`). A context manager.
-    """
+    """Calls ``callback(hidden [B, Q, H], attention_mask or None)`` with layer ``layer``'s hidden state on every
+    forward of the base (a context manager); sequences longer than ``max_positions`` are refused before it runs."""
 
     def __init__(
         self, model: Any, layer: int, callback: Callable[[torch.Tensor, torch.Tensor | None], None],
@@ -113,10 +77,8 @@ class HiddenStateHook:
         if mask is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
             mask = args[1]
         if mask is not None and mask.dim() != 2:
-            raise ValueError(
-                f"T3 reads padding from a 2D attention mask, but the decoder received a {mask.dim()}D mask; "
-                "pass a 2D attention_mask (the one the tokenizer returns) to generate or the model."
-            )
+            raise ValueError(f"T3 reads padding from a 2D attention mask, but the decoder received a {mask.dim()}D "
+                             "mask; pass the tokenizer's attention_mask.")
         if self.max_positions is not None:
             if mask is not None:
                 length = mask.shape[1]
@@ -124,14 +86,13 @@ class HiddenStateHook:
                 positions = kwargs.get("position_ids")
                 length = int(positions.max()) + 1 if isinstance(positions, torch.Tensor) else 0
             if length > self.max_positions:
-                raise ValueError(
-                    f"The sequence has {length} positions but the base model accepts at most {self.max_positions}; "
-                    "truncate the prompt or lower max_new_tokens."
-                )
+                raise ValueError(f"The sequence has {length} positions but the base model accepts at most "
+                                 f"{self.max_positions}; truncate the prompt or lower max_new_tokens.")
         self._mask = mask
 
     def _decoder_post(self, module: Any, args: tuple, output: Any) -> None:
-        self.callback(_first_tensor(output), self._mask)
+        hidden = output if isinstance(output, torch.Tensor) else getattr(output, "last_hidden_state", None)
+        self.callback(output[0] if hidden is None else hidden, self._mask)
 
     def _block_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
@@ -163,8 +124,7 @@ def layer_hidden(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
     layer: int,
 ) -> torch.Tensor:
-    """``output_hidden_states[layer]`` of the decoder for a batch (``[B, L, H]``); the layers above an
-    intermediate ``layer`` are not run and no LM head is computed."""
+    """``output_hidden_states[layer]`` of a batch (``[B, L, H]``); the layers above it are not run."""
     captured: list[torch.Tensor] = []
     with HiddenStateHook(model, layer, lambda h, m: captured.append(h), stop_early=True) as hook:
         hook.run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)

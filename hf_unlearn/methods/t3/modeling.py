@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -26,17 +25,8 @@ class T3ClassifierOutput(ModelOutput):
     logits: torch.Tensor | None = None
 
 
-def clip_log_f(log_f: torch.Tensor, floor: float | None) -> torch.Tensor:
-    """``max(log f, floor)`` (unchanged when ``floor`` is None)."""
-    return log_f if floor is None else log_f.clamp_min(float(floor))
-
-
 class T3Classifier(PreTrainedModel):
-    """Low-rank guidance head: ``forward(pool) -> g = U (D pool + c)`` over the whole vocabulary.
-
-    :meth:`token_logits` returns ``g[v]`` for one token per pooled state (the fit uses it, so a
-    training step never materialises ``[N, vocab]``); :meth:`log_f` returns ``max(log sigmoid(g), floor)``.
-    """
+    """Low-rank guidance head: ``forward(pool) -> g = U (D pool + c)`` over the whole vocabulary."""
 
     config_class = T3ClassifierConfig
     base_model_prefix = "t3"
@@ -50,10 +40,7 @@ class T3Classifier(PreTrainedModel):
     def __init__(self, config: T3ClassifierConfig) -> None:
         super().__init__(config)
         if config.hidden_size is None or config.vocab_size is None:
-            raise ValueError(
-                "T3ClassifierConfig.hidden_size / vocab_size are unset: build the config with "
-                "`config.for_base(model)` or fit the head with `fit_t3`."
-            )
+            raise ValueError("T3ClassifierConfig.hidden_size / vocab_size are unset: use `config.for_base(model)`.")
         hidden, rank, vocab = int(config.hidden_size), int(config.rank), int(config.vocab_size)
         self.down = nn.Linear(hidden, rank, bias=True)
         self.up = nn.Linear(rank, vocab, bias=False)
@@ -75,14 +62,6 @@ class T3Classifier(PreTrainedModel):
         z = self.down(pooled_hidden_states.to(self.down.weight.dtype))
         return (z * self.up.weight[token_ids.long()]).sum(-1)
 
-    def log_f(self, pooled_hidden_states: torch.Tensor) -> torch.Tensor:
-        """``max(log sigmoid(g), log_f_floor)`` over the vocabulary, float32."""
-        return clip_log_f(F.logsigmoid(self(pooled_hidden_states).logits.float()), self.config.log_f_floor)
-
-    def num_trainable_parameters(self) -> int:
-        """Parameters of the head: ``rank * (hidden + vocab + 1)``."""
-        return sum(p.numel() for p in self.parameters())
-
     def non_finite_parameters(self) -> list[str]:
         """Names of the parameters holding a NaN or an infinity."""
         return [name for name, p in self.named_parameters() if not bool(torch.isfinite(p).all())]
@@ -91,15 +70,10 @@ class T3Classifier(PreTrainedModel):
         """Refuse (``ValueError``) a head with a non-finite weight."""
         bad = self.non_finite_parameters()
         if bad:
-            raise ValueError(
-                f"The T3 head has non-finite weights ({', '.join(bad)}); it would turn every tilted score into "
-                "NaN. Refit it (a lower learning_rate)."
-            )
+            raise ValueError(f"The T3 head has non-finite weights ({', '.join(bad)}); refit it (a lower learning_rate).")
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
-        """``PreTrainedModel.save_pretrained`` after checking that every weight is finite (nothing is written
-        otherwise), then ``t3_integrity.json``: the SHA-256 of ``config.json`` and of the weights, which
-        :meth:`from_pretrained` checks (:func:`~hf_unlearn.methods.t3.provenance.write_head_integrity`)."""
+        """``PreTrainedModel.save_pretrained`` of a finite head, then ``t3_integrity.json``."""
         from ...safe_output import output_lock
         from .provenance import write_head_integrity
 
@@ -112,10 +86,8 @@ class T3Classifier(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, verify_integrity: bool = True,
                         expected_sha256: str | None = None, **kwargs: Any) -> Any:
-        """``PreTrainedModel.from_pretrained`` after checking the head's files against ``t3_integrity.json``
-        (:func:`~hf_unlearn.methods.t3.provenance.verify_head_files`; a head without the record is refused unless
-        ``verify_integrity=False``). ``expected_sha256`` pins the record itself
-        (:func:`~hf_unlearn.integrity.manifest_digest`). A Hub head is loaded from the files that were checked."""
+        """``PreTrainedModel.from_pretrained`` after checking the head's files against ``t3_integrity.json`` (a head
+        without it is refused unless ``verify_integrity=False``); ``expected_sha256`` pins the record itself."""
         if pretrained_model_name_or_path is None or not (verify_integrity or expected_sha256 is not None):
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         from .provenance import head_folder, verify_head_files
@@ -128,14 +100,8 @@ class T3Classifier(PreTrainedModel):
         return head
 
     def check_base(self, model: Any, check_weights: bool = True) -> None:
-        """Refuse a base model other than the one the head was fitted on (``ValueError``).
-
-        Compares hidden size, vocabulary size, architecture and number of layers, then (``check_weights``,
-        the default) the fingerprint of the base's weights recorded at fit time
-        (:func:`~hf_unlearn.integrity.check_model_fingerprint`): the same weights under another path or name are
-        accepted, other weights under the same name are refused. ``check_weights=False`` skips the fingerprint
-        (for a base the user knows to be the same model held differently, e.g. quantized).
-        """
+        """Refuse (``BaseModelMismatchError``) a base other than the one the head was fitted on: sizes,
+        architecture, layers and (unless ``check_weights=False``, e.g. for a quantized copy) the weights."""
         cfg = self.config
         base = base_text_config(model)
         problems = []
@@ -153,10 +119,7 @@ class T3Classifier(PreTrainedModel):
         if problems:
             from ...integrity import BaseModelMismatchError
 
-            raise BaseModelMismatchError(
-                "This T3 head was fitted on another base model: " + "; ".join(problems)
-                + ". Refit it with `fit_t3` on this model."
-            )
+            raise BaseModelMismatchError(f"This T3 head was fitted on another base model: {'; '.join(problems)}.")
         if check_weights:
             from ...integrity import check_model_fingerprint
 

@@ -1,13 +1,8 @@
-"""``T3LogitsProcessor``: Temper-Then-Tilt decoding through ``model.generate(logits_processor=...)``.
+"""``T3LogitsProcessor``: Temper-Then-Tilt decoding through ``model.generate(logits_processor=...)``,
 
-At every step, over the full vocabulary (:mod:`hf_unlearn.methods.t3.tilt`),
+    s_v = log_softmax(scores)_v / T + w * max(log sigmoid(g_t[v]), floor),    g_t = U (D pool_t + c),
 
-    s_v = log_softmax(scores)_v / T + w * max(log sigmoid(g_t[v]), floor),    g_t = U (D pool_t + c).
-
-The base is never run again: a hook (:class:`~hf_unlearn.methods.t3.hidden.HiddenStateHook`) reads layer
-``layer``'s hidden states from ``generate``'s own forward passes and keeps a running per-sequence sum, so ``pool_t``
-is the causal mean over the non-padding positions so far. A prefill starts new sums, a KV-cache step extends them,
-and beam search's reordering is followed by matching each sequence to its prefix.
+``pool_t`` a running mean of the hidden states a hook reads from ``generate``'s own passes.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LogitsProcessor
 
+from ...devices import device_of
 from .hidden import HiddenStateHook, model_max_positions
 from .modeling import T3Classifier
 from .tilt import tilted_scores
@@ -29,15 +25,12 @@ from .tilt import tilted_scores
 def validate_t3_arguments(
     temperature: float, tilt_weight: float, allow_temperature_below_one: bool = False, log_f_floor: float | None = None
 ) -> None:
-    """Refuse settings outside T3's definition (finite ``T >= 1`` unless explicitly overridden, finite ``w``, a
-    finite negative floor on ``log f`` or none)."""
+    """Refuse a non-finite or ``< 1`` ``T`` (unless allowed), a non-finite ``w``, a floor ``>= 0``."""
     if isinstance(temperature, bool) or not math.isfinite(float(temperature)) or float(temperature) <= 0:
         raise ValueError(f"temperature must be a finite positive number, got {temperature!r}.")
     if float(temperature) < 1.0 and not allow_temperature_below_one:
-        raise ValueError(
-            f"temperature={temperature} < 1: T3 tempers with T >= 1 (T < 1 sharpens the memorised peaks it is "
-            "meant to flatten). Pass allow_temperature_below_one=True to use it anyway."
-        )
+        raise ValueError(f"temperature={temperature} < 1: T3 tempers with T >= 1 (T < 1 sharpens the peaks it is meant "
+                         "to flatten); pass allow_temperature_below_one=True to use it anyway.")
     if isinstance(tilt_weight, bool) or not math.isfinite(float(tilt_weight)):
         raise ValueError(f"tilt_weight must be a finite number, got {tilt_weight!r}.")
     if log_f_floor is not None and (
@@ -46,41 +39,15 @@ def validate_t3_arguments(
         raise ValueError(f"log_f_floor must be a finite negative number or None, got {log_f_floor!r}.")
 
 
-def _device_of(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover - a model always has parameters
-        return torch.device("cpu")
-
-
 class T3LogitsProcessor(LogitsProcessor):
-    """Temper-Then-Tilt as a ``LogitsProcessor`` reading the hidden states of ``generate``'s own forwards.
-
-    Args:
-        model: the frozen base causal LM, the one ``generate`` runs (hooks are registered on it).
-        classifier: a :class:`T3Classifier` fitted on ``model`` (another base is refused).
-        temperature: ``T`` (default: the head's ``config.temperature``); ``T >= 1``.
-        tilt_weight: ``w`` (default: the head's ``config.tilt_weight``). Greedy decoding depends on ``T * w``
-            only; ``T`` also changes the sampled distribution.
-        log_f_floor: floor on ``log f`` (default: the head's ``config.log_f_floor``; None there: no floor).
-        allow_temperature_below_one: explicit override of the ``T >= 1`` check.
-        check_base_weights: compare the base's weights with the fingerprint recorded at fit time (the
-            default); False skips that check (sizes and architecture are always compared).
-
-    Works with greedy decoding and sampling (leave ``generate``'s temperature at 1), batches (left padding read from
-    the attention mask) and the KV cache; the hooks stay until :meth:`close` (or the end of a ``with`` block).
+    """Temper-Then-Tilt as a ``LogitsProcessor`` on ``model``, the base ``classifier`` was fitted on (another is
+    refused); the settings default to the head's. Works with greedy decoding, sampling (at ``generate``'s temperature
+    1), left padding, the KV cache and beam search; the hooks stay until :meth:`close` or the ``with`` block's end.
     """
 
     def __init__(
-        self,
-        model: Any,
-        classifier: T3Classifier,
-        temperature: float | None = None,
-        tilt_weight: float | None = None,
-        *,
-        log_f_floor: float | None = None,
-        allow_temperature_below_one: bool = False,
-        check_base_weights: bool = True,
+        self, model: Any, classifier: T3Classifier, temperature: float | None = None, tilt_weight: float | None = None,
+        *, log_f_floor: float | None = None, allow_temperature_below_one: bool = False, check_base_weights: bool = True,
     ) -> None:
         temperature = classifier.config.temperature if temperature is None else temperature
         tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight
@@ -89,7 +56,7 @@ class T3LogitsProcessor(LogitsProcessor):
         classifier.check_finite()
         classifier.check_base(model, check_weights=check_base_weights)
         self.model = model
-        self.classifier = classifier.to(device=_device_of(model), dtype=torch.float32).eval()
+        self.classifier = classifier.to(device=device_of(model), dtype=torch.float32).eval()
         self._down, self._offset, self._up = classifier.down.weight, classifier.down.bias, classifier.up.weight
         self.temperature = float(temperature)
         self.tilt_weight = float(tilt_weight)
@@ -102,28 +69,19 @@ class T3LogitsProcessor(LogitsProcessor):
 
     @classmethod
     def from_pretrained(
-        cls,
-        model: Any,
-        repo_or_dir: str,
-        *,
-        temperature: float | None = None,
-        tilt_weight: float | None = None,
-        log_f_floor: float | None = None,
-        allow_temperature_below_one: bool = False,
-        check_base_weights: bool = True,
+        cls, model: Any, repo_or_dir: str, *, temperature: float | None = None, tilt_weight: float | None = None,
+        log_f_floor: float | None = None, allow_temperature_below_one: bool = False, check_base_weights: bool = True,
         **load_kwargs: Any,
     ) -> T3LogitsProcessor:
-        """Load a saved or pushed head (``repo_or_dir``; ``load_kwargs`` go to ``from_pretrained``, e.g.
-        ``revision``) and build its processor with the decoding defaults it was saved with."""
+        """The processor of a saved or pushed head (``load_kwargs`` go to its ``from_pretrained``)."""
         classifier = T3Classifier.from_pretrained(repo_or_dir, **load_kwargs)
         return cls(
             model, classifier, temperature, tilt_weight, log_f_floor=log_f_floor,
             allow_temperature_below_one=allow_temperature_below_one, check_base_weights=check_base_weights,
         )
 
-    # ------------------------------------------------------------------ hook side
     def _record(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
-        """Sum of the hidden states of the positions one forward encoded (padding excluded)."""
+        """Sum the hidden states of the positions one forward encoded (padding excluded)."""
         q = hidden.shape[1]
         if mask is None:
             m = torch.ones(hidden.shape[:2], device=hidden.device, dtype=torch.float32)
@@ -132,7 +90,6 @@ class T3LogitsProcessor(LogitsProcessor):
         total = torch.bmm(m.unsqueeze(1), hidden.float()).squeeze(1)  # sum_q m_q h_q per sequence
         self._pending = (total, m.sum(1), q)
 
-    # ------------------------------------------------------------------ processor side
     def reset(self) -> None:
         """Drop the running sums; the next step must come from a forward over the whole input."""
         self._pending: tuple[torch.Tensor, torch.Tensor, int] | None = None
@@ -147,10 +104,8 @@ class T3LogitsProcessor(LogitsProcessor):
             return None
         same = (prefix.unsqueeze(1) == self._ids.unsqueeze(0)).all(-1)
         if not bool(same.any(1).all()):
-            raise RuntimeError(
-                "T3LogitsProcessor: the input does not continue the sequences of the previous step and the forward "
-                "pass only encoded the new tokens; call processor.reset() before reusing it on other sequences."
-            )
+            raise RuntimeError("T3LogitsProcessor: the input does not continue the previous step's sequences; call "
+                               "processor.reset() before reusing it on other sequences.")
         return same.float().argmax(1)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -158,19 +113,15 @@ class T3LogitsProcessor(LogitsProcessor):
             raise RuntimeError("T3LogitsProcessor was closed (its hooks are removed); call attach() first.")
         pending, self._pending = self._pending, None
         if pending is None:
-            raise RuntimeError(
-                "T3LogitsProcessor: its hook saw no forward pass of the base model before this step. Use it in "
-                "`generate` of the model it was built with (the hook reads that model's hidden states)."
-            )
+            raise RuntimeError("T3LogitsProcessor: its hook saw no forward pass of the base model before this step; use "
+                               "it in `generate` of the model it was built with.")
         if scores.shape[-1] != self.vocab_size:
             raise ValueError(f"scores have {scores.shape[-1]} entries but the T3 head {self.vocab_size}.")
         total, count, q = pending
         batch, length = input_ids.shape
         if total.shape[0] != batch:
-            raise RuntimeError(
-                f"T3LogitsProcessor: the last forward encoded {total.shape[0]} sequences but generate passed {batch}; "
-                "the hook saw a forward of another input."
-            )
+            raise RuntimeError(f"T3LogitsProcessor: the last forward encoded {total.shape[0]} sequences but generate "
+                               f"passed {batch}.")
         if q == length:  # a forward over the whole input: a new generate call (or a re-encoding)
             self._sum, self._count = total, count
         elif self._ids is not None and self._ids.shape[0] == batch and q == length - self._ids.shape[1]:
@@ -181,17 +132,14 @@ class T3LogitsProcessor(LogitsProcessor):
             self._count = self._count + count
         else:
             expected = length if self._ids is None else f"{length} or {length - self._ids.shape[1]}"
-            raise RuntimeError(
-                f"T3LogitsProcessor: the last forward encoded {q} positions, expected {expected} for an input of "
-                f"{length} tokens; the hook saw a forward of another input (or generate was given a prefilled cache)."
-            )
+            raise RuntimeError(f"T3LogitsProcessor: the last forward encoded {q} positions, expected {expected} for an "
+                               f"input of {length} tokens (another input, or a prefilled cache).")
         self._ids = input_ids
         pooled = self._sum / self._count.clamp_min(1.0).unsqueeze(-1)
         # g = U (D pool + c), called on the weights directly (no module dispatch: this runs every step).
         guidance = F.linear(F.linear(pooled, self._down, self._offset), self._up)
         return tilted_scores(scores, guidance, self.temperature, self.tilt_weight, self.log_f_floor).to(scores.dtype)
 
-    # ------------------------------------------------------------------ lifetime
     def attach(self) -> None:
         """Register the forward hooks on the base model (done by the constructor; idempotent)."""
         self.reset()

@@ -1,7 +1,5 @@
-"""The files of a saved T3 head: ``t3_integrity.json`` records their SHA-256 at save time
-(:func:`write_head_integrity`) and :func:`verify_head_files` checks them at load time. (The base's weights are
-checked by :meth:`~hf_unlearn.methods.t3.T3Classifier.check_base` against the fingerprint in the head's config.)
-"""
+"""The files of a saved T3 head: ``t3_integrity.json`` records their SHA-256 at save time and
+:func:`verify_head_files` checks them at load time."""
 
 from __future__ import annotations
 
@@ -22,22 +20,17 @@ from ...integrity import (
 __all__ = ["T3_INTEGRITY", "head_files", "t3_integrity_entry", "verify_head_files", "write_head_integrity"]
 
 
-# ----- the head's own files -------------------------------------------------------------------------------------
-
-#: The file :meth:`~hf_unlearn.methods.t3.T3Classifier.save_pretrained` writes beside the head: the SHA-256 of each
-#: file of the head (``config.json``, the safetensors weights).
 T3_INTEGRITY = "t3_integrity.json"
 INTEGRITY_FORMAT = "hf_unlearn.t3_integrity"
 
 
 def t3_integrity_entry(folder: str | os.PathLike) -> dict[str, str] | None:
-    """The ``{"manifest", "sha256"}`` entry a pushed card carries to pin a saved head (its ``t3_integrity.json``);
-    ``None`` when the folder holds none."""
+    """The ``{"manifest", "sha256"}`` entry a pushed card carries to pin a saved head (``None`` without one)."""
     return integrity_entry(folder, T3_INTEGRITY)
 
 
 def head_files(folder: Path) -> list[str]:
-    """The files of a saved head in ``folder``: ``config.json`` and the safetensors weights (with their index)."""
+    """``config.json`` and the safetensors weights (with their index) in ``folder``."""
     names = []
     for path in sorted(folder.iterdir()):
         name = path.name
@@ -56,17 +49,13 @@ def write_head_integrity(folder: str | os.PathLike) -> Path:
 
 
 def verify_head_files(folder: Path, what: str, expected_sha256: str | None = None) -> None:
-    """Refuse (:class:`~hf_unlearn.integrity.AdapterIntegrityError`, a ``ValueError``) a head folder without
-    ``t3_integrity.json``, or whose files differ from the digests it records, or hold a :func:`head_files` file it
-    does not record (:func:`~hf_unlearn.integrity.check_recorded_files`); with ``expected_sha256``, also one whose
-    ``t3_integrity.json`` is not the pinned one (which catches a head whose weights and record were both
-    rewritten)."""
+    """Refuse (``AdapterIntegrityError``) a head folder whose files ``t3_integrity.json`` does not record or
+    match, or (``expected_sha256``) whose record is not the pinned one."""
     check_pinned_digest(folder, expected_sha256, what, T3_INTEGRITY)
     path = confined_file(folder, T3_INTEGRITY, what, T3_INTEGRITY)
     if not path.is_file():
-        raise AdapterIntegrityError(f"{what}: there is no {T3_INTEGRITY}, so hf-unlearn cannot check that "
-                                    "model.safetensors is the saved head. Save it again with "
-                                    "T3Classifier.save_pretrained, or pass verify_integrity=False to load it unchecked.")
+        raise AdapterIntegrityError(f"{what}: there is no {T3_INTEGRITY} to check the head's files against; save it "
+                                    "again, or pass verify_integrity=False to load it unchecked.")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -80,9 +69,7 @@ _HUB_KEYS = ("revision", "token", "cache_dir", "local_files_only", "force_downlo
 
 
 def head_folder(name_or_path: str | os.PathLike, load_kwargs: dict[str, Any]) -> Path:
-    """The local folder of a head: ``name_or_path`` (and its ``subfolder``) when it is a folder, else the Hub
-    snapshot holding its ``t3_integrity.json`` and every file that record names, downloaded with the hub keyword
-    arguments of ``load_kwargs`` (``revision``, ``token``, ``cache_dir``, ``local_files_only``)."""
+    """The head's local folder, or the Hub snapshot of its ``t3_integrity.json`` and the files it names."""
     subfolder = load_kwargs.get("subfolder") or None
     local = Path(name_or_path).expanduser()
     if local.is_dir():

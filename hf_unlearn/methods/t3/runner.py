@@ -1,5 +1,4 @@
-"""T3's fit as the registry runs it (:class:`T3Fit`): fit the head, score and generate through it on the base,
-and choose its ``(T, w)`` by a criterion in one calibration pass."""
+"""T3's fit as the registry runs it (:class:`T3Fit`)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,7 @@ class T3Fit(MethodFit):
     artifact_kind = "t3_classifier"
 
     def decoding(self, model: Any, head: Any, check_base_weights: bool = True) -> Decoding:
-        """Score and generate with ``head`` on ``model`` at the head's ``temperature`` / ``tilt_weight``:
-        :func:`~hf_unlearn.methods.t3.t3_scorer` and a :class:`~hf_unlearn.methods.t3.T3LogitsProcessor` (closed
-        by :meth:`Decoding.close`). ``check_base_weights=False`` for a base changed on purpose (an attacked copy)."""
+        """Score and generate with ``head`` on ``model`` at the head's ``(T, w)``."""
         from transformers import LogitsProcessorList
 
         from .processor import T3LogitsProcessor
@@ -32,8 +29,7 @@ class T3Fit(MethodFit):
         return Decoding(scorer, {"logits_processor": LogitsProcessorList([processor])}, close=processor.close)
 
     def __call__(self, model: Any, tokenizer: Any, forget: Any, retain: Any, config: Any) -> Unlearned:
-        """Fit the head with ``config`` (:class:`~hf_unlearn.methods.t3.T3ClassifierConfig`); evaluation scores
-        and generates with the tilted distribution, and the base's weights are unchanged."""
+        """Fit the head; evaluation scores and generates with the tilted distribution on the unchanged base."""
         from .fit import fit_t3
 
         head = fit_t3(model, tokenizer, forget, retain, config, progress=False)
@@ -46,8 +42,7 @@ class T3Fit(MethodFit):
         return result
 
     def select(self, model: Any, tokenizer: Any, forget: Any, retain: Any, config: Any, criterion: Any) -> Unlearned:
-        """Fit the head once, then :func:`~hf_unlearn.methods.t3.calibrate_t3` writes the ``(T, w)`` that
-        ``criterion`` chooses into it; the scorer and the logits processor are rebuilt with them."""
+        """Fit the head, then write the ``(T, w)`` ``criterion`` chooses into it (:func:`calibrate_t3`)."""
         from .calibration import calibrate_t3
 
         result = self(model, tokenizer, forget, retain, config)

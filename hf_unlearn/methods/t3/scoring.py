@@ -1,11 +1,6 @@
-"""Teacher-forced log-probabilities under the T3 distribution, and the evaluator's token scorer. For every answer
-token (exact over the full vocabulary)::
+"""Teacher-forced log-probabilities under the T3 distribution, exact over the full vocabulary::
 
     log q(y_t | x, y_<t) = log_softmax_v( log_softmax(logits_{t-1})_v / T + w * max(log sigmoid(g_{t-1}[v]), floor) )[y_t]
-
-with ``g_{t-1} = U (D pool_{t-1} + c)``: the distribution :class:`~hf_unlearn.methods.t3.T3LogitsProcessor` decodes
-from. One base forward per batch gives the logits and (through a hook) the hidden states; many ``(T, w)`` are scored
-from the same pass (:func:`candidate_answer_log_probs`).
 """
 
 from __future__ import annotations
@@ -21,47 +16,31 @@ from ...logprobs import TokenScorer
 from .hidden import HiddenStateHook, causal_mean_pool, check_length
 from .modeling import T3Classifier
 from .processor import validate_t3_arguments
-from .tilt import tilted_log_probs
+from .tilt import greedy_regret, tilted_log_probs
 
-#: Float32 ``[positions, V]`` tensors alive at once while one chunk of positions is scored: the base logits in
-#: float32, ``log p``, the guidance logits, ``log f``, one candidate's scores and ``logsumexp``'s temporary.
+#: Float32 ``[positions, V]`` tensors alive at once while one chunk of positions is scored.
 BUFFERS_PER_POSITION = 6
-#: Default memory budget of those buffers: small on the CPU (the ``K`` candidate passes over a chunk then stay in
-#: its cache), larger on an accelerator (fewer, larger kernels).
+#: Default memory budget of those buffers (small on the CPU, where a chunk then stays in cache).
 CPU_SCORING_MEMORY = 32 * 2**20
 ACCELERATOR_SCORING_MEMORY = 2**30
 
 
 def chunk_positions(vocab_size: int, memory_bytes: int) -> int:
-    """Scored positions per chunk: ``max(1, floor(memory_bytes / (BUFFERS_PER_POSITION * 4 * V)))``, so the
-    chunk's float32 ``[positions, V]`` buffers fit in ``memory_bytes``."""
+    """Scored positions per chunk: ``max(1, floor(memory_bytes / (BUFFERS_PER_POSITION * 4 * V)))``."""
     return max(1, int(memory_bytes) // (BUFFERS_PER_POSITION * 4 * int(vocab_size)))
 
 
-def default_scoring_memory(device: torch.device) -> int:
-    """:data:`CPU_SCORING_MEMORY` on the CPU, :data:`ACCELERATOR_SCORING_MEMORY` elsewhere."""
-    return CPU_SCORING_MEMORY if torch.device(device).type == "cpu" else ACCELERATOR_SCORING_MEMORY
-
-
 def candidate_answer_log_probs(
-    base_logits: torch.Tensor,
-    guidance_logits: torch.Tensor,
-    targets: torch.Tensor,
-    settings: Sequence[tuple[float, float]],
-    log_f_floor: float | None = None,
+    base_logits: torch.Tensor, guidance_logits: torch.Tensor, targets: torch.Tensor,
+    settings: Sequence[tuple[float, float]], log_f_floor: float | None = None,
 ) -> torch.Tensor:
-    """Every candidate's answer-token log-probability from one position's ``log p`` and ``log f`` (``[N, K]``).
-
-    For positions ``n`` (rows of ``base_logits`` / ``guidance_logits``, ``[N, V]``), answer tokens ``y_n =
-    targets[n]`` and candidates ``k = (T_k, w_k) = settings[k]``::
+    """Every candidate's answer-token log-probability (``[N, K]``, float32) for positions ``n`` with answer tokens
+    ``y_n = targets[n]`` and candidates ``(T_k, w_k) = settings[k]``::
 
         log p = log_softmax(base_logits),   log f = max(log sigmoid(guidance_logits), floor)
-        s_k   = log p / T_k + w_k log f
-        out[n, k] = log q_k(y_n) = s_k[y_n] - logsumexp_v s_k[v]
+        s_k   = log p / T_k + w_k log f,    out[n, k] = s_k[y_n] - logsumexp_v s_k[v]
 
-    i.e. ``log_softmax(log p / T + w log f)[y]`` of :func:`~hf_unlearn.methods.t3.tilt.tilted_log_probs` for each
-    ``(T, w)``, with ``log p`` and ``log f`` computed once and one ``[N, V]`` score tensor alive at a time.
-    ``(1, 0)`` is the base's own ``log p(y)``. Float32; no floor when ``log_f_floor`` is None.
+    with ``log p`` and ``log f`` computed once; ``(1, 0)`` is the base's own ``log p(y)``.
     """
     log_p = torch.log_softmax(base_logits.float(), dim=-1)
     picked_p = log_p.gather(-1, targets[:, None]).squeeze(-1)
@@ -89,7 +68,7 @@ def _base_pass(
     model: Any, classifier: T3Classifier, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward of the base: ``(logits [B, L, V], pooled states [B, L, H])`` (the head's layer, pooled causally)."""
+    """One forward of the base: ``(logits [B, L, V], pooled states [B, L, H])`` of the head's layer."""
     check_length(model, input_ids.shape[1], "The scored input")
     captured: list[torch.Tensor] = []
     with HiddenStateHook(model, int(classifier.config.layer), lambda h, m: captured.append(h)):
@@ -104,13 +83,12 @@ def _base_pass(
 
 
 def _answer_chunks(labels: torch.Tensor, logits: torch.Tensor, memory_bytes: int | None):
-    """``(rows, cols, targets)`` of the scored positions, :func:`chunk_positions` of them at a time for the
-    vocabulary of ``logits`` and ``memory_bytes`` (default :func:`default_scoring_memory` of their device): the
-    prefix ends at ``cols`` and predicts ``targets = labels[rows, cols + 1]``."""
+    """``(rows, cols, targets = labels[rows, cols + 1])`` of the scored positions, :func:`chunk_positions` at a time."""
     targets = labels[:, 1:]
     rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)
-    budget = default_scoring_memory(logits.device) if memory_bytes is None else memory_bytes
-    step = chunk_positions(logits.shape[-1], budget)
+    if memory_bytes is None:
+        memory_bytes = CPU_SCORING_MEMORY if logits.device.type == "cpu" else ACCELERATOR_SCORING_MEMORY
+    step = chunk_positions(logits.shape[-1], memory_bytes)
     for start in range(0, len(rows), step):
         b, t = rows[start : start + step], cols[start : start + step]
         yield b, t, targets[b, t]
@@ -118,27 +96,13 @@ def _answer_chunks(labels: torch.Tensor, logits: torch.Tensor, memory_bytes: int
 
 @torch.no_grad()
 def t3_log_probs(
-    model: Any,
-    classifier: T3Classifier,
-    input_ids: torch.Tensor,
-    labels: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    *,
-    temperature: float | None = None,
-    tilt_weight: float | None = None,
-    log_f_floor: float | None = None,
-    allow_temperature_below_one: bool = False,
-    check_base_weights: bool = True,
-    scoring_memory: int | None = None,
+    model: Any, classifier: T3Classifier, input_ids: torch.Tensor, labels: torch.Tensor,
+    attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, *,
+    temperature: float | None = None, tilt_weight: float | None = None, log_f_floor: float | None = None,
+    allow_temperature_below_one: bool = False, check_base_weights: bool = True, scoring_memory: int | None = None,
 ) -> torch.Tensor:
-    """Per-token T3 log-probabilities of ``labels`` (``[B, L]``), aligned like
-    :func:`hf_unlearn.logprobs.label_log_probs`: ``out[:, t] = log q(labels[:, t] | input_ids[:, :t])``, 0 where
-    ``labels == -100`` and at ``t = 0``. ``temperature`` / ``tilt_weight`` / ``log_f_floor`` default to the head's
-    config; ``check_base_weights`` compares the model's weights with the head's fingerprint. Padding is excluded
-    from the pooled state. Scored positions are processed in chunks whose float32 ``[positions, vocab]`` buffers
-    fit ``scoring_memory`` bytes (:func:`chunk_positions`). An input longer than the base's positions is refused.
-    """
+    """Per-token T3 log-probabilities of ``labels`` (``[B, L]``, aligned like ``label_log_probs``) scored
+    in chunks that fit ``scoring_memory`` bytes. Another base and an input past its positions are refused."""
     temperature = classifier.config.temperature if temperature is None else temperature
     tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight
     log_f_floor = classifier.config.log_f_floor if log_f_floor is None else log_f_floor
@@ -157,44 +121,33 @@ def t3_log_probs(
 
 @torch.no_grad()
 def t3_candidate_log_probs(
-    model: Any,
-    classifier: T3Classifier,
-    input_ids: torch.Tensor,
-    labels: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    settings: Sequence[tuple[float, float]],
-    *,
-    log_f_floor: float | None = None,
+    model: Any, classifier: T3Classifier, input_ids: torch.Tensor, labels: torch.Tensor,
+    attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, settings: Sequence[tuple[float, float]],
+    *, greedy_settings: Sequence[tuple[float, float]] = (), log_f_floor: float | None = None,
     scoring_memory: int | None = None,
 ) -> torch.Tensor:
-    """Per-token log-probabilities of ``labels`` under every ``(T, w)`` of ``settings`` from one forward of the
-    base (``[B, L, K]``, aligned as :func:`t3_log_probs`; :func:`candidate_answer_log_probs` per chunk of scored
-    positions whose float32 ``[positions, vocab]`` buffers fit in ``scoring_memory`` bytes: :func:`chunk_positions`,
-    default :func:`default_scoring_memory`). ``settings`` are taken as given (validate them first);
-    ``(1, 0)`` gives the base's own log-probabilities. ``log_f_floor`` defaults to the head's. The head and its
-    base are checked by the caller.
+    """``[B, L, K + G]`` from one forward of the base: the log-probabilities of ``labels`` under the ``K``
+    ``settings``, then the greedy regrets of the ``G`` ``greedy_settings`` (settings and head checked by the caller).
     """
     log_f_floor = classifier.config.log_f_floor if log_f_floor is None else log_f_floor
     logits, pooled = _base_pass(model, classifier, input_ids, attention_mask, position_ids)
-    result = torch.zeros((*labels.shape, len(settings)), dtype=torch.float32, device=logits.device)
+    k = len(settings)
+    result = torch.zeros((*labels.shape, k + len(greedy_settings)), dtype=torch.float32, device=logits.device)
     head_device = classifier.device
     for b, t, y in _answer_chunks(labels, logits, scoring_memory):
         guidance = classifier(pooled[b, t].to(head_device)).logits.to(logits.device)
-        result[b, t + 1] = candidate_answer_log_probs(logits[b, t], guidance, y, settings, log_f_floor)
+        if k:
+            result[b, t + 1, :k] = candidate_answer_log_probs(logits[b, t], guidance, y, settings, log_f_floor)
+        if greedy_settings:
+            result[b, t + 1, k:] = greedy_regret(logits[b, t], guidance, list(greedy_settings), log_f_floor)
     return result
 
 
 def t3_scorer(
-    model: Any,
-    classifier: T3Classifier,
-    temperature: float | None = None,
-    tilt_weight: float | None = None,
+    model: Any, classifier: T3Classifier, temperature: float | None = None, tilt_weight: float | None = None,
     **kwargs: Any,
 ) -> TokenScorer:
-    """A :data:`hf_unlearn.logprobs.TokenScorer` scoring answers under T3 (for ``answer_log_likelihoods``
-    and the TOFU evaluator's ``scorer=``). Arguments are validated once, here; ``kwargs`` go to
-    :func:`t3_log_probs`."""
+    """A :data:`hf_unlearn.logprobs.TokenScorer` under T3; ``kwargs`` go to :func:`t3_log_probs`."""
     temperature = classifier.config.temperature if temperature is None else temperature
     tilt_weight = classifier.config.tilt_weight if tilt_weight is None else tilt_weight
     log_f_floor = kwargs.get("log_f_floor")

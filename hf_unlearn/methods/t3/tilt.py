@@ -1,10 +1,8 @@
 """Temper-Then-Tilt over the full vocabulary, as pure tensor functions:
 
-    q(v | x, y_<t) ∝ p(v | x, y_<t)^(1/T) f(x, y_<t, v)^w,
     s_v = log_softmax(logits)_v / T + w * max(log sigmoid(g_t[v]), floor),    log q = log_softmax(s),
 
-with ``p`` the frozen base, ``g_t`` the guidance head's logits and an optional ``floor`` (None: no floor). Greedy
-decoding depends on ``T w`` only; ``T`` matters for sampling and teacher-forced log-probabilities.
+``g_t`` the guidance head's logits. Greedy decoding depends on ``T w`` only.
 """
 
 from __future__ import annotations
@@ -17,12 +15,7 @@ def tilted_scores(
     base_logits: torch.Tensor, guidance_logits: torch.Tensor, temperature: float, tilt_weight: float,
     log_f_floor: float | None = None,
 ) -> torch.Tensor:
-    """``s = log_softmax(base_logits) / T + w * max(logsigmoid(guidance_logits), floor)`` over the last axis
-    (float32; no floor when ``log_f_floor`` is None).
-
-    ``base_logits`` may be shifted by any per-row constant (the log-softmax removes it). The scores
-    are unnormalised: ``softmax(s)`` is the T3 distribution.
-    """
+    """``s = log_softmax(base_logits) / T + w * max(logsigmoid(guidance_logits), floor)`` (float32)."""
     s = torch.log_softmax(base_logits.float(), dim=-1)
     if float(temperature) != 1.0:
         s.div_(float(temperature))
@@ -38,8 +31,7 @@ def tilted_log_probs(
     base_logits: torch.Tensor, guidance_logits: torch.Tensor, temperature: float, tilt_weight: float,
     log_f_floor: float | None = None,
 ) -> torch.Tensor:
-    """``log q = log_softmax(log_softmax(base_logits) / T + w * max(logsigmoid(guidance_logits), floor))``
-    (float32)."""
+    """``log q = log_softmax(s)`` of :func:`tilted_scores`."""
     return torch.log_softmax(
         tilted_scores(base_logits, guidance_logits, temperature, tilt_weight, log_f_floor), dim=-1
     )
@@ -51,12 +43,9 @@ def greedy_regret(
 ) -> torch.Tensor:
     """What greedy decoding under each ``(T, w)`` gives up of the base, per position (``[N, K]``, float32):
 
-        g_k = argmax_v ( log p_v / T_k + w_k * max(log sigmoid(guidance_v), floor) )
-        out[n, k] = max_v log p_v - log p_{g_k}
-
-    with ``log p = log_softmax(base_logits)``: 0 where the tilted greedy token is the base's own (a tempering
-    alone never changes it), and the base's log-probability drop to the token the tilted decoding picks where it
-    differs. ``base_logits`` and ``guidance_logits`` are ``[N, V]``; no floor when ``log_f_floor`` is None."""
+        g_k = argmax_v ( log p_v / T_k + w_k * max(log sigmoid(guidance_v), floor) ),
+        out[n, k] = max_v log p_v - log p_{g_k}.
+    """
     log_p = torch.log_softmax(base_logits.float(), dim=-1)
     top = log_p.max(dim=-1).values
     out = torch.empty((log_p.shape[0], len(settings)), dtype=torch.float32, device=log_p.device)
