@@ -37,8 +37,8 @@ def fit_grom(
 
 def _fit_grom(
     model: Any, tokenizer: Any, forget: Any, retain: Any, config: GROMConfig | None, generic_retain: Any,
-    device: Any, gram_device: Any,
-) -> tuple[GROMEdit, dict[str, torch.Tensor]]:
+    device: Any, gram_device: Any, with_preservation: bool = False,
+) -> tuple[GROMEdit, dict[str, torch.Tensor] | None]:
     """:func:`fit_grom` and each module's preservation part of ``A``, ``R = (w_r/r) X_r X_r^T + (w_g/g) X_g X_g^T``
     (float64; what the strength path rescales)."""
     from ...devices import join_launch, move_to_device, resolve_device
@@ -79,6 +79,8 @@ def _fit_grom(
         base_fingerprint=model_fingerprint(model), retain_indices=prep.retain_indices,
         untied_lm_head=prep.untied_lm_head,
     )
+    if not with_preservation:
+        return edit, None
     return edit, {name: _preservation(stats, name, config, sol.chol.device) for name, sol in solutions.items()}
 
 
@@ -87,10 +89,10 @@ def _preservation(stats: dict[str, Any], name: str, config: GROMConfig, device: 
     r, g = stats["num_retain"], stats["num_generic"]
     out = torch.zeros_like(stats["retain_moment"][name], dtype=torch.float64, device=device)
     if r > 0 and config.retain_weight > 0:
-        out += (config.retain_weight / r) * stats["retain_moment"][name].to(device=device, dtype=torch.float64)
+        out.add_(stats["retain_moment"][name].to(device=device, dtype=torch.float64), alpha=config.retain_weight / r)
     generic = stats["generic_moment"].get(name)
     if generic is not None and g > 0 and config.generic_retain_weight > 0:
-        out += (config.generic_retain_weight / g) * generic.to(device=device, dtype=torch.float64)
+        out.add_(generic.to(device=device, dtype=torch.float64), alpha=config.generic_retain_weight / g)
     return out
 
 

@@ -35,13 +35,13 @@ def normal_matrix(
     s, d = xf.shape
     if s == 0:
         raise ValueError("No forget keys: the forget set has no answer tokens to unlearn.")
-    a = (forget_weight / s) * (xf.T @ xf)
+    a = (xf.T @ xf).mul_(forget_weight / s)  # in place: one d_in x d_in matrix besides the moments
     if num_retain > 0 and retain_weight > 0:
-        a = a + (retain_weight / num_retain) * retain_moment.to(torch.float64)
+        a.add_(retain_moment.to(device=a.device, dtype=torch.float64), alpha=retain_weight / num_retain)
     if generic_moment is not None and num_generic > 0 and generic_weight > 0:
-        a = a + (generic_weight / num_generic) * generic_moment.to(device=a.device, dtype=torch.float64)
+        a.add_(generic_moment.to(device=a.device, dtype=torch.float64), alpha=generic_weight / num_generic)
     if ridge:
-        a = a + ridge * torch.eye(d, dtype=torch.float64, device=a.device)
+        a.diagonal().add_(ridge)
     return a
 
 

@@ -209,9 +209,9 @@ def unit_solution(
     for name, sol in base.solutions.items():
         xf = base.forget_keys[name].to(device=sol.chol.device, dtype=torch.float64)
         d = base.targets[name].to(device=xf.device, dtype=torch.float64)
-        a = sol.forget_scale * (xf.T @ xf)
+        a = (xf.T @ xf).mul_(sol.forget_scale)  # in place: one d_in x d_in matrix besides R
         if retain_weight > 0:
-            a += (retain_weight / (w0 or 1.0)) * preservation[name].to(a.device)
+            a.add_(preservation[name].to(a.device), alpha=retain_weight / (w0 or 1.0))
         if ridge:
             a.diagonal().add_(ridge)
         chol = cholesky_or_explain(a, ridge)
@@ -291,5 +291,6 @@ def fit_grom_path(
     _path_grid(scales, retain_weights, ridges, float(config.retain_weight), float(config.ridge))  # before any work
     if config.retain_weight == 0 and (retain_weights is None or any(w > 0 for w in retain_weights)):
         config = dataclasses.replace(config, retain_weight=1.0)  # the collection is the same; A keeps X_r X_r^T
-    edit, preservation = _fit_grom(model, tokenizer, forget, retain, config, generic_retain, device, gram_device)
+    edit, preservation = _fit_grom(model, tokenizer, forget, retain, config, generic_retain, device, gram_device,
+                                   with_preservation=True)
     return grom_path_from_edit(edit, scales, retain_weights, ridges, preservation=preservation)
