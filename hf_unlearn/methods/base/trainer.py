@@ -1,10 +1,6 @@
 """The base unlearning trainer: a ``trl.SFTTrainer`` whose batches pair each forget example with a retain example.
-
-A method implements :meth:`UnlearningTrainer.compute_unlearning_loss` with the helpers here (:meth:`score`,
-:meth:`reference_scores`, :meth:`retain_term`, :meth:`log_metric`). The pure pieces live beside it: the pairing
-(:mod:`.pairing`), the loss normalisation (:mod:`.losses`), the input checks (:mod:`.inputs`), the reference model
-(:mod:`.reference`), the guards (:mod:`.guards`) and the checkpoint staging and fingerprint (:mod:`.checkpoints`).
-"""
+A method implements :meth:`UnlearningTrainer.compute_unlearning_loss` with the helpers :meth:`score`,
+:meth:`reference_scores`, :meth:`retain_term` and :meth:`log_metric`."""
 
 from __future__ import annotations
 
@@ -93,35 +89,24 @@ class UnlearningTrainer(SFTTrainer):
     """Base class of the unlearning trainers (a TRL ``SFTTrainer``).
 
     ``train_dataset`` is the forget set, ``retain_dataset`` the retain set; both go through ``SFTTrainer``'s
-    preparation (TOFU ``question``/``answer`` rows tokenized by :func:`to_trl_format` with ``args.prompt_template``,
-    TRL prompt/completion or conversational rows: labels on the completion; documents: chunks of ``max_length``
-    tokens, labels on every token). Each training example is a forget example paired with a retain example
-    (:class:`PairedForgetRetainDataset`): a batch holds ``input_ids``, ``attention_mask``, ``labels`` and the same
-    keys prefixed with ``retain_``.
+    preparation (TOFU rows via :func:`to_trl_format`; documents as chunks of ``max_length`` tokens). A batch holds
+    ``input_ids``, ``attention_mask``, ``labels`` and the same keys prefixed with ``retain_``
+    (:class:`PairedForgetRetainDataset`). A method overrides :meth:`compute_unlearning_loss` and, as needed,
+    :meth:`needs_retain`, :meth:`needs_reference_model` and :meth:`check_hyperparameters`, with its
+    ``config_class`` (``preset``: the field values that define the method).
 
-    The base holds no objective: a method overrides :meth:`compute_unlearning_loss` and, as needed,
-    :meth:`needs_retain`, :meth:`needs_reference_model` and :meth:`check_hyperparameters`, with a config subclassing
-    :class:`~hf_unlearn.methods.base.BaseUnlearningConfig` (``config_class``; ``preset``: the field values that
-    define the method).
-
-    Refused before any work: an output folder overlapping the model folder or not empty (unless ``overwrite``; one
-    holding checkpoints is left to :meth:`train`), no-op settings (learning rate 0, zero epochs or steps), a forget
-    example truncation leaves without answer tokens, hyperparameters the objective cannot use. Training stops on a
-    non-finite loss, on non-finite weights before a save, and when the retain NLL diverges
-    (:class:`RetainDivergenceGuard`; an objective without a retain term is watched on the retain set when given
-    one). :meth:`train` holds the output folder's lock; checkpoints and the final model are written in a temporary
-    folder and renamed into place; ``train(resume_from_checkpoint=True)`` continues exactly and refuses a checkpoint
-    of another method, settings or data. A frozen reference is reloaded from the model's folder, or copied from a
-    model changed in memory; ``ref_model=`` passes one (needed under ZeRO-3 / FSDP for a model without a folder).
+    Refused before any work: an output folder overlapping the model folder or not empty (unless ``overwrite``),
+    a forget example left without answer tokens by truncation, hyperparameters the objective cannot use. Training
+    stops on a non-finite loss, on non-finite weights before a save, and when the retain NLL diverges
+    (:class:`RetainDivergenceGuard`). Checkpoints and the final model are written in a temporary folder and
+    renamed into place; ``ref_model=`` passes the frozen reference (needed under ZeRO-3 / FSDP for a model
+    without a folder).
 
     Private ``Trainer`` methods overridden, each because no public hook does the job:
 
-    * ``_set_signature_columns_if_needed``: the ``retain_`` keys must survive ``remove_unused_columns``, which
-      keeps only the model's ``forward`` arguments; turning that option off would also keep the raw text columns.
-    * ``_save_checkpoint``: transformers writes a checkpoint in place, file by file and process by process; it is
-      staged here and renamed into place once every process has written (:func:`stage_checkpoint`).
-    * ``_get_output_dir``: where ``Trainer._save_checkpoint`` writes; it names the staging folder while a checkpoint
-      is written.
+    * ``_set_signature_columns_if_needed``: the ``retain_`` keys must survive ``remove_unused_columns``.
+    * ``_save_checkpoint``: the checkpoint is staged and renamed into place once every process has written.
+    * ``_get_output_dir``: names the staging folder while a checkpoint is written.
     """
 
     _tag_names = ["trl", "hf-unlearn", "unlearning"]
@@ -151,13 +136,11 @@ class UnlearningTrainer(SFTTrainer):
         peft_config: PeftConfig | None = None,
         ref_model: PreTrainedModel | None = None,
     ):
-        # the model folders, refused as output folders; whether train() holds the output folder; the folder a
-        # checkpoint is being staged in; which of the sets are documents (chunks fill max_length by design)
+        # refused as output folders; which sets are documents (chunks fill max_length by design)
         self._input_dirs: tuple[str, ...] = model_dirs(model)
         self._run_dir_claimed = False
         self._staging_dir: Path | None = None
         self._document_sets: set[str] = set()
-        # per-mode logged values since the last log; the loss totals of the current optimizer step
         self._unlearning_metrics: dict[str, dict[str, list[torch.Tensor]]] = {
             "train": defaultdict(list), "eval": defaultdict(list)
         }
@@ -204,9 +187,8 @@ class UnlearningTrainer(SFTTrainer):
         self, model: Any, args: BaseUnlearningConfig, train_dataset: Any, retain_dataset: Any, eval_dataset: Any,
         processing_class: Any,
     ) -> tuple[BaseUnlearningConfig, Any, Dataset, Dataset | None, Any]:
-        """The output folder, ``max_length`` within the model's positions, the tokenizer (loaded from the model
-        when not given), and the forget, retain and evaluation sets in TRL's format. Returns ``(args,
-        processing_class, forget, retain, eval_dataset)``."""
+        """Check the output folder and ``max_length``; return ``(args, processing_class, forget, retain,
+        eval_dataset)``, the sets in TRL's format."""
         check_output_folder(args, self._input_dirs)
         model_config = AutoConfig.from_pretrained(model, trust_remote_code=False) if isinstance(model, str) else getattr(model, "config", None)
         args = limit_max_length(args, model_config)  # a warning follows only when an example is truncated
@@ -234,8 +216,8 @@ class UnlearningTrainer(SFTTrainer):
         return args, processing_class, forget, retain, eval_dataset
 
     def _check_retain(self, retain_dataset: Any, forget: Dataset, args: BaseUnlearningConfig, tokenizer: Any):
-        """The retain set in TRL's format: required when the objective uses it, ``None`` (with a warning) when it
-        neither uses nor watches it, refused when empty or sharing rows with the forget set."""
+        """The retain set in TRL's format; ``None`` (with a warning) when unused, refused when empty or sharing
+        rows with the forget set."""
         needed = self.needs_retain(args)
         if retain_dataset is None:
             if needed:
@@ -257,8 +239,8 @@ class UnlearningTrainer(SFTTrainer):
         return to_trl_format(retain, tokenizer, getattr(args, "prompt_template", None), args.max_length)
 
     def _check_truncation(self, before: int, prepared: Any, name: str, required: bool, stacklevel: int = 3) -> None:
-        """After TRL's preparation: refuse (``required``) or warn about the examples truncation to ``max_length``
-        left without an answer token (TRL drops them), and warn about truncated ones."""
+        """Refuse (``required``) or warn about examples truncation left without an answer token (TRL drops
+        them); warn about truncated ones."""
         if self._skip_prepare_dataset or not hasattr(prepared, "__len__"):
             return
         dropped = before - len(prepared)
@@ -279,7 +261,6 @@ class UnlearningTrainer(SFTTrainer):
                 warnings.warn(f"{full} {name} examples were truncated to max_length={limit} tokens.", stacklevel=stacklevel)
 
     def _prepare_retain(self, retain: Dataset | None) -> Dataset | None:
-        """The retain set prepared by TRL as the forget set was (truncation checked; refused when none is left)."""
         if retain is None:
             return None
         if not self._skip_prepare_dataset:
@@ -299,10 +280,8 @@ class UnlearningTrainer(SFTTrainer):
 
     @classmethod
     def _resolve_args(cls, args: Any, model: Any) -> BaseUnlearningConfig:
-        """``args`` as a ``cls.config_class`` (used as given when it is one; otherwise a default one named after the
-        model, or the fields it shares with other training arguments, ``cls.preset`` applied), then checked. A value
-        carried from another unlearning config's default that differs from ``config_class``'s default is warned
-        about."""
+        """``args`` as a ``cls.config_class`` (another config's shared fields with ``cls.preset`` applied), then
+        checked; warns about a value carried from another config's default."""
         config_class = cls.config_class
         if args is None:
             name = model if isinstance(model, str) else (get_config_model_id(model.config) or "model")
@@ -334,20 +313,8 @@ class UnlearningTrainer(SFTTrainer):
                     f"{cls.__name__} trains with {key}={value!r}, but its config sets {key}={getattr(args, key, None)!r}; "
                     "use UnlearningTrainer (or the trainer of that objective) instead."
                 )
-        cls._check_not_a_no_op(args)
         cls.check_hyperparameters(args)
         return args
-
-    @staticmethod
-    def _check_not_a_no_op(args: TrainingArguments) -> None:
-        """Refuse settings that would train nothing: a learning rate <= 0, zero steps or zero epochs."""
-        if not args.learning_rate > 0:
-            raise ValueError(f"learning_rate={args.learning_rate} would leave the model unchanged; it must be > 0.")
-        if args.max_steps == 0 or (args.max_steps < 0 and not args.num_train_epochs > 0):
-            raise ValueError(
-                f"max_steps={args.max_steps}, num_train_epochs={args.num_train_epochs} would train for zero steps; "
-                "set num_train_epochs > 0 or max_steps > 0."
-            )
 
     @classmethod
     def check_hyperparameters(cls, args: BaseUnlearningConfig) -> None:
@@ -355,20 +322,17 @@ class UnlearningTrainer(SFTTrainer):
 
     @classmethod
     def needs_retain(cls, args: BaseUnlearningConfig) -> bool:
-        """Whether the objective uses the retain set (default: ``retain_loss != "none"`` with ``retain_weight >
-        0``)."""
+        """Whether the objective uses the retain set (default: ``retain_loss != "none"``, ``retain_weight > 0``)."""
         return getattr(args, "retain_loss", "nll") != "none" and getattr(args, "retain_weight", 1.0) > 0
 
     @classmethod
     def needs_reference_model(cls, args: BaseUnlearningConfig) -> bool:
-        """Whether the objective needs the frozen reference model (default: for the KL retain term of
-        :meth:`retain_term`); a method whose own terms read the reference overrides this."""
+        """Whether the objective needs the frozen reference model (default: for the KL retain term)."""
         return cls.needs_retain(args) and getattr(args, "retain_loss", None) == "kl"
 
     @classmethod
     def watches_retain(cls, args: BaseUnlearningConfig) -> bool:
-        """Whether a ``retain_dataset`` given to an objective without a retain term is kept to feed the divergence
-        guard (default: when the guard is on)."""
+        """Whether a retain set unused by the objective is kept to feed the divergence guard."""
         return not cls.needs_retain(args) and getattr(args, "max_retain_loss_ratio", None) is not None
 
     @classmethod
@@ -377,15 +341,13 @@ class UnlearningTrainer(SFTTrainer):
         return ()
 
     def training_outcome(self) -> TrainingOutcome:
-        """How the run ended (:class:`~hf_unlearn.result.TrainingOutcome`); a trainer that stops itself overrides
-        this to report its step, reason and per-check history."""
+        """How the run ended (:class:`~hf_unlearn.result.TrainingOutcome`)."""
         return TrainingOutcome(global_step=self.state.global_step)
 
     # ----- the frozen reference ----------------------------------------------------------------------------------
 
     def _create_reference_model(self, model_id: str | None, ref_model: Any = None) -> torch.nn.Module:
-        """The frozen initial model (:func:`~hf_unlearn.methods.base.reference.frozen_reference`: ``ref_model``,
-        reloaded from ``model_id`` or the model's folder, or copied), prepared by accelerate like the policy."""
+        """The frozen initial model (:func:`.reference.frozen_reference`), prepared by accelerate."""
         live = self.accelerator.unwrap_model(self.model)
         ref = frozen_reference(live, model_id, ref_model, self._reload_reference, type(self).__name__)
         if self.is_deepspeed_enabled:
@@ -399,8 +361,6 @@ class UnlearningTrainer(SFTTrainer):
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
 
     def _reload_reference(self, path: str, live: Any, check: bool) -> torch.nn.Module | None:
-        """:func:`~hf_unlearn.methods.base.reference.reload_reference` with this run's ``model_init_kwargs``, whole
-        on each process under DDP, DeepSpeed and FSDP."""
         whole = self.args.distributed_state.distributed_type in RELOAD_WITHOUT_DEVICE_MAP or self.is_fsdp_enabled
         return reload_reference(path, live, check, self.args.model_init_kwargs, whole)
 
@@ -408,8 +368,7 @@ class UnlearningTrainer(SFTTrainer):
 
     def score(self, model: Any, inputs: dict[str, Any], prefix: str = "", **forward_kwargs) -> ScoredBatch:
         """Forward ``model`` on the ``prefix`` part of the batch (``""`` forget, ``"retain_"`` retain) and score
-        its labels with :func:`hf_unlearn.logprobs.label_log_probs`. Extra keyword arguments go to the forward
-        (e.g. ``output_hidden_states=True``)."""
+        its labels; extra keyword arguments go to the forward."""
         labels = inputs[prefix + "labels"]
         outputs = model(
             input_ids=inputs[prefix + "input_ids"],
@@ -421,10 +380,8 @@ class UnlearningTrainer(SFTTrainer):
 
     @torch.no_grad()
     def reference_scores(self, inputs: dict[str, Any], prefix: str = "", **forward_kwargs) -> ScoredBatch:
-        """:meth:`score` under the frozen reference: the reference model, or with a PEFT adapter the same model
-        with the adapter disabled. Without gradients. The adapter-disabled pass goes through the model as the
-        Trainer wrapped it (``model_wrapped``: DDP, FSDP, DeepSpeed), so that FSDP gathers its shards for it, as
-        TRL's ``null_ref_context`` passes do; in one process that is the model itself."""
+        """:meth:`score` under the frozen reference, without gradients: the reference model, or the PEFT model
+        with its adapter disabled (through ``model_wrapped``, so that FSDP gathers its shards)."""
         if self.ref_model is not None:
             return self.score(self.ref_model, inputs, prefix, **forward_kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
@@ -437,9 +394,8 @@ class UnlearningTrainer(SFTTrainer):
         )
 
     def retain_term(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        """The configured retain loss on the ``retain_`` part of the batch (unweighted): the retain NLL
-        (:func:`~hf_unlearn.methods.base.losses.nll_loss`) or per-token ``KL(pi_ref || pi_theta)``
-        (:func:`~hf_unlearn.methods.base.losses.kl_retain_loss`). Zero when the batch carries no retain examples."""
+        """The unweighted retain loss (``retain_loss``: :func:`nll_loss` or :func:`kl_retain_loss`); zero when
+        the batch carries no retain examples."""
         if RETAIN_PREFIX + "input_ids" not in inputs:
             return torch.zeros((), device=inputs["input_ids"].device)
         retain = self.score(model, inputs, RETAIN_PREFIX)
@@ -455,17 +411,9 @@ class UnlearningTrainer(SFTTrainer):
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
     ) -> torch.Tensor:
-        """Return the scalar loss of this micro-batch: the hook each method implements.
-
-        ``inputs`` holds ``input_ids``, ``attention_mask``, ``labels`` (forget) and ``retain_input_ids``,
-        ``retain_attention_mask``, ``retain_labels`` when the objective uses a retain set. Divide summed token-level
-        terms by ``denominators.forget_tokens`` / ``retain_tokens`` and summed sequence-level terms by
-        ``denominators.forget_sequences`` / ``retain_sequences``; the pure loss functions of the methods take
-        these as ``num_tokens`` / ``num_sequences``.
-
-        The base class holds no objective and raises ``NotImplementedError``: a method's trainer overrides this
-        (the baselines' objective is :mod:`hf_unlearn.methods.baselines.trainer`'s).
-        """
+        """The scalar loss of this micro-batch, the hook each method implements. Divide summed token-level terms
+        by ``denominators.forget_tokens`` / ``retain_tokens`` and sequence-level ones by ``forget_sequences`` /
+        ``retain_sequences``."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement `compute_unlearning_loss`: UnlearningTrainer is the base of the "
             "unlearning trainers and holds no objective. Train a baseline objective with the baselines' trainers "
@@ -476,8 +424,8 @@ class UnlearningTrainer(SFTTrainer):
     # ----- logged values ------------------------------------------------------------------------------------------
 
     def log_metric(self, name: str, value: torch.Tensor | float) -> None:
-        """Record a scalar for this step, logged with the loss as ``mean_processes(mean_steps(value))``. A
-        ``"retain_nll"`` recorded in a training step also feeds the divergence guard."""
+        """Record a scalar, logged as ``mean_processes(mean_steps(value))``; a ``"retain_nll"`` recorded in a
+        training step also feeds the divergence guard."""
         mode = "train" if self.model.training else "eval"
         value = scalar_on_device(value, self.accelerator.device)
         self._unlearning_metrics[mode][name].append(value)
@@ -520,7 +468,6 @@ class UnlearningTrainer(SFTTrainer):
 
     @property
     def in_training_step(self) -> bool:
-        """Whether a training step (not an evaluation or a direct call) is running."""
         return self._in_training_step
 
     def _denominators(self, inputs: dict[str, Any]) -> LossDenominators:
@@ -556,8 +503,7 @@ class UnlearningTrainer(SFTTrainer):
 
     @property
     def divergence_guard(self) -> RetainDivergenceGuard:
-        """The :class:`RetainDivergenceGuard` of this run (the restored one when transformers replaced it with
-        ``restore_callback_states_from_checkpoint=True``)."""
+        """This run's :class:`RetainDivergenceGuard` (the restored one after a resume)."""
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, RetainDivergenceGuard):
                 callback.reduce = self._mean_over_processes
@@ -570,8 +516,8 @@ class UnlearningTrainer(SFTTrainer):
         return float(value)
 
     def _watch_retain(self, model: Any, inputs: dict[str, Any]) -> None:
-        """For an objective without a retain term: the retain NLL of the batch's retain half, scored in eval mode
-        without gradient (no dropout, no RNG drawn, no effect on the update) and logged, so fed to the guard."""
+        """Log the retain NLL (fed to the guard) for an objective without a retain term: eval mode, no
+        gradient, so no dropout RNG is drawn and the update is unchanged."""
         if self.divergence_guard.max_ratio is None:
             return
         was_training = model.training
@@ -609,15 +555,12 @@ class UnlearningTrainer(SFTTrainer):
     # ----- training ----------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs):
-        """:meth:`transformers.Trainer.train` holding the lock of ``output_dir`` (a second run on it is refused).
+        """:meth:`transformers.Trainer.train` holding the lock of ``output_dir``.
 
-        Without ``resume_from_checkpoint``, a folder holding an earlier run's checkpoints is refused unless
-        ``overwrite=True`` (they are set aside, deleted once this run has finished, put back if it fails before
-        writing one). With it (``True``: the latest complete checkpoint), a checkpoint of another method, settings
-        (all but the run's length) or forget/retain rows is refused before any work
-        (:class:`~hf_unlearn.methods.base.checkpoints.ResumeMismatchError`); otherwise the run continues exactly
-        (weights, optimizer, scheduler, RNG, data order, retain pairing, divergence-guard reference). A bf16/fp16
-        model whose learning rate rounds away most updates gets a warning."""
+        Without ``resume_from_checkpoint``, earlier checkpoints are refused unless ``overwrite=True`` (set aside,
+        deleted after this run, put back if it fails before writing one). A resume refuses a checkpoint of another
+        method, settings or rows (:class:`~hf_unlearn.methods.base.checkpoints.ResumeMismatchError`) and
+        otherwise continues exactly."""
         out = Path(self.args.output_dir)
         with output_lock(out, enabled=self.accelerator.is_main_process and self.args.should_save):
             if not self._run_dir_claimed and self.args.should_save:  # it may have changed since __init__ checked it
@@ -664,9 +607,8 @@ class UnlearningTrainer(SFTTrainer):
         return super()._get_output_dir(trial)
 
     def _save_checkpoint(self, model, trial):
-        """Check the weights, then write the checkpoint through :func:`stage_checkpoint` (every process into one
-        hidden staging folder, renamed into place by the main process once all have written), with the run's
-        fingerprint (:meth:`run_fingerprint`)."""
+        """Check the weights, then write the checkpoint with its :meth:`run_fingerprint` through
+        :func:`stage_checkpoint`."""
         self._check_finite_weights("the checkpoint")
         run_dir = Path(super()._get_output_dir(trial))
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -699,9 +641,7 @@ class UnlearningTrainer(SFTTrainer):
             )
 
     def run_fingerprint(self) -> dict[str, Any]:
-        """This run's :func:`~hf_unlearn.methods.base.checkpoints.run_fingerprint` (method, weight-changing settings,
-        digests of the prepared forget and retain rows), written into every checkpoint as ``unlearning_run.json``
-        and checked on resume."""
+        """This run's :func:`.checkpoints.run_fingerprint`, written into every checkpoint and checked on resume."""
         if self._fingerprint is None:
             self._fingerprint = run_fingerprint(type(self), self.args, self.forget_dataset, self.retain_dataset)
         return self._fingerprint
@@ -709,12 +649,10 @@ class UnlearningTrainer(SFTTrainer):
     # ----- the final model -----------------------------------------------------------------------------------------
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the model (weights, config, tokenizer) to ``output_dir`` (default ``args.output_dir``), its
-        trainable weights checked finite, built in a temporary sibling folder and swapped in once complete (the
-        run's checkpoints kept). A target other than the run folder claimed by :meth:`train` is checked like the
-        output folder. A failed write raises a one-line :class:`~hf_unlearn.safe_output.OutputWriteError` and
-        leaves the previous content. Inside a checkpoint, and under FSDP / DeepSpeed (every process writes),
-        transformers writes in place."""
+        """Save the model to ``output_dir`` (default ``args.output_dir``), weights checked finite, built in a
+        temporary folder and swapped in once complete (the run's checkpoints kept); a failed write raises
+        :class:`~hf_unlearn.safe_output.OutputWriteError` and leaves the previous content. Inside a checkpoint
+        and under FSDP / DeepSpeed transformers writes in place."""
         if self._staging_dir is not None or self.is_fsdp_enabled or self.is_deepspeed_enabled:
             return super().save_model(output_dir, _internal_call)
         self._check_finite_weights("the model")
@@ -738,8 +676,8 @@ class UnlearningTrainer(SFTTrainer):
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
                           tags: str | list[str] | None = None, report: Any = None, forget_split: str | None = None):
-        """Write ``README.md``: the method, its paper and settings, and the evaluator's ``report`` (a dict or JSON
-        path, e.g. ``trainer.push_to_hub(report=...)``) as ``model-index`` (:func:`hf_unlearn.hub.trainer_model_card`)."""
+        """Write ``README.md`` (:func:`hf_unlearn.hub.trainer_model_card`; ``report``: the evaluator's, a dict
+        or JSON path, as ``model-index``)."""
         if not self.is_world_process_zero():
             return
         from ...hub import trainer_model_card
@@ -750,10 +688,8 @@ class UnlearningTrainer(SFTTrainer):
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None,
                     **kwargs: Any) -> Any:
-        """Save the model, write its card (``kwargs``, e.g. ``report=``, go to :meth:`create_model_card`) and upload
-        ``args.output_dir`` (without ``checkpoint-*`` and ``_*`` entries) to ``args.hub_model_id`` in one commit
-        with :func:`hf_unlearn.hub.push.push_folder`. The steps and arguments are transformers'
-        ``Trainer.push_to_hub``'s; returns the ``CommitInfo`` (a future of it when not ``blocking``)."""
+        """``Trainer.push_to_hub``'s steps, the card written by :meth:`create_model_card` (``kwargs``), the folder
+        uploaded without ``checkpoint-*`` and ``_*`` entries in one commit; returns the ``CommitInfo``."""
         from ...hub.push import push_folder
 
         self.callback_handler.on_push_begin(self.args, self.state, self.control)
@@ -784,10 +720,8 @@ class UnlearningTrainer(SFTTrainer):
     # ----- end of a run ------------------------------------------------------------------------------------------
 
     def release_training_state(self) -> None:
-        """Drop what only training needs, so that what runs after it (the evaluation, the NF4 re-check, the
-        attacks) has the memory: the optimizer and its states, the learning-rate scheduler, the frozen reference
-        model and accelerate's references to its prepared objects. The trained model and what :meth:`save_model`
-        writes stay; the trainer cannot train again afterwards."""
+        """Free what only training needs (optimizer, scheduler, reference model, accelerate's references); the
+        trainer cannot train again afterwards."""
         self.optimizer = self.lr_scheduler = None
         self.callback_handler.optimizer = self.callback_handler.lr_scheduler = None
         self.ref_model = None
@@ -798,15 +732,9 @@ class UnlearningTrainer(SFTTrainer):
             torch.cuda.empty_cache()
 
     def end_training(self) -> None:
-        """Finish a distributed run cleanly: release the DDP wrapper, then destroy the process group.
-
-        Call it once, after `train()` and `save_model()`, at the end of a `torchrun` script (a single-process run
-        may call it too; it then only drops the trainer's prepared objects). The order matters: when the process
-        group is destroyed first, DDP's reducer is left holding the last reference to the gloo group, and freeing it
-        later joins gloo's worker threads while holding the GIL; a worker still finishing the last all-gather needs
-        the GIL to free its tensors, and both wait forever. Releasing the wrapper while the
-        group is still registered avoids that. The trainer cannot train again afterwards.
-        """
+        """Release the DDP wrapper, then destroy the process group (call once at the end of a ``torchrun``
+        script). In the other order DDP's reducer holds the last reference to the gloo group and freeing it can
+        deadlock on the GIL. The trainer cannot train again afterwards."""
         self.model_wrapped = self.model
         self.accelerator.free_memory()
         gc.collect()
@@ -814,8 +742,7 @@ class UnlearningTrainer(SFTTrainer):
 
     # ----- what the run reads after training -----------------------------------------------------------------------
 
-    #: Whether the trainer stops itself by a rule of its own: then that rule is its strength selection and a
-    #: criterion is only recorded beside it; otherwise the best checkpoint under the criterion is restored.
+    #: Whether the trainer stops itself by a rule of its own (its strength selection).
     stops_itself: ClassVar[bool] = False
 
     def method_metrics(self, tokenizer: Any, forget: Any, retain: Any) -> dict[str, float]:
@@ -824,5 +751,5 @@ class UnlearningTrainer(SFTTrainer):
 
     @classmethod
     def check_forget_rows(cls, rows: Any, args: BaseUnlearningConfig) -> None:
-        """Raise a ``ValueError`` naming the first forget row that lacks what this trainer reads besides its
-        question and answer (default: nothing more is read)."""
+        """Raise a ``ValueError`` naming the first forget row lacking what this trainer reads beyond
+        question and answer."""
