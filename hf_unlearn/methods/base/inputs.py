@@ -1,7 +1,4 @@
-"""The checks :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer` runs on its inputs before any work, as
-pure functions: the model's folders (refused as output folders), the output folder, ``max_length`` within the
-model's positions, and forget and retain sets disjoint unless ``allow_overlap``.
-"""
+"""The checks :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer` runs on its inputs before any work."""
 
 from __future__ import annotations
 
@@ -42,17 +39,15 @@ def model_dirs(model: Any) -> tuple[str, ...]:
 
 
 def check_output_folder(args: Any, input_dirs: tuple[str, ...]) -> None:
-    """Refuse an output folder overlapping a model folder, a non-empty one without ``overwrite``, or one that
-    cannot be written. A folder holding checkpoints (a run that may be resumed) or only the command line's
-    ``logs/run_request.json`` counts as empty here."""
+    """Refuse an output folder overlapping a model folder, non-empty without ``overwrite`` (checkpoints or only
+    ``logs/run_request.json`` count as empty), or not writable."""
     out = Path(args.output_dir)
     overwrite = bool(getattr(args, "overwrite", False)) or bool(_checkpoint_dirs(out)) or _holds_request_only(out)
     check_output_dir(out, input_dirs, overwrite=overwrite)
 
 
 def limit_max_length(args: BaseUnlearningConfig, model_config: Any) -> BaseUnlearningConfig:
-    """``args`` with ``max_length`` lowered to the model's maximum positions (a copy when changed), so that no
-    sequence indexes past the position table."""
+    """``args`` with ``max_length`` lowered to the model's maximum positions (a copy when changed)."""
     limit = model_max_positions(model_config) if model_config is not None else None
     if limit is None or (args.max_length is not None and args.max_length <= limit):
         return args

@@ -62,8 +62,15 @@ from .guards import (
     saved_guard_state,
 )
 from .inputs import check_disjoint, check_output_folder, limit_max_length, model_dirs
-from .losses import LossDenominators, ScoredBatch, answer_mask, batch_counts, kl_retain_loss, nll_loss
-from .metrics import scalar_on_device
+from .losses import (
+    LossDenominators,
+    ScoredBatch,
+    answer_mask,
+    batch_counts,
+    kl_retain_loss,
+    nll_loss,
+    scalar_on_device,
+)
 from .pairing import (
     RETAIN_PREFIX,
     PairedCollator,
@@ -180,6 +187,10 @@ class UnlearningTrainer(SFTTrainer):
         self.ref_model = None
         if self.needs_reference_model(self.args) and not is_peft_model(self.model):
             self.ref_model = self._create_reference_model(model if isinstance(model, str) else None, ref_model)
+        self._finish_init()
+
+    def _finish_init(self) -> None:
+        """What a method sets up once the model and data are prepared (default: nothing)."""
 
     # ----- inputs, checked before any work ------------------------------------------------------------------------
 
@@ -509,6 +520,21 @@ class UnlearningTrainer(SFTTrainer):
                 callback.reduce = self._mean_over_processes
                 return callback
         return self._divergence_guard
+
+    def _restore_callback(self, callback: Any) -> Any:
+        """The callback of ``callback``'s class that a resume restored (else ``callback``, added), its saved state
+        loaded whatever ``restore_callback_states_from_checkpoint`` says."""
+        kind = type(callback)
+        current = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, kind)), None)
+        if current is None:
+            self.add_callback(callback)
+            current = callback
+        stored = self.state.stateful_callbacks.get(kind.__name__)
+        if isinstance(stored, list):
+            stored = stored[-1] if stored else None
+        if stored:
+            current.load_state(stored)
+        return current
 
     def _mean_over_processes(self, value: torch.Tensor) -> float:
         if self.accelerator.num_processes > 1:

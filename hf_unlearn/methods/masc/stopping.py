@@ -1,6 +1,4 @@
-"""MASC's stopping rule (:class:`MarginStoppingCallback`, saved in checkpoints and as ``masc_stopping.json``) and
-:func:`split_validation`, the held-out slice ``stop_probe="heldout"`` measures.
-"""
+"""MASC's stopping rule (:class:`MarginStoppingCallback`) and :func:`split_validation`, the held-out slice."""
 
 from __future__ import annotations
 
@@ -28,19 +26,12 @@ STOPPING_FILE = "masc_stopping.json"
 class MarginStoppingCallback(TrainerCallback, ExportableState):
     """MASC's online stopping rule, with its state saved in checkpoints (``ExportableState``).
 
-    ``mode="train"``, at every ``check_every``-th optimizer step: the check is armed when the mean of
-    ``probe(model, "trigger", step)`` (per-example violation rates) is ``<= trigger``; then confirmation ``j``
-    (counting armed checks) stops training when
+    ``mode="train"``, every ``check_every`` optimizer steps: when the mean of ``probe(model, "trigger", step)``
+    is ``<= trigger``, confirmation ``j`` stops training when
     :func:`~hf_unlearn.methods.masc.loss.confirmation_statistic` of ``probe(model, "confirm", step)`` is
     ``<= alpha``. ``mode="heldout"``: stop when ``violations / positions`` of ``probe(model, "heldout", step)``
-    is ``<= alpha``. With ``calibrate=True`` the trigger and ``alpha`` become, at step 0, the mean rate of
-    ``probe(model, "calibrate", 0)`` (never-seen rows); a threshold in ``given`` is kept at or above it and
-    refused below it (:meth:`calibrate_thresholds`).
-
-    ``probe`` and ``agree`` are attached by the trainer, not saved. Attributes (saved and restored):
-    ``violation_history`` (one dict per measurement; the one at step 0 is the starting model, not a check),
-    ``stopped_at_step`` (or ``None``), ``num_confirmations`` (``j``), ``budget_exhausted``, ``max_steps``,
-    ``stop_reason`` (``"rule"``, ``"budget"``, or ``None`` while running), ``calibration`` (or ``None``).
+    is ``<= alpha``. With ``calibrate=True``, see :meth:`calibrate_thresholds`. ``probe`` and ``agree`` are
+    attached by the trainer, not saved.
     """
 
     def __init__(
@@ -105,8 +96,7 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         }
 
     def load_state(self, state: dict) -> None:
-        """Restore the attributes of a :meth:`state` dict (the rule's arguments must match); a calibrated
-        trigger and ``alpha`` come back with the calibration."""
+        """Restore the attributes of a :meth:`state` dict, a calibrated trigger and ``alpha`` included."""
         for key, value in state.get("attributes", {}).items():
             setattr(self, key, value)
         if self.calibration:
@@ -130,10 +120,9 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         return {"step": int(step), "violation_rate": rate, "examples": len(rates), "triggered": rate <= self.trigger}
 
     def calibrate_thresholds(self, model: Any) -> dict[str, Any]:
-        """Measure the never-seen state, the mean per-example violation rate ``r_0`` of the never-seen rows under
-        ``model`` (clipped into ``(0, 1)``), and set ``trigger`` and ``alpha`` to it; a threshold the user gave
-        (named in ``given``) is kept when it is ``>= r_0`` and refused when it is below (the forget rows would
-        have to violate less than rows the model never saw: an overshoot by construction). Returns the record."""
+        """Set ``trigger`` and ``alpha`` to the mean violation rate ``r_0`` of the never-seen rows under
+        ``model``; a threshold named in ``given`` is kept when ``>= r_0`` and refused below it (an overshoot by
+        construction). Returns the record."""
         rates = [float(r) for r in self._probe(model, "calibrate", 0)]
         rate = sum(rates) / len(rates)
         threshold = min(max(rate, 1e-6), 1.0 - 1e-6)
@@ -266,8 +255,8 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
 
 
 def split_validation(forget: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
-    """Split the forget set into (training part, held-out slice) for ``stop_probe="heldout"``:
-    ``max(1, round(fraction * n))`` examples drawn with ``seed`` are held out, and at least one is left to train on."""
+    """``(training part, held-out slice)`` of the forget set: ``max(1, round(fraction * n))`` examples drawn with
+    ``seed`` held out, at least one left to train on."""
     n = len(forget)
     if n < 2:
         raise ValueError(
