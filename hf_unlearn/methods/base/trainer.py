@@ -111,7 +111,8 @@ class UnlearningTrainer(SFTTrainer):
 
     Private ``Trainer`` methods overridden, each because no public hook does the job:
 
-    * ``_set_signature_columns_if_needed``: the ``retain_`` keys must survive ``remove_unused_columns``.
+    * ``_set_signature_columns_if_needed``: the ``retain_`` keys (``_batch_prefixes``) must survive
+      ``remove_unused_columns``.
     * ``_save_checkpoint``: the checkpoint is staged and renamed into place once every process has written.
     * ``_get_output_dir``: names the staging folder while a checkpoint is written.
     """
@@ -124,6 +125,8 @@ class UnlearningTrainer(SFTTrainer):
     preset: ClassVar[dict[str, Any]] = {}
     #: whether the trainer unlearns documents (plain texts, chunked) as well as question/answer rows
     accepts_documents: ClassVar[bool] = True
+    #: prefixes of the batch keys besides the forget half's, kept by ``remove_unused_columns``
+    _batch_prefixes: ClassVar[tuple[str, ...]] = (RETAIN_PREFIX,)
     # compute_loss divides by the totals of the accumulation step itself (see LossDenominators)
     loss_is_scaled_for_ga = True
 
@@ -164,17 +167,10 @@ class UnlearningTrainer(SFTTrainer):
         )
         self._divergence_guard = RetainDivergenceGuard(args.max_retain_loss_ratio, args.min_retain_loss_reference)
         super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=forget,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            callbacks=[*(callbacks or []), self._divergence_guard],
-            optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
-            quantization_config=quantization_config,
-            peft_config=peft_config,
+            model=model, args=args, data_collator=data_collator, train_dataset=forget, eval_dataset=eval_dataset,
+            processing_class=processing_class, callbacks=[*(callbacks or []), self._divergence_guard],
+            optimizers=optimizers, optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            quantization_config=quantization_config, peft_config=peft_config,
         )
         self._check_truncation(len(forget), self.train_dataset, "forget", required=True)
         # each forget example paired with a retain example, partners redrawn every epoch
@@ -284,7 +280,8 @@ class UnlearningTrainer(SFTTrainer):
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
-        extra = [RETAIN_PREFIX + c for c in self._signature_columns if not c.startswith(RETAIN_PREFIX)]
+        own = [c for c in self._signature_columns if not c.startswith(self._batch_prefixes)]
+        extra = [prefix + c for prefix in self._batch_prefixes for c in own]
         self._signature_columns = list(dict.fromkeys([*self._signature_columns, *extra]))
 
     # ----- configuration -----------------------------------------------------------------------------------------
@@ -709,7 +706,14 @@ class UnlearningTrainer(SFTTrainer):
         from ...hub import trainer_model_card
 
         card = trainer_model_card(self, model_name, dataset_name, tags, report=report, forget_split=forget_split)
+        section = self.card_section()
+        if section:
+            card.text = card.text.rstrip("\n") + "\n\n" + section + "\n"
         atomic_write_text(Path(self.args.output_dir) / "README.md", str(card))
+
+    def card_section(self) -> str:
+        """Markdown the method appends to its model card (default: none)."""
+        return ""
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None,

@@ -6,26 +6,21 @@ tokenized with the forget rows' questions and carried beside the forget half of 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ..base.checkpoints import _rows_digest
 from ..base.losses import LossDenominators
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, as_dataset, to_trl_format
-from ..base.trainer import Optimizers, Rows, UnlearningTrainer
+from ..base.trainer import UnlearningTrainer
 from .config import IdkDPOConfig, PreferenceConfig, UnlearnDPOConfig
 from .loss import dpo_loss
 from .token_trainer import ForgetRetainTrainer
-
-if TYPE_CHECKING:
-    from peft import PeftConfig
-    from transformers import BitsAndBytesConfig
 
 __all__ = ["ALTERNATE_PREFIX", "UnlearnDPOTrainer", "IdkDPOTrainer", "PreferenceTrainer", "load_idk_answers"]
 
@@ -96,41 +91,21 @@ class _AlternateCollator:
 class PreferenceTrainer(ForgetRetainTrainer):
     """The DPO objective ``forget_weight * L_DPO + retain_weight * retain_term``
     (:func:`~hf_unlearn.methods.baselines.loss.dpo_loss`) with a preferred answer per TOFU-shaped forget row, from
-    :meth:`preferred_answers`. Logs ``alternate_nll``, ``forget_log_ratio`` and ``alternate_log_ratio``.
-
-    Private ``Trainer`` method overridden, because no public hook does the job: ``_set_signature_columns_if_needed``
-    (the ``alternate_`` keys must survive ``remove_unused_columns``)."""
+    :meth:`preferred_answers`. Logs ``alternate_nll``, ``forget_log_ratio`` and ``alternate_log_ratio``."""
 
     config_class: ClassVar[type[PreferenceConfig]] = PreferenceConfig
     accepts_documents: ClassVar[bool] = False  # a preferred answer needs a question to answer
+    _batch_prefixes = (RETAIN_PREFIX, ALTERNATE_PREFIX)
 
-    def __init__(
-        self,
-        model: str | PreTrainedModel,
-        args: PreferenceConfig | TrainingArguments | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Rows | None = None,
-        retain_dataset: Rows | None = None,
-        eval_dataset: Rows | dict[str, Rows] | None = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
-        callbacks: list[TrainerCallback] | None = None,
-        optimizers: Optimizers = (None, None),
-        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
-        quantization_config: BitsAndBytesConfig | None = None,
-        peft_config: PeftConfig | None = None,
-        ref_model: PreTrainedModel | None = None,
-    ):
-        args = self._resolve_args(args, model)
-        if train_dataset is not None:
-            train_dataset = as_dataset(train_dataset)
-        preferred = self.preferred_answers(train_dataset, args) if train_dataset is not None and len(train_dataset) else None
-        super().__init__(
-            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
-            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
-            peft_config=peft_config, ref_model=ref_model,
-        )
-        rows = [{"question": q, "answer": a} for q, a in zip(train_dataset["question"], preferred)]
+    def _check_inputs(self, model: Any, args: Any, train_dataset: Any, *rest: Any) -> tuple:
+        """The preferred answers, checked before the base's input checks."""
+        forget = as_dataset(train_dataset)
+        self._preferred = self.preferred_answers(forget, args) if len(forget) else []
+        self._questions = forget["question"] if len(forget) else []
+        return super()._check_inputs(model, args, forget, *rest)
+
+    def _finish_init(self) -> None:
+        rows = [{"question": q, "answer": a} for q, a in zip(self._questions, self._preferred)]
         alternates = to_trl_format(rows, self.processing_class, getattr(self.args, "prompt_template", None))
         if not self._skip_prepare_dataset:
             alternates = self._prepare_dataset(alternates, self.processing_class, self.args, False, None, "alternate")
@@ -164,12 +139,6 @@ class PreferenceTrainer(ForgetRetainTrainer):
     @classmethod
     def needs_reference_model(cls, args: Any) -> bool:
         return True
-
-    def _set_signature_columns_if_needed(self):
-        super()._set_signature_columns_if_needed()
-        extra = [ALTERNATE_PREFIX + c for c in self._signature_columns
-                 if not c.startswith((RETAIN_PREFIX, ALTERNATE_PREFIX))]
-        self._signature_columns = list(dict.fromkeys([*self._signature_columns, *extra]))
 
     def run_fingerprint(self) -> dict[str, Any]:
         """The base fingerprint with the preferred answers' tokens folded into the forget rows' digest."""

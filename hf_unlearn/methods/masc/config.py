@@ -175,8 +175,7 @@ class MASCConfig(BaseUnlearningConfig):
     # The recipe
     recipe: str = field(
         default="auto",
-        metadata={"help": "The authors' recipe the unset fields come from: 'small', 'llama2-7b', or 'auto' (by the "
-                          "model's parameter count, < 2B: 'small'), resolved when the trainer sees the model.",
+        metadata={"help": "The recipe of the unset fields: 'small', 'llama2-7b' or 'auto' (< 2B parameters: 'small').",
                   "choices": list(MASC_RECIPE_CHOICES)},
     )
 
@@ -184,9 +183,7 @@ class MASCConfig(BaseUnlearningConfig):
     top_k: int = field(default=10, metadata={"help": "Number k of rival tokens in the restricted margin."})
     margin_beta: float = field(default=1.0, metadata={"help": "Inverse temperature beta inside the margin."})
     margin_probability: float | None = field(
-        default=None,
-        metadata={"help": "Threshold as restricted probability rho; tau = log(rho / (1 - rho)) (None: the recipe's; "
-                          "small 0.5, llama2-7b 0.7)."},
+        default=None, metadata={"help": "Threshold as restricted probability rho (None: the recipe's)."}
     )
     margin_threshold: float | None = field(
         default=None, metadata={"help": "Threshold tau given directly (replaces margin_probability when set)."}
@@ -194,16 +191,14 @@ class MASCConfig(BaseUnlearningConfig):
 
     # The loss
     forget_weight: float | None = field(
-        default=None,
-        metadata={"help": "Weight lambda_fg of the forget hinge term (None: the recipe's; small 0.1, llama2-7b 0.05)."},
+        default=None, metadata={"help": "Weight lambda_fg of the forget hinge term (None: the recipe's)."}
     )
     hinge: str = field(
         default="buffered",
         metadata={"help": "'buffered': relu(m - (tau - eta)) / eta; 'plain': relu(m - tau).", "choices": list(MASC_HINGES)},
     )
     buffer_eta: float | None = field(
-        default=None,
-        metadata={"help": "Buffer eta of the buffered hinge, > 0 (None: the recipe's; small 0.5, llama2-7b 0.25)."},
+        default=None, metadata={"help": "Buffer eta of the buffered hinge, > 0 (None: the recipe's)."}
     )
     penalty: str = field(
         default="continuation",
@@ -219,9 +214,7 @@ class MASCConfig(BaseUnlearningConfig):
         default=8, metadata={"help": "Answer tokens always penalised after the cut (authors: 32)."}
     )
     retain_weight: float | None = field(
-        default=None,
-        metadata={"help": "Weight of KL(pi_0 || pi_theta) on retain tokens (None: the recipe's; small 1, "
-                          "llama2-7b 0)."},
+        default=None, metadata={"help": "Weight of KL(pi_0 || pi_theta) on retain tokens (None: the recipe's)."}
     )
     epoch_length: str = field(
         default="forget",
@@ -242,27 +235,18 @@ class MASCConfig(BaseUnlearningConfig):
     )
     check_every: int = field(default=2, metadata={"help": "Check the stopping rule every this many steps."})
     stop_trigger: float | None = field(
-        default=None,
-        metadata={"help": "Stage-1 trigger on the mean violation rate (None: the recipe's; small 0.2, llama2-7b "
-                          "0.475)."},
+        default=None, metadata={"help": "Stage-1 trigger on the mean violation rate (None: the recipe's)."}
     )
     stop_probe_batches: int = field(default=2, metadata={"help": "Stage-1 probe size in training batches."})
     confirm_examples: int | None = field(
-        default=None,
-        metadata={"help": "Stage-2 probe size in forget training examples (None: the recipe's; small 64, "
-                          "llama2-7b 32)."},
+        default=None, metadata={"help": "Stage-2 probe size in forget training examples (None: the recipe's)."}
     )
     confirm_delta: float = field(default=0.05, metadata={"help": "Failure probability delta of the Hoeffding bound."})
     stop_tolerance: float | None = field(
-        default=None,
-        metadata={"help": "alpha: stop when the bound (or rate) is <= alpha (None: the recipe's; small 0.2, "
-                          "llama2-7b 0.475)."},
+        default=None, metadata={"help": "alpha: stop when the statistic is <= alpha (None: the recipe's)."}
     )
     calibrate_stop: bool = field(
-        default=True,
-        metadata={"help": "Calibrate the stop threshold on never-seen rows (calibrate_stop_on, or a selection "
-                          "criterion's holdout rows) when the run has them: the trigger and alpha become the starting "
-                          "model's violation rate there; a threshold given below it is refused."},
+        default=True, metadata={"help": "Calibrate the stop thresholds on never-seen rows when the run has them."}
     )
     validation_fraction: float = field(
         default=0.1, metadata={"help": "stop_probe='heldout': fraction of the forget set held out."}

@@ -6,7 +6,6 @@ itself. The random continuation cuts come from generators seeded by ``(seed, ste
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -113,17 +112,9 @@ class MASCTrainer(UnlearningTrainer):
             peft_config = args.get_peft_config()
 
         super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=forget,
-            retain_dataset=retain_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
-            quantization_config=quantization_config,
+            model=model, args=args, data_collator=data_collator, train_dataset=forget, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
             peft_config=peft_config,
         )
         vocab = vocab_size(self.model)  # from the config when the head is partitioned (ZeRO-3 / FSDP)
@@ -139,7 +130,15 @@ class MASCTrainer(UnlearningTrainer):
                                                            seed=self.args.seed, cycle=True)
         rule = self._build_probes(calibration_rows, held_out, len(forget))
         rule["recipe"] = self.recipe = recipe
-        self._attach_stopping_rule(rule, calibrate=calibration_rows is not None and args.calibrate_stop)
+        self.stopping_callback = MarginStoppingCallback(
+            mode=self.args.stop_probe, check_every=self.args.check_every, trigger=self.args.stop_trigger,
+            stop_tolerance=self.args.stop_tolerance, delta=self.args.confirm_delta, rule=rule,
+            confirm_rule=self.args.confirm_rule, calibrate=calibration_rows is not None and args.calibrate_stop,
+            given=tuple(k for k in ("stop_trigger", "stop_tolerance") if k in self.args.recipe_fields_given),
+        )
+        self.stopping_callback.probe = self.probe
+        self.stopping_callback.agree = self._main_process_decides
+        self.add_callback(self.stopping_callback)
 
     def _build_probes(self, calibration_rows: Dataset | None, held_out: Dataset | None, num_train: int
                       ) -> dict[str, Any]:
@@ -164,18 +163,6 @@ class MASCTrainer(UnlearningTrainer):
         if calibration_rows is not None:
             rule["calibration_examples"] = len(calibration)
         return rule
-
-    def _attach_stopping_rule(self, rule: dict[str, Any], calibrate: bool) -> None:
-        """Build :class:`MarginStoppingCallback` from the config, attach this trainer's probe, and add it."""
-        self.stopping_callback = MarginStoppingCallback(
-            mode=self.args.stop_probe, check_every=self.args.check_every, trigger=self.args.stop_trigger,
-            stop_tolerance=self.args.stop_tolerance, delta=self.args.confirm_delta, rule=rule,
-            confirm_rule=self.args.confirm_rule, calibrate=calibrate,
-            given=tuple(k for k in ("stop_trigger", "stop_tolerance") if k in self.args.recipe_fields_given),
-        )
-        self.stopping_callback.probe = self.probe
-        self.stopping_callback.agree = self._main_process_decides
-        self.add_callback(self.stopping_callback)
 
     # ----- probes -----------------------------------------------------------------------------------------------
 
@@ -394,19 +381,7 @@ class MASCTrainer(UnlearningTrainer):
             callback.pending_logs = {}
         super().log(logs, start_time)
 
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
-                          tags: str | list[str] | None = None, report: Any = None, forget_split: str | None = None):
-        """The base trainer's card with a *Stopping* section (:meth:`stopping_card_section`)."""
-        if not self.is_world_process_zero():
-            return
-        from ...hub import trainer_model_card
-        from ...safe_output import atomic_write_text
-
-        card = trainer_model_card(self, model_name, dataset_name, tags, report=report, forget_split=forget_split)
-        card.text = card.text.rstrip("\n") + "\n\n" + self.stopping_card_section() + "\n"
-        atomic_write_text(os.path.join(self.args.output_dir, "README.md"), str(card))
-
-    def stopping_card_section(self) -> str:
+    def card_section(self) -> str:
         """Markdown of the card's *Stopping* section: whether the rule or the step budget ended the run."""
         cb = self.stopping_callback
         rule = f"confirm_rule={cb.confirm_rule!r}, trigger={cb.trigger:.4g}, stop_tolerance={cb.stop_tolerance:.4g}"
