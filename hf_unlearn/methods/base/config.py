@@ -113,47 +113,39 @@ def _accelerator_present() -> bool:
 
 @dataclass
 class BaseUnlearningConfig(SFTConfig):
-    r"""
-    Configuration shared by every unlearning trainer ([`UnlearningTrainer`] and its subclasses). Everything in
+    r"""Configuration shared by every unlearning trainer ([`UnlearningTrainer`] and its subclasses). Everything in
     [`~trl.SFTConfig`] applies; the parameters below are the ones unlearning adds.
 
     Parameters:
         > Parameters that control the data
 
         allow_overlap (`bool`, *optional*, defaults to `False`):
-            Forget and retain sets sharing examples is an error by default; with `True` it is a warning with the
-            number of shared examples.
+            Forget and retain sets sharing examples is a warning instead of an error.
         prompt_template (`str` or `None`, *optional*, defaults to `None`):
-            Prompt template preset of [`hf_unlearn.data.PROMPT_TEMPLATES`] for TOFU rows (`question`/`answer`).
-            `None`: the tokenizer's chat template when it has one, else `"Question: {question}\nAnswer:"` (the
-            evaluator's default).
+            Prompt template preset of [`hf_unlearn.data.PROMPT_TEMPLATES`] for TOFU rows; `None`: the tokenizer's
+            chat template when it has one, else `"Question: {question}\nAnswer:"`.
 
         > Parameters that control the safety of outputs
 
         overwrite (`bool`, *optional*, defaults to `False`):
-            A non-empty `output_dir` is refused before any work unless `True` (the result is still swapped in only
-            once complete). An `output_dir` equal to, inside, or containing the model folder is always refused.
+            A non-empty `output_dir` is refused before any work unless `True`; one overlapping the model folder
+            always is.
 
         > Parameters that stop a broken run
 
         max_retain_loss_ratio (`float` or `None`, *optional*, defaults to `100.0`):
-            Divergence guard: training stops with an error when the retain NLL of an optimizer step exceeds this
-            multiple of its first-step value (floored at `min_retain_loss_reference`); `None` disables it.
+            Divergence guard: training stops when the retain NLL of a step exceeds this multiple of its first-step
+            value (floored at `min_retain_loss_reference`); `None` disables it.
         min_retain_loss_reference (`float`, *optional*, defaults to `0.1`):
-            Floor (nats per token) of the starting retain NLL used by the divergence guard.
+            Floor (nats per token) of the starting retain NLL.
 
     Refused when built (a `ValueError`): a learning rate not a finite number `> 0`; settings that train zero steps
     or never end; a batch size or accumulation count below `1`; a `max_length` below `2`; a NaN or infinite float;
     a numeric field outside its range ([`TRAINING_RANGES`], a method's `numeric_ranges`); `trust_remote_code=True`.
 
-    > [!NOTE]
-    > These parameters have default values different from [`~trl.SFTConfig`]:
-    > - `learning_rate`: Defaults to `1e-5` instead of `2e-5` (TOFU's unlearning rate).
-    > - `num_train_epochs`: Defaults to `10` instead of `3` (TOFU's unlearning budget: fixed epochs, no early stop).
-    > - `weight_decay`: Defaults to `0.01` instead of `0.0`.
-    > - `bf16`: Defaults to `True` only when a bf16-capable GPU is present (instead of always).
-    > - `use_cpu`: Set to `True` on a machine with no CUDA, XPU or MPS device, so that the processes of a
-    >   `torchrun` / `accelerate launch` form one distributed run there.
+    Defaults that differ from [`~trl.SFTConfig`]: `learning_rate=1e-5`, `num_train_epochs=10` (TOFU's),
+    `weight_decay=0.01`, `bf16` only on a bf16-capable GPU; `use_cpu` is set on a machine with no CUDA, XPU or
+    MPS device, so that the processes of a launch form one distributed run there.
     """
 
     # Parameters whose default values are overridden from SFTConfig
@@ -269,8 +261,7 @@ class BaseUnlearningConfig(SFTConfig):
 
 @dataclass
 class UnlearningConfig(BaseUnlearningConfig):
-    r"""
-    Configuration of the baseline objective of [`BaselineTrainer`]:
+    r"""Configuration of the baseline objective of [`BaselineTrainer`]:
     `loss = forget_weight * forget_term + retain_weight * retain_term` (open-unlearning's `gamma` and `alpha`).
 
     GradAscent, GradDiff (the defaults below), NPO and SimNPO are presets of it.
@@ -282,8 +273,7 @@ class UnlearningConfig(BaseUnlearningConfig):
             Forget term: `"grad_ascent"` (minus the forget NLL), `"npo"` (against the frozen initial model) or
             `"simnpo"` (reference-free, length-normalised).
         retain_loss (`str`, *optional*, defaults to `"nll"`):
-            Retain term: `"none"` (no retain set), `"nll"` (negative log-likelihood of the retain answers) or `"kl"`
-            (per-token `KL(pi_ref || pi_theta)` on the retain answers against the frozen initial model).
+            Retain term: `"none"`, `"nll"` (the retain answers' NLL) or `"kl"` (per-token `KL(pi_ref || pi_theta)`).
         beta (`float`, *optional*, defaults to `0.1`):
             Inverse temperature of NPO and SimNPO, `> 0`.
         delta (`float`, *optional*, defaults to `0.0`):
@@ -292,8 +282,7 @@ class UnlearningConfig(BaseUnlearningConfig):
         forget_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the forget term, `> 0`.
         retain_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the retain term, `>= 0`. With `retain_weight=0` (or `retain_loss="none"`) the retain set is
-            not needed.
+            Weight of the retain term, `>= 0` (`0`: no retain set needed).
     """
 
     forget_loss: str = field(

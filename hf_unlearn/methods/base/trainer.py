@@ -4,6 +4,7 @@ A method implements :meth:`UnlearningTrainer.compute_unlearning_loss` with the h
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import json
@@ -31,7 +32,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from trl import SFTTrainer
 from trl.trainer.utils import get_config_model_id
 
-from ...data import is_documents
+from ...data import is_documents, model_max_positions, overlapping_examples
 from ...logprobs import label_log_probs
 from ...result import TrainingOutcome
 from ...safe_output import (
@@ -46,6 +47,7 @@ from ...safe_output import (
 from .checkpoints import (
     FINGERPRINT_NAME,
     RUN_ENTRIES,
+    RUN_REQUEST_NAME,
     _checkpoint_dirs,
     check_resume,
     run_fingerprint,
@@ -61,7 +63,6 @@ from .guards import (
     non_finite_parameters,
     saved_guard_state,
 )
-from .inputs import check_disjoint, check_output_folder, limit_max_length, model_dirs
 from .losses import (
     LossDenominators,
     ScoredBatch,
@@ -76,10 +77,11 @@ from .pairing import (
     PairedCollator,
     PairedForgetRetainDataset,
     PairingEpochCallback,
+    _identity_keys,
     as_dataset,
     to_trl_format,
 )
-from .reference import RELOAD_WITHOUT_DEVICE_MAP, frozen_reference, reload_reference
+from .reference import RELOAD_WITHOUT_DEVICE_MAP, _local_dir, frozen_reference, reload_reference
 
 if TYPE_CHECKING:
     from peft import PeftConfig
@@ -90,6 +92,24 @@ if TYPE_CHECKING:
 Rows = Dataset | Sequence[Any] | str | os.PathLike
 #: ``Trainer``'s ``optimizers``: an optimizer and a learning-rate scheduler, either ``None`` to build the default
 Optimizers = tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None]
+
+
+def _holds_request_only(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing but ``logs/run_request.json`` (written there just before the run)."""
+    logs = folder / "logs"
+    try:
+        return ([p.name for p in folder.iterdir()] == ["logs"] and not logs.is_symlink()
+                and [p.name for p in logs.iterdir()] == [RUN_REQUEST_NAME])
+    except OSError:
+        return False
+
+
+def check_output_folder(args: Any, input_dirs: tuple[str, ...]) -> None:
+    """Refuse an output folder overlapping a model folder, non-empty without ``overwrite`` (checkpoints or only
+    ``logs/run_request.json`` count as empty), or not writable."""
+    out = Path(args.output_dir)
+    overwrite = bool(getattr(args, "overwrite", False)) or bool(_checkpoint_dirs(out)) or _holds_request_only(out)
+    check_output_dir(out, input_dirs, overwrite=overwrite)
 
 
 class UnlearningTrainer(SFTTrainer):
@@ -147,7 +167,10 @@ class UnlearningTrainer(SFTTrainer):
         ref_model: PreTrainedModel | None = None,
     ):
         # refused as output folders; which sets are documents (chunks fill max_length by design)
-        self._input_dirs: tuple[str, ...] = model_dirs(model)
+        candidates = [model] if isinstance(model, (str, os.PathLike)) else [
+            getattr(model, "name_or_path", None), getattr(getattr(model, "config", None), "_name_or_path", None)
+        ]
+        self._input_dirs = tuple(dict.fromkeys(d for d in map(_local_dir, candidates) if d is not None))
         self._run_dir_claimed = False
         self._staging_dir: Path | None = None
         self._document_sets: set[str] = set()
@@ -188,8 +211,6 @@ class UnlearningTrainer(SFTTrainer):
     def _finish_init(self) -> None:
         """What a method sets up once the model and data are prepared (default: nothing)."""
 
-    # ----- inputs, checked before any work ------------------------------------------------------------------------
-
     def _check_inputs(
         self, model: Any, args: BaseUnlearningConfig, train_dataset: Any, retain_dataset: Any, eval_dataset: Any,
         processing_class: Any,
@@ -198,7 +219,10 @@ class UnlearningTrainer(SFTTrainer):
         eval_dataset)``, the sets in TRL's format."""
         check_output_folder(args, self._input_dirs)
         model_config = AutoConfig.from_pretrained(model, trust_remote_code=False) if isinstance(model, str) else getattr(model, "config", None)
-        args = limit_max_length(args, model_config)  # a warning follows only when an example is truncated
+        limit = model_max_positions(model_config) if model_config is not None else None
+        if limit is not None and (args.max_length is None or args.max_length > limit):
+            args = copy.copy(args)  # a warning follows only when an example is truncated
+            args.max_length = limit
         if processing_class is None:
             model_id = model if isinstance(model, str) else get_config_model_id(model.config)
             processing_class = AutoTokenizer.from_pretrained(model_id, trust_remote_code=False)
@@ -240,7 +264,15 @@ class UnlearningTrainer(SFTTrainer):
         retain = as_dataset(retain_dataset)
         if len(retain) == 0:
             raise ValueError("The retain set (`retain_dataset`) is empty: a retain example is needed per forget example.")
-        check_disjoint(forget, retain, args.allow_overlap, stacklevel=4)
+        keys = _identity_keys(forget)
+        shared = overlapping_examples(forget, retain, keys=keys) if keys and keys == _identity_keys(retain) else 0
+        if shared and not args.allow_overlap:
+            raise ValueError(
+                f"{shared} of the {len(forget)} forget examples also occur in the retain set: the objective "
+                "would push their likelihood down and up at once. Remove them, or set `allow_overlap=True`."
+            )
+        if shared:
+            warnings.warn(f"{shared} forget examples also occur in the retain set (allow_overlap=True).", stacklevel=4)
         if is_documents(retain):
             self._document_sets.add("retain")
         return to_trl_format(retain, tokenizer, getattr(args, "prompt_template", None), args.max_length)
@@ -283,8 +315,6 @@ class UnlearningTrainer(SFTTrainer):
         own = [c for c in self._signature_columns if not c.startswith(self._batch_prefixes)]
         extra = [prefix + c for prefix in self._batch_prefixes for c in own]
         self._signature_columns = list(dict.fromkeys([*self._signature_columns, *extra]))
-
-    # ----- configuration -----------------------------------------------------------------------------------------
 
     @classmethod
     def _resolve_args(cls, args: Any, model: Any) -> BaseUnlearningConfig:
@@ -352,8 +382,6 @@ class UnlearningTrainer(SFTTrainer):
         """How the run ended (:class:`~hf_unlearn.result.TrainingOutcome`)."""
         return TrainingOutcome(global_step=self.state.global_step)
 
-    # ----- the frozen reference ----------------------------------------------------------------------------------
-
     def _create_reference_model(self, model_id: str | None, ref_model: Any = None) -> torch.nn.Module:
         """The frozen initial model (:func:`.reference.frozen_reference`), prepared by accelerate."""
         live = self.accelerator.unwrap_model(self.model)
@@ -371,8 +399,6 @@ class UnlearningTrainer(SFTTrainer):
     def _reload_reference(self, path: str, live: Any, check: bool) -> torch.nn.Module | None:
         whole = self.args.distributed_state.distributed_type in RELOAD_WITHOUT_DEVICE_MAP or self.is_fsdp_enabled
         return reload_reference(path, live, check, self.args.model_init_kwargs, whole)
-
-    # ----- helpers for the loss hook -----------------------------------------------------------------------------
 
     def score(self, model: Any, inputs: dict[str, Any], prefix: str = "", **forward_kwargs) -> ScoredBatch:
         """Forward ``model`` on the ``prefix`` part of the batch (``""`` forget, ``"retain_"`` retain) and score
@@ -429,8 +455,6 @@ class UnlearningTrainer(SFTTrainer):
             "SimNPOTrainer)."
         )
 
-    # ----- logged values ------------------------------------------------------------------------------------------
-
     def log_metric(self, name: str, value: torch.Tensor | float) -> None:
         """Record a scalar, logged as ``mean_processes(mean_steps(value))``; a ``"retain_nll"`` recorded in a
         training step also feeds the divergence guard."""
@@ -453,19 +477,21 @@ class UnlearningTrainer(SFTTrainer):
             metrics.clear()
         super().log(logs, start_time)
 
-    # ----- the training step -------------------------------------------------------------------------------------
-
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         counts = sum((batch_counts(b) for b in batch_samples), torch.zeros(4, dtype=torch.float64))
+        self._step_denominators = LossDenominators(*self._step_totals(counts).to(device).unbind())
+        return batch_samples, num_items_in_batch
+
+    def _step_totals(self, counts: torch.Tensor) -> torch.Tensor:
+        """A step's ``[n]`` float64 counts, summed over processes and divided by their number under
+        ``average_tokens_across_devices`` (DDP averages gradients), floored at ``1 / processes``; float32."""
         scale = 1.0
         if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
             gathered = self.accelerator.gather(counts.to(self.accelerator.device, torch.float32))
-            counts = gathered.reshape(-1, 4).sum(0).double().cpu()
+            counts = gathered.reshape(-1, counts.numel()).sum(0).double().cpu()
             scale = float(self.accelerator.num_processes)
-        values = (counts / scale).clamp(min=1.0 / scale).float().to(device)
-        self._step_denominators = LossDenominators(*values.unbind())
-        return batch_samples, num_items_in_batch
+        return (counts / scale).clamp(min=1.0 / scale).float()
 
     def training_step(self, *args, **kwargs):
         self._in_training_step = True
@@ -506,8 +532,6 @@ class UnlearningTrainer(SFTTrainer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
-
-    # ----- guards -----------------------------------------------------------------------------------------------
 
     @property
     def divergence_guard(self) -> RetainDivergenceGuard:
@@ -575,8 +599,6 @@ class UnlearningTrainer(SFTTrainer):
                 f"{bad[0]}); {what} was not written and training stopped ({kept}). Lower the learning rate."
             )
 
-    # ----- training ----------------------------------------------------------------------------------------------
-
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs):
         """:meth:`transformers.Trainer.train` holding the lock of ``output_dir``.
 
@@ -622,8 +644,6 @@ class UnlearningTrainer(SFTTrainer):
                 shutil.rmtree(stale, ignore_errors=True)
             return result
 
-    # ----- checkpoints ----------------------------------------------------------------------------------------------
-
     def _get_output_dir(self, trial):
         if self._staging_dir is not None:
             return str(self._staging_dir)
@@ -668,8 +688,6 @@ class UnlearningTrainer(SFTTrainer):
         if self._fingerprint is None:
             self._fingerprint = run_fingerprint(type(self), self.args, self.forget_dataset, self.retain_dataset)
         return self._fingerprint
-
-    # ----- the final model -----------------------------------------------------------------------------------------
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model to ``output_dir`` (default ``args.output_dir``), weights checked finite, built in a
@@ -747,8 +765,6 @@ class UnlearningTrainer(SFTTrainer):
             ignore_patterns=("_*", f"{PREFIX_CHECKPOINT_DIR}-*"), run_as_future=not blocking,
         )
 
-    # ----- end of a run ------------------------------------------------------------------------------------------
-
     def release_training_state(self) -> None:
         """Free what only training needs (optimizer, scheduler, reference model, accelerate's references); the
         trainer cannot train again afterwards."""
@@ -769,8 +785,6 @@ class UnlearningTrainer(SFTTrainer):
         self.accelerator.free_memory()
         gc.collect()
         self.accelerator.end_training()
-
-    # ----- what the run reads after training -----------------------------------------------------------------------
 
     #: Whether the trainer stops itself by a rule of its own (its strength selection).
     stops_itself: ClassVar[bool] = False

@@ -52,8 +52,7 @@ class SimNPOConfig(UnlearningConfig):
 
 @dataclass
 class ForgetRetainConfig(BaseUnlearningConfig):
-    r"""
-    The objective `forget_weight * forget_term + retain_weight * retain_term` of the token-level and preference
+    r"""The objective `forget_weight * forget_term + retain_weight * retain_term` of the token-level and preference
     baselines (WGA, SatImp, CE-U, UNDIAL, DPO, IdkDPO), whose configs subclass it.
 
     Parameters:
@@ -83,8 +82,7 @@ class ForgetRetainConfig(BaseUnlearningConfig):
 
 @dataclass
 class WGAConfig(ForgetRetainConfig):
-    r"""
-    Configuration of [`WGATrainer`] (Weighted Gradient Ascent), open-unlearning's `WGA.yaml` defaults (5 epochs).
+    r"""Configuration of [`WGATrainer`] (Weighted Gradient Ascent), open-unlearning's `WGA.yaml` defaults (5 epochs).
 
     Parameters:
         beta (`float`, *optional*, defaults to `1.0`):
@@ -99,8 +97,7 @@ class WGAConfig(ForgetRetainConfig):
 
 @dataclass
 class SatImpConfig(ForgetRetainConfig):
-    r"""
-    Configuration of [`SatImpTrainer`], with the authors' defaults (`retain_weight=0.1`, 5 epochs).
+    r"""Configuration of [`SatImpTrainer`], with the authors' defaults (`retain_weight=0.1`, 5 epochs).
 
     Parameters:
         beta1 (`float`, *optional*, defaults to `5.0`):
@@ -119,8 +116,7 @@ class SatImpConfig(ForgetRetainConfig):
 
 @dataclass
 class CEUConfig(ForgetRetainConfig):
-    r"""
-    Configuration of [`CEUTrainer`] (Cross-Entropy Unlearning), open-unlearning's `CEU.yaml` defaults: the forget
+    r"""Configuration of [`CEUTrainer`] (Cross-Entropy Unlearning), open-unlearning's `CEU.yaml` defaults: the forget
     term only (`retain_weight=0`).
 
     Parameters:
@@ -141,8 +137,7 @@ class CEUConfig(ForgetRetainConfig):
 
 @dataclass
 class UNDIALConfig(ForgetRetainConfig):
-    r"""
-    Configuration of [`UNDIALTrainer`] (self-distillation with adjusted logits), open-unlearning's `UNDIAL.yaml`
+    r"""Configuration of [`UNDIALTrainer`] (self-distillation with adjusted logits), open-unlearning's `UNDIAL.yaml`
     defaults: the forget term only, learning rate `1e-4`.
 
     Parameters:
@@ -159,8 +154,7 @@ class UNDIALConfig(ForgetRetainConfig):
 
 @dataclass
 class PreferenceConfig(ForgetRetainConfig):
-    r"""
-    The DPO objective's fields, shared by [`UnlearnDPOConfig`] and [`IdkDPOConfig`] (open-unlearning's defaults).
+    r"""The DPO objective's fields, shared by [`UnlearnDPOConfig`] and [`IdkDPOConfig`] (open-unlearning's defaults).
 
     Parameters:
         beta (`float`, *optional*, defaults to `0.1`):
@@ -174,8 +168,7 @@ class PreferenceConfig(ForgetRetainConfig):
 
 @dataclass
 class UnlearnDPOConfig(PreferenceConfig):
-    r"""
-    Configuration of [`UnlearnDPOTrainer`]: DPO preferring a given alternate answer of each forget row.
+    r"""Configuration of [`UnlearnDPOTrainer`]: DPO preferring a given alternate answer of each forget row.
 
     Parameters:
         alternate_column (`str`, *optional*, defaults to `"alternate_answer"`):
@@ -196,8 +189,7 @@ class UnlearnDPOConfig(PreferenceConfig):
 
 @dataclass
 class IdkDPOConfig(PreferenceConfig):
-    r"""
-    Configuration of [`IdkDPOTrainer`]: DPO preferring an "I don't know" answer over each forget answer.
+    r"""Configuration of [`IdkDPOTrainer`]: DPO preferring an "I don't know" answer over each forget answer.
 
     Parameters:
         idk_answers_file (`str` or `None`, *optional*, defaults to `None`):

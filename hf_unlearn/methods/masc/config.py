@@ -65,8 +65,7 @@ def model_parameter_count(model: Any) -> int:
 
 @dataclass
 class MASCConfig(BaseUnlearningConfig):
-    r"""
-    Configuration class for the [`MASCTrainer`].
+    r"""Configuration class for the [`MASCTrainer`].
 
     MASC pushes the *restricted margin* of forget answer tokens,
     `m_t = beta * z(y_t) - logsumexp_{v in top-k(z) \ y_t} beta * z(v)` (`z` the logits, the `k` rivals chosen
@@ -103,21 +102,17 @@ class MASCConfig(BaseUnlearningConfig):
         buffer_eta (`float`, *optional*):
             Buffer `eta > 0` of the buffered hinge.
         penalty (`str`, *optional*, defaults to `"continuation"`):
-            `"continuation"`: the answer suffix after a random cut counts, in the loss and the stopping statistic;
-            `"full"`: the whole answer.
-        continuation_cut_min_ratio (`float`, *optional*, defaults to `0.2`):
-            Lower end of the uniform cut ratio.
-        continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
-            Upper end of the uniform cut ratio.
-        continuation_min_prefix_tokens (`int`, *optional*, defaults to `8`):
-            Answer tokens always kept before the cut; shorter answers than prefix + suffix are penalised whole.
-        continuation_min_suffix_tokens (`int`, *optional*, defaults to `8`):
-            Answer tokens always penalised after the cut.
+            `"continuation"`: the answer suffix after a random cut counts; `"full"`: the whole answer.
+        continuation_cut_min_ratio (`float`, *optional*, defaults to `0.2`), continuation_cut_max_ratio (`float`,
+        *optional*, defaults to `0.6`):
+            The range of the uniform cut ratio.
+        continuation_min_prefix_tokens (`int`, *optional*, defaults to `8`), continuation_min_suffix_tokens (`int`,
+        *optional*, defaults to `8`):
+            Answer tokens always kept before the cut, and always penalised after it.
         retain_weight (`float`, *optional*):
             Weight of `KL(pi_0 || pi_theta)` on retain answer tokens, `>= 0`.
         epoch_length (`str`, *optional*, defaults to `"forget"`):
-            `"forget"`: an epoch is one pass over the forget set; `"max(forget,retain)"`: the smaller set cycled
-            over the larger one (needs a retain set).
+            `"forget"`: one pass over the forget set; `"max(forget,retain)"`: the smaller set cycled over the larger.
         stop_probe (`str`, *optional*, defaults to `"train"`):
             `"train"`: the two-stage rule; `"heldout"`: the single-stage held-out rule.
         confirm_rule (`str`, *optional*, defaults to `"mean"`):
@@ -134,26 +129,20 @@ class MASCConfig(BaseUnlearningConfig):
             Failure probability `delta` of the Hoeffding bound, in `(0, 1)`.
         stop_tolerance (`float`, *optional*):
             `alpha` in `(0, 1)`: stop when the statistic is `<= alpha`.
-        validation_fraction (`float`, *optional*, defaults to `0.1`):
-            `stop_probe="heldout"`: fraction of the forget set held out.
-        min_validation_positions (`int`, *optional*, defaults to `20`):
-            `stop_probe="heldout"`: the slice needs `max(min_validation_positions, ceil(1 / alpha))` positions.
+        validation_fraction (`float`, *optional*, defaults to `0.1`), min_validation_positions (`int`, *optional*,
+        defaults to `20`):
+            `stop_probe="heldout"`: the fraction of the forget set held out, and the least answer positions it needs
+            (with `ceil(1 / alpha)`).
         calibrate_stop (`bool`, *optional*, defaults to `True`):
             Calibrate the thresholds on never-seen rows when the run has them.
         use_peft (`bool`, *optional*, defaults to `True`):
             Build a LoRA adapter when the trainer gets no `peft_config` (TRL's `ModelConfig` names below).
-        lora_r (`int`, *optional*, defaults to `16`):
-            LoRA rank, `>= 1`.
-        lora_alpha (`int`, *optional*, defaults to `32`):
-            LoRA alpha, `> 0`.
-        lora_dropout (`float`, *optional*, defaults to `0.05`):
-            LoRA dropout, in `[0, 1)`.
+        lora_r (`int`, defaults to `16`), lora_alpha (`int`, defaults to `32`), lora_dropout (`float`, defaults
+        to `0.05`):
+            LoRA rank `>= 1`, alpha `> 0` and dropout in `[0, 1)`.
         lora_target_modules (`list[str]`, *optional*, defaults to `["q_proj", "k_proj", "v_proj", "o_proj"]`):
             Modules that get an adapter.
 
-    Defaults that differ from the base config: `learning_rate=1e-4`, `lr_scheduler_type="constant"`,
-    `per_device_train_batch_size=2`, `weight_decay=0.0`, `max_grad_norm=0.0` (no clipping), `max_steps=5400`,
-    `num_train_epochs=3`.
     """
 
     # Defaults overridden from the base (the authors' TOFU run)

@@ -14,13 +14,15 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_callback import ExportableState
 
 from ...safe_output import atomic_write_json
-from .loss import MASC_CONFIRM_RULES, confirmation_statistic, masc_probability_from_threshold
+from .loss import confirmation_statistic, masc_probability_from_threshold
 
 __all__ = ["STOPPING_FILE", "MarginStoppingCallback", "split_validation"]
 
 logger = logging.getLogger(__name__)
 
 STOPPING_FILE = "masc_stopping.json"
+_SAVED_ATTRIBUTES = ("violation_history", "stopped_at_step", "num_confirmations", "budget_exhausted", "max_steps",
+                     "stop_reason", "calibration")
 
 
 class MarginStoppingCallback(TrainerCallback, ExportableState):
@@ -30,8 +32,8 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
     is ``<= trigger``, confirmation ``j`` stops training when
     :func:`~hf_unlearn.methods.masc.loss.confirmation_statistic` of ``probe(model, "confirm", step)`` is
     ``<= alpha``. ``mode="heldout"``: stop when ``violations / positions`` of ``probe(model, "heldout", step)``
-    is ``<= alpha``. With ``calibrate=True``, see :meth:`calibrate_thresholds`. ``probe`` and ``agree`` are
-    attached by the trainer, not saved.
+    is ``<= alpha``. With ``calibrate=True``, see :meth:`calibrate_thresholds`. Its arguments are the ones
+    :class:`~hf_unlearn.methods.masc.MASCConfig` checked; ``probe`` and ``agree`` are attached by the trainer.
     """
 
     def __init__(
@@ -46,14 +48,6 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         calibrate: bool = False,
         given: tuple[str, ...] = (),
     ) -> None:
-        if mode not in ("train", "heldout"):
-            raise ValueError(f"mode must be 'train' or 'heldout', got {mode!r}.")
-        if confirm_rule not in MASC_CONFIRM_RULES:
-            raise ValueError(f"confirm_rule must be one of {list(MASC_CONFIRM_RULES)}, got {confirm_rule!r}.")
-        if not 0.0 < stop_tolerance < 1.0:
-            raise ValueError(f"stop_tolerance (alpha) must lie in (0, 1), got {stop_tolerance}.")
-        if int(check_every) < 1:
-            raise ValueError(f"check_every must be >= 1, got {check_every}.")
         self.mode = mode
         self.check_every = int(check_every)
         self.trigger = float(trigger)
@@ -75,8 +69,6 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         # the decision every process follows (the trainer sets it: the main process's, shared by one all-reduce)
         self.agree: Callable[[bool], bool] = bool
 
-    # ----- ExportableState ------------------------------------------------------------------------------------------
-
     def state(self) -> dict:
         return {
             "args": {
@@ -84,15 +76,8 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
                 "delta": self.delta, "rule": self.rule, "confirm_rule": self.confirm_rule,
                 "calibrate": self.calibrate, "given": list(self.given),
             },
-            "attributes": {
-                "violation_history": [dict(h) for h in self.violation_history],
-                "stopped_at_step": self.stopped_at_step,
-                "num_confirmations": self.num_confirmations,
-                "budget_exhausted": self.budget_exhausted,
-                "max_steps": self.max_steps,
-                "stop_reason": self.stop_reason,
-                "calibration": self.calibration,
-            },
+            "attributes": {k: getattr(self, k) for k in _SAVED_ATTRIBUTES}
+            | {"violation_history": [dict(h) for h in self.violation_history]},
         }
 
     def load_state(self, state: dict) -> None:
@@ -102,8 +87,6 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         if self.calibration:
             self.trigger = float(self.calibration.get("trigger", self.calibration["threshold"]))
             self.stop_tolerance = float(self.calibration.get("stop_tolerance", self.calibration["threshold"]))
-
-    # ----- measuring ------------------------------------------------------------------------------------------------
 
     def _probe(self, model: Any, stage: str, step: int) -> Any:
         if self.probe is None:
@@ -214,23 +197,15 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
             state.log_history.append({"masc/stop_reason": "budget", "step": int(state.global_step)})
         return control
 
-    # ----- reporting ------------------------------------------------------------------------------------------------
-
     def summary(self) -> dict[str, Any]:
         """The rule, its history and the outcome, as saved in ``masc_stopping.json``."""
-        if self.mode == "heldout":
-            description = "stop at the first check where the held-out violation rate |{t: m_t > tau}| / |T| <= alpha"
-        elif self.confirm_rule == "hoeffding":
-            description = (
-                "two-stage: mean per-example violation rate of the first training batches <= trigger, then "
-                "Hoeffding bound mean + sqrt(log(1/delta_j)/(2n)), delta_j = 6 delta/(pi^2 (j+1)^2), on the "
-                "confirmation examples <= alpha"
-            )
-        else:
-            description = (
-                "two-stage: mean per-example violation rate of the first training batches <= trigger, then "
-                "the mean per-example violation rate of the confirmation examples <= alpha"
-            )
+        stage_two = ("Hoeffding bound mean + sqrt(log(1/delta_j)/(2n)), delta_j = 6 delta/(pi^2 (j+1)^2), on the"
+                     if self.confirm_rule == "hoeffding" else "the mean per-example violation rate of the")
+        description = (
+            "stop at the first check where the held-out violation rate |{t: m_t > tau}| / |T| <= alpha"
+            if self.mode == "heldout" else "two-stage: mean per-example violation rate of the first training "
+            f"batches <= trigger, then {stage_two} confirmation examples <= alpha"
+        )
         tau = self.rule.get("tau")
         return {
             "rule": {

@@ -148,7 +148,17 @@ class MASCTrainer(UnlearningTrainer):
             calibration = self._prepared_rows(calibration_rows, "MASC calibration")
             batches["calibrate"] = self._batches(calibration, self.args.per_device_eval_batch_size)
         if held_out is not None:
-            batches["heldout"] = self._heldout_probe_batches(held_out, num_train + len(held_out))
+            rows = self._prepared_rows(held_out, "MASC validation")
+            positions = sum(int(answer_mask(torch.tensor([r["labels"]])).sum()) for r in rows)
+            if positions < self.args.min_validation_size:
+                raise ValueError(
+                    f"The held-out validation slice ({len(held_out)} of {num_train + len(held_out)} forget examples) "
+                    f"has {positions} answer positions; the stopping rule needs at least {self.args.min_validation_size}"
+                    f" (max(min_validation_positions={self.args.min_validation_positions}, ceil(1/stop_tolerance))) to "
+                    "measure a violation rate. Raise validation_fraction or use a larger forget set."
+                )
+            self.validation_dataset = Dataset.from_list(rows)
+            batches["heldout"] = self._batches(rows, self.args.per_device_eval_batch_size)
         else:
             rows = [{k: self.forget_dataset[i][k] for k in MODEL_COLUMNS} for i in range(len(self.forget_dataset))]
             trigger_n = min(len(rows), self.args.stop_probe_batches * self.args.per_device_train_batch_size)
@@ -163,8 +173,6 @@ class MASCTrainer(UnlearningTrainer):
         if calibration_rows is not None:
             rule["calibration_examples"] = len(calibration)
         return rule
-
-    # ----- probes -----------------------------------------------------------------------------------------------
 
     def _batches(self, rows: list[dict[str, Any]], batch_size: int) -> list[dict[str, torch.Tensor]]:
         return [self.data_collator(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
@@ -219,21 +227,6 @@ class MASCTrainer(UnlearningTrainer):
         if not self._skip_prepare_dataset:
             prepared = self._prepare_dataset(prepared, self.processing_class, self.args, False, None, name)
         return [{k: prepared[i][k] for k in MODEL_COLUMNS} for i in range(len(prepared))]
-
-    def _heldout_probe_batches(self, held_out: Dataset, n_forget: int) -> list[dict[str, torch.Tensor]]:
-        rows = self._prepared_rows(held_out, "MASC validation")
-        validation = Dataset.from_list(rows)
-        positions = sum(int(answer_mask(torch.tensor([r["labels"]])).sum()) for r in rows)
-        needed = self.args.min_validation_size
-        if positions < needed:
-            raise ValueError(
-                f"The held-out validation slice ({len(held_out)} of {n_forget} forget examples) has {positions} "
-                f"answer positions; the stopping rule needs at least {needed} (max(min_validation_positions="
-                f"{self.args.min_validation_positions}, ceil(1/stop_tolerance))) to measure a violation rate. Raise "
-                "validation_fraction or use a larger forget set."
-            )
-        self.validation_dataset = validation
-        return self._batches(rows, self.args.per_device_eval_batch_size)
 
     def active_mask(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """The positions MASC penalises: the continuation after a random cut, or the whole answer (``"full"``)."""
@@ -293,8 +286,6 @@ class MASCTrainer(UnlearningTrainer):
         current.agree = self._main_process_decides
         self.stopping_callback = current
 
-    # ----- configuration -----------------------------------------------------------------------------------------
-
     @classmethod
     def needs_retain(cls, args: MASCConfig) -> bool:
         """For the KL term, and with ``epoch_length="max(forget,retain)"`` to count the epoch."""
@@ -303,8 +294,6 @@ class MASCTrainer(UnlearningTrainer):
     @classmethod
     def needs_reference_model(cls, args: MASCConfig) -> bool:
         return args.retain_weight > 0
-
-    # ----- outcome -----------------------------------------------------------------------------------------------
 
     @property
     def stopped_at_step(self) -> int | None:
@@ -325,21 +314,15 @@ class MASCTrainer(UnlearningTrainer):
         return TrainingOutcome(global_step=self.state.global_step, stopped_at_step=self.stopped_at_step,
                                stop_reason=self.stop_reason, history=tuple(self.violation_history))
 
-    # ----- the loss ----------------------------------------------------------------------------------------------
-
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self.args.penalty == "continuation":
-            total = torch.zeros((), dtype=torch.float64)
+            total = torch.zeros(1, dtype=torch.float64)
             for index, batch in enumerate(batch_samples):
                 generator = _seeded(self.args.seed, self.state.global_step, index, self.accelerator.process_index)
                 batch[ACTIVE_MASK_KEY] = self.active_mask(batch["labels"].cpu(), generator)
                 total += batch[ACTIVE_MASK_KEY].sum().double()
-            scale = 1.0
-            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
-                total = self.accelerator.gather(total.reshape(1).float().to(self.accelerator.device)).sum().double().cpu()
-                scale = float(self.accelerator.num_processes)
-            self._step_active_tokens = (total / scale).clamp(min=1.0 / scale).float()
+            self._step_active_tokens = self._step_totals(total).reshape(())
         return batch_samples, num_items_in_batch
 
     def compute_unlearning_loss(
@@ -371,8 +354,6 @@ class MASCTrainer(UnlearningTrainer):
             self.log_metric("retain_nll", retain.mean_nll)
             loss = loss + args.retain_weight * kl
         return loss
-
-    # ----- logging and saving ------------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         callback = getattr(self, "stopping_callback", None)

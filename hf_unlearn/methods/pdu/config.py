@@ -13,8 +13,7 @@ PDU_RETAIN_LOSSES = ("nll", "kl")
 
 @dataclass
 class PDUConfig(BaseUnlearningConfig):
-    r"""
-    Configuration class for the [`PDUTrainer`].
+    r"""Configuration class for the [`PDUTrainer`].
 
     PDU unlearns under the constraint `L_retain <= eps` by primal-dual descent on the Lagrangian
 

@@ -42,8 +42,7 @@ def decoder_layer_count(model_config: Any) -> int | None:
 
 @dataclass
 class RMUConfig(BaseUnlearningConfig):
-    r"""
-    Configuration class for the [`RMUTrainer`].
+    r"""Configuration class for the [`RMUTrainer`].
 
     RMU steers the forget answers' hidden state at one decoder layer towards a fixed random direction and keeps
     the retain answers' hidden states there where the frozen starting model has them:

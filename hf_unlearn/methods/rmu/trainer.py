@@ -56,8 +56,6 @@ class RMUTrainer(UnlearningTrainer):
         generator = torch.Generator().manual_seed(int(self.args.seed))
         self.control_vector = rmu_control_vector(hidden, self.args.steering_coeff, generator)
 
-    # ----- configuration -----------------------------------------------------------------------------------------
-
     @classmethod
     def _resolve_args(cls, args: Any, model: Any) -> RMUConfig:
         """The base checks, then ``layer`` and (for a loaded model) ``trainable_params`` against the model."""
@@ -89,8 +87,6 @@ class RMUTrainer(UnlearningTrainer):
     @classmethod
     def needs_reference_model(cls, args: RMUConfig) -> bool:
         return cls.needs_retain(args)
-
-    # ----- the loss ----------------------------------------------------------------------------------------------
 
     def _hidden(self, scored: Any, what: str) -> torch.Tensor:
         states = scored.outputs.hidden_states
@@ -133,8 +129,6 @@ class RMUTrainer(UnlearningTrainer):
                 self.log_metric("retain_activation_loss", activation_mse(
                     retain_args["retain_activations"], retain_args["ref_retain_activations"], retain_args["retain_mask"]))
         return loss
-
-    # ----- checkpoints -------------------------------------------------------------------------------------------
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
