@@ -48,12 +48,9 @@ def stage_checkpoint(
     is_main_process: bool = True,
     wait_for_everyone: Callable[[], None] = lambda: None,
 ) -> Path:
-    """Write the checkpoint ``run_dir/name`` from every process through one staging folder, atomically: the main
-    process creates ``run_dir/.<name>.staging``, every process calls ``write(staging)`` (its files into
-    ``staging/<name>``), and once all have written the main process renames it into place, with a barrier
-    (``wait_for_everyone``) between the steps. A failed ``write`` never reaches the next barrier, so ``run_dir``
-    only ever holds complete checkpoints.
-    """
+    """Write the checkpoint ``run_dir/name`` from every process (``write(staging)``) into one staging folder that
+    the main process renames into place once all have written (barriers: ``wait_for_everyone``), so ``run_dir``
+    only ever holds complete checkpoints."""
     run_dir = gated_path(run_dir)
     staging = run_dir / f".{name}.staging"
     if is_main_process:

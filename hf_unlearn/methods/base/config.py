@@ -194,45 +194,9 @@ class BaseUnlearningConfig(SFTConfig):
         metadata={"help": "Floor of the first-step retain NLL used by the divergence guard (nats per token)."},
     )
 
+    numeric_ranges = {"max_retain_loss_ratio": ("> 1", "None disables the guard"), "min_retain_loss_reference": "> 0"}
+
     def __post_init__(self):
-        self._check_training_budget()
-        self._refuse_remote_code()
-        check_numeric_fields(self, _class_ranges(self))
-        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
-            self.activation_checkpointing = True
-        if self.bf16 is None:
-            self.bf16 = (not self.fp16) and _bf16_available()
-        if not self.use_cpu and not _accelerator_present():
-            self.use_cpu = True  # the CPU is the only device: one distributed run under a launch, CPU bf16 autocast
-        if self.max_retain_loss_ratio is not None and not self.max_retain_loss_ratio > 1:
-            raise ValueError(f"`max_retain_loss_ratio` must be > 1 (or None to disable), got {self.max_retain_loss_ratio}.")
-        if not self.min_retain_loss_reference > 0:
-            raise ValueError(f"`min_retain_loss_reference` must be > 0, got {self.min_retain_loss_reference}.")
-        if self.prompt_template is not None:
-            from ...data.prompts import get_template
-
-            get_template(self.prompt_template)  # an unknown preset fails here, before any work
-        super().__post_init__()
-
-    def _refuse_remote_code(self) -> None:
-        """Refuse ``trust_remote_code=True`` (also inside ``model_init_kwargs``)."""
-        kwargs = self.model_init_kwargs
-        if isinstance(kwargs, str):  # the command line passes the dict as JSON
-            import json
-
-            try:
-                kwargs = json.loads(kwargs)
-            except ValueError:
-                kwargs = {}
-        kwargs = kwargs if isinstance(kwargs, Mapping) else {}
-        if self.trust_remote_code or kwargs.get("trust_remote_code"):
-            raise ValueError(
-                "trust_remote_code=True is refused: hf-unlearn loads safetensors weights into the architectures "
-                "transformers ships and never runs code that comes with a model."
-            )
-
-    def _check_training_budget(self) -> None:
-        """Refuse (``ValueError``) settings that would train nothing or could not run."""
         lr = self.learning_rate
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or not lr > 0:
             raise ValueError(
@@ -257,7 +221,32 @@ class BaseUnlearningConfig(SFTConfig):
                 f"max_length={self.max_length} leaves no room for a prompt token and an answer token; use None or "
                 "an integer >= 2 (the model's maximum positions always apply as well)."
             )
+        kwargs = self.model_init_kwargs
+        if isinstance(kwargs, str):  # the command line passes the dict as JSON
+            import json
 
+            try:
+                kwargs = json.loads(kwargs)
+            except ValueError:
+                kwargs = {}
+        kwargs = kwargs if isinstance(kwargs, Mapping) else {}
+        if self.trust_remote_code or kwargs.get("trust_remote_code"):
+            raise ValueError(
+                "trust_remote_code=True is refused: hf-unlearn loads safetensors weights into the architectures "
+                "transformers ships and never runs code that comes with a model."
+            )
+        check_numeric_fields(self, _class_ranges(self))
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
+        if self.bf16 is None:
+            self.bf16 = (not self.fp16) and _bf16_available()
+        if not self.use_cpu and not _accelerator_present():
+            self.use_cpu = True  # the CPU is the only device: one distributed run under a launch, CPU bf16 autocast
+        if self.prompt_template is not None:
+            from ...data.prompts import get_template
+
+            get_template(self.prompt_template)  # an unknown preset fails here, before any work
+        super().__post_init__()
 
 @dataclass
 class UnlearningConfig(BaseUnlearningConfig):
@@ -267,8 +256,6 @@ class UnlearningConfig(BaseUnlearningConfig):
     GradAscent, GradDiff (the defaults below), NPO and SimNPO are presets of it.
 
     Parameters:
-        > Parameters that control the objective
-
         forget_loss (`str`, *optional*, defaults to `"grad_ascent"`):
             Forget term: `"grad_ascent"` (minus the forget NLL), `"npo"` (against the frozen initial model) or
             `"simnpo"` (reference-free, length-normalised).

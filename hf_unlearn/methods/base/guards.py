@@ -41,11 +41,9 @@ def any_process(flag: bool, accelerator: Any = None) -> bool:
 
 
 class RetainDivergenceGuard(TrainerCallback, ExportableState):
-    """Stops training when the retain NLL explodes: at the end of each optimizer step the mean of the values
-    :meth:`observe` got is compared with the first step's value ``r0``; above ``max_ratio * max(r0, floor)`` (or
-    not finite) a :class:`TrainingDivergedError` is raised before the weights reach a checkpoint. ``r0`` is saved
-    in every checkpoint.
-    """
+    """Stops training when the retain NLL explodes: a step whose mean :meth:`observe`d value exceeds
+    ``max_ratio * max(r0, floor)`` (``r0``: the first step's, saved in checkpoints) or is not finite raises
+    :class:`TrainingDivergedError` before the weights reach a checkpoint."""
 
     def __init__(self, max_ratio: float | None = 100.0, floor: float = 0.1, reference: float | None = None):
         self.max_ratio = max_ratio

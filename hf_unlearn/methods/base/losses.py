@@ -47,13 +47,10 @@ def kl_retain_loss(
     labels: torch.Tensor,
     num_tokens: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """Per-token ``KL(pi_ref || pi_theta)`` averaged over answer tokens (retain regulariser).
+    """Per-token ``KL(pi_ref || pi_theta)`` over the answer tokens (``[B, L, V]`` logits, position ``t - 1``
+    predicting ``labels[:, t]``):
 
     ``L_KL = (1/N) * sum_{b,t} mask_{b,t} * sum_v pi_ref(v | ctx_{b,t}) * (log pi_ref(v | ctx) - log pi_theta(v | ctx))``
-
-    ``logits`` / ``ref_logits``: ``[B, L, V]`` outputs of the trained and the frozen model; position ``t - 1``
-    predicts ``labels[:, t]``. Only answer positions count (open-unlearning averages over every position of the
-    batch, so its scale depends on padding).
     """
     mask = answer_mask(labels)[:, 1:]
     log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)

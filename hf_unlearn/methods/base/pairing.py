@@ -45,11 +45,8 @@ def as_dataset(data: Any) -> Dataset:
 def to_trl_format(
     dataset: Dataset | Sequence[dict[str, Any]], tokenizer: Any, template: Any = None, max_length: int | None = None
 ) -> Dataset:
-    """TOFU-shaped rows (``question``/``answer``) and documents tokenized for TRL; other formats pass through.
-
-    A TOFU row becomes ``{"input_ids", "labels"}`` from :func:`hf_unlearn.data.prepare_qa` with ``template``, the
-    tokens the evaluator scores; documents are cut into chunks of ``max_length`` tokens (2048 when ``None``) with
-    labels on every token (:func:`hf_unlearn.data.chunk_documents`).
+    """TOFU rows tokenized by :func:`hf_unlearn.data.prepare_qa` (the tokens the evaluator scores) and documents
+    cut into chunks of ``max_length`` tokens (2048 when ``None``) labelled on every token; other rows pass through.
     """
     dataset = as_dataset(dataset)
     if is_documents(dataset):

@@ -87,28 +87,22 @@ if TYPE_CHECKING:
     from peft import PeftConfig
     from transformers import BitsAndBytesConfig
 
-#: What a trainer takes as a forget, retain or evaluation set: a ``datasets.Dataset``, a list of row dicts, or
-#: (documents) a list of strings or a ``.txt`` / ``.json`` / ``.jsonl`` path.
+#: A forget, retain or evaluation set: a ``datasets.Dataset``, a list of row dicts, or documents (strings, a path).
 Rows = Dataset | Sequence[Any] | str | os.PathLike
 #: ``Trainer``'s ``optimizers``: an optimizer and a learning-rate scheduler, either ``None`` to build the default
 Optimizers = tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None]
-
-
-def _holds_request_only(folder: Path) -> bool:
-    """Whether ``folder`` holds nothing but ``logs/run_request.json`` (written there just before the run)."""
-    logs = folder / "logs"
-    try:
-        return ([p.name for p in folder.iterdir()] == ["logs"] and not logs.is_symlink()
-                and [p.name for p in logs.iterdir()] == [RUN_REQUEST_NAME])
-    except OSError:
-        return False
 
 
 def check_output_folder(args: Any, input_dirs: tuple[str, ...]) -> None:
     """Refuse an output folder overlapping a model folder, non-empty without ``overwrite`` (checkpoints or only
     ``logs/run_request.json`` count as empty), or not writable."""
     out = Path(args.output_dir)
-    overwrite = bool(getattr(args, "overwrite", False)) or bool(_checkpoint_dirs(out)) or _holds_request_only(out)
+    try:
+        request_only = ([p.name for p in out.iterdir()] == ["logs"] and not (out / "logs").is_symlink()
+                        and [p.name for p in (out / "logs").iterdir()] == [RUN_REQUEST_NAME])
+    except OSError:
+        request_only = False
+    overwrite = bool(getattr(args, "overwrite", False)) or bool(_checkpoint_dirs(out)) or request_only
     check_output_dir(out, input_dirs, overwrite=overwrite)
 
 
@@ -123,11 +117,9 @@ class UnlearningTrainer(SFTTrainer):
     ``config_class`` (``preset``: the field values that define the method).
 
     Refused before any work: an output folder overlapping the model folder or not empty (unless ``overwrite``),
-    a forget example left without answer tokens by truncation, hyperparameters the objective cannot use. Training
-    stops on a non-finite loss, on non-finite weights before a save, and when the retain NLL diverges
-    (:class:`RetainDivergenceGuard`). Checkpoints and the final model are written in a temporary folder and
-    renamed into place; ``ref_model=`` passes the frozen reference (needed under ZeRO-3 / FSDP for a model
-    without a folder).
+    a forget example left without answer tokens, hyperparameters the objective cannot use. Training stops on a
+    non-finite loss or weights and when the retain NLL diverges (:class:`RetainDivergenceGuard`). ``ref_model=``
+    passes the frozen reference (needed under ZeRO-3 / FSDP for a model without a folder).
 
     Private ``Trainer`` methods overridden, each because no public hook does the job:
 
@@ -198,7 +190,13 @@ class UnlearningTrainer(SFTTrainer):
         self._check_truncation(len(forget), self.train_dataset, "forget", required=True)
         # each forget example paired with a retain example, partners redrawn every epoch
         self.forget_dataset: Dataset = self.train_dataset
-        self.retain_dataset: Dataset | None = self._prepare_retain(retain)
+        if retain is not None and not self._skip_prepare_dataset:
+            prepared = self._prepare_dataset(retain, self.processing_class, self.args, False, None, "retain")
+            self._check_truncation(len(retain), prepared, "retain", required=False, stacklevel=3)
+            retain = prepared
+        if retain is not None and len(retain) == 0:
+            raise ValueError("No retain example is left after tokenization/truncation (check `max_length`).")
+        self.retain_dataset: Dataset | None = retain
         if self.retain_dataset is not None:
             self.train_dataset = PairedForgetRetainDataset(self.forget_dataset, self.retain_dataset, seed=self.args.seed)
             self.add_callback(PairingEpochCallback(self.train_dataset))
@@ -298,17 +296,6 @@ class UnlearningTrainer(SFTTrainer):
             full = sum(len(ids) >= limit for ids in prepared["input_ids"])
             if full:
                 warnings.warn(f"{full} {name} examples were truncated to max_length={limit} tokens.", stacklevel=stacklevel)
-
-    def _prepare_retain(self, retain: Dataset | None) -> Dataset | None:
-        if retain is None:
-            return None
-        if not self._skip_prepare_dataset:
-            prepared = self._prepare_dataset(retain, self.processing_class, self.args, False, None, "retain")
-            self._check_truncation(len(retain), prepared, "retain", required=False, stacklevel=4)
-            retain = prepared
-        if len(retain) == 0:
-            raise ValueError("No retain example is left after tokenization/truncation (check `max_length`).")
-        return retain
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -600,12 +587,9 @@ class UnlearningTrainer(SFTTrainer):
             )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs):
-        """:meth:`transformers.Trainer.train` holding the lock of ``output_dir``.
-
-        Without ``resume_from_checkpoint``, earlier checkpoints are refused unless ``overwrite=True`` (set aside,
-        deleted after this run, put back if it fails before writing one). A resume refuses a checkpoint of another
-        method, settings or rows (:class:`~hf_unlearn.methods.base.checkpoints.ResumeMismatchError`) and
-        otherwise continues exactly."""
+        """:meth:`transformers.Trainer.train` holding the lock of ``output_dir``. Earlier checkpoints are refused
+        unless resumed or ``overwrite=True``; a resume refuses a checkpoint of another method, settings or rows
+        (:class:`~hf_unlearn.methods.base.checkpoints.ResumeMismatchError`) and otherwise continues exactly."""
         out = Path(self.args.output_dir)
         with output_lock(out, enabled=self.accelerator.is_main_process and self.args.should_save):
             if not self._run_dir_claimed and self.args.should_save:  # it may have changed since __init__ checked it
@@ -690,10 +674,8 @@ class UnlearningTrainer(SFTTrainer):
         return self._fingerprint
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the model to ``output_dir`` (default ``args.output_dir``), weights checked finite, built in a
-        temporary folder and swapped in once complete (the run's checkpoints kept); a failed write raises
-        :class:`~hf_unlearn.safe_output.OutputWriteError` and leaves the previous content. Inside a checkpoint
-        and under FSDP / DeepSpeed transformers writes in place."""
+        """Save the model, weights checked finite, built in a temporary folder and swapped in once complete; a
+        failed write raises :class:`~hf_unlearn.safe_output.OutputWriteError` and leaves the previous content."""
         if self._staging_dir is not None or self.is_fsdp_enabled or self.is_deepspeed_enabled:
             return super().save_model(output_dir, _internal_call)
         self._check_finite_weights("the model")

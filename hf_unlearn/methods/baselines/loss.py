@@ -30,8 +30,7 @@ def npo_loss(
 
     ``L_NPO = -(2/beta) * (1/S) * sum_b log sigmoid(-beta * (log pi_theta(y_b|x_b) - log pi_ref(y_b|x_b)))``
 
-    ``log_probs`` / ``ref_log_probs``: ``[B]`` answer log-likelihoods under the trained and the frozen model;
-    ``S = num_sequences``. ``beta > 0`` is required.
+    ``log_probs`` / ``ref_log_probs``: ``[B]`` answer log-likelihoods under the trained and the frozen model.
     """
     if beta <= 0:
         raise ValueError(f"NPO needs beta > 0, got {beta}.")
@@ -51,8 +50,7 @@ def simnpo_loss(
 
     ``L_SimNPO = -(2/beta) * (1/S) * sum_b log sigmoid(-(beta / |y_b|) * log pi_theta(y_b|x_b) - delta)``
 
-    ``lengths``: the ``[B]`` answer lengths ``|y|``; ``delta``: the reward margin, outside ``beta`` as in the
-    paper (open-unlearning's ``delta = d`` is ``beta * d`` here). ``beta > 0`` is required.
+    ``lengths``: the ``[B]`` answer lengths ``|y|``; ``delta``: the reward margin, outside ``beta`` as in the paper.
     """
     if beta <= 0:
         raise ValueError(f"SimNPO needs beta > 0, got {beta}.")
@@ -74,8 +72,7 @@ def dpo_loss(
     ``L_DPO = -(2/beta) * (1/S) * sum_b log sigmoid(beta * ((log pi_theta(a_b|x_b) - log pi_ref(a_b|x_b))
     - (log pi_theta(y_b|x_b) - log pi_ref(y_b|x_b))))``
 
-    ``win_*``: ``[B]`` log-likelihoods of the preferred answers ``a``, ``lose_*`` of the forget answers ``y``. The
-    factor ``2/beta`` is open-unlearning's (NPO when the preferred-answer terms are dropped). ``beta > 0``.
+    ``win_*``: ``[B]`` log-likelihoods of the preferred answers ``a``, ``lose_*`` of the forget answers ``y``.
     """
     if beta <= 0:
         raise ValueError(f"DPO needs beta > 0, got {beta}.")

@@ -117,8 +117,7 @@ def per_example_violation_rates(margins: torch.Tensor, mask: torch.Tensor, tau: 
 
 
 def hoeffding_upper_bound(mean: float, n: int, delta: float, check_index: int) -> tuple[float, float]:
-    """Anytime Hoeffding upper confidence bound of MASC's confirmation stage.
-
+    """Anytime Hoeffding upper confidence bound of MASC's confirmation stage,
     ``U_j = mean + sqrt(log(1 / delta_j) / (2 n))`` with ``delta_j = 6 delta / (pi^2 (j + 1)^2)`` for the
     ``j``-th confirmation (``j >= 1``; ``sum_j delta_j < delta``), ``mean`` the mean of ``n`` rates in ``[0, 1]``.
     Returns ``(U_j, delta_j)``."""

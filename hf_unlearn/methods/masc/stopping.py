@@ -26,14 +26,11 @@ _SAVED_ATTRIBUTES = ("violation_history", "stopped_at_step", "num_confirmations"
 
 
 class MarginStoppingCallback(TrainerCallback, ExportableState):
-    """MASC's online stopping rule, with its state saved in checkpoints (``ExportableState``).
-
-    ``mode="train"``, every ``check_every`` optimizer steps: when the mean of ``probe(model, "trigger", step)``
-    is ``<= trigger``, confirmation ``j`` stops training when
+    """MASC's online stopping rule, its state saved in checkpoints. ``mode="train"``, every ``check_every`` steps:
+    when the mean of ``probe(model, "trigger", step)`` is ``<= trigger``, confirmation ``j`` stops training when
     :func:`~hf_unlearn.methods.masc.loss.confirmation_statistic` of ``probe(model, "confirm", step)`` is
-    ``<= alpha``. ``mode="heldout"``: stop when ``violations / positions`` of ``probe(model, "heldout", step)``
-    is ``<= alpha``. With ``calibrate=True``, see :meth:`calibrate_thresholds`. Its arguments are the ones
-    :class:`~hf_unlearn.methods.masc.MASCConfig` checked; ``probe`` and ``agree`` are attached by the trainer.
+    ``<= alpha``; ``mode="heldout"``: when ``violations / positions`` of ``probe(model, "heldout", step)`` is. Its
+    arguments are the ones :class:`~hf_unlearn.methods.masc.MASCConfig` checked.
     """
 
     def __init__(

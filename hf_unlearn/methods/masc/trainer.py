@@ -51,16 +51,13 @@ def _seeded(*keys: int) -> torch.Generator:
 
 
 class MASCTrainer(UnlearningTrainer):
-    """MASC (Margin Self-Correction) unlearning trainer, a TRL ``SFTTrainer`` subclass that stops by itself.
+    """MASC (Margin Self-Correction) unlearning trainer, which stops by itself (:class:`MarginStoppingCallback`).
 
     Loss of a step: ``forget_weight * (1/|A|) sum_{t in A} h(m_t)`` over the active forget answer positions ``A``,
     ``h`` the buffered hinge ``relu(m - (tau - eta)) / eta`` (or ``relu(m - tau)``), plus
     ``retain_weight * KL(pi_0 || pi_theta)`` on retain answers. Without a ``peft_config`` it builds the LoRA
-    adapter of ``args.get_peft_config()``.
-
-    :class:`MarginStoppingCallback` decides when to stop; ``stopped_at_step``, ``stop_reason`` and
-    ``violation_history`` report it, and ``masc_stopping.json`` is written beside the weights. ``calibrate_stop_on``:
-    rows the model never trained on (default: the holdout rows of a selection criterion among ``callbacks``).
+    adapter of ``args.get_peft_config()``. ``calibrate_stop_on``: rows the model never trained on (default: the
+    holdout rows of a selection criterion among ``callbacks``).
 
     Private ``Trainer`` methods overridden, each because no public hook does the job: ``_load_callback_state``
     (the rule's state is restored on resume whatever ``restore_callback_states_from_checkpoint`` says) and

@@ -32,10 +32,8 @@ def activation_mse(
 
     ``L = (1/S) * sum_b [ sum_t mask_{b,t} * (1/H) * sum_d (a_{b,t,d} - c_{b,t,d})^2 ] / max(1, sum_t mask_{b,t})``
 
-    ``activations`` is ``[B, L, H]``, ``targets`` broadcasts to it, ``mask`` the ``[B, L]`` answer mask and
-    ``S = num_sequences`` (default ``B``); in float32, a sequence without answer tokens adds 0. This per-sequence
-    mean differs from open-unlearning's (whose broadcast weighs each sequence by the batch's mean inverse length)
-    when a batch's answers differ in length.
+    ``activations``: ``[B, L, H]``, ``targets`` broadcast to it, ``S = num_sequences``; in float32, a sequence
+    without answer tokens adds 0.
     """
     diff = (activations.float() - targets.to(device=activations.device, dtype=torch.float32)) ** 2
     per_token = diff.mean(-1) * mask
