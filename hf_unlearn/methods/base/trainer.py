@@ -158,14 +158,14 @@ class UnlearningTrainer(SFTTrainer):
         peft_config: PeftConfig | None = None,
         ref_model: PreTrainedModel | None = None,
     ):
-        # refused as output folders; which sets are documents (chunks fill max_length by design)
+        # the model's local folders, refused as output folders
         candidates = [model] if isinstance(model, (str, os.PathLike)) else [
             getattr(model, "name_or_path", None), getattr(getattr(model, "config", None), "_name_or_path", None)
         ]
         self._input_dirs = tuple(dict.fromkeys(d for d in map(_local_dir, candidates) if d is not None))
         self._run_dir_claimed = False
         self._staging_dir: Path | None = None
-        self._document_sets: set[str] = set()
+        self._document_sets: set[str] = set()  # their chunks fill max_length by design
         self._unlearning_metrics: dict[str, dict[str, list[torch.Tensor]]] = {
             "train": defaultdict(list), "eval": defaultdict(list)
         }
