@@ -257,7 +257,8 @@ class MASCConfig(BaseUnlearningConfig):
     #: Ranges of MASC's numeric fields (see :func:`~hf_unlearn.methods.base.config.check_numeric_fields`).
     numeric_ranges = {
         "top_k": ">= 1", "margin_beta": "> 0", "forget_weight": "> 0", "buffer_eta": "> 0", "retain_weight": ">= 0",
-        "check_every": ">= 1", "stop_trigger": "(0, 1)", "stop_tolerance": "(0, 1)", "confirm_delta": "(0, 1)",
+        "check_every": ">= 1", "stop_trigger": "(0, 1)",
+        "stop_tolerance": ("(0, 1)", "alpha: the run stops when the violation statistic is <= alpha"), "confirm_delta": "(0, 1)",
         "stop_probe_batches": ">= 1", "confirm_examples": ">= 1", "min_validation_positions": ">= 1",
         "validation_fraction": "(0, 1)", "continuation_min_prefix_tokens": ">= 0",
         "continuation_min_suffix_tokens": ">= 0",
