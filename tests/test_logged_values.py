@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_unlearn.methods.base.metrics import scalar_on_device
+from hf_unlearn.methods.base.losses import scalar_on_device
 
 
 def test_floats_and_tensors_land_on_the_given_device():

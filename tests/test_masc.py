@@ -17,11 +17,10 @@ from hf_unlearn.methods.masc.loss import (
     hoeffding_upper_bound,
     margin_hinge_loss,
     masc_probability_from_threshold,
-    masc_threshold_from_probability,
     per_example_violation_rates,
     restricted_margin,
     sample_cut_ratios,
-    violation_rate,
+    violation_rate_tensor,
 )
 
 
@@ -79,14 +78,11 @@ def test_margin_is_restricted_log_odds_and_tau_rho_relation():
     margins, mask = restricted_margin(logits, labels, top_k=4, beta=1.0)
     p = torch.sigmoid(margins)
     for rho in (0.1, 0.5, 0.7, 0.9):
-        tau = masc_threshold_from_probability(rho)
-        assert tau == pytest.approx(math.log(rho / (1 - rho)))
+        tau = math.log(rho / (1 - rho))
         assert masc_probability_from_threshold(tau) == pytest.approx(rho)
         # sigmoid's float32 rounding (vectorised differently per CPU) may flip a margin within 1e-5 of tau
         clear = (margins - tau).abs() > 1e-5
         assert torch.equal(((margins > tau) & mask)[clear], ((p > rho) & mask)[clear])
-    with pytest.raises(ValueError, match="rho"):
-        masc_threshold_from_probability(1.0)
 
 
 def test_plain_hinge_zero_gradient_below_threshold():
@@ -189,7 +185,7 @@ def test_per_example_violation_rates_match_loop():
     margins2 = torch.tensor([[2.0, 2.0, 2.0, -1.0], [-1.0, 0.0, 0.0, 0.0]])
     mask2 = torch.tensor([[True, True, True, True], [True, False, False, False]])
     assert per_example_violation_rates(margins2, mask2, 0.0).mean().item() == pytest.approx((0.75 + 0.0) / 2)
-    assert violation_rate(margins2, mask2, 0.0) == pytest.approx(3 / 5)
+    assert violation_rate_tensor(margins2, mask2, 0.0).item() == pytest.approx(3 / 5)
 
 
 @pytest.mark.parametrize("mean,n,delta,j", [(0.1, 32, 0.05, 1), (0.3, 10, 0.05, 4), (0.0, 100, 0.01, 17)])
@@ -283,10 +279,6 @@ def test_masc_defaults_are_the_authors_recipe(tmp_path):
     # the authors' constant learning rate and plain-mean confirmation; their Llama run's lambda_retain 0; a ceiling
     assert str(cfg.lr_scheduler_type) in ("constant", "SchedulerType.CONSTANT") and cfg.confirm_rule == "mean"
     assert (cfg.retain_weight, cfg.max_steps, cfg.epoch_length) == (0.0, 5400, "forget")
-    preset = MASCConfig.authors_tofu_preset(str(tmp_path), report_to="none", learning_rate=3e-4)
-    assert (preset.retain_weight, preset.epoch_length, preset.max_steps, preset.num_train_epochs) == (
-        0.0, "max(forget,retain)", -1, 3.0)
-    assert preset.learning_rate == 3e-4 and preset.confirm_rule == "mean" and preset.forget_weight == 0.05
     assert cfg.tau == pytest.approx(math.log(0.7 / 0.3))
     lora = cfg.get_peft_config()
     assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (16, 32, 0.05)
@@ -487,8 +479,8 @@ def test_masc_uses_lora_by_default_with_the_disabled_adapter_as_reference(tiny_t
     "kwargs,match",
     [
         (dict(top_k=0), "top_k"),
-        (dict(stop_tolerance=0.0), r"stop_tolerance \(alpha\)"),
-        (dict(stop_tolerance=1.0), r"stop_tolerance \(alpha\)"),
+        (dict(stop_tolerance=0.0), r"stop_tolerance.*alpha"),
+        (dict(stop_tolerance=1.0), r"stop_tolerance.*alpha"),
         (dict(margin_probability=1.5), "rho"),
         (dict(validation_fraction=0.0), "validation_fraction"),
         (dict(check_every=0), "check_every"),

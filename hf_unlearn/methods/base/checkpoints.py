@@ -1,6 +1,5 @@
-"""Checkpoints of an unlearning run: the staged, atomic write of a checkpoint from every process, and the run
-fingerprint (method, settings, data digests) that a resume is checked against.
-"""
+"""Checkpoints of an unlearning run: the staged, atomic write from every process, and the run fingerprint that a
+resume is checked against."""
 
 from __future__ import annotations
 
@@ -23,14 +22,12 @@ from .pairing import MODEL_COLUMNS
 __all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "RUN_REQUEST_NAME", "TRAINER_STATE_NAME", "ResumeMismatchError",
            "check_resume", "fingerprint_differences", "run_fingerprint", "stage_checkpoint"]
 
-# entries of a run folder that belong to the run, not to the final model: kept when the final model is swapped in
-# (TRL writes the run's model card, README.md, into the run folder at every checkpoint)
+# entries of a run folder kept when the final model is swapped in
 RUN_ENTRIES = (f"{PREFIX_CHECKPOINT_DIR}-*", "runs", "logs", "README.md")  # logs: the CLI's per-step JSON Lines
 TRAINER_STATE_NAME = "trainer_state.json"
 # the run's identity (method, settings, data digests) in every checkpoint, checked on resume
 FINGERPRINT_NAME = "unlearning_run.json"
-# what the command line asked a checkpointing run to do, in the run folder's logs/ before training starts: a resume
-# is compared with it before the model loads (hf_unlearn.preconditions.check_resume_request)
+# what the command line asked a checkpointing run to do, in logs/ (hf_unlearn.preconditions.check_resume_request)
 RUN_REQUEST_NAME = "run_request.json"
 
 
@@ -51,20 +48,9 @@ def stage_checkpoint(
     is_main_process: bool = True,
     wait_for_everyone: Callable[[], None] = lambda: None,
 ) -> Path:
-    """Write the checkpoint ``run_dir/name`` from every process through one staging folder, atomically.
-
-    1. The main process creates the staging folder ``run_dir/.<name>.staging`` (removing a leftover of a crashed
-       run); every process waits for it.
-    2. Every process calls ``write(staging)``, which writes its own files into ``staging/<name>`` (with several
-       processes: each its RNG state, the main one the weights, optimizer and state); every process waits until
-       all have written.
-    3. The main process renames ``staging/<name>`` into place as ``run_dir/<name>`` and removes the staging
-       folder; every process waits for that, so none goes on before the checkpoint exists.
-
-    A process whose ``write`` fails raises without reaching the next barrier, so the main process never renames
-    an incomplete checkpoint: ``run_dir`` only ever holds complete checkpoints (the hidden staging folder is
-    not one). ``wait_for_everyone`` is the barrier (``accelerator.wait_for_everyone``; a no-op with one process).
-    """
+    """Write the checkpoint ``run_dir/name`` from every process (``write(staging)``) into one staging folder that
+    the main process renames into place once all have written (barriers: ``wait_for_everyone``), so ``run_dir``
+    only ever holds complete checkpoints."""
     run_dir = gated_path(run_dir)
     staging = run_dir / f".{name}.staging"
     if is_main_process:
@@ -91,9 +77,7 @@ def stage_checkpoint(
     return run_dir / name
 
 
-# settings that do not change the weights a run produces up to a step (where it writes, how it logs, evaluates,
-# loads data, saves memory, stops on divergence, and how long it runs: a resume may extend a run): a resume may
-# change them
+# settings that do not change the weights a run produces up to a step: a resume may change them
 _UNTRACKED_SETTINGS = frozenset({
     "max_steps", "num_train_epochs", "output_dir", "overwrite", "overwrite_output_dir", "run_name", "report_to", "project", "push_to_hub",
     "resume_from_checkpoint", "disable_tqdm", "local_rank", "ddp_timeout", "use_cpu", "skip_memory_metrics",
@@ -119,8 +103,7 @@ def _tracked_settings(args: TrainingArguments) -> dict[str, Any]:
 
 
 def _rows_digest(dataset: Any) -> str | None:
-    """SHA-256 of a prepared dataset's model columns (its tokens and labels), ``None`` when it is not a
-    ``datasets.Dataset`` (then it is not checked on resume)."""
+    """SHA-256 of a prepared dataset's tokens and labels, ``None`` when it is not a ``datasets.Dataset``."""
     if not isinstance(dataset, Dataset):
         return None
     columns = [c for c in MODEL_COLUMNS if c in dataset.column_names] or list(dataset.column_names)
@@ -149,10 +132,8 @@ def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> l
 
 
 def run_fingerprint(method: type, args: TrainingArguments, forget: Any, retain: Any) -> dict[str, Any]:
-    """What makes a checkpoint resumable by another trainer: the method (the trainer class), the settings that
-    change the weights (every config field but where the run writes, how it logs, evaluates, loads data, saves
-    memory, when its guard stops it, and its length: a resume may extend a run) and the SHA-256 of the prepared
-    forget and retain rows."""
+    """What a resuming trainer must match: the method, the settings that change the weights, and the digests of
+    the prepared forget and retain rows."""
     return {
         "method": f"{method.__module__}.{method.__qualname__}",
         "settings": _tracked_settings(args),

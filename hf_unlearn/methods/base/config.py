@@ -1,8 +1,5 @@
-"""Configuration of the unlearning trainers, written as TRL writes its configs: :class:`BaseUnlearningConfig` (a
-``trl.SFTConfig``; what every method uses: data handling, prompt template, output safety, the guards) and
-:class:`UnlearningConfig`, the baselines' objective (``forget_loss``, ``retain_loss``, their weights, ``beta``,
-``delta``); the baseline presets are in :mod:`hf_unlearn.methods.baselines.config`.
-"""
+"""Configuration of the unlearning trainers: :class:`BaseUnlearningConfig` (a ``trl.SFTConfig``, what every
+method uses) and :class:`UnlearningConfig`, the baselines' objective."""
 
 from __future__ import annotations
 
@@ -22,10 +19,9 @@ __all__ = ["FORGET_LOSSES", "RETAIN_LOSSES", "TRAINING_RANGES", "BaseUnlearningC
 FORGET_LOSSES = ("grad_ascent", "npo", "simnpo")
 RETAIN_LOSSES = ("none", "nll", "kl")
 
-#: Ranges of the numeric fields a trainer config inherits from ``TrainingArguments``: ``{field: rule}`` or
-#: ``{field: (rule, why)}``, a rule being ``"> 0"``, ``">= 0"`` or an interval such as ``"[0, 1)"``. A method's
-#: config adds its own in a class attribute ``numeric_ranges`` (or a field's ``metadata["range"]``); see
-#: :func:`check_numeric_fields`.
+#: Ranges of the numeric fields inherited from ``TrainingArguments``: ``{field: rule}`` or ``{field: (rule, why)}``,
+#: a rule being ``"> 0"``, ``">= 0"`` or an interval such as ``"[0, 1)"``; a method's config adds its own in a
+#: class attribute ``numeric_ranges`` (or a field's ``metadata["range"]``).
 TRAINING_RANGES: dict[str, str | tuple[str, str]] = {
     "weight_decay": (">= 0", "a negative decay pushes every weight away from zero"),
     "adam_beta1": ("[0, 1)", "AdamW's moment decay rates are fractions below 1"),
@@ -65,10 +61,8 @@ def in_range(value: float, rule: str) -> bool:
 
 
 def check_numeric_fields(config: Any, ranges: Mapping[str, str | tuple[str, str]] | None = None) -> None:
-    """Refuse (``ValueError`` naming the field, its value and what it must be) every init field of the dataclass
-    ``config`` whose value is a float that is not finite (NaN, +-inf) or a number outside its range: the field's
-    ``metadata["range"]``, else ``ranges[name]`` (a rule, or ``(rule, why)``). ``None`` values (unset) pass; a
-    ranged field given a non-number (a string, a bool) is refused."""
+    """Refuse (``ValueError``) every init field of ``config`` holding a non-finite float or a number outside its
+    range (``metadata["range"]``, else ``ranges[name]``); ``None`` passes, a ranged non-number is refused."""
     ranges = ranges or {}
     for f in dataclasses.fields(config):
         if not f.init or f.name.startswith("_"):
@@ -90,8 +84,7 @@ def check_numeric_fields(config: Any, ranges: Mapping[str, str | tuple[str, str]
 
 
 def _class_ranges(config: Any) -> dict[str, str | tuple[str, str]]:
-    """:data:`TRAINING_RANGES` updated by the ``numeric_ranges`` class attribute of each class of ``config``'s MRO,
-    the most derived last."""
+    """:data:`TRAINING_RANGES` updated by the ``numeric_ranges`` of each class in ``config``'s MRO."""
     ranges: dict[str, str | tuple[str, str]] = dict(TRAINING_RANGES)
     for klass in reversed(type(config).__mro__):
         ranges.update(vars(klass).get("numeric_ranges", {}))
@@ -99,8 +92,7 @@ def _class_ranges(config: Any) -> dict[str, str | tuple[str, str]]:
 
 
 def refuse_no_forget_term(forget_weight: float, retain_weight: float) -> None:
-    """Refuse (``ValueError``) ``forget_weight == 0``: the objective then has no forget term, so the run cannot
-    unlearn (with ``retain_weight == 0`` as well it has nothing to optimise at all)."""
+    """Refuse (``ValueError``) ``forget_weight == 0``: the objective then has no forget term."""
     if forget_weight == 0:
         what = ("the objective is zero: there is nothing to optimise" if retain_weight == 0 else
                 "the objective has no forget term: the run would only fine-tune on the retain rows")
@@ -121,62 +113,46 @@ def _accelerator_present() -> bool:
 
 @dataclass
 class BaseUnlearningConfig(SFTConfig):
-    r"""
-    Configuration shared by every unlearning trainer ([`UnlearningTrainer`] and its subclasses, MASC and ATWU
-    included).
-
-    Everything in [`~trl.SFTConfig`] applies; the parameters below are the ones unlearning adds.
+    r"""Configuration shared by every unlearning trainer ([`UnlearningTrainer`] and its subclasses). Everything in
+    [`~trl.SFTConfig`] applies; the parameters below are the ones unlearning adds.
 
     Parameters:
         > Parameters that control the data
 
         allow_overlap (`bool`, *optional*, defaults to `False`):
-            Forget and retain sets sharing examples is an error by default; with `True` it is a warning with the
-            number of shared examples.
+            Forget and retain sets sharing examples is a warning instead of an error.
         prompt_template (`str` or `None`, *optional*, defaults to `None`):
-            Prompt template preset of [`hf_unlearn.data.PROMPT_TEMPLATES`] for TOFU rows (`question`/`answer`).
-            `None`: the tokenizer's chat template when it has one, else `"Question: {question}\nAnswer:"` (the
-            evaluator's default).
+            Prompt template preset of [`hf_unlearn.data.PROMPT_TEMPLATES`] for TOFU rows; `None`: the tokenizer's
+            chat template when it has one, else `"Question: {question}\nAnswer:"`.
 
         > Parameters that control the safety of outputs
 
         overwrite (`bool`, *optional*, defaults to `False`):
-            A non-empty `output_dir` is refused before any work unless `True` (the result is still swapped in only
-            once complete). An `output_dir` equal to, inside, or containing the model folder is always refused.
+            A non-empty `output_dir` is refused before any work unless `True`; one overlapping the model folder
+            always is.
 
         > Parameters that stop a broken run
 
         max_retain_loss_ratio (`float` or `None`, *optional*, defaults to `100.0`):
-            Divergence guard: training stops with an error when the retain NLL of an optimizer step exceeds this
-            multiple of its first-step value (floored at `min_retain_loss_reference`); `None` disables it. An
-            objective without a retain term is guarded when given a `retain_dataset` (scored without gradient).
+            Divergence guard: training stops when the retain NLL of a step exceeds this multiple of its first-step
+            value (floored at `min_retain_loss_reference`); `None` disables it.
         min_retain_loss_reference (`float`, *optional*, defaults to `0.1`):
-            Floor (nats per token) of the starting retain NLL used by the divergence guard.
+            Floor (nats per token) of the starting retain NLL.
 
-    The config itself refuses (a `ValueError` when it is built, so before any work) a learning rate that is not a
-    finite number `> 0`; zero, negative or non-finite `num_train_epochs` (unless `max_steps > 0`); `max_steps` of `0`
-    or below `-1`; `per_device_train_batch_size` or `gradient_accumulation_steps` below `1`; a `max_length`
-    below `2`; any float field that is NaN or infinite; a numeric field outside its range ([`TRAINING_RANGES`]
-    for the fields inherited from `TrainingArguments`, e.g. `weight_decay >= 0`, `adam_beta1`/`adam_beta2` in
-    `[0, 1)`, `adam_epsilon > 0`, `max_grad_norm >= 0`, `save_steps > 0`; a method's own `numeric_ranges`);
-    and `trust_remote_code=True`.
+    Refused when built (a `ValueError`): a learning rate not a finite number `> 0`; settings that train zero steps
+    or never end; a batch size or accumulation count below `1`; a `max_length` below `2`; a NaN or infinite float;
+    a numeric field outside its range ([`TRAINING_RANGES`], a method's `numeric_ranges`); `trust_remote_code=True`.
 
-    > [!NOTE]
-    > These parameters have default values different from [`~trl.SFTConfig`]:
-    > - `learning_rate`: Defaults to `1e-5` instead of `2e-5` (TOFU's unlearning rate).
-    > - `num_train_epochs`: Defaults to `10` instead of `3` (TOFU's unlearning budget: fixed epochs, no early stop).
-    > - `weight_decay`: Defaults to `0.01` instead of `0.0`.
-    > - `bf16`: Defaults to `True` only when a bf16-capable GPU is present (instead of always).
-    > - `use_cpu`: Set to `True` on a machine with no CUDA, XPU or MPS device, so that the processes of a
-    >   `torchrun` / `accelerate launch` form one distributed run there.
+    Defaults that differ from [`~trl.SFTConfig`]: `learning_rate=1e-5`, `num_train_epochs=10` (TOFU's),
+    `weight_decay=0.01`, `bf16` only on a bf16-capable GPU; `use_cpu` is set on a machine with no CUDA, XPU or
+    MPS device, so that the processes of a launch form one distributed run there.
     """
 
     # Parameters whose default values are overridden from SFTConfig
     learning_rate: float = field(default=1e-5, metadata={"help": "The initial learning rate for AdamW."})
     num_train_epochs: float = field(default=10.0, metadata={"help": "Total number of training epochs to perform."})
     weight_decay: float = field(default=0.01, metadata={"help": "Weight decay for AdamW."})
-    # both None by default, __post_init__ giving TRL's True under the current name: only a user who passes the
-    # deprecated alias gets transformers' deprecation warning
+    # None by default so that only a user passing the deprecated alias gets transformers' warning
     activation_checkpointing: bool | None = field(
         default=None,
         metadata={"help": "Recompute activations in the backward pass to save memory. Default: True (TRL's)."},
@@ -218,49 +194,9 @@ class BaseUnlearningConfig(SFTConfig):
         metadata={"help": "Floor of the first-step retain NLL used by the divergence guard (nats per token)."},
     )
 
+    numeric_ranges = {"max_retain_loss_ratio": ("> 1", "None disables the guard"), "min_retain_loss_reference": "> 0"}
+
     def __post_init__(self):
-        self._check_training_budget()
-        self._refuse_remote_code()
-        check_numeric_fields(self, _class_ranges(self))
-        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
-            self.activation_checkpointing = True
-        if self.bf16 is None:
-            self.bf16 = (not self.fp16) and _bf16_available()
-        if not self.use_cpu and not _accelerator_present():
-            self.use_cpu = True  # the CPU is the only device: one distributed run under a launch, CPU bf16 autocast
-        if self.max_retain_loss_ratio is not None and not self.max_retain_loss_ratio > 1:
-            raise ValueError(f"`max_retain_loss_ratio` must be > 1 (or None to disable), got {self.max_retain_loss_ratio}.")
-        if not self.min_retain_loss_reference > 0:
-            raise ValueError(f"`min_retain_loss_reference` must be > 0, got {self.min_retain_loss_reference}.")
-        if self.prompt_template is not None:
-            from ...data.prompts import get_template
-
-            get_template(self.prompt_template)  # an unknown preset fails here, before any work
-        super().__post_init__()
-
-    def _refuse_remote_code(self) -> None:
-        """Refuse ``trust_remote_code=True`` (also inside ``model_init_kwargs``): hf-unlearn loads safetensors
-        weights and runs no code that comes with a model."""
-        kwargs = self.model_init_kwargs
-        if isinstance(kwargs, str):  # the command line passes the dict as JSON
-            import json
-
-            try:
-                kwargs = json.loads(kwargs)
-            except ValueError:
-                kwargs = {}
-        kwargs = kwargs if isinstance(kwargs, Mapping) else {}
-        if self.trust_remote_code or kwargs.get("trust_remote_code"):
-            raise ValueError(
-                "trust_remote_code=True is refused: hf-unlearn loads safetensors weights into the architectures "
-                "transformers ships and never runs code that comes with a model."
-            )
-
-    def _check_training_budget(self) -> None:
-        """Refuse (``ValueError``) settings that would train nothing or could not run: a learning rate that is not
-        a finite number > 0; zero, negative or non-finite epochs (unless ``max_steps > 0``); ``max_steps`` of 0 or
-        below -1; a batch size or accumulation count below 1; a ``max_length`` below 2 (a prompt token and an
-        answer token)."""
         lr = self.learning_rate
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or not lr > 0:
             raise ValueError(
@@ -285,38 +221,55 @@ class BaseUnlearningConfig(SFTConfig):
                 f"max_length={self.max_length} leaves no room for a prompt token and an answer token; use None or "
                 "an integer >= 2 (the model's maximum positions always apply as well)."
             )
+        kwargs = self.model_init_kwargs
+        if isinstance(kwargs, str):  # the command line passes the dict as JSON
+            import json
 
+            try:
+                kwargs = json.loads(kwargs)
+            except ValueError:
+                kwargs = {}
+        kwargs = kwargs if isinstance(kwargs, Mapping) else {}
+        if self.trust_remote_code or kwargs.get("trust_remote_code"):
+            raise ValueError(
+                "trust_remote_code=True is refused: hf-unlearn loads safetensors weights into the architectures "
+                "transformers ships and never runs code that comes with a model."
+            )
+        check_numeric_fields(self, _class_ranges(self))
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
+        if self.bf16 is None:
+            self.bf16 = (not self.fp16) and _bf16_available()
+        if not self.use_cpu and not _accelerator_present():
+            self.use_cpu = True  # the CPU is the only device: one distributed run under a launch, CPU bf16 autocast
+        if self.prompt_template is not None:
+            from ...data.prompts import get_template
+
+            get_template(self.prompt_template)  # an unknown preset fails here, before any work
+        super().__post_init__()
 
 @dataclass
 class UnlearningConfig(BaseUnlearningConfig):
-    r"""
-    Configuration of the baseline objective of [`BaselineTrainer`]:
+    r"""Configuration of the baseline objective of [`BaselineTrainer`]:
     `loss = forget_weight * forget_term + retain_weight * retain_term` (open-unlearning's `gamma` and `alpha`).
 
-    The baseline trainers are presets of it: [`GradAscentTrainer`] ([`GradAscentConfig`]), [`GradDiffTrainer`]
-    ([`GradDiffConfig`], the defaults below), [`NPOTrainer`] ([`NPOConfig`]) and [`SimNPOTrainer`]
-    ([`SimNPOConfig`]). Everything in [`BaseUnlearningConfig`] applies as well.
+    GradAscent, GradDiff (the defaults below), NPO and SimNPO are presets of it.
 
     Parameters:
-        > Parameters that control the objective
-
         forget_loss (`str`, *optional*, defaults to `"grad_ascent"`):
-            Forget term: `"grad_ascent"` (minus the forget NLL), `"npo"` (Negative Preference Optimization against
-            the frozen initial model, Zhang et al. 2024) or `"simnpo"` (reference-free, length-normalised NPO, Fan
-            et al. 2024).
+            Forget term: `"grad_ascent"` (minus the forget NLL), `"npo"` (against the frozen initial model) or
+            `"simnpo"` (reference-free, length-normalised).
         retain_loss (`str`, *optional*, defaults to `"nll"`):
-            Retain term: `"none"` (no retain set), `"nll"` (negative log-likelihood of the retain answers) or `"kl"`
-            (per-token `KL(pi_ref || pi_theta)` on the retain answers against the frozen initial model).
+            Retain term: `"none"`, `"nll"` (the retain answers' NLL) or `"kl"` (per-token `KL(pi_ref || pi_theta)`).
         beta (`float`, *optional*, defaults to `0.1`):
-            Inverse temperature of NPO and SimNPO, `> 0` (NPO paper: `0.1`; SimNPO's preset uses `4.5`).
+            Inverse temperature of NPO and SimNPO, `> 0`.
         delta (`float`, *optional*, defaults to `0.0`):
             SimNPO reward margin (the paper's `gamma`), outside `beta`:
             `-(2/beta) * logsigmoid(-beta * log p(y|x) / |y| - delta)`.
         forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term, `> 0` (SimNPO's preset uses `0.125`; `0` could not unlearn and is refused).
+            Weight of the forget term, `> 0`.
         retain_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the retain term, `>= 0`. With `retain_weight=0` (or `retain_loss="none"`) the retain set is
-            not needed.
+            Weight of the retain term, `>= 0` (`0`: no retain set needed).
     """
 
     forget_loss: str = field(
@@ -335,25 +288,20 @@ class UnlearningConfig(BaseUnlearningConfig):
     forget_weight: float = field(default=1.0, metadata={"help": "Weight of the forget term (> 0)."})
     retain_weight: float = field(default=1.0, metadata={"help": "Weight of the retain term (>= 0)."})
 
+    numeric_ranges = {"beta": "> 0", "forget_weight": ">= 0", "retain_weight": ">= 0"}
+
     def __post_init__(self):
         if self.forget_loss not in FORGET_LOSSES:
             raise ValueError(f"`forget_loss` must be one of {list(FORGET_LOSSES)}, got {self.forget_loss!r}.")
         if self.retain_loss not in RETAIN_LOSSES:
             raise ValueError(f"`retain_loss` must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
-        if not 0 < self.beta < math.inf:
-            raise ValueError(f"`beta` must be a finite number > 0, got {self.beta}.")
-        if not math.isfinite(self.delta):
-            raise ValueError(f"`delta` must be finite, got {self.delta}.")
-        for name in ("forget_weight", "retain_weight"):
-            if not 0 <= getattr(self, name) < math.inf:
-                raise ValueError(f"`{name}` must be a finite number >= 0, got {getattr(self, name)}.")
         refuse_no_forget_term(self.forget_weight, self.retain_weight)
         super().__post_init__()
 
     @property
     def objective_name(self) -> str:
-        """The registered baseline this objective is (what a model card names): ``forget_loss``, or
-        ``grad_diff`` for gradient ascent with a retain term."""
+        """The registered baseline this objective is: ``forget_loss``, or ``grad_diff`` for gradient ascent with
+        a retain term."""
         if self.forget_loss == "grad_ascent" and self.retain_loss != "none":
             return "grad_diff"
         return self.forget_loss

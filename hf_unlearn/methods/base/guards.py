@@ -1,6 +1,4 @@
-"""The guards every unlearning run has: the divergence guard on the retain NLL, the finite-weight and
-vanishing-update checks, and the errors they raise.
-"""
+"""The guards every unlearning run has: the divergence guard, the finite-weight and vanishing-update checks."""
 
 from __future__ import annotations
 
@@ -34,10 +32,8 @@ class TrainingDivergedError(RuntimeError):
 
 
 def any_process(flag: bool, accelerator: Any = None) -> bool:
-    """Whether ``flag`` holds on any process of the run: ``max_r flag_r`` over the processes, one all-reduce of a
-    one-element tensor on the accelerator's device (``flag`` itself with one process or without an accelerator).
-    Every process must call it at the same point, so that all of them raise or stop together instead of one
-    raising while the others wait in the next collective."""
+    """Whether ``flag`` holds on any process (one all-reduce); every process must call it at the same point, so
+    that all raise or stop together."""
     if accelerator is None or getattr(accelerator, "num_processes", 1) <= 1:
         return bool(flag)
     value = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
@@ -45,16 +41,9 @@ def any_process(flag: bool, accelerator: Any = None) -> bool:
 
 
 class RetainDivergenceGuard(TrainerCallback, ExportableState):
-    """Stops training when the retain NLL explodes.
-
-    The trainer hands it every retain NLL it logs (:meth:`observe`); at the end of each optimizer step the mean of
-    that step's values is compared with the first step's value ``r0`` (the retain NLL of the unchanged model):
-    when it exceeds ``max_ratio * max(r0, floor)`` (or is not finite) a :class:`TrainingDivergedError` is raised,
-    before the diverged weights can reach a checkpoint. ``r0`` is saved in every checkpoint (``ExportableState``)
-    and restored by the trainer on resume. For an objective without a retain term the trainer scores the retain
-    half of each batch without gradient (in eval mode) and feeds that NLL here, when it was given a retain set;
-    without one the run is not guarded.
-    """
+    """Stops training when the retain NLL explodes: a step whose mean :meth:`observe`d value exceeds
+    ``max_ratio * max(r0, floor)`` (``r0``: the first step's, saved in checkpoints) or is not finite raises
+    :class:`TrainingDivergedError` before the weights reach a checkpoint."""
 
     def __init__(self, max_ratio: float | None = 100.0, floor: float = 0.1, reference: float | None = None):
         self.max_ratio = max_ratio
@@ -110,10 +99,8 @@ def non_finite_parameters(model: torch.nn.Module, trainable_only: bool = True) -
 
 
 def fraction_of_vanishing_updates(model: torch.nn.Module, learning_rate: float, max_elements: int = 1 << 16) -> float:
-    """Fraction of the trainable weights ``w`` that an update of size ``learning_rate`` (Adam's typical step)
-    cannot change in their own dtype: ``round(w + lr) == w`` and ``round(w - lr) == w`` (the step is below half a
-    unit in the last place of ``w``). Only bf16/fp16 weights can vanish here; fp32/fp64 ones count as changing.
-    At most ``max_elements`` elements per tensor are inspected (an even stride through it)."""
+    """Fraction of the trainable bf16/fp16 weights ``w`` with ``round(w + lr) == w == round(w - lr)`` in their
+    own dtype (at most ``max_elements`` per tensor inspected, an even stride)."""
     vanishing = total = 0
     for p in model.parameters():
         if not p.requires_grad or not p.numel():
@@ -130,8 +117,7 @@ def fraction_of_vanishing_updates(model: torch.nn.Module, learning_rate: float, 
 
 
 def saved_guard_state(checkpoint: Path) -> dict[str, Any] | None:
-    """The state :class:`RetainDivergenceGuard` saved in ``checkpoint``'s trainer state (``{"args": ...,
-    "attributes": {"reference": r0}}``), ``None`` when the checkpoint records none."""
+    """The state :class:`RetainDivergenceGuard` saved in ``checkpoint``, ``None`` when it records none."""
     state_file = checkpoint / TRAINER_STATE_NAME
     if not state_file.is_file():
         return None

@@ -1,6 +1,5 @@
-"""Forget/retain pairing: TOFU rows tokenized for TRL and documents cut into chunks, each forget example paired with a
-retain example, and the collator that keeps the two halves of a batch apart (the retain half's keys carry the
-``retain_`` prefix).
+"""Forget/retain pairing: the rows tokenized for TRL, each forget example paired with a retain example, and the
+collator that keeps the two halves of a batch apart (the retain half's keys carry the ``retain_`` prefix).
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ def _is_tofu_rows(dataset: Dataset) -> bool:
 
 
 def as_dataset(data: Any) -> Dataset:
-    """A forget or retain set as a ``datasets.Dataset``: a dataset as is; a path (a ``.txt``/``.json``/``.jsonl``
-    file or a folder of them) or a list of strings as a documents dataset (one ``text`` column,
-    :func:`hf_unlearn.data.documents_dataset`); a list of dicts row by row."""
+    """A forget or retain set as a ``datasets.Dataset``: a path or a list of strings as documents
+    (:func:`hf_unlearn.data.documents_dataset`), a list of dicts row by row."""
     if isinstance(data, Dataset):
         return data
     if isinstance(data, (str, os.PathLike)):
@@ -47,16 +45,8 @@ def as_dataset(data: Any) -> Dataset:
 def to_trl_format(
     dataset: Dataset | Sequence[dict[str, Any]], tokenizer: Any, template: Any = None, max_length: int | None = None
 ) -> Dataset:
-    """TOFU-shaped rows (``question``/``answer``) and documents tokenized for TRL; other formats pass through.
-
-    Each TOFU row becomes ``{"input_ids", "labels"}`` from :func:`hf_unlearn.data.prepare_qa` with ``template``
-    (a preset name, a :class:`~hf_unlearn.data.PromptTemplate` or ``None`` for the default: the tokenizer's chat
-    template when it has one, else ``"Question: {question}\\nAnswer:"``), so the tokens and the answer-only labels
-    are exactly the ones the evaluator scores. Documents (a ``text`` column and no other kind of row's columns,
-    :func:`hf_unlearn.data.is_documents`; anything :func:`as_dataset` reads) are joined with a blank line and cut
-    into chunks of ``max_length`` tokens (2048 when ``None``) with labels on every token
-    (:func:`hf_unlearn.data.chunk_documents`). TRL keeps pre-tokenized rows as they are (it only truncates them to
-    ``max_length``). TRL prompt/completion and conversational rows pass through unchanged.
+    """TOFU rows tokenized by :func:`hf_unlearn.data.prepare_qa` (the tokens the evaluator scores) and documents
+    cut into chunks of ``max_length`` tokens (2048 when ``None``) labelled on every token; other rows pass through.
     """
     dataset = as_dataset(dataset)
     if is_documents(dataset):
@@ -80,12 +70,8 @@ def _identity_keys(dataset: Dataset) -> tuple[str, ...] | None:
 
 
 def retain_partner_indices(num_forget: int, num_retain: int, seed: int = 0, epoch: int = 0) -> list[int]:
-    """For each forget index, the index of the retain example paired with it in ``epoch``.
-
-    Retain examples are drawn without replacement from a seeded permutation (cycled when the
-    retain set is smaller than the forget set), and a new permutation is drawn each epoch, so over
-    epochs the forget set meets all of the retain set.
-    """
+    """For each forget index, the index of its retain partner in ``epoch``: a seeded permutation of the retain
+    set per epoch, cycled when it is smaller than the forget set."""
     if num_forget < 1:
         raise ValueError("The forget set is empty: nothing to unlearn.")
     if num_retain < 1:
@@ -95,19 +81,11 @@ def retain_partner_indices(num_forget: int, num_retain: int, seed: int = 0, epoc
     rng.shuffle(order)
     return [order[i % num_retain] for i in range(num_forget)]
 
+
 class PairedForgetRetainDataset(torch.utils.data.Dataset):
-    """Forget example ``i`` together with its retain partner for the current epoch.
-
-    Item ``i`` holds the forget fields (``input_ids``, ``labels``) and the partner's fields prefixed with
-    ``retain_``. Partners come from :func:`retain_partner_indices` (seeded, redrawn each epoch
-    through :meth:`set_epoch`, which :class:`PairingEpochCallback` calls at the start of every epoch, a resumed
-    one included), so a forget example meets the same retain example in every process and every run with the
-    same seed.
-
-    An epoch has ``len(forget)`` items; with ``cycle=True`` it has ``max(len(forget), len(retain))`` and item
-    ``i`` is forget example ``i mod len(forget)``, so that one epoch cycles the smaller set over the larger one
-    (MASC's ``epoch_length="max(forget,retain)"``, the authors' loop); with a shuffled sampler every forget
-    example then occurs ``floor`` or ``ceil`` of ``length / len(forget)`` times per epoch.
+    """Forget example ``i`` with its retain partner of the current epoch (:func:`retain_partner_indices`) under
+    the ``retain_`` prefix. An epoch has ``len(forget)`` items; with ``cycle=True`` ``max(len(forget),
+    len(retain))``, item ``i`` being forget example ``i mod len(forget)``.
     """
 
     def __init__(self, forget: Dataset, retain: Dataset, seed: int = 0, columns: Sequence[str] = MODEL_COLUMNS,
@@ -136,14 +114,8 @@ class PairedForgetRetainDataset(torch.utils.data.Dataset):
 
 
 class PairingEpochCallback(TrainerCallback):
-    """Sets the epoch of a :class:`PairedForgetRetainDataset` at the start of every epoch.
-
-    The Trainer's dataloader forwards ``set_epoch`` to its dataset, but the loader it builds to skip the batches
-    already trained in a resumed epoch (``skip_first_batches``) does not, so a run resumed mid-epoch would draw
-    the rest of that epoch with epoch 0's partners. ``state.epoch`` is ``e + k / steps_in_epoch`` after the
-    ``k``-th batch of epoch ``e`` (restored from the checkpoint on resume), so its integer part is the epoch the
-    loop enters.
-    """
+    """Sets the epoch of a :class:`PairedForgetRetainDataset` at the start of every epoch: the loader that skips
+    a resumed epoch's trained batches does not forward ``set_epoch``."""
 
     def __init__(self, dataset: PairedForgetRetainDataset):
         self.dataset = dataset

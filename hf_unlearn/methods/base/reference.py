@@ -1,8 +1,4 @@
-"""The frozen reference model of an unlearning run: the initial model, reloaded from its folder or copied.
-
-:meth:`~hf_unlearn.methods.base.trainer.UnlearningTrainer._create_reference_model` builds it with these functions
-and prepares it with accelerate.
-"""
+"""The frozen reference model of an unlearning run: the initial model, reloaded from its folder or copied."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ from ...model_copy import independent_copy
 
 __all__ = ["RELOAD_WITHOUT_DEVICE_MAP", "frozen_reference", "reload_reference"]
 
-#: Launch types under which the reference is reloaded without ``device_map="auto"`` (TRL's default on a GPU):
-#: spread over every GPU before DDP, DeepSpeed or FSDP wraps it, it would not be this process's model.
+#: Launch types under which the reference is reloaded without ``device_map="auto"`` (each process's own copy).
 RELOAD_WITHOUT_DEVICE_MAP = ("MULTI_GPU", "DEEPSPEED", "FSDP")
 
 
@@ -31,7 +26,7 @@ def _local_dir(path: Any) -> str | None:
 
 
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    """Whether the two models hold exactly the same tensors under the same names (values, shapes, dtypes)."""
+    """Whether the two models hold exactly the same tensors under the same names."""
     sa, sb = a.state_dict(), b.state_dict()
     if sa.keys() != sb.keys():
         return False
@@ -41,9 +36,8 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 def reload_reference(
     path: str, live: Any, check: bool, model_init_kwargs: dict[str, Any] | None, whole: bool
 ) -> torch.nn.Module | None:
-    """The model reloaded from ``path`` in the live model's dtype (``whole``: without a ``device_map``, each process
-    loading it whole for DDP / DeepSpeed / FSDP to place or shard). ``None`` when ``check`` and its weights are not
-    exactly the live model's, or when a reload that was not asked for (``check``) fails."""
+    """The model reloaded from ``path`` in the live model's dtype (``whole``: without a ``device_map``); with
+    ``check``, ``None`` when it fails or its weights are not exactly the live model's."""
     from ...partitioning import is_partitioned
 
     kwargs = dict(model_init_kwargs or {})
@@ -65,10 +59,9 @@ def frozen_reference(
     live: torch.nn.Module, model_id: str | None, ref_model: Any,
     reload: Callable[[str, Any, bool], torch.nn.Module | None], owner: str,
 ) -> torch.nn.Module:
-    """The frozen eval-mode initial model: ``ref_model`` as given; else ``reload(path, live, check)`` from
-    ``model_id`` or the live model's local ``config._name_or_path`` (checked equal to the live model in the latter
-    case); else an independent copy of ``live``. A partitioned model (ZeRO-3 / FSDP) is never copied: without a
-    path it is refused with a ``ValueError`` naming ``ref_model=`` (``owner``: the trainer's name)."""
+    """The frozen eval-mode initial model: ``ref_model``; else reloaded from ``model_id`` or the live model's
+    local folder (then checked equal to it); else a copy of ``live``. A partitioned model (ZeRO-3 / FSDP) is
+    never copied: without a path it is refused (``ValueError``)."""
     from ...partitioning import is_partitioned
 
     ref = ref_model

@@ -1,13 +1,10 @@
 """The base unlearning trainer: a ``trl.SFTTrainer`` whose batches pair each forget example with a retain example.
-
-A method implements :meth:`UnlearningTrainer.compute_unlearning_loss` with the helpers here (:meth:`score`,
-:meth:`reference_scores`, :meth:`retain_term`, :meth:`log_metric`). The pure pieces live beside it: the pairing
-(:mod:`.pairing`), the loss normalisation (:mod:`.losses`), the input checks (:mod:`.inputs`), the reference model
-(:mod:`.reference`), the guards (:mod:`.guards`) and the checkpoint staging and fingerprint (:mod:`.checkpoints`).
-"""
+A method implements :meth:`UnlearningTrainer.compute_unlearning_loss` with the helpers :meth:`score`,
+:meth:`reference_scores`, :meth:`retain_term` and :meth:`log_metric`."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import json
@@ -35,7 +32,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from trl import SFTTrainer
 from trl.trainer.utils import get_config_model_id
 
-from ...data import is_documents
+from ...data import is_documents, model_max_positions, overlapping_examples
 from ...logprobs import label_log_probs
 from ...result import TrainingOutcome
 from ...safe_output import (
@@ -50,6 +47,7 @@ from ...safe_output import (
 from .checkpoints import (
     FINGERPRINT_NAME,
     RUN_ENTRIES,
+    RUN_REQUEST_NAME,
     _checkpoint_dirs,
     check_resume,
     run_fingerprint,
@@ -65,63 +63,70 @@ from .guards import (
     non_finite_parameters,
     saved_guard_state,
 )
-from .inputs import check_disjoint, check_output_folder, limit_max_length, model_dirs
-from .losses import LossDenominators, ScoredBatch, answer_mask, batch_counts, kl_retain_loss, nll_loss
-from .metrics import scalar_on_device
+from .losses import (
+    LossDenominators,
+    ScoredBatch,
+    answer_mask,
+    batch_counts,
+    kl_retain_loss,
+    nll_loss,
+    scalar_on_device,
+)
 from .pairing import (
     RETAIN_PREFIX,
     PairedCollator,
     PairedForgetRetainDataset,
     PairingEpochCallback,
+    _identity_keys,
     as_dataset,
     to_trl_format,
 )
-from .reference import RELOAD_WITHOUT_DEVICE_MAP, frozen_reference, reload_reference
+from .reference import RELOAD_WITHOUT_DEVICE_MAP, _local_dir, frozen_reference, reload_reference
 
 if TYPE_CHECKING:
     from peft import PeftConfig
     from transformers import BitsAndBytesConfig
 
-#: What a trainer takes as a forget, retain or evaluation set: a ``datasets.Dataset``, a list of row dicts, or
-#: (documents) a list of strings or a ``.txt`` / ``.json`` / ``.jsonl`` path.
+#: A forget, retain or evaluation set: a ``datasets.Dataset``, a list of row dicts, or documents (strings, a path).
 Rows = Dataset | Sequence[Any] | str | os.PathLike
 #: ``Trainer``'s ``optimizers``: an optimizer and a learning-rate scheduler, either ``None`` to build the default
 Optimizers = tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None]
+
+
+def check_output_folder(args: Any, input_dirs: tuple[str, ...]) -> None:
+    """Refuse an output folder overlapping a model folder, non-empty without ``overwrite`` (checkpoints or only
+    ``logs/run_request.json`` count as empty), or not writable."""
+    out = Path(args.output_dir)
+    try:
+        request_only = ([p.name for p in out.iterdir()] == ["logs"] and not (out / "logs").is_symlink()
+                        and [p.name for p in (out / "logs").iterdir()] == [RUN_REQUEST_NAME])
+    except OSError:
+        request_only = False
+    overwrite = bool(getattr(args, "overwrite", False)) or bool(_checkpoint_dirs(out)) or request_only
+    check_output_dir(out, input_dirs, overwrite=overwrite)
 
 
 class UnlearningTrainer(SFTTrainer):
     """Base class of the unlearning trainers (a TRL ``SFTTrainer``).
 
     ``train_dataset`` is the forget set, ``retain_dataset`` the retain set; both go through ``SFTTrainer``'s
-    preparation (TOFU ``question``/``answer`` rows tokenized by :func:`to_trl_format` with ``args.prompt_template``,
-    TRL prompt/completion or conversational rows: labels on the completion; documents: chunks of ``max_length``
-    tokens, labels on every token). Each training example is a forget example paired with a retain example
-    (:class:`PairedForgetRetainDataset`): a batch holds ``input_ids``, ``attention_mask``, ``labels`` and the same
-    keys prefixed with ``retain_``.
+    preparation (TOFU rows via :func:`to_trl_format`; documents as chunks of ``max_length`` tokens). A batch holds
+    ``input_ids``, ``attention_mask``, ``labels`` and the same keys prefixed with ``retain_``
+    (:class:`PairedForgetRetainDataset`). A method overrides :meth:`compute_unlearning_loss` and, as needed,
+    :meth:`needs_retain`, :meth:`needs_reference_model` and :meth:`check_hyperparameters`, with its
+    ``config_class`` (``preset``: the field values that define the method).
 
-    The base holds no objective: a method overrides :meth:`compute_unlearning_loss` and, as needed,
-    :meth:`needs_retain`, :meth:`needs_reference_model` and :meth:`check_hyperparameters`, with a config subclassing
-    :class:`~hf_unlearn.methods.base.BaseUnlearningConfig` (``config_class``; ``preset``: the field values that
-    define the method).
-
-    Refused before any work: an output folder overlapping the model folder or not empty (unless ``overwrite``; one
-    holding checkpoints is left to :meth:`train`), no-op settings (learning rate 0, zero epochs or steps), a forget
-    example truncation leaves without answer tokens, hyperparameters the objective cannot use. Training stops on a
-    non-finite loss, on non-finite weights before a save, and when the retain NLL diverges
-    (:class:`RetainDivergenceGuard`; an objective without a retain term is watched on the retain set when given
-    one). :meth:`train` holds the output folder's lock; checkpoints and the final model are written in a temporary
-    folder and renamed into place; ``train(resume_from_checkpoint=True)`` continues exactly and refuses a checkpoint
-    of another method, settings or data. A frozen reference is reloaded from the model's folder, or copied from a
-    model changed in memory; ``ref_model=`` passes one (needed under ZeRO-3 / FSDP for a model without a folder).
+    Refused before any work: an output folder overlapping the model folder or not empty (unless ``overwrite``),
+    a forget example left without answer tokens, hyperparameters the objective cannot use. Training stops on a
+    non-finite loss or weights and when the retain NLL diverges (:class:`RetainDivergenceGuard`). ``ref_model=``
+    passes the frozen reference (needed under ZeRO-3 / FSDP for a model without a folder).
 
     Private ``Trainer`` methods overridden, each because no public hook does the job:
 
-    * ``_set_signature_columns_if_needed``: the ``retain_`` keys must survive ``remove_unused_columns``, which
-      keeps only the model's ``forward`` arguments; turning that option off would also keep the raw text columns.
-    * ``_save_checkpoint``: transformers writes a checkpoint in place, file by file and process by process; it is
-      staged here and renamed into place once every process has written (:func:`stage_checkpoint`).
-    * ``_get_output_dir``: where ``Trainer._save_checkpoint`` writes; it names the staging folder while a checkpoint
-      is written.
+    * ``_set_signature_columns_if_needed``: the ``retain_`` keys (``_batch_prefixes``) must survive
+      ``remove_unused_columns``.
+    * ``_save_checkpoint``: the checkpoint is staged and renamed into place once every process has written.
+    * ``_get_output_dir``: names the staging folder while a checkpoint is written.
     """
 
     _tag_names = ["trl", "hf-unlearn", "unlearning"]
@@ -132,6 +137,8 @@ class UnlearningTrainer(SFTTrainer):
     preset: ClassVar[dict[str, Any]] = {}
     #: whether the trainer unlearns documents (plain texts, chunked) as well as question/answer rows
     accepts_documents: ClassVar[bool] = True
+    #: prefixes of the batch keys besides the forget half's, kept by ``remove_unused_columns``
+    _batch_prefixes: ClassVar[tuple[str, ...]] = (RETAIN_PREFIX,)
     # compute_loss divides by the totals of the accumulation step itself (see LossDenominators)
     loss_is_scaled_for_ga = True
 
@@ -151,13 +158,14 @@ class UnlearningTrainer(SFTTrainer):
         peft_config: PeftConfig | None = None,
         ref_model: PreTrainedModel | None = None,
     ):
-        # the model folders, refused as output folders; whether train() holds the output folder; the folder a
-        # checkpoint is being staged in; which of the sets are documents (chunks fill max_length by design)
-        self._input_dirs: tuple[str, ...] = model_dirs(model)
+        # the model's local folders, refused as output folders
+        candidates = [model] if isinstance(model, (str, os.PathLike)) else [
+            getattr(model, "name_or_path", None), getattr(getattr(model, "config", None), "_name_or_path", None)
+        ]
+        self._input_dirs = tuple(dict.fromkeys(d for d in map(_local_dir, candidates) if d is not None))
         self._run_dir_claimed = False
         self._staging_dir: Path | None = None
-        self._document_sets: set[str] = set()
-        # per-mode logged values since the last log; the loss totals of the current optimizer step
+        self._document_sets: set[str] = set()  # their chunks fill max_length by design
         self._unlearning_metrics: dict[str, dict[str, list[torch.Tensor]]] = {
             "train": defaultdict(list), "eval": defaultdict(list)
         }
@@ -174,22 +182,21 @@ class UnlearningTrainer(SFTTrainer):
         )
         self._divergence_guard = RetainDivergenceGuard(args.max_retain_loss_ratio, args.min_retain_loss_reference)
         super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=forget,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            callbacks=[*(callbacks or []), self._divergence_guard],
-            optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
-            quantization_config=quantization_config,
-            peft_config=peft_config,
+            model=model, args=args, data_collator=data_collator, train_dataset=forget, eval_dataset=eval_dataset,
+            processing_class=processing_class, callbacks=[*(callbacks or []), self._divergence_guard],
+            optimizers=optimizers, optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            quantization_config=quantization_config, peft_config=peft_config,
         )
         self._check_truncation(len(forget), self.train_dataset, "forget", required=True)
         # each forget example paired with a retain example, partners redrawn every epoch
         self.forget_dataset: Dataset = self.train_dataset
-        self.retain_dataset: Dataset | None = self._prepare_retain(retain)
+        if retain is not None and not self._skip_prepare_dataset:
+            prepared = self._prepare_dataset(retain, self.processing_class, self.args, False, None, "retain")
+            self._check_truncation(len(retain), prepared, "retain", required=False, stacklevel=3)
+            retain = prepared
+        if retain is not None and len(retain) == 0:
+            raise ValueError("No retain example is left after tokenization/truncation (check `max_length`).")
+        self.retain_dataset: Dataset | None = retain
         if self.retain_dataset is not None:
             self.train_dataset = PairedForgetRetainDataset(self.forget_dataset, self.retain_dataset, seed=self.args.seed)
             self.add_callback(PairingEpochCallback(self.train_dataset))
@@ -197,19 +204,23 @@ class UnlearningTrainer(SFTTrainer):
         self.ref_model = None
         if self.needs_reference_model(self.args) and not is_peft_model(self.model):
             self.ref_model = self._create_reference_model(model if isinstance(model, str) else None, ref_model)
+        self._finish_init()
 
-    # ----- inputs, checked before any work ------------------------------------------------------------------------
+    def _finish_init(self) -> None:
+        """What a method sets up once the model and data are prepared (default: nothing)."""
 
     def _check_inputs(
         self, model: Any, args: BaseUnlearningConfig, train_dataset: Any, retain_dataset: Any, eval_dataset: Any,
         processing_class: Any,
     ) -> tuple[BaseUnlearningConfig, Any, Dataset, Dataset | None, Any]:
-        """The output folder, ``max_length`` within the model's positions, the tokenizer (loaded from the model
-        when not given), and the forget, retain and evaluation sets in TRL's format. Returns ``(args,
-        processing_class, forget, retain, eval_dataset)``."""
+        """Check the output folder and ``max_length``; return ``(args, processing_class, forget, retain,
+        eval_dataset)``, the sets in TRL's format."""
         check_output_folder(args, self._input_dirs)
         model_config = AutoConfig.from_pretrained(model, trust_remote_code=False) if isinstance(model, str) else getattr(model, "config", None)
-        args = limit_max_length(args, model_config)  # a warning follows only when an example is truncated
+        limit = model_max_positions(model_config) if model_config is not None else None
+        if limit is not None and (args.max_length is None or args.max_length > limit):
+            args = copy.copy(args)  # a warning follows only when an example is truncated
+            args.max_length = limit
         if processing_class is None:
             model_id = model if isinstance(model, str) else get_config_model_id(model.config)
             processing_class = AutoTokenizer.from_pretrained(model_id, trust_remote_code=False)
@@ -234,8 +245,8 @@ class UnlearningTrainer(SFTTrainer):
         return args, processing_class, forget, retain, eval_dataset
 
     def _check_retain(self, retain_dataset: Any, forget: Dataset, args: BaseUnlearningConfig, tokenizer: Any):
-        """The retain set in TRL's format: required when the objective uses it, ``None`` (with a warning) when it
-        neither uses nor watches it, refused when empty or sharing rows with the forget set."""
+        """The retain set in TRL's format; ``None`` (with a warning) when unused, refused when empty or sharing
+        rows with the forget set."""
         needed = self.needs_retain(args)
         if retain_dataset is None:
             if needed:
@@ -251,14 +262,22 @@ class UnlearningTrainer(SFTTrainer):
         retain = as_dataset(retain_dataset)
         if len(retain) == 0:
             raise ValueError("The retain set (`retain_dataset`) is empty: a retain example is needed per forget example.")
-        check_disjoint(forget, retain, args.allow_overlap, stacklevel=4)
+        keys = _identity_keys(forget)
+        shared = overlapping_examples(forget, retain, keys=keys) if keys and keys == _identity_keys(retain) else 0
+        if shared and not args.allow_overlap:
+            raise ValueError(
+                f"{shared} of the {len(forget)} forget examples also occur in the retain set: the objective "
+                "would push their likelihood down and up at once. Remove them, or set `allow_overlap=True`."
+            )
+        if shared:
+            warnings.warn(f"{shared} forget examples also occur in the retain set (allow_overlap=True).", stacklevel=4)
         if is_documents(retain):
             self._document_sets.add("retain")
         return to_trl_format(retain, tokenizer, getattr(args, "prompt_template", None), args.max_length)
 
     def _check_truncation(self, before: int, prepared: Any, name: str, required: bool, stacklevel: int = 3) -> None:
-        """After TRL's preparation: refuse (``required``) or warn about the examples truncation to ``max_length``
-        left without an answer token (TRL drops them), and warn about truncated ones."""
+        """Refuse (``required``) or warn about examples truncation left without an answer token (TRL drops
+        them); warn about truncated ones."""
         if self._skip_prepare_dataset or not hasattr(prepared, "__len__"):
             return
         dropped = before - len(prepared)
@@ -278,31 +297,16 @@ class UnlearningTrainer(SFTTrainer):
             if full:
                 warnings.warn(f"{full} {name} examples were truncated to max_length={limit} tokens.", stacklevel=stacklevel)
 
-    def _prepare_retain(self, retain: Dataset | None) -> Dataset | None:
-        """The retain set prepared by TRL as the forget set was (truncation checked; refused when none is left)."""
-        if retain is None:
-            return None
-        if not self._skip_prepare_dataset:
-            prepared = self._prepare_dataset(retain, self.processing_class, self.args, False, None, "retain")
-            self._check_truncation(len(retain), prepared, "retain", required=False, stacklevel=4)
-            retain = prepared
-        if len(retain) == 0:
-            raise ValueError("No retain example is left after tokenization/truncation (check `max_length`).")
-        return retain
-
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
-        extra = [RETAIN_PREFIX + c for c in self._signature_columns if not c.startswith(RETAIN_PREFIX)]
+        own = [c for c in self._signature_columns if not c.startswith(self._batch_prefixes)]
+        extra = [prefix + c for prefix in self._batch_prefixes for c in own]
         self._signature_columns = list(dict.fromkeys([*self._signature_columns, *extra]))
-
-    # ----- configuration -----------------------------------------------------------------------------------------
 
     @classmethod
     def _resolve_args(cls, args: Any, model: Any) -> BaseUnlearningConfig:
-        """``args`` as a ``cls.config_class`` (used as given when it is one; otherwise a default one named after the
-        model, or the fields it shares with other training arguments, ``cls.preset`` applied), then checked. A value
-        carried from another unlearning config's default that differs from ``config_class``'s default is warned
-        about."""
+        """``args`` as a ``cls.config_class`` (another config's shared fields with ``cls.preset`` applied), then
+        checked; warns about a value carried from another config's default."""
         config_class = cls.config_class
         if args is None:
             name = model if isinstance(model, str) else (get_config_model_id(model.config) or "model")
@@ -334,20 +338,8 @@ class UnlearningTrainer(SFTTrainer):
                     f"{cls.__name__} trains with {key}={value!r}, but its config sets {key}={getattr(args, key, None)!r}; "
                     "use UnlearningTrainer (or the trainer of that objective) instead."
                 )
-        cls._check_not_a_no_op(args)
         cls.check_hyperparameters(args)
         return args
-
-    @staticmethod
-    def _check_not_a_no_op(args: TrainingArguments) -> None:
-        """Refuse settings that would train nothing: a learning rate <= 0, zero steps or zero epochs."""
-        if not args.learning_rate > 0:
-            raise ValueError(f"learning_rate={args.learning_rate} would leave the model unchanged; it must be > 0.")
-        if args.max_steps == 0 or (args.max_steps < 0 and not args.num_train_epochs > 0):
-            raise ValueError(
-                f"max_steps={args.max_steps}, num_train_epochs={args.num_train_epochs} would train for zero steps; "
-                "set num_train_epochs > 0 or max_steps > 0."
-            )
 
     @classmethod
     def check_hyperparameters(cls, args: BaseUnlearningConfig) -> None:
@@ -355,20 +347,17 @@ class UnlearningTrainer(SFTTrainer):
 
     @classmethod
     def needs_retain(cls, args: BaseUnlearningConfig) -> bool:
-        """Whether the objective uses the retain set (default: ``retain_loss != "none"`` with ``retain_weight >
-        0``)."""
+        """Whether the objective uses the retain set (default: ``retain_loss != "none"``, ``retain_weight > 0``)."""
         return getattr(args, "retain_loss", "nll") != "none" and getattr(args, "retain_weight", 1.0) > 0
 
     @classmethod
     def needs_reference_model(cls, args: BaseUnlearningConfig) -> bool:
-        """Whether the objective needs the frozen reference model (default: for the KL retain term of
-        :meth:`retain_term`); a method whose own terms read the reference overrides this."""
+        """Whether the objective needs the frozen reference model (default: for the KL retain term)."""
         return cls.needs_retain(args) and getattr(args, "retain_loss", None) == "kl"
 
     @classmethod
     def watches_retain(cls, args: BaseUnlearningConfig) -> bool:
-        """Whether a ``retain_dataset`` given to an objective without a retain term is kept to feed the divergence
-        guard (default: when the guard is on)."""
+        """Whether a retain set unused by the objective is kept to feed the divergence guard."""
         return not cls.needs_retain(args) and getattr(args, "max_retain_loss_ratio", None) is not None
 
     @classmethod
@@ -377,15 +366,11 @@ class UnlearningTrainer(SFTTrainer):
         return ()
 
     def training_outcome(self) -> TrainingOutcome:
-        """How the run ended (:class:`~hf_unlearn.result.TrainingOutcome`); a trainer that stops itself overrides
-        this to report its step, reason and per-check history."""
+        """How the run ended (:class:`~hf_unlearn.result.TrainingOutcome`)."""
         return TrainingOutcome(global_step=self.state.global_step)
 
-    # ----- the frozen reference ----------------------------------------------------------------------------------
-
     def _create_reference_model(self, model_id: str | None, ref_model: Any = None) -> torch.nn.Module:
-        """The frozen initial model (:func:`~hf_unlearn.methods.base.reference.frozen_reference`: ``ref_model``,
-        reloaded from ``model_id`` or the model's folder, or copied), prepared by accelerate like the policy."""
+        """The frozen initial model (:func:`.reference.frozen_reference`), prepared by accelerate."""
         live = self.accelerator.unwrap_model(self.model)
         ref = frozen_reference(live, model_id, ref_model, self._reload_reference, type(self).__name__)
         if self.is_deepspeed_enabled:
@@ -399,17 +384,12 @@ class UnlearningTrainer(SFTTrainer):
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
 
     def _reload_reference(self, path: str, live: Any, check: bool) -> torch.nn.Module | None:
-        """:func:`~hf_unlearn.methods.base.reference.reload_reference` with this run's ``model_init_kwargs``, whole
-        on each process under DDP, DeepSpeed and FSDP."""
         whole = self.args.distributed_state.distributed_type in RELOAD_WITHOUT_DEVICE_MAP or self.is_fsdp_enabled
         return reload_reference(path, live, check, self.args.model_init_kwargs, whole)
 
-    # ----- helpers for the loss hook -----------------------------------------------------------------------------
-
     def score(self, model: Any, inputs: dict[str, Any], prefix: str = "", **forward_kwargs) -> ScoredBatch:
         """Forward ``model`` on the ``prefix`` part of the batch (``""`` forget, ``"retain_"`` retain) and score
-        its labels with :func:`hf_unlearn.logprobs.label_log_probs`. Extra keyword arguments go to the forward
-        (e.g. ``output_hidden_states=True``)."""
+        its labels; extra keyword arguments go to the forward."""
         labels = inputs[prefix + "labels"]
         outputs = model(
             input_ids=inputs[prefix + "input_ids"],
@@ -421,10 +401,8 @@ class UnlearningTrainer(SFTTrainer):
 
     @torch.no_grad()
     def reference_scores(self, inputs: dict[str, Any], prefix: str = "", **forward_kwargs) -> ScoredBatch:
-        """:meth:`score` under the frozen reference: the reference model, or with a PEFT adapter the same model
-        with the adapter disabled. Without gradients. The adapter-disabled pass goes through the model as the
-        Trainer wrapped it (``model_wrapped``: DDP, FSDP, DeepSpeed), so that FSDP gathers its shards for it, as
-        TRL's ``null_ref_context`` passes do; in one process that is the model itself."""
+        """:meth:`score` under the frozen reference, without gradients: the reference model, or the PEFT model
+        with its adapter disabled (through ``model_wrapped``, so that FSDP gathers its shards)."""
         if self.ref_model is not None:
             return self.score(self.ref_model, inputs, prefix, **forward_kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
@@ -437,9 +415,8 @@ class UnlearningTrainer(SFTTrainer):
         )
 
     def retain_term(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        """The configured retain loss on the ``retain_`` part of the batch (unweighted): the retain NLL
-        (:func:`~hf_unlearn.methods.base.losses.nll_loss`) or per-token ``KL(pi_ref || pi_theta)``
-        (:func:`~hf_unlearn.methods.base.losses.kl_retain_loss`). Zero when the batch carries no retain examples."""
+        """The unweighted retain loss (``retain_loss``: :func:`nll_loss` or :func:`kl_retain_loss`); zero when
+        the batch carries no retain examples."""
         if RETAIN_PREFIX + "input_ids" not in inputs:
             return torch.zeros((), device=inputs["input_ids"].device)
         retain = self.score(model, inputs, RETAIN_PREFIX)
@@ -455,17 +432,9 @@ class UnlearningTrainer(SFTTrainer):
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
     ) -> torch.Tensor:
-        """Return the scalar loss of this micro-batch: the hook each method implements.
-
-        ``inputs`` holds ``input_ids``, ``attention_mask``, ``labels`` (forget) and ``retain_input_ids``,
-        ``retain_attention_mask``, ``retain_labels`` when the objective uses a retain set. Divide summed token-level
-        terms by ``denominators.forget_tokens`` / ``retain_tokens`` and summed sequence-level terms by
-        ``denominators.forget_sequences`` / ``retain_sequences``; the pure loss functions of the methods take
-        these as ``num_tokens`` / ``num_sequences``.
-
-        The base class holds no objective and raises ``NotImplementedError``: a method's trainer overrides this
-        (the baselines' objective is :mod:`hf_unlearn.methods.baselines.trainer`'s).
-        """
+        """The scalar loss of this micro-batch, the hook each method implements. Divide summed token-level terms
+        by ``denominators.forget_tokens`` / ``retain_tokens`` and sequence-level ones by ``forget_sequences`` /
+        ``retain_sequences``."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement `compute_unlearning_loss`: UnlearningTrainer is the base of the "
             "unlearning trainers and holds no objective. Train a baseline objective with the baselines' trainers "
@@ -473,11 +442,9 @@ class UnlearningTrainer(SFTTrainer):
             "SimNPOTrainer)."
         )
 
-    # ----- logged values ------------------------------------------------------------------------------------------
-
     def log_metric(self, name: str, value: torch.Tensor | float) -> None:
-        """Record a scalar for this step, logged with the loss as ``mean_processes(mean_steps(value))``. A
-        ``"retain_nll"`` recorded in a training step also feeds the divergence guard."""
+        """Record a scalar, logged as ``mean_processes(mean_steps(value))``; a ``"retain_nll"`` recorded in a
+        training step also feeds the divergence guard."""
         mode = "train" if self.model.training else "eval"
         value = scalar_on_device(value, self.accelerator.device)
         self._unlearning_metrics[mode][name].append(value)
@@ -497,19 +464,21 @@ class UnlearningTrainer(SFTTrainer):
             metrics.clear()
         super().log(logs, start_time)
 
-    # ----- the training step -------------------------------------------------------------------------------------
-
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         counts = sum((batch_counts(b) for b in batch_samples), torch.zeros(4, dtype=torch.float64))
+        self._step_denominators = LossDenominators(*self._step_totals(counts).to(device).unbind())
+        return batch_samples, num_items_in_batch
+
+    def _step_totals(self, counts: torch.Tensor) -> torch.Tensor:
+        """A step's ``[n]`` float64 counts, summed over processes and divided by their number under
+        ``average_tokens_across_devices`` (DDP averages gradients), floored at ``1 / processes``; float32."""
         scale = 1.0
         if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
             gathered = self.accelerator.gather(counts.to(self.accelerator.device, torch.float32))
-            counts = gathered.reshape(-1, 4).sum(0).double().cpu()
+            counts = gathered.reshape(-1, counts.numel()).sum(0).double().cpu()
             scale = float(self.accelerator.num_processes)
-        values = (counts / scale).clamp(min=1.0 / scale).float().to(device)
-        self._step_denominators = LossDenominators(*values.unbind())
-        return batch_samples, num_items_in_batch
+        return (counts / scale).clamp(min=1.0 / scale).float()
 
     def training_step(self, *args, **kwargs):
         self._in_training_step = True
@@ -520,7 +489,6 @@ class UnlearningTrainer(SFTTrainer):
 
     @property
     def in_training_step(self) -> bool:
-        """Whether a training step (not an evaluation or a direct call) is running."""
         return self._in_training_step
 
     def _denominators(self, inputs: dict[str, Any]) -> LossDenominators:
@@ -552,17 +520,29 @@ class UnlearningTrainer(SFTTrainer):
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
 
-    # ----- guards -----------------------------------------------------------------------------------------------
-
     @property
     def divergence_guard(self) -> RetainDivergenceGuard:
-        """The :class:`RetainDivergenceGuard` of this run (the restored one when transformers replaced it with
-        ``restore_callback_states_from_checkpoint=True``)."""
+        """This run's :class:`RetainDivergenceGuard` (the restored one after a resume)."""
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, RetainDivergenceGuard):
                 callback.reduce = self._mean_over_processes
                 return callback
         return self._divergence_guard
+
+    def _restore_callback(self, callback: Any) -> Any:
+        """The callback of ``callback``'s class that a resume restored (else ``callback``, added), its saved state
+        loaded whatever ``restore_callback_states_from_checkpoint`` says."""
+        kind = type(callback)
+        current = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, kind)), None)
+        if current is None:
+            self.add_callback(callback)
+            current = callback
+        stored = self.state.stateful_callbacks.get(kind.__name__)
+        if isinstance(stored, list):
+            stored = stored[-1] if stored else None
+        if stored:
+            current.load_state(stored)
+        return current
 
     def _mean_over_processes(self, value: torch.Tensor) -> float:
         if self.accelerator.num_processes > 1:
@@ -570,8 +550,8 @@ class UnlearningTrainer(SFTTrainer):
         return float(value)
 
     def _watch_retain(self, model: Any, inputs: dict[str, Any]) -> None:
-        """For an objective without a retain term: the retain NLL of the batch's retain half, scored in eval mode
-        without gradient (no dropout, no RNG drawn, no effect on the update) and logged, so fed to the guard."""
+        """Log the retain NLL (fed to the guard) for an objective without a retain term: eval mode, no
+        gradient, so no dropout RNG is drawn and the update is unchanged."""
         if self.divergence_guard.max_ratio is None:
             return
         was_training = model.training
@@ -606,18 +586,10 @@ class UnlearningTrainer(SFTTrainer):
                 f"{bad[0]}); {what} was not written and training stopped ({kept}). Lower the learning rate."
             )
 
-    # ----- training ----------------------------------------------------------------------------------------------
-
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs):
-        """:meth:`transformers.Trainer.train` holding the lock of ``output_dir`` (a second run on it is refused).
-
-        Without ``resume_from_checkpoint``, a folder holding an earlier run's checkpoints is refused unless
-        ``overwrite=True`` (they are set aside, deleted once this run has finished, put back if it fails before
-        writing one). With it (``True``: the latest complete checkpoint), a checkpoint of another method, settings
-        (all but the run's length) or forget/retain rows is refused before any work
-        (:class:`~hf_unlearn.methods.base.checkpoints.ResumeMismatchError`); otherwise the run continues exactly
-        (weights, optimizer, scheduler, RNG, data order, retain pairing, divergence-guard reference). A bf16/fp16
-        model whose learning rate rounds away most updates gets a warning."""
+        """:meth:`transformers.Trainer.train` holding the lock of ``output_dir``. Earlier checkpoints are refused
+        unless resumed or ``overwrite=True``; a resume refuses a checkpoint of another method, settings or rows
+        (:class:`~hf_unlearn.methods.base.checkpoints.ResumeMismatchError`) and otherwise continues exactly."""
         out = Path(self.args.output_dir)
         with output_lock(out, enabled=self.accelerator.is_main_process and self.args.should_save):
             if not self._run_dir_claimed and self.args.should_save:  # it may have changed since __init__ checked it
@@ -656,17 +628,14 @@ class UnlearningTrainer(SFTTrainer):
                 shutil.rmtree(stale, ignore_errors=True)
             return result
 
-    # ----- checkpoints ----------------------------------------------------------------------------------------------
-
     def _get_output_dir(self, trial):
         if self._staging_dir is not None:
             return str(self._staging_dir)
         return super()._get_output_dir(trial)
 
     def _save_checkpoint(self, model, trial):
-        """Check the weights, then write the checkpoint through :func:`stage_checkpoint` (every process into one
-        hidden staging folder, renamed into place by the main process once all have written), with the run's
-        fingerprint (:meth:`run_fingerprint`)."""
+        """Check the weights, then write the checkpoint with its :meth:`run_fingerprint` through
+        :func:`stage_checkpoint`."""
         self._check_finite_weights("the checkpoint")
         run_dir = Path(super()._get_output_dir(trial))
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -699,22 +668,14 @@ class UnlearningTrainer(SFTTrainer):
             )
 
     def run_fingerprint(self) -> dict[str, Any]:
-        """This run's :func:`~hf_unlearn.methods.base.checkpoints.run_fingerprint` (method, weight-changing settings,
-        digests of the prepared forget and retain rows), written into every checkpoint as ``unlearning_run.json``
-        and checked on resume."""
+        """This run's :func:`.checkpoints.run_fingerprint`, written into every checkpoint and checked on resume."""
         if self._fingerprint is None:
             self._fingerprint = run_fingerprint(type(self), self.args, self.forget_dataset, self.retain_dataset)
         return self._fingerprint
 
-    # ----- the final model -----------------------------------------------------------------------------------------
-
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the model (weights, config, tokenizer) to ``output_dir`` (default ``args.output_dir``), its
-        trainable weights checked finite, built in a temporary sibling folder and swapped in once complete (the
-        run's checkpoints kept). A target other than the run folder claimed by :meth:`train` is checked like the
-        output folder. A failed write raises a one-line :class:`~hf_unlearn.safe_output.OutputWriteError` and
-        leaves the previous content. Inside a checkpoint, and under FSDP / DeepSpeed (every process writes),
-        transformers writes in place."""
+        """Save the model, weights checked finite, built in a temporary folder and swapped in once complete; a
+        failed write raises :class:`~hf_unlearn.safe_output.OutputWriteError` and leaves the previous content."""
         if self._staging_dir is not None or self.is_fsdp_enabled or self.is_deepspeed_enabled:
             return super().save_model(output_dir, _internal_call)
         self._check_finite_weights("the model")
@@ -738,22 +699,27 @@ class UnlearningTrainer(SFTTrainer):
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
                           tags: str | list[str] | None = None, report: Any = None, forget_split: str | None = None):
-        """Write ``README.md``: the method, its paper and settings, and the evaluator's ``report`` (a dict or JSON
-        path, e.g. ``trainer.push_to_hub(report=...)``) as ``model-index`` (:func:`hf_unlearn.hub.trainer_model_card`)."""
+        """Write ``README.md`` (:func:`hf_unlearn.hub.trainer_model_card`; ``report``: the evaluator's, a dict
+        or JSON path, as ``model-index``)."""
         if not self.is_world_process_zero():
             return
         from ...hub import trainer_model_card
 
         card = trainer_model_card(self, model_name, dataset_name, tags, report=report, forget_split=forget_split)
+        section = self.card_section()
+        if section:
+            card.text = card.text.rstrip("\n") + "\n\n" + section + "\n"
         atomic_write_text(Path(self.args.output_dir) / "README.md", str(card))
+
+    def card_section(self) -> str:
+        """Markdown the method appends to its model card (default: none)."""
+        return ""
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None,
                     **kwargs: Any) -> Any:
-        """Save the model, write its card (``kwargs``, e.g. ``report=``, go to :meth:`create_model_card`) and upload
-        ``args.output_dir`` (without ``checkpoint-*`` and ``_*`` entries) to ``args.hub_model_id`` in one commit
-        with :func:`hf_unlearn.hub.push.push_folder`. The steps and arguments are transformers'
-        ``Trainer.push_to_hub``'s; returns the ``CommitInfo`` (a future of it when not ``blocking``)."""
+        """``Trainer.push_to_hub``'s steps, the card written by :meth:`create_model_card` (``kwargs``), the folder
+        uploaded without ``checkpoint-*`` and ``_*`` entries in one commit; returns the ``CommitInfo``."""
         from ...hub.push import push_folder
 
         self.callback_handler.on_push_begin(self.args, self.state, self.control)
@@ -781,13 +747,9 @@ class UnlearningTrainer(SFTTrainer):
             ignore_patterns=("_*", f"{PREFIX_CHECKPOINT_DIR}-*"), run_as_future=not blocking,
         )
 
-    # ----- end of a run ------------------------------------------------------------------------------------------
-
     def release_training_state(self) -> None:
-        """Drop what only training needs, so that what runs after it (the evaluation, the NF4 re-check, the
-        attacks) has the memory: the optimizer and its states, the learning-rate scheduler, the frozen reference
-        model and accelerate's references to its prepared objects. The trained model and what :meth:`save_model`
-        writes stay; the trainer cannot train again afterwards."""
+        """Free what only training needs (optimizer, scheduler, reference model, accelerate's references); the
+        trainer cannot train again afterwards."""
         self.optimizer = self.lr_scheduler = None
         self.callback_handler.optimizer = self.callback_handler.lr_scheduler = None
         self.ref_model = None
@@ -798,24 +760,15 @@ class UnlearningTrainer(SFTTrainer):
             torch.cuda.empty_cache()
 
     def end_training(self) -> None:
-        """Finish a distributed run cleanly: release the DDP wrapper, then destroy the process group.
-
-        Call it once, after `train()` and `save_model()`, at the end of a `torchrun` script (a single-process run
-        may call it too; it then only drops the trainer's prepared objects). The order matters: when the process
-        group is destroyed first, DDP's reducer is left holding the last reference to the gloo group, and freeing it
-        later joins gloo's worker threads while holding the GIL; a worker still finishing the last all-gather needs
-        the GIL to free its tensors, and both wait forever. Releasing the wrapper while the
-        group is still registered avoids that. The trainer cannot train again afterwards.
-        """
+        """Release the DDP wrapper, then destroy the process group (call once at the end of a ``torchrun``
+        script). In the other order DDP's reducer holds the last reference to the gloo group and freeing it can
+        deadlock on the GIL. The trainer cannot train again afterwards."""
         self.model_wrapped = self.model
         self.accelerator.free_memory()
         gc.collect()
         self.accelerator.end_training()
 
-    # ----- what the run reads after training -----------------------------------------------------------------------
-
-    #: Whether the trainer stops itself by a rule of its own: then that rule is its strength selection and a
-    #: criterion is only recorded beside it; otherwise the best checkpoint under the criterion is restored.
+    #: Whether the trainer stops itself by a rule of its own (its strength selection).
     stops_itself: ClassVar[bool] = False
 
     def method_metrics(self, tokenizer: Any, forget: Any, retain: Any) -> dict[str, float]:
@@ -824,5 +777,5 @@ class UnlearningTrainer(SFTTrainer):
 
     @classmethod
     def check_forget_rows(cls, rows: Any, args: BaseUnlearningConfig) -> None:
-        """Raise a ``ValueError`` naming the first forget row that lacks what this trainer reads besides its
-        question and answer (default: nothing more is read)."""
+        """Raise a ``ValueError`` naming the first forget row lacking what this trainer reads beyond
+        question and answer."""

@@ -1,7 +1,5 @@
-"""The baselines. ``config.py`` (their configs), ``loss.py`` (GradAscent, GradDiff, NPO, SimNPO and DPO as pure
-functions), ``token_loss.py`` (WGA, SatImp, CE-U, UNDIAL as pure functions), ``trainer.py`` (GradAscent, GradDiff,
-NPO and SimNPO: thin presets of the shared trainer), ``token_trainer.py`` (WGA, SatImp, CE-U, UNDIAL) and
-``dpo.py`` (DPO and IdkDPO, a preferred answer per forget row)."""
+"""The baselines: GradAscent, GradDiff, NPO, SimNPO (``trainer.py``), WGA, SatImp, CE-U, UNDIAL
+(``token_trainer.py``), DPO and IdkDPO (``dpo.py``)."""
 
 from ...registry import register_method
 from .config import (

@@ -1,36 +1,26 @@
-"""DPO and IdkDPO on :class:`UnlearningTrainer`: a preferred answer per forget row, the forget answer rejected.
-
-The objective is ``forget_weight * L_DPO + retain_weight * retain_term``
-(:func:`~hf_unlearn.methods.baselines.loss.dpo_loss` against the frozen reference). The preferred answers are
+"""DPO and IdkDPO: a preferred answer per forget row, the forget answer rejected. The preferred answers are
 tokenized with the forget rows' questions and carried beside the forget half of each batch under the
-``alternate_`` prefix, so a forget row always meets its own preferred answer; they enter the run's fingerprint.
-:class:`UnlearnDPOTrainer` reads them from a column of the forget rows (``alternate_column``; a list gives one
-drawn per row with ``seed``); :class:`IdkDPOTrainer` draws a refusal answer per row with ``seed`` from
-:func:`load_idk_answers`, kept for the whole run.
+``alternate_`` prefix; they enter the run's fingerprint.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ..base.checkpoints import _rows_digest
 from ..base.losses import LossDenominators
 from ..base.pairing import MODEL_COLUMNS, RETAIN_PREFIX, as_dataset, to_trl_format
-from ..base.trainer import Optimizers, Rows, UnlearningTrainer
+from ..base.trainer import UnlearningTrainer
 from .config import IdkDPOConfig, PreferenceConfig, UnlearnDPOConfig
 from .loss import dpo_loss
-
-if TYPE_CHECKING:
-    from peft import PeftConfig
-    from transformers import BitsAndBytesConfig
+from .token_trainer import ForgetRetainTrainer
 
 __all__ = ["ALTERNATE_PREFIX", "UnlearnDPOTrainer", "IdkDPOTrainer", "PreferenceTrainer", "load_idk_answers"]
 
@@ -39,8 +29,8 @@ IDK_ANSWERS_FILE = "idk_answers.txt"
 
 
 def load_idk_answers(path: str | Path | None = None) -> list[str]:
-    """The refusal answers of ``path`` (a text file, one answer per line, blank lines ignored), by default the list
-    shipped with the package (``hf_unlearn/data/idk_answers.txt``). ``ValueError`` when there is none."""
+    """The refusal answers of ``path`` (one per line, blank lines ignored; default: the list shipped with the
+    package). ``ValueError`` when there is none."""
     if path is None:
         text = resources.files("hf_unlearn.data").joinpath(IDK_ANSWERS_FILE).read_text(encoding="utf-8")
     else:
@@ -55,15 +45,13 @@ def load_idk_answers(path: str | Path | None = None) -> list[str]:
 
 
 def draw_per_row(choices: Sequence[Sequence[str]], seed: int) -> list[str]:
-    """One entry of each row's ``choices``, drawn with a generator seeded by ``seed`` (row ``i`` takes
-    ``choices[i][k_i]``; the same seed and choices give the same draws)."""
+    """One entry of each row's ``choices``, drawn with a generator seeded by ``seed``."""
     generator = torch.Generator().manual_seed(int(seed))
     return [list(options)[int(torch.randint(len(options), (1,), generator=generator))] for options in choices]
 
 
 class _WithAlternates(torch.utils.data.Dataset):
-    """Item ``i`` of ``base`` (its model columns and ``retain_`` ones) with the tokens of preferred answer ``i``
-    under the ``alternate_`` prefix; ``set_epoch`` is passed on to ``base``."""
+    """Item ``i`` of ``base`` with the tokens of preferred answer ``i`` under the ``alternate_`` prefix."""
 
     def __init__(self, base: Any, alternates: Dataset):
         self.base = base
@@ -100,45 +88,24 @@ class _AlternateCollator:
         return batch
 
 
-class PreferenceTrainer(UnlearningTrainer):
-    """The DPO objective ``forget_weight * L_DPO + retain_weight * retain_term`` with a preferred answer per
-    forget row; a subclass says where the preferred answers come from (:meth:`preferred_answers`). The forget rows
-    must be TOFU-shaped (``question``/``answer``). Logs ``forget_nll``, ``alternate_nll``, ``forget_log_ratio`` and
-    ``alternate_log_ratio`` (policy minus reference).
-
-    Private ``Trainer`` method overridden, because no public hook does the job: ``_set_signature_columns_if_needed``
-    (the ``alternate_`` keys must survive ``remove_unused_columns``, as the base's ``retain_`` keys)."""
+class PreferenceTrainer(ForgetRetainTrainer):
+    """The DPO objective ``forget_weight * L_DPO + retain_weight * retain_term``
+    (:func:`~hf_unlearn.methods.baselines.loss.dpo_loss`) with a preferred answer per TOFU-shaped forget row, from
+    :meth:`preferred_answers`. Logs ``alternate_nll``, ``forget_log_ratio`` and ``alternate_log_ratio``."""
 
     config_class: ClassVar[type[PreferenceConfig]] = PreferenceConfig
     accepts_documents: ClassVar[bool] = False  # a preferred answer needs a question to answer
+    _batch_prefixes = (RETAIN_PREFIX, ALTERNATE_PREFIX)
 
-    def __init__(
-        self,
-        model: str | PreTrainedModel,
-        args: PreferenceConfig | TrainingArguments | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Rows | None = None,
-        retain_dataset: Rows | None = None,
-        eval_dataset: Rows | dict[str, Rows] | None = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
-        callbacks: list[TrainerCallback] | None = None,
-        optimizers: Optimizers = (None, None),
-        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
-        quantization_config: BitsAndBytesConfig | None = None,
-        peft_config: PeftConfig | None = None,
-        ref_model: PreTrainedModel | None = None,
-    ):
-        args = self._resolve_args(args, model)
-        if train_dataset is not None:
-            train_dataset = as_dataset(train_dataset)
-        preferred = self.preferred_answers(train_dataset, args) if train_dataset is not None and len(train_dataset) else None
-        super().__init__(
-            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
-            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
-            peft_config=peft_config, ref_model=ref_model,
-        )
-        rows = [{"question": q, "answer": a} for q, a in zip(train_dataset["question"], preferred)]
+    def _check_inputs(self, model: Any, args: Any, train_dataset: Any, *rest: Any) -> tuple:
+        """The preferred answers, checked before the base's input checks."""
+        forget = as_dataset(train_dataset)
+        self._preferred = self.preferred_answers(forget, args) if len(forget) else []
+        self._questions = forget["question"] if len(forget) else []
+        return super()._check_inputs(model, args, forget, *rest)
+
+    def _finish_init(self) -> None:
+        rows = [{"question": q, "answer": a} for q, a in zip(self._questions, self._preferred)]
         alternates = to_trl_format(rows, self.processing_class, getattr(self.args, "prompt_template", None))
         if not self._skip_prepare_dataset:
             alternates = self._prepare_dataset(alternates, self.processing_class, self.args, False, None, "alternate")
@@ -158,8 +125,7 @@ class PreferenceTrainer(UnlearningTrainer):
 
     @classmethod
     def check_forget_rows(cls, rows: Any, args: PreferenceConfig) -> None:
-        """Refuse (``ValueError``) forget rows without a usable preferred answer: what :meth:`preferred_answers`
-        checks, run before any work by :func:`hf_unlearn.preconditions.check_run_preconditions`."""
+        """Refuse (``ValueError``) forget rows without a usable preferred answer."""
         cls.preferred_answers(as_dataset(rows), args)
 
     @classmethod
@@ -174,15 +140,8 @@ class PreferenceTrainer(UnlearningTrainer):
     def needs_reference_model(cls, args: Any) -> bool:
         return True
 
-    def _set_signature_columns_if_needed(self):
-        super()._set_signature_columns_if_needed()
-        extra = [ALTERNATE_PREFIX + c for c in self._signature_columns
-                 if not c.startswith((RETAIN_PREFIX, ALTERNATE_PREFIX))]
-        self._signature_columns = list(dict.fromkeys([*self._signature_columns, *extra]))
-
     def run_fingerprint(self) -> dict[str, Any]:
-        """The base fingerprint with the preferred answers' tokens folded into the forget rows' digest, so that a
-        checkpoint written with other preferred answers is refused on resume."""
+        """The base fingerprint with the preferred answers' tokens folded into the forget rows' digest."""
         if self._fingerprint is None:
             fingerprint = super().run_fingerprint()
             forget = fingerprint["data"]["forget"]
@@ -190,30 +149,20 @@ class PreferenceTrainer(UnlearningTrainer):
             fingerprint["data"]["forget"] = f"{forget.split(':')[0]}:{joined}"
         return self._fingerprint
 
-    def compute_unlearning_loss(
-        self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
-    ) -> torch.Tensor:
-        forget = self.score(model, inputs)
+    def forget_term(self, model: Any, forget: Any, inputs: dict[str, Any], denominators: LossDenominators
+                    ) -> torch.Tensor:
         alternate = self.score(model, inputs, ALTERNATE_PREFIX)
         ref_forget = self.reference_scores(inputs).sequence_log_probs
         ref_alternate = self.reference_scores(inputs, ALTERNATE_PREFIX).sequence_log_probs
-        self.log_metric("forget_nll", forget.mean_nll)
         self.log_metric("alternate_nll", alternate.mean_nll)
         self.log_metric("forget_log_ratio", (forget.sequence_log_probs - ref_forget).mean())
         self.log_metric("alternate_log_ratio", (alternate.sequence_log_probs - ref_alternate).mean())
-        term = dpo_loss(alternate.sequence_log_probs, ref_alternate, forget.sequence_log_probs, ref_forget,
+        return dpo_loss(alternate.sequence_log_probs, ref_alternate, forget.sequence_log_probs, ref_forget,
                         self.args.beta, denominators.forget_sequences)
-        self.log_metric("forget_loss", term)
-        loss = self.args.forget_weight * term
-        if self.needs_retain(self.args):
-            loss = loss + self.args.retain_weight * self.retain_term(model, inputs, denominators)
-        return loss
 
 
 class UnlearnDPOTrainer(PreferenceTrainer):
-    """DPO (Rafailov et al. 2023) for unlearning: each forget row's ``alternate_column`` answer preferred over its
-    answer, :func:`~hf_unlearn.methods.baselines.loss.dpo_loss`, with the retain NLL. Defaults ([`UnlearnDPOConfig`]):
-    ``beta=0.1``, ``forget_weight=retain_weight=1``, column ``"alternate_answer"``."""
+    """DPO for unlearning: each forget row's ``alternate_column`` answer preferred over its answer."""
 
     _name = "DPO"
     _method = "dpo"
@@ -226,7 +175,6 @@ class UnlearnDPOTrainer(PreferenceTrainer):
 
     @classmethod
     def forget_columns(cls, args: UnlearnDPOConfig) -> tuple[str, ...]:
-        """Columns of the forget rows this trainer reads besides ``question`` and ``answer``."""
         return (args.alternate_column,)
 
     @classmethod
@@ -251,9 +199,8 @@ class UnlearnDPOTrainer(PreferenceTrainer):
 
 
 class IdkDPOTrainer(PreferenceTrainer):
-    """IdkDPO (TOFU's "I don't know" preference baseline): a refusal answer, drawn per forget row with ``seed`` from
-    :func:`load_idk_answers`, preferred over the forget answer; :func:`~hf_unlearn.methods.baselines.loss.dpo_loss`
-    with the retain NLL. Defaults ([`IdkDPOConfig`]): ``beta=0.1``, ``forget_weight=retain_weight=1``."""
+    """IdkDPO (TOFU's baseline): a refusal answer of :func:`load_idk_answers`, drawn per forget row with ``seed``,
+    preferred over the forget answer."""
 
     _name = "IdkDPO"
     _method = "idk_dpo"

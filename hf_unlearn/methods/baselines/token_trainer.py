@@ -1,7 +1,4 @@
-"""The token-level baselines WGA, SatImp, CE-U and UNDIAL: ``forget_weight * forget_term + retain_weight *
-retain_term`` (:class:`ForgetRetainTrainer`), the forget term a pure function of
-:mod:`hf_unlearn.methods.baselines.token_loss`, the retain term the base trainer's.
-"""
+"""The token-level baselines WGA, SatImp, CE-U and UNDIAL (:class:`ForgetRetainTrainer`)."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..base.losses import LossDenominators
+from ..base.losses import LossDenominators, ScoredBatch
 from ..base.trainer import UnlearningTrainer
 from .config import CEUConfig, ForgetRetainConfig, SatImpConfig, UNDIALConfig, WGAConfig
 from .token_loss import ceu_loss, satimp_loss, undial_loss, wga_loss
@@ -18,21 +15,23 @@ __all__ = ["CEUTrainer", "ForgetRetainTrainer", "SatImpTrainer", "UNDIALTrainer"
 
 
 class ForgetRetainTrainer(UnlearningTrainer):
-    """An objective ``forget_weight * forget_term + retain_weight * retain_term`` with a config of
-    :class:`~hf_unlearn.methods.baselines.config.ForgetRetainConfig`; a subclass implements :meth:`forget_term`.
-    Logs ``forget_nll`` and ``forget_loss`` (the unweighted forget term), and the retain term's ``retain_nll`` /
-    ``retain_loss``."""
+    """The objective ``forget_weight * forget_term + retain_weight * retain_term``; a subclass implements
+    :meth:`forget_term`. Logs ``forget_loss`` (unweighted)."""
 
     config_class: ClassVar[type[ForgetRetainConfig]] = ForgetRetainConfig
 
-    def forget_term(self, model: Any, inputs: dict[str, Any], denominators: LossDenominators) -> torch.Tensor:
-        """The unweighted forget term of this micro-batch."""
+    def forget_term(
+        self, model: Any, forget: ScoredBatch, inputs: dict[str, Any], denominators: LossDenominators
+    ) -> torch.Tensor:
+        """The unweighted forget term of this micro-batch (``forget``: its scored forget half)."""
         raise NotImplementedError(f"{type(self).__name__} must implement `forget_term`.")
 
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
     ) -> torch.Tensor:
-        forget = self.forget_term(model, inputs, denominators)
+        scored = self.score(model, inputs)
+        self.log_metric("forget_nll", scored.mean_nll)
+        forget = self.forget_term(model, scored, inputs, denominators)
         self.log_metric("forget_loss", forget)
         loss = self.args.forget_weight * forget
         if self.needs_retain(self.args):
@@ -41,9 +40,7 @@ class ForgetRetainTrainer(UnlearningTrainer):
 
 
 class WGATrainer(ForgetRetainTrainer):
-    """Weighted Gradient Ascent (Wang et al. 2025): the forget term is
-    :func:`~hf_unlearn.methods.baselines.token_loss.wga_loss` (each forget token's ascent weighted by its detached
-    probability to the power ``beta``). Defaults ([`WGAConfig`]): ``beta=1``, retain NLL at weight 1."""
+    """Weighted Gradient Ascent: the forget term is :func:`~hf_unlearn.methods.baselines.token_loss.wga_loss`."""
 
     _name = "WGA"
     _method = "wga"
@@ -54,16 +51,12 @@ class WGATrainer(ForgetRetainTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "wga"]
     config_class = WGAConfig
 
-    def forget_term(self, model, inputs, denominators):
-        forget = self.score(model, inputs)
-        self.log_metric("forget_nll", forget.mean_nll)
+    def forget_term(self, model, forget, inputs, denominators):
         return wga_loss(forget.token_log_probs, forget.mask, self.args.beta, denominators.forget_tokens)
 
 
 class SatImpTrainer(ForgetRetainTrainer):
-    """SatImp (Yang et al. 2025): the forget term is :func:`~hf_unlearn.methods.baselines.token_loss.satimp_loss`
-    (ascent weighted by ``p^beta1 * (1 - p)^beta2`` of each token's detached probability ``p``). Defaults
-    ([`SatImpConfig`]): ``beta1=5``, ``beta2=1``, ``forget_weight=1``, retain NLL at weight ``0.1``."""
+    """SatImp: the forget term is :func:`~hf_unlearn.methods.baselines.token_loss.satimp_loss`."""
 
     _name = "SatImp"
     _method = "satimp"
@@ -74,21 +67,14 @@ class SatImpTrainer(ForgetRetainTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "satimp"]
     config_class = SatImpConfig
 
-    def forget_term(self, model, inputs, denominators):
-        forget = self.score(model, inputs)
-        self.log_metric("forget_nll", forget.mean_nll)
+    def forget_term(self, model, forget, inputs, denominators):
         return satimp_loss(forget.token_log_probs, forget.mask, self.args.beta1, self.args.beta2,
                            denominators.forget_tokens)
 
 
 class CEUTrainer(ForgetRetainTrainer):
-    """Cross-Entropy Unlearning (Yang 2025): the forget term is
-    :func:`~hf_unlearn.methods.baselines.token_loss.ceu_loss` (cross-entropy against the model's own detached
-    distribution without the true token), the first ``skip_first_answer_tokens`` answer tokens left out. Defaults
-    ([`CEUConfig`]): forget term only (``retain_weight=0``), one token skipped.
-
-    Its token count for an exact loss under gradient accumulation is the step's answer tokens minus
-    ``skip_first_answer_tokens`` per answer (exact when every answer has at least that many tokens)."""
+    """Cross-Entropy Unlearning: the forget term is :func:`~hf_unlearn.methods.baselines.token_loss.ceu_loss`,
+    divided by the step's answer tokens minus ``skip_first_answer_tokens`` per answer."""
 
     _name = "CEU"
     _method = "ceu"
@@ -98,20 +84,15 @@ class CEUTrainer(ForgetRetainTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "ce-u"]
     config_class = CEUConfig
 
-    def forget_term(self, model, inputs, denominators):
-        forget = self.score(model, inputs)
-        self.log_metric("forget_nll", forget.mean_nll)
+    def forget_term(self, model, forget, inputs, denominators):
         skip = self.args.skip_first_answer_tokens
         num_tokens = denominators.forget_tokens - skip * denominators.forget_sequences
         return ceu_loss(forget.logits, forget.labels, skip, num_tokens)
 
 
 class UNDIALTrainer(ForgetRetainTrainer):
-    """UNDIAL (Dong et al. 2025): the forget term is :func:`~hf_unlearn.methods.baselines.token_loss.undial_loss`,
-    self-distillation towards the frozen initial model's distribution with the true token's logit lowered by
-    ``beta``. The frozen model is the trainers' reference (the initial model, or with a PEFT adapter the model with
-    the adapter disabled), under the multi-process rules of the reference model. Defaults ([`UNDIALConfig`]):
-    ``beta=10``, learning rate ``1e-4``, forget term only."""
+    """UNDIAL: the forget term is :func:`~hf_unlearn.methods.baselines.token_loss.undial_loss`, against the
+    frozen reference."""
 
     _name = "UNDIAL"
     _method = "undial"
@@ -127,8 +108,6 @@ class UNDIALTrainer(ForgetRetainTrainer):
     def needs_reference_model(cls, args) -> bool:
         return True
 
-    def forget_term(self, model, inputs, denominators):
-        forget = self.score(model, inputs)
-        self.log_metric("forget_nll", forget.mean_nll)
+    def forget_term(self, model, forget, inputs, denominators):
         ref = self.reference_scores(inputs)
         return undial_loss(forget.logits, ref.logits, forget.labels, self.args.beta, denominators.forget_tokens)

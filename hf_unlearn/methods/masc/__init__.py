@@ -1,6 +1,4 @@
-"""MASC (Margin Self-Correction): ``config.py`` (:class:`MASCConfig`), ``loss.py`` (restricted margin, hinges,
-violation rates, Hoeffding bound), ``trainer.py`` (:class:`MASCTrainer` and its probes) and ``stopping.py``
-(:class:`MarginStoppingCallback`, the margin stopping rule, which is also its strength selection)."""
+"""MASC (Margin Self-Correction), with its margin stopping rule (its strength selection)."""
 
 from ...registry import register_method
 from .config import MASCConfig

@@ -4,41 +4,27 @@ confirmation statistic of its stopping rule.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..base.losses import _denominator, answer_mask
 
-
-def masc_threshold_from_probability(rho: float) -> float:
-    """MASC margin threshold ``tau`` equivalent to a restricted probability ``rho``: ``tau = log(rho / (1 - rho))``.
-
-    The margin is the log-odds of the target under the softmax restricted to it and its rivals, so ``m > tau``
-    exactly when that restricted probability exceeds ``rho``."""
-    import math
-
-    rho = float(rho)
-    if not 0.0 < rho < 1.0:
-        raise ValueError(f"margin_probability (rho) must lie in (0, 1), got {rho}.")
-    return math.log(rho / (1.0 - rho))
+MASC_CONFIRM_RULES = ("mean", "hoeffding")
 
 
 def masc_probability_from_threshold(tau: float) -> float:
-    """Inverse of :func:`masc_threshold_from_probability`: ``rho = sigmoid(tau) = 1 / (1 + exp(-tau))``."""
-    import math
-
+    """The restricted probability of a margin threshold: ``rho = sigmoid(tau)`` (``tau = log(rho / (1 - rho))``)."""
     return 1.0 / (1.0 + math.exp(-float(tau)))
 
 
 def restricted_margin(
     logits: torch.Tensor, labels: torch.Tensor, top_k: int, beta: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MASC restricted margin at every answer position.
-
-    ``m_t = b * z(y_t | c_t) - logsumexp_{v in S_k(c_t)} b * z(v | c_t)``
-
-    with ``z`` the logits, ``b = beta > 0`` and ``S_k(c_t)`` the ``k`` (in ``[1, V - 1]``) highest-logit tokens
-    other than ``y_t``, selected without gradient. Aligned as :func:`~hf_unlearn.logprobs.label_log_probs`.
-    Returns ``(margins [B, L] float32, mask [B, L] bool)``, ``mask = answer_mask(labels)``, margins 0 outside it.
+    """MASC restricted margin at every answer position,
+    ``m_t = b * z(y_t | c_t) - logsumexp_{v in S_k(c_t)} b * z(v | c_t)``, with ``b = beta > 0`` and ``S_k(c_t)``
+    the ``k`` (in ``[1, V - 1]``) highest-logit tokens other than ``y_t``, chosen without gradient. Returns
+    ``(margins [B, L] float32, mask [B, L] bool)``, margins 0 outside ``mask = answer_mask(labels)``.
     """
     vocab = logits.shape[-1]
     if not 1 <= int(top_k) <= vocab - 1:
@@ -67,18 +53,9 @@ def restricted_margin(
 def margin_hinge_loss(
     margins: torch.Tensor, mask: torch.Tensor, tau: float, num_tokens: torch.Tensor | float | None = None
 ) -> torch.Tensor:
-    """MASC self-correction loss on forget answer tokens.
-
-    ``L_MASC = (1/N) * sum_{b,t} mask_{b,t} * max(0, m_{b,t} - tau)`` with ``N = num_tokens`` (default: the answer
-    tokens of the batch); ``hinge="plain"``."""
+    """MASC's plain hinge: ``L = (1/N) * sum_{b,t} mask_{b,t} * max(0, m_{b,t} - tau)``."""
     per_token = torch.relu(margins - tau) * mask
     return per_token.sum() / _denominator(num_tokens, mask.sum())
-
-
-def masc_violation_counts(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> tuple[int, int]:
-    """``(|{t in T : m_t > tau}|, |T|)`` over the answer positions ``T`` (``mask``), to accumulate over batches."""
-    mask = mask.bool()
-    return int(((margins > tau) & mask).sum()), int(mask.sum())
 
 
 def violation_rate_tensor(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
@@ -88,14 +65,6 @@ def violation_rate_tensor(margins: torch.Tensor, mask: torch.Tensor, tau: float)
     return violations / mask.sum(dtype=torch.float64).clamp_min(1)
 
 
-def violation_rate(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> float:
-    """MASC violation rate ``|{t in T : m_t > tau}| / |T|``: the fraction of answer positions not yet corrected."""
-    violations, positions = masc_violation_counts(margins, mask, tau)
-    if positions == 0:
-        raise ValueError("violation_rate needs at least one answer position (the mask is empty).")
-    return violations / positions
-
-
 def buffered_hinge_loss(
     margins: torch.Tensor,
     mask: torch.Tensor,
@@ -103,10 +72,8 @@ def buffered_hinge_loss(
     eta: float,
     num_tokens: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """MASC buffered hinge (the authors' surrogate of the violation indicator ``1[m_t > tau]``).
-
-    ``L = (1/N) * sum_{b,t} mask_{b,t} * relu(m_{b,t} - (tau - eta)) / eta`` with ``eta > 0``, ``mask`` the active
-    positions and ``N = num_tokens`` (default ``mask.sum()``). The surrogate is ``>= 1`` wherever ``m_t > tau``.
+    """MASC buffered hinge, a surrogate ``>= 1`` of the violation indicator ``1[m_t > tau]``:
+    ``L = (1/N) * sum_{b,t} mask_{b,t} * relu(m_{b,t} - (tau - eta)) / eta`` with ``eta > 0``.
     """
     if not eta > 0:
         raise ValueError(f"The MASC buffer eta must be > 0, got {eta}.")
@@ -117,7 +84,7 @@ def buffered_hinge_loss(
 def sample_cut_ratios(
     batch_size: int, low: float = 0.2, high: float = 0.6, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """``[B]`` float64 cut ratios drawn uniformly from ``[low, high]`` (the continuation penalty's random cut)."""
+    """``[B]`` float64 cut ratios drawn uniformly from ``[low, high]``."""
     if not 0.0 <= low <= high <= 1.0:
         raise ValueError(f"Continuation cut ratios need 0 <= low <= high <= 1, got low={low}, high={high}.")
     u = torch.rand(int(batch_size), generator=generator, dtype=torch.float64)
@@ -127,16 +94,9 @@ def sample_cut_ratios(
 def continuation_mask(
     mask: torch.Tensor, cut_ratios: torch.Tensor, min_prefix_tokens: int = 32, min_suffix_tokens: int = 32
 ) -> torch.Tensor:
-    """MASC continuation penalty: the answer positions *after* a cut, per example.
-
-    For example ``b`` with ``n_b = mask[b].sum()`` answer positions (in order) and cut ratio ``r_b``:
-
-    * if ``n_b < min_prefix_tokens + min_suffix_tokens`` the whole answer is kept (too short to split);
-    * else ``c_b = clamp(floor(r_b * n_b), min_prefix_tokens, n_b - min_suffix_tokens)`` and the answer positions
-      of rank ``>= c_b`` (0-based, in order) are kept: at least ``min_prefix_tokens`` prefix tokens are left
-      untouched and at least ``min_suffix_tokens`` are penalised.
-
-    Returns a ``[B, L]`` boolean mask, a subset of ``mask``.
+    """MASC continuation penalty: the ``[B, L]`` answer positions of rank ``>= c_b`` (0-based), with
+    ``c_b = clamp(floor(r_b * n_b), min_prefix_tokens, n_b - min_suffix_tokens)`` for ``n_b`` answer positions and
+    cut ratio ``r_b``; an answer shorter than ``min_prefix_tokens + min_suffix_tokens`` is kept whole.
     """
     mask = mask.bool()
     n = mask.sum(-1)
@@ -149,8 +109,7 @@ def continuation_mask(
 
 
 def per_example_violation_rates(margins: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
-    """``[B]`` per-example violation rates ``|{t in A_b : m_t > tau}| / |A_b|`` over each example's active
-    positions ``A_b`` (``mask``); an example without active positions counts as 0."""
+    """``[B]`` per-example violation rates ``|{t in A_b : m_t > tau}| / |A_b|`` (0 when ``A_b`` is empty)."""
     mask = mask.bool()
     count = mask.sum(-1)
     violations = ((margins > tau) & mask).sum(-1)
@@ -158,13 +117,10 @@ def per_example_violation_rates(margins: torch.Tensor, mask: torch.Tensor, tau: 
 
 
 def hoeffding_upper_bound(mean: float, n: int, delta: float, check_index: int) -> tuple[float, float]:
-    """Anytime Hoeffding upper confidence bound of MASC's confirmation stage.
-
+    """Anytime Hoeffding upper confidence bound of MASC's confirmation stage,
     ``U_j = mean + sqrt(log(1 / delta_j) / (2 n))`` with ``delta_j = 6 delta / (pi^2 (j + 1)^2)`` for the
     ``j``-th confirmation (``j >= 1``; ``sum_j delta_j < delta``), ``mean`` the mean of ``n`` rates in ``[0, 1]``.
     Returns ``(U_j, delta_j)``."""
-    import math
-
     if int(n) < 1:
         raise ValueError(f"The Hoeffding bound needs at least one example, got n={n}.")
     if not 0.0 < delta < 1.0:
@@ -175,15 +131,11 @@ def hoeffding_upper_bound(mean: float, n: int, delta: float, check_index: int) -
     return float(mean) + math.sqrt(math.log(1.0 / delta_j) / (2.0 * int(n))), delta_j
 
 
-MASC_CONFIRM_RULES = ("mean", "hoeffding")
-
-
 def confirmation_statistic(
     rates: list[float] | torch.Tensor, rule: str, delta: float, check_index: int
 ) -> tuple[float, float, float | None]:
-    """What the confirmation stage compares with ``alpha``: ``mean = (1/n) sum_i r_i`` of the per-example
-    ``rates`` (``rule="mean"``) or its :func:`hoeffding_upper_bound` (``"hoeffding"``). Returns ``(statistic,
-    mean, delta_j)``, ``delta_j`` ``None`` for ``"mean"``."""
+    """What the confirmation compares with ``alpha``: the mean of ``rates`` (``rule="mean"``) or its
+    :func:`hoeffding_upper_bound`. Returns ``(statistic, mean, delta_j)``, ``delta_j`` ``None`` for ``"mean"``."""
     values = [float(r) for r in (rates.tolist() if torch.is_tensor(rates) else rates)]
     if not values:
         raise ValueError("The confirmation stage needs at least one example.")

@@ -1,6 +1,4 @@
-"""MASC's stopping rule (:class:`MarginStoppingCallback`, saved in checkpoints and as ``masc_stopping.json``) and
-:func:`split_validation`, the held-out slice ``stop_probe="heldout"`` measures.
-"""
+"""MASC's stopping rule (:class:`MarginStoppingCallback`) and :func:`split_validation`, the held-out slice."""
 
 from __future__ import annotations
 
@@ -16,31 +14,23 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_callback import ExportableState
 
 from ...safe_output import atomic_write_json
-from .loss import MASC_CONFIRM_RULES, confirmation_statistic, masc_probability_from_threshold
+from .loss import confirmation_statistic, masc_probability_from_threshold
 
 __all__ = ["STOPPING_FILE", "MarginStoppingCallback", "split_validation"]
 
 logger = logging.getLogger(__name__)
 
 STOPPING_FILE = "masc_stopping.json"
+_SAVED_ATTRIBUTES = ("violation_history", "stopped_at_step", "num_confirmations", "budget_exhausted", "max_steps",
+                     "stop_reason", "calibration")
 
 
 class MarginStoppingCallback(TrainerCallback, ExportableState):
-    """MASC's online stopping rule, with its state saved in checkpoints (``ExportableState``).
-
-    ``mode="train"``, at every ``check_every``-th optimizer step: the check is armed when the mean of
-    ``probe(model, "trigger", step)`` (per-example violation rates) is ``<= trigger``; then confirmation ``j``
-    (counting armed checks) stops training when
+    """MASC's online stopping rule, its state saved in checkpoints. ``mode="train"``, every ``check_every`` steps:
+    when the mean of ``probe(model, "trigger", step)`` is ``<= trigger``, confirmation ``j`` stops training when
     :func:`~hf_unlearn.methods.masc.loss.confirmation_statistic` of ``probe(model, "confirm", step)`` is
-    ``<= alpha``. ``mode="heldout"``: stop when ``violations / positions`` of ``probe(model, "heldout", step)``
-    is ``<= alpha``. With ``calibrate=True`` the trigger and ``alpha`` become, at step 0, the mean rate of
-    ``probe(model, "calibrate", 0)`` (never-seen rows); a threshold in ``given`` is kept at or above it and
-    refused below it (:meth:`calibrate_thresholds`).
-
-    ``probe`` and ``agree`` are attached by the trainer, not saved. Attributes (saved and restored):
-    ``violation_history`` (one dict per measurement; the one at step 0 is the starting model, not a check),
-    ``stopped_at_step`` (or ``None``), ``num_confirmations`` (``j``), ``budget_exhausted``, ``max_steps``,
-    ``stop_reason`` (``"rule"``, ``"budget"``, or ``None`` while running), ``calibration`` (or ``None``).
+    ``<= alpha``; ``mode="heldout"``: when ``violations / positions`` of ``probe(model, "heldout", step)`` is. Its
+    arguments are the ones :class:`~hf_unlearn.methods.masc.MASCConfig` checked.
     """
 
     def __init__(
@@ -55,14 +45,6 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         calibrate: bool = False,
         given: tuple[str, ...] = (),
     ) -> None:
-        if mode not in ("train", "heldout"):
-            raise ValueError(f"mode must be 'train' or 'heldout', got {mode!r}.")
-        if confirm_rule not in MASC_CONFIRM_RULES:
-            raise ValueError(f"confirm_rule must be one of {list(MASC_CONFIRM_RULES)}, got {confirm_rule!r}.")
-        if not 0.0 < stop_tolerance < 1.0:
-            raise ValueError(f"stop_tolerance (alpha) must lie in (0, 1), got {stop_tolerance}.")
-        if int(check_every) < 1:
-            raise ValueError(f"check_every must be >= 1, got {check_every}.")
         self.mode = mode
         self.check_every = int(check_every)
         self.trigger = float(trigger)
@@ -84,8 +66,6 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         # the decision every process follows (the trainer sets it: the main process's, shared by one all-reduce)
         self.agree: Callable[[bool], bool] = bool
 
-    # ----- ExportableState ------------------------------------------------------------------------------------------
-
     def state(self) -> dict:
         return {
             "args": {
@@ -93,27 +73,17 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
                 "delta": self.delta, "rule": self.rule, "confirm_rule": self.confirm_rule,
                 "calibrate": self.calibrate, "given": list(self.given),
             },
-            "attributes": {
-                "violation_history": [dict(h) for h in self.violation_history],
-                "stopped_at_step": self.stopped_at_step,
-                "num_confirmations": self.num_confirmations,
-                "budget_exhausted": self.budget_exhausted,
-                "max_steps": self.max_steps,
-                "stop_reason": self.stop_reason,
-                "calibration": self.calibration,
-            },
+            "attributes": {k: getattr(self, k) for k in _SAVED_ATTRIBUTES}
+            | {"violation_history": [dict(h) for h in self.violation_history]},
         }
 
     def load_state(self, state: dict) -> None:
-        """Restore the attributes of a :meth:`state` dict (the rule's arguments must match); a calibrated
-        trigger and ``alpha`` come back with the calibration."""
+        """Restore the attributes of a :meth:`state` dict, a calibrated trigger and ``alpha`` included."""
         for key, value in state.get("attributes", {}).items():
             setattr(self, key, value)
         if self.calibration:
             self.trigger = float(self.calibration.get("trigger", self.calibration["threshold"]))
             self.stop_tolerance = float(self.calibration.get("stop_tolerance", self.calibration["threshold"]))
-
-    # ----- measuring ------------------------------------------------------------------------------------------------
 
     def _probe(self, model: Any, stage: str, step: int) -> Any:
         if self.probe is None:
@@ -130,10 +100,9 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
         return {"step": int(step), "violation_rate": rate, "examples": len(rates), "triggered": rate <= self.trigger}
 
     def calibrate_thresholds(self, model: Any) -> dict[str, Any]:
-        """Measure the never-seen state, the mean per-example violation rate ``r_0`` of the never-seen rows under
-        ``model`` (clipped into ``(0, 1)``), and set ``trigger`` and ``alpha`` to it; a threshold the user gave
-        (named in ``given``) is kept when it is ``>= r_0`` and refused when it is below (the forget rows would
-        have to violate less than rows the model never saw: an overshoot by construction). Returns the record."""
+        """Set ``trigger`` and ``alpha`` to the mean violation rate ``r_0`` of the never-seen rows under
+        ``model``; a threshold named in ``given`` is kept when ``>= r_0`` and refused below it (an overshoot by
+        construction). Returns the record."""
         rates = [float(r) for r in self._probe(model, "calibrate", 0)]
         rate = sum(rates) / len(rates)
         threshold = min(max(rate, 1e-6), 1.0 - 1e-6)
@@ -225,23 +194,15 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
             state.log_history.append({"masc/stop_reason": "budget", "step": int(state.global_step)})
         return control
 
-    # ----- reporting ------------------------------------------------------------------------------------------------
-
     def summary(self) -> dict[str, Any]:
         """The rule, its history and the outcome, as saved in ``masc_stopping.json``."""
-        if self.mode == "heldout":
-            description = "stop at the first check where the held-out violation rate |{t: m_t > tau}| / |T| <= alpha"
-        elif self.confirm_rule == "hoeffding":
-            description = (
-                "two-stage: mean per-example violation rate of the first training batches <= trigger, then "
-                "Hoeffding bound mean + sqrt(log(1/delta_j)/(2n)), delta_j = 6 delta/(pi^2 (j+1)^2), on the "
-                "confirmation examples <= alpha"
-            )
-        else:
-            description = (
-                "two-stage: mean per-example violation rate of the first training batches <= trigger, then "
-                "the mean per-example violation rate of the confirmation examples <= alpha"
-            )
+        stage_two = ("Hoeffding bound mean + sqrt(log(1/delta_j)/(2n)), delta_j = 6 delta/(pi^2 (j+1)^2), on the"
+                     if self.confirm_rule == "hoeffding" else "the mean per-example violation rate of the")
+        description = (
+            "stop at the first check where the held-out violation rate |{t: m_t > tau}| / |T| <= alpha"
+            if self.mode == "heldout" else "two-stage: mean per-example violation rate of the first training "
+            f"batches <= trigger, then {stage_two} confirmation examples <= alpha"
+        )
         tau = self.rule.get("tau")
         return {
             "rule": {
@@ -266,8 +227,8 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
 
 
 def split_validation(forget: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
-    """Split the forget set into (training part, held-out slice) for ``stop_probe="heldout"``:
-    ``max(1, round(fraction * n))`` examples drawn with ``seed`` are held out, and at least one is left to train on."""
+    """``(training part, held-out slice)`` of the forget set: ``max(1, round(fraction * n))`` examples drawn with
+    ``seed`` held out, at least one left to train on."""
     n = len(forget)
     if n < 2:
         raise ValueError(

@@ -1,20 +1,11 @@
 """MASC (Margin Self-Correction): a trainer that pushes down restricted margins on forget answers and stops by
-itself.
-
-The loss is ``forget_weight`` times the buffered hinge (:func:`~hf_unlearn.methods.masc.loss.buffered_hinge_loss`)
-on the continuation of each forget answer (:func:`~hf_unlearn.methods.masc.loss.continuation_mask`), plus
-``retain_weight * KL(pi_0 || pi_theta)`` on retain answers, with the weights and thresholds of the config's
-``recipe`` (``"auto"`` resolved here from the model's parameter count). The two-stage stopping rule is
-:class:`~hf_unlearn.methods.masc.stopping.MarginStoppingCallback`, saved in every checkpoint and restored on
-resume. The random continuation cuts come from generators seeded by ``(seed, step, micro-batch)`` (training) and
-``(seed, step, stage)`` (probes), so a resumed run is exact. Documents are cut into chunks of ``max_length`` tokens;
-a chunk is its own answer.
+itself. The random continuation cuts come from generators seeded by ``(seed, step, micro-batch)`` (training) and
+``(seed, step, stage)`` (probes), so a resumed run is exact.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -60,31 +51,17 @@ def _seeded(*keys: int) -> torch.Generator:
 
 
 class MASCTrainer(UnlearningTrainer):
-    """MASC (Margin Self-Correction) unlearning trainer, a TRL ``SFTTrainer`` subclass that stops by itself.
+    """MASC (Margin Self-Correction) unlearning trainer, which stops by itself (:class:`MarginStoppingCallback`).
 
-    Loss of a step: ``forget_weight * (1/|A|) sum_{t in A} h(m_t)`` over the active forget answer positions ``A``
-    (the continuation after a random cut, or the whole answer with ``penalty="full"``), ``h`` the buffered hinge
-    ``relu(m - (tau - eta)) / eta`` (or ``relu(m - tau)``), plus ``retain_weight * KL(pi_0 || pi_theta)`` on retain
-    answers when ``retain_weight > 0``. Without a ``peft_config`` it builds the LoRA adapter of
-    ``args.get_peft_config()`` and ``pi_0`` is the model with the adapter disabled.
-
-    :class:`MarginStoppingCallback` decides when to stop; ``stopped_at_step``, ``stop_reason`` (``"rule"`` or
-    ``"budget"``) and ``violation_history`` report it, ``masc_stopping.json`` is written beside the weights (and in
-    every checkpoint), and the model card has a *Stopping* section. ``calibrate_stop_on``: rows the model never
-    trained on (refused when they share a row with the forget or retain set; default: the holdout rows of a
-    selection criterion among ``callbacks``); with ``calibrate_stop`` the starting model's violation rate on them
-    replaces ``stop_trigger`` and ``stop_tolerance``.
+    Loss of a step: ``forget_weight * (1/|A|) sum_{t in A} h(m_t)`` over the active forget answer positions ``A``,
+    ``h`` the buffered hinge ``relu(m - (tau - eta)) / eta`` (or ``relu(m - tau)``), plus
+    ``retain_weight * KL(pi_0 || pi_theta)`` on retain answers. Without a ``peft_config`` it builds the LoRA
+    adapter of ``args.get_peft_config()``. ``calibrate_stop_on``: rows the model never trained on (default: the
+    holdout rows of a selection criterion among ``callbacks``).
 
     Private ``Trainer`` methods overridden, each because no public hook does the job: ``_load_callback_state``
-    (the rule's state is restored on resume whatever ``restore_callback_states_from_checkpoint`` says, and its
-    probe re-attached to the restored callback) and ``_save`` (``masc_stopping.json`` is written in the folder
-    being built, on every save path, checkpoints included).
-
-    Example::
-
-        trainer = MASCTrainer(model, MASCConfig("out"), train_dataset=forget, processing_class=tokenizer)
-        trainer.train()            # stops by itself
-        trainer.stopped_at_step, trainer.violation_history
+    (the rule's state is restored on resume whatever ``restore_callback_states_from_checkpoint`` says) and
+    ``_save`` (``masc_stopping.json`` is written in the folder being built, checkpoints included).
     """
 
     _tag_names = ["trl", "hf-unlearn", "unlearning", "masc"]
@@ -132,17 +109,9 @@ class MASCTrainer(UnlearningTrainer):
             peft_config = args.get_peft_config()
 
         super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=forget,
-            retain_dataset=retain_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
-            quantization_config=quantization_config,
+            model=model, args=args, data_collator=data_collator, train_dataset=forget, retain_dataset=retain_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
             peft_config=peft_config,
         )
         vocab = vocab_size(self.model)  # from the config when the head is partitioned (ZeRO-3 / FSDP)
@@ -158,26 +127,40 @@ class MASCTrainer(UnlearningTrainer):
                                                            seed=self.args.seed, cycle=True)
         rule = self._build_probes(calibration_rows, held_out, len(forget))
         rule["recipe"] = self.recipe = recipe
-        self._attach_stopping_rule(rule, calibrate=calibration_rows is not None and args.calibrate_stop)
+        self.stopping_callback = MarginStoppingCallback(
+            mode=self.args.stop_probe, check_every=self.args.check_every, trigger=self.args.stop_trigger,
+            stop_tolerance=self.args.stop_tolerance, delta=self.args.confirm_delta, rule=rule,
+            confirm_rule=self.args.confirm_rule, calibrate=calibration_rows is not None and args.calibrate_stop,
+            given=tuple(k for k in ("stop_trigger", "stop_tolerance") if k in self.args.recipe_fields_given),
+        )
+        self.stopping_callback.probe = self.probe
+        self.stopping_callback.agree = self._main_process_decides
+        self.add_callback(self.stopping_callback)
 
     def _build_probes(self, calibration_rows: Dataset | None, held_out: Dataset | None, num_train: int
                       ) -> dict[str, Any]:
-        """The probe batches of the stopping rule, and the rule's record of its settings and probe sizes.
-
-        ``stop_probe="train"``: the trigger batches (the first ``stop_probe_batches`` training batches of forget
-        examples) and the confirmation batches (the first ``confirm_examples`` forget examples), plus the
-        calibration batches of ``calibrate_stop_on``; ``"heldout"``: the held-out slice's batches."""
-        self._calibration_batches: list[dict[str, torch.Tensor]] = []
+        """The probe batches of each stage of the stopping rule, and the rule's record of its settings."""
+        batches = self._probe_batches = {"calibrate": []}
         if calibration_rows is not None:
             calibration = self._prepared_rows(calibration_rows, "MASC calibration")
-            self._calibration_batches = self._batches(calibration, self.args.per_device_eval_batch_size)
+            batches["calibrate"] = self._batches(calibration, self.args.per_device_eval_batch_size)
         if held_out is not None:
-            self._heldout_batches = self._heldout_probe_batches(held_out, num_train + len(held_out))
+            rows = self._prepared_rows(held_out, "MASC validation")
+            positions = sum(int(answer_mask(torch.tensor([r["labels"]])).sum()) for r in rows)
+            if positions < self.args.min_validation_size:
+                raise ValueError(
+                    f"The held-out validation slice ({len(held_out)} of {num_train + len(held_out)} forget examples) "
+                    f"has {positions} answer positions; the stopping rule needs at least {self.args.min_validation_size}"
+                    f" (max(min_validation_positions={self.args.min_validation_positions}, ceil(1/stop_tolerance))) to "
+                    "measure a violation rate. Raise validation_fraction or use a larger forget set."
+                )
+            self.validation_dataset = Dataset.from_list(rows)
+            batches["heldout"] = self._batches(rows, self.args.per_device_eval_batch_size)
         else:
             rows = [{k: self.forget_dataset[i][k] for k in MODEL_COLUMNS} for i in range(len(self.forget_dataset))]
             trigger_n = min(len(rows), self.args.stop_probe_batches * self.args.per_device_train_batch_size)
-            self._trigger_batches = self._batches(rows[:trigger_n], self.args.per_device_train_batch_size)
-            self._confirm_batches = self._batches(rows[: self.args.confirm_examples], self.args.per_device_eval_batch_size)
+            batches["trigger"] = self._batches(rows[:trigger_n], self.args.per_device_train_batch_size)
+            batches["confirm"] = self._batches(rows[: self.args.confirm_examples], self.args.per_device_eval_batch_size)
         rule = {
             "tau": self.args.tau, "top_k": self.args.top_k, "margin_beta": self.args.margin_beta,
             "penalty": self.args.penalty, "probe": self.args.stop_probe,
@@ -188,29 +171,13 @@ class MASCTrainer(UnlearningTrainer):
             rule["calibration_examples"] = len(calibration)
         return rule
 
-    def _attach_stopping_rule(self, rule: dict[str, Any], calibrate: bool) -> None:
-        """Build :class:`MarginStoppingCallback` from the config, attach this trainer's probe and the
-        main-process agreement, and add it to the callbacks."""
-        self.stopping_callback = MarginStoppingCallback(
-            mode=self.args.stop_probe, check_every=self.args.check_every, trigger=self.args.stop_trigger,
-            stop_tolerance=self.args.stop_tolerance, delta=self.args.confirm_delta, rule=rule,
-            confirm_rule=self.args.confirm_rule, calibrate=calibrate,
-            given=tuple(k for k in ("stop_trigger", "stop_tolerance") if k in self.args.recipe_fields_given),
-        )
-        self.stopping_callback.probe = self.probe
-        self.stopping_callback.agree = self._main_process_decides
-        self.add_callback(self.stopping_callback)
-
-    # ----- probes -----------------------------------------------------------------------------------------------
-
     def _batches(self, rows: list[dict[str, Any]], batch_size: int) -> list[dict[str, torch.Tensor]]:
         return [self.data_collator(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
 
     @staticmethod
     def _never_seen_rows(rows: Any, callbacks: Sequence[Any] | None, args: MASCConfig) -> Any:
-        """The rows the stop is calibrated on: ``calibrate_stop_on``, else the holdout rows of a selection
-        criterion among ``callbacks`` (``callback.criterion.holdout``), else ``None``, said in one log line when
-        ``calibrate_stop`` asks for a calibration the run cannot make."""
+        """``calibrate_stop_on``, else the holdout rows of a selection criterion among ``callbacks``, else
+        ``None`` (logged when ``calibrate_stop`` asks for a calibration)."""
         if rows is not None or not args.calibrate_stop or args.stop_probe != "train":
             return rows
         for callback in callbacks or ():
@@ -227,8 +194,8 @@ class MASCTrainer(UnlearningTrainer):
     def _check_calibration_rows(
         rows: Any, forget: Dataset, retain: Any, args: MASCConfig
     ) -> Dataset | None:
-        """``calibrate_stop_on`` as a dataset, refused before any work when it is empty, used with the held-out
-        rule, or shares rows with the forget or retain set (it must be rows the model never trained on)."""
+        """``calibrate_stop_on`` as a dataset; refused when empty, with the held-out rule, or sharing rows with
+        the forget or retain set."""
         if rows is None:
             return None
         if args.stop_probe != "train":
@@ -252,31 +219,14 @@ class MASCTrainer(UnlearningTrainer):
         return rows
 
     def _prepared_rows(self, rows: Dataset, name: str) -> list[dict[str, Any]]:
-        """``rows`` tokenized exactly as the training set is (:func:`to_trl_format` with ``prompt_template``, then
-        TRL's preparation and truncation to ``max_length``)."""
+        """``rows`` tokenized exactly as the training set is."""
         prepared = to_trl_format(rows, self.processing_class, self.args.prompt_template, self.args.max_length)
         if not self._skip_prepare_dataset:
             prepared = self._prepare_dataset(prepared, self.processing_class, self.args, False, None, name)
         return [{k: prepared[i][k] for k in MODEL_COLUMNS} for i in range(len(prepared))]
 
-    def _heldout_probe_batches(self, held_out: Dataset, n_forget: int) -> list[dict[str, torch.Tensor]]:
-        rows = self._prepared_rows(held_out, "MASC validation")
-        validation = Dataset.from_list(rows)
-        positions = sum(int(answer_mask(torch.tensor([r["labels"]])).sum()) for r in rows)
-        needed = self.args.min_validation_size
-        if positions < needed:
-            raise ValueError(
-                f"The held-out validation slice ({len(held_out)} of {n_forget} forget examples) has {positions} "
-                f"answer positions; the stopping rule needs at least {needed} (max(min_validation_positions="
-                f"{self.args.min_validation_positions}, ceil(1/stop_tolerance))) to measure a violation rate. Raise "
-                "validation_fraction or use a larger forget set."
-            )
-        self.validation_dataset = validation
-        return self._batches(rows, self.args.per_device_eval_batch_size)
-
     def active_mask(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The positions MASC penalises and measures: the continuation after a random cut
-        (``penalty="continuation"``) or every answer position (``"full"``)."""
+        """The positions MASC penalises: the continuation after a random cut, or the whole answer (``"full"``)."""
         mask = answer_mask(labels)
         if self.args.penalty == "full":
             return mask
@@ -288,24 +238,16 @@ class MASCTrainer(UnlearningTrainer):
         )
 
     def _main_process_decides(self, stop: bool) -> bool:
-        """The main process's stop decision on every process: ``sum_r [stop_r and r == 0] > 0``, one all-reduce
-        (:func:`~hf_unlearn.methods.base.guards.any_process`), so that all processes stop at the same step."""
+        """The main process's stop decision on every process (one all-reduce)."""
         return any_process(bool(stop) and self.accelerator.is_main_process, self.accelerator)
 
     @torch.no_grad()
     def probe(self, model: Any, stage: str, step: int) -> Any:
-        """What :class:`MarginStoppingCallback` measures under ``model`` (eval mode, no gradient).
-
-        ``stage="trigger"`` / ``"confirm"``: the per-example violation rates (a list) of the first forget training
-        examples (stage-1 and stage-2 sizes), each over its continuation after a cut drawn from a generator
-        seeded by ``(seed, step, stage)``; ``"calibrate"``: the same for the ``calibrate_stop_on`` rows.
-        ``stage="heldout"``: ``(violations, positions)`` pooled over the whole
-        answers of the held-out slice.
-        """
+        """What :class:`MarginStoppingCallback` measures under ``model`` (eval mode, no gradient): for
+        ``"trigger"``, ``"confirm"`` and ``"calibrate"`` the per-example violation rates (a list), cuts seeded by
+        ``(seed, step, stage)``; for ``"heldout"`` ``(violations, positions)`` pooled over whole answers."""
         args = self.args
-        batches = {"trigger": "_trigger_batches", "confirm": "_confirm_batches", "heldout": "_heldout_batches",
-                   "calibrate": "_calibration_batches"}[stage]
-        batches = getattr(self, batches)
+        batches = self._probe_batches[stage]
         generator = _seeded(args.seed, step, {"trigger": 1, "confirm": 2, "heldout": 3, "calibrate": 4}[stage])
         was_training = model.training
         model.eval()
@@ -334,76 +276,50 @@ class MASCTrainer(UnlearningTrainer):
         return torch.cat(rate_parts).tolist() if rate_parts else []
 
     def _load_callback_state(self) -> None:
-        """Restore the stopping rule's state on resume, whatever ``restore_callback_states_from_checkpoint`` says
-        (the rule's history and decision are part of the training state), and re-attach its probe."""
+        """Restore the stopping rule's state on resume and re-attach its probe."""
         super()._load_callback_state()
-        current = next(
-            (cb for cb in self.callback_handler.callbacks if isinstance(cb, MarginStoppingCallback)), None
-        )
-        if current is None:
-            self.add_callback(self.stopping_callback)
-            current = self.stopping_callback
-        stored = self.state.stateful_callbacks.get(MarginStoppingCallback.__name__)
-        if isinstance(stored, list):
-            stored = stored[-1] if stored else None
-        if stored:
-            current.load_state(stored)
+        current = self._restore_callback(self.stopping_callback)
         current.probe = self.probe
         current.agree = self._main_process_decides
         self.stopping_callback = current
 
-    # ----- configuration -----------------------------------------------------------------------------------------
-
     @classmethod
     def needs_retain(cls, args: MASCConfig) -> bool:
-        """The retain set is used for the KL term (``retain_weight > 0``) and, with
-        ``epoch_length="max(forget,retain)"``, to count the epoch."""
+        """For the KL term, and with ``epoch_length="max(forget,retain)"`` to count the epoch."""
         return args.retain_weight > 0 or args.epoch_length != "forget"
 
     @classmethod
     def needs_reference_model(cls, args: MASCConfig) -> bool:
-        """``KL(pi_0 || pi_theta)`` needs the frozen starting model ``pi_0``."""
         return args.retain_weight > 0
-
-    # ----- outcome -----------------------------------------------------------------------------------------------
 
     @property
     def stopped_at_step(self) -> int | None:
-        """Global step at which the stopping rule fired (``None`` if it has not, e.g. the budget was hit)."""
+        """Global step at which the stopping rule fired (``None`` if it has not)."""
         return self.stopping_callback.stopped_at_step
 
     @property
     def stop_reason(self) -> str | None:
-        """``"rule"`` (the stopping rule ended the run), ``"budget"`` (the step budget did: the rule never
-        confirmed) or ``None`` (not trained to the end yet)."""
+        """``"rule"``, ``"budget"`` (the rule never confirmed) or ``None`` (not trained to the end yet)."""
         return self.stopping_callback.stop_reason
 
     @property
     def violation_history(self) -> list[dict[str, Any]]:
-        """One dict per measurement (``step``, ``violation_rate``, and for confirmed checks ``hoeffding_bound``
-        ...); the entry at step 0 is the starting model."""
+        """One dict per measurement; the entry at step 0 is the starting model."""
         return self.stopping_callback.violation_history
 
     def training_outcome(self) -> TrainingOutcome:
-        """The run's outcome with the stopping rule's step, reason and per-check history."""
         return TrainingOutcome(global_step=self.state.global_step, stopped_at_step=self.stopped_at_step,
                                stop_reason=self.stop_reason, history=tuple(self.violation_history))
-
-    # ----- the loss ----------------------------------------------------------------------------------------------
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self.args.penalty == "continuation":
-            total = torch.zeros((), dtype=torch.float64)
+            total = torch.zeros(1, dtype=torch.float64)
             for index, batch in enumerate(batch_samples):
                 generator = _seeded(self.args.seed, self.state.global_step, index, self.accelerator.process_index)
                 batch[ACTIVE_MASK_KEY] = self.active_mask(batch["labels"].cpu(), generator)
                 total += batch[ACTIVE_MASK_KEY].sum().double()
-            scale = 1.0
-            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
-                total = self.accelerator.gather(total.reshape(1).float().to(self.accelerator.device)).sum().double().cpu()
-                scale = float(self.accelerator.num_processes)
-            self._step_active_tokens = (total / scale).clamp(min=1.0 / scale).float()
+            self._step_active_tokens = self._step_totals(total).reshape(())
         return batch_samples, num_items_in_batch
 
     def compute_unlearning_loss(
@@ -436,8 +352,6 @@ class MASCTrainer(UnlearningTrainer):
             loss = loss + args.retain_weight * kl
         return loss
 
-    # ----- logging and saving ------------------------------------------------------------------------------------
-
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         callback = getattr(self, "stopping_callback", None)
         if callback is not None and callback.pending_logs and self.model.training:
@@ -445,21 +359,8 @@ class MASCTrainer(UnlearningTrainer):
             callback.pending_logs = {}
         super().log(logs, start_time)
 
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
-                          tags: str | list[str] | None = None, report: Any = None, forget_split: str | None = None):
-        """The base trainer's card (:func:`hf_unlearn.hub.trainer_model_card`) with a *Stopping* section saying
-        whether the rule or the step budget ended the run (a warning block when it was the budget)."""
-        if not self.is_world_process_zero():
-            return
-        from ...hub import trainer_model_card
-        from ...safe_output import atomic_write_text
-
-        card = trainer_model_card(self, model_name, dataset_name, tags, report=report, forget_split=forget_split)
-        card.text = card.text.rstrip("\n") + "\n\n" + self.stopping_card_section() + "\n"
-        atomic_write_text(os.path.join(self.args.output_dir, "README.md"), str(card))
-
-    def stopping_card_section(self) -> str:
-        """Markdown of the model card's *Stopping* section."""
+    def card_section(self) -> str:
+        """Markdown of the card's *Stopping* section: whether the rule or the step budget ended the run."""
         cb = self.stopping_callback
         rule = f"confirm_rule={cb.confirm_rule!r}, trigger={cb.trigger:.4g}, stop_tolerance={cb.stop_tolerance:.4g}"
         if cb.calibration:
@@ -475,8 +376,7 @@ class MASCTrainer(UnlearningTrainer):
         return f"## Stopping\n\nTraining has not finished ({self.state.global_step} steps so far; {rule})."
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Write the weights (as the Trainer does) and ``masc_stopping.json`` beside them, into the folder being
-        built (the base trainer swaps it in only once complete; checkpoints included)."""
+        """Write the weights and ``masc_stopping.json`` beside them."""
         super()._save(output_dir, state_dict)
         if self.args.should_save and getattr(self, "stopping_callback", None) is not None:
             self.stopping_callback.save(output_dir if output_dir is not None else self.args.output_dir)

@@ -1,6 +1,4 @@
-"""PDU (Primal-Dual Unlearning): ``config.py`` (:class:`PDUConfig`), ``loss.py`` (the logit-margin flattening
-forget loss, the Lagrangian, the dual update) and ``trainer.py`` (:class:`PDUTrainer` and the dual variable's
-:class:`DualVariableCallback`)."""
+"""PDU (Primal-Dual Unlearning)."""
 
 from ...registry import register_method
 from .config import PDUConfig

@@ -1,51 +1,29 @@
 """PDU (Primal-Dual Unlearning): flatten the forget answers' logits under a constraint on the retain loss, with the
-retain weight as a dual variable.
-
-The loss of a step is the Lagrangian :func:`hf_unlearn.methods.pdu.loss.pdu_loss`,
-``forget_weight * L_forget + w * (L_retain - eps)``; after each optimizer step past the warm-up epochs
-``w <- max(0, w + dual_step_size * (L_retain - eps))`` (:func:`~hf_unlearn.methods.pdu.loss.dual_update`), with
-``L_retain`` the retain loss of that whole step averaged over processes. :class:`DualVariableCallback` holds ``w``
-and is saved in every checkpoint and restored on resume.
+retain weight as a dual variable (:class:`DualVariableCallback`, saved in every checkpoint).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
-from transformers import (
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
 from ..base.losses import LossDenominators, answer_mask
 from ..base.pairing import RETAIN_PREFIX
-from ..base.trainer import Optimizers, Rows, UnlearningTrainer
+from ..base.trainer import UnlearningTrainer
 from .config import PDUConfig
 from .loss import dual_update, pdu_forget_loss, pdu_loss
-
-if TYPE_CHECKING:
-    from peft import PeftConfig
-    from transformers import BitsAndBytesConfig
 
 __all__ = ["DualVariableCallback", "PDUTrainer"]
 
 
 class DualVariableCallback(TrainerCallback, ExportableState):
-    """The dual variable ``w`` of PDU (the retain weight) and its update after each optimizer step.
-
-    ``take_step_loss`` (attached by the trainer) returns the retain loss of the step just taken, agreed across
-    processes, or ``None`` when the step had none. At each step begin the update is armed when the step starts at
-    or after ``warmup_epochs`` epochs (``state.epoch >= warmup_epochs``); at its end, an armed update sets
-    ``w = max(0, w + step_size * (L_retain - eps))``. Saved and restored attributes: ``weight`` (``w``),
-    ``updates`` (how many times it moved); its arguments (``weight``: the starting value) are saved with them.
-    """
+    """PDU's dual variable ``w`` (the retain weight): after each optimizer step that began at or after
+    ``warmup_epochs`` epochs, ``w = max(0, w + step_size * (L_retain - eps))``, with ``L_retain`` from
+    ``take_step_loss`` (attached by the trainer; ``None`` when the step had none)."""
 
     def __init__(self, weight: float, eps: float, step_size: float, warmup_epochs: float) -> None:
         self.initial_weight = float(weight)
@@ -79,16 +57,12 @@ class DualVariableCallback(TrainerCallback, ExportableState):
 
 
 class PDUTrainer(UnlearningTrainer):
-    """PDU (Entesari et al. 2025), a TRL ``SFTTrainer`` subclass: primal-dual descent on
-    ``forget_weight * L_forget + w * (L_retain - eps)`` (:func:`~hf_unlearn.methods.pdu.loss.pdu_loss`) with the
-    dual variable ``w`` (starting at ``retain_weight``) updated after each optimizer step past the warm-up.
-    Defaults ([`PDUConfig`]) are open-unlearning's ``PDU.yaml``: ``dual_step_size`` 1, 5 warm-up epochs, both
-    weights 1; ``retain_loss_eps`` is required. :attr:`dual_weight` is the current ``w``; it is logged as
-    ``dual_weight`` and saved in checkpoints.
+    """PDU (Entesari et al. 2025): primal-dual descent on ``forget_weight * L_forget + w * (L_retain - eps)``
+    (:func:`~hf_unlearn.methods.pdu.loss.pdu_loss`), the dual variable ``w`` (:attr:`dual_weight`, starting at
+    ``retain_weight``) updated after each optimizer step past the warm-up.
 
     Private ``Trainer`` method overridden, because no public hook does the job: ``_load_callback_state`` (``w`` is
-    restored on resume whatever ``restore_callback_states_from_checkpoint`` says, and its step-loss hook
-    re-attached to the restored callback)."""
+    restored on resume whatever ``restore_callback_states_from_checkpoint`` says)."""
 
     _name = "PDU"
     _method = "pdu"
@@ -100,28 +74,7 @@ class PDUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "pdu"]
     config_class = PDUConfig
 
-    def __init__(
-        self,
-        model: str | PreTrainedModel,
-        args: PDUConfig | TrainingArguments | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Rows | None = None,
-        retain_dataset: Rows | None = None,
-        eval_dataset: Rows | dict[str, Rows] | None = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
-        callbacks: list[TrainerCallback] | None = None,
-        optimizers: Optimizers = (None, None),
-        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
-        quantization_config: BitsAndBytesConfig | None = None,
-        peft_config: PeftConfig | None = None,
-        ref_model: PreTrainedModel | None = None,
-    ):
-        super().__init__(
-            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
-            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
-            peft_config=peft_config, ref_model=ref_model,
-        )
+    def _finish_init(self) -> None:
         self._step_retain_loss: torch.Tensor | None = None
         self.dual = DualVariableCallback(self.args.retain_weight, self.args.retain_loss_eps,
                                          self.args.dual_step_size, self.args.dual_warmup_epochs)
@@ -130,12 +83,10 @@ class PDUTrainer(UnlearningTrainer):
 
     @classmethod
     def needs_retain(cls, args: PDUConfig) -> bool:
-        """Always: the constraint is on the retain loss (even while ``w`` is 0)."""
         return True
 
     @classmethod
     def needs_reference_model(cls, args: PDUConfig) -> bool:
-        """The KL retain loss compares against the frozen starting model."""
         return args.retain_loss == "kl"
 
     @property
@@ -148,27 +99,15 @@ class PDUTrainer(UnlearningTrainer):
         return None if value is None else self._mean_over_processes(value)
 
     def _load_callback_state(self) -> None:
-        """Restore the dual variable on resume, whatever ``restore_callback_states_from_checkpoint`` says (it is
-        part of the training state), and re-attach its step-loss hook."""
         super()._load_callback_state()
-        current = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, DualVariableCallback)), None)
-        if current is None:
-            self.add_callback(self.dual)
-            current = self.dual
-        stored = self.state.stateful_callbacks.get(DualVariableCallback.__name__)
-        if isinstance(stored, list):
-            stored = stored[-1] if stored else None
-        if stored:
-            current.load_state(stored)
-        current.take_step_loss = self._take_step_retain_loss
-        self.dual = current
+        self.dual = self._restore_callback(self.dual)
+        self.dual.take_step_loss = self._take_step_retain_loss
 
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
     ) -> torch.Tensor:
-        """:func:`~hf_unlearn.methods.pdu.loss.pdu_loss` of one micro-batch; logs ``forget_nll``, ``forget_loss``,
-        ``retain_nll``, ``retain_loss`` and ``dual_weight``. ``eps`` enters each micro-batch in proportion to its
-        share of the step's retain tokens, so that the micro-batches add up to the step's Lagrangian."""
+        """:func:`~hf_unlearn.methods.pdu.loss.pdu_loss` of one micro-batch, ``eps`` weighted by the micro-batch's
+        share of the step's retain tokens so that the micro-batches add up to the step's Lagrangian."""
         forget = self.score(model, inputs)
         self.log_metric("forget_nll", forget.mean_nll)
         forget_term = pdu_forget_loss(forget.logits, forget.labels, denominators.forget_tokens)

@@ -1,6 +1,4 @@
-"""RMU (Representation Misdirection for Unlearning): ``config.py`` (:class:`RMUConfig`), ``loss.py`` (the control
-vector, the masked hidden-state MSE, :func:`~hf_unlearn.methods.rmu.loss.rmu_loss`) and ``trainer.py``
-(:class:`RMUTrainer`)."""
+"""RMU (Representation Misdirection for Unlearning)."""
 
 from ...registry import register_method
 from .config import RMUConfig

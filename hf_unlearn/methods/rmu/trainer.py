@@ -1,30 +1,20 @@
-"""RMU (Representation Misdirection for Unlearning): a trainer that steers the forget answers' hidden states at one
-layer to a fixed random vector and holds the retain answers' hidden states at that layer to the frozen model's
-(:func:`hf_unlearn.methods.rmu.loss.rmu_loss`). The control vector is drawn once from ``seed``, saved in every
-checkpoint (``rmu_control_vector.safetensors``) and reloaded on resume; only the parameters matching
-``trainable_params`` are trained.
-"""
+"""RMU (Representation Misdirection for Unlearning). The control vector is drawn once from ``seed``, saved in
+every checkpoint and reloaded on resume."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
 from ..base.losses import LossDenominators
 from ..base.pairing import RETAIN_PREFIX
-from ..base.trainer import Optimizers, Rows, UnlearningTrainer
+from ..base.trainer import UnlearningTrainer
 from .config import RMUConfig
 from .loss import activation_mse, rmu_control_vector, rmu_loss
-
-if TYPE_CHECKING:
-    from peft import PeftConfig
-    from transformers import BitsAndBytesConfig
 
 __all__ = ["CONTROL_VECTOR_NAME", "RMUTrainer"]
 
@@ -37,25 +27,13 @@ def _matches(pattern: str, name: str) -> bool:
                                                 and re.fullmatch(pattern, name[len(_PEFT_PREFIX):])))
 
 
-def _trainable_names(model: Any, pattern: str) -> tuple[list[str], list[str]]:
-    """``(chosen, trainable)``: the names of the trainable parameters that ``pattern`` matches, and of all of them."""
-    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    return [n for n in trainable if _matches(pattern, n)], trainable
-
-
 class RMUTrainer(UnlearningTrainer):
-    """RMU (Li et al. 2024, WMDP), a TRL ``SFTTrainer`` subclass:
-    ``forget_weight * MSE(h_l(forget), c * u) + retain_weight * MSE(h_l(retain), h0_l(retain))`` at decoder layer
-    ``l = layer`` (:func:`~hf_unlearn.methods.rmu.loss.rmu_loss`), training only the parameters matching
-    ``trainable_params``. Defaults ([`RMUConfig`]) are open-unlearning's ``RMU.yaml``: layer 7, ``steering_coeff``
-    2, both weights 1, every parameter trained.
-
-    A ``layer`` the model does not have, or a ``trainable_params`` pattern that matches no trainable parameter, is
-    refused before any work. :attr:`control_vector` is the ``[H]`` target of the forget hidden states.
+    """RMU (Li et al. 2024, WMDP): ``forget_weight * MSE(h_l(forget), c * u) + retain_weight * MSE(h_l(retain),
+    h0_l(retain))`` at decoder layer ``l = layer`` (:func:`~hf_unlearn.methods.rmu.loss.rmu_loss`), training only
+    the parameters matching ``trainable_params``. :attr:`control_vector` is the ``[H]`` target.
 
     Private ``Trainer`` methods overridden, because no public hook does the job: ``_save_optimizer_and_scheduler``
-    and ``_load_optimizer_and_scheduler`` (the control vector goes into each checkpoint and is read back before
-    the first resumed step)."""
+    and ``_load_optimizer_and_scheduler`` (the control vector goes into each checkpoint and is read back)."""
 
     _name = "RMU"
     _method = "rmu"
@@ -66,28 +44,7 @@ class RMUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "rmu"]
     config_class = RMUConfig
 
-    def __init__(
-        self,
-        model: str | PreTrainedModel,
-        args: RMUConfig | TrainingArguments | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Rows | None = None,
-        retain_dataset: Rows | None = None,
-        eval_dataset: Rows | dict[str, Rows] | None = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
-        callbacks: list[TrainerCallback] | None = None,
-        optimizers: Optimizers = (None, None),
-        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
-        quantization_config: BitsAndBytesConfig | None = None,
-        peft_config: PeftConfig | None = None,
-        ref_model: PreTrainedModel | None = None,
-    ):
-        super().__init__(
-            model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
-            eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
-            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs, quantization_config=quantization_config,
-            peft_config=peft_config, ref_model=ref_model,
-        )
+    def _finish_init(self) -> None:
         unwrapped = self.accelerator.unwrap_model(self.model)
         self._check_trainable(unwrapped, self.args)
         for name, param in unwrapped.named_parameters():
@@ -99,12 +56,9 @@ class RMUTrainer(UnlearningTrainer):
         generator = torch.Generator().manual_seed(int(self.args.seed))
         self.control_vector = rmu_control_vector(hidden, self.args.steering_coeff, generator)
 
-    # ----- configuration -----------------------------------------------------------------------------------------
-
     @classmethod
     def _resolve_args(cls, args: Any, model: Any) -> RMUConfig:
-        """The base checks, then the model's: ``layer`` must be one of its decoder layers, and (for a loaded
-        model) ``trainable_params`` must match one of its trainable parameters."""
+        """The base checks, then ``layer`` and (for a loaded model) ``trainable_params`` against the model."""
         args = super()._resolve_args(args, model)
         if isinstance(model, (str, Path)):
             from transformers import AutoConfig
@@ -118,8 +72,8 @@ class RMUTrainer(UnlearningTrainer):
 
     @staticmethod
     def _check_trainable(model: torch.nn.Module, args: RMUConfig) -> None:
-        chosen, trainable = _trainable_names(model, args.trainable_params)
-        if not chosen:
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        if not any(_matches(args.trainable_params, n) for n in trainable):
             shown = ", ".join(trainable[:4]) + (", ..." if len(trainable) > 4 else "")
             raise ValueError(
                 f"RMU's trainable_params={args.trainable_params!r} matches none of the model's "
@@ -128,15 +82,11 @@ class RMUTrainer(UnlearningTrainer):
 
     @classmethod
     def needs_retain(cls, args: RMUConfig) -> bool:
-        """The retain term is on with a positive ``retain_weight``."""
         return args.retain_weight > 0
 
     @classmethod
     def needs_reference_model(cls, args: RMUConfig) -> bool:
-        """The retain term compares against the frozen starting model's hidden states."""
         return cls.needs_retain(args)
-
-    # ----- the loss ----------------------------------------------------------------------------------------------
 
     def _hidden(self, scored: Any, what: str) -> torch.Tensor:
         states = scored.outputs.hidden_states
@@ -149,8 +99,6 @@ class RMUTrainer(UnlearningTrainer):
     def compute_unlearning_loss(
         self, model: Any, inputs: dict[str, Any], denominators: LossDenominators
     ) -> torch.Tensor:
-        """:func:`~hf_unlearn.methods.rmu.loss.rmu_loss` of one micro-batch; logs ``forget_nll``,
-        ``forget_activation_loss`` and, with the retain term, ``retain_nll`` and ``retain_activation_loss``."""
         forget = self.score(model, inputs, output_hidden_states=True)
         h_forget = self._hidden(forget, "forget")
         if model.training and torch.is_grad_enabled() and not h_forget.requires_grad:
@@ -182,16 +130,12 @@ class RMUTrainer(UnlearningTrainer):
                     retain_args["retain_activations"], retain_args["ref_retain_activations"], retain_args["retain_mask"]))
         return loss
 
-    # ----- checkpoints -------------------------------------------------------------------------------------------
-
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        """The Trainer's optimizer and scheduler, plus the control vector, in each checkpoint."""
         super()._save_optimizer_and_scheduler(output_dir)
         if self.args.should_save:
             save_file({"control_vector": self.control_vector.contiguous()}, str(Path(output_dir) / CONTROL_VECTOR_NAME))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """On resume, reload the control vector of ``checkpoint`` with the Trainer's optimizer and scheduler."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
