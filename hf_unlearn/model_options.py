@@ -1,11 +1,6 @@
 """TRL's model options for every method (:class:`ModelOptions`: the fields of ``trl.ModelConfig`` that apply, with
-TRL's names, defaults and help: ``--dtype``, ``--use_peft``, ``--lora_r``, ...)::
-
-    options, rest = parse_model_options(["--use_peft", "--lora_r", "8", "--beta", "0.2"])
-    options.peft_config()     # peft.LoraConfig(r=8, ...), through trl.get_peft_config
-    options.torch_dtype()     # torch.float32 (TRL's default), "auto", torch.bfloat16 or torch.float16
-
-With ``use_peft`` a trainer trains a LoRA adapter and its frozen reference is the base with the adapter disabled."""
+TRL's names and defaults). With ``use_peft`` a trainer trains a LoRA adapter and its frozen reference is the base
+with the adapter disabled."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 
 @dataclass
 class ModelOptions:
-    """The fields of ``trl.ModelConfig`` that set how the model loads and trains (same names, defaults, help)."""
+    """The fields of ``trl.ModelConfig`` that set how the model loads and trains."""
 
     dtype: str | None = field(default="float32", metadata={
         "help": "Override the default `torch.dtype` and load the model under this dtype. It defaults to "
@@ -34,14 +29,10 @@ class ModelOptions:
     lora_modules_to_save: list[str] | None = field(default=None, metadata={
         "help": "Model layers to unfreeze & train."})
     use_rslora: bool = field(default=False, metadata={
-        "help": "Whether to use Rank-Stabilized LoRA, which sets the adapter scaling factor to `lora_alpha/√r`, "
-                "instead of the original default value of `lora_alpha/r`."})
+        "help": "Whether to use Rank-Stabilized LoRA (adapter scaling `lora_alpha/√r` instead of `lora_alpha/r`)."})
     use_dora: bool = field(default=False, metadata={
-        "help": "Enable Weight-Decomposed Low-Rank Adaptation (DoRA). This technique decomposes the updates of the "
-                "weights into two parts, magnitude and direction. Direction is handled by normal LoRA, whereas the "
-                "magnitude is handled by a separate learnable parameter. This can improve the performance of LoRA, "
-                "especially at low ranks. Right now, DoRA only supports linear and Conv2D layers. DoRA introduces a "
-                "bigger overhead than pure LoRA, so it is recommended to merge weights for inference."})
+        "help": "Enable Weight-Decomposed Low-Rank Adaptation (DoRA): LoRA for the direction of the weight updates, "
+                "a separate learnable magnitude."})
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_CHOICES:
@@ -50,7 +41,7 @@ class ModelOptions:
             raise ValueError(f"--lora_r must be >= 1, got {self.lora_r}.")
 
     def torch_dtype(self) -> Any:
-        """The ``dtype`` for ``from_pretrained``: ``"auto"`` (the checkpoint's), else the ``torch`` dtype named."""
+        """The ``dtype`` for ``from_pretrained``: ``"auto"``, else the ``torch`` dtype named."""
         import torch
 
         if self.dtype in (None, "auto"):
@@ -58,21 +49,19 @@ class ModelOptions:
         return getattr(torch, self.dtype)
 
     def trl_model_config(self) -> Any:
-        """These options as a ``trl.ModelConfig``."""
         from trl import ModelConfig
 
         return ModelConfig(**dataclasses.asdict(self))
 
     def peft_config(self) -> Any:
-        """The ``peft.LoraConfig`` of these options (``trl.get_peft_config``), ``None`` without ``use_peft``."""
+        """The ``peft.LoraConfig`` of these options, ``None`` without ``use_peft``."""
         from trl import get_peft_config
 
         return get_peft_config(self.trl_model_config())
 
 
 def model_options_dataclass(exclude: frozenset[str] | set[str] = frozenset()) -> type:
-    """:class:`ModelOptions` without the fields named in ``exclude`` (those a method's own config has, such as a
-    config that trains its own LoRA adapter: the method's field takes the option)."""
+    """:class:`ModelOptions` without the fields named in ``exclude`` (those the method's config has)."""
     if not exclude:
         return ModelOptions
     kept = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
@@ -82,10 +71,8 @@ def model_options_dataclass(exclude: frozenset[str] | set[str] = frozenset()) ->
 
 def parse_model_options(argv: list[str], exclude: frozenset[str] | set[str] = frozenset()
                         ) -> tuple[ModelOptions, list[str]]:
-    """``(options, rest)``: the :class:`ModelOptions` given in ``argv`` (``--dtype bfloat16``, ``--use_peft``,
-    ...; TRL's defaults for the rest) and the arguments left for the method's options; a field named in
-    ``exclude`` is left to the method (:func:`model_options_dataclass`). A bad value raises
-    :class:`~hf_unlearn.options.UserError` (one line)."""
+    """``(options, rest)``: the :class:`ModelOptions` given in ``argv`` and the arguments left for the
+    method's options; a bad value raises :class:`~hf_unlearn.options.UserError`."""
     from transformers import HfArgumentParser
 
     from .options import UserError
