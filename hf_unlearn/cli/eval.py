@@ -1,5 +1,4 @@
-"""``hf-unlearn eval``: the TOFU evaluation of a model (its report printed and written), with the quantization and
-relearning attacks on request, or MUSE-News (``--benchmark muse``)."""
+"""``hf-unlearn eval``: the TOFU evaluation of a model, with the attacks on request, or MUSE-News."""
 
 from __future__ import annotations
 
@@ -59,7 +58,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _muse_retain_reference(value: str | None) -> float | str | None:
-    """``eval --benchmark muse --retain-reference``: an AUC (a number) or the path of a retain model's MUSE report."""
+    """An AUC or the path of a retain model's MUSE report."""
     if value is None:
         return None
     try:
@@ -72,8 +71,7 @@ def _muse_retain_reference(value: str | None) -> float | str | None:
 
 
 def cmd_eval_muse(args: argparse.Namespace) -> int:
-    """``eval --benchmark muse``: :func:`hf_unlearn.evaluation.evaluate_muse` on ``--data`` (a MUSE-News folder or
-    Hub id), its report printed and written to ``--output``."""
+    """``eval --benchmark muse``: ``evaluate_muse`` on ``--data``, its report printed and written."""
     from ..console import PhaseReporter
     from ..evaluation import MUSE_HUB_ID, evaluate_muse, render_muse_report
 
@@ -151,10 +149,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _check_eval_report_paths(args: argparse.Namespace) -> None:
-    """``eval --output`` / ``--save-truth-ratios``: file paths outside every input (the model folder, the model
-    before unlearning, a data folder, the retain reference), no link, no folder, writable, and not the same file
-    (:func:`hf_unlearn.safe_output.check_report_path`), and no existing file without ``--overwrite``; one line
-    before any model loads."""
+    """``--output`` / ``--save-truth-ratios``: refused before any model loads when inside an input,
+    through a link, a folder, not writable, existing without ``--overwrite``, or the same file."""
     from ..safe_output import OutputDirError, check_report_path
 
     inputs = [args.model, args.attack_original, args.retain_reference,

@@ -1,10 +1,5 @@
-"""``hf-unlearn unlearn``: unlearn a forget split from a model and save the method's native artifact.
-
-The method's own config fields are options, generated from its config dataclass with
-:class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every field). The run is
-:func:`hf_unlearn.run.unlearn` with an :class:`~hf_unlearn.run.UnlearnRequest` built from the options (``--select``
-and ``--eval`` are parts of the request); ``--push-to-hub`` pushes the result with its model card afterwards.
-"""
+"""``hf-unlearn unlearn``: unlearn a forget split from a model and save the method's native artifact. The method's
+config fields are options (``HfArgumentParser``); the run is :func:`hf_unlearn.run.unlearn`."""
 
 from __future__ import annotations
 
@@ -21,14 +16,12 @@ from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
 
 
 def method_help() -> str:
-    """The ``--method`` help: the registered methods (:func:`hf_unlearn.registry.method_names`)."""
     names = method_names()
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
 class _UnlearnHelpFormatter(argparse.HelpFormatter):
-    """Writes the ``--method`` help from the registry when the help is shown (the lookup imports the method
-    packages, which the other commands do not need)."""
+    """Writes the ``--method`` help from the registry only when the help is shown."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return method_help() if action.dest == "method" else super()._get_help_string(action)
@@ -73,7 +66,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _add_selection_options(un: argparse.ArgumentParser) -> None:
-    """The options of ``unlearn --select`` (:mod:`hf_unlearn.selection`)."""
     un.add_argument("--select", action="store_true",
                     help="choose the method's strength by the reference-free criterion (hf_unlearn.selection): GROM's "
                          "exact strength path, T3's (T, w) calibration, the best checkpoint of a trainer; needs "
@@ -96,7 +88,7 @@ def _add_selection_options(un: argparse.ArgumentParser) -> None:
 
 
 def groups_option(value: str) -> str | int:
-    """``--groups``: ``rows``, ``tofu_authors`` or a whole number of consecutive rows per group (>= 1)."""
+    """``--groups``: ``rows``, ``tofu_authors`` or a whole number >= 1 of consecutive rows per group."""
     if value in ("rows", "tofu_authors"):
         return value
     if value.isdigit() and int(value) >= 1:
@@ -105,8 +97,7 @@ def groups_option(value: str) -> str | int:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    """The command: :func:`cmd_unlearn` holding the output folder's lock, so that the folder is this run's alone
-    from its first check to the end (a second run is refused)."""
+    """:func:`cmd_unlearn` holding the output folder's lock from its first check to the end."""
     from ..safe_output import output_lock
 
     if args.help:
@@ -117,8 +108,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
-    """Parse the method's options into settings, build the :class:`~hf_unlearn.run.UnlearnRequest` and run it
-    (:func:`hf_unlearn.run.unlearn`); then ``--push-to-hub``."""
+    """Parse the method's options, build the :class:`~hf_unlearn.run.UnlearnRequest`, run it, then push."""
     from ..console import PhaseReporter
     from ..run import EvaluationRequest, SelectionRequest, UnlearnRequest, unlearn
 
@@ -153,7 +143,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _checked_method(args: argparse.Namespace) -> str:
-    """``--method`` (a registered method), with ``--model`` and ``--output`` given; else one line."""
+    """``--method`` (a registered method), with ``--model`` and ``--output`` given."""
     names = method_names()
     if not args.method:
         raise UserError(f"--method is required; choose from {', '.join(sorted(names))}.")
@@ -166,8 +156,7 @@ def _checked_method(args: argparse.Namespace) -> str:
 
 
 def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
-    """``unlearn --help``: the command's options, then the method's config options (or, without ``--method``,
-    each method's config class)."""
+    """``unlearn --help``: the command's options, then the method's (or each method's config class)."""
     print(parser.format_help())
     if method:
         print(model_options_help(method))
@@ -185,8 +174,7 @@ def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
 
 
 def model_options_help(method: str) -> str:
-    """The help of TRL's model options (``--dtype``, ``--use_peft``, ``--lora_*``) that ``method``'s config does
-    not have itself."""
+    """The help of TRL's model options that ``method``'s config does not have itself."""
     from transformers import HfArgumentParser
 
     from ..model_options import model_options_dataclass
@@ -207,8 +195,7 @@ def demo_preset(method: str) -> dict[str, Any]:
 
 
 def check_selection_flags(args: argparse.Namespace) -> None:
-    """``--select`` needs ``--holdout``; ``--holdout`` / ``--retain-validation`` need ``--select`` (one line, before
-    any work)."""
+    """``--select`` needs ``--holdout``; the selection options need ``--select``."""
     if args.select and not args.holdout:
         raise UserError("--select needs --holdout SPLIT_OR_FILE: rows of the same kind the model never saw (TOFU's "
                         "holdout01/05/10, or a JSON Lines file of question/answer rows).")
