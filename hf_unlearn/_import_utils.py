@@ -83,8 +83,7 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
+            if (spec := finder.find_spec(fullname, path, target)) is not None:
                 break
         else:
             return None

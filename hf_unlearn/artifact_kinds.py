@@ -19,8 +19,7 @@ __all__ = ["ARTIFACT_KINDS", "ArtifactKind", "config_base_model", "detect_artifa
 def config_base_model(artifact: Any) -> str | None:
     config = getattr(artifact, "config", None)
     for name in ("base_model_name_or_path", "base_model", "_name_or_path"):
-        value = getattr(config, name, None)
-        if value:
+        if value := getattr(config, name, None):
             return str(value)
     return None
 
@@ -110,10 +109,8 @@ def detect_artifact_kind(artifact: Any) -> str:
     for name, kind in ARTIFACT_KINDS.items():
         if kind.matches(artifact):
             return name
-    raise ValueError(
-        f"Cannot push a {type(artifact).__name__}: expected a PreTrainedModel, a PEFT model, a saved folder or "
-        f"an artifact of a registered kind ({', '.join(ARTIFACT_KINDS)})."
-    )
+    raise ValueError(f"Cannot push a {type(artifact).__name__}: expected a PreTrainedModel, a PEFT model, a saved "
+                     f"folder or an artifact of a registered kind ({', '.join(ARTIFACT_KINDS)}).")
 
 
 def _kind(kind: str) -> ArtifactKind:

@@ -96,8 +96,7 @@ def fingerprint_differences(recorded: dict[str, Any], model: Any) -> list[str]:
     problems = [f"{name}: missing" for name in want if name not in got]
     dtypes: dict[tuple[str, str], list[str]] = {}
     for name, have in got.items():
-        need = want.get(name)
-        if need is None:
+        if (need := want.get(name)) is None:
             problems.append(f"{name}: not in the base")
         elif list(have["shape"]) != list(need.get("shape", [])):
             problems.append(f"{name}: shape {have['shape']} != {need.get('shape')}")
@@ -116,12 +115,10 @@ def check_model_fingerprint(recorded: dict[str, Any] | None, model: Any, what: s
     fingerprint, or a missing or older-format fingerprint, naming up to four differences and ``fix``."""
     if (not isinstance(recorded, dict) or recorded.get("version") != FINGERPRINT_VERSION
             or not isinstance(recorded.get("parameters"), dict)):
-        raise BaseModelMismatchError(
-            f"{what} records no fingerprint of its base model's weights in this hf-unlearn's format, so hf-unlearn "
-            f"cannot check that it belongs to this model. {fix}"
-        )
-    problems = fingerprint_differences(recorded, model)
-    if problems:
+        raise BaseModelMismatchError(f"{what} records no fingerprint of its base model's weights in this "
+                                     "hf-unlearn's format, so hf-unlearn cannot check that it belongs to this "
+                                     f"model. {fix}")
+    if problems := fingerprint_differences(recorded, model):
         shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
         raise BaseModelMismatchError(f"{what} was fitted on another base model ({shown}). {fix}")
 
@@ -142,20 +139,18 @@ def confined_file(folder: Path, name: Any, what: str, manifest: str) -> Path:
     ``folder`` (no link out of it; a Hub download's links into its cache's ``blobs`` are followed)."""
     plain = isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
     if not plain:
-        raise AdapterIntegrityError(
-            f"{what}: {manifest} names the file {name!r}, which is not a plain file name inside the folder; the "
-            "metadata was tampered with or damaged. Restore it from the saved artifact."
-        )
+        raise AdapterIntegrityError(f"{what}: {manifest} names the file {name!r}, which is not a plain file name "
+                                    "inside the folder; the metadata was tampered with or damaged. Restore it "
+                                    "from the saved artifact.")
     path = folder / name
     if path.is_symlink():
         root = folder.resolve()
         allowed = [root] + ([root.parents[1] / "blobs"] if root.parent.name == "snapshots" else [])
         target = path.resolve()
         if not any(target == r or r in target.parents for r in allowed):
-            raise AdapterIntegrityError(
-                f"{what}: {name} is a link to {target}, outside the folder; hf-unlearn reads an artifact's files "
-                "only from inside its folder. Replace the link by the saved file."
-            )
+            raise AdapterIntegrityError(f"{what}: {name} is a link to {target}, outside the folder; hf-unlearn "
+                                        "reads an artifact's files only from inside its folder. Replace the link "
+                                        "by the saved file.")
     return path
 
 
@@ -176,10 +171,9 @@ def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest:
         raise AdapterIntegrityError(f"{what}: {manifest} is missing, so the pinned digest cannot be checked.")
     got = manifest_digest(folder, manifest)
     if got != want:
-        raise AdapterIntegrityError(
-            f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these are not the files that "
-            "were saved (or pushed) with that digest. Download the artifact again from a source you trust."
-        )
+        raise AdapterIntegrityError(f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these "
+                                    "are not the files that were saved (or pushed) with that digest. Download the "
+                                    "artifact again from a source you trust.")
 
 
 def integrity_entry(folder: str | os.PathLike, manifest: str) -> dict[str, str] | None:
@@ -201,10 +195,9 @@ def check_recorded_files(folder: Path, record: Any, what: str, manifest: str, *,
     a listed file missing or with another SHA-256."""
     files = record.get("files") if isinstance(record, dict) else None
     if not isinstance(files, dict) or not files or record.get("algorithm", "sha256") != "sha256":
-        raise AdapterIntegrityError(
-            f"{what}: {manifest} records no file digests (sha256), so hf-unlearn cannot check that the files are the "
-            "saved ones. Save it again with this hf-unlearn, or pass verify_integrity=False to load it unchecked."
-        )
+        raise AdapterIntegrityError(f"{what}: {manifest} records no file digests (sha256), so hf-unlearn cannot "
+                                    "check that the files are the saved ones. Save it again with this hf-unlearn, "
+                                    "or pass verify_integrity=False to load it unchecked.")
     unlisted = [n for n in required if n not in files]
     if unlisted:
         raise AdapterIntegrityError(f"{what}: {manifest} records no digest for {', '.join(unlisted)}, which every "

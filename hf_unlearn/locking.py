@@ -216,8 +216,7 @@ def _acquire(path: Path) -> _Held:
         created.append(probe)
         probe = probe.parent
     with contextlib.suppress(FileNotFoundError):
-        kind = _file_kind(os.lstat(path).st_mode)
-        if kind is not None:
+        if (kind := _file_kind(os.lstat(path).st_mode)) is not None:
             raise _lock_refused(path, f"is {kind}; remove it (no hf-unlearn lock is one)")
     held = _Held(created)
     held.lock = filelock.UnixFileLock(path, timeout=0, thread_local=False, fallback_to_soft=False,
@@ -269,8 +268,7 @@ def output_lock(output_dir: str | os.PathLike | None, enabled: bool | None = Non
         return
     path = lock_path(output_dir)
     with _HELD_LOCK:
-        held = _HELD.get(path)
-        if held is not None:
+        if (held := _HELD.get(path)) is not None:
             held.count += 1
         else:
             held = _HELD[path] = _acquire(path)

@@ -22,6 +22,7 @@ from .data.prompts import (
     model_max_positions,
     tokenize_qa,
 )
+from .devices import device_of
 
 TokenScorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -90,10 +91,7 @@ class AnswerLogLikelihoods:
 
 def model_device(model: Any) -> torch.device:
     """The device of the model's first parameter (CPU without parameters)."""
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration):
-        return torch.device("cpu")
+    return torch.device(device_of(model))
 
 
 @contextlib.contextmanager
@@ -228,7 +226,6 @@ def answer_token_statistics(
     template: str | PromptTemplate | None = None, progress: bool = False, desc: str = "scoring answer tokens",
 ) -> AnswerTokenStatistics:
     """:class:`AnswerTokenStatistics` in one pass, tokenized as :func:`answer_log_likelihoods`."""
-    ensure_pad_token(tokenizer)
     features, truncated = _features(model, tokenizer, questions, answers, max_length, template)
     return feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
                                     progress=progress, desc=desc, num_truncated=truncated)
@@ -242,14 +239,9 @@ def feature_token_statistics(
     """:class:`AnswerTokenStatistics` of tokenized examples (``input_ids`` and ``labels``)."""
     ensure_pad_token(tokenizer)
     features = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in features]
-    truncated = num_truncated
     device = model_device(model)
-    n = len(features)
-    ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n
-    lps: list[np.ndarray] = [np.zeros(0)] * n
-    greedy: list[np.ndarray] = [np.zeros(0, dtype=bool)] * n
-    means: list[np.ndarray] = [np.zeros(0)] * n
-    variances: list[np.ndarray] = [np.zeros(0)] * n
+    ids, lps, greedy, means, variances = ([np.zeros(0, dtype=d)] * len(features)
+                                          for d in (np.int64, np.float64, bool, np.float64, np.float64))
     with eval_mode(model):
         for idx in _batches(features, batch_size, progress, desc):
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, "right")
@@ -274,10 +266,8 @@ def feature_token_statistics(
                     means[i], variances[i] = host[1, row][m], host[2, row][m]
                     greedy[i] = host[3, row][m] != 0
     full = scorer is None
-    return AnswerTokenStatistics(
-        token_ids=ids, token_log_probs=lps, greedy_correct=greedy if full else None,
-        vocab_mean=means if full else None, vocab_var=variances if full else None, num_truncated=truncated,
-    )
+    return AnswerTokenStatistics(ids, lps, greedy if full else None, means if full else None,
+                                 variances if full else None, num_truncated)
 
 
 def answer_nll(model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], **kwargs) -> np.ndarray:

@@ -47,11 +47,9 @@ def safetensors_files(folder: str | os.PathLike) -> list[Path]:
     if not files:
         pickles = [name for name in PICKLE_FILES if (folder / name).is_file()]
         if pickles:
-            raise ValueError(
-                f"Model folder {folder} holds only {pickles[0]}, a pickle file (loading one can run code); hf-unlearn "
-                "loads safetensors weights only: convert it with model.save_pretrained(folder), which writes "
-                "model.safetensors."
-            )
+            raise ValueError(f"Model folder {folder} holds only {pickles[0]}, a pickle file (loading one can run "
+                             "code); hf-unlearn loads safetensors weights only: convert it with "
+                             "model.save_pretrained(folder), which writes model.safetensors.")
         raise ValueError(f"Model folder {folder} has no safetensors weights (model.safetensors).")
     return files
 

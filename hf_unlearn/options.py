@@ -151,10 +151,8 @@ def parse_method_settings(method: str, argv: list[str], preset: dict[str, Any] |
         names = [opt for a in parser._actions for opt in a.option_strings]
         hint = difflib.get_close_matches(flags[0].split("=", 1)[0], names, n=1)
         suggestion = f" (did you mean {hint[0]}?)" if hint else ""
-        raise UserError(
-            f"Unknown option {flags[0]} for method {method!r}{suggestion}; "
-            f"`hf-unlearn unlearn --method {method} --help` lists its {parser.config_class.__name__} fields."
-        )
+        raise UserError(f"Unknown option {flags[0]} for method {method!r}{suggestion}; `hf-unlearn unlearn "
+                        f"--method {method} --help` lists its {parser.config_class.__name__} fields.")
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
     chosen = {a.dest for a in parser._actions if given.intersection(a.option_strings)}
     values = vars(namespace)

@@ -28,8 +28,7 @@ def is_partitioned(model: Any) -> bool:
 
 
 def _config_vocab(model: Any) -> int | None:
-    config = getattr(model, "config", None)
-    if config is None:
+    if (config := getattr(model, "config", None)) is None:
         return None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     value = getattr(text, "vocab_size", None)

@@ -86,21 +86,15 @@ def _check_model_folder(name_or_path: str) -> None:
     folder = Path(name_or_path)
     if not (folder / "config.json").is_file():
         kind = " (it holds a PEFT adapter, not a model)" if (folder / "adapter_config.json").is_file() else ""
-        raise UserError(
-            f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
-            "model.save_pretrained() (with its tokenizer), or a Hub model id."
-        )
+        raise UserError(f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
+                        "model.save_pretrained() (with its tokenizer), or a Hub model id.")
     if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
-        raise UserError(
-            f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model into it "
-            "with model.save_pretrained(folder), or pass the folder that holds the weights."
-        )
+        raise UserError(f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model "
+                        "into it with model.save_pretrained(folder), or pass the folder that holds the weights.")
     check_no_remote_code(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise UserError(
-            f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save the model's "
-            "tokenizer beside its weights with tokenizer.save_pretrained(folder)."
-        )
+        raise UserError(f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save "
+                        "the model's tokenizer beside its weights with tokenizer.save_pretrained(folder).")
     try:
         check_weight_files(folder)
     except (ValueError, OSError) as err:
@@ -116,13 +110,10 @@ def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) 
 
     from .model_files import first_non_finite, loading_problems
 
-    local = os.path.isdir(name_or_path)
-    if not local:
-        problem = _missing_model_folder(name_or_path)
-        if problem:
-            raise UserError(problem)
-    else:
+    if local := os.path.isdir(name_or_path):
         _check_model_folder(name_or_path)
+    elif problem := _missing_model_folder(name_or_path):
+        raise UserError(problem)
     offline = "" if local else " Without network access, pass a local model folder."
     where = "" if local else f": there is no local folder {name_or_path} in {os.getcwd()}, and as a Hub model id it"
     try:
@@ -133,13 +124,11 @@ def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) 
         cause = f"{err.__class__.__name__}: {_first_line(err)}"
         raise UserError(f"Could not load the model {name_or_path!r}{where} failed to load ({cause}).{offline}"
                         if where else f"Could not load the model {name_or_path!r} ({cause}).") from err
-    problems = loading_problems(info)
-    if problems:
+    if problems := loading_problems(info):
         raise UserError(f"The weights of {name_or_path} do not fit the model its config.json describes: {problems}; "
                         "pass the folder the model was saved into with model.save_pretrained(), with its own "
                         "config.json.")
-    bad = first_non_finite(model)
-    if bad is not None:
+    if (bad := first_non_finite(model)) is not None:
         raise UserError(f"The weights of {name_or_path} hold NaN or infinite values (first: {bad}); a model with "
                         "non-finite weights cannot be unlearned: restore the weights it was saved with.")
     try:
@@ -184,11 +173,9 @@ def check_retain_reference(path: str | None, forget_split: str, source: str | No
     n_ref = len(reference.forget_truth_ratios)
     if n_ref != len(rows):
         hint = " (TOFU's original protocol scores the first 300 rows: --max-examples 300 with `eval`)" if n_ref == 300 else ""
-        raise UserError(
-            f"Retain reference {path} has {n_ref} forget truth ratios but the evaluation scores {len(rows)} forget "
-            f"rows of {forget_split}_perturbed from {source}; evaluate the retain model on the same data, forget "
-            f"split and max_examples{hint}."
-        )
+        raise UserError(f"Retain reference {path} has {n_ref} forget truth ratios but the evaluation scores "
+                        f"{len(rows)} forget rows of {forget_split}_perturbed from {source}; evaluate the retain "
+                        f"model on the same data, forget split and max_examples{hint}.")
     try:
         check_provenance(reference, {"forget_split": forget_split, "num_rows": len(rows),
                                      "data_sha256": rows_fingerprint(rows)}, ("forget_split", "num_rows", "data_sha256"))
@@ -223,8 +210,7 @@ def check_push_target(repo_id: str | None, token: str | None) -> str | None:
         validate_repo_id(repo_id)
     except HFValidationError as err:
         raise UserError(f"Invalid repo id {repo_id!r} for --push-to-hub: {' '.join(str(err).split())}") from None
-    token = token or get_token()
-    if not token:
+    if not (token := token or get_token()):
         raise UserError("--push-to-hub needs a token: pass --hub-token, set HF_TOKEN or run `hf auth login`.")
     return token
 
@@ -289,8 +275,7 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
         except ValueError as err:
             raise UserError(f"{method}: {' '.join(str(err).split())}") from None
     if uses_retain and not may_overlap:
-        shared = overlapping_examples(forget, retain)
-        if shared:
+        if shared := overlapping_examples(forget, retain):
             allow = " (or pass --allow_overlap)" if trainer_cls is not None else ""
             raise UserError(f"{shared} of the {len(forget)} forget rows also occur in the retain rows: {method} would "
                             f"unlearn and keep them at once; remove them from one side{allow}.")
@@ -433,8 +418,7 @@ def check_resume_request(folder: str | os.PathLike, request: dict[str, Any]) -> 
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"--resume: {path} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
-    diffs = fingerprint_differences(saved, request)
-    if diffs:
+    if diffs := fingerprint_differences(saved, request):
         shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
         raise UserError(f"--resume: the run in {folder} was started with another setting or other rows ({shown}); "
                         "resume it with its own method, settings and rows, or start afresh in another folder.")

@@ -81,8 +81,7 @@ class Unlearned:
         """Save the native artifact (a trainer's through ``trainer.save_model``, which writes what it
         keeps beside the weights)."""
         path = gated_path(path)  # never through a link (a trainer's save_model checks the folder further)
-        trainer = self.info.get("trainer")
-        if trainer is not None:
+        if (trainer := self.info.get("trainer")) is not None:
             trainer.save_model(str(path))
         elif not _is_secondary_rank():  # one writer per launch
             self.artifact.save_pretrained(path)

@@ -97,28 +97,21 @@ def check_rows_given(rows: Any, what: str) -> bool:
     naming the first bad row); returns whether they were such rows (other inputs are left to the method)."""
     from .data import check_rows
 
-    if rows is None:
-        return False
-    columns = getattr(rows, "column_names", None)
-    if columns is not None:  # a datasets.Dataset
-        if not {"question", "answer"} & set(columns):
-            return False
-        items = list(rows)
+    if hasattr(rows, "column_names"):  # a datasets.Dataset
+        qa = bool({"question", "answer"} & set(rows.column_names))
     elif isinstance(rows, Sequence) and not isinstance(rows, (str, bytes)):
-        items = list(rows)
-        if not any(isinstance(r, Mapping) and ("question" in r or "answer" in r) for r in items):
-            return False
+        qa = any(isinstance(r, Mapping) and ("question" in r or "answer" in r) for r in rows)
     else:
-        return False
-    check_rows(items, f"the {what} rows")
-    return True
+        qa = False
+    if qa:
+        check_rows(list(rows), f"the {what} rows")
+    return qa
 
 
 def check_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: Any, output_dir: str | os.PathLike,
                  settings: dict[str, Any] | None = None) -> Any:
     """What ``hf-unlearn unlearn`` refuses before any work, as a ``ValueError``: bad rows, bad settings and,
     with question/answer rows and a loaded model, what the method would refuse. Returns the method's config."""
-
     qa_rows = check_rows_given(forget, "forget") & check_rows_given(retain, "retain")
     try:
         config = validate_settings(method, dict(settings or {}), output_dir)
@@ -145,8 +138,7 @@ def _as_dataset(rows: Any, columns: Sequence[str] = ()) -> Any:
 
     if isinstance(rows, datasets.Dataset):
         return rows
-    documents = as_documents(rows)
-    if documents is not None:
+    if (documents := as_documents(rows)) is not None:
         return datasets.Dataset.from_dict({"text": list(documents)})
     extra = [c for c in columns if c not in ("question", "answer")]
     return datasets.Dataset.from_list(
@@ -223,8 +215,7 @@ def fit_or_train(inputs: Inputs, options: TrainOptions | None = None) -> Unlearn
 
 def release_training_state(result: Unlearned) -> None:
     """Free what only training needed (optimizer states, frozen reference); the trainer stays."""
-    trainer = result.info.get("trainer")
-    if trainer is not None:
+    if (trainer := result.info.get("trainer")) is not None:
         trainer.release_training_state()
 
 
@@ -342,10 +333,9 @@ def check_request(request: UnlearnRequest) -> Any:
         raise UserError(f"--use_peft trains a LoRA adapter with a trainer; {method} is not trained by one.")
     if (options is not None and options.dtype == "float16" and trainer and not options.use_peft
             and not getattr(config, "use_peft", False)):
-        raise UserError(f"--dtype float16 would train {method}'s float16 weights in place, with no float32 "
-                        "master weights or gradient scaling: AdamW's updates underflow. Load in --dtype float32 "
-                        "(add --fp16 True for mixed precision), --dtype bfloat16, or train an adapter with "
-                        "--use_peft.")
+        raise UserError(f"--dtype float16 would train {method}'s float16 weights in place, with no float32 master "
+                        "weights or gradient scaling: AdamW's updates underflow. Load in --dtype float32 (add --fp16 "
+                        "True for mixed precision), --dtype bfloat16, or train an adapter with --use_peft.")
     inputs = [request.model, request.data if request.data and os.path.isdir(request.data) else None,
               request.forget_file, request.retain_file]
     try:
@@ -362,8 +352,7 @@ def check_request(request: UnlearnRequest) -> Any:
             check_output_dir(out, inputs, overwrite=request.overwrite, siblings=(FAILED_SUFFIX,))
     except OutputDirError as err:
         raise UserError(str(err)) from None
-    evaluation = request.evaluation
-    if evaluation is not None:
+    if (evaluation := request.evaluation) is not None:
         check_retain_reference(evaluation.retain_reference, request.forget_split, request.data)
         if evaluation.max_new_tokens < 1:
             raise UserError(f"--max-new-tokens must be >= 1, got {evaluation.max_new_tokens}.")

@@ -101,16 +101,12 @@ def check_output_dir(
     beside = [out.parent / f"{out.name}{suffix}" for suffix in (LOCK_SUFFIX, *siblings)]
     for src in _local_inputs(inputs):
         if _is_within(out, src) or _is_within(src, out):
-            raise OutputDirError(
-                f"Output folder {out} overlaps the input {src}; choose a folder outside the model folder so "
-                "the input can never be overwritten."
-            )
+            raise OutputDirError(f"Output folder {out} overlaps the input {src}; choose a folder outside the "
+                                 "model folder so the input can never be overwritten.")
         for path in beside:
             if _is_within(src, path):
-                raise OutputDirError(
-                    f"The input {src} lies where the run on output folder {out} writes {path}; rename that input "
-                    "or choose another output folder."
-                )
+                raise OutputDirError(f"The input {src} lies where the run on output folder {out} writes {path}; "
+                                     "rename that input or choose another output folder.")
     if out.exists():
         if not out.is_dir():
             raise OutputDirError(f"Output path {out} exists and is not a folder.")
@@ -118,14 +114,11 @@ def check_output_dir(
             steps = [int(p.name[len("checkpoint-"):]) for p in out.glob("checkpoint-*")
                      if p.is_dir() and p.name[len("checkpoint-"):].isdigit()]
             if steps:
-                raise OutputDirError(
-                    f"Output folder {out} holds an interrupted run (its last checkpoint checkpoint-{max(steps)}); pass "
-                    "--resume (Python: resume_from_checkpoint=True) to continue it, or give another output folder."
-                )
-            raise OutputDirError(
-                f"Output folder {out} is not empty; pass overwrite=True (CLI: --overwrite) to replace it. "
-                "The new result is built beside it and swapped in only when complete."
-            )
+                raise OutputDirError(f"Output folder {out} holds an interrupted run (its last checkpoint "
+                                     f"checkpoint-{max(steps)}); pass --resume (Python: "
+                                     "resume_from_checkpoint=True) to continue it, or give another output folder.")
+            raise OutputDirError(f"Output folder {out} is not empty; pass overwrite=True (CLI: --overwrite) to "
+                                 "replace it. The new result is built beside it and swapped in only when complete.")
     probe = out
     while not probe.exists():
         probe = probe.parent
@@ -160,10 +153,8 @@ def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLik
         raise OutputDirError(f"Report path {path} is a folder; give a file path for the JSON.")
     for src in _local_inputs(inputs):
         if _is_within(target, src):
-            raise OutputDirError(
-                f"Report path {path} lies inside the input {src}; write the report outside the model folder so "
-                "none of its files can be replaced."
-            )
+            raise OutputDirError(f"Report path {path} lies inside the input {src}; write the report outside the "
+                                 "model folder so none of its files can be replaced.")
     if target.exists() and not overwrite:
         raise OutputDirError(f"Report path {path} exists; pass overwrite=True (CLI: --overwrite) to replace it.")
     probe = target.parent
@@ -232,10 +223,8 @@ def atomic_directory(
             kept = Path(tempfile.mkdtemp(prefix=f"{final.name}.new-", dir=final.parent))
             kept.rmdir()
             os.replace(tmp, kept)
-            raise OutputDirError(
-                f"Output folder {final} changed while the result was being built (another process wrote it); it "
-                f"was left as it is, and the new result is in {kept}."
-            )
+            raise OutputDirError(f"Output folder {final} changed while the result was being built (another "
+                                 f"process wrote it); it was left as it is, and the new result is in {kept}.")
         old = None
         try:
             if final.exists():

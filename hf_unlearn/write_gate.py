@@ -36,8 +36,7 @@ def gated_path(path: str | os.PathLike, what: str = "Output path") -> Path:
         except (FileNotFoundError, NotADirectoryError):
             continue
         if is_link:
-            raise OutputDirError(
-                f"{what} {path} goes through the symbolic link {current} (to {os.readlink(current)}); hf-unlearn "
-                f"never writes through a link: give the real path ({Path(current).resolve()} for that part)."
-            )
+            raise OutputDirError(f"{what} {path} goes through the symbolic link {current} (to "
+                                 f"{os.readlink(current)}); hf-unlearn never writes through a link: give the real "
+                                 f"path ({Path(current).resolve()} for that part).")
     return current

@@ -34,8 +34,7 @@ def default_data_source() -> str:
     """``--data`` when not given: ``$HF_UNLEARN_TOFU_DIR`` when set, else the Hub id ``locuslab/TOFU``."""
     from ..data import TOFU_HUB_ID
 
-    folder = os.environ.get(TOFU_DIR_ENV, "").strip()
-    if not folder:
+    if not (folder := os.environ.get(TOFU_DIR_ENV, "").strip()):
         return TOFU_HUB_ID
     if not os.path.isdir(os.path.expanduser(folder)):
         raise UserError(f"{TOFU_DIR_ENV}={folder} is not a folder; point it at a folder of TOFU <config>.jsonl files, "

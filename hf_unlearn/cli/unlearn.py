@@ -67,22 +67,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _add_selection_options(un: argparse.ArgumentParser) -> None:
     un.add_argument("--select", action="store_true",
-                    help="choose the method's strength by the reference-free criterion (hf_unlearn.selection): GROM's "
-                         "exact strength path, T3's (T, w) calibration, the best checkpoint of a trainer; needs "
-                         "--holdout; the record is saved as selection_record.json and shown in the model card")
+                    help="choose the method's strength by the reference-free criterion (needs --holdout); the record "
+                         "is saved as selection_record.json and shown in the model card")
     un.add_argument("--holdout", metavar="SPLIT_OR_FILE",
-                    help="with --select: rows of the same kind the model never saw (TOFU holdout01/05/10 of --data, "
-                         "a JSON Lines file of question/answer rows, or documents as --forget-file)")
+                    help="with --select: rows of the same kind the model never saw (a TOFU holdout config or a file)")
     un.add_argument("--retain-validation", metavar="SPLIT_OR_FILE",
-                    help="with --select: retain rows not used for unlearning (default: the last 10%%, at most 100, of "
-                         "the retain rows, which the method then does not see)")
+                    help="with --select: retain rows not used for unlearning (default: the last 10%%, at most 100)")
     un.add_argument("--groups", type=groups_option, default="rows", metavar="rows|tofu_authors|N",
-                    help="with --select: how rows are grouped for the forget-vs-holdout test: every row its own group "
-                         "(default), TOFU's authors (20 consecutive rows each), or N consecutive rows each")
+                    help="with --select: rows per group of the forget-vs-holdout test (default: one row each)")
     un.add_argument("--reference-model", metavar="PATH_OR_ID",
-                    help="with --select: a model that saw neither the forget nor the holdout rows, e.g. the pretrained "
-                         "base before fine-tuning; each row's NLL under it is subtracted, so authors of different "
-                         "difficulty compare fairly (measured once)")
+                    help="with --select: a model that saw neither forget nor holdout rows; its NLL is subtracted per row")
     un.add_argument("--selection-steps", type=int, default=50,
                     help="with --select, trainer methods: measure the criterion every this many optimizer steps")
 
