@@ -104,6 +104,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     """Parse the method's options, build the :class:`~hf_unlearn.run.UnlearnRequest`, run it, then push."""
     from ..console import PhaseReporter
+    from ..demo import demo_settings
     from ..run import EvaluationRequest, SelectionRequest, UnlearnRequest, unlearn
 
     if args.help:
@@ -111,7 +112,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     method = _checked_method(args)
     check_selection_flags(args)
     model_options, extra = parse_model_options(extra, method_option_names(method))
-    settings = parse_method_settings(method, extra, demo_preset(method) if args.preset == "demo" else {})
+    settings = parse_method_settings(method, extra, demo_settings(method) if args.preset == "demo" else {})
     device = resolve_cli_device(args, method, settings)
     selection = SelectionRequest(args.holdout, args.retain_validation, args.groups, args.reference_model,
                                  args.selection_steps) if args.select else None
@@ -179,13 +180,6 @@ def model_options_help(method: str) -> str:
                                           "LoRA adapter a trainer trains (its reference is then the base with the "
                                           "adapter disabled).")
     return parser.format_help()
-
-
-def demo_preset(method: str) -> dict[str, Any]:
-    """``unlearn --preset demo``: the method's TOFU-tiny demo setting (:func:`hf_unlearn.demo.demo_settings`)."""
-    from ..demo import demo_settings
-
-    return demo_settings(method)
 
 
 def check_selection_flags(args: argparse.Namespace) -> None:

@@ -176,10 +176,6 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
             "max_new_tokens": eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)}
 
 
-def format_cell(value: Any, fmt: str) -> str:
-    return "n/a" if value is None or value != value else format(value, fmt)
-
-
 def demo_table(results: dict[str, Any]) -> str:
     """The demo's markdown table (the target and the retain reference first), with a note when answers were cut
     shorter than TOFU's 200 new tokens."""
@@ -191,7 +187,8 @@ def demo_table(results: dict[str, Any]) -> str:
         if row.get("error"):
             cells = [f"failed: {row['error'][:80]}"] + [""] * (len(DEMO_COLUMNS) - 1)
         else:
-            cells = [format_cell(row.get(key), fmt) for key, _, fmt in DEMO_COLUMNS]
+            cells = ["n/a" if row.get(key) is None or row[key] != row[key] else format(row[key], fmt)
+                     for key, _, fmt in DEMO_COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     tokens = results.get("max_new_tokens")
