@@ -56,11 +56,8 @@ def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
         namespace = {**vars(sys.modules[cls.__module__])}
         for klass in cls.__mro__:
             namespace = {**vars(sys.modules[klass.__module__]), **namespace}
-        out = {}
-        for f in dataclasses.fields(cls):
-            if f.name in names:
-                out[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
-        return out
+        return {f.name: eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
+                for f in dataclasses.fields(cls) if f.name in names}
 
 
 def option_fields(config_class: type) -> list[dataclasses.Field]:
@@ -68,14 +65,11 @@ def option_fields(config_class: type) -> list[dataclasses.Field]:
     ``PreTrainedConfig``'s generic ones."""
     if not dataclasses.is_dataclass(config_class):
         raise UserError(f"{config_class.__name__} is not a dataclass; cannot build its options.")
-    skip = set(CLI_OWNED_FIELDS)
-    try:
-        from transformers import PreTrainedConfig
+    from transformers import PreTrainedConfig
 
-        if issubclass(config_class, PreTrainedConfig) and dataclasses.is_dataclass(PreTrainedConfig):
-            skip |= {f.name for f in dataclasses.fields(PreTrainedConfig)}
-    except ImportError:  # pragma: no cover
-        pass
+    skip = set(CLI_OWNED_FIELDS)
+    if issubclass(config_class, PreTrainedConfig) and dataclasses.is_dataclass(PreTrainedConfig):
+        skip |= {f.name for f in dataclasses.fields(PreTrainedConfig)}
     return [f for f in dataclasses.fields(config_class)
             if f.init and f.name not in skip and not f.name.startswith("base_") and not f.name.startswith("_")]
 
