@@ -29,10 +29,14 @@ class ModelOptions:
     lora_modules_to_save: list[str] | None = field(default=None, metadata={
         "help": "Model layers to unfreeze & train."})
     use_rslora: bool = field(default=False, metadata={
-        "help": "Whether to use Rank-Stabilized LoRA (adapter scaling `lora_alpha/√r` instead of `lora_alpha/r`)."})
+        "help": "Whether to use Rank-Stabilized LoRA, which sets the adapter scaling factor to `lora_alpha/√r`, "
+                "instead of the original default value of `lora_alpha/r`."})
     use_dora: bool = field(default=False, metadata={
-        "help": "Enable Weight-Decomposed Low-Rank Adaptation (DoRA): LoRA for the direction of the weight updates, "
-                "a separate learnable magnitude."})
+        "help": "Enable Weight-Decomposed Low-Rank Adaptation (DoRA). This technique decomposes the updates of the "
+                "weights into two parts, magnitude and direction. Direction is handled by normal LoRA, whereas the "
+                "magnitude is handled by a separate learnable parameter. This can improve the performance of LoRA, "
+                "especially at low ranks. Right now, DoRA only supports linear and Conv2D layers. DoRA introduces a "
+                "bigger overhead than pure LoRA, so it is recommended to merge weights for inference."})
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_CHOICES:

@@ -96,10 +96,8 @@ def load_forget_retain(
     from hf_unlearn.data import RETAIN_FOR_FORGET
 
     forget = load_rows(script_args.forget_split, script_args.dataset_name, script_args.forget_file)
-    retain = None
-    if needs_retain:
-        retain_split = RETAIN_FOR_FORGET[script_args.forget_split]
-        retain = load_rows(retain_split, script_args.dataset_name, script_args.retain_file)
+    retain = load_rows(RETAIN_FOR_FORGET[script_args.forget_split], script_args.dataset_name,
+                       script_args.retain_file) if needs_retain else None
     if as_dataset:
         return qa_dataset(forget), None if retain is None else qa_dataset(retain)
     return forget, retain
