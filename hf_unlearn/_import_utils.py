@@ -1,5 +1,4 @@
-"""Import machinery of the top level: :class:`_LazyModule` (TRL's pattern: ``import hf_unlearn`` imports neither
-torch nor transformers' model code) and :func:`call_after_import` (runs a function once a module is imported)."""
+"""Import machinery of the top level: :class:`_LazyModule` (TRL's pattern) and :func:`call_after_import`."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from typing import Any
 
 
 class _LazyModule(ModuleType):
-    """A package module whose attributes listed in ``import_structure`` ({submodule: [names]}) are
-    imported on first access; ``extra_objects`` are set eagerly."""
+    """A package module whose ``import_structure`` names ({submodule: [names]}) import on first access."""
 
     def __init__(self, name: str, module_file: str, import_structure: dict[str, Sequence[str]],
                  module_spec: importlib.machinery.ModuleSpec | None = None,
@@ -72,7 +70,7 @@ class _AfterImportLoader(importlib.abc.Loader):
 
 
 class _AfterImportFinder(importlib.abc.MetaPathFinder):
-    """Meta path finder that wraps the loader of the watched modules (and only theirs)."""
+    """Wraps the loader of the watched modules only."""
 
     def __init__(self) -> None:
         self.hooks: dict[str, list[Callable[[], None]]] = {}
@@ -85,8 +83,7 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
+            if (spec := finder.find_spec(fullname, path, target)) is not None:
                 break
         else:
             return None
@@ -101,7 +98,7 @@ _FINDER = _AfterImportFinder()
 
 
 def call_after_import(module_name: str, hook: Callable[[], None]) -> None:
-    """Call ``hook()`` once ``module_name`` has been imported: now if it is, else right after its import."""
+    """Call ``hook()`` once ``module_name`` is imported (now if it is)."""
     if module_name in sys.modules:
         hook()
         return

@@ -1,10 +1,6 @@
 """Artifact kinds: how each kind of unlearned artifact is carded, recognised and pinned (:data:`ARTIFACT_KINDS`).
-
-The catch-all kind ``unlearned_model`` (any transformers or PEFT model) is defined here; a method whose artifact is
-of its own kind registers it from its folder with :func:`register_artifact_kind`. An artifact's kind is found with
-``isinstance`` against the kinds' classes, or for a saved folder by its files; a lookup imports the built-in method
-folders first. This module imports only the registry (third-party classes inside the functions that need them).
-"""
+The catch-all ``unlearned_model`` (any transformers or PEFT model) is defined here; a method with an artifact of
+its own kind registers it with :func:`register_artifact_kind`."""
 
 from __future__ import annotations
 
@@ -23,14 +19,13 @@ __all__ = ["ARTIFACT_KINDS", "ArtifactKind", "config_base_model", "detect_artifa
 def config_base_model(artifact: Any) -> str | None:
     config = getattr(artifact, "config", None)
     for name in ("base_model_name_or_path", "base_model", "_name_or_path"):
-        value = getattr(config, name, None)
-        if value:
+        if value := getattr(config, name, None):
             return str(value)
     return None
 
 
 def _model_base(artifact: Any) -> str | None:
-    """The base a model or PEFT adapter was made from (for a PEFT model, its adapter config's base)."""
+    """The base a model or PEFT adapter was made from."""
     from peft import PeftModel
 
     if isinstance(artifact, PeftModel):
@@ -60,16 +55,10 @@ def read_json(path: Path) -> dict:
 
 @dataclass(frozen=True)
 class ArtifactKind:
-    """How one kind of unlearned artifact is carded and recognised.
-
-    ``template``: file name in ``hub_cards/``. ``method``: the fixed method of this kind (``None``
-    when the caller names it). ``classes``: returns the classes whose instances are of this kind
-    (imported on call, so that importing this module stays light). ``library_name``: card metadata
-    (a callable gets the artifact). ``base_model``: the base model an artifact was made from.
-    ``settings``: default method settings read from the artifact. ``folder_matches``: recognises a
-    saved folder by the files its ``save_pretrained`` writes. ``integrity``: given a saved folder, the
-    ``{"manifest", "sha256"}`` entry a pushed card carries to pin it (``None`` when the folder holds no record).
-    """
+    """How one kind of unlearned artifact is carded and recognised: ``template`` (a file in ``hub_cards/``),
+    ``method`` (``None``: the caller names it), ``classes`` (imported on call), ``library_name`` (card metadata),
+    ``base_model``, ``settings`` (read from the artifact), ``folder_matches`` (recognises a saved folder) and
+    ``integrity`` (the ``{"manifest", "sha256"}`` entry that pins a saved folder)."""
 
     name: str
     template: str
@@ -96,7 +85,7 @@ ARTIFACT_KINDS: dict[str, ArtifactKind] = {}
 
 
 def register_artifact_kind(kind: ArtifactKind, *, before: str | None = "unlearned_model") -> None:
-    """Add (or replace) an artifact kind; by default it is tried before the catch-all kind."""
+    """Add (or replace) an artifact kind, tried before ``before``."""
     items = [(k, v) for k, v in ARTIFACT_KINDS.items() if k != kind.name]
     index = next((i for i, (k, _) in enumerate(items) if k == before), len(items))
     items.insert(index, (kind.name, kind))
@@ -120,10 +109,8 @@ def detect_artifact_kind(artifact: Any) -> str:
     for name, kind in ARTIFACT_KINDS.items():
         if kind.matches(artifact):
             return name
-    raise ValueError(
-        f"Cannot push a {type(artifact).__name__}: expected a PreTrainedModel, a PEFT model, a saved folder or "
-        f"an artifact of a registered kind ({', '.join(ARTIFACT_KINDS)})."
-    )
+    raise ValueError(f"Cannot push a {type(artifact).__name__}: expected a PreTrainedModel, a PEFT model, a saved "
+                     f"folder or an artifact of a registered kind ({', '.join(ARTIFACT_KINDS)}).")
 
 
 def _kind(kind: str) -> ArtifactKind:

@@ -1,9 +1,5 @@
-"""The package's version and the assets it ships beside its code: the ``evaluate`` metric modules
-(``evaluate_metrics/<name>``) and the model-card templates (``hub_cards/``).
-
-Bottom floor: standard library only, so that every layer (the evaluator, the cards, the run log) can read the
-version and find the assets without importing the package's lazy top level.
-"""
+"""The package's version and the assets it ships beside its code (the ``evaluate`` metric modules and the
+model-card templates). Standard library only, so that every layer can read them."""
 
 from __future__ import annotations
 
@@ -21,11 +17,7 @@ METRIC_NAMES = (
 
 
 def _artifact_dir(name: str) -> Path:
-    """Folder of a shipped Hub artifact (``evaluate_metrics`` or ``hub_cards``).
-
-    Installed wheels carry them as ``hf_unlearn.<name>``; a source checkout has them at the
-    repository root.
-    """
+    """Folder of a shipped asset: ``hf_unlearn.<name>`` in a wheel, the repository root in a checkout."""
     import importlib.util
 
     spec = importlib.util.find_spec(f"hf_unlearn.{name}")
@@ -45,7 +37,4 @@ def metric_path(name: str) -> str:
 
 
 def hub_cards_dir() -> str:
-    """Folder of the model-card templates shipped with the package."""
     return str(_artifact_dir("hub_cards"))
-
-

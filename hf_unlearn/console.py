@@ -1,7 +1,5 @@
-"""What a command-line run prints: one line per method and phase (:class:`PhaseReporter`: ``<method> <phase> ...``
-then ``done`` and the duration, or ``FAILED``, the error and the log holding the traceback), JSON Lines event logs
-(echoed with ``--verbose``), and :func:`quiet_console`, which hides third-party log noise (the command line calls
-it; importing ``hf_unlearn`` never does)."""
+"""What a command-line run prints: one line per method and phase (:class:`PhaseReporter`), JSON Lines event logs,
+and :func:`quiet_console`, which hides third-party log noise (the CLI calls it; importing ``hf_unlearn`` never does)."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ THIRD_PARTY = ("transformers", "trl", "peft", "accelerate", "bitsandbytes", "dat
 
 
 class PhaseReporter:
-    """Prints one line per (label, phase); see the module docstring. ``enabled=False`` prints nothing."""
+    """Prints ``<label> <phase> ...`` then ``done`` and the duration, or ``FAILED``, the error and the log."""
 
     def __init__(self, enabled: bool = True, stream: TextIO | None = None, inline: bool = True):
         self.enabled = enabled
@@ -47,7 +45,6 @@ class PhaseReporter:
             self._write(self._head(label, phase) + " ...")
 
     def done(self, note: str = "") -> None:
-        """End the open phase successfully: ``done <seconds> s[, note]``."""
         if self._open is None:
             return
         label, phase, start = self._open
@@ -59,9 +56,7 @@ class PhaseReporter:
 
     def fail(self, error: BaseException | str, log_path: str | os.PathLike | None = None,
              phase: str | None = None) -> str:
-        """End the open phase with a failure, printed as one line naming the label, the phase and the log file.
-
-        Returns that line (without the padding of the progress column)."""
+        """End the open phase with a failure line naming the label, the phase and the log; return it."""
         label, open_phase, _ = self._open or ("", "", 0.0)
         phase = phase or open_phase
         self._open = None
@@ -83,7 +78,7 @@ def log_event(path: str | os.PathLike | None, event: str, **fields: Any) -> None
 
 
 def log_exception(path: str | os.PathLike | None, phase: str, error: BaseException) -> None:
-    """Append the failure of ``phase`` with its full traceback to the log at ``path``."""
+    """Append the failure of ``phase`` with its traceback to the log at ``path``."""
     log_event(path, "error", phase=phase, error=f"{type(error).__name__}: {error}",
               traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
 
@@ -98,9 +93,8 @@ class _DropMessages(logging.Filter):
 
 
 def quiet_console(verbose: bool = False) -> Callable[[], None]:
-    """Silence third-party noise for a CLI run (log messages below ERROR, or WARNING with ``verbose``, progress
-    bars, warnings raised inside third-party packages); hf_unlearn's own warnings stay visible. Returns a function
-    that restores the previous state."""
+    """Silence third-party log messages (below ERROR, or WARNING with ``verbose``), progress bars and warnings
+    for a CLI run; returns a function that restores the previous state."""
     import datasets
     import transformers
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars

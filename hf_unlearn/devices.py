@@ -1,9 +1,6 @@
-"""The device rule of every entry point: :func:`resolve_device` turns ``device=`` / ``--device`` into a device
-name (``None`` / ``"auto"``: this process's GPU under a launch, ``cuda:<LOCAL_RANK>``, else CUDA when available,
-else the CPU; CUDA asked for without it is refused before any work), :func:`device_of` reads a model's device,
-:func:`move_to_device` applies the rule. Under ``torchrun`` / ``accelerate launch``, :func:`join_launch` joins the
-process group for the closed-form fits and :func:`on_main_process` runs a computation on rank 0 and hands its
-result to every process. Imports nothing of ``hf_unlearn``."""
+"""The device rule of every entry point: :func:`resolve_device` turns ``device=`` / ``--device`` into a device name
+(``None`` / ``"auto"``: ``cuda:<LOCAL_RANK>`` under a launch, else CUDA when available, else the CPU; CUDA asked
+for without it is refused before any work). Also the launch helpers of the closed-form fits."""
 
 from __future__ import annotations
 
@@ -25,8 +22,8 @@ DEVICE_HELP = ("where the model runs: auto (default: CUDA when available, else t
 
 
 def resolve_device(device: Any = None) -> str:
-    """The device name ``device`` asks for (module docstring); ``ValueError`` (one line) for CUDA without CUDA, a
-    GPU index the machine lacks, or another kind of device."""
+    """The device name ``device`` asks for; ``ValueError`` (one line) for CUDA without CUDA, a GPU index the
+    machine lacks, or another kind of device."""
     import torch
 
     if device is None or (isinstance(device, str) and device.strip().lower() == AUTO):
@@ -53,8 +50,7 @@ def resolve_device(device: Any = None) -> str:
 
 
 def device_of(model: Any) -> str:
-    """The device of ``model``'s first parameter as a name (``"cpu"``, ``"cuda:0"``); ``"cpu"`` for an object
-    without parameters."""
+    """The device of ``model``'s first parameter as a name (``"cpu"`` without parameters)."""
     try:
         return str(next(model.parameters()).device)
     except (AttributeError, StopIteration, TypeError):
@@ -62,10 +58,8 @@ def device_of(model: Any) -> str:
 
 
 def move_to_device(model: Any, device: Any = None) -> str:
-    """The device ``model`` runs on in a call that takes ``device=`` (a fit, the selection criterion): ``None``
-    leaves the model where it is; any other value is :func:`resolve_device`'d (refused with its one-line
-    ``ValueError`` before any work when the machine lacks it) and the model is moved there (``model.to``) when it
-    is elsewhere (``"cuda"`` is the current GPU). Returns the device's name."""
+    """Move ``model`` to the resolved ``device`` when it is elsewhere (``None``: leave it); returns the
+    device's name."""
     if device is None:
         return device_of(model)
     import torch
@@ -85,9 +79,8 @@ LAUNCH_TIMEOUT = timedelta(hours=2)
 
 
 def join_launch() -> bool:
-    """Join the process group of a launch of several processes when none is initialised yet (accelerate's
-    ``PartialState``, with :data:`LAUNCH_TIMEOUT`). Returns whether this process is now in a group of more than one process (``False``
-    outside a launch, where nothing is started)."""
+    """Join the process group of a multi-process launch when none is initialised yet; returns whether this
+    process is in a group of more than one."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -102,8 +95,8 @@ def join_launch() -> bool:
 
 
 def on_main_process(compute: Callable[[], Any]) -> Any:
-    """``compute()`` on rank 0 alone, its (picklable) result broadcast to every process; ``compute()`` itself outside
-    a process group. An error on rank 0 is raised on every process (a ``ValueError`` as one, else ``RuntimeError``)."""
+    """``compute()`` on rank 0 alone, its result broadcast to every process; an error on rank 0 is raised on
+    every process (a ``ValueError`` as one, else ``RuntimeError``)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

@@ -3,14 +3,10 @@
     digest(W)       = SHA-256(bytes of W in its own dtype, row-major)
     fingerprint(M)  = {name: (shape, dtype, digest(W))} for every name of named_parameters(remove_duplicate=False)
 
-A model matches a fingerprint when it has exactly the recorded names with the recorded shapes, dtypes and digests
-(a tied head is listed under its own name, so untying it keeps the fingerprint). Digests are cached per tensor and
-state ``(data_ptr, _version, shape, stride, dtype, device)``; a change through ``param.data`` is not seen.
-
-Files: an artifact's manifest holds a :func:`digest_record` of its files, checked by
-:func:`check_recorded_files`; :func:`manifest_digest` (the manifest's own SHA-256) is what a user pins
-(``expected_sha256=``, :func:`check_pinned_digest`) and a pushed card records (:func:`integrity_entry`).
-"""
+A model matches a fingerprint when it has exactly the recorded names, shapes, dtypes and digests. Digests are
+cached per tensor state ``(data_ptr, _version, shape, stride, dtype, device)``: a change through ``param.data`` is
+not seen. An artifact's manifest holds a :func:`digest_record` of its files; :func:`manifest_digest` (the manifest's
+own SHA-256) is what a user pins (``expected_sha256=``) and a pushed card records."""
 
 from __future__ import annotations
 
@@ -32,15 +28,14 @@ class BaseModelMismatchError(ValueError):
 
 
 class AdapterIntegrityError(ValueError):
-    """A saved artifact whose files are not the ones it was saved with (edited, replaced, missing or out of its
-    folder)."""
+    """A saved artifact whose files are not the ones it was saved with."""
 
 
 # ----- weights ----------------------------------------------------------------------------------------------------
 
 
 def tensor_sha256(tensor: torch.Tensor) -> str:
-    """``SHA-256(bytes of tensor in its stored dtype)`` (row-major; copied to the host in chunks)."""
+    """``SHA-256(bytes of tensor in its stored dtype)``, copied to the host in chunks."""
     digest = hashlib.sha256()
     flat = tensor.detach().reshape(-1)
     for start in range(0, flat.numel(), _HASH_CHUNK):
@@ -64,8 +59,7 @@ def _forget(key: int, ref: weakref.ref) -> None:
 
 
 def cached_tensor_sha256(tensor: torch.Tensor) -> str:
-    """:func:`tensor_sha256`, computed once per tensor and state (see the module docstring) and kept for the
-    process while the tensor lives."""
+    """:func:`tensor_sha256`, computed once per tensor state while the tensor lives."""
     key, state = id(tensor), _tensor_state(tensor)
     entry = _DIGESTS.get(key)
     if entry is not None and entry[0]() is tensor and entry[1] == state:
@@ -80,15 +74,14 @@ def cached_tensor_sha256(tensor: torch.Tensor) -> str:
 
 
 def plain_model(model: Any) -> Any:
-    """The transformers model under a ``PeftModel`` (whose names carry a ``base_model.model.`` prefix)."""
+    """The transformers model under a ``PeftModel``."""
     if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
         return model.get_base_model()
     return model
 
 
 def model_fingerprint(model: Any) -> dict[str, Any]:
-    """``{"version", "algorithm", "parameters": {name: {"shape", "dtype", "sha256"}}}`` of every parameter name
-    of ``model`` (a ``PeftModel``'s base model), each digest by :func:`cached_tensor_sha256`."""
+    """``{"version", "algorithm", "parameters": {name: {"shape", "dtype", "sha256"}}}`` of ``model``."""
     params = {
         name: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."), "sha256": cached_tensor_sha256(p)}
         for name, p in plain_model(model).named_parameters(remove_duplicate=False)
@@ -97,15 +90,13 @@ def model_fingerprint(model: Any) -> dict[str, Any]:
 
 
 def fingerprint_differences(recorded: dict[str, Any], model: Any) -> list[str]:
-    """One line per parameter where ``model`` differs from the ``recorded`` fingerprint's ``parameters``
-    (missing, extra, another shape, dtype or digest), in the model's parameter order."""
+    """One line per parameter where ``model`` differs from the ``recorded`` fingerprint."""
     want = recorded["parameters"]
     got = model_fingerprint(model)["parameters"]
     problems = [f"{name}: missing" for name in want if name not in got]
     dtypes: dict[tuple[str, str], list[str]] = {}
     for name, have in got.items():
-        need = want.get(name)
-        if need is None:
+        if (need := want.get(name)) is None:
             problems.append(f"{name}: not in the base")
         elif list(have["shape"]) != list(need.get("shape", [])):
             problems.append(f"{name}: shape {have['shape']} != {need.get('shape')}")
@@ -120,17 +111,14 @@ def fingerprint_differences(recorded: dict[str, Any], model: Any) -> list[str]:
 
 
 def check_model_fingerprint(recorded: dict[str, Any] | None, model: Any, what: str, fix: str) -> None:
-    """Refuse (:class:`BaseModelMismatchError`) a ``model`` that does not match the ``recorded`` fingerprint
-    (:func:`fingerprint_differences`), naming up to four differences and ``fix``; a missing or older-format
-    fingerprint is refused too (nothing then says which base the artifact belongs to)."""
+    """Refuse (:class:`BaseModelMismatchError`) a ``model`` that does not match the ``recorded``
+    fingerprint, or a missing or older-format fingerprint, naming up to four differences and ``fix``."""
     if (not isinstance(recorded, dict) or recorded.get("version") != FINGERPRINT_VERSION
             or not isinstance(recorded.get("parameters"), dict)):
-        raise BaseModelMismatchError(
-            f"{what} records no fingerprint of its base model's weights in this hf-unlearn's format, so hf-unlearn "
-            f"cannot check that it belongs to this model. {fix}"
-        )
-    problems = fingerprint_differences(recorded, model)
-    if problems:
+        raise BaseModelMismatchError(f"{what} records no fingerprint of its base model's weights in this "
+                                     "hf-unlearn's format, so hf-unlearn cannot check that it belongs to this "
+                                     f"model. {fix}")
+    if problems := fingerprint_differences(recorded, model):
         shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
         raise BaseModelMismatchError(f"{what} was fitted on another base model ({shown}). {fix}")
 
@@ -139,7 +127,6 @@ def check_model_fingerprint(recorded: dict[str, Any] | None, model: Any, what: s
 
 
 def file_sha256(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
-    """Hex SHA-256 digest of the bytes of the file at ``path`` (read in chunks)."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(chunk_size), b""):
@@ -148,38 +135,32 @@ def file_sha256(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
 
 
 def confined_file(folder: Path, name: Any, what: str, manifest: str) -> Path:
-    """``folder / name`` for a file name read from ``manifest``, refused (:class:`AdapterIntegrityError`) unless it
-    is one plain name inside ``folder``: no ``..``, no absolute path, no separator, and no link that leads out of
-    the folder (a Hub download's links into its cache's ``blobs`` folder are followed)."""
+    """``folder / name`` for a name read from ``manifest``, refused unless it is one plain name inside
+    ``folder`` (no link out of it; a Hub download's links into its cache's ``blobs`` are followed)."""
     plain = isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
     if not plain:
-        raise AdapterIntegrityError(
-            f"{what}: {manifest} names the file {name!r}, which is not a plain file name inside the folder; the "
-            "metadata was tampered with or damaged. Restore it from the saved artifact."
-        )
+        raise AdapterIntegrityError(f"{what}: {manifest} names the file {name!r}, which is not a plain file name "
+                                    "inside the folder; the metadata was tampered with or damaged. Restore it "
+                                    "from the saved artifact.")
     path = folder / name
     if path.is_symlink():
         root = folder.resolve()
         allowed = [root] + ([root.parents[1] / "blobs"] if root.parent.name == "snapshots" else [])
         target = path.resolve()
         if not any(target == r or r in target.parents for r in allowed):
-            raise AdapterIntegrityError(
-                f"{what}: {name} is a link to {target}, outside the folder; hf-unlearn reads an artifact's files "
-                "only from inside its folder. Replace the link by the saved file."
-            )
+            raise AdapterIntegrityError(f"{what}: {name} is a link to {target}, outside the folder; hf-unlearn "
+                                        "reads an artifact's files only from inside its folder. Replace the link "
+                                        "by the saved file.")
     return path
 
 
 def manifest_digest(folder: str | os.PathLike, manifest: str) -> str:
-    """The digest that identifies a saved artifact: the SHA-256 of its ``manifest``, which records the SHA-256 of
-    each of its other files. Pinned when loading (``expected_sha256=``) it refuses an artifact whose files and
-    manifest were both rewritten."""
+    """The SHA-256 of the artifact's ``manifest``, which records the SHA-256 of each of its other files."""
     return file_sha256(Path(folder) / manifest)
 
 
 def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest: str) -> None:
-    """Refuse (:class:`AdapterIntegrityError`) a folder whose :func:`manifest_digest` is not ``expected``
-    (``None``: nothing pinned, nothing checked)."""
+    """Refuse a folder whose :func:`manifest_digest` is not ``expected`` (``None``: not checked)."""
     if expected is None:
         return
     want = str(expected).strip().lower()
@@ -190,40 +171,33 @@ def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest:
         raise AdapterIntegrityError(f"{what}: {manifest} is missing, so the pinned digest cannot be checked.")
     got = manifest_digest(folder, manifest)
     if got != want:
-        raise AdapterIntegrityError(
-            f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these are not the files that "
-            "were saved (or pushed) with that digest. Download the artifact again from a source you trust."
-        )
+        raise AdapterIntegrityError(f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these "
+                                    "are not the files that were saved (or pushed) with that digest. Download the "
+                                    "artifact again from a source you trust.")
 
 
 def integrity_entry(folder: str | os.PathLike, manifest: str) -> dict[str, str] | None:
-    """``{"manifest", "sha256"}``: the :func:`manifest_digest` of ``manifest`` in ``folder``, the entry a pushed
-    model card carries as ``hf_unlearn_integrity`` (the digest to pass as ``expected_sha256=`` when loading);
-    ``None`` when the folder holds no such manifest."""
+    """``{"manifest", "sha256"}`` a pushed model card carries; ``None`` without such a manifest."""
     if not (Path(folder) / manifest).is_file():
         return None
     return {"manifest": manifest, "sha256": manifest_digest(folder, manifest)}
 
 
 def digest_record(folder: str | os.PathLike, names: list[str]) -> dict[str, Any]:
-    """``{"algorithm": "sha256", "files": {name: SHA-256}}`` of the files ``names`` in ``folder``: the record a
-    manifest holds and :func:`check_recorded_files` checks."""
+    """``{"algorithm": "sha256", "files": {name: SHA-256}}`` of the files ``names`` in ``folder``."""
     return {"algorithm": "sha256", "files": {n: file_sha256(Path(folder) / n) for n in names}}
 
 
 def check_recorded_files(folder: Path, record: Any, what: str, manifest: str, *, required: tuple[str, ...] = (),
                          on_disk: tuple[str, ...] = (), fix: str = "Restore the saved file.") -> None:
-    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from ``record`` (a
-    :func:`digest_record` read from ``manifest``): a record without sha256 file digests, one that lists neither a
-    name of ``required`` (files every such artifact records) nor one of ``on_disk`` (files found in the folder), a
-    listed name that is not a plain file inside ``folder`` (:func:`confined_file`), a listed file that is missing,
-    or one whose SHA-256 is not the recorded one (``fix`` says what to do)."""
+    """Refuse (:class:`AdapterIntegrityError`) a folder whose files differ from ``record``: no sha256
+    digests, a ``required`` name or an ``on_disk`` file not listed, a listed name not a plain file inside ``folder``,
+    a listed file missing or with another SHA-256."""
     files = record.get("files") if isinstance(record, dict) else None
     if not isinstance(files, dict) or not files or record.get("algorithm", "sha256") != "sha256":
-        raise AdapterIntegrityError(
-            f"{what}: {manifest} records no file digests (sha256), so hf-unlearn cannot check that the files are the "
-            "saved ones. Save it again with this hf-unlearn, or pass verify_integrity=False to load it unchecked."
-        )
+        raise AdapterIntegrityError(f"{what}: {manifest} records no file digests (sha256), so hf-unlearn cannot "
+                                    "check that the files are the saved ones. Save it again with this hf-unlearn, "
+                                    "or pass verify_integrity=False to load it unchecked.")
     unlisted = [n for n in required if n not in files]
     if unlisted:
         raise AdapterIntegrityError(f"{what}: {manifest} records no digest for {', '.join(unlisted)}, which every "

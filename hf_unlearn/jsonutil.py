@@ -1,6 +1,4 @@
-"""JSON values: :func:`json_safe` turns what the package records into what strict JSON
-(``allow_nan=False``) accepts, :func:`is_jsonable` tells whether a value is plain JSON already, and
-:func:`read_json_file` reads a JSON file. Standard library only."""
+"""JSON values and files. Standard library only."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ __all__ = ["is_jsonable", "json_safe", "read_json_file"]
 
 
 def json_safe(obj: Any) -> Any:
-    """A copy of ``obj`` that ``json.dumps(allow_nan=False)`` accepts: ``to_dict()`` of a non-dict that has one,
-    mappings with ``str`` keys, lists for lists and tuples, ``None`` for a non-finite float, ``tolist()`` of a tensor
-    or NumPy value, ``str(obj)`` for anything else (a class included)."""
+    """A copy of ``obj`` that ``json.dumps(allow_nan=False)`` accepts (``None`` for a non-finite float,
+    ``to_dict()`` / ``tolist()`` where there is one, ``str`` otherwise)."""
     if isinstance(obj, type):  # a class, not an instance: its methods are unbound
         return str(obj)
     to_dict = getattr(obj, "to_dict", None)
@@ -49,8 +46,8 @@ def is_jsonable(value: Any) -> bool:
 
 
 def read_json_file(path: str | os.PathLike, what: str = "") -> Any:
-    """The JSON value in the file ``path``: ``FileNotFoundError`` ``"<what><path> does not exist."`` when it is no
-    file, ``ValueError`` ``"<what><path> is not valid JSON (...)."`` when it is not JSON."""
+    """The JSON value in the file ``path``; ``FileNotFoundError`` or ``ValueError`` naming ``what`` and
+    ``path``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what}{path} does not exist.")

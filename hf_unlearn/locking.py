@@ -1,9 +1,7 @@
-"""The output lock: ``<folder>.lock`` beside an output folder, a :class:`filelock.UnixFileLock` held while a run
-writes it, naming its holder (pid, host, start, command). A dead holder's lock is taken over with a logged warning
-(and its temporary folders on this host removed); a lock file that is a link, folder, FIFO, hard link or holds
-anything but a lock record is refused. Also the ``torch.distributed`` helpers a shared output folder needs:
-rank 0's value everywhere, a flag on every rank, a barrier.
-"""
+"""The output lock: ``<folder>.lock`` beside an output folder, a ``filelock.UnixFileLock`` held while a run writes
+it, naming its holder. A dead holder's lock is taken over with a warning (its temporary folders on this host
+removed); a lock file that is a link, folder, FIFO, hard link or holds anything but a lock record is refused.
+Also the ``torch.distributed`` helpers a shared output folder needs."""
 
 from __future__ import annotations
 
@@ -34,13 +32,13 @@ logger = logging.getLogger(__name__)
 
 
 def lock_path(output_dir: str | os.PathLike) -> Path:
-    """The lock file of an output folder: ``<folder>.lock`` beside it (the folder's path passes the write gate)."""
+    """``<folder>.lock`` beside an output folder."""
     out = gated_path(output_dir)
     return out.parent / f"{out.name}{LOCK_SUFFIX}"
 
 
 def _is_secondary_rank() -> bool:
-    """A non-zero rank of a ``torch.distributed`` launch: its main process (rank 0) locks and checks for it."""
+    """A non-zero rank of a ``torch.distributed`` launch."""
     try:
         return int(os.environ.get("RANK", "0")) != 0
     except ValueError:
@@ -48,7 +46,6 @@ def _is_secondary_rank() -> bool:
 
 
 def _world_size() -> int:
-    """The number of processes of a ``torch.distributed`` launch (``WORLD_SIZE``; 1 outside one)."""
     try:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
@@ -56,8 +53,7 @@ def _world_size() -> int:
 
 
 def _share_from_main(value: Any) -> Any:
-    """Rank 0's ``value`` on every process of a ``torch.distributed`` launch (``value`` itself outside one); every
-    process calls it at the same point (a process group is started through accelerate when none runs)."""
+    """Rank 0's ``value`` on every process of a launch (every process calls it at the same point)."""
     if _world_size() == 1:
         return value
     import torch.distributed as dist
@@ -72,7 +68,7 @@ def _share_from_main(value: Any) -> Any:
 
 
 def _all_ranks_ok(ok: bool) -> bool:
-    """Whether ``ok`` holds on every process of a ``torch.distributed`` launch; ``ok`` itself outside one."""
+    """Whether ``ok`` holds on every process of a launch."""
     if _world_size() == 1:
         return ok
     import torch.distributed as dist
@@ -85,7 +81,7 @@ def _all_ranks_ok(ok: bool) -> bool:
 
 
 def _wait_for_all_ranks() -> None:
-    """A barrier across the processes of a ``torch.distributed`` launch (nothing outside one)."""
+    """A barrier across the processes of a launch."""
     if _world_size() > 1:
         import torch.distributed as dist
 
@@ -107,8 +103,7 @@ _HELD_LOCK = threading.RLock()
 
 
 def _read_record(fd: int) -> Any:
-    """The JSON in the open lock file ``fd`` (``{}`` when empty; ``None`` when it is not JSON), read through the
-    descriptor, never by path."""
+    """The JSON in the open lock file ``fd`` (``{}`` when empty, ``None`` when not JSON), read by descriptor."""
     try:
         text = os.pread(fd, _LOCK_MAX_BYTES + 1, 0).decode("utf-8")
         return json.loads(text) if text.strip() else {}
@@ -152,8 +147,7 @@ def _file_kind(mode: int) -> str | None:
 
 
 def lock_holder(output_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The holder (``pid``, ``host``, ``started``, ``command``) of the lock of ``output_dir`` when a live process
-    other than this one holds it, else ``None``. Creates nothing."""
+    """The holder record of ``output_dir``'s lock when another live process holds it, else ``None``."""
     path = lock_path(output_dir)
     with _HELD_LOCK:
         if path in _HELD:
@@ -172,8 +166,7 @@ def lock_holder(output_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def _remove_dead_temps(path: Path, pid: int) -> list[Path]:
-    """Remove the temporary folders ``.<folder>.tmp-<pid>-*`` that the dead holder ``pid`` of the lock ``path``
-    left beside the folder (:func:`atomic_directory` names them so); only real folders, never through a link."""
+    """Remove the temporary folders the dead holder ``pid`` left beside the folder (real folders only)."""
     prefix = f".{_folder_of(path).name}.tmp-{pid}-"
     removed = []
     with contextlib.suppress(OSError):
@@ -185,8 +178,7 @@ def _remove_dead_temps(path: Path, pid: int) -> list[Path]:
 
 
 def _claim(path: Path, held: _Held, fd: int) -> None:
-    """``filelock``'s ``on_acquired``: refuse a lock file that is not a regular file of its own holding a lock
-    record (raising rolls the acquisition back), then write this process's record into it."""
+    """``filelock``'s ``on_acquired``: refuse a lock file that is not a lock of its own, then write our record."""
     st = os.fstat(fd)
     kind = _file_kind(st.st_mode)
     if kind is not None or st.st_nlink > 1:
@@ -204,7 +196,7 @@ def _claim(path: Path, held: _Held, fd: int) -> None:
 
 
 def _warn_stale(path: Path, previous: dict[str, Any]) -> None:
-    """Log the take-over of a dead holder's lock file, removing the temporary folders it left on this host."""
+    """Log the take-over of a dead holder's lock, removing its temporary folders on this host."""
     here = previous.get("host") == socket.gethostname()
     try:
         pid = int(previous["pid"])
@@ -217,15 +209,14 @@ def _warn_stale(path: Path, previous: dict[str, Any]) -> None:
 
 
 def _acquire(path: Path) -> _Held:
-    """Take the lock file ``path`` (its missing parents created, and remembered to remove on release)."""
+    """Take the lock file ``path`` (its missing parents created, and removed on release)."""
     created = []
     probe = path.parent
     while not os.path.lexists(probe) and probe != probe.parent:
         created.append(probe)
         probe = probe.parent
     with contextlib.suppress(FileNotFoundError):
-        kind = _file_kind(os.lstat(path).st_mode)
-        if kind is not None:
+        if (kind := _file_kind(os.lstat(path).st_mode)) is not None:
             raise _lock_refused(path, f"is {kind}; remove it (no hf-unlearn lock is one)")
     held = _Held(created)
     held.lock = filelock.UnixFileLock(path, timeout=0, thread_local=False, fallback_to_soft=False,
@@ -269,16 +260,15 @@ def _release(path: Path, held: _Held) -> None:
 
 @contextlib.contextmanager
 def output_lock(output_dir: str | os.PathLike | None, enabled: bool | None = None) -> Iterator[Path | None]:
-    """Hold the exclusive lock of ``output_dir`` for the ``with`` block (re-entrant); yield the lock file's path.
-    :class:`OutputLockedError` when another live process holds it. ``output_dir=None`` or ``enabled=False`` does
-    nothing; ``enabled=None`` locks unless this is a non-zero rank of a ``torch.distributed`` launch."""
+    """Hold the exclusive lock of ``output_dir`` for the block (re-entrant); yield the lock file's path.
+    :class:`OutputLockedError` when another live process holds it. ``None`` or ``enabled=False``: nothing;
+    ``enabled=None`` locks unless this is a non-zero rank."""
     if output_dir is None or enabled is False or (enabled is None and _is_secondary_rank()):
         yield None
         return
     path = lock_path(output_dir)
     with _HELD_LOCK:
-        held = _HELD.get(path)
-        if held is not None:
+        if (held := _HELD.get(path)) is not None:
             held.count += 1
         else:
             held = _HELD[path] = _acquire(path)

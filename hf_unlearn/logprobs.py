@@ -1,10 +1,7 @@
-"""The one place where answer log-likelihoods are computed. A *token scorer* maps a padded batch to per-token
-log-probabilities of the labels::
+"""Answer log-likelihoods. A *token scorer* maps a padded batch to per-token log-probabilities of the labels::
 
     scorer(input_ids, attention_mask, position_ids, labels) -> Tensor[B, L]
-    out[b, t] = log p(labels[b, t] | input_ids[b, :t])    (0 where labels[b, t] == -100)
-
-:func:`causal_lm_scorer` is a causal LM's own; a decoding-time method provides its own with the same signature."""
+    out[b, t] = log p(labels[b, t] | input_ids[b, :t])    (0 where labels[b, t] == -100)"""
 
 from __future__ import annotations
 
@@ -25,13 +22,13 @@ from .data.prompts import (
     model_max_positions,
     tokenize_qa,
 )
+from .devices import device_of
 
 TokenScorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def answer_mask(labels: torch.Tensor) -> torch.Tensor:
-    """The definition of a scored token, ``[B, L]``: ``mask[b, t] = (labels[b, t] != -100) and t >= 1`` (position 0
-    has no context); every statistic here and every loss scores exactly these positions."""
+    """The scored tokens, ``[B, L]``: ``labels[b, t] != -100 and t >= 1`` (position 0 has no context)."""
     mask = labels != IGNORE_INDEX
     mask[:, 0] = False
     return mask
@@ -43,13 +40,12 @@ UPCAST_CHUNK_ELEMENTS = 2**26
 
 
 def label_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """Per-token ``log softmax(logits)[label]`` (``logits`` ``[B, L, V]``), ``[B, L]`` float32::
+    """Per-token ``log softmax(logits)[label]``, ``[B, L]`` float32::
 
         out[:, t] = logits[:, t-1, y_t] - logsumexp_v logits[:, t-1, v]    (y_t = labels[:, t])
 
-    on the positions of :func:`answer_mask`, 0 elsewhere. Half-precision logits are upcast ``chunk_size``
-    positions at a time (default: under :data:`UPCAST_CHUNK_ELEMENTS` elements), which does not change the numbers.
-    """
+    on the positions of :func:`answer_mask`, 0 elsewhere; half-precision logits are upcast ``chunk_size`` positions at
+    a time (same numbers, bounded memory)."""
     targets = labels[:, 1:]
     valid = answer_mask(labels)[:, 1:]
     safe = targets.masked_fill(~valid, 0)
@@ -71,7 +67,7 @@ def label_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int 
 
 
 def causal_lm_scorer(model: Any) -> TokenScorer:
-    """The plain token scorer of a causal LM: teacher-forced ``log p_model(label)`` per token."""
+    """The token scorer of a causal LM: teacher-forced ``log p_model(label)`` per token."""
 
     def scorer(input_ids, attention_mask, position_ids, labels):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
@@ -82,28 +78,25 @@ def causal_lm_scorer(model: Any) -> TokenScorer:
 
 @dataclass
 class AnswerLogLikelihoods:
-    """Sum of answer-token log-probabilities and answer-token counts, one entry per example."""
+    """Per example: the sum of answer-token log-probabilities and the answer-token count."""
 
     sum_log_prob: np.ndarray
     num_tokens: np.ndarray
 
     @property
     def avg_nll(self) -> np.ndarray:
-        """Average per-token negative log-likelihood of each answer."""
+        """``-sum_log_prob / num_tokens`` per answer."""
         return -self.sum_log_prob / np.maximum(self.num_tokens, 1)
 
 
 def model_device(model: Any) -> torch.device:
-    """The device of the model's first parameter (CPU for a model without parameters)."""
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration):
-        return torch.device("cpu")
+    """The device of the model's first parameter (CPU without parameters)."""
+    return torch.device(device_of(model))
 
 
 @contextlib.contextmanager
 def eval_mode(model: Any) -> Iterator[None]:
-    """``model.eval()`` for the block; a model in training mode is put back in it after."""
+    """``model.eval()`` for the block, restoring training mode after."""
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
@@ -115,8 +108,7 @@ def eval_mode(model: Any) -> Iterator[None]:
 
 
 def effective_max_length(model: Any, max_length: int | None = None) -> int | None:
-    """The sequence length scoring may use: ``max_length`` capped by the model's maximum positions
-    (:func:`hf_unlearn.data.model_max_positions`), or whichever of the two is known."""
+    """``max_length`` capped by the model's maximum positions (or whichever is known)."""
     limit = model_max_positions(model)
     if max_length is None:
         return limit
@@ -158,10 +150,9 @@ def answer_log_likelihoods(
     max_length: int | None = None, template: str | PromptTemplate | None = None, progress: bool = False,
     desc: str = "scoring answers",
 ) -> AnswerLogLikelihoods:
-    """Teacher-forced log-likelihood of each ``answer`` given its ``question``: :func:`hf_unlearn.data.tokenize_qa`
-    with ``template``, truncated at the answer end to ``max_length`` capped by the model's positions (a prompt that
-    does not fit is refused), batched by length with explicit position ids, scored by ``scorer`` (default
-    :func:`causal_lm_scorer`)."""
+    """Teacher-forced log-likelihood of each answer given its question (``tokenize_qa`` with
+    ``template``, truncated to ``max_length`` capped by the model's positions), batched by length, scored by
+    ``scorer`` (default :func:`causal_lm_scorer`)."""
     ensure_pad_token(tokenizer)
     features, _ = _features(model, tokenizer, questions, answers, max_length, template)
     scorer = scorer or causal_lm_scorer(model)
@@ -180,17 +171,12 @@ def answer_log_likelihoods(
 
 @dataclass
 class AnswerTokenStatistics:
-    """Per-token statistics of each answer, one array per example (answer tokens in order).
+    """Per-token statistics of each answer (answer tokens in order):
 
-    * ``token_ids[i][t]``: the answer token ``y_t``;
-    * ``token_log_probs[i][t] = log p(y_t | x, y_<t)`` (from the scorer when one is given);
-    * ``greedy_correct[i][t] = [argmax_v p(v | x, y_<t) == y_t]``;
-    * ``vocab_mean[i][t] = mu_t = sum_v p(v) log p(v)`` and ``vocab_var[i][t] = sigma_t^2 = sum_v p(v) log^2 p(v)
-      - mu_t^2`` (the moments Min-K%++ normalises with).
+    * ``token_log_probs[i][t] = log p(y_t | x, y_<t)``; ``greedy_correct[i][t] = [argmax_v p(v) == y_t]``;
+    * ``vocab_mean[i][t] = mu_t = sum_v p(v) log p(v)``, ``vocab_var[i][t] = sum_v p(v) log^2 p(v) - mu_t^2``.
 
-    The last three come from the model's own full-vocabulary distribution and are ``None`` under a custom
-    scorer (which gives label log-probabilities only). ``num_truncated`` counts the examples cut to fit.
-    """
+    The last three need the full distribution: ``None`` under a custom scorer."""
 
     token_ids: list[np.ndarray]
     token_log_probs: list[np.ndarray]
@@ -201,18 +187,14 @@ class AnswerTokenStatistics:
 
     @property
     def avg_nll(self) -> np.ndarray:
-        """Average per-token negative log-likelihood of each answer."""
+        """Average per-token NLL of each answer."""
         return np.array([-lp.sum() / max(len(lp), 1) for lp in self.token_log_probs], dtype=np.float64)
 
 
 def vocab_statistics(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024) -> dict[str, torch.Tensor]:
-    """Next-token statistics aligned with ``labels`` like :func:`label_log_probs` (position ``t`` predicts
-    ``labels[:, t]`` from tokens ``< t``; position 0 and ``-100`` labels are 0 / False).
-
-    Returns ``{"log_prob": log p(label), "greedy_correct": argmax p == label, "mean": sum_v p log p,
-    "var": sum_v p (log p)^2 - mean^2}``, each ``[B, L]``, computed in float32 from ``log_softmax`` on the
-    labelled positions only, ``chunk_size`` positions at a time (memory ``chunk_size x vocab``).
-    """
+    """Next-token statistics aligned with ``labels`` as in :func:`label_log_probs`: ``{"log_prob",
+    "greedy_correct", "mean": sum_v p log p, "var": sum_v p (log p)^2 - mean^2}``, each ``[B, L]`` float32 (0 / False
+    off the answer positions), ``chunk_size`` positions at a time."""
     targets = labels[:, 1:]
     valid = answer_mask(labels)[:, 1:]
     rows = logits[:, :-1, :][valid]  # [N, V], the answer positions only
@@ -243,9 +225,7 @@ def answer_token_statistics(
     scorer: TokenScorer | None = None, batch_size: int = 16, max_length: int | None = None,
     template: str | PromptTemplate | None = None, progress: bool = False, desc: str = "scoring answer tokens",
 ) -> AnswerTokenStatistics:
-    """:class:`AnswerTokenStatistics` in one teacher-forced pass, tokenized as :func:`answer_log_likelihoods`
-    (``-token_log_probs[i].mean()`` is its average NLL); with a ``scorer`` the full-vocabulary ones are ``None``."""
-    ensure_pad_token(tokenizer)
+    """:class:`AnswerTokenStatistics` in one pass, tokenized as :func:`answer_log_likelihoods`."""
     features, truncated = _features(model, tokenizer, questions, answers, max_length, template)
     return feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
                                     progress=progress, desc=desc, num_truncated=truncated)
@@ -256,19 +236,12 @@ def feature_token_statistics(
     model: Any, tokenizer: Any, features: Sequence[Mapping[str, Any]], *, scorer: TokenScorer | None = None,
     batch_size: int = 16, progress: bool = False, desc: str = "scoring tokens", num_truncated: int = 0,
 ) -> AnswerTokenStatistics:
-    """:class:`AnswerTokenStatistics` of tokenized examples (``input_ids`` and ``labels``; the scored tokens
-    are those of :func:`answer_mask`), the pass behind :func:`answer_token_statistics` and
-    :func:`document_token_statistics`."""
+    """:class:`AnswerTokenStatistics` of tokenized examples (``input_ids`` and ``labels``)."""
     ensure_pad_token(tokenizer)
     features = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in features]
-    truncated = num_truncated
     device = model_device(model)
-    n = len(features)
-    ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n
-    lps: list[np.ndarray] = [np.zeros(0)] * n
-    greedy: list[np.ndarray] = [np.zeros(0, dtype=bool)] * n
-    means: list[np.ndarray] = [np.zeros(0)] * n
-    variances: list[np.ndarray] = [np.zeros(0)] * n
+    ids, lps, greedy, means, variances = ([np.zeros(0, dtype=d)] * len(features)
+                                          for d in (np.int64, np.float64, bool, np.float64, np.float64))
     with eval_mode(model):
         for idx in _batches(features, batch_size, progress, desc):
             batch = collate_qa([features[i] for i in idx], tokenizer.pad_token_id, "right")
@@ -293,44 +266,24 @@ def feature_token_statistics(
                     means[i], variances[i] = host[1, row][m], host[2, row][m]
                     greedy[i] = host[3, row][m] != 0
     full = scorer is None
-    return AnswerTokenStatistics(
-        token_ids=ids, token_log_probs=lps, greedy_correct=greedy if full else None,
-        vocab_mean=means if full else None, vocab_var=variances if full else None, num_truncated=truncated,
-    )
-
-
-def document_token_statistics(
-    model: Any, tokenizer: Any, documents: Any, *, max_length: int | None = None,
-    scorer: TokenScorer | None = None, batch_size: int = 16, progress: bool = False,
-    desc: str = "scoring document chunks",
-) -> AnswerTokenStatistics:
-    """Per-token statistics of every chunk of ``documents`` (:func:`hf_unlearn.data.chunk_documents`, ``max_length``
-    capped by the model's positions); ``avg_nll[i]`` is chunk ``i``'s average NLL over all its tokens but the first."""
-    from .data.documents import chunk_documents, chunk_length
-
-    limit = effective_max_length(model, max_length)
-    features = chunk_documents(documents, tokenizer, chunk_length(None, limit))
-    if not features:
-        raise ValueError("The documents make no chunk of two tokens or more: nothing to score.")
-    return feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
-                                    progress=progress, desc=desc)
+    return AnswerTokenStatistics(ids, lps, greedy if full else None, means if full else None,
+                                 variances if full else None, num_truncated)
 
 
 def answer_nll(model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], **kwargs) -> np.ndarray:
-    """Average per-token answer NLL for each (question, answer); see :func:`answer_log_likelihoods`."""
+    """Average per-token answer NLL of each (question, answer)."""
     return answer_log_likelihoods(model, tokenizer, questions, answers, **kwargs).avg_nll
 
 
 def mean_answer_nll(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], **kwargs) -> float:
-    """Mean over ``rows`` (``question``/``answer``) of each answer's average per-token NLL (:func:`answer_nll`)."""
+    """Mean over ``rows`` of each answer's average per-token NLL."""
     return float(answer_nll(model, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows], **kwargs).mean())
 
 
 def multi_answer_nll(
     model: Any, tokenizer: Any, questions: Sequence[str], answer_lists: Sequence[Sequence[str]], **kwargs
 ) -> list[np.ndarray]:
-    """Average answer NLL for several answers per question (e.g. TOFU's perturbed answers),
-    scored in one flattened pass; returns one array per question."""
+    """Average answer NLL for several answers per question, in one pass; one array per question."""
     flat_q = [q for q, answers in zip(questions, answer_lists) for _ in answers]
     flat_a = [a for answers in answer_lists for a in answers]
     flat = answer_nll(model, tokenizer, flat_q, flat_a, **kwargs)

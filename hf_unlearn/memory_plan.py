@@ -1,13 +1,8 @@
-"""The memory a run needs on one device, estimated before any work from the model's config (no weights loaded).
-
-From the model's shape (:class:`ModelShape`), what the method needs (:class:`MethodNeeds`: training, a frozen
-reference, the retain pairing, the extra buffers its config declares through
-``extra_memory_bytes(shape, weight_bytes) -> {name: bytes}``), dtype, LoRA, batch and sequence length,
-:func:`plan_memory` adds up the peak; :func:`check_plan_fits` refuses in one line a plan that does not fit, naming
-options that would (:func:`fitting_options`); :func:`check_run_memory` does both for a run on a CUDA device. The
-estimate is for one process holding the whole model; the activation constants approximate transformers'
-Llama-family decoder layers (docs/gpu.md).
-"""
+"""The memory a run needs on one device, estimated before any work from the model's config (no weights loaded):
+:func:`plan_memory` adds up the peak from the model's shape, what the method needs, dtype, LoRA, batch and
+sequence length; :func:`check_plan_fits` refuses in one line a plan that does not fit, naming options that would.
+The estimate is for one process holding the whole model; the activation constants approximate transformers'
+Llama-family decoder layers."""
 
 from __future__ import annotations
 
@@ -36,12 +31,10 @@ LAYER_H, LAYER_M = 12, 4
 #: its gradient.
 LOGIT_F32_COPIES = 2
 def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointing: bool, backward: bool) -> int:
-    """Peak activation memory for ``tokens`` tokens in one forward (and backward) pass.
-
-    With a backward pass: ``layers * tokens * (LAYER_H h + LAYER_M m) * b`` (each layer's saved tensors; with
-    gradient checkpointing ``L * tokens * h * b`` for the layer inputs plus one layer recomputed) plus the loss's
-    ``tokens * V * (b + 4 * LOGIT_F32_COPIES)``. Without one (evaluation, a reference pass): one layer's tensors
-    and the logits, ``tokens * (LAYER_H h + LAYER_M m) * b + tokens * V * (b + 4)``."""
+    """Peak activation bytes for ``tokens`` tokens in one pass. With a backward pass:
+    ``L * tokens * (LAYER_H h + LAYER_M m) * b`` (with gradient checkpointing ``L * tokens * h * b`` plus one layer)
+    plus the loss's ``tokens * V * (b + 4 * LOGIT_F32_COPIES)``; without one: one layer's tensors and
+    ``tokens * V * (b + 4)``."""
     h, m, v = shape.hidden_size, shape.intermediate_size, shape.vocab_size
     one_layer = tokens * (LAYER_H * h + LAYER_M * m) * act_bytes
     if not backward:
@@ -52,9 +45,8 @@ def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointi
 
 @dataclass(frozen=True)
 class MethodNeeds:
-    """What a method needs beyond the model: whether it trains (gradients, optimizer), whether its objective reads
-    a frozen reference model, whether each forget example is paired with a retain example (twice the tokens per
-    step), and the extra buffers its config declares (``{name: bytes}``)."""
+    """What a method needs beyond the model: training, a frozen reference, a retain example paired with each
+    forget example (twice the tokens), and the extra buffers its config declares (``{name: bytes}``)."""
 
     trains: bool = True
     reference: bool = False
@@ -64,8 +56,7 @@ class MethodNeeds:
 
 @dataclass(frozen=True)
 class Settings:
-    """The run's settings the estimate reads: bytes per weight (4 float32, 2 bfloat16/float16), LoRA rank and
-    targets (``lora_r=None``: full fine-tuning), batch per device, sequence length, gradient checkpointing."""
+    """The run's settings the estimate reads (``lora_r=None``: full fine-tuning)."""
 
     weight_bytes: int = 4
     lora_r: int | None = None
@@ -86,21 +77,17 @@ class MemoryPlan:
         return sum(self.parts.values())
 
     def describe(self) -> str:
-        """``"weights 15.0, gradients 15.0, ..."`` (GiB, non-zero parts)."""
+        """``"weights 15.0 GiB, gradients 15.0 GiB, ..."`` (non-zero parts)."""
         return ", ".join(f"{k} {format_gib(v)}" for k, v in self.parts.items() if v)
 
 
 def plan_memory(shape: ModelShape, needs: MethodNeeds, settings: Settings) -> MemoryPlan:
-    """The peak of one training step (or one forward pass for a method that does not train):
+    """The peak of one training step (one forward pass for a method that does not train):
 
-    * weights ``P b_w`` (:func:`parameter_count`), and a LoRA adapter ``P_lora * 4`` (PEFT keeps it in float32);
-    * gradients and AdamW's two moments of the trainable parameters: ``T b_t (1 + ADAM_STATES)`` with
-      ``T = P, b_t = b_w`` (full fine-tuning) or ``T = P_lora, b_t = 4`` (LoRA);
-    * the frozen reference ``P b_w`` when the objective reads one and no adapter is trained (with LoRA the
-      reference is the base with the adapter disabled: no copy);
-    * activations (:func:`activation_bytes`) for ``batch * seq_len`` tokens, twice that with the retain pairing;
-    * the method's declared extras.
-    """
+    * weights ``P b_w``, plus a LoRA adapter ``P_lora * 4`` (float32);
+    * gradients and AdamW's moments: ``T b_t (1 + ADAM_STATES)``, ``T, b_t = P, b_w`` (full) or ``P_lora, 4`` (LoRA);
+    * a frozen reference ``P b_w`` when read and no adapter is trained (with LoRA it is the base, adapter disabled);
+    * activations for ``batch * seq_len`` tokens (twice with the retain pairing), and the method's extras."""
     params = parameter_count(shape)
     lora = lora_parameter_count(shape, settings.lora_r, settings.lora_targets) if settings.lora_r else 0
     trainable, trainable_bytes = (lora, 4) if settings.lora_r else (params, settings.weight_bytes)
@@ -125,10 +112,8 @@ _REMEDIES: tuple[tuple[str, dict[str, Any]], ...] = (
 
 
 def fitting_options(shape: ModelShape, needs: MethodNeeds, settings: Settings, capacity: int) -> list[str] | None:
-    """The smallest set of :data:`_REMEDIES` (fewest options, in their order) under which :func:`plan_memory` fits
-    ``capacity`` bytes, as option texts; ``[]`` when it fits as it is, ``None`` when nothing proposed fits.
-    Options that change nothing (LoRA already on, already half precision) are not proposed; LoRA only for a
-    method that trains."""
+    """The fewest of :data:`_REMEDIES` under which the plan fits ``capacity``, as option texts; ``[]`` when
+    it fits, ``None`` when nothing fits. Options that change nothing are not proposed."""
     remedies = [(text, change) for text, change in _REMEDIES
                 if any(getattr(settings, k) != v for k, v in change.items())
                 and (needs.trains or "lora_r" not in change)
@@ -148,8 +133,8 @@ def format_gib(n: float) -> str:
 
 def check_plan_fits(shape: ModelShape, needs: MethodNeeds, settings: Settings, capacity: int, method: str,
                     device: str) -> MemoryPlan:
-    """The plan, or :class:`~hf_unlearn.options.UserError` (one line) when it exceeds ``capacity`` bytes: the
-    estimate by part and the options that would make it fit."""
+    """The plan, or a one-line :class:`~hf_unlearn.options.UserError` with the estimate by part and the
+    options that would make it fit."""
     from .options import UserError
 
     plan = plan_memory(shape, needs, settings)
@@ -162,9 +147,8 @@ def check_plan_fits(shape: ModelShape, needs: MethodNeeds, settings: Settings, c
 
 
 def method_needs(method: str, config: Any, shape: ModelShape, weight_bytes: int) -> MethodNeeds:
-    """What the registered ``method`` needs with ``config``, from its spec: a trainer trains; its class says
-    whether the objective reads the reference (``needs_reference_model``) and the retain set (``needs_retain``);
-    the config may declare extra buffers (``extra_memory_bytes(shape, weight_bytes)``)."""
+    """What ``method`` needs with ``config``: a trainer trains, its class says whether it reads a reference and
+    the retain set; the config may declare ``extra_memory_bytes(shape, weight_bytes)``."""
     from .registry import get_method
 
     info = get_method(method)
@@ -178,9 +162,8 @@ def method_needs(method: str, config: Any, shape: ModelShape, weight_bytes: int)
 
 
 def run_settings(config: Any, model_options: Any, weight_bytes: int, seq_len: int) -> Settings:
-    """The :class:`Settings` of a run: LoRA from the model options (``use_peft``, ``lora_r``,
-    ``lora_target_modules``) or from the method's own config fields of those names, the batch and gradient
-    checkpointing from the config (``per_device_train_batch_size``, ``gradient_checkpointing``)."""
+    """The :class:`Settings` of a run: LoRA from the method's config or the model options, the batch and
+    gradient checkpointing from the config."""
     source = config if hasattr(config, "use_peft") else model_options
     use_peft = bool(getattr(source, "use_peft", False))
     return Settings(weight_bytes=weight_bytes, lora_r=getattr(source, "lora_r", 16) if use_peft else None,
@@ -190,7 +173,7 @@ def run_settings(config: Any, model_options: Any, weight_bytes: int, seq_len: in
 
 
 def device_capacity(device: str | None) -> int | None:
-    """The memory of a CUDA ``device`` in bytes; ``None`` for any other device (nothing is refused there)."""
+    """The memory of a CUDA ``device`` in bytes; ``None`` for any other device."""
     if not device or not str(device).startswith("cuda"):
         return None
     import torch
@@ -200,8 +183,8 @@ def device_capacity(device: str | None) -> int | None:
 
 def check_run_memory(method: str, config: Any, model_config: Any, model_options: Any, device: str | None,
                      seq_len: int, weight_bytes: int = 4, capacity: int | None = None) -> MemoryPlan | None:
-    """Refuse before any work (one line, :func:`check_plan_fits`) a run whose plan exceeds the device's memory
-    (``capacity``, default :func:`device_capacity`); ``None`` where there is nothing to check against."""
+    """Refuse before any work a run whose plan exceeds the device's memory; ``None`` when there is nothing
+    to check against."""
     capacity = device_capacity(device) if capacity is None else capacity
     if capacity is None:
         return None
@@ -212,16 +195,14 @@ def check_run_memory(method: str, config: Any, model_config: Any, model_options:
 
 
 def dtype_bytes(dtype: str | None, model_config: Any = None) -> int:
-    """Bytes per weight of ``--dtype`` (``"auto"``/``None``: the checkpoint's ``dtype`` in its config, float32 when
-    it names none)."""
+    """Bytes per weight of ``--dtype`` (``"auto"``/``None``: the config's ``dtype``, float32 when none)."""
     if dtype in (None, "auto"):
         dtype = str(getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None) or "float32")
     return 2 if str(dtype).replace("torch.", "") in ("bfloat16", "float16") else 4
 
 
 def sharded_launch() -> bool:
-    """Whether accelerate launched this process to shard the model (FSDP or DeepSpeed), where the one-process
-    plan does not apply."""
+    """Whether accelerate launched this process with FSDP or DeepSpeed."""
     import os
 
     return any(os.environ.get(k, "").lower() in ("1", "true") for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"))

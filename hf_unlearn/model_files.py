@@ -1,8 +1,5 @@
-"""The checks of a model's saved files and of what loading them produced, run by
-:func:`hf_unlearn.preconditions.load_model` before any work, each problem one line: :func:`check_weight_files`
-(safetensors only, every indexed file present, every header readable and covering its file),
-:func:`loading_problems` (weights missing, unexpected or of another shape than ``config.json`` says; tied weights
-are not missing) and :func:`first_non_finite` (a NaN or infinity in a weight or buffer)."""
+"""The checks of a model's saved files and of what loading them produced (run by ``load_model`` before any work,
+each problem one line): safetensors only and readable, weights that fit ``config.json``, finite values."""
 
 from __future__ import annotations
 
@@ -25,10 +22,8 @@ def _shown(names: list[str], limit: int = 4) -> str:
 
 
 def safetensors_files(folder: str | os.PathLike) -> list[Path]:
-    """The safetensors files a saved model in ``folder`` loads: those named by ``model.safetensors.index.json``
-    when there is one, else ``model.safetensors``, else every ``*.safetensors`` file. Raises ``ValueError``
-    naming the problem: only pickle weights, an unreadable index, or an index naming a file outside the folder or
-    missing from it."""
+    """The safetensors files a saved model in ``folder`` loads (by its index, else ``model.safetensors``,
+    else every ``*.safetensors``); ``ValueError`` for pickle weights only, a bad index or a missing file."""
     folder = Path(folder)
     index = folder / SAFETENSORS_INDEX
     if index.is_file():
@@ -52,19 +47,16 @@ def safetensors_files(folder: str | os.PathLike) -> list[Path]:
     if not files:
         pickles = [name for name in PICKLE_FILES if (folder / name).is_file()]
         if pickles:
-            raise ValueError(
-                f"Model folder {folder} holds only {pickles[0]}, a pickle file (loading one can run code); hf-unlearn "
-                "loads safetensors weights only: convert it with model.save_pretrained(folder), which writes "
-                "model.safetensors."
-            )
+            raise ValueError(f"Model folder {folder} holds only {pickles[0]}, a pickle file (loading one can run "
+                             "code); hf-unlearn loads safetensors weights only: convert it with "
+                             "model.save_pretrained(folder), which writes model.safetensors.")
         raise ValueError(f"Model folder {folder} has no safetensors weights (model.safetensors).")
     return files
 
 
 def check_weight_files(folder: str | os.PathLike) -> list[Path]:
-    """Every safetensors file of the model in ``folder`` (:func:`safetensors_files`) opens: a header that
-    safetensors can read, whose tensors cover the file exactly. Raises ``ValueError`` naming the first file that
-    does not (empty, truncated, or not a safetensors file); returns the files."""
+    """Every safetensors file of the model in ``folder`` has a readable header covering the file exactly;
+    ``ValueError`` naming the first that does not. Returns the files."""
     from safetensors import safe_open
 
     files = safetensors_files(folder)
@@ -85,9 +77,8 @@ def check_weight_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def loading_problems(info: dict[str, Any]) -> str | None:
-    """What transformers' loading report ``info`` (``from_pretrained(..., output_loading_info=True)``) shows is
-    wrong, as one sentence, or ``None``: weights the checkpoint lacks (initialised at random), weights the model
-    does not have (ignored), weights whose shape differs from the config's."""
+    """What ``from_pretrained``'s loading report shows is wrong, as one sentence (weights missing,
+    unexpected or of another shape), or ``None``."""
     problems = []
     missing = [str(k) for k in info.get("missing_keys") or ()]
     unexpected = [str(k) for k in info.get("unexpected_keys") or ()]
@@ -113,8 +104,7 @@ def loading_problems(info: dict[str, Any]) -> str | None:
 
 
 def first_non_finite(model: Any) -> str | None:
-    """The name of the first floating-point weight or buffer of ``model`` holding NaN or an infinity, else
-    ``None`` (one pass over the weights)."""
+    """The name of the first floating-point weight or buffer holding NaN or an infinity, else ``None``."""
     import torch
 
     with torch.no_grad():

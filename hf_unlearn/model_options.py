@@ -1,11 +1,6 @@
 """TRL's model options for every method (:class:`ModelOptions`: the fields of ``trl.ModelConfig`` that apply, with
-TRL's names, defaults and help: ``--dtype``, ``--use_peft``, ``--lora_r``, ...)::
-
-    options, rest = parse_model_options(["--use_peft", "--lora_r", "8", "--beta", "0.2"])
-    options.peft_config()     # peft.LoraConfig(r=8, ...), through trl.get_peft_config
-    options.torch_dtype()     # torch.float32 (TRL's default), "auto", torch.bfloat16 or torch.float16
-
-With ``use_peft`` a trainer trains a LoRA adapter and its frozen reference is the base with the adapter disabled."""
+TRL's names and defaults). With ``use_peft`` a trainer trains a LoRA adapter and its frozen reference is the base
+with the adapter disabled."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 
 @dataclass
 class ModelOptions:
-    """The fields of ``trl.ModelConfig`` that set how the model loads and trains (same names, defaults, help)."""
+    """The fields of ``trl.ModelConfig`` that set how the model loads and trains."""
 
     dtype: str | None = field(default="float32", metadata={
         "help": "Override the default `torch.dtype` and load the model under this dtype. It defaults to "
@@ -50,7 +45,7 @@ class ModelOptions:
             raise ValueError(f"--lora_r must be >= 1, got {self.lora_r}.")
 
     def torch_dtype(self) -> Any:
-        """The ``dtype`` for ``from_pretrained``: ``"auto"`` (the checkpoint's), else the ``torch`` dtype named."""
+        """The ``dtype`` for ``from_pretrained``: ``"auto"``, else the ``torch`` dtype named."""
         import torch
 
         if self.dtype in (None, "auto"):
@@ -58,21 +53,19 @@ class ModelOptions:
         return getattr(torch, self.dtype)
 
     def trl_model_config(self) -> Any:
-        """These options as a ``trl.ModelConfig``."""
         from trl import ModelConfig
 
         return ModelConfig(**dataclasses.asdict(self))
 
     def peft_config(self) -> Any:
-        """The ``peft.LoraConfig`` of these options (``trl.get_peft_config``), ``None`` without ``use_peft``."""
+        """The ``peft.LoraConfig`` of these options, ``None`` without ``use_peft``."""
         from trl import get_peft_config
 
         return get_peft_config(self.trl_model_config())
 
 
 def model_options_dataclass(exclude: frozenset[str] | set[str] = frozenset()) -> type:
-    """:class:`ModelOptions` without the fields named in ``exclude`` (those a method's own config has, such as a
-    config that trains its own LoRA adapter: the method's field takes the option)."""
+    """:class:`ModelOptions` without the fields named in ``exclude`` (those the method's config has)."""
     if not exclude:
         return ModelOptions
     kept = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
@@ -82,10 +75,8 @@ def model_options_dataclass(exclude: frozenset[str] | set[str] = frozenset()) ->
 
 def parse_model_options(argv: list[str], exclude: frozenset[str] | set[str] = frozenset()
                         ) -> tuple[ModelOptions, list[str]]:
-    """``(options, rest)``: the :class:`ModelOptions` given in ``argv`` (``--dtype bfloat16``, ``--use_peft``,
-    ...; TRL's defaults for the rest) and the arguments left for the method's options; a field named in
-    ``exclude`` is left to the method (:func:`model_options_dataclass`). A bad value raises
-    :class:`~hf_unlearn.options.UserError` (one line)."""
+    """``(options, rest)``: the :class:`ModelOptions` given in ``argv`` and the arguments left for the
+    method's options; a bad value raises :class:`~hf_unlearn.options.UserError`."""
     from transformers import HfArgumentParser
 
     from .options import UserError

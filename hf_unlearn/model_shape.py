@@ -1,7 +1,6 @@
-"""The shape of a decoder-only transformer read from its config, and the parameter counts that follow from it
-(no weights are read). Biases are not counted (Qwen's q/k/v biases are under 0.1%); the MLP is gated (three
-``hidden x intermediate`` matrices, as Llama, Mistral and Qwen), so a two-matrix MLP (GPT-2) is over-counted by
-``hidden * intermediate`` per layer."""
+"""The shape of a decoder-only transformer read from its config, and the parameter counts that follow (no weights
+read). Biases are not counted; the MLP is gated (three ``hidden x intermediate`` matrices), so a two-matrix MLP
+(GPT-2) is over-counted by ``hidden * intermediate`` per layer."""
 
 from __future__ import annotations
 
@@ -34,10 +33,8 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
-        """The shape of a transformers ``PretrainedConfig`` (Llama, Mistral, Qwen and alike; the text model of a
-        composite config). Absent fields: ``intermediate_size`` ``4 * hidden_size``, ``num_key_value_heads`` the
-        attention heads, ``head_dim`` ``hidden_size / heads``; ``tie_word_embeddings`` read from the text config,
-        else the outer one."""
+        """The shape of a transformers config (the text model of a composite one). Absent fields:
+        ``intermediate_size = 4 h``, ``num_key_value_heads`` = the heads, ``head_dim = h / heads``."""
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
         tied = getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False))

@@ -1,14 +1,5 @@
-"""A method's config dataclass as command-line options, and the checks of the settings given that way.
-
-Every init field of a method's registered config becomes an ``--field value`` option, through
-:class:`transformers.HfArgumentParser`, except those the command line sets itself (:data:`CLI_OWNED_FIELDS`) and
-those a ``PreTrainedConfig`` fills in from the base model::
-
-    settings = parse_method_settings("npo", ["--beta", "0.2"])   # {'beta': 0.2}: only what was given
-    config = validate_settings("npo", settings, "outputs/npo")    # the config, or UserError (one line)
-
-A bad option or value raises :class:`UserError`, a one-line message for the command line (exit status 2).
-"""
+"""A method's config dataclass as command-line options (through ``HfArgumentParser``), and the checks of the settings
+given that way; a bad option or value raises :class:`UserError` (one line, exit status 2)."""
 
 from __future__ import annotations
 
@@ -41,9 +32,8 @@ class UserError(Exception):
 
 
 class RunFailure(Exception):
-    """A method failed during a phase: reported as one line (method, phase, log file), exit status 1.
-
-    ``printed`` is true when the progress line already showed it (then the command line prints nothing more)."""
+    """A method failed during a phase: one line (method, phase, log file), exit status 1; ``printed`` when the
+    progress line already showed it."""
 
     def __init__(self, message: str, printed: bool = False):
         super().__init__(message)
@@ -51,7 +41,6 @@ class RunFailure(Exception):
 
 
 def method_config_class(method: str) -> type:
-    """The config dataclass ``method`` registered (:mod:`hf_unlearn.registry`)."""
     try:
         return get_method(method).config_cls
     except KeyError:
@@ -67,26 +56,20 @@ def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
         namespace = {**vars(sys.modules[cls.__module__])}
         for klass in cls.__mro__:
             namespace = {**vars(sys.modules[klass.__module__]), **namespace}
-        out = {}
-        for f in dataclasses.fields(cls):
-            if f.name in names:
-                out[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
-        return out
+        return {f.name: eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
+                for f in dataclasses.fields(cls) if f.name in names}
 
 
 def option_fields(config_class: type) -> list[dataclasses.Field]:
-    """The fields of ``config_class`` that become options: every init field except those the CLI owns and,
-    for a ``PreTrainedConfig``, the generic fields every transformers config has."""
+    """The init fields of ``config_class`` that become options: not the CLI's own, nor a
+    ``PreTrainedConfig``'s generic ones."""
     if not dataclasses.is_dataclass(config_class):
         raise UserError(f"{config_class.__name__} is not a dataclass; cannot build its options.")
-    skip = set(CLI_OWNED_FIELDS)
-    try:
-        from transformers import PreTrainedConfig
+    from transformers import PreTrainedConfig
 
-        if issubclass(config_class, PreTrainedConfig) and dataclasses.is_dataclass(PreTrainedConfig):
-            skip |= {f.name for f in dataclasses.fields(PreTrainedConfig)}
-    except ImportError:  # pragma: no cover
-        pass
+    skip = set(CLI_OWNED_FIELDS)
+    if issubclass(config_class, PreTrainedConfig) and dataclasses.is_dataclass(PreTrainedConfig):
+        skip |= {f.name for f in dataclasses.fields(PreTrainedConfig)}
     return [f for f in dataclasses.fields(config_class)
             if f.init and f.name not in skip and not f.name.startswith("base_") and not f.name.startswith("_")]
 
@@ -99,10 +82,8 @@ def _is_list_type(hint: Any) -> bool:
 
 
 def options_dataclass(config_class: type) -> type:
-    """A plain dataclass with the :func:`option_fields` of ``config_class`` (resolved types, same defaults and
-    help): what :class:`~transformers.HfArgumentParser` turns into options. Configs whose own annotations it
-    cannot resolve (a ``PreTrainedConfig`` such as ``T3ClassifierConfig``) parse through this too; build the
-    config with ``config_class(**dataclasses.asdict(options))``."""
+    """A plain dataclass of the :func:`option_fields` of ``config_class`` (resolved types, same defaults
+    and help) for ``HfArgumentParser``, also for configs whose annotations it cannot resolve."""
     selected = option_fields(config_class)
     hints = _resolved_hints(config_class, [f.name for f in selected])
     spec = []
@@ -128,14 +109,14 @@ def options_dataclass(config_class: type) -> type:
 
 
 def config_kwargs(options: Any) -> dict[str, Any]:
-    """The keyword arguments for the config from an :func:`options_dataclass` instance: every field, except
-    an option left at None that stands for a non-list default (which the config then applies itself)."""
+    """The config's keyword arguments from an :func:`options_dataclass` instance (an option left at ``None``
+    that stands for a non-list default is left out)."""
     skip = getattr(options, "_default_when_none", frozenset())
     return {k: v for k, v in dataclasses.asdict(options).items() if not (k in skip and v is None)}
 
 
 def config_parser(method: str, config_class: type | None = None) -> argparse.ArgumentParser:
-    """An :class:`~transformers.HfArgumentParser` with one option per field of the method's config."""
+    """An ``HfArgumentParser`` with one option per field of the method's config."""
     from transformers import HfArgumentParser
 
     config_class = config_class or method_config_class(method)
@@ -152,12 +133,8 @@ def config_parser(method: str, config_class: type | None = None) -> argparse.Arg
 
 
 def parse_method_settings(method: str, argv: list[str], preset: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Method settings from ``argv`` (``--field value`` options of the method's config).
-
-    Returns the ``preset`` (if any) updated with every option given on the command line (even one equal to the
-    config's default), so the settings record exactly what was chosen. Unknown options and wrong types raise
-    :class:`UserError`.
-    """
+    """``preset`` updated with every option given in ``argv`` (even one equal to the default), so the
+    settings record exactly what was chosen; unknown options and wrong types raise :class:`UserError`."""
     parser = config_parser(method)
     argv = join_negative_values(list(argv))
     dests = {a.dest for a in parser._actions}
@@ -168,10 +145,8 @@ def parse_method_settings(method: str, argv: list[str], preset: dict[str, Any] |
         names = [opt for a in parser._actions for opt in a.option_strings]
         hint = difflib.get_close_matches(flags[0].split("=", 1)[0], names, n=1)
         suggestion = f" (did you mean {hint[0]}?)" if hint else ""
-        raise UserError(
-            f"Unknown option {flags[0]} for method {method!r}{suggestion}; "
-            f"`hf-unlearn unlearn --method {method} --help` lists its {parser.config_class.__name__} fields."
-        )
+        raise UserError(f"Unknown option {flags[0]} for method {method!r}{suggestion}; `hf-unlearn unlearn "
+                        f"--method {method} --help` lists its {parser.config_class.__name__} fields.")
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
     chosen = {a.dest for a in parser._actions if given.intersection(a.option_strings)}
     values = vars(namespace)
@@ -193,8 +168,7 @@ def validate_settings(method: str, settings: dict[str, Any], output_dir: str | o
 
 
 def join_negative_values(argv: list[str]) -> list[str]:
-    """``--option -1e-3`` as ``--option=-1e-3``: argparse reads a token such as ``-1e-3`` or ``-inf`` as an option,
-    so the value of a negative number would be missing; joined, it parses and the config can refuse it clearly."""
+    """``--option -1e-3`` as ``--option=-1e-3`` (argparse would read ``-1e-3`` as an option)."""
     out: list[str] = []
     for token in argv:
         if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-") and len(token) > 1:

@@ -1,6 +1,4 @@
-"""Models whose weights are partitioned across processes (DeepSpeed ZeRO-3, FSDP, FSDP2): :func:`is_partitioned`
-tells a caller it cannot copy or read the weights locally; :func:`vocab_size` reads the vocabulary from the config
-when the LM head is partitioned."""
+"""Models whose weights are partitioned across processes (DeepSpeed ZeRO-3, FSDP, FSDP2)."""
 
 from __future__ import annotations
 
@@ -10,8 +8,7 @@ __all__ = ["is_partitioned", "vocab_size"]
 
 
 def _is_sharded_dtensor(tensor: Any) -> bool:
-    """Whether ``tensor`` is an FSDP2 parameter: a ``DTensor`` with a ``Shard`` placement (its ``shape`` is the
-    whole tensor's, its local values a shard)."""
+    """Whether ``tensor`` is an FSDP2 ``DTensor`` with a ``Shard`` placement."""
     try:
         from torch.distributed.tensor import DTensor, Shard
     except ImportError:  # pragma: no cover - a torch without torch.distributed
@@ -25,15 +22,13 @@ def _is_partitioned_tensor(tensor: Any) -> bool:
 
 
 def is_partitioned(model: Any) -> bool:
-    """Whether some parameter of ``model`` is a ZeRO-3 placeholder (it carries ``ds_shape``), an FSDP2 ``DTensor``
-    sharded over the processes, or an empty one-dimensional (FSDP1 flat) shard, so that its values are not all on
-    this process."""
+    """Whether some parameter is a ZeRO-3 placeholder, a sharded FSDP2 ``DTensor`` or an empty FSDP1 flat
+    shard: its values are not all on this process."""
     return any(_is_partitioned_tensor(p) for p in model.parameters())
 
 
 def _config_vocab(model: Any) -> int | None:
-    config = getattr(model, "config", None)
-    if config is None:
+    if (config := getattr(model, "config", None)) is None:
         return None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     value = getattr(text, "vocab_size", None)
@@ -41,9 +36,8 @@ def _config_vocab(model: Any) -> int | None:
 
 
 def vocab_size(model: Any) -> int:
-    """The number of rows ``V`` of ``model``'s LM head: ``weight.shape[0]`` when the head is held whole here,
-    else the config's ``vocab_size`` (the text config's for a multimodal model), else ZeRO-3's ``ds_shape[0]``.
-    Raises ``ValueError`` when the model has no LM head, or when the head is partitioned and neither says."""
+    """The rows ``V`` of ``model``'s LM head: the weight's when held whole here, else the config's, else
+    ZeRO-3's ``ds_shape[0]``; ``ValueError`` when none says."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings (LM head): a causal LM is needed.")

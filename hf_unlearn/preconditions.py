@@ -1,9 +1,7 @@
-"""What a run would refuse, checked before any work and before any output folder is created: the model
-(:func:`load_model`), the rows (:func:`load_rows`), a resume's request, the output path, the retain reference, the
-evaluation's TOFU configs, the push target, and what the method would refuse with this model and these rows
-(:func:`check_run_preconditions`). Each ends with one :class:`~hf_unlearn.options.UserError` line naming the
-problem and the fix.
-"""
+"""What a run would refuse, checked before any work and before any output folder is created: the model, the rows,
+a resume's request, the output path, the retain reference, the evaluation's TOFU configs, the push target, and what
+the method would refuse with this model and these rows. Each ends with one :class:`~hf_unlearn.options.UserError`
+line naming the problem and the fix."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def _missing_model_folder(name_or_path: str) -> str | None:
-    """Why ``name_or_path``, which is not a local folder, is a local path that does not exist rather than a Hub
-    model id (a one-line message), or ``None`` when it can be a Hub id."""
+    """Why ``name_or_path`` (not a local folder) is a missing local path rather than a Hub id, or ``None``."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if os.path.exists(name_or_path):
@@ -52,7 +49,7 @@ def _missing_model_folder(name_or_path: str) -> str | None:
 
 
 def _json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path`` (``{}`` when there is no such file); one line when it is not one."""
+    """The JSON object in ``path`` (``{}`` when there is no such file)."""
     import json
 
     if not path.is_file():
@@ -67,8 +64,8 @@ def _json_object(path: Path) -> dict[str, Any]:
 
 
 def check_no_remote_code(folder: str | os.PathLike) -> None:
-    """Refuse a model folder that asks for code shipped with it (an ``auto_map`` in ``config.json`` or
-    ``tokenizer_config.json``, or a ``model_type`` transformers does not know), reading the two files as JSON."""
+    """Refuse a model folder that asks for its own code (an ``auto_map``, or a ``model_type``
+    transformers does not know)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     folder = Path(folder)
@@ -83,28 +80,21 @@ def check_no_remote_code(folder: str | os.PathLike) -> None:
 
 
 def _check_model_folder(name_or_path: str) -> None:
-    """The local folder ``name_or_path`` holds a saved model: ``config.json``, readable safetensors weights
-    (:func:`~hf_unlearn.model_files.check_weight_files`; pickle weights alone are refused) and a tokenizer."""
+    """The local folder holds ``config.json``, readable safetensors weights and a tokenizer."""
     from .model_files import check_weight_files
 
     folder = Path(name_or_path)
     if not (folder / "config.json").is_file():
         kind = " (it holds a PEFT adapter, not a model)" if (folder / "adapter_config.json").is_file() else ""
-        raise UserError(
-            f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
-            "model.save_pretrained() (with its tokenizer), or a Hub model id."
-        )
+        raise UserError(f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
+                        "model.save_pretrained() (with its tokenizer), or a Hub model id.")
     if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
-        raise UserError(
-            f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model into it "
-            "with model.save_pretrained(folder), or pass the folder that holds the weights."
-        )
+        raise UserError(f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model "
+                        "into it with model.save_pretrained(folder), or pass the folder that holds the weights.")
     check_no_remote_code(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise UserError(
-            f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save the model's "
-            "tokenizer beside its weights with tokenizer.save_pretrained(folder)."
-        )
+        raise UserError(f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save "
+                        "the model's tokenizer beside its weights with tokenizer.save_pretrained(folder).")
     try:
         check_weight_files(folder)
     except (ValueError, OSError) as err:
@@ -112,22 +102,18 @@ def _check_model_folder(name_or_path: str) -> None:
 
 
 def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
-    """The causal LM and its tokenizer from a local folder or a Hub id, moved to ``device`` (``None``: left
-    where transformers loads it), loaded with ``trust_remote_code=False`` and ``dtype`` (``from_pretrained``'s;
-    ``None``: its default). Refused in one line, before any work, when the folder does not exist (a local path is
-    never looked up on the Hub), holds no model, no safetensors weights, a damaged weight file or no tokenizer, when
-    the weights do not fit the config or hold NaN or an infinity, or when the folder asks to run its own code."""
+    """The causal LM and its tokenizer from a local folder or a Hub id (``trust_remote_code=False``), moved to
+    ``device`` when given. Refused in one line, before any work: a missing folder (a local path is never looked up on
+    the Hub), no model, no safetensors weights, a damaged weight file, no tokenizer, weights that do not fit the
+    config or are not finite, a folder that asks to run its own code."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .model_files import first_non_finite, loading_problems
 
-    local = os.path.isdir(name_or_path)
-    if not local:
-        problem = _missing_model_folder(name_or_path)
-        if problem:
-            raise UserError(problem)
-    else:
+    if local := os.path.isdir(name_or_path):
         _check_model_folder(name_or_path)
+    elif problem := _missing_model_folder(name_or_path):
+        raise UserError(problem)
     offline = "" if local else " Without network access, pass a local model folder."
     where = "" if local else f": there is no local folder {name_or_path} in {os.getcwd()}, and as a Hub model id it"
     try:
@@ -138,13 +124,11 @@ def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) 
         cause = f"{err.__class__.__name__}: {_first_line(err)}"
         raise UserError(f"Could not load the model {name_or_path!r}{where} failed to load ({cause}).{offline}"
                         if where else f"Could not load the model {name_or_path!r} ({cause}).") from err
-    problems = loading_problems(info)
-    if problems:
+    if problems := loading_problems(info):
         raise UserError(f"The weights of {name_or_path} do not fit the model its config.json describes: {problems}; "
                         "pass the folder the model was saved into with model.save_pretrained(), with its own "
                         "config.json.")
-    bad = first_non_finite(model)
-    if bad is not None:
+    if (bad := first_non_finite(model)) is not None:
         raise UserError(f"The weights of {name_or_path} hold NaN or infinite values (first: {bad}); a model with "
                         "non-finite weights cannot be unlearned: restore the weights it was saved with.")
     try:
@@ -161,9 +145,8 @@ def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) 
 
 def check_retain_reference(path: str | None, forget_split: str, source: str | None = None,
                            max_examples: int | None = None) -> None:
-    """The retain reference at ``path`` loads and, where it says so, was computed on ``forget_split``;
-    with ``source`` (an evaluation will run) it has one forget truth ratio per evaluated forget row (the first
-    ``max_examples`` of ``<forget_split>_perturbed``) and, where it records them, the same rows."""
+    """The retain reference at ``path`` loads and was computed on ``forget_split``; with ``source``
+    it has one forget truth ratio per evaluated forget row and, where it records them, the same rows."""
     if not path:
         return
     from .evaluation import load_retain_reference
@@ -190,11 +173,9 @@ def check_retain_reference(path: str | None, forget_split: str, source: str | No
     n_ref = len(reference.forget_truth_ratios)
     if n_ref != len(rows):
         hint = " (TOFU's original protocol scores the first 300 rows: --max-examples 300 with `eval`)" if n_ref == 300 else ""
-        raise UserError(
-            f"Retain reference {path} has {n_ref} forget truth ratios but the evaluation scores {len(rows)} forget "
-            f"rows of {forget_split}_perturbed from {source}; evaluate the retain model on the same data, forget "
-            f"split and max_examples{hint}."
-        )
+        raise UserError(f"Retain reference {path} has {n_ref} forget truth ratios but the evaluation scores "
+                        f"{len(rows)} forget rows of {forget_split}_perturbed from {source}; evaluate the retain "
+                        f"model on the same data, forget split and max_examples{hint}.")
     try:
         check_provenance(reference, {"forget_split": forget_split, "num_rows": len(rows),
                                      "data_sha256": rows_fingerprint(rows)}, ("forget_split", "num_rows", "data_sha256"))
@@ -203,7 +184,7 @@ def check_retain_reference(path: str | None, forget_split: str, source: str | No
 
 
 def check_eval_configs(source: str, forget_split: str) -> None:
-    """Every TOFU config the evaluator reads (``*_perturbed``, ``real_authors*``, ``world_facts*``) loads."""
+    """Every TOFU config the evaluator reads loads from ``source``."""
     from .data import load_tofu_rows
     from .evaluation.tofu_stats import evaluation_splits
 
@@ -219,7 +200,7 @@ def check_eval_configs(source: str, forget_split: str) -> None:
 
 
 def check_push_target(repo_id: str | None, token: str | None) -> str | None:
-    """``repo_id`` passes huggingface_hub's validator and a token exists; returns the token."""
+    """``repo_id`` is a valid Hub id and a token exists; returns the token."""
     if not repo_id:
         return None
     from huggingface_hub import get_token
@@ -229,17 +210,15 @@ def check_push_target(repo_id: str | None, token: str | None) -> str | None:
         validate_repo_id(repo_id)
     except HFValidationError as err:
         raise UserError(f"Invalid repo id {repo_id!r} for --push-to-hub: {' '.join(str(err).split())}") from None
-    token = token or get_token()
-    if not token:
+    if not (token := token or get_token()):
         raise UserError("--push-to-hub needs a token: pass --hub-token, set HF_TOKEN or run `hf auth login`.")
     return token
 
 
 def prompt_fits(tokenizer: Any, rows: list[dict[str, Any]], cut: int | None, why: str, template: Any, what: str,
                  every: bool) -> None:
-    """With ``every``: each row of ``rows`` leaves room for an answer token within ``cut`` tokens (``why`` says
-    where the limit comes from); otherwise at least one does. Raises :class:`UserError` naming the first row that
-    does not (or the set)."""
+    """With ``every``, each row leaves room for an answer token within ``cut`` tokens; otherwise at least one
+    does (``why``: where the limit comes from)."""
     from .data import tokenize_qa
 
     if cut is None:
@@ -263,12 +242,10 @@ def prompt_fits(tokenizer: Any, rows: list[dict[str, Any]], cut: int | None, why
 
 def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any, forget: list[dict[str, Any]],
                             retain: list[dict[str, Any]]) -> None:
-    """What ``method`` would refuse during its run with this model and these rows, as one
-    :class:`~hf_unlearn.options.UserError` line: a prompt template the tokenizer cannot render; a forget row that
-    leaves no room for an answer token within ``max_length`` (cut to the model's positions; documents are chunked);
-    for a trainer, its own setting checks, its ``check_forget_rows``, forget/retain overlap (unless
-    ``allow_overlap``) and no retain row that fits; for a fit, overlap, the config's ``check_for(model)`` and,
-    when it reads a sample of the retain rows (``retain_rows_read``), every sampled row fitting."""
+    """What ``method`` would refuse during its run with this model and these rows: a template the
+    tokenizer cannot render, the trainer's or config's own checks, forget/retain overlap (unless ``allow_overlap``),
+    a forget row with no room for an answer token within ``max_length`` (capped by the model's positions), and the
+    retain rows it reads not fitting."""
     from .data import model_max_positions, overlapping_examples, resolve_template
 
     template = getattr(config, "prompt_template", None)
@@ -298,8 +275,7 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
         except ValueError as err:
             raise UserError(f"{method}: {' '.join(str(err).split())}") from None
     if uses_retain and not may_overlap:
-        shared = overlapping_examples(forget, retain)
-        if shared:
+        if shared := overlapping_examples(forget, retain):
             allow = " (or pass --allow_overlap)" if trainer_cls is not None else ""
             raise UserError(f"{shared} of the {len(forget)} forget rows also occur in the retain rows: {method} would "
                             f"unlearn and keep them at once; remove them from one side{allow}.")
@@ -315,7 +291,7 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
 
 
 def _check_rows_file(file: str) -> None:
-    """``file`` is an existing regular file (not a folder, a device such as ``/dev/null``, a pipe or a socket)."""
+    """``file`` is an existing regular file."""
     import stat
 
     if not os.path.lexists(file):
@@ -333,9 +309,8 @@ def _check_rows_file(file: str) -> None:
 
 
 def load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]:
-    """The rows of ``file`` or of TOFU config ``split``, checked as they load (one line naming the file or
-    config and the row). ``file`` holds question/answer rows (JSON Lines) or documents (:func:`is_documents_file`),
-    which come back as ``{"text": document}`` rows."""
+    """The rows of ``file`` (question/answer JSON Lines, or documents as ``{"text"}`` rows) or of TOFU config
+    ``split``, checked as they load."""
     from .data import load_tofu_rows, read_qa_file
     from .data.documents import DOCUMENT_FILE_SUFFIXES, load_documents
 
@@ -359,8 +334,8 @@ def load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]
 
 
 def is_documents_file(file: str | os.PathLike) -> bool:
-    """Whether ``file`` holds documents rather than question/answer rows: a folder, a ``.txt`` file, or a
-    ``.json``/``.jsonl`` file whose first item is a string or an object with ``text`` and no ``question``."""
+    """Whether ``file`` holds documents: a folder, a ``.txt`` file, or a ``.json``/``.jsonl`` file whose
+    first item is a string or an object with ``text`` and no ``question``."""
     import json
 
     path = Path(file)
@@ -380,14 +355,13 @@ def is_documents_file(file: str | os.PathLike) -> bool:
 
 
 def is_document_rows(rows: Sequence[Any] | None) -> bool:
-    """Whether ``rows`` are documents as :func:`load_rows` returns them (``{"text"}`` rows)."""
+    """Whether ``rows`` are ``{"text"}`` rows as :func:`load_rows` returns documents."""
     return bool(rows) and all(isinstance(r, dict) and set(r) == {"text"} for r in rows)
 
 
 def rows_from_spec(spec: str, source: str, flag: str) -> list[dict[str, Any]]:
-    """The rows an option such as ``--holdout SPLIT_OR_FILE`` names (:func:`load_rows`): a rows file when
-    ``spec`` exists, contains a path separator or ends in ``.json`` / ``.jsonl`` / ``.txt``, else TOFU config
-    ``spec`` of ``source``. One line names the option and the cause."""
+    """The rows an option such as ``--holdout SPLIT_OR_FILE`` names: a rows file when ``spec`` looks like a
+    path, else TOFU config ``spec``."""
     from .data import TOFU_CONFIGS
 
     is_file = os.path.lexists(spec) or "/" in spec or os.sep in spec or spec.endswith((".json", ".jsonl", ".txt"))
@@ -401,8 +375,7 @@ def rows_from_spec(spec: str, source: str, flag: str) -> list[dict[str, Any]]:
 
 
 def check_output_parent(output: str | os.PathLike | None) -> None:
-    """The nearest existing path above ``output`` is a folder: ``--output afile/sub`` is refused naming ``afile``
-    as a file (before the lock file beside ``output`` is created)."""
+    """The nearest existing path above ``output`` is a folder (checked before the lock file is made)."""
     if not output:
         return
     path = Path(output).expanduser().absolute()
@@ -423,9 +396,8 @@ def _rows_digest(rows: Sequence[Any]) -> str:
 
 
 def run_request(method: str, config: Any, forget: Sequence[Any], retain: Sequence[Any]) -> dict[str, Any]:
-    """What a trainer run is asked to do, known before the model loads: the method, the config's settings that
-    change the weights (those a checkpoint's run fingerprint tracks: not the run's length, where it writes or how
-    it logs) and the digests of the forget and retain rows as loaded."""
+    """What a trainer run is asked to do, known before the model loads: the method, the settings that change
+    the weights and the digests of the rows."""
     from .methods.base.checkpoints import _tracked_settings
 
     return {"method": method, "settings": _tracked_settings(config),
@@ -433,9 +405,8 @@ def run_request(method: str, config: Any, forget: Sequence[Any], retain: Sequenc
 
 
 def check_resume_request(folder: str | os.PathLike, request: dict[str, Any]) -> None:
-    """Refuse (one line, before the model loads) resuming the run in ``folder`` with another method, other
-    settings or other rows than its ``logs/run_request.json`` records; a folder without one (a run started
-    through the Python API) is left to the trainer's own check of the checkpoint."""
+    """Refuse resuming the run in ``folder`` with another method, settings or rows than its
+    ``logs/run_request.json`` records (a folder without one is left to the trainer's checkpoint check)."""
     import json
 
     from .methods.base.checkpoints import RUN_REQUEST_NAME, fingerprint_differences
@@ -447,8 +418,7 @@ def check_resume_request(folder: str | os.PathLike, request: dict[str, Any]) -> 
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"--resume: {path} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
-    diffs = fingerprint_differences(saved, request)
-    if diffs:
+    if diffs := fingerprint_differences(saved, request):
         shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
         raise UserError(f"--resume: the run in {folder} was started with another setting or other rows ({shown}); "
                         "resume it with its own method, settings and rows, or start afresh in another folder.")

@@ -1,29 +1,15 @@
-"""The method registry: each unlearning method registers its classes, as PEFT's tuners call
-``register_peft_method(name=, config_cls=, model_cls=)``::
+"""The method registry: each method registers its classes, as PEFT's tuners call ``register_peft_method``::
 
     register_method("npo", config_cls=NPOConfig, trainer_cls=NPOTrainer)     # trained by a TRL trainer
     register_method("grom", config_cls=GROMConfig, fit=GROMFit())            # fitted by a callable
 
-    method_names()                  # ('grom', 't3', 'masc', 'atwu', 'grad_ascent', ...)
-    get_method("npo").paper         # {'title': 'Negative Preference Optimization: ...', 'id': '2404.05868'}
+A method is a ``config_cls`` (a dataclass whose fields are the command line's options; it refuses bad settings
+when built and may define ``check_for(model)``), and either a ``trainer_cls`` (an ``UnlearningTrainer`` subclass)
+or a ``fit`` (a :class:`MethodFit`). The describing class (the trainer class, or the fit's ``artifact_cls``)
+carries ``_title``, ``_paper`` (``{"title", "id"}`` or ``None``) and ``_cli_help``.
 
-A method is its classes:
-
-* ``config_cls``: a dataclass whose fields are the command line's options; it refuses bad settings when built.
-  It may define ``check_for(model)``, run before any work.
-* ``trainer_cls``: a subclass of :class:`~hf_unlearn.methods.base.trainer.UnlearningTrainer`. The core reads its
-  class members only: ``needs_retain``, ``watches_retain``, ``forget_columns``, ``check_forget_rows``,
-  ``stops_itself`` (its own stopping rule replaces best-checkpoint selection), and after training
-  ``training_outcome()`` and ``method_metrics(...)``.
-* ``fit``: for a method not trained by a trainer, a :class:`MethodFit` instance.
-
-The class that describes the method (the trainer class, or the fit's ``artifact_cls``) carries its display name
-``_title``, its paper ``_paper`` (``{"title", "id"}`` or ``None``) and its ``_cli_help`` line.
-
-A lookup imports the built-in method packages (``hf_unlearn.methods.BUILTIN_PACKAGES``) the first time it runs,
-then the plugins of installed packages (entry-point group ``hf_unlearn.methods``). This module imports only the
-standard library, so importing it imports no torch.
-"""
+A lookup imports the built-in method packages once, then the plugins of installed packages (entry-point group
+``hf_unlearn.methods``). This module imports only the standard library."""
 
 from __future__ import annotations
 
@@ -53,23 +39,13 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 class MethodFit:
-    """How a method that is not trained by a trainer runs. Subclass it and register an instance as ``fit=``.
+    """How a method not trained by a trainer runs; register an instance as ``fit=``.
 
-    ``artifact_cls``: the class of what it produces (it carries ``_title``, ``_paper``, ``_cli_help``).
-    ``artifact_kind``: a key of :data:`hf_unlearn.artifact_kinds.ARTIFACT_KINDS`.
-
-    ``__call__(model, tokenizer, forget, retain, config) -> Unlearned``: fit the method with its config. The
-    result's ``settings`` hold only the values the fit chose itself; the run adds the settings it was given.
-
-    Optional members (``None`` when the method has none):
-
-    * ``select(model, tokenizer, forget, retain, config, criterion) -> Unlearned``: the run with its strength
-      chosen by a :class:`~hf_unlearn.selection.SelectionCriterion`, its record in ``info["selection"]``;
-    * ``retain_rows_read(config, retain) -> rows``: the retain rows it reads when it does not read them all
-      (each must fit ``max_length``, checked before work);
-    * ``decoding(model, artifact, check_base_weights=True) -> Decoding``: for a method that changes decoding
-      rather than weights, the scorer and ``generate`` keywords of ``artifact`` on ``model``.
-    """
+    ``__call__(model, tokenizer, forget, retain, config) -> Unlearned``: the result's ``settings`` hold only the values
+    the fit chose itself. ``artifact_kind``: a key of :data:`hf_unlearn.artifact_kinds.ARTIFACT_KINDS`. Optional
+    (``None`` when absent): ``select(..., criterion)`` (the run with its strength chosen by a ``SelectionCriterion``),
+    ``retain_rows_read(config, retain)`` (the retain rows it reads when not all), ``decoding(model, artifact,
+    check_base_weights=True) -> Decoding`` (for a method that changes decoding rather than weights)."""
 
     artifact_cls: ClassVar[type]
     artifact_kind: ClassVar[str]
@@ -89,7 +65,7 @@ class MethodFit:
 
 @dataclass(frozen=True)
 class MethodInfo:
-    """One registered method: its ``name`` (``--method``, card tag) and its classes (see the module docstring)."""
+    """One registered method: its ``name`` (``--method``, card tag) and its classes."""
 
     name: str
     config_cls: type
@@ -98,7 +74,6 @@ class MethodInfo:
 
     @property
     def is_trainer(self) -> bool:
-        """Whether a trainer trains it (checkpoints, ``--resume``, TRL options, LoRA)."""
         return self.trainer_cls is not None
 
     @property
@@ -129,7 +104,7 @@ class MethodInfo:
 
     @property
     def has_selection(self) -> bool:
-        """Whether ``--select`` applies: every trainer (best checkpoint or its own stop), a fit with ``select``."""
+        """Whether ``--select`` applies: every trainer, a fit with ``select``."""
         return self.trainer_cls is not None or self.fit.select is not None
 
 
@@ -152,12 +127,9 @@ def _check_described(name: str, cls: type) -> None:
 
 def register_method(name: str, *, config_cls: type, trainer_cls: type | None = None, fit: MethodFit | None = None,
                     replace: bool = False) -> MethodInfo:
-    """Register a method by its classes; returns its :class:`MethodInfo`.
-
-    ``config_cls`` is a dataclass; exactly one of ``trainer_cls`` (a trainer class) and ``fit`` (a
-    :class:`MethodFit`) is given. Registering the same classes again is a no-op; another method under a taken
-    name raises ``ValueError`` unless ``replace``.
-    """
+    """Register a method by its classes; returns its :class:`MethodInfo`. Exactly one of ``trainer_cls`` and
+    ``fit`` is given. Registering the same classes again is a no-op; another method under a taken name raises
+    ``ValueError`` unless ``replace``."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"Method name must be lowercase letters, digits and '_' (starting with a letter), got {name!r}.")
     if not (isinstance(config_cls, type) and dataclasses.is_dataclass(config_cls)):
@@ -180,7 +152,6 @@ def register_method(name: str, *, config_cls: type, trainer_cls: type | None = N
 
 
 def unregister_method(name: str) -> None:
-    """Remove a registered method (no-op when it is not registered)."""
     with _LOCK:
         _METHODS.pop(name, None)
 
@@ -200,9 +171,8 @@ def _load_builtin() -> None:
 
 
 def load_plugins() -> list[str]:
-    """Load the methods other installed packages declare under the entry-point group :data:`ENTRY_POINT_GROUP`:
-    each entry point names a module whose import registers its methods, or a function to call that does. Returns
-    the names of the entry points loaded; one that fails to load is skipped with a warning naming it."""
+    """Load the methods installed packages declare under :data:`ENTRY_POINT_GROUP` (a module whose import
+    registers them, or a function to call); returns the names loaded. One that fails is skipped with a warning."""
     import warnings
     from importlib.metadata import entry_points
 
@@ -240,7 +210,7 @@ def method_names() -> tuple[str, ...]:
 
 
 def get_method(name: str) -> MethodInfo:
-    """The :class:`MethodInfo` of ``name``; ``KeyError`` naming the registered methods when there is none."""
+    """The :class:`MethodInfo` of ``name``; ``KeyError`` naming the registered methods."""
     _load_builtin()
     with _LOCK:
         if name in _METHODS:
@@ -249,8 +219,7 @@ def get_method(name: str) -> MethodInfo:
 
 
 def method_for_artifact(obj: Any) -> str | None:
-    """The registered method a trainer or artifact (object or class) belongs to: the method whose trainer class
-    or artifact class comes first in its MRO; ``None`` when there is none."""
+    """The method whose trainer or artifact class comes first in the MRO of ``obj`` (or ``None``)."""
     cls = obj if isinstance(obj, type) else type(obj)
     method_names()
     with _LOCK:
@@ -259,16 +228,15 @@ def method_for_artifact(obj: Any) -> str | None:
 
 
 def decoding_of(artifact: Any) -> Callable[..., Any] | None:
-    """``decoding(model, artifact, check_base_weights=True) -> Decoding`` of the method ``artifact`` belongs to;
-    ``None`` for an artifact of no registered method, or of a method that changes weights."""
+    """The ``decoding`` of the method ``artifact`` belongs to; ``None`` when none."""
     name = method_for_artifact(artifact)
     fit = get_method(name).fit if name is not None else None
     return fit.decoding if fit is not None else None
 
 
 class MethodView(Mapping):
-    """A read-only ``{method name: read(MethodInfo)}`` view of the registry, read on access (it shows methods
-    registered later). ``skip_none`` leaves out methods whose value is ``None``."""
+    """A read-only ``{method name: read(MethodInfo)}`` view of the registry, read on access; ``skip_none``
+    leaves out ``None`` values."""
 
     def __init__(self, read: Callable[[MethodInfo], Any], skip_none: bool = False):
         self._read = read

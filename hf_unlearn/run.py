@@ -1,17 +1,9 @@
 """The one run path of a registered method: checked inputs -> fit or train (with its strength selection) -> save.
 
-From Python, on a loaded model::
-
-    inputs = prepare_inputs("npo", model, tokenizer, forget_rows, retain_rows, "outputs/npo", {"learning_rate": 1e-4})
-    result = fit_or_train(inputs, TrainOptions(seed=0))     # result.model is what to evaluate
-    save(result, inputs, "outputs/npo")                       # the artifact, the tokenizer, the selection record
-
-From names (what ``hf-unlearn unlearn`` runs): :func:`unlearn` takes an :class:`UnlearnRequest` (model folder or
-Hub id, data, method and settings, output folder) and runs :func:`check_request` -> :func:`load_inputs` ->
-:func:`fit_or_train` -> :func:`save` -> :func:`evaluate` in a temporary folder swapped in as the output folder when
-complete (in the output folder itself when resuming or checkpointing, so that checkpoints outlive an interrupted
-run). The method is known by its registered classes only (:mod:`hf_unlearn.registry`).
-"""
+On a loaded model: :func:`prepare_inputs` -> :func:`fit_or_train` -> :func:`save`. From names (``hf-unlearn
+unlearn``): :func:`unlearn` runs :func:`check_request` -> :func:`load_inputs` -> :func:`fit_or_train` -> :func:`save`
+-> :func:`evaluate` in a temporary folder swapped in when complete (in the output folder itself when resuming or
+checkpointing, so that checkpoints outlive an interrupted run)."""
 
 from __future__ import annotations
 
@@ -53,8 +45,7 @@ DEFAULT_SEED = 0
 
 
 class JsonlLogCallback(TrainerCallback):
-    """Append every Trainer log (``on_log``) to a JSON Lines file, one object per line with ``step`` and
-    ``epoch``; with ``echo`` the line is also printed (``--verbose``)."""
+    """Append every Trainer log to a JSON Lines file (with ``step`` and ``epoch``); ``echo`` also prints it."""
 
     def __init__(self, path: str | os.PathLike, echo: bool = False):
         self.path = Path(path)
@@ -73,8 +64,7 @@ class JsonlLogCallback(TrainerCallback):
 # ---------------------------------------------------------------------------------------------- on a loaded model
 @dataclass
 class Inputs:
-    """What a method runs on, checked (:func:`prepare_inputs`): the rows, the given ``settings`` and the
-    ``config`` built from them, and the folder the run writes into."""
+    """What a method runs on, checked (:func:`prepare_inputs`)."""
 
     method: str
     model: Any
@@ -88,11 +78,9 @@ class Inputs:
 
 @dataclass
 class TrainOptions:
-    """How a run goes, apart from the method's settings: ``seed`` (``torch.manual_seed`` first; ``None`` leaves
-    it), ``callbacks`` (extra ``TrainerCallback``s), ``quiet`` (no Trainer progress bar or log printing),
-    ``resume_from_checkpoint``, ``peft_config`` (a ``peft.LoraConfig``: a trainer trains an adapter on the frozen
-    base). With a ``criterion`` (:class:`~hf_unlearn.selection.SelectionCriterion`) the method picks its own
-    strength: a trainer measures it every ``selection_steps`` optimizer steps (the best weights kept in ``keep``)."""
+    """How a run goes, apart from the method's settings. ``seed=None`` leaves torch's seed; ``peft_config``
+    trains a LoRA adapter on the frozen base; with a ``criterion`` the method picks its own strength (a trainer
+    measures it every ``selection_steps`` optimizer steps, the best weights kept in ``keep``)."""
 
     seed: int | None = DEFAULT_SEED
     callbacks: Sequence[Any] = ()
@@ -105,35 +93,25 @@ class TrainOptions:
 
 
 def check_rows_given(rows: Any, what: str) -> bool:
-    """Question/answer ``rows`` (a list of dicts or a ``datasets.Dataset``) are checked as the command line checks
-    the rows it loads (:func:`~hf_unlearn.data.check_rows`): a ``ValueError`` names the first bad row. Returns
-    whether ``rows`` were such rows; ``None``, other iterables and documents are left to the method."""
+    """Check question/answer ``rows`` (list of dicts or ``datasets.Dataset``) as the CLI does (``ValueError``
+    naming the first bad row); returns whether they were such rows (other inputs are left to the method)."""
     from .data import check_rows
 
-    if rows is None:
-        return False
-    columns = getattr(rows, "column_names", None)
-    if columns is not None:  # a datasets.Dataset
-        if not {"question", "answer"} & set(columns):
-            return False
-        items = list(rows)
+    if hasattr(rows, "column_names"):  # a datasets.Dataset
+        qa = bool({"question", "answer"} & set(rows.column_names))
     elif isinstance(rows, Sequence) and not isinstance(rows, (str, bytes)):
-        items = list(rows)
-        if not any(isinstance(r, Mapping) and ("question" in r or "answer" in r) for r in items):
-            return False
+        qa = any(isinstance(r, Mapping) and ("question" in r or "answer" in r) for r in rows)
     else:
-        return False
-    check_rows(items, f"the {what} rows")
-    return True
+        qa = False
+    if qa:
+        check_rows(list(rows), f"the {what} rows")
+    return qa
 
 
 def check_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: Any, output_dir: str | os.PathLike,
                  settings: dict[str, Any] | None = None) -> Any:
-    """What ``hf-unlearn unlearn`` refuses before any work, as a ``ValueError`` with the same one-line message:
-    bad rows, settings the method's config refuses, and, with question/answer rows and a loaded model, what the
-    method would refuse with them (:func:`~hf_unlearn.preconditions.check_run_preconditions`). Returns the
-    method's config built from ``settings``."""
-
+    """What ``hf-unlearn unlearn`` refuses before any work, as a ``ValueError``: bad rows, bad settings and,
+    with question/answer rows and a loaded model, what the method would refuse. Returns the method's config."""
     qa_rows = check_rows_given(forget, "forget") & check_rows_given(retain, "retain")
     try:
         config = validate_settings(method, dict(settings or {}), output_dir)
@@ -146,24 +124,21 @@ def check_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: A
 
 def prepare_inputs(method: str, model: Any, tokenizer: Any, forget: Any, retain: Any,
                    output_dir: str | os.PathLike, settings: dict[str, Any] | None = None) -> Inputs:
-    """:func:`check_inputs`, then the checked :class:`Inputs` (``settings``: fields of the method's config;
-    default: its defaults)."""
+    """:func:`check_inputs`, then the checked :class:`Inputs` (``settings``: fields of the method's config)."""
     settings = dict(settings or {})
     config = check_inputs(method, model, tokenizer, forget, retain, output_dir, settings)
     return Inputs(method, model, tokenizer, forget, retain, settings, config, Path(output_dir))
 
 
 def _as_dataset(rows: Any, columns: Sequence[str] = ()) -> Any:
-    """Rows as a ``datasets.Dataset`` of their ``question``, ``answer`` and ``columns``; documents as a dataset of
-    their ``text``; a dataset as it is."""
+    """Rows (or documents, as ``text``) as a ``datasets.Dataset``; a dataset as it is."""
     import datasets
 
     from .data.documents import as_documents
 
     if isinstance(rows, datasets.Dataset):
         return rows
-    documents = as_documents(rows)
-    if documents is not None:
+    if (documents := as_documents(rows)) is not None:
         return datasets.Dataset.from_dict({"text": list(documents)})
     extra = [c for c in columns if c not in ("question", "answer")]
     return datasets.Dataset.from_list(
@@ -171,9 +146,7 @@ def _as_dataset(rows: Any, columns: Sequence[str] = ()) -> Any:
 
 
 def _train(trainer_cls: type, inputs: Inputs, options: TrainOptions) -> Unlearned:
-    """Train with the method's trainer class; with a criterion, a
-    :class:`~hf_unlearn.selection.SelectionCallback` joins the callbacks (the best checkpoint is restored unless
-    the trainer stops itself)."""
+    """Train with the method's trainer class; with a criterion a ``SelectionCallback`` joins the callbacks."""
     from .selection import SelectionCallback
 
     args = inputs.config
@@ -212,10 +185,9 @@ def _train(trainer_cls: type, inputs: Inputs, options: TrainOptions) -> Unlearne
 
 
 def fit_or_train(inputs: Inputs, options: TrainOptions | None = None) -> Unlearned:
-    """Run the method on ``inputs``, seeded and timed: its trainer, or its fit (with a criterion, the fit's
-    ``select``). Returns its :class:`~hf_unlearn.result.Unlearned` with ``method``, ``seconds`` (the whole run) and
-    ``settings`` (the given settings, updated with any the selection chose). A ``peft_config`` for a method
-    without a trainer, or a criterion for a method without a selection, is refused (``ValueError``)."""
+    """Run the method on ``inputs``, seeded and timed: its trainer, or its fit (``select`` with a criterion).
+    ``settings`` of the result: the given ones updated with any the selection chose. A ``peft_config`` without a
+    trainer, or a criterion without a selection, is refused (``ValueError``)."""
     import torch
 
     options = options or TrainOptions()
@@ -242,19 +214,15 @@ def fit_or_train(inputs: Inputs, options: TrainOptions | None = None) -> Unlearn
 
 
 def release_training_state(result: Unlearned) -> None:
-    """Free what only the run's training needed (a trainer's optimizer states, its frozen reference model) before
-    the evaluation uses the memory. The trainer stays, for a later ``save_pretrained``."""
-    trainer = result.info.get("trainer")
-    if trainer is not None:
+    """Free what only training needed (optimizer states, frozen reference); the trainer stays."""
+    if (trainer := result.info.get("trainer")) is not None:
         trainer.release_training_state()
 
 
 def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
          log_path: str | os.PathLike | None = None) -> None:
-    """Save what the run produced into ``folder`` (writable now): the native artifact
-    (:meth:`~hf_unlearn.result.Unlearned.save_pretrained`), the selection record when a criterion chose the
-    strength, the tokenizer beside changed weights and, with ``log_path``, one ``trained`` record in that log.
-    Then the training state is released (:func:`release_training_state`)."""
+    """Save into ``folder``: the native artifact, the selection record, the tokenizer beside changed weights and,
+    with ``log_path``, one ``trained`` log record; then release the training state."""
     from .console import log_event
     from .devices import device_of
     from .selection import SelectionRecord
@@ -275,9 +243,8 @@ def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
 
 def nf4_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]],
                      eval_kwargs: dict[str, Any] | None = None) -> float:
-    """Forget ROUGE-L recall of greedy answers from the NF4-quantized copy of ``model``: the mean over rows of
-    ``LCS(answer, reference) / len(reference)`` in words. ``eval_kwargs`` may set ``batch_size`` (16) and
-    ``max_new_tokens``."""
+    """Forget ROUGE-L recall of greedy answers of the NF4-quantized copy of ``model``: the mean over rows
+    of ``LCS(answer, reference) / len(reference)`` in words. ``eval_kwargs``: ``batch_size``, ``max_new_tokens``."""
     from .evaluation import generate_answers, quantize_nf4, rouge_l_recall
     from .evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 
@@ -294,10 +261,7 @@ def nf4_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any
 # ---------------------------------------------------------------------------------------------- from names
 @dataclass
 class SelectionRequest:
-    """``--select``: the strength chosen by the reference-free criterion. ``holdout`` (a TOFU config or a rows
-    file the model never saw), ``retain_validation`` (default: the last 10%, at most 100, of the retain rows,
-    which the method then does not see), ``groups`` (``"rows"``, ``"tofu_authors"`` or N rows each),
-    ``reference_model`` (its NLL is subtracted per row), ``selection_steps`` (trainers: measured every N steps)."""
+    """``--select``: the strength chosen by the reference-free criterion (see the CLI options)."""
 
     holdout: str
     retain_validation: str | None = None
@@ -308,8 +272,7 @@ class SelectionRequest:
 
 @dataclass
 class EvaluationRequest:
-    """``--eval``: the TOFU report of the result (``tofu_report.json``), against ``retain_reference`` when given,
-    with answers of ``max_new_tokens``; with ``nf4_check`` the forget ROUGE-L of the NF4 copy too."""
+    """``--eval``: the TOFU report of the result, against ``retain_reference`` when given."""
 
     retain_reference: str | None = None
     max_new_tokens: int = 200
@@ -318,10 +281,8 @@ class EvaluationRequest:
 
 @dataclass
 class UnlearnRequest:
-    """One run from names: the model (a folder or Hub id), the method and its ``settings`` (fields of its
-    config), the rows (TOFU's ``forget_split`` of ``data`` and the retain split that complements it, or rows
-    files), the output folder; ``device`` a resolved device name (``None``: where transformers loads the
-    model); ``model_options`` (:class:`~hf_unlearn.model_options.ModelOptions`: dtype, LoRA adapter)."""
+    """What ``hf-unlearn unlearn`` runs: the method, the model (folder or Hub id), its settings, the
+    rows (TOFU's ``forget_split`` of ``data`` and its retain complement, or rows files) and the output folder."""
 
     method: str
     model: str
@@ -345,14 +306,14 @@ class UnlearnRequest:
 
     @property
     def checkpointing(self) -> bool:
-        """Whether the Trainer writes checkpoints into the output folder (a trainer with a save strategy)."""
+        """Whether a trainer writes checkpoints into the output folder (a save strategy)."""
         strategy = str(self.settings.get("save_strategy", "no")).lower().split(".")[-1]
         return registry.get_method(self.method).is_trainer and strategy != "no"
 
 
 @dataclass
 class RunOutput:
-    """What :func:`unlearn` returns: the run's result, the tokenizer and, with ``--eval``, its TOFU report."""
+    """What :func:`unlearn` returns."""
 
     result: Unlearned
     tokenizer: Any
@@ -360,10 +321,8 @@ class RunOutput:
 
 
 def check_request(request: UnlearnRequest) -> Any:
-    """The checks before any row or model loads; returns the method's config built from the settings.
-    ``resume`` needs a trainer and a ``checkpoint-*`` folder in the output folder; a checkpointing run needs an
-    empty folder; the output folder may not overlap the model, the data folder or the rows files; the evaluation's
-    retain reference and TOFU configs load."""
+    """The checks before any row or model loads; returns the method's config. ``resume`` needs a trainer
+    and a ``checkpoint-*`` folder; a checkpointing run needs an empty folder; the output may not overlap the inputs."""
     from .safe_output import FAILED_SUFFIX, OutputDirError, check_output_dir
 
     out, method = request.folder, request.method
@@ -374,10 +333,9 @@ def check_request(request: UnlearnRequest) -> Any:
         raise UserError(f"--use_peft trains a LoRA adapter with a trainer; {method} is not trained by one.")
     if (options is not None and options.dtype == "float16" and trainer and not options.use_peft
             and not getattr(config, "use_peft", False)):
-        raise UserError(f"--dtype float16 would train {method}'s float16 weights in place, with no float32 "
-                        "master weights or gradient scaling: AdamW's updates underflow. Load in --dtype float32 "
-                        "(add --fp16 True for mixed precision), --dtype bfloat16, or train an adapter with "
-                        "--use_peft.")
+        raise UserError(f"--dtype float16 would train {method}'s float16 weights in place, with no float32 master "
+                        "weights or gradient scaling: AdamW's updates underflow. Load in --dtype float32 (add --fp16 "
+                        "True for mixed precision), --dtype bfloat16, or train an adapter with --use_peft.")
     inputs = [request.model, request.data if request.data and os.path.isdir(request.data) else None,
               request.forget_file, request.retain_file]
     try:
@@ -394,8 +352,7 @@ def check_request(request: UnlearnRequest) -> Any:
             check_output_dir(out, inputs, overwrite=request.overwrite, siblings=(FAILED_SUFFIX,))
     except OutputDirError as err:
         raise UserError(str(err)) from None
-    evaluation = request.evaluation
-    if evaluation is not None:
+    if (evaluation := request.evaluation) is not None:
         check_retain_reference(evaluation.retain_reference, request.forget_split, request.data)
         if evaluation.max_new_tokens < 1:
             raise UserError(f"--max-new-tokens must be >= 1, got {evaluation.max_new_tokens}.")
@@ -406,9 +363,8 @@ def check_request(request: UnlearnRequest) -> Any:
 def selection_criterion(selection: SelectionRequest, data: str, forget: list[dict[str, Any]],
                         retain: list[dict[str, Any]], template: Any = None,
                         device: str | None = None) -> tuple[Any, list[dict[str, Any]]]:
-    """The :class:`~hf_unlearn.selection.SelectionCriterion` of ``selection`` and the retain rows the method sees
-    (without the validation rows when they are split off the retain rows); the reference model loads on
-    ``device``."""
+    """The ``SelectionCriterion`` of ``selection`` and the retain rows the method sees (without the
+    validation rows when they are split off the retain rows)."""
     from .data.overlap import overlapping_examples
     from .selection import SelectionCriterion
 
@@ -437,9 +393,8 @@ def selection_criterion(selection: SelectionRequest, data: str, forget: list[dic
 
 
 def check_memory(request: UnlearnRequest, config: Any, forget: list, retain: list) -> None:
-    """On a CUDA device, refuse before the model loads a run whose memory plan does not fit the device
-    (:func:`hf_unlearn.memory_plan.check_run_memory`; the longest row sets the sequence length). A sharded launch
-    (FSDP, DeepSpeed) is not checked: the plan is for one process holding the whole model."""
+    """On a CUDA device, refuse before the model loads a run whose memory plan does not fit (the longest row
+    sets the sequence length); a sharded launch is not checked."""
     from .memory_plan import check_run_memory, device_capacity, dtype_bytes, sharded_launch
 
     if device_capacity(request.device) is None or sharded_launch():
@@ -458,9 +413,8 @@ def check_memory(request: UnlearnRequest, config: Any, forget: list, retain: lis
 
 
 def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
-    """The rows (checked as they load), the selection criterion (``None`` without ``--select``), for ``--resume``
-    the run's recorded request (the same method, settings and rows), the memory plan, the model and what the
-    method would refuse with it. Returns the :class:`Inputs` (in the output folder) and the criterion."""
+    """The rows, the selection criterion (or ``None``), the resume check, the memory plan, the model and what
+    the method would refuse with it; returns the :class:`Inputs` and the criterion."""
     from .data import RETAIN_FOR_FORGET
 
     forget = load_rows(request.forget_split, request.data, request.forget_file)
@@ -480,8 +434,8 @@ def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
 
 
 def evaluate(result: Unlearned, inputs: Inputs, folder: Path, request: UnlearnRequest, phases: Any) -> Any:
-    """``--eval``: the TOFU report of the result, written to ``tofu_report.json`` in ``folder``; with
-    ``nf4_check`` and changed weights, the forget ROUGE-L of the NF4 copy in ``extra["forget_rouge_l_nf4"]``."""
+    """``--eval``: the TOFU report, written to ``folder / "tofu_report.json"``; with ``nf4_check`` and changed
+    weights also the NF4 copy's forget ROUGE-L (``extra["forget_rouge_l_nf4"]``)."""
     from .data import load_tofu_rows
     from .evaluation import evaluate_tofu
 
@@ -506,8 +460,7 @@ def evaluate(result: Unlearned, inputs: Inputs, folder: Path, request: UnlearnRe
 
 @dataclass
 class _Phases:
-    """The phase a run is in, told to a :class:`~hf_unlearn.console.PhaseReporter` (one console line each), and
-    where its log is."""
+    """The phase a run is in, told to a ``PhaseReporter``, and where its log is."""
 
     reporter: Any
     label: str
@@ -524,8 +477,7 @@ class _Phases:
 
 
 def _run_in(folder: Path, request: UnlearnRequest, inputs: Inputs, options: TrainOptions, phases: _Phases) -> RunOutput:
-    """Fit or train, save and evaluate in ``folder``; a failure is written to ``logs/<method>.jsonl`` with its
-    phase."""
+    """Fit or train, save and evaluate in ``folder``; a failure is logged with its phase."""
     from .console import log_exception
 
     phases.log = log_path = folder / "logs" / f"{request.method}.jsonl"
@@ -547,15 +499,9 @@ def _run_in(folder: Path, request: UnlearnRequest, inputs: Inputs, options: Trai
 
 
 def unlearn(request: UnlearnRequest, reporter: Any = None) -> RunOutput:
-    """The run of ``hf-unlearn unlearn``: :func:`check_request`, :func:`load_inputs`, then :func:`fit_or_train`,
-    :func:`save` and (``request.evaluation``) :func:`evaluate` in a temporary folder swapped in as the output folder
-    when complete, or in the output folder itself when resuming or checkpointing. The folder holds the method's
-    artifact, the tokenizer beside changed weights and ``logs/<method>.jsonl``.
-
-    A failure is written to the log with its phase and the run's folder is kept beside the output folder
-    (``<output>.failed``); with a ``reporter`` (:class:`~hf_unlearn.console.PhaseReporter`) it is raised as
-    :class:`~hf_unlearn.options.RunFailure` (one line printed), else as it was raised.
-    """
+    """The run of ``hf-unlearn unlearn`` (see the module docstring). A failure is written to
+    ``logs/<method>.jsonl`` with its phase and the run's folder kept as ``<output>.failed``; with a ``reporter`` it is
+    raised as :class:`~hf_unlearn.options.RunFailure` (one line printed), else as it was raised."""
     from .console import PhaseReporter
     from .safe_output import atomic_directory, atomic_write_json, keep_failed
 

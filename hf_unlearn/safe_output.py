@@ -1,9 +1,6 @@
-"""Safe outputs: every path passes the write gate (:func:`gated_path`: no symbolic link anywhere), is checked
-before any work (:func:`check_output_dir`, :func:`check_report_path`), and is written through a temporary path
-and a rename (:func:`atomic_directory`, :func:`atomic_write_bytes` / ``_text`` / ``_json``) under the folder's
-lock (:mod:`hf_unlearn.locking`); on failure the previous output is left as it was. Created folders get the mode
-``os.mkdir`` gives (``0o777`` less the umask). docs/safety.md gives the promises.
-"""
+"""Safe outputs: every path passes the write gate (no symbolic link anywhere), is checked before any work, and is
+written through a temporary path and a rename under the folder's lock; on failure the previous output is left as
+it was. Created folders and files get the mode ``os.mkdir`` / ``open`` give (less the umask)."""
 
 from __future__ import annotations
 
@@ -59,7 +56,7 @@ def _umask() -> int:
 
 
 def _make_temp_dir(prefix: str, parent: Path) -> Path:
-    """``tempfile.mkdtemp`` with the mode ``os.mkdir`` gives (``0o777 & ~umask``) instead of ``0o700``."""
+    """``tempfile.mkdtemp`` with ``os.mkdir``'s mode (``0o777 & ~umask``) instead of ``0o700``."""
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     os.chmod(folder, 0o777 & ~_umask())
     return folder
@@ -76,8 +73,8 @@ def _folder_state(path: Path) -> tuple[int, int, bool] | None:
 
 
 def _changed_since(before: tuple[int, int, bool] | None, now: tuple[int, int, bool] | None, overwrite: bool) -> bool:
-    """Whether swapping a result into a folder now in state ``now`` would destroy something that was not there
-    (or not allowed to be replaced) at the start check, in state ``before``."""
+    """Whether swapping into the folder now (state ``now``) would destroy something not there, or not
+    allowed to be replaced, at the start check (state ``before``)."""
     if now is None or not now[2]:
         return False  # missing or empty: nothing to lose
     if before is None or before[:2] != now[:2]:
@@ -93,11 +90,10 @@ def check_output_dir(
     output_dir: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), overwrite: bool = False,
     siblings: Iterable[str] = (),
 ) -> Path:
-    """Validate ``output_dir`` before any work; return it absolute. Refused (:class:`OutputDirError`): a path
-    through a link; a folder that equals, lies inside or contains a local ``inputs`` path (so do its ``.lock`` and
-    each ``<folder><suffix>`` of ``siblings``); an existing non-empty folder without ``overwrite`` (one with
-    ``checkpoint-*`` named as an interrupted run); a non-folder; no write access; another live process's lock
-    (:class:`OutputLockedError`)."""
+    """Validate ``output_dir`` before any work; return it absolute. Refused (:class:`OutputDirError`): a
+    path through a link; a folder that equals, lies inside or contains a local ``inputs`` path (so do its ``.lock``
+    and ``<folder><suffix>`` for ``siblings``); a non-empty folder without ``overwrite``; a non-folder; no write
+    access; another live process's lock (:class:`OutputLockedError`)."""
     out = gated_path(output_dir)
     holder = None if _is_secondary_rank() else lock_holder(out)
     if holder is not None:
@@ -105,16 +101,12 @@ def check_output_dir(
     beside = [out.parent / f"{out.name}{suffix}" for suffix in (LOCK_SUFFIX, *siblings)]
     for src in _local_inputs(inputs):
         if _is_within(out, src) or _is_within(src, out):
-            raise OutputDirError(
-                f"Output folder {out} overlaps the input {src}; choose a folder outside the model folder so "
-                "the input can never be overwritten."
-            )
+            raise OutputDirError(f"Output folder {out} overlaps the input {src}; choose a folder outside the "
+                                 "model folder so the input can never be overwritten.")
         for path in beside:
             if _is_within(src, path):
-                raise OutputDirError(
-                    f"The input {src} lies where the run on output folder {out} writes {path}; rename that input "
-                    "or choose another output folder."
-                )
+                raise OutputDirError(f"The input {src} lies where the run on output folder {out} writes {path}; "
+                                     "rename that input or choose another output folder.")
     if out.exists():
         if not out.is_dir():
             raise OutputDirError(f"Output path {out} exists and is not a folder.")
@@ -122,14 +114,11 @@ def check_output_dir(
             steps = [int(p.name[len("checkpoint-"):]) for p in out.glob("checkpoint-*")
                      if p.is_dir() and p.name[len("checkpoint-"):].isdigit()]
             if steps:
-                raise OutputDirError(
-                    f"Output folder {out} holds an interrupted run (its last checkpoint checkpoint-{max(steps)}); pass "
-                    "--resume (Python: resume_from_checkpoint=True) to continue it, or give another output folder."
-                )
-            raise OutputDirError(
-                f"Output folder {out} is not empty; pass overwrite=True (CLI: --overwrite) to replace it. "
-                "The new result is built beside it and swapped in only when complete."
-            )
+                raise OutputDirError(f"Output folder {out} holds an interrupted run (its last checkpoint "
+                                     f"checkpoint-{max(steps)}); pass --resume (Python: "
+                                     "resume_from_checkpoint=True) to continue it, or give another output folder.")
+            raise OutputDirError(f"Output folder {out} is not empty; pass overwrite=True (CLI: --overwrite) to "
+                                 "replace it. The new result is built beside it and swapped in only when complete.")
     probe = out
     while not probe.exists():
         probe = probe.parent
@@ -141,7 +130,7 @@ def check_output_dir(
 
 
 def _local_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
-    """The resolved paths of the ``inputs`` that exist locally (a Hub id that is no local path is skipped)."""
+    """The resolved paths of the ``inputs`` that exist locally."""
     found = []
     for item in inputs:
         if item is None or str(item) == "":
@@ -154,9 +143,8 @@ def _local_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
 
 def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (),
                       overwrite: bool = False) -> Path:
-    """Validate a report file path before any work; return it absolute. Refused (:class:`OutputDirError`): a path
-    through a link, a folder, an existing file without ``overwrite``, a path equal to or inside a local ``inputs``
-    path, no write access."""
+    """Validate a report file path before any work; return it absolute. Refused: a path through a link, a
+    folder, an existing file without ``overwrite``, a path inside a local ``inputs`` path, no write access."""
     given = Path(path).expanduser()
     if not given.name or given.name in (".", ".."):
         raise OutputDirError(f"Report path {path} names a folder; give a file path for the JSON.")
@@ -165,10 +153,8 @@ def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLik
         raise OutputDirError(f"Report path {path} is a folder; give a file path for the JSON.")
     for src in _local_inputs(inputs):
         if _is_within(target, src):
-            raise OutputDirError(
-                f"Report path {path} lies inside the input {src}; write the report outside the model folder so "
-                "none of its files can be replaced."
-            )
+            raise OutputDirError(f"Report path {path} lies inside the input {src}; write the report outside the "
+                                 "model folder so none of its files can be replaced.")
     if target.exists() and not overwrite:
         raise OutputDirError(f"Report path {path} exists; pass overwrite=True (CLI: --overwrite) to replace it.")
     probe = target.parent
@@ -180,9 +166,8 @@ def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLik
 
 
 def keep_failed(work: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
-    """Move ``work`` (a failed run's temporary folder) to ``<output_dir>.failed`` (or ``.failed-<time>-<pid>[-n]``),
-    a name claimed by an exclusive ``mkdir``, so nothing is replaced; return it. :class:`OutputWriteError` when no
-    name can be claimed."""
+    """Move ``work`` (a failed run's temporary folder) to ``<output_dir>.failed`` (or a stamped variant), a name
+    claimed by an exclusive ``mkdir`` so that nothing is replaced; return it."""
     out = gated_path(output_dir)
     if _is_secondary_rank():  # the main process of a distributed launch moves the shared work folder
         return Path(work)
@@ -211,16 +196,12 @@ def atomic_directory(
     final_dir: str | os.PathLike, overwrite: bool = False, keep: Iterable[str] = (), lock: bool = True,
     all_ranks: bool = False,
 ) -> Iterator[Path]:
-    """Build a folder in a temporary sibling and swap it in as ``final_dir`` only when the block ends without an
-    exception (``with atomic_directory(out) as tmp: model.save_pretrained(tmp)``); on an exception ``final_dir`` is
-    untouched. A non-empty ``final_dir`` without ``overwrite`` is refused up front.
-
-    The block holds ``final_dir``'s lock (:func:`output_lock`; ``lock=False`` when the caller holds an enclosing
-    one). A folder that changed meanwhile (replaced, or filled without ``overwrite``) is not replaced: the result is
-    kept at ``<final_dir>.new-*`` and :class:`OutputDirError` raised. ``keep``: glob patterns of the previous
-    folder's entries moved into the new one after the swap. ``all_ranks=True``: every process of a
-    ``torch.distributed`` launch enters together; rank 0 owns the folder and swaps it in only when all finished.
-    """
+    """Build a folder in a temporary sibling and swap it in as ``final_dir`` only when the block ends
+    without an exception; on an exception ``final_dir`` is untouched. A non-empty ``final_dir`` without ``overwrite``
+    is refused up front. The block holds the folder's lock (``lock=False``: the caller holds one). A folder that
+    changed meanwhile is not replaced: the result is kept at ``<final_dir>.new-*`` and :class:`OutputDirError` raised.
+    ``keep``: glob patterns of the previous folder's entries moved into the new one. ``all_ranks``: every process of a
+    ``torch.distributed`` launch enters; rank 0 swaps the folder in when all finished."""
     if all_ranks and _world_size() > 1:
         with _atomic_directory_all_ranks(final_dir, overwrite, tuple(keep), lock) as tmp:
             yield tmp
@@ -242,10 +223,8 @@ def atomic_directory(
             kept = Path(tempfile.mkdtemp(prefix=f"{final.name}.new-", dir=final.parent))
             kept.rmdir()
             os.replace(tmp, kept)
-            raise OutputDirError(
-                f"Output folder {final} changed while the result was being built (another process wrote it); it "
-                f"was left as it is, and the new result is in {kept}."
-            )
+            raise OutputDirError(f"Output folder {final} changed while the result was being built (another "
+                                 f"process wrote it); it was left as it is, and the new result is in {kept}.")
         old = None
         try:
             if final.exists():
@@ -269,7 +248,7 @@ def atomic_directory(
 @contextlib.contextmanager
 def _atomic_directory_all_ranks(final_dir: str | os.PathLike, overwrite: bool, keep: tuple[str, ...],
                                 lock: bool) -> Iterator[Path]:
-    """:func:`atomic_directory` entered by every process of a launch: rank 0 owns the folder, all share it."""
+    """:func:`atomic_directory` entered by every process of a launch (rank 0 owns the folder)."""
     final = gated_path(final_dir)
     main = not _is_secondary_rank()
     owner = atomic_directory(final, overwrite=overwrite, keep=keep, lock=lock) if main else None
@@ -316,8 +295,7 @@ def _atomic_directory_all_ranks(final_dir: str | os.PathLike, overwrite: bool, k
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and a rename, with ``open``'s mode (``0o666``
-    less the umask); a path through a link is refused."""
+    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and a rename."""
     path = gated_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -335,7 +313,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 
 def append_text(path: str | os.PathLike, text: str) -> Path:
-    """Append ``text`` (UTF-8) to the log ``path`` (created when missing), never through a link."""
+    """Append ``text`` (UTF-8) to the log ``path``, never through a link."""
     path = gated_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
@@ -345,10 +323,9 @@ def append_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_write_bytes`)."""
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically; NaN and infinity are refused (``allow_nan=False``)."""
+    """Write ``obj`` as indented JSON atomically; NaN and infinity are refused."""
     return atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")

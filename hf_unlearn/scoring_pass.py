@@ -1,7 +1,6 @@
-"""One pass of a scoring loop for many candidates (:class:`RowBatches`): the loop runs once with a scorer that
-keeps ``per_batch(input_ids, attention_mask, position_ids, labels)`` of every batch and returns, at every scored
-position of row ``r`` of batch ``b``, the code ``c = b * 2^20 + r`` (float64, exact); :meth:`RowBatches.rows_of`
-then maps any per-batch ``[B, L]`` scores back to the per-row arrays the loop would have returned."""
+"""One pass of a scoring loop for many candidates: the loop runs once with a scorer that keeps ``per_batch(...)`` of
+every batch and returns, at every scored position of row ``r`` of batch ``b``, the code ``c = b * 2^20 + r``
+(float64, exact); :meth:`RowBatches.rows_of` maps per-batch ``[B, L]`` scores back to per-row arrays."""
 
 from __future__ import annotations
 
@@ -17,9 +16,7 @@ _ROWS_PER_BATCH = 2**20
 
 
 class RowBatches:
-    """Run ``score_rows(scorer)`` (the loop: returns one array per row) once; ``kept[b]`` is ``per_batch(...)`` of
-    its ``b``-th batch, ``inputs[b]`` that batch's ``(input_ids, attention_mask, position_ids, labels)`` and
-    ``where[i]`` row ``i``'s ``(batch, row in batch)`` (None for a row with no scored token)."""
+    """Run ``score_rows(scorer)`` once; keep each batch's ``per_batch`` value and inputs, and where each row is."""
 
     def __init__(
         self, score_rows: Callable[[Any], Sequence[np.ndarray]], per_batch: Callable[..., Any]

@@ -1,9 +1,5 @@
-"""The example scripts' arguments and loaders, as TRL ships ``trl.ScriptArguments`` beside ``trl/scripts``: where
-the model and the forget/retain rows come from (:class:`ScriptArguments`), loading them with the command line's
-checks, and the output folder's check before any work. The data come from a TOFU split (the Hub dataset, a folder of ``<config>.jsonl`` files, or the built-in
-``synthetic`` authors) or from the user's own JSON Lines files of ``question``/``answer`` rows; ``tofu-tiny`` as the
-model builds (once, cached) the demo's small target model.
-"""
+"""The example scripts' arguments and loaders, as TRL ships ``trl.ScriptArguments`` beside ``trl/scripts``: where the
+model and the forget/retain rows come from, loaded with the command line's checks."""
 
 from __future__ import annotations
 
@@ -48,19 +44,15 @@ class ScriptArguments:
         "help": "What to keep: question/answer rows or documents, as --forget_file."})
 
 
-
 def method_option_names(method: str) -> frozenset[str]:
-    """The option names of ``method``'s config: a model option of the same name (a config that trains its own
-    LoRA adapter has ``use_peft``, ``lora_r``, ...) is the method's."""
+    """The option names of ``method``'s config (a model option of the same name is the method's)."""
     from hf_unlearn.options import method_config_class, option_fields
 
     return frozenset(f.name for f in option_fields(method_config_class(method)))
 
 
-
 def tofu_tiny_target(source: str, forget_split: str) -> str:
-    """The folder of the TOFU-tiny target model for ``source`` and ``forget_split``, built (or reused from the
-    cache) by :mod:`hf_unlearn.demo`: the small recipe on the synthetic authors, the TOFU-sized one otherwise."""
+    """The folder of the TOFU-tiny target for ``source`` and ``forget_split``, built or reused from the cache."""
     from .demo import build_tiny_pair, recipe_for
 
     size = "test" if source == "synthetic" else "tofu-test"
@@ -68,8 +60,7 @@ def tofu_tiny_target(source: str, forget_split: str) -> str:
 
 
 def model_path(script_args: ScriptArguments) -> str:
-    """The model folder or Hub id to load; ``tofu-tiny`` is the TOFU-tiny target model for ``dataset_name`` and
-    ``forget_split`` (:func:`tofu_tiny_target`)."""
+    """The model folder or Hub id to load (``tofu-tiny``: :func:`tofu_tiny_target`)."""
     if script_args.model_name_or_path != TOFU_TINY:
         return script_args.model_name_or_path
     return tofu_tiny_target(script_args.dataset_name, script_args.forget_split)
@@ -77,19 +68,13 @@ def model_path(script_args: ScriptArguments) -> str:
 
 def load_model_and_tokenizer(source: ScriptArguments | str, dtype: Any = None
                              ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The causal LM, loaded in ``dtype`` (``from_pretrained``'s; ``None``: its default), and its tokenizer, from
-    the script arguments (resolved with :func:`model_path`) or from a path that :func:`model_path` already
-    returned, checked as ``hf-unlearn unlearn`` checks them (:func:`hf_unlearn.preconditions.load_model`: a
-    ``UserError`` line for a missing path, damaged or pickle-only weights, weights that do not fit the config, NaN
-    weights)."""
+    """The causal LM (in ``dtype``) and its tokenizer, checked as ``hf-unlearn unlearn`` checks them."""
     path = source if isinstance(source, str) else model_path(source)
     return load_model(path, dtype=dtype)
 
 
 def check_output_folder(output_dir: str | os.PathLike, script_args: ScriptArguments, overwrite: bool = False) -> Path:
-    """Refuse, before any model loads, an output folder the run must not write
-    (:func:`hf_unlearn.safe_output.check_output_dir`): a link, a non-empty folder without ``overwrite``, a folder
-    overlapping the model folder, one another run holds. Returns it absolute."""
+    """Refuse, before any model loads, an output folder the run must not write; returns it absolute."""
     from .safe_output import check_output_dir
 
     model = script_args.model_name_or_path
@@ -97,7 +82,7 @@ def check_output_folder(output_dir: str | os.PathLike, script_args: ScriptArgume
 
 
 def qa_dataset(rows: list[dict[str, Any]]) -> Dataset:
-    """A :class:`datasets.Dataset` of just the ``question`` and ``answer`` of each row (what the trainers take)."""
+    """A ``datasets.Dataset`` of the ``question`` and ``answer`` of each row."""
     from datasets import Dataset
 
     return Dataset.from_list([{"question": r["question"], "answer": r["answer"]} for r in rows])
@@ -106,20 +91,13 @@ def qa_dataset(rows: list[dict[str, Any]]) -> Dataset:
 def load_forget_retain(
     script_args: ScriptArguments, needs_retain: bool = True, as_dataset: bool = False
 ) -> tuple[Any, Any]:
-    """The forget rows and the retain rows (``None`` unless ``needs_retain``), checked as they load
-    (:func:`hf_unlearn.preconditions.load_rows`).
-
-    The forget rows are ``forget_file`` or TOFU's ``forget_split``; the retain rows are ``retain_file`` or the
-    TOFU retain split that complements ``forget_split`` (``retain90`` for ``forget10``). Both come as lists of
-    dicts, or with ``as_dataset`` as question/answer :func:`qa_dataset` datasets for the trainers.
-    """
+    """The forget rows and the retain rows (``None`` unless ``needs_retain``), checked as they load: files
+    or TOFU's ``forget_split`` and its retain complement; with ``as_dataset`` as :func:`qa_dataset` datasets."""
     from hf_unlearn.data import RETAIN_FOR_FORGET
 
     forget = load_rows(script_args.forget_split, script_args.dataset_name, script_args.forget_file)
-    retain = None
-    if needs_retain:
-        retain_split = RETAIN_FOR_FORGET[script_args.forget_split]
-        retain = load_rows(retain_split, script_args.dataset_name, script_args.retain_file)
+    retain = load_rows(RETAIN_FOR_FORGET[script_args.forget_split], script_args.dataset_name,
+                       script_args.retain_file) if needs_retain else None
     if as_dataset:
         return qa_dataset(forget), None if retain is None else qa_dataset(retain)
     return forget, retain

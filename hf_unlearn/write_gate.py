@@ -1,10 +1,5 @@
-"""The write gate: the one check every path hf-unlearn writes passes first, and the errors it raises.
-
-:func:`gated_path` walks a path component by component and refuses a symbolic link anywhere in it (a dangling one
-too), so that nothing the package writes (an output folder, a report, a log, a lock file, a temporary or failed-run
-folder beside an output) can land anywhere but where the path's own folders say. :mod:`hf_unlearn.safe_output`
-builds its checks and writers on it, and :mod:`hf_unlearn.locking` its lock files.
-"""
+"""The write gate: :func:`gated_path` refuses a symbolic link anywhere in a path hf-unlearn writes (a dangling one
+too), so that nothing can land anywhere but where the path's own folders say."""
 
 from __future__ import annotations
 
@@ -20,18 +15,16 @@ class OutputDirError(ValueError):
 
 
 class OutputWriteError(OSError):
-    """Writing a result failed (full disk, read-only folder, ...); the previous output was left unchanged. Its
-    message is one line naming the folder and the reason."""
+    """Writing a result failed; the previous output was left unchanged."""
 
 
 class OutputLockedError(OutputDirError):
-    """Another live process holds the output folder's lock (raised before any work starts). Its message is one line
-    naming the holder."""
+    """Another live process holds the output folder's lock (raised before any work starts)."""
 
 
 def gated_path(path: str | os.PathLike, what: str = "Output path") -> Path:
-    """``path`` made absolute after checking each component: :class:`OutputDirError` (naming the link and its
-    target) when any is a symbolic link, dangling or not; ``..`` steps to the parent of the checked components."""
+    """``path`` made absolute, each component checked: :class:`OutputDirError` (naming the link and its target)
+    when any is a symbolic link."""
     given = Path(path).expanduser()
     current = Path(given.anchor) if given.is_absolute() else Path.cwd()
     for part in given.parts[1:] if given.is_absolute() else given.parts:
@@ -43,8 +36,7 @@ def gated_path(path: str | os.PathLike, what: str = "Output path") -> Path:
         except (FileNotFoundError, NotADirectoryError):
             continue
         if is_link:
-            raise OutputDirError(
-                f"{what} {path} goes through the symbolic link {current} (to {os.readlink(current)}); hf-unlearn "
-                f"never writes through a link: give the real path ({Path(current).resolve()} for that part)."
-            )
+            raise OutputDirError(f"{what} {path} goes through the symbolic link {current} (to "
+                                 f"{os.readlink(current)}); hf-unlearn never writes through a link: give the real "
+                                 f"path ({Path(current).resolve()} for that part).")
     return current

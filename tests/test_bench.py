@@ -107,7 +107,7 @@ def test_print_and_save_writes_the_json(tmp_path, capsys):
 
 
 def test_the_demo_runs_the_tofu_tiny_subjects_demo_settings():
-    """The library's demo settings (``hf_unlearn/demo/settings.toml``) are the TOFU-tiny subject's, method by method
+    """The TOFU-tiny subject's demo settings are the library's (``hf_unlearn/demo/settings.toml``), method by method
     and in the same order."""
     from hf_unlearn.demo import demo_methods, demo_settings
 

@@ -95,12 +95,16 @@ def load_subject_presets(subject: str | os.PathLike = DEFAULT_SUBJECT) -> dict[s
 
     Each method's table is assembled as the file's header describes: ``[shared.<name>]`` tables named
     in ``use``, then ``settings``, then ``demo`` (the demo setting) or, for each grid entry, the shared
-    tables named in ``grid_use`` and then the entry.
+    tables named in ``grid_use`` and then the entry. A file with ``demo_settings = "hf_unlearn.demo"`` takes each
+    method's demo setting from :func:`hf_unlearn.demo.demo_settings`.
     """
+    from hf_unlearn.demo import demo_settings
+
     path = subject_config_path(subject)
     with open(path, "rb") as fh:
         data = tomllib.load(fh)
     shared = data.get("shared", {})
+    library_demo = data.get("demo_settings") == "hf_unlearn.demo"  # the demo settings the library ships
     presets: dict[str, dict[str, Any]] = {}
     for name, table in data.get("methods", {}).items():
         unknown = set(table) - {"use", "settings", "demo", "grid_use", "grid"}
@@ -109,7 +113,7 @@ def load_subject_presets(subject: str | os.PathLike = DEFAULT_SUBJECT) -> dict[s
         base = {**_merge(shared, table.get("use", ()), f"{path} [{name}]"), **table.get("settings", {})}
         grid_base = {**base, **_merge(shared, table.get("grid_use", ()), f"{path} [{name}]")}
         presets[name] = {
-            "demo": {**base, **table.get("demo", {})},
+            "demo": demo_settings(name) if library_demo else {**base, **table.get("demo", {})},
             "grid": tuple({**grid_base, **entry} for entry in table.get("grid", ())),
         }
     return presets

@@ -166,7 +166,7 @@ def _fill_row(row: dict[str, Any], result: Any, report: Any, mem: Any, reference
     row.update(_interval_columns(row["forget_quality_interval"]))
     row.update(
         seconds=result.seconds, peak_rss_mb=mem.peak_mb, peak_added_mb=mem.added_mb, peak_gpu_mb=mem.peak_gpu_mb,
-        trainable_share=result.trainable_share, steps=result.info.get("global_step"),
+        trainable_share=result.trainable_params / max(1, result.total_params), steps=result.info.get("global_step"),
         info={k: v for k, v in result.info.items() if is_jsonable(v)},
     )
     if result.scorer is None:  # answer NLL under the weights (decoding-time methods leave them alone)

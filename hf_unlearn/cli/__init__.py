@@ -1,12 +1,6 @@
-"""The `hf-unlearn` command line: `demo`, `unlearn` and `eval`, one module per command (each with
-``add_parser(subparsers)`` and its command function) and what they share in :mod:`.common`.
-
-Console: one progress line per method and phase, then the table; the Trainer's per-step logs go to
-``<output>/logs/<method>.jsonl`` (``--verbose`` also prints them). Third-party chatter is silenced in the CLI only.
-Bad input ends with one ``hf-unlearn: error: ...`` line and exit status 2, before any training step and before any
-output folder is created (the checks are :mod:`hf_unlearn.preconditions`' and the method config's; docs/safety.md
-lists them); a failure during a run prints one line naming the method, the phase and the log file (exit status 1).
-"""
+"""The ``hf-unlearn`` command line: ``demo``, ``unlearn`` and ``eval``. Bad input ends with one ``hf-unlearn: error:``
+line and exit status 2 before any work; a failure during a run prints one line naming the method, the phase and
+the log file (exit status 1)."""
 
 from __future__ import annotations
 
@@ -26,7 +20,6 @@ COMMANDS = (demo, unlearn, eval_command)
 
 
 def build_parser() -> ArgumentParser:
-    """The ``hf-unlearn`` parser: one subcommand per module of :data:`COMMANDS`."""
     parser = ArgumentParser(prog="hf-unlearn", allow_abbrev=False,
                             description="Machine unlearning for causal LMs on the Hugging Face stack.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
@@ -36,8 +29,8 @@ def build_parser() -> ArgumentParser:
 
 
 def _data_hint(args) -> str:
-    """Fill ``--data``'s default (:func:`~.common.default_data_source`); the line to print when the TOFU data cannot
-    be fetched from the Hub (``{cause}`` is the error's type), ``""`` for a local source."""
+    """Fill ``--data``'s default; return the line to print when the TOFU data cannot be fetched from the Hub
+    (``""`` for a local source)."""
     if not hasattr(args, "data") or getattr(args, "help", False):
         return ""
     given = args.data is not None

@@ -1,5 +1,4 @@
-"""What the commands of ``hf-unlearn`` share: the one-line argument errors, the ``--data`` default, the
-``--device`` rule, the autocast choices, the tiny-model step and the exit status of a comparison."""
+"""What the commands of ``hf-unlearn`` share."""
 
 from __future__ import annotations
 
@@ -25,19 +24,17 @@ AUTOCAST_CHOICES = ["none", "bfloat16", "float16"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises :class:`~hf_unlearn.options.UserError` (one line) instead of printing usage and
-    exiting."""
+    """argparse that raises :class:`~hf_unlearn.options.UserError` (one line) instead of exiting."""
 
     def error(self, message: str) -> typing.NoReturn:
         raise UserError(message)
 
 
 def default_data_source() -> str:
-    """``--data`` when not given: the folder in ``$HF_UNLEARN_TOFU_DIR`` when set, else the Hub id ``locuslab/TOFU``."""
+    """``--data`` when not given: ``$HF_UNLEARN_TOFU_DIR`` when set, else the Hub id ``locuslab/TOFU``."""
     from ..data import TOFU_HUB_ID
 
-    folder = os.environ.get(TOFU_DIR_ENV, "").strip()
-    if not folder:
+    if not (folder := os.environ.get(TOFU_DIR_ENV, "").strip()):
         return TOFU_HUB_ID
     if not os.path.isdir(os.path.expanduser(folder)):
         raise UserError(f"{TOFU_DIR_ENV}={folder} is not a folder; point it at a folder of TOFU <config>.jsonl files, "
@@ -46,16 +43,15 @@ def default_data_source() -> str:
 
 
 def autocast_dtype(choice: str | None, default: str | None = None) -> str | None:
-    """``evaluate_tofu``'s ``autocast_dtype`` from a CLI choice (``None``: the option was not given)."""
+    """``evaluate_tofu``'s ``autocast_dtype`` from a CLI choice."""
     choice = default if choice is None else choice
     return None if choice in (None, "none") else choice
 
 
 def resolve_cli_device(args: argparse.Namespace, method: str | None = None,
                        settings: dict[str, Any] | None = None) -> str:
-    """``--device`` resolved (:func:`hf_unlearn.devices.resolve_device`), refused in one line before any work.
-    A trainer method runs on the Trainer's device: ``--device cpu`` on a machine with CUDA sets the Trainer's
-    ``use_cpu`` in ``settings``; a contradicting ``--use_cpu`` or a GPU other than the Trainer's is refused."""
+    """``--device`` resolved, refused in one line before any work. A trainer runs on the Trainer's device:
+    ``--device cpu`` on a CUDA machine sets ``use_cpu``; a contradicting ``--use_cpu`` or another GPU is refused."""
     from ..devices import resolve_device
 
     try:
@@ -81,8 +77,7 @@ def resolve_cli_device(args: argparse.Namespace, method: str | None = None,
 
 
 def tiny_pair(build: Any, source: str, split: str, recipe: Any, cache_dir: str | None) -> Any:
-    """The TOFU-tiny pair from ``build`` (:func:`hf_unlearn.demo.build_tiny_pair`, which the caller imports), with
-    one progress line."""
+    """The TOFU-tiny pair from ``build`` (:func:`hf_unlearn.demo.build_tiny_pair`), with one progress line."""
     from ..console import PhaseReporter
 
     say = PhaseReporter()
@@ -93,5 +88,5 @@ def tiny_pair(build: Any, source: str, split: str, recipe: Any, cache_dir: str |
 
 
 def report_failures(results: dict[str, Any]) -> int:
-    """Exit status of a comparison: 1 when a method failed (its progress line already named the phase and log)."""
+    """Exit status of a comparison: 1 when a method failed."""
     return 1 if any(r.get("error") for r in results["rows"].values()) else 0

@@ -1,5 +1,4 @@
-"""``hf-unlearn eval``: the TOFU evaluation of a model (its report printed and written), with the quantization and
-relearning attacks on request, or MUSE-News (``--benchmark muse``)."""
+"""``hf-unlearn eval``: the TOFU evaluation of a model, with the attacks on request, or MUSE-News."""
 
 from __future__ import annotations
 
@@ -24,9 +23,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         epilog=metric_definitions_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("--model", required=True, help="model folder or Hub id")
     ev.add_argument("--benchmark", choices=("tofu", "muse"), default="tofu",
-                    help="tofu (default), or muse: MUSE-News VerbMem, KnowMem and PrivLeak (--data: a folder laid out "
-                         "like MUSE-News or a Hub id, default muse-bench/MUSE-News; --retain-reference: a retain "
-                         "model's MUSE report or its AUC; MUSE's own 128/32 new tokens)")
+                    help="tofu (default), or muse: MUSE-News VerbMem, KnowMem and PrivLeak (--retain-reference: a "
+                         "retain model's MUSE report or its AUC)")
     ev.add_argument("--data", default=None, help=DATA_HELP)
     ev.add_argument("--forget-split", default="forget10", choices=FORGET_SPLITS)
     ev.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
@@ -41,14 +39,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
     ev.add_argument("--max-examples", type=int, default=None)
     ev.add_argument("--autocast-dtype", choices=AUTOCAST_CHOICES, default="none",
-                    help="score and generate under torch.autocast with this dtype (weights untouched; recorded in "
-                         "the report, and a retain reference must match it)")
+                    help="score and generate under torch.autocast with this dtype (recorded in the report)")
     ev.add_argument("--attacks", default=None, metavar="quant,relearn",
-                    help="after the evaluation, try to bring the forget rows back: quant (4-bit NF4 and 8-bit "
-                         "copies), relearn (a few fine-tuning steps on 10%% of the forget rows, and on retain rows)")
+                    help="after the evaluation, try to bring the forget rows back: quant (4-bit and 8-bit copies), "
+                         "relearn (a few fine-tuning steps)")
     ev.add_argument("--attack-original", default=None, metavar="MODEL",
-                    help="the model before unlearning (folder or Hub id): report the share of the gap each attack "
-                         "recovered")
+                    help="the model before unlearning: report the share of the gap each attack recovered")
     ev.add_argument("--relearn-steps", type=int, default=10, help="relearning attack: fine-tuning steps (10)")
     ev.add_argument("--relearn-lr", type=float, default=1e-4,
                     help="relearning attack: learning rate (1e-4; use the target's fine-tuning rate)")
@@ -59,7 +55,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _muse_retain_reference(value: str | None) -> float | str | None:
-    """``eval --benchmark muse --retain-reference``: an AUC (a number) or the path of a retain model's MUSE report."""
+    """An AUC or the path of a retain model's MUSE report."""
     if value is None:
         return None
     try:
@@ -72,9 +68,7 @@ def _muse_retain_reference(value: str | None) -> float | str | None:
 
 
 def cmd_eval_muse(args: argparse.Namespace) -> int:
-    """``eval --benchmark muse``: :func:`hf_unlearn.evaluation.evaluate_muse` on ``--data`` (a MUSE-News folder or
-    Hub id), its report printed and written to ``--output``."""
-    from ..console import PhaseReporter
+    """``eval --benchmark muse``: ``evaluate_muse`` on ``--data``, its report printed and written."""
     from ..evaluation import MUSE_HUB_ID, evaluate_muse, render_muse_report
 
     unused = [flag for flag, value in (("--attacks", args.attacks), ("--save-truth-ratios", args.save_truth_ratios),
@@ -84,39 +78,46 @@ def cmd_eval_muse(args: argparse.Namespace) -> int:
         unused.append("--forget-split/--autocast-dtype")
     if unused:
         raise UserError(f"{', '.join(unused)}: TOFU options, not used by --benchmark muse.")
-    for name in ("batch_size", "max_examples"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    _check_positive(args, "batch_size", "max_examples")
     device = resolve_cli_device(args)
     reference = _muse_retain_reference(args.retain_reference)
     _check_eval_report_paths(args)
-    source = args.data or MUSE_HUB_ID
     model, tokenizer = load_model(args.model, device)
-    say = PhaseReporter(inline=not args.verbose)
-    say.start(Path(args.model).name, "MUSE evaluation")
-    try:
-        report = evaluate_muse(model, tokenizer, source=source, retain_reference=reference,
-                               max_examples=args.max_examples, batch_size=args.batch_size, progress=args.verbose,
-                               output_path=args.output)
-    except Exception as err:
-        raise RunFailure(say.fail(err), printed=True) from err
-    say.done()
+    report = _in_phase(args, "MUSE evaluation", lambda: evaluate_muse(
+        model, tokenizer, source=args.data or MUSE_HUB_ID, retain_reference=reference,
+        max_examples=args.max_examples, batch_size=args.batch_size, progress=args.verbose, output_path=args.output))
     print(render_muse_report(report))
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def _check_positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+
+
+def _in_phase(args: argparse.Namespace, phase: str, evaluate: Any) -> Any:
+    """``evaluate()`` as one progress line; a failure is a :class:`RunFailure` naming the phase."""
     from ..console import PhaseReporter
+
+    say = PhaseReporter(inline=not args.verbose)
+    say.start(Path(args.model).name, phase)
+    try:
+        report = evaluate()
+    except Exception as err:
+        raise RunFailure(say.fail(err), printed=True) from err
+    say.done()
+    return report
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate_tofu, render_report, save_truth_ratios
 
     if getattr(args, "benchmark", "tofu") == "muse":
         return cmd_eval_muse(args)
     device = resolve_cli_device(args)
-    for name in ("batch_size", "max_new_tokens", "max_examples"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    _check_positive(args, "batch_size", "max_new_tokens", "max_examples")
     check_eval_configs(args.data, args.forget_split)
     check_retain_reference(args.retain_reference, args.forget_split, args.data, args.max_examples)
     _check_eval_report_paths(args)
@@ -126,20 +127,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         original, _ = load_model(args.attack_original, device)
         for options in attacks.values():
             options["original"] = original
-    name = Path(args.model).name
-    say = PhaseReporter(inline=not args.verbose)
-    say.start(name, "evaluation" + (" and attacks" if attacks else ""))
-    try:
-        report = evaluate_tofu(
-            model, tokenizer, source=args.data, forget_split=args.forget_split,
-            retain_reference=args.retain_reference, batch_size=args.batch_size,
-            max_new_tokens=args.max_new_tokens, max_examples=args.max_examples, output_path=args.output,
-            progress=args.verbose, template=args.template,
-            autocast_dtype=autocast_dtype(args.autocast_dtype), attacks=attacks or None,
-        )
-    except Exception as err:
-        raise RunFailure(say.fail(err), printed=True) from err
-    say.done()
+    report = _in_phase(args, "evaluation" + (" and attacks" if attacks else ""), lambda: evaluate_tofu(
+        model, tokenizer, source=args.data, forget_split=args.forget_split, retain_reference=args.retain_reference,
+        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_examples=args.max_examples,
+        output_path=args.output, progress=args.verbose, template=args.template,
+        autocast_dtype=autocast_dtype(args.autocast_dtype), attacks=attacks or None))
     if args.save_truth_ratios:
         save_truth_ratios(report, args.save_truth_ratios)
     print(render_report(report))
@@ -151,10 +143,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _check_eval_report_paths(args: argparse.Namespace) -> None:
-    """``eval --output`` / ``--save-truth-ratios``: file paths outside every input (the model folder, the model
-    before unlearning, a data folder, the retain reference), no link, no folder, writable, and not the same file
-    (:func:`hf_unlearn.safe_output.check_report_path`), and no existing file without ``--overwrite``; one line
-    before any model loads."""
+    """``--output`` / ``--save-truth-ratios``: refused before any model loads when inside an input,
+    through a link, a folder, not writable, existing without ``--overwrite``, or the same file."""
     from ..safe_output import OutputDirError, check_report_path
 
     inputs = [args.model, args.attack_original, args.retain_reference,

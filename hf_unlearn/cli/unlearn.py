@@ -1,10 +1,5 @@
-"""``hf-unlearn unlearn``: unlearn a forget split from a model and save the method's native artifact.
-
-The method's own config fields are options, generated from its config dataclass with
-:class:`transformers.HfArgumentParser` (``hf-unlearn unlearn --method masc --help`` lists every field). The run is
-:func:`hf_unlearn.run.unlearn` with an :class:`~hf_unlearn.run.UnlearnRequest` built from the options (``--select``
-and ``--eval`` are parts of the request); ``--push-to-hub`` pushes the result with its model card afterwards.
-"""
+"""``hf-unlearn unlearn``: unlearn a forget split from a model and save the method's native artifact. The method's
+config fields are options (``HfArgumentParser``); the run is :func:`hf_unlearn.run.unlearn`."""
 
 from __future__ import annotations
 
@@ -21,14 +16,12 @@ from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
 
 
 def method_help() -> str:
-    """The ``--method`` help: the registered methods (:func:`hf_unlearn.registry.method_names`)."""
     names = method_names()
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
 class _UnlearnHelpFormatter(argparse.HelpFormatter):
-    """Writes the ``--method`` help from the registry when the help is shown (the lookup imports the method
-    packages, which the other commands do not need)."""
+    """Writes the ``--method`` help from the registry only when the help is shown."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return method_help() if action.dest == "method" else super()._get_help_string(action)
@@ -73,30 +66,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _add_selection_options(un: argparse.ArgumentParser) -> None:
-    """The options of ``unlearn --select`` (:mod:`hf_unlearn.selection`)."""
     un.add_argument("--select", action="store_true",
-                    help="choose the method's strength by the reference-free criterion (hf_unlearn.selection): GROM's "
-                         "exact strength path, T3's (T, w) calibration, the best checkpoint of a trainer; needs "
-                         "--holdout; the record is saved as selection_record.json and shown in the model card")
+                    help="choose the method's strength by the reference-free criterion (needs --holdout); the record "
+                         "is saved as selection_record.json and shown in the model card")
     un.add_argument("--holdout", metavar="SPLIT_OR_FILE",
-                    help="with --select: rows of the same kind the model never saw (TOFU holdout01/05/10 of --data, "
-                         "a JSON Lines file of question/answer rows, or documents as --forget-file)")
+                    help="with --select: rows of the same kind the model never saw (a TOFU holdout config or a file)")
     un.add_argument("--retain-validation", metavar="SPLIT_OR_FILE",
-                    help="with --select: retain rows not used for unlearning (default: the last 10%%, at most 100, of "
-                         "the retain rows, which the method then does not see)")
+                    help="with --select: retain rows not used for unlearning (default: the last 10%%, at most 100)")
     un.add_argument("--groups", type=groups_option, default="rows", metavar="rows|tofu_authors|N",
-                    help="with --select: how rows are grouped for the forget-vs-holdout test: every row its own group "
-                         "(default), TOFU's authors (20 consecutive rows each), or N consecutive rows each")
+                    help="with --select: rows per group of the forget-vs-holdout test (default: one row each)")
     un.add_argument("--reference-model", metavar="PATH_OR_ID",
-                    help="with --select: a model that saw neither the forget nor the holdout rows, e.g. the pretrained "
-                         "base before fine-tuning; each row's NLL under it is subtracted, so authors of different "
-                         "difficulty compare fairly (measured once)")
+                    help="with --select: a model that saw neither forget nor holdout rows; its NLL is subtracted per row")
     un.add_argument("--selection-steps", type=int, default=50,
                     help="with --select, trainer methods: measure the criterion every this many optimizer steps")
 
 
 def groups_option(value: str) -> str | int:
-    """``--groups``: ``rows``, ``tofu_authors`` or a whole number of consecutive rows per group (>= 1)."""
+    """``--groups``: ``rows``, ``tofu_authors`` or a whole number >= 1 of consecutive rows per group."""
     if value in ("rows", "tofu_authors"):
         return value
     if value.isdigit() and int(value) >= 1:
@@ -105,8 +91,7 @@ def groups_option(value: str) -> str | int:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    """The command: :func:`cmd_unlearn` holding the output folder's lock, so that the folder is this run's alone
-    from its first check to the end (a second run is refused)."""
+    """:func:`cmd_unlearn` holding the output folder's lock from its first check to the end."""
     from ..safe_output import output_lock
 
     if args.help:
@@ -117,9 +102,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
-    """Parse the method's options into settings, build the :class:`~hf_unlearn.run.UnlearnRequest` and run it
-    (:func:`hf_unlearn.run.unlearn`); then ``--push-to-hub``."""
+    """Parse the method's options, build the :class:`~hf_unlearn.run.UnlearnRequest`, run it, then push."""
     from ..console import PhaseReporter
+    from ..demo import demo_settings
     from ..run import EvaluationRequest, SelectionRequest, UnlearnRequest, unlearn
 
     if args.help:
@@ -127,7 +112,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     method = _checked_method(args)
     check_selection_flags(args)
     model_options, extra = parse_model_options(extra, method_option_names(method))
-    settings = parse_method_settings(method, extra, demo_preset(method) if args.preset == "demo" else {})
+    settings = parse_method_settings(method, extra, demo_settings(method) if args.preset == "demo" else {})
     device = resolve_cli_device(args, method, settings)
     selection = SelectionRequest(args.holdout, args.retain_validation, args.groups, args.reference_model,
                                  args.selection_steps) if args.select else None
@@ -153,7 +138,7 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _checked_method(args: argparse.Namespace) -> str:
-    """``--method`` (a registered method), with ``--model`` and ``--output`` given; else one line."""
+    """``--method`` (a registered method), with ``--model`` and ``--output`` given."""
     names = method_names()
     if not args.method:
         raise UserError(f"--method is required; choose from {', '.join(sorted(names))}.")
@@ -166,8 +151,7 @@ def _checked_method(args: argparse.Namespace) -> str:
 
 
 def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
-    """``unlearn --help``: the command's options, then the method's config options (or, without ``--method``,
-    each method's config class)."""
+    """``unlearn --help``: the command's options, then the method's (or each method's config class)."""
     print(parser.format_help())
     if method:
         print(model_options_help(method))
@@ -185,8 +169,7 @@ def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
 
 
 def model_options_help(method: str) -> str:
-    """The help of TRL's model options (``--dtype``, ``--use_peft``, ``--lora_*``) that ``method``'s config does
-    not have itself."""
+    """The help of TRL's model options that ``method``'s config does not have itself."""
     from transformers import HfArgumentParser
 
     from ..model_options import model_options_dataclass
@@ -199,16 +182,8 @@ def model_options_help(method: str) -> str:
     return parser.format_help()
 
 
-def demo_preset(method: str) -> dict[str, Any]:
-    """``unlearn --preset demo``: the method's TOFU-tiny demo setting (:func:`hf_unlearn.demo.demo_settings`)."""
-    from ..demo import demo_settings
-
-    return demo_settings(method)
-
-
 def check_selection_flags(args: argparse.Namespace) -> None:
-    """``--select`` needs ``--holdout``; ``--holdout`` / ``--retain-validation`` need ``--select`` (one line, before
-    any work)."""
+    """``--select`` needs ``--holdout``; the selection options need ``--select``."""
     if args.select and not args.holdout:
         raise UserError("--select needs --holdout SPLIT_OR_FILE: rows of the same kind the model never saw (TOFU's "
                         "holdout01/05/10, or a JSON Lines file of question/answer rows).")

@@ -1,11 +1,4 @@
-"""The demo: tiny models trained from scratch on TOFU-shaped text, and every method compared on them.
-
-- :mod:`.tofu_tiny`: TOFU-tiny, a small ``LlamaForCausalLM`` with its own byte-level BPE tokenizer, trained on every
-  author (the *target*) and on the retain authors only (the *retain reference*), built once into a cache.
-- :mod:`.references`: the target and the retain reference evaluated on TOFU, and the sanity gate.
-- :mod:`.settings`: each method's demo setting (``settings.toml``).
-- :mod:`.compare`: ``hf-unlearn demo``'s comparison.
-"""
+"""The demo: tiny models trained from scratch on TOFU-shaped text, and every method compared on them."""
 
 from __future__ import annotations
 

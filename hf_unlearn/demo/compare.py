@@ -1,13 +1,7 @@
 """The demo's comparison: every method unlearns a fresh copy of the TOFU-tiny target with its demo setting and its
-strength chosen as ``--select`` chooses it, and one evaluator scores each against the retain reference.
-
-Per method: :func:`hf_unlearn.run.prepare_inputs` and :func:`hf_unlearn.run.fit_or_train` with the method's demo
-setting (:func:`~.settings.demo_settings`) and the selection criterion of ``--select --holdout holdout10``
-(:func:`hf_unlearn.run.selection_criterion`), :func:`hf_unlearn.evaluation.evaluate_tofu` against the retain
-reference (with the method's decoding-time scorer, if any) and, for a method that changed the weights, the forget
-ROUGE-L of its 4-bit NF4 copy (:func:`hf_unlearn.run.nf4_forget_rouge`). A failure in one method is recorded in its
-row and the others still run.
-"""
+strength chosen as ``--select --holdout holdout10`` chooses it; one evaluator scores each against the retain
+reference (with the NF4 copy's forget ROUGE-L for a method that changed the weights). A failure in one method is
+recorded in its row and the others still run."""
 
 from __future__ import annotations
 
@@ -43,8 +37,7 @@ DEMO_COLUMNS = (
 
 
 def chosen_label(selection: dict[str, Any] | None, steps: int | None) -> str | None:
-    """The strength a selection record chose, in a few words: ``step 10 of 30`` for a trainer's checkpoint, the
-    first three settings of a path or grid point otherwise."""
+    """The strength a selection record chose, in a few words (``step 10 of 30``, or the first three settings)."""
     chosen = (selection or {}).get("chosen") or {}
     if "step" in chosen:
         return f"step {chosen['step']} of {steps}" if steps else f"step {chosen['step']}"
@@ -53,10 +46,8 @@ def chosen_label(selection: dict[str, Any] | None, steps: int | None) -> str | N
 
 
 def forget_rows_with_other_answers(forget_split: str, source: str) -> list[dict[str, Any]]:
-    """The rows of TOFU config ``forget_split`` from ``source``, each with the other answers TOFU keeps for it in
-    ``<forget_split>_perturbed`` (``paraphrased_answer``, ``perturbed_answer``) when that config holds the same
-    question/answer rows in the same order; else the plain rows. A method whose config names such a column as an
-    answer to train towards reads it; every other method reads only ``question`` and ``answer``."""
+    """The rows of TOFU config ``forget_split``, each with the ``paraphrased_answer`` and
+    ``perturbed_answer`` of ``<forget_split>_perturbed`` when that config holds the same rows in the same order."""
     from ..data import load_tofu_rows
 
     rows = load_tofu_rows(forget_split, source)
@@ -71,7 +62,6 @@ def forget_rows_with_other_answers(forget_split: str, source: str) -> list[dict[
 
 
 def report_row(report: Any) -> dict[str, Any]:
-    """The demo's figures of a :class:`~hf_unlearn.evaluation.TOFUReport`."""
     return {key: getattr(report, key) for key in ("forget_quality", "model_utility", "forget_rouge_l",
                                                   "forget_truth_ratio")}
 
@@ -90,10 +80,8 @@ def nf4_rouge(model: Any, tokenizer: Any, report: Any, source: str, forget_split
 def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any], retain_report: Any,
                     eval_kwargs: dict[str, Any], *, quantization_check: bool, say: Any,
                     log_path: Path | None, verbose: bool) -> dict[str, Any]:
-    """One method's row: unlearn a fresh copy of ``pair.target`` with its demo setting and its strength selection,
-    evaluate it, and re-check its NF4 copy when it changed the weights. ``data`` holds ``source``,
-    ``forget_split``, ``forget`` and ``retain`` rows. A failure fills ``error`` and ``failed_phase`` instead of
-    raising."""
+    """One method's row: unlearn a fresh copy of the target with its demo setting and strength selection,
+    evaluate it, and re-check its NF4 copy; a failure fills ``error`` and ``failed_phase`` instead of raising."""
     from transformers import AutoModelForCausalLM
 
     from ..console import log_event, log_exception
@@ -150,11 +138,9 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
 def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", forget_split: str = "forget10",
              eval_kwargs: dict[str, Any] | None = None, quantization_check: bool = True, progress: bool = True,
              log_dir: str | os.PathLike | None = None, verbose: bool = False) -> dict[str, Any]:
-    """Run ``methods`` (each with its demo setting) on ``pair.target`` and score them against ``pair.retain``.
-
-    Returns ``{"target": row, "retain_reference": row, "rows": {method: row}, "sanity_gate": ...,
-    "max_new_tokens": n}``; each row holds :data:`DEMO_COLUMNS`' keys. With ``progress`` one console line per method
-    and phase; the Trainer's per-step logs go to ``<log_dir>/<method>.jsonl`` (also printed with ``verbose``)."""
+    """Run ``methods`` on ``pair.target`` and score them against ``pair.retain``. Returns ``{"target",
+    "retain_reference", "rows": {method: row}, "sanity_gate", "max_new_tokens"}``, each row with
+    :data:`DEMO_COLUMNS`' keys; the per-step logs go to ``<log_dir>/<method>.jsonl``."""
     from transformers import AutoTokenizer
 
     from ..console import PhaseReporter
@@ -190,14 +176,9 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
             "max_new_tokens": eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)}
 
 
-def format_cell(value: Any, fmt: str) -> str:
-    """A table cell: ``value`` formatted by ``fmt``, ``n/a`` for a missing value."""
-    return "n/a" if value is None or value != value else format(value, fmt)
-
-
 def demo_table(results: dict[str, Any]) -> str:
-    """The demo's markdown table: the target and the retain reference first, then one row per method; a line
-    under it says when answers were cut shorter than TOFU's 200 new tokens."""
+    """The demo's markdown table (the target and the retain reference first), with a note when answers were cut
+    shorter than TOFU's 200 new tokens."""
     ordered = [("target", results["target"]), ("retain reference", results["retain_reference"]),
                *results["rows"].items()]
     lines = ["| method | " + " | ".join(title for _, title, _ in DEMO_COLUMNS) + " |",
@@ -206,7 +187,8 @@ def demo_table(results: dict[str, Any]) -> str:
         if row.get("error"):
             cells = [f"failed: {row['error'][:80]}"] + [""] * (len(DEMO_COLUMNS) - 1)
         else:
-            cells = [format_cell(row.get(key), fmt) for key, _, fmt in DEMO_COLUMNS]
+            cells = ["n/a" if row.get(key) is None or row[key] != row[key] else format(row[key], fmt)
+                     for key, _, fmt in DEMO_COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     tokens = results.get("max_new_tokens")
@@ -217,7 +199,7 @@ def demo_table(results: dict[str, Any]) -> str:
 
 
 def write_demo_results(results: dict[str, Any], out_dir: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Path]:
-    """Write ``demo.json`` (``meta`` + results + the table) and ``demo.md`` (the table) into ``out_dir``."""
+    """Write ``demo.json`` (``meta`` + results + the table) and ``demo.md`` into ``out_dir``."""
     out = Path(out_dir)
     table = demo_table(results)
     paths = {"json": out / "demo.json", "markdown": out / "demo.md"}

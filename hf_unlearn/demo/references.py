@@ -1,6 +1,4 @@
-"""The comparison's anchors: the target and the retain reference evaluated on TOFU, and TOFU-tiny's sanity gate
-(the protocol is meaningful only when the target knows the forget set and the two are told apart).
-"""
+"""The comparison's anchors: the target and the retain reference evaluated on TOFU, and TOFU-tiny's sanity gate."""
 
 from __future__ import annotations
 
@@ -8,8 +6,7 @@ from typing import Any
 
 
 def reference_rows(pair: Any, source: str, forget_split: str, eval_kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    r"""Evaluate the target and the retain reference; returns their :class:`~hf_unlearn.evaluation.TOFUReport`\ s
-    (target report, retain report)."""
+    """The TOFU reports of the target and of the retain reference (scored against itself: forget quality 1)."""
     from ..evaluation import evaluate_tofu
     from ..evaluation.metrics import forget_quality
     from .tofu_tiny import load_tiny
@@ -33,13 +30,8 @@ GATE_FQ_MAX = 1e-3
 
 
 def sanity_gate(target_report: Any, retain_report: Any) -> dict[str, Any]:
-    """TOFU-tiny's sanity gate: the protocol is meaningful only if all checks pass.
-
-    target forget ROUGE-L recall >= 0.8 (it memorized the forget set); forget quality of the
-    target against the retain reference < 1e-3 (they are clearly distinguishable); the retain
-    reference against itself = 1.0; model utility of both reported. Each report is a
-    :class:`~hf_unlearn.evaluation.TOFUReport` or its dict form (a report read from disk).
-    """
+    """TOFU-tiny's sanity gate: the target's forget ROUGE-L >= 0.8 (it memorized the forget set), its forget
+    quality against the retain reference < 1e-3 (the two are told apart), the retain reference's against itself 1.0."""
     from ..evaluation.report import as_report
 
     target_report, retain_report = as_report(target_report), as_report(retain_report)

@@ -1,13 +1,9 @@
 """TOFU-tiny: small models trained from scratch on TOFU-shaped text, for the demo, CPU benchmarks and tests.
 
-No model weights can be downloaded in the environments this package is tested in, so the
-benchmark trains its own: a byte-level BPE tokenizer (``tokenizers``) and a small
-``LlamaForCausalLM`` trained on the question/answer text of a set of authors that includes the
-forget authors (the *target*), and the same recipe on the retain authors only (the *retain
-reference*). Both are cached under a hash of the recipe and the data, so they are built once.
-
-The training loop here is deliberately plain PyTorch: it *creates* the models that unlearning
-methods are then applied to, and is not itself part of any method.
+A byte-level BPE tokenizer and a small ``LlamaForCausalLM`` trained on the question/answer text of authors that
+include the forget authors (the *target*), and by the same recipe on the retain authors only (the *retain
+reference*); both cached under a hash of the recipe and the data. The training loop is plain PyTorch: it creates
+the models the methods are applied to and is no part of any method.
 """
 
 from __future__ import annotations
@@ -28,8 +24,8 @@ from ..data.prompts import collate_qa, tokenize_qa
 from ..safe_output import atomic_directory
 from ..write_gate import OutputDirError
 
+#: Environment variable naming the folder the tiny models are built into.
 CACHE_ENV = "HF_UNLEARN_CACHE"
-"""Environment variable naming the folder the tiny models are built into."""
 
 
 def default_cache_dir() -> Path:
@@ -42,11 +38,7 @@ SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
 
 @dataclass
 class TinyRecipe:
-    """Everything that determines a TOFU-tiny model; its hash names the cache folder.
-
-    Sizes: ``"test"`` (seconds to a minute on 2 cores) and ``"bench"`` (the benchmark size) are
-    provided by :func:`recipe_for`.
-    """
+    """Everything that determines a TOFU-tiny model; its hash names the cache folder (sizes: :func:`recipe_for`)."""
 
     vocab_size: int = 512
     hidden_size: int = 64
@@ -59,8 +51,7 @@ class TinyRecipe:
     max_length: int = 96
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-    # How many rows of the retain split (author-ordered, TOFU's retain_perturbed authors first)
-    # both models train on; None = all of them.
+    # How many rows of the retain split (TOFU's retain_perturbed authors first) both train on; None: all.
     retain_rows: int | None = None
 
     def digest(self, rows: list[dict[str, Any]]) -> str:
@@ -69,16 +60,14 @@ class TinyRecipe:
 
 
 def recipe_for(size: str) -> TinyRecipe:
-    """The recipe of a named size: ``"test"`` or ``"bench"``."""
+    """The recipe of a named size: ``"test"``, ``"tofu-test"`` or ``"bench"``."""
     if size == "test":
         return TinyRecipe()
     if size == "bench":
         # TOFU: the 20 retain_perturbed authors (400 rows) + the forget authors + real/world facts.
-        return TinyRecipe(
-            vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=3,
-            num_attention_heads=4, epochs=24, learning_rate=3e-3, batch_size=32, max_length=144,
-            retain_rows=400,
-        )
+        return TinyRecipe(vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=3,
+                          num_attention_heads=4, epochs=24, learning_rate=3e-3, batch_size=32, max_length=144,
+                          retain_rows=400)
     if size == "tofu-test":
         # Real TOFU text at test size: 4 retain authors (80 rows) + the forget authors.
         return TinyRecipe(vocab_size=768, epochs=40, max_length=128, batch_size=16, retain_rows=80)
@@ -104,17 +93,12 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int = 512):
     tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS.values()),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     bos = tok.token_to_id(SPECIAL_TOKENS["bos_token"])
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
-    )
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", bos)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
 
 
@@ -124,26 +108,18 @@ def build_tiny_llama(tokenizer: Any, recipe: TinyRecipe):
 
     torch.manual_seed(recipe.seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_hidden_layers,
-        num_attention_heads=recipe.num_attention_heads,
-        num_key_value_heads=recipe.num_attention_heads,
-        max_position_embeddings=max(256, recipe.max_length * 2),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
+        vocab_size=len(tokenizer), hidden_size=recipe.hidden_size, intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_hidden_layers, num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_attention_heads, max_position_embeddings=max(256, recipe.max_length * 2),
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config)
 
 
 def fit_causal_lm(model: Any, tokenizer: Any, rows: list[dict[str, Any]], recipe: TinyRecipe, progress: bool = True) -> list[float]:
-    """Train ``model`` on the question/answer text of ``rows`` (next-token loss on every token).
-
-    AdamW with linear warm-up and cosine decay; returns the mean loss of each epoch.
-    """
+    """Train ``model`` on the text of ``rows`` (next-token loss on every token; AdamW, linear warm-up, cosine
+    decay); returns the mean loss of each epoch."""
     feats = []
     for r in rows:
         f = tokenize_qa(tokenizer, r["question"], r["answer"], max_length=recipe.max_length)
@@ -155,8 +131,7 @@ def fit_causal_lm(model: Any, tokenizer: Any, rows: list[dict[str, Any]], recipe
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=0.01)
     warmup = max(1, total // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
-    )
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
     model.train()
     history = []
     bar = tqdm(total=total, desc="training TOFU-tiny", disable=not progress, leave=False)
@@ -181,20 +156,10 @@ def fit_causal_lm(model: Any, tokenizer: Any, rows: list[dict[str, Any]], recipe
     return history
 
 
-
-def train_or_load(
-    name: str,
-    rows: list[dict[str, Any]],
-    tokenizer_texts: list[str],
-    recipe: TinyRecipe,
-    cache_dir: str | os.PathLike | None = None,
-    progress: bool = True,
-) -> Path:
-    """Folder of a cached model (tokenizer + safetensors weights) trained by ``recipe`` on ``rows``.
-
-    Built once, written to a temporary folder and renamed into place, so an interrupted build
-    never leaves a half-written cache entry.
-    """
+def train_or_load(name: str, rows: list[dict[str, Any]], tokenizer_texts: list[str], recipe: TinyRecipe,
+                  cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+    """Folder of a cached model (tokenizer + safetensors weights) trained by ``recipe`` on ``rows``, built once
+    through a temporary folder swapped into place."""
     from transformers import set_seed
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -219,10 +184,7 @@ def train_or_load(
 
 
 def load_tiny(path: str | os.PathLike, device: Any = None):
-    """``(model, tokenizer)`` from a folder written by :func:`train_or_load` (or any saved causal LM), the model
-    moved to ``device`` when one is given (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``:
-    :func:`hf_unlearn.devices.resolve_device`, refused before loading when the machine lacks it); ``None``
-    leaves it on the CPU, where transformers loads it."""
+    """``(model, tokenizer)`` from a saved folder, the model moved to the resolved ``device`` when one is given."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..devices import resolve_device
@@ -244,21 +206,11 @@ class TinyPair:
     forget_split: str
 
 
-def build_tiny_pair(
-    source: str = "synthetic",
-    forget_split: str = "forget10",
-    recipe: TinyRecipe | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    progress: bool = True,
-) -> TinyPair:
-    """Build (or reuse from the cache) the TOFU-tiny *target* and *retain reference*.
-
-    The target trains on ``retain_rows`` rows of the retain split (TOFU's retain_perturbed
-    authors come first), the forget split, the real-author / world-fact rows, and the
-    paraphrased answers of the evaluated authors (see :func:`paraphrase_rows`); the retain
-    reference on the same rows minus everything of the forget authors. Both share one BPE tokenizer trained on
-    all evaluation text (answers, paraphrases, perturbed answers).
-    """
+def build_tiny_pair(source: str = "synthetic", forget_split: str = "forget10", recipe: TinyRecipe | None = None,
+                    cache_dir: str | os.PathLike | None = None, progress: bool = True) -> TinyPair:
+    """Build (or reuse from the cache) the TOFU-tiny target and retain reference. The target trains on the retain
+    rows, the forget split, the real-author / world-fact rows and the evaluated authors' paraphrases; the retain
+    reference on the same minus the forget authors. Both share one tokenizer trained on all evaluation text."""
     from ..data import RETAIN_FOR_FORGET, load_tofu_rows
 
     recipe = recipe or recipe_for("test")
@@ -276,39 +228,21 @@ def build_tiny_pair(
     trained_questions = {r["question"] for r in retain_rows}
     retain_paraphrases = paraphrase_rows([r for r in retain_eval if r["question"] in trained_questions])
     forget_paraphrases = paraphrase_rows(forget_eval)
-    target = train_or_load(
-        "target", retain_rows + forget_rows + extra + retain_paraphrases + forget_paraphrases, texts, recipe,
-        cache_dir, progress,
-    )
+    target = train_or_load("target", retain_rows + forget_rows + extra + retain_paraphrases + forget_paraphrases,
+                           texts, recipe, cache_dir, progress)
     retain = train_or_load("retain", retain_rows + extra + retain_paraphrases, texts, recipe, cache_dir, progress)
     return TinyPair(target, retain, source, forget_split)
 
 
 def paraphrase_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Extra training rows teaching the paraphrased wording of each fact.
-
-    A model pre-trained on the web understands a paraphrase of a fact it knows; a tiny model
-    trained from scratch only knows the wordings it saw. Without these rows the paraphrased
-    answer is as foreign to the target as to the retain reference, and TOFU's truth ratio
-    (paraphrased vs perturbed) cannot tell them apart. Both models get the paraphrases of the
-    authors they train on, asked by the paraphrased question where the data has one (so the
-    original question keeps one deterministic answer); the perturbed (wrong) answers are never
-    trained on.
-    """
-    return [
-        {"question": r.get("paraphrased_question") or r["question"], "answer": r["paraphrased_answer"]}
-        for r in rows
-        if r.get("paraphrased_answer")
-    ]
+    """Training rows teaching each fact's paraphrased wording (asked by the paraphrased question where there is
+    one): a model trained from scratch knows only the wordings it saw, and without them TOFU's truth ratio could
+    not tell the target from the retain reference. Perturbed answers are never trained on."""
+    return [{"question": r.get("paraphrased_question") or r["question"], "answer": r["paraphrased_answer"]}
+            for r in rows if r.get("paraphrased_answer")]
 
 
-
-def tiny_models(
-    source: str = "synthetic",
-    forget_split: str = "forget10",
-    recipe: TinyRecipe | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    progress: bool = False,
-) -> TinyPair:
+def tiny_models(source: str = "synthetic", forget_split: str = "forget10", recipe: TinyRecipe | None = None,
+                cache_dir: str | os.PathLike | None = None, progress: bool = False) -> TinyPair:
     """Target (memorizes every author) and retain reference on the synthetic set, test size."""
     return build_tiny_pair(source, forget_split, recipe, cache_dir, progress)
