@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -277,7 +276,6 @@ def evaluate_muse(
         ValueError: bad arguments, malformed data or a bad retain reference, before any model call.
         FileNotFoundError: a local folder that lacks a part the criteria need.
     """
-    start = time.perf_counter()
     criteria = list(dict.fromkeys(criteria))
     new_tokens = {"verbmem_max_new_tokens": verbmem_max_new_tokens, "knowmem_max_new_tokens": knowmem_max_new_tokens}
     ref_auc, ref_source = _check_inputs(model, tokenizer, source, criteria, retain_reference, max_examples,
@@ -304,7 +302,6 @@ def evaluate_muse(
                   "min_k": PRIVLEAK_MIN_K, "max_length": model_max_positions(model), "num_truncated": truncated},
         hf_unlearn_version=__version__,
     )
-    report.wall_time_s = time.perf_counter() - start
     if output_path is not None:
         report.save(output_path)
     return report

@@ -55,7 +55,7 @@ def _check_figure(name: str, value: Any) -> None:
 class MUSEReport:
     """The report of :func:`~hf_unlearn.evaluation.evaluate_muse`: the figures of :data:`MUSE_METRIC_DEFINITIONS`
     (``None`` when not measured), ``reference_source`` (where ``reference_auc`` comes from), ``num_examples`` and
-    ``per_example`` (per part), ``settings``, ``hf_unlearn_version``, ``wall_time_s`` and ``extra`` (keys of a dict
+    ``per_example`` (per part), ``settings``, ``hf_unlearn_version`` and ``extra`` (keys of a dict
     that are no field, kept as they are)."""
 
     model_name: str
@@ -71,11 +71,10 @@ class MUSEReport:
     per_example: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     hf_unlearn_version: str | None = None
-    wall_time_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in (*_FIGURES, "wall_time_s"):
+        for name in _FIGURES:
             _check_figure(name, getattr(self, name))
         for name in ("num_examples", "per_example", "settings", "extra"):
             if not isinstance(getattr(self, name), dict):

@@ -217,7 +217,7 @@ class TOFUReport:
     Figures: :data:`METRIC_DEFINITIONS`' keys and :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' (with
     ``attacks``, each attack's section). Also ``components``, ``forget_truth_ratios`` (per question, row order),
     ``mia``, ``num_examples``, ``splits`` (aggregates and ``per_example`` values), ``retain_reference``,
-    ``provenance``, ``settings``, ``hf_unlearn_version``, ``wall_time_s``.
+    ``provenance``, ``settings``, ``hf_unlearn_version``.
 
     :meth:`to_dict` is the JSON-ready dict written to disk (nested values shared, not copied); :meth:`from_dict`
     reads one back, also from an older version: optional keys it lacks stay ``None`` and absent from
@@ -261,7 +261,6 @@ class TOFUReport:
     attack_relearn_forget_nll: float | None = None
     attack_relearn_recovered: float | None = None
     attack_benign_recovered: float | None = None
-    wall_time_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Optional keys the source dict lacked (from_dict); None: only the attack keys, absent when no attack ran.
     _omitted: frozenset[str] | None = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -146,7 +145,6 @@ def evaluate_tofu(
             empty splits, a tokenizer with neither pad nor EOS token, a retain reference whose number of truth
             ratios or provenance differs, a CUDA ``device`` without CUDA; all before any model call.
     """
-    start = time.perf_counter()
     specs, device, chosen_attacks = _check_inputs(
         model, tokenizer, source=source, forget_split=forget_split, scorer=scorer,
         generation_kwargs=generation_kwargs, batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -180,7 +178,6 @@ def evaluate_tofu(
     )
     _attack(report, model, tokenizer, data, chosen_attacks, template=template, batch_size=batch_size,
             max_new_tokens=max_new_tokens, progress=progress)
-    report.wall_time_s = time.perf_counter() - start
     if output_path is not None:
         write_json_atomic(report.to_dict(), output_path)
     return report
