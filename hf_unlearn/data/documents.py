@@ -21,7 +21,8 @@ _NOT_DOCUMENT_COLUMNS = frozenset({"question", "answer", "prompt", "completion",
 
 __all__ = [
     "DEFAULT_CHUNK_LENGTH", "DOCUMENT_FILE_SUFFIXES", "DOCUMENT_SEPARATOR", "as_documents", "chunk_documents",
-    "chunk_length", "chunk_token_ids", "document_heads", "documents_dataset", "is_documents", "load_documents", "shared_documents",
+    "chunk_length", "chunk_token_ids", "document_heads", "documents_dataset", "is_document_rows", "is_documents",
+    "load_documents", "shared_documents",
 ]
 
 
@@ -194,6 +195,11 @@ def chunk_length(max_length: int | None, limit: int | None) -> int:
     positions ``limit`` always applies), :data:`DEFAULT_CHUNK_LENGTH` when neither is."""
     bounds = [int(v) for v in (max_length, limit) if v is not None]
     return min(bounds) if bounds else DEFAULT_CHUNK_LENGTH
+
+
+def is_document_rows(rows: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether ``rows`` are documents as ``{"text"}`` rows (what :func:`as_documents` gives, one row each)."""
+    return bool(rows) and "text" in rows[0]
 
 
 def shared_documents(forget: Sequence[str], retain: Sequence[str]) -> int:

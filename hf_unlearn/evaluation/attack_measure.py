@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data.documents import as_documents, chunk_length, document_heads
+from ..data.documents import as_documents, chunk_length, document_heads, is_document_rows
 from ..data.prompts import PromptTemplate
 from ..logprobs import answer_nll as _answer_nll
 from ..logprobs import effective_max_length, feature_token_statistics
@@ -93,7 +93,7 @@ def _measure(
     For documents (``{"text"}`` rows) the forget NLL is the mean over documents of the average NLL of every token
     of each document's first chunk (:func:`_document_features`); ROUGE-L is ``None`` (there is no question to
     answer)."""
-    if _are_documents(rows):
+    if is_document_rows(rows):
         features = _document_features(model, tokenizer, rows)
         with _scoring(model, decoding, attacked) as (scorer, _):
             stats = feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
@@ -116,10 +116,6 @@ def _measure(
         if criterion is not None:
             out["criterion"] = dict(criterion.measure(model, tokenizer, scorer=scorer))
     return out
-
-
-def _are_documents(rows: Sequence[Mapping[str, Any]]) -> bool:
-    return bool(rows) and "text" in rows[0]
 
 
 def _document_features(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

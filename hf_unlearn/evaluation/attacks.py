@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .attack_quant import quantization_attack
+from .attack_quant import _check_bits, quantization_attack
 from .attack_relearn import DEFAULT_RELEARN_LR, relearning_attack
 
 ATTACK_NAMES = ("quant", "relearn")
@@ -51,7 +51,6 @@ def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any)
     make it a no-op: bit widths other than 4 and 8, NF4 without bitsandbytes, a ``share`` outside (0, 1),
     ``steps`` below 1, a ``learning_rate`` that is not a finite number > 0. (:func:`relearning_attack` called
     directly still takes ``steps=0`` or ``learning_rate=0``, a null control.)"""
-    import importlib.util
     import inspect
 
     functions = {"quant": quantization_attack, "relearn": relearning_attack}
@@ -64,11 +63,7 @@ def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any)
         except TypeError as err:
             raise ValueError(f"Bad options for the {name} attack: {err}.") from None
         if name == "quant":
-            bits = tuple(merged.get("bits", (4, 8)))
-            if not bits or any(b not in (4, 8) for b in bits) or len(set(bits)) != len(bits):
-                raise ValueError(f"bits must be distinct values from (4, 8), got {bits!r}.")
-            if (4 in bits or merged.get("method") == "bnb") and importlib.util.find_spec("bitsandbytes") is None:
-                raise ValueError("The 4-bit NF4 attack needs bitsandbytes: pip install 'hf-unlearn[quantization]'.")
+            _check_bits(merged.get("bits", (4, 8)), merged.get("method", "roundtrip"))
         else:
             share = merged.get("share", 0.1)
             if not isinstance(share, (int, float)) or not 0.0 < share < 1.0:

@@ -209,17 +209,6 @@ def reference_auc_of(retain_reference: Any) -> tuple[float, str]:
     return float(retain_reference.privleak_auc), str(retain_reference.model_name)
 
 
-def _check_args(criteria: Sequence[str], max_examples: Any, batch_size: Any, new_tokens: Mapping[str, Any]) -> None:
-    unknown = [c for c in criteria if c not in MUSE_CRITERIA]
-    if unknown or not criteria:
-        raise ValueError(f"criteria must be a non-empty subset of {list(MUSE_CRITERIA)}, got {list(criteria)}.")
-    if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
-        raise ValueError(f"max_examples must be None or a positive integer, got {max_examples!r}.")
-    for name, value in {"batch_size": batch_size, **new_tokens}.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-
-
 def _verbmem(model: Any, tokenizer: Any, rows: list[dict[str, str]], max_new_tokens: int, **common: Any):
     """C1: (VerbMem, per-example values, truncated prompts) of the ``{prompt, gt}`` rows."""
     truths = [truncate_to_tokens(tokenizer, r["gt"], max_new_tokens) for r in rows]
@@ -313,7 +302,14 @@ def _check_inputs(
 ) -> tuple[float | None, str | None]:
     """Check :func:`evaluate_muse`'s arguments, its output path and its retain reference, before any work; the
     reference AUC and where it comes from (``(None, None)`` without the privleak criterion)."""
-    _check_args(criteria, max_examples, batch_size, new_tokens)
+    unknown = [c for c in criteria if c not in MUSE_CRITERIA]
+    if unknown or not criteria:
+        raise ValueError(f"criteria must be a non-empty subset of {list(MUSE_CRITERIA)}, got {list(criteria)}.")
+    if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
+        raise ValueError(f"max_examples must be None or a positive integer, got {max_examples!r}.")
+    for name, value in {"batch_size": batch_size, **new_tokens}.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     if output_path is not None:  # never a report inside the model, the tokenizer or the data folder
         config = getattr(model, "config", None)
         check_report_path(output_path, [getattr(config, "_name_or_path", None),

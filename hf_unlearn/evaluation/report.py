@@ -141,9 +141,7 @@ REPORT_ROWS = (
 
 def _cell(report: TOFUReport, key: str, fmt: str) -> str:
     value = report.figure(key)
-    if value is None:
-        return "n/a"
-    return format(float(value), fmt)
+    return "n/a" if value is None else format(float(value), fmt)
 
 
 def format_report_table(reports: Mapping[str, TOFUReport | Mapping[str, Any]]) -> str:

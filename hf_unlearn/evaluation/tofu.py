@@ -75,11 +75,6 @@ def model_autocast(model: Any, dtype: str | None) -> contextlib.AbstractContextM
     return torch.autocast(model_device(model).type, dtype=getattr(torch, dtype))
 
 
-def _dtype_name(model: Any) -> str | None:
-    dtype = getattr(model, "dtype", None)
-    return None if dtype is None else str(dtype).replace("torch.", "")
-
-
 def _load_holdout(
     forget_split: str, source: str, max_examples: int | None, membership_inference: bool | None
 ) -> list[dict[str, Any]] | None:
@@ -160,7 +155,12 @@ def evaluate_tofu(
     # Everything above runs before the model is touched.
     if device is not None:
         model = model.to(device)
-    _record_model_provenance(model, provenance, autocast_dtype, reference, unknown)
+    dtype = None if getattr(model, "dtype", None) is None else str(model.dtype).replace("torch.", "")
+    provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
+    provenance["max_length"] = model_max_positions(model)
+    if reference is not None:
+        unknown += check_provenance(reference, provenance, ["dtype"])
+        warn_unknown_provenance(reference, unknown)
     with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
         forget_stats, splits, holdout_stats = _score_splits(
             model, tokenizer, specs, data, holdout, scorer=scorer, generation_kwargs=generation_kwargs,
@@ -169,9 +169,13 @@ def evaluate_tofu(
     es, em = forget_memorization(forget_stats, splits["forget"])
     mia, aucs, leak = mia_figures(forget_stats, holdout_stats, tokenizer, forget_split,
                                   reference.mia_auc if reference is not None else None)
-    settings = _settings(model, splits, template=template, scorer=scorer, generation_kwargs=generation_kwargs,
-                         batch_size=batch_size, max_new_tokens=max_new_tokens, max_examples=max_examples,
-                         membership_inference=mia is not None, max_length=provenance["max_length"])
+    settings = {  # how the evaluation ran (_attack adds "attacks")
+        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_examples": max_examples,
+        "template": template.name, "max_length": provenance["max_length"],
+        "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
+        "custom_scorer": scorer is not None, "generation_kwargs": sorted(generation_kwargs or {}),
+        "membership_inference": mia is not None, "device": str(model_device(model)),
+    }
     report = _assemble_report(
         model_name or _model_name(model), source, forget_split, reference, splits, provenance, settings,
         memorization=(es, em), mia=mia, aucs=aucs, leak=leak,
@@ -233,7 +237,7 @@ def _data_provenance(
     forget_rows: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The provenance of the evaluation's data side (source, split, rows and their hash, template, tokenizer and
-    its hash); :func:`_record_model_provenance` adds the model's dtype and maximum length."""
+    its hash); :func:`evaluate_tofu` adds the model's dtype and maximum length."""
     return {
         "format": "hf_unlearn", "source": source, "forget_split": forget_split, "max_examples": max_examples,
         "num_rows": len(forget_rows), "data_sha256": rows_fingerprint(forget_rows),
@@ -265,20 +269,6 @@ def _check_reference(
     return reference, unknown
 
 
-def _record_model_provenance(
-    model: Any, provenance: dict[str, Any], autocast_dtype: str | None, reference: RetainReference | None,
-    unknown: list[str],
-) -> None:
-    """Add the model's ``dtype`` (with the autocast dtype) and ``max_length`` to ``provenance``, check the retain
-    reference's dtype and warn about the provenance fields the reference does not record."""
-    dtype = _dtype_name(model)
-    provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
-    provenance["max_length"] = model_max_positions(model)
-    if reference is not None:
-        unknown += check_provenance(reference, provenance, ["dtype"])
-        warn_unknown_provenance(reference, unknown)
-
-
 def _score_splits(
     model: Any, tokenizer: Any, specs: Sequence[SplitSpec], data: Mapping[str, list[dict[str, Any]]],
     holdout: list[dict[str, Any]] | None, *, scorer: TokenScorer | None, generation_kwargs: Mapping[str, Any] | None,
@@ -305,21 +295,6 @@ def _score_splits(
         desc="holdout: answers", **score,
     )
     return forget_stats, splits, holdout_stats
-
-
-def _settings(
-    model: Any, splits: Mapping[str, Mapping[str, Any]], *, template: PromptTemplate, scorer: TokenScorer | None,
-    generation_kwargs: Mapping[str, Any] | None, batch_size: int, max_new_tokens: int, max_examples: int | None,
-    membership_inference: bool, max_length: int | None,
-) -> dict[str, Any]:
-    """The report's ``settings``: how the evaluation ran (``attacks`` is added by :func:`_attack`)."""
-    return {
-        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_examples": max_examples,
-        "template": template.name, "max_length": max_length,
-        "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
-        "custom_scorer": scorer is not None, "generation_kwargs": sorted(generation_kwargs or {}),
-        "membership_inference": membership_inference, "device": str(model_device(model)),
-    }
 
 
 def _assemble_report(
