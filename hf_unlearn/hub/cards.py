@@ -162,7 +162,12 @@ def build_model_card(
         quantization = _report_entry(report, "quantization")
     repo_id = repo_id or _inline(f"{Path(str(base_model)).name}-{method}-{forget_split}").replace('"', "'")
     library = library_name or spec.library_for(None)
-    results = _card_results(report, muse)
+    if muse is not None:  # MUSE's four criteria, else the TOFU report's card metrics (none without a report)
+        from ..evaluation.muse_report import muse_card_results
+
+        results = muse_card_results(muse)
+    else:
+        results = _metric_results(report) if report is not None else []
     card_data = _card_data(kind, base_model, method, dataset, forget_split, results, repo_id, library, license,
                            extra_tags, muse is not None)
     variables = _card_variables(card_data, kind, repo_id, base_model, method, title, paper, forget_split, dataset,
@@ -177,16 +182,6 @@ def build_model_card(
     return card
 
 
-def _card_results(report: Any, muse: Any) -> list[tuple[str, str, str, Any]]:
-    """The ``(key, type, name, value)`` figures a card shows: MUSE's four criteria for a MUSE report, else the
-    TOFU report's card metrics (none without a report)."""
-    if muse is not None:
-        from ..evaluation.muse_report import muse_card_results
-
-        return muse_card_results(muse)
-    return _metric_results(report) if report is not None else []
-
-
 def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, method: str, title: str | None,
                     paper: Mapping[str, str] | None, forget_split: str, dataset: str,
                     settings: Mapping[str, Any] | None, results: list, quantization: Mapping[str, Any] | None,
@@ -194,10 +189,11 @@ def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, me
     """What the card template is rendered with: the front matter's fields, each text on one line, code-span text
     (method key, split, dataset, settings) by :func:`_inline` and running text (titles, names, quantization rows)
     by :func:`_text`."""
+    paper = paper if paper is not None else METHOD_PAPERS.get(method)
     return dict(card_data.to_dict(), card_data=card_data.to_yaml(), kind=kind, repo_id=repo_id,
                 model_name=_text(repo_id.split("/")[-1]), base_model=str(base_model), method=_inline(method),
                 method_title=_text(title if title is not None else METHOD_TITLES.get(method, method)),
-                paper=_paper(paper if paper is not None else METHOD_PAPERS.get(method)),
+                paper=None if paper is None else {k: _text(v) for k, v in dict(paper).items()},
                 forget_split=_inline(forget_split), dataset=_inline(dataset),
                 settings={_inline(k, cell=True): _inline(v, cell=True) for k, v in (settings or {}).items()},
                 results=[{"key": k, "type": t, "name": _text(n), "value": v} for k, t, n, v in results],
@@ -208,8 +204,7 @@ def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, me
 
 def _card_method(kind: str, spec: ArtifactKind, method: str | None) -> str:
     """The method a card names: ``method``, or the fixed method of the artifact kind (which ``method`` must be)."""
-    if method is None:
-        method = spec.method
+    method = spec.method if method is None else method
     if not method:
         raise ValueError(f"Artifact kind {kind!r} needs a method name (e.g. {sorted(METHOD_TITLES)}).")
     if spec.method is not None and method != spec.method:
@@ -282,20 +277,12 @@ def _with_muse_section(text: str, results: list, forget_split: str) -> str:
     return text.rstrip("\n") + "\n\n" + section
 
 
-def _paper(paper: Mapping[str, str] | None) -> dict[str, str] | None:
-    """The ``{"title", "id"}`` of a method's paper with both fields as one line of running text (:func:`_text`)."""
-    return None if paper is None else {k: _text(v) for k, v in dict(paper).items()}
-
-
 # ---------------------------------------------------------------------- trainer cards
 def _trainer_method(trainer: Any) -> str:
     """The method key of an unlearning trainer: its class's ``_method`` (most derived first, see
     :func:`hf_unlearn.registry.method_for_artifact`), else the method its config's objective is (the config's
     ``objective_name``), else ``"unlearning"``."""
-    method = method_for_artifact(trainer)
-    if method is not None:
-        return method
-    return str(getattr(trainer.args, "objective_name", None) or "unlearning")
+    return method_for_artifact(trainer) or str(getattr(trainer.args, "objective_name", None) or "unlearning")
 
 
 def _trainer_settings(args: Any) -> dict[str, Any]:
