@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..jsonutil import read_json_file
-from .report import TOFUReport
+from .report import TOFUReport, checked_truth_ratios
 
 UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
 UTILITY_STATS = ("prob", "rouge_l", "truth_ratio")
@@ -98,12 +98,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def _ratios(values: Any, origin: str) -> np.ndarray:
-    arr = np.asarray([float(v) for v in values], dtype=np.float64)
-    if arr.size == 0:
-        raise ValueError(f"{origin} holds no forget truth ratios.")
-    if not (np.isfinite(arr).all() and (arr > 0).all()):
-        raise ValueError(f"{origin} holds truth ratios that are not finite positive numbers.")
-    return arr
+    return np.asarray(checked_truth_ratios({"forget_truth_ratios": list(values)}, origin), dtype=np.float64)
 
 
 def _by_index(mapping: Mapping[str, Any], origin: str) -> list[Any]:
@@ -117,7 +112,7 @@ def _by_index(mapping: Mapping[str, Any], origin: str) -> list[Any]:
 
 def _from_parts(values: Any, components: Any, mia: Any, provenance: Any, top: Mapping[str, Any],
                 origin: str) -> RetainReference:
-    if not isinstance(values, (list, tuple, np.ndarray)) or len(values) == 0:
+    if not isinstance(values, (list, tuple, np.ndarray)):
         raise ValueError(f"{origin} has no non-empty 'forget_truth_ratios' list.")
     ratios = _ratios(values, origin)
     if isinstance(components, Mapping) and all(k in components for k in COMPONENT_NAMES):

@@ -117,31 +117,16 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     ),
 }
 
-# (report key, column title, format)
-TABLE_COLUMNS = (
-    ("forget_quality", "forget quality", ".3g"), ("model_utility", "model utility", ".3f"),
-    ("forget_rouge_l", "forget ROUGE-L", ".3f"), ("forget_truth_ratio", "forget truth ratio", ".3f"),
-    ("forget_prob", "forget prob", ".3f"), ("retain_rouge_l", "retain ROUGE-L", ".3f"),
-    ("retain_prob", "retain prob", ".3f"), ("mu_rouge", "MU-ROUGE", ".3f"),
-    ("extraction_strength", "extraction strength", ".3f"),
-    ("exact_memorization", "exact memorization", ".3f"), ("mia_min_k", "MIA AUC min-k", ".3f"),
-    ("privleak", "privleak", ".1f"),
-)
-
-# render_report's rows, in order: (key, format)
-REPORT_ROWS = (
-    ("forget_quality", ".3g"), ("ks_statistic", ".3f"), ("model_utility", ".3f"), ("mu_rouge", ".3f"),
-    ("forget_rouge_l", ".3f"), ("forget_truth_ratio", ".3f"), ("forget_prob", ".3f"),
-    ("retain_rouge_l", ".3f"), ("retain_prob", ".3f"), ("retain_truth_ratio", ".3f"),
-    ("extraction_strength", ".3f"), ("exact_memorization", ".3f"),
-    ("mia_loss", ".3f"), ("mia_zlib", ".3f"), ("mia_min_k", ".3f"), ("mia_min_k_plus_plus", ".3f"),
-    ("privleak", ".2f"),
-)
+# format_report_table's columns (titles from METRIC_DEFINITIONS), and the formats of figures not shown as ".3f"
+TABLE_COLUMNS = ("forget_quality", "model_utility", "forget_rouge_l", "forget_truth_ratio", "forget_prob",
+                 "retain_rouge_l", "retain_prob", "mu_rouge", "extraction_strength", "exact_memorization", "mia_min_k",
+                 "privleak")
+_FORMATS = {"forget_quality": ".3g", "privleak": ".2f"}
 
 
-def _cell(report: TOFUReport, key: str, fmt: str) -> str:
+def _cell(report: TOFUReport, key: str) -> str:
     value = report.figure(key)
-    return "n/a" if value is None else format(float(value), fmt)
+    return "n/a" if value is None else format(float(value), _FORMATS.get(key, ".3f"))
 
 
 def format_report_table(reports: Mapping[str, TOFUReport | Mapping[str, Any]]) -> str:
@@ -150,12 +135,9 @@ def format_report_table(reports: Mapping[str, TOFUReport | Mapping[str, Any]]) -
     if not reports:
         raise ValueError("format_report_table needs at least one report.")
     typed = {name: as_report(rep) for name, rep in reports.items()}
-    header = "| model | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
+    header = "| model | " + " | ".join(METRIC_DEFINITIONS[key][0] for key in TABLE_COLUMNS) + " |"
     rule = "|---|" + "---:|" * len(TABLE_COLUMNS)
-    rows = [
-        f"| {name} | " + " | ".join(_cell(rep, key, fmt) for key, _, fmt in TABLE_COLUMNS) + " |"
-        for name, rep in typed.items()
-    ]
+    rows = [f"| {name} | " + " | ".join(_cell(rep, key) for key in TABLE_COLUMNS) + " |" for name, rep in typed.items()]
     return "\n".join([header, rule, *rows])
 
 
@@ -187,9 +169,8 @@ def render_report(report: TOFUReport | Mapping[str, Any]) -> str:
         f"max_new_tokens: {settings.get('max_new_tokens')} | retain reference: {ref_text}"
     )
     rows = ["| figure | value | definition |", "|---|---:|---|"]
-    for key, fmt in REPORT_ROWS:
-        title, definition = METRIC_DEFINITIONS[key]
-        rows.append(f"| {title} | {_cell(report, key, fmt)} | {definition.replace('|', chr(92) + '|')} |")
+    for key, (title, definition) in METRIC_DEFINITIONS.items():
+        rows.append(f"| {title} | {_cell(report, key)} | {definition.replace('|', chr(92) + '|')} |")
     return "\n".join([head, "", *rows])
 
 

@@ -108,37 +108,31 @@ def evaluate_tofu(
     attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] | None] | None = None,
     device: str | None = None,
 ) -> TOFUReport:
-    """Evaluate a causal LM on TOFU and return (and optionally write) the report.
+    """Evaluate a causal LM on TOFU and return (and optionally write) the :class:`TOFUReport`.
 
     Args:
         source: Hub id, local folder of ``<config>.jsonl`` files, or ``"synthetic"``.
-        retain_reference: the retain model's numbers (anything :func:`~hf_unlearn.evaluation.load_retain_reference`
-            reads); ``None`` leaves ``forget_quality`` and ``ks_statistic`` ``None`` and privleak's reference AUC 0.5.
-        scorer: token scorer for teacher-forced losses (default: the model's log-probs). Extraction strength,
-            exact memorization and Min-K%++ are ``None`` under a custom scorer.
-        max_examples: keep only the first ``max_examples`` rows of each split (``None``: all).
+        retain_reference: anything :func:`~hf_unlearn.evaluation.load_retain_reference` reads; ``None`` leaves
+            ``forget_quality`` and ``ks_statistic`` ``None`` and privleak's reference AUC 0.5.
+        scorer: token scorer for teacher-forced losses; under a custom one extraction strength, exact memorization
+            and Min-K%++ are ``None``.
+        max_examples: keep only the first ``max_examples`` rows of each split.
         output_path: write the report there as JSON (atomically); a path inside the model's, the tokenizer's or a
-            local ``source`` folder, or through a link, is refused before any work.
-        template: prompt template (preset name or :class:`~hf_unlearn.data.PromptTemplate`); ``None``: the
-            tokenizer's chat template when it has one, else ``plain``.
-        membership_inference: score the forget split against ``holdoutNN`` for the MIA AUCs and privleak: ``None``
-            when the source has that split (else a warning), ``True`` always, ``False`` never.
+            local ``source`` folder, or through a link, is refused.
+        template: preset name or :class:`~hf_unlearn.data.PromptTemplate`; ``None``: the tokenizer's chat template
+            when it has one, else ``plain``.
+        membership_inference: score the forget split against ``holdoutNN`` (MIA AUCs, privleak): ``None`` when the
+            source has that split (else a warning), ``True`` always, ``False`` never.
         autocast_dtype: ``"bfloat16"`` or ``"float16"`` runs every model call under ``torch.autocast``; recorded in
-            the provenance's ``dtype``, so a retain reference computed otherwise is refused.
-        attacks: attacks run on copies of the model after the evaluation (:func:`.attacks.parse_attacks`: names or
-            ``{name: kwargs}``), on the forget and retain rows with this evaluation's template, batch size and
-            ``max_new_tokens``. With a custom ``scorer`` each attack needs ``decoding`` among its arguments
-            (:func:`~hf_unlearn.evaluation.artifact_decoding`) so that each attacked copy is scored through it.
-        device: ``None`` evaluates where the model is; otherwise (:func:`hf_unlearn.devices.resolve_device`) the
-            model is moved there first.
-
-    Returns:
-        A :class:`~hf_unlearn.evaluation.TOFUReport`.
+            the provenance's ``dtype``.
+        attacks: run on copies of the model after the evaluation (:func:`.attacks.parse_attacks`), on the forget
+            and retain rows; with a custom ``scorer`` each needs a ``decoding``
+            (:func:`~hf_unlearn.evaluation.artifact_decoding`).
+        device: where to move the model first (``None``: where it is).
 
     Raises:
-        ValueError: bad arguments, an unsafe ``output_path``, an unknown split or template, rows lacking fields,
-            empty splits, a tokenizer with neither pad nor EOS token, a retain reference whose number of truth
-            ratios or provenance differs, a CUDA ``device`` without CUDA; all before any model call.
+        ValueError: bad arguments or output path, an unknown split or template, bad rows, a tokenizer with neither
+            pad nor EOS token, a retain reference whose size or provenance differs; all before any model call.
     """
     specs, device, chosen_attacks = _check_inputs(
         model, tokenizer, source=source, forget_split=forget_split, scorer=scorer,
