@@ -140,12 +140,6 @@ def _from_ours(data: Mapping[str, Any], origin: str) -> RetainReference:
                        data.get("provenance"), {k: data.get(k) for k in _TOP_LEVEL}, origin)
 
 
-def _from_report(report: TOFUReport) -> RetainReference:
-    """A retain reference from a :class:`~hf_unlearn.evaluation.TOFUReport`."""
-    return _from_parts(report.forget_truth_ratios, report.components, report.mia, report.provenance,
-                       {k: getattr(report, k) for k in _TOP_LEVEL}, report.model_name or "the report")
-
-
 def _agg(value: Any) -> float | None:
     if isinstance(value, Mapping):
         value = value.get("agg_value")
@@ -257,7 +251,7 @@ def load_retain_reference(
     if isinstance(path, RetainReference):
         return path
     if isinstance(path, TOFUReport):
-        return _from_report(path)
+        path = path.to_dict()
     if isinstance(path, Mapping):
         return _from_mapping(path, str(path.get("model_name") or "the report"))
     if not isinstance(path, (str, os.PathLike)):
@@ -329,4 +323,3 @@ def warn_unknown_provenance(reference: RetainReference, unknown: Sequence[str]) 
             "model was evaluated with the same protocol.",
             stacklevel=3,
         )
-

@@ -143,7 +143,13 @@ def evaluate_tofu(
     ensure_pad_token(tokenizer)
     template = resolve_template(tokenizer, template)
     data = {spec.name: _cap(load_tofu_rows(spec.config, source), max_examples) for spec in specs}
-    provenance = _data_provenance(tokenizer, template, source, forget_split, max_examples, data["forget"])
+    provenance = {  # the data side; the model's dtype and maximum length are added below
+        "format": "hf_unlearn", "source": source, "forget_split": forget_split, "max_examples": max_examples,
+        "num_rows": len(data["forget"]), "data_sha256": rows_fingerprint(data["forget"]),
+        "template": template_fingerprint(tokenizer, template),
+        "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
+        "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
+    }
     reference, unknown = _check_reference(retain_reference, provenance, len(data["forget"]))
     holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
     # Everything above runs before the model is touched.
@@ -163,19 +169,23 @@ def evaluate_tofu(
     es, em = forget_memorization(forget_stats, splits["forget"])
     mia, aucs, leak = mia_figures(forget_stats, holdout_stats, tokenizer, forget_split,
                                   reference.mia_auc if reference is not None else None)
-    settings = {  # how the evaluation ran (_attack adds "attacks")
+    settings = {  # how the evaluation ran
         "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_examples": max_examples,
         "template": template.name, "max_length": provenance["max_length"],
         "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
         "custom_scorer": scorer is not None, "generation_kwargs": sorted(generation_kwargs or {}),
-        "membership_inference": mia is not None, "device": str(model_device(model)),
+        "membership_inference": mia is not None, "device": str(model_device(model)), "attacks": list(chosen_attacks),
     }
     report = _assemble_report(
         model_name or _model_name(model), source, forget_split, reference, splits, provenance, settings,
         memorization=(es, em), mia=mia, aucs=aucs, leak=leak,
     )
-    _attack(report, model, tokenizer, data, chosen_attacks, template=template, batch_size=batch_size,
-            max_new_tokens=max_new_tokens, progress=progress)
+    if chosen_attacks:  # on copies of the model, on the forget and retain rows
+        report.attacks = run_attacks(model, tokenizer, data["forget"], data["retain"], chosen_attacks,
+                                     template=template, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                     progress=progress)
+        for key, value in attack_summary(report.attacks).items():
+            setattr(report, key, value)  # the ATTACK_FIELDS
     if output_path is not None:
         write_json_atomic(report.to_dict(), output_path)
     return report
@@ -224,21 +234,6 @@ def _check_inputs(
                 "decoding in their arguments (attacks={'quant': {'decoding': artifact_decoding(artifact)}})."
             )
     return specs, device, chosen_attacks
-
-
-def _data_provenance(
-    tokenizer: Any, template: PromptTemplate, source: str, forget_split: str, max_examples: int | None,
-    forget_rows: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The provenance of the evaluation's data side (source, split, rows and their hash, template, tokenizer and
-    its hash); :func:`evaluate_tofu` adds the model's dtype and maximum length."""
-    return {
-        "format": "hf_unlearn", "source": source, "forget_split": forget_split, "max_examples": max_examples,
-        "num_rows": len(forget_rows), "data_sha256": rows_fingerprint(forget_rows),
-        "template": template_fingerprint(tokenizer, template),
-        "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
-        "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
-    }
 
 
 def _check_reference(
@@ -321,19 +316,3 @@ def _assemble_report(
         num_examples={name: s["num_examples"] for name, s in splits.items()}, splits=splits, provenance=provenance,
         settings=settings, hf_unlearn_version=__version__,
     )
-
-
-def _attack(
-    report: TOFUReport, model: Any, tokenizer: Any, data: Mapping[str, list[dict[str, Any]]],
-    chosen_attacks: Mapping[str, Mapping[str, Any]], *, template: PromptTemplate, batch_size: int,
-    max_new_tokens: int, progress: bool,
-) -> None:
-    """Run the chosen attacks on copies of the model (:func:`.attacks.run_attacks`, on the forget and retain
-    rows) and add their section, their flat figures and ``settings["attacks"]`` to ``report``."""
-    if chosen_attacks:
-        common = {"template": template, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-                  "progress": progress}
-        report.attacks = run_attacks(model, tokenizer, data["forget"], data["retain"], chosen_attacks, **common)
-        for key, value in attack_summary(report.attacks).items():
-            setattr(report, key, value)  # the ATTACK_FIELDS
-    report.settings["attacks"] = list(chosen_attacks)

@@ -97,18 +97,6 @@ def _score_split(
     return gt_nll, true_nll, false_nll, probs, tr
 
 
-def _generate_split(
-    model: Any, tokenizer: Any, spec: SplitSpec, questions: list[str], answers: list[str], *,
-    generation_kwargs: Mapping[str, Any] | None, batch_size: int, max_new_tokens: int, template: PromptTemplate,
-    progress: bool,
-) -> tuple[list[str], list[float]]:
-    """The greedy answers to one split's questions and their ROUGE-L recall against the gold answers."""
-    generations = generate_answers(model, tokenizer, questions, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                   generation_kwargs=generation_kwargs, template=template, progress=progress,
-                                   desc=f"{spec.name}: generating")
-    return generations, rouge_l_recall(generations, answers)
-
-
 def _split_truncated(
     model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], spec: SplitSpec, questions: list[str],
     answers: list[str], perturbed: list[list[str]], template: PromptTemplate,
@@ -146,10 +134,11 @@ def evaluate_split(
     gt_nll, true_nll, false_nll, probs, tr = _score_split(
         model, tokenizer, rows, spec, questions, answers, perturbed, score, answer_nll_values
     )
-    generations, rouge = _generate_split(
-        model, tokenizer, spec, questions, answers, generation_kwargs=generation_kwargs, batch_size=batch_size,
-        max_new_tokens=max_new_tokens, template=template, progress=progress,
-    ) if generate else (None, None)
+    generations = generate_answers(
+        model, tokenizer, questions, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        generation_kwargs=generation_kwargs, template=template, progress=progress, desc=f"{spec.name}: generating",
+    ) if generate else None
+    rouge = rouge_l_recall(generations, answers) if generate else None
     return {
         "config": spec.config, "num_examples": len(rows), "prob": float(np.mean(probs)),
         "rouge_l": float(np.mean(rouge)) if generate else None, "truth_ratio": float(tr["truth_ratio"]),
