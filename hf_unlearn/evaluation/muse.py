@@ -269,7 +269,10 @@ def evaluate_muse(
     new_tokens = {"verbmem_max_new_tokens": verbmem_max_new_tokens, "knowmem_max_new_tokens": knowmem_max_new_tokens}
     ref_auc, ref_source = _check_inputs(model, tokenizer, source, criteria, retain_reference, max_examples,
                                         batch_size, new_tokens, output_path)
-    data = _load_parts(source, criteria, max_examples)
+    data: dict[str, list[Any]] = {}  # the parts the criteria read, the in-context examples whole
+    for part in (part for criterion in criteria for part in CRITERION_PARTS[criterion]):
+        items = load_muse_part(source, part)
+        data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
     ensure_pad_token(tokenizer)
     # Everything above runs before the model is touched.
     figures, auc, per_example, truncated = _measure(
@@ -318,17 +321,6 @@ def _check_inputs(
     if ref_auc is not None and not 0 < ref_auc <= 1:
         raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")
     return ref_auc, ref_source
-
-
-def _load_parts(source: str | os.PathLike, criteria: Sequence[str], max_examples: int | None) -> dict[str, list[Any]]:
-    """The data parts the criteria read (:data:`CRITERION_PARTS`), each cut to its first ``max_examples`` items
-    (the in-context examples stay whole)."""
-    data: dict[str, list[Any]] = {}
-    for criterion in criteria:
-        for part in CRITERION_PARTS[criterion]:
-            items = load_muse_part(source, part)
-            data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
-    return data
 
 
 def _measure(

@@ -44,13 +44,6 @@ MUSE_METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
 _FIGURES = ("verbmem_forget", "knowmem_forget", "privleak", "knowmem_retain", "privleak_auc", "reference_auc")
 
 
-def _check_figure(name: str, value: Any) -> None:
-    if value is None:
-        return
-    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))):
-        raise ValueError(f"MUSEReport.{name} must be a finite number or None, got {value!r}.")
-
-
 @dataclass(kw_only=True)
 class MUSEReport:
     """The report of :func:`~hf_unlearn.evaluation.evaluate_muse`: the figures of :data:`MUSE_METRIC_DEFINITIONS`
@@ -75,7 +68,10 @@ class MUSEReport:
 
     def __post_init__(self) -> None:
         for name in _FIGURES:
-            _check_figure(name, getattr(self, name))
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                                          and math.isfinite(float(value))):
+                raise ValueError(f"MUSEReport.{name} must be a finite number or None, got {value!r}.")
         for name in ("num_examples", "per_example", "settings", "extra"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"MUSEReport.{name} must be a dict, got {type(getattr(self, name)).__name__}.")

@@ -209,7 +209,8 @@ class SelectionRecord:
         lines = [
             "## Strength selection (reference-free)",
             "",
-            f"Chosen: candidate {self.index} ({_settings_text(self.chosen)}). {self.reason}",
+            f"Chosen: candidate {self.index} ("
+            f"{', '.join(f'{k}={_fmt(v)}' for k, v in self.chosen.items()) or 'no settings'}). {self.reason}",
             "",
             f"Rule: among candidates whose retain NLL rises by at most {self.rule.get('retain_tolerance')} nats/token, "
             f"the one whose forget rows' mean shift ({shift}) is closest to the never-seen holdout rows'; ties to "
@@ -235,9 +236,3 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _settings_text(settings: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={_fmt(v)}" for k, v in settings.items()) or "no settings"
-
-
