@@ -55,9 +55,7 @@ def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any)
 
     functions = {"quant": quantization_attack, "relearn": relearning_attack}
     for name, kwargs in chosen.items():
-        merged = {**common, **kwargs}
-        if name == "relearn" and "batch_size" in common and "batch_size" not in kwargs:
-            merged["eval_batch_size"] = merged.pop("batch_size")
+        merged = _merged(name, common, kwargs)
         try:
             inspect.signature(functions[name]).bind(None, None, [], **merged)
         except TypeError as err:
@@ -91,15 +89,20 @@ def run_attacks(
     check_attack_options(chosen, **common)
     out: dict[str, Any] = {}
     if "quant" in chosen:
-        kwargs = {**common, **chosen["quant"]}
-        out["quantization"] = quantization_attack(model, tokenizer, forget, **kwargs)
+        out["quantization"] = quantization_attack(model, tokenizer, forget, **_merged("quant", common, chosen["quant"]))
     if "relearn" in chosen:
-        kwargs = {**common, **chosen["relearn"]}
-        kwargs.setdefault("retain", retain)
-        if "batch_size" in common and "batch_size" not in chosen["relearn"]:
-            kwargs["eval_batch_size"] = kwargs.pop("batch_size")
+        kwargs = {"retain": retain, **_merged("relearn", common, chosen["relearn"])}
         out["relearning"] = relearning_attack(model, tokenizer, forget, **kwargs)
     return out
+
+
+def _merged(name: str, common: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """An attack's keyword arguments: ``common`` overridden by its own; the relearning attack's ``batch_size``
+    is the training one, so a common ``batch_size`` becomes its ``eval_batch_size``."""
+    merged = {**common, **own}
+    if name == "relearn" and "batch_size" in common and "batch_size" not in own:
+        merged["eval_batch_size"] = merged.pop("batch_size")
+    return merged
 
 
 ATTACK_COLUMNS = (

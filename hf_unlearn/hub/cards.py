@@ -41,13 +41,6 @@ METHOD_PAPERS: Mapping[str, dict[str, str]] = MethodView(
     lambda info: dict(info.paper) if info.paper is not None else None, skip_none=True)
 
 
-def _template_path(kind: ArtifactKind, template_path: str | os.PathLike | None) -> Path:
-    path = Path(template_path) if template_path is not None else Path(hub_cards_dir()) / kind.template
-    if not path.is_file():
-        raise ValueError(f"Model-card template {path} is missing (kind {kind.name!r}).")
-    return path
-
-
 def _check_template(path: Path, variables: Mapping[str, Any]) -> None:
     """Every required field is used and every used field is provided (StrictUndefined render)."""
     import jinja2
@@ -172,7 +165,10 @@ def build_model_card(
                            extra_tags, muse is not None)
     variables = _card_variables(card_data, kind, repo_id, base_model, method, title, paper, forget_split, dataset,
                                 settings, results, quantization, library)
-    card = _render(card_data, _template_path(spec, template_path), variables)
+    path = Path(template_path) if template_path is not None else Path(hub_cards_dir()) / spec.template
+    if not path.is_file():
+        raise ValueError(f"Model-card template {path} is missing (kind {kind!r}).")
+    card = _render(card_data, path, variables)
     if muse is not None:
         card.text = _with_muse_section(card.text, results, forget_split)
     if selection is not None:
@@ -321,4 +317,3 @@ def trainer_model_card(
         forget_split=forget_split, dataset=dataset_name, repo_id=repo_id, library_name=_model_library(model),
         base_model_aliases=(str(trainer.args.output_dir),), extra_tags=tuple([*trainer._tag_names, *extra]),
     )
-

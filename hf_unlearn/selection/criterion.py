@@ -127,19 +127,15 @@ class SelectionCriterion:
         forget, holdout: rows to unlearn and rows of the same kind the model never saw (``question``/``answer``
             rows, or documents: each scored on its first ``max_length`` tokens).
         retain_validation: retain rows *not* used for unlearning; ``generic``: optional general-knowledge rows.
-        retain_tolerance: largest allowed ``retain_change`` (nats per answer token).
-        holdout_level, holdout_margin: the equivalence test's level and margin (nats per answer token).
-        original: the original model's retain figures (:meth:`measure_original`'s dict); measured on the first
-            :meth:`measure` call otherwise.
-        template, batch_size, max_length: how rows are tokenized and batched.
+        retain_tolerance: largest allowed ``retain_change``; holdout_level, holdout_margin: the equivalence test's
+            level and margin (nats per answer token).
+        original: the original model's retain figures (:meth:`measure_original`); else the first measured model's.
         groups: rows that belong together for the group test: ``None`` (every row its own group),
             ``"tofu_authors"`` (blocks of 20 rows), an int (blocks of that many rows) or ``(forget labels, holdout
             labels)``. At least two groups per side.
         reference_model, reference_tokenizer: a model that saw neither forget nor holdout rows; its per-row NLLs
-            are measured once and subtracted from every candidate's. ``reference_nll``: those NLLs
-            ``(forget, holdout)`` measured before.
-        device: ``None`` scores each model where it is; otherwise (:func:`hf_unlearn.devices.resolve_device`)
-            every scored model is moved there first.
+            (or ``reference_nll``, ``(forget, holdout)`` measured before) are subtracted from every candidate's.
+        device: where every scored model is moved first (``None``: where it is).
     """
 
     def __init__(
