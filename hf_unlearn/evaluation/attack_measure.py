@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from accelerate.utils import is_peft_model
 
 from ..data.documents import as_documents, chunk_length, document_heads, is_document_rows
 from ..data.prompts import PromptTemplate
@@ -17,7 +18,6 @@ from ..logprobs import effective_max_length, feature_token_statistics
 from ..registry import decoding_of
 from ..result import Decoding
 from .generation import generate_answers
-from .quantization import is_peft_model
 from .rouge import rouge_l_recall
 
 MIN_GAP = 1e-6

@@ -14,6 +14,7 @@ import tempfile
 from typing import Any, Literal
 
 import torch
+from accelerate.utils import is_peft_model
 from torch import nn
 
 from ..logprobs import model_device
@@ -68,13 +69,6 @@ def cpu_packed_kernel_accepts(out_features: int, in_features: int, blocksize: in
     """Whether bitsandbytes' AVX512-BF16 CPU kernel can repack an NF4 weight of this shape:
     ``out_features % 32 == 0`` and ``in_features % blocksize == 0``."""
     return out_features % CPU_PACKED_BLOCK_N == 0 and in_features % blocksize == 0
-
-
-def is_peft_model(model: Any) -> bool:
-    """Whether ``model`` is a ``peft.PeftModel``."""
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
 
 
 def _modules_to_quantize(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -1,12 +1,8 @@
-"""Retain references from any published source, with their provenance.
-
-:func:`load_retain_reference` reads a retain model's forget truth ratios (for forget quality), model-utility
-components and MIA AUCs (for privleak) from our report or ``save_truth_ratios`` file, open-unlearning's
-``TOFU_EVAL.json``, or TOFU's ``eval_log_forget.json`` (with its sibling logs, the components computed as TOFU's
-``aggregate_eval_stat.py`` does). Truth ratios are returned as ``exp(true_loss - mean(false_losses))`` (TOFU's files
-give the inverse; a KS test is the same either way). :func:`check_provenance` refuses a known mismatch with an
-evaluation and names the fields the source cannot tell.
-"""
+"""Retain references with their provenance: :func:`load_retain_reference` reads a retain model's forget truth ratios,
+model-utility components and MIA AUCs from our report or ``save_truth_ratios`` file, open-unlearning's
+``TOFU_EVAL.json`` or TOFU's ``eval_log_forget.json`` (components as TOFU's ``aggregate_eval_stat.py``). Truth
+ratios are ``exp(true_loss - mean(false_losses))`` (TOFU's files give the inverse; the KS test is the same either
+way). :func:`check_provenance` refuses a known mismatch with an evaluation."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""TOFU reports: the typed report, on disk and on screen (atomic JSON, saved retain-reference truth ratios, tables).
-
-:class:`TOFUReport` is what :func:`~hf_unlearn.evaluation.evaluate_tofu` returns: every figure a typed attribute,
-:meth:`~TOFUReport.to_dict` / :meth:`~TOFUReport.from_dict` its JSON form. :data:`METRIC_DEFINITIONS` defines every
-figure of a report (the CLI's ``--help`` and :func:`render_report` print them); :func:`format_report_table`
-compares several reports side by side.
-"""
+"""TOFU reports: :class:`TOFUReport` (what :func:`~hf_unlearn.evaluation.evaluate_tofu` returns) and its JSON form,
+saved retain-reference truth ratios, :data:`METRIC_DEFINITIONS` and the tables that print them."""
 
 from __future__ import annotations
 

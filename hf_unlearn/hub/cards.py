@@ -121,14 +121,10 @@ def build_model_card(
         kind: a key of :data:`~hf_unlearn.artifact_kinds.ARTIFACT_KINDS`.
         base_model: the model that was unlearned (only a Hub id goes to the metadata).
         method: unlearning method (fixed for a kind of one method's artifact, required otherwise).
-        settings: the method's hyperparameters (shown in the body).
-        report: a TOFU or MUSE report (typed, its dict, or a JSON path); its figures go to ``model-index`` and its
-            ``quantization`` entry is used when ``quantization`` is not given.
+        report: a TOFU or MUSE report (typed, its dict, or a JSON path): its figures go to ``model-index``, its
+            ``quantization`` entry is the default ``quantization`` (the 4-bit re-check, metric name -> value).
         forget_split, dataset: default to the report's (``locuslab/TOFU`` without one).
-        quantization: result of the 4-bit re-check (metric name -> value, plus e.g. ``method``).
-        repo_id: where the card will live (loading snippet and model name).
         base_model_aliases: other names of the base model the report may use.
-        extra_tags: further metadata tags.
         selection: a :class:`hf_unlearn.selection.SelectionRecord` as a dict, shown as a section of the body.
         title, paper: the method's display name and ``{"title", "id"}`` paper (default: its registered ones).
     """
