@@ -106,34 +106,20 @@ def _by_index(mapping: Mapping[str, Any], origin: str) -> list[Any]:
     return [mapping[k] for k in keys]
 
 
-def _from_parts(values: Any, components: Any, mia: Any, provenance: Any, top: Mapping[str, Any],
-                origin: str) -> RetainReference:
+def _from_ours(data: Mapping[str, Any], origin: str) -> RetainReference:
+    """A retain reference from our report's dict form or a file of :func:`~hf_unlearn.evaluation.save_truth_ratios`."""
+    values, components, mia = data.get("forget_truth_ratios"), data.get("components"), data.get("mia")
     if not isinstance(values, (list, tuple, np.ndarray)):
         raise ValueError(f"{origin} has no non-empty 'forget_truth_ratios' list.")
     ratios = _ratios(values, origin)
-    if isinstance(components, Mapping) and all(k in components for k in COMPONENT_NAMES):
-        components = {k: float(components[k]) for k in COMPONENT_NAMES}
-    else:
-        components = None
-    auc = None
-    if isinstance(mia, Mapping) and isinstance(mia.get("auc"), Mapping):
-        auc = {k: float(v) for k, v in mia["auc"].items() if v is not None}
-    provenance = dict(provenance or {})
-    for key, value in top.items():  # top-level fields are authoritative
-        if value is not None:
-            provenance[key] = value
-    provenance["format"] = "hf_unlearn"
-    provenance["num_rows"] = int(ratios.size)
+    whole = isinstance(components, Mapping) and all(k in components for k in COMPONENT_NAMES)
+    components = {k: float(components[k]) for k in COMPONENT_NAMES} if whole else None
+    auc = ({k: float(v) for k, v in mia["auc"].items() if v is not None}
+           if isinstance(mia, Mapping) and isinstance(mia.get("auc"), Mapping) else None)
+    top = {k: data[k] for k in ("source", "forget_split", "model_name") if data.get(k) is not None}
+    provenance = {**(data.get("provenance") or {}), **top,  # top-level fields are authoritative
+                  "format": "hf_unlearn", "num_rows": int(ratios.size)}
     return RetainReference(ratios, components, provenance, auc or None)
-
-
-_TOP_LEVEL = ("source", "forget_split", "model_name")
-
-
-def _from_ours(data: Mapping[str, Any], origin: str) -> RetainReference:
-    """A retain reference from our report's dict form or a file of :func:`~hf_unlearn.evaluation.save_truth_ratios`."""
-    return _from_parts(data.get("forget_truth_ratios"), data.get("components"), data.get("mia"),
-                       data.get("provenance"), {k: data.get(k) for k in _TOP_LEVEL}, origin)
 
 
 def _agg(value: Any) -> float | None:

@@ -180,10 +180,6 @@ ATTACK_FIELDS = (
 _NOT_KEYS = ("extra", "_omitted")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 @dataclass(eq=False, repr=False, kw_only=True)
 class TOFUReport:
     """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure as a typed attribute.
@@ -243,7 +239,8 @@ class TOFUReport:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("float", "float | None"):
-                if not (_is_number(value) or (value is None and f.type == "float | None")):
+                number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+                if not (number or (value is None and f.type == "float | None")):
                     raise ValueError(f"TOFUReport.{f.name} must be a number{' or None' if 'None' in f.type else ''}, "
                                      f"got {value!r}.")
         for name, kind, noun in (("components", Mapping, "dict"), ("forget_truth_ratios", (list, tuple), "list"),

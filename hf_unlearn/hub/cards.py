@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..artifact_kinds import ArtifactKind, _kind, _model_base, _model_library
+from ..artifact_kinds import _kind, _model_base, _model_library
 from ..assets import hub_cards_dir
 from ..registry import MethodView, method_for_artifact
 from .push import _HUB_ID
@@ -131,7 +131,11 @@ def build_model_card(
     spec = _kind(kind)
     muse = _muse_report(report)  # a MUSE report: MUSE figures in model-index and the evaluation section
     report = _load_report(muse.to_dict() if muse is not None else report)
-    method = _card_method(kind, spec, method)
+    method = spec.method if method is None else method  # a kind of one method's artifact names it
+    if not method:
+        raise ValueError(f"Artifact kind {kind!r} needs a method name (e.g. {sorted(METHOD_TITLES)}).")
+    if spec.method is not None and method != spec.method:
+        raise ValueError(f"A {kind} artifact is made by method {spec.method!r}, not {method!r}.")
     base_model = _check_card_name(base_model, "base_model") if base_model else None
     if not base_model:
         raise ValueError("build_model_card needs the base model the artifact was made from.")
@@ -192,16 +196,6 @@ def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, me
                 quantization={_text(k): _text(v) for k, v in _quantization_rows(quantization).items()}
                 if quantization else None,
                 library_name=library, is_peft=library == "peft")
-
-
-def _card_method(kind: str, spec: ArtifactKind, method: str | None) -> str:
-    """The method a card names: ``method``, or the fixed method of the artifact kind (which ``method`` must be)."""
-    method = spec.method if method is None else method
-    if not method:
-        raise ValueError(f"Artifact kind {kind!r} needs a method name (e.g. {sorted(METHOD_TITLES)}).")
-    if spec.method is not None and method != spec.method:
-        raise ValueError(f"A {kind} artifact is made by method {spec.method!r}, not {method!r}.")
-    return method
 
 
 def _card_data(kind: str, base_model: str, method: str, dataset: str, forget_split: str, results: list,

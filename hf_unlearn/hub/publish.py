@@ -71,7 +71,9 @@ def push_unlearned(
         raise ValueError(f"Cannot tell which base model this {kind} was made from; pass base_model=.")
     if forget_split is None and report is not None:
         forget_split = _report_value(report, "forget_split")
-    aliases = tuple(str(m) for m in (recorded, *_own_names(artifact)) if m)
+    own_names = (artifact,) if is_folder else (  # the folder it was saved to / loaded from
+        getattr(artifact, "name_or_path", None), getattr(getattr(artifact, "config", None), "_name_or_path", None))
+    aliases = tuple(str(m) for m in (recorded, *own_names) if m)
     if report is not None:
         check_report_matches(report, card_base, forget_split, aliases=aliases)
     if settings is None:
@@ -115,14 +117,6 @@ def _upload(artifact: Any, spec: ArtifactKind, card: Any, repo_id: str, *, selec
         )
 
 
-def _own_names(artifact: Any) -> tuple[str, ...]:
-    """Names the artifact itself goes by (the folder it was saved to / loaded from)."""
-    if isinstance(artifact, (str, os.PathLike)):
-        return (str(artifact),)
-    names = [getattr(artifact, "name_or_path", None), getattr(getattr(artifact, "config", None), "_name_or_path", None)]
-    return tuple(str(n) for n in names if n)
-
-
 def _folder_base(folder: Path) -> str | None:
     for name, keys in (("adapter_config.json", ("base_model_name_or_path",)),
                        ("config.json", ("base_model_name_or_path", "base_model", "_name_or_path"))):
@@ -131,4 +125,3 @@ def _folder_base(folder: Path) -> str | None:
             if data.get(key):
                 return str(data[key])
     return None
-
