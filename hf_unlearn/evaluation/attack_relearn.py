@@ -135,7 +135,12 @@ def relearning_attack(
     """
     start = time.perf_counter()
     rows = _check_rows(forget, "forget", minimum=2)
-    _check_budget(steps, learning_rate, max_grad_norm)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"steps must be a non-negative integer, got {steps!r}.")
+    if not isinstance(learning_rate, (int, float)) or not np.isfinite(learning_rate) or learning_rate < 0:
+        raise ValueError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}.")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be None or > 0, got {max_grad_norm!r}.")
     _check_positive(batch_size=batch_size, eval_batch_size=eval_batch_size, max_new_tokens=max_new_tokens)
     _check_criterion(criterion)
     retain_rows = None if retain is None else _check_rows(retain, "retain")
@@ -175,17 +180,6 @@ def relearning_attack(
         out["criterion_before"], out["criterion_after"] = before["criterion"], after["criterion"]
     out["seconds"] = time.perf_counter() - start
     return out
-
-
-def _check_budget(steps: Any, learning_rate: Any, max_grad_norm: Any) -> None:
-    """Refuse a fine-tuning budget :func:`relearning_attack` cannot run: ``steps`` not an integer >= 0,
-    ``learning_rate`` not a finite number >= 0, ``max_grad_norm`` neither ``None`` nor > 0."""
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}.")
-    if not isinstance(learning_rate, (int, float)) or not np.isfinite(learning_rate) or learning_rate < 0:
-        raise ValueError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}.")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm must be None or > 0, got {max_grad_norm!r}.")
 
 
 def _benign_fine_tune(

@@ -30,22 +30,16 @@ def author_clusters(n_rows: int, rows_per_author: int = TOFU_ROWS_PER_AUTHOR) ->
     return np.arange(n_rows) // rows_per_author
 
 
-def _cluster_rows(clusters: Sequence[Any]) -> list[np.ndarray]:
-    """The row indices of each distinct cluster label, in order of first appearance."""
-    labels = np.asarray(clusters)
-    if labels.ndim != 1 or len(labels) == 0:
-        raise ValueError("A cluster bootstrap needs one cluster label per row and at least one row.")
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    order = np.argsort(first)
-    return [np.flatnonzero(inverse == k) for k in order]
-
-
 def cluster_resample_indices(clusters: Sequence[Any], n_resamples: int, rng: np.random.Generator) -> list[np.ndarray]:
     """``n_resamples`` resamples of the rows by cluster: each draws ``K`` of the ``K`` clusters uniformly with
     replacement and concatenates their row indices ``R_{k_1} + ... + R_{k_K}``."""
     if n_resamples < 1:
         raise ValueError(f"A bootstrap needs at least one resample, got {n_resamples}.")
-    groups = _cluster_rows(clusters)
+    labels = np.asarray(clusters)
+    if labels.ndim != 1 or len(labels) == 0:
+        raise ValueError("A cluster bootstrap needs one cluster label per row and at least one row.")
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    groups = [np.flatnonzero(inverse == k) for k in np.argsort(first)]  # each cluster's rows, by first appearance
     draws = rng.integers(0, len(groups), size=(n_resamples, len(groups)))
     if len({len(g) for g in groups}) == 1:  # clusters of one size: one gather for every resample
         return list(np.stack(groups)[draws].reshape(n_resamples, -1))

@@ -170,7 +170,15 @@ def build_model_card(
         raise ValueError(f"Model-card template {path} is missing (kind {kind!r}).")
     card = _render(card_data, path, variables)
     if muse is not None:
-        card.text = _with_muse_section(card.text, results, forget_split)
+        from ..evaluation.muse_report import muse_card_section
+
+        # the MUSE section replaces the template's TOFU evaluation section (up to the next heading), or is appended
+        section = muse_card_section(results, forget_split)
+        pattern = re.compile(r"^## Evaluation \(TOFU[^\n]*\n.*?(?=^#|\Z)", re.S | re.M)
+        if pattern.search(card.text):
+            card.text = pattern.sub(lambda _: section + "\n", card.text, count=1)
+        else:
+            card.text = card.text.rstrip("\n") + "\n\n" + section
     if selection is not None:
         from ..selection import SelectionRecord
 
@@ -249,18 +257,6 @@ def _muse_report(report: Any) -> Any:
     if is_muse_report(report):
         return report if isinstance(report, MUSEReport) else MUSEReport.from_dict(report)
     return None
-
-
-def _with_muse_section(text: str, results: list, forget_split: str) -> str:
-    """The card body with its TOFU evaluation section (up to the next heading) replaced by the MUSE one, or the
-    MUSE section appended when the template has no such section."""
-    from ..evaluation.muse_report import muse_card_section
-
-    section = muse_card_section(results, forget_split)
-    pattern = re.compile(r"^## Evaluation \(TOFU[^\n]*\n.*?(?=^#|\Z)", re.S | re.M)
-    if pattern.search(text):
-        return pattern.sub(lambda _: section + "\n", text, count=1)
-    return text.rstrip("\n") + "\n\n" + section
 
 
 # ---------------------------------------------------------------------- trainer cards
