@@ -116,12 +116,9 @@ ATTACK_COLUMNS = (
 
 
 def attack_summary(section: Mapping[str, Any] | None) -> dict[str, float | None]:
-    """The headline figure of each attack, flat (keys of :data:`ATTACK_COLUMNS`; ``None`` where not run).
-
-    ``attack_nf4_*`` / ``attack_int8_*``: forget ROUGE-L of the quantized copy and its recovered NLL fraction;
-    ``attack_relearn_forget_nll``: held-out forget NLL after targeted relearning; ``attack_relearn_recovered`` /
-    ``attack_benign_recovered``: the NLL recovered fractions of targeted relearning and benign fine-tuning.
-    """
+    """The headline figure of each attack, flat (:data:`ATTACK_COLUMNS`, ``None`` where not run): forget ROUGE-L and
+    recovered NLL fraction of each quantized copy, held-out forget NLL after relearning, and the recovered NLL
+    fractions of targeted relearning and benign fine-tuning."""
     out: dict[str, float | None] = dict.fromkeys(key for key, _ in ATTACK_COLUMNS)
     section = section or {}
     quant = (section.get("quantization") or {}).get("bits", {})
