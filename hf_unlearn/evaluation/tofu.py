@@ -68,6 +68,13 @@ def _model_name(model: Any) -> str:
 AUTOCAST_DTYPES = (None, "bfloat16", "float16")
 
 
+def model_autocast(model: Any, dtype: str | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` on the model's device type with ``dtype`` (a no-op context for ``None``)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(model_device(model).type, dtype=getattr(torch, dtype))
+
+
 def _load_holdout(
     forget_split: str, source: str, max_examples: int | None, membership_inference: bool | None
 ) -> list[dict[str, Any]] | None:
@@ -154,9 +161,7 @@ def evaluate_tofu(
     if reference is not None:
         unknown += check_provenance(reference, provenance, ["dtype"])
         warn_unknown_provenance(reference, unknown)
-    autocast = (contextlib.nullcontext() if autocast_dtype is None
-                else torch.autocast(model_device(model).type, dtype=getattr(torch, autocast_dtype)))
-    with autocast:  # every model call; the aggregates below are plain numpy
+    with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
         forget_stats, splits, holdout_stats = _score_splits(
             model, tokenizer, specs, data, holdout, scorer=scorer, generation_kwargs=generation_kwargs,
             batch_size=batch_size, max_new_tokens=max_new_tokens, template=template, progress=progress,
