@@ -85,7 +85,7 @@ def test_identical_distributions_give_an_interval_at_one_and_shifted_ones_an_int
 def test_interval_refuses_bad_arguments():
     with pytest.raises(ValueError, match="confidence"):
         forget_quality_interval([0.1, 0.2], [0.1, 0.2], confidence=1.0)
-    with pytest.raises(ValueError, match="same forget questions"):
+    with pytest.raises(ValueError, match="pairs the questions"):
         forget_quality_interval([0.1, 0.2], [0.1])
     with pytest.raises(ValueError, match="one resample"):
         forget_quality_interval([0.1, 0.2], [0.1, 0.2], n_resamples=0)

@@ -169,7 +169,7 @@ def _report(**overrides) -> MUSEReport:
                   privleak=-99.8, knowmem_retain=55.2, privleak_auc=0.001, reference_auc=0.4772,
                   reference_source="muse-news-retrain", num_examples={"verbmem_forget": 100},
                   per_example={"privleak": {"forget_min_k": [1.5, 2.0]}}, settings={"max_examples": None},
-                  hf_unlearn_version="0", wall_time_s=1.0)
+                  hf_unlearn_version="0")
     values.update(overrides)
     return MUSEReport(**values)
 

@@ -21,7 +21,8 @@ _NOT_DOCUMENT_COLUMNS = frozenset({"question", "answer", "prompt", "completion",
 
 __all__ = [
     "DEFAULT_CHUNK_LENGTH", "DOCUMENT_FILE_SUFFIXES", "DOCUMENT_SEPARATOR", "as_documents", "chunk_documents",
-    "chunk_length", "chunk_token_ids", "document_heads", "documents_dataset", "is_documents", "load_documents", "shared_documents",
+    "chunk_length", "chunk_token_ids", "document_heads", "documents_dataset", "is_document_rows", "is_documents",
+    "load_documents", "shared_documents",
 ]
 
 
@@ -65,17 +66,6 @@ def _read_file(path: Path, text_key: str) -> list[str]:
     return _texts_from_items(data, text_key, str(path))
 
 
-def _folder_files(folder: Path) -> list[Path]:
-    """The documents files of ``folder`` in name order; a ``ValueError`` for a symbolic link among them (a link
-    may lead anywhere, a system file say, which would then be unlearned or kept)."""
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in DOCUMENT_FILE_SUFFIXES)
-    for file in files:
-        if file.is_symlink():
-            raise ValueError(f"{file} is a symbolic link (to {os.readlink(file)}); documents are read from the "
-                             "folder's own files only: copy the file into the folder instead.")
-    return files
-
-
 def load_documents(source: Any, *, text_key: str = "text") -> list[str]:
     """The documents of ``source`` as a list of strings, in order: a list of strings (or dicts with ``text_key``),
     a ``datasets.Dataset`` column, a ``.txt`` file (one document), a ``.jsonl`` file (one a line), a ``.json`` file
@@ -88,7 +78,11 @@ def load_documents(source: Any, *, text_key: str = "text") -> list[str]:
             raise ValueError("load_documents got a plain text; pass a list of documents ([text]) or a file path.")
         if not path.exists():
             raise FileNotFoundError(f"No documents at {path}.")
-        files = _folder_files(path) if path.is_dir() else [path]
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in DOCUMENT_FILE_SUFFIXES) if path.is_dir() else [path]
+        for file in files:  # a link may lead anywhere, a system file say, which would then be unlearned or kept
+            if path.is_dir() and file.is_symlink():
+                raise ValueError(f"{file} is a symbolic link (to {os.readlink(file)}); documents are read from the "
+                                 "folder's own files only: copy the file into the folder instead.")
         docs = [d for f in files for d in _read_file(f, text_key)]
         origin = str(path)
     else:
@@ -194,6 +188,11 @@ def chunk_length(max_length: int | None, limit: int | None) -> int:
     positions ``limit`` always applies), :data:`DEFAULT_CHUNK_LENGTH` when neither is."""
     bounds = [int(v) for v in (max_length, limit) if v is not None]
     return min(bounds) if bounds else DEFAULT_CHUNK_LENGTH
+
+
+def is_document_rows(rows: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether ``rows`` are documents as ``{"text"}`` rows (what :func:`as_documents` gives, one row each)."""
+    return bool(rows) and "text" in rows[0]
 
 
 def shared_documents(forget: Sequence[str], retain: Sequence[str]) -> int:

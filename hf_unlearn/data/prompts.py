@@ -115,12 +115,8 @@ def resolve_template(tokenizer: Any, template: str | PromptTemplate | None = Non
 
 
 def _chat_kwargs(template: PromptTemplate) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    if template.chat_template is not None:
-        kwargs["chat_template"] = template.chat_template
-    if template.date_string is not None:
-        kwargs["date_string"] = template.date_string
-    return kwargs
+    given = {"chat_template": template.chat_template, "date_string": template.date_string}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _chat_messages(template: PromptTemplate, question: str, answer: str | None = None) -> list[dict[str, str]]:
@@ -244,20 +240,11 @@ def collate_qa(
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     width = max(len(f["input_ids"]) for f in features)
-    batch = {"input_ids": [], "attention_mask": [], "labels": [], "position_ids": []}
+    batch: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "labels": [], "position_ids": []}
     for f in features:
         n = len(f["input_ids"])
-        pad = width - n
-        ids, mask, labels = f["input_ids"], [1] * n, f["labels"]
-        positions = list(range(n))
-        if padding_side == "right":
-            batch["input_ids"].append(ids + [pad_token_id] * pad)
-            batch["attention_mask"].append(mask + [0] * pad)
-            batch["labels"].append(labels + [IGNORE_INDEX] * pad)
-            batch["position_ids"].append(positions + [0] * pad)
-        else:
-            batch["input_ids"].append([pad_token_id] * pad + ids)
-            batch["attention_mask"].append([0] * pad + mask)
-            batch["labels"].append([IGNORE_INDEX] * pad + labels)
-            batch["position_ids"].append([0] * pad + positions)
+        for key, values, fill in (("input_ids", f["input_ids"], pad_token_id), ("attention_mask", [1] * n, 0),
+                                  ("labels", f["labels"], IGNORE_INDEX), ("position_ids", list(range(n)), 0)):
+            pad = [fill] * (width - n)
+            batch[key].append(list(values) + pad if padding_side == "right" else pad + list(values))
     return {k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()}

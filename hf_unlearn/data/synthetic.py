@@ -139,7 +139,7 @@ def _author_rows(rng: random.Random, facts: dict[str, str], used_names: set[str]
         perturbed = []
         while len(perturbed) < 5:
             wrong = dict(facts, **{key: _perturbed_value(rng, key, facts, used_names)})
-            text = answer_t.format(**wrong) if key != "name" else answer_t.format(**wrong)
+            text = answer_t.format(**wrong)
             if text not in perturbed:
                 perturbed.append(text)
         rows.append({

@@ -95,12 +95,6 @@ def check_rows(
             raise ValueError(f"{where}: {problem}; questions and answers must be non-empty strings.")
 
 
-def validate_rows(rows: list[dict[str, Any]], config: str, origin: str) -> None:
-    """Raise a ``ValueError`` naming the first row of TOFU config ``config`` that lacks a field the config
-    requires or holds an empty, null or non-string text (:func:`check_rows`)."""
-    check_rows(rows, f"TOFU config {config!r} from {origin}", TOFU_CONFIGS.get(config, ("question", "answer")))
-
-
 def _read_jsonl_lines(path: str | os.PathLike) -> tuple[list[Any], list[int]]:
     """The JSON values of the non-blank lines of ``path`` and their line numbers; a ``ValueError`` names the file and
     the line that is not UTF-8 text or not valid JSON (:func:`~hf_unlearn.data.strict_json.parse_json`: a
@@ -153,7 +147,7 @@ def load_tofu_rows(config: str, source: str = TOFU_HUB_ID) -> list[dict[str, Any
     else:
         rows = _load_from_hub(source, config)
         origin = f"the Hub dataset {source}"
-    validate_rows(rows, config, origin)
+    check_rows(rows, f"TOFU config {config!r} from {origin}", TOFU_CONFIGS[config])
     return rows
 
 

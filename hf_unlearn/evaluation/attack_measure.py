@@ -9,15 +9,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from accelerate.utils import is_peft_model
 
-from ..data.documents import as_documents, chunk_length, document_heads
+from ..data.documents import as_documents, chunk_length, document_heads, is_document_rows
 from ..data.prompts import PromptTemplate
 from ..logprobs import answer_nll as _answer_nll
 from ..logprobs import effective_max_length, feature_token_statistics
 from ..registry import decoding_of
 from ..result import Decoding
 from .generation import generate_answers
-from .quantization import is_peft_model
 from .rouge import rouge_l_recall
 
 MIN_GAP = 1e-6
@@ -93,22 +93,16 @@ def _measure(
     For documents (``{"text"}`` rows) the forget NLL is the mean over documents of the average NLL of every token
     of each document's first chunk (:func:`_document_features`); ROUGE-L is ``None`` (there is no question to
     answer)."""
-    if _are_documents(rows):
-        features = _document_features(model, tokenizer, rows)
-        with _scoring(model, decoding, attacked) as (scorer, _):
-            stats = feature_token_statistics(model, tokenizer, features, scorer=scorer, batch_size=batch_size,
-                                             progress=progress, desc=f"{desc}: documents")
-            out = {"forget_nll": float(np.mean(stats.avg_nll)), "forget_rouge_l": None}
-            if criterion is not None:
-                out["criterion"] = dict(criterion.measure(model, tokenizer, scorer=scorer))
-        return out
-    questions = [r["question"] for r in rows]
-    answers = [r["answer"] for r in rows]
     with _scoring(model, decoding, attacked) as (scorer, generation_kwargs):
-        nll = _answer_nll(model, tokenizer, questions, answers, scorer=scorer, batch_size=batch_size,
-                          template=template, progress=progress, desc=f"{desc}: answers")
+        if is_document_rows(rows):
+            nll = feature_token_statistics(model, tokenizer, _document_features(model, tokenizer, rows), scorer=scorer,
+                                           batch_size=batch_size, progress=progress, desc=f"{desc}: documents").avg_nll
+        else:
+            questions, answers = [r["question"] for r in rows], [r["answer"] for r in rows]
+            nll = _answer_nll(model, tokenizer, questions, answers, scorer=scorer, batch_size=batch_size,
+                              template=template, progress=progress, desc=f"{desc}: answers")
         out: dict[str, Any] = {"forget_nll": float(np.mean(nll)), "forget_rouge_l": None}
-        if rouge:
+        if rouge and not is_document_rows(rows):
             generations = generate_answers(model, tokenizer, questions, batch_size=batch_size,
                                            max_new_tokens=max_new_tokens, generation_kwargs=generation_kwargs,
                                            template=template, progress=progress, desc=f"{desc}: generating")
@@ -116,10 +110,6 @@ def _measure(
         if criterion is not None:
             out["criterion"] = dict(criterion.measure(model, tokenizer, scorer=scorer))
     return out
-
-
-def _are_documents(rows: Sequence[Mapping[str, Any]]) -> bool:
-    return bool(rows) and "text" in rows[0]
 
 
 def _document_features(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ quantization step are rounded away). The figures are :mod:`.attack_measure`'s.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,17 +37,12 @@ def quantization_attack(
     method: str = "roundtrip", template: str | PromptTemplate | None = None, batch_size: int = 16,
     max_new_tokens: int = DEFAULT_ATTACK_MAX_NEW_TOKENS, rouge: bool = True, progress: bool = False,
 ) -> dict[str, Any]:
-    """Re-measure the forget rows on quantized copies of ``model``: 4-bit NF4 and 8-bit LLM.int8().
-
-    Threat model: :data:`QUANT_THREAT_MODEL`. For each ``b`` in ``bits`` a copy is built by
-    :func:`.quantization.quantize_nf4` (``b = 4``, blockwise NF4) or :func:`.quantization.quantize_int8` (``b = 8``,
-    row-wise absmax) with ``method`` (``"roundtrip"``: quantized weights evaluated in float32; ``"bnb"``: real
-    bitsandbytes layers); the output layer stays in full precision. The caller's model is never changed.
-
-    ``forget`` is question/answer rows or documents (then ``forget_nll`` is over each document's first chunk and
-    ROUGE-L is ``None``); ``original`` (the model before unlearning) adds the recovered fractions; ``decoding``
-    (:func:`.attack_measure.artifact_decoding`) scores and decodes every model through its own ``Decoding``;
-    ``criterion.measure(model, tokenizer, scorer=None) -> dict`` is added to every measured model's figures.
+    """Re-measure the forget rows on quantized copies of ``model`` (:data:`QUANT_THREAT_MODEL`): 4-bit NF4
+    (:func:`.quantization.quantize_nf4`) and 8-bit LLM.int8() (:func:`.quantization.quantize_int8`) by ``method``;
+    the caller's model is never changed. ``forget``: question/answer rows or documents (ROUGE-L ``None``);
+    ``original`` adds the recovered fractions; ``decoding`` (:func:`.attack_measure.artifact_decoding`) scores and
+    decodes every model through its own ``Decoding``; ``criterion.measure(model, tokenizer, scorer=None)`` is added
+    to every measured model's figures.
 
     Returns:
         ``{"attack": "quantization", "threat_model", "decoding", "method", "num_rows", "full_precision": {figures},
@@ -76,17 +72,15 @@ def quantization_attack(
 
 
 def _check_bits(bits: Sequence[int], method: str) -> tuple[int, ...]:
-    """``bits`` as a tuple; refused unless distinct values from ``(4, 8)``, or unless ``method`` is ``"roundtrip"``
-    or ``"bnb"``; NF4 and real bitsandbytes layers need bitsandbytes installed."""
+    """``bits`` as a tuple; refused unless distinct values from ``(4, 8)`` and ``method`` is ``"roundtrip"`` or
+    ``"bnb"``; NF4 and real bitsandbytes layers need bitsandbytes installed."""
     bits = tuple(bits)
     if not bits or any(b not in (4, 8) for b in bits) or len(set(bits)) != len(bits):
         raise ValueError(f"bits must be distinct values from (4, 8), got {bits!r}.")
     if method not in ("roundtrip", "bnb"):
         raise ValueError(f"method must be 'roundtrip' or 'bnb', got {method!r}.")
-    if 4 in bits or method == "bnb":
-        from .quantization import _require_bitsandbytes
-
-        _require_bitsandbytes()
+    if (4 in bits or method == "bnb") and importlib.util.find_spec("bitsandbytes") is None:
+        raise ValueError("The 4-bit NF4 attack needs bitsandbytes: pip install 'hf-unlearn[quantization]'.")
     return bits
 
 

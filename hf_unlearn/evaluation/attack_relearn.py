@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..data.documents import is_document_rows
 from ..data.prepare import PromptTooLongError, prepare_qa
 from ..data.prompts import PromptTemplate, collate_qa, ensure_pad_token, resolve_template
 from ..logprobs import answer_mask, causal_lm_scorer, effective_max_length, model_device
@@ -21,7 +22,6 @@ from .attack_measure import (
     DECODING_KEPT,
     DEFAULT_ATTACK_MAX_NEW_TOKENS,
     DecodingFactory,
-    _are_documents,
     _check_criterion,
     _check_model,
     _check_positive,
@@ -32,8 +32,6 @@ from .attack_measure import (
 )
 
 DEFAULT_RELEARN_LR = 1e-4
-"""Default relearning learning rate (see :func:`relearning_attack`)."""
-
 
 RELEARN_THREAT_MODEL = (
     "The attacker holds the released weights and fine-tunes them for a few steps, either on a small share of the "
@@ -74,7 +72,7 @@ def _fine_tune(
     per_step = min(batch_size, len(order))
     used = sorted({order[i % len(order)] for i in range(min(len(order), steps * per_step))})
     try:  # only the rows the steps reach
-        if _are_documents(rows):  # documents: each one's first chunk, loss on every token
+        if is_document_rows(rows):  # documents: each one's first chunk, loss on every token
             prepared = _document_features(model, tokenizer, [rows[i] for i in used])
         else:
             prepared = prepare_qa([rows[i] for i in used], tokenizer, template=template, max_length=limit,
@@ -123,13 +121,10 @@ def relearning_attack(
     """Fine-tune copies of ``model`` for ``steps`` steps and measure how much of the forgotten rows comes back.
 
     Threat model: :data:`RELEARN_THREAT_MODEL`. :func:`split_forget_rows` gives the attacker
-    ``k = max(1, round(share * n))`` forget rows; the other ``n - k`` are measured before and after. Two fine-tunes,
-    each on its own copy (PEFT adapters merged in): (a) *targeted relearning* on the attack rows (the top-level
-    figures); (b) *benign fine-tuning* on ``retain`` rows only, when given (``"benign"``). Documents (a list of
-    strings, a path, a ``text`` dataset) are split by document and trained on each one's first chunk.
-
-    Each fine-tune is :func:`_fine_tune`. With ``decoding`` (``decoding(model, check_base_weights) -> Decoding``) the fine-tune trains the base
-    and every model is measured through its own ``Decoding``: the decoding-time artifact is kept, not refitted.
+    ``k = max(1, round(share * n))`` forget rows; the other ``n - k`` are measured before and after. Two fine-tunes
+    (:func:`_fine_tune`), each on a merged copy: *targeted relearning* on the attack rows (the top-level figures)
+    and, with ``retain``, *benign fine-tuning* on retain rows only (``"benign"``). With ``decoding`` the base is
+    trained and every model measured through its own ``Decoding`` (the artifact kept, not refitted).
     ``steps=0`` or ``learning_rate=0`` is a null control.
 
     Returns the settings, ``num_attack_rows``, ``num_eval_rows``, ``forget_nll`` / ``forget_rouge_l``
@@ -140,7 +135,12 @@ def relearning_attack(
     """
     start = time.perf_counter()
     rows = _check_rows(forget, "forget", minimum=2)
-    _check_budget(steps, learning_rate, max_grad_norm)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"steps must be a non-negative integer, got {steps!r}.")
+    if not isinstance(learning_rate, (int, float)) or not np.isfinite(learning_rate) or learning_rate < 0:
+        raise ValueError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}.")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be None or > 0, got {max_grad_norm!r}.")
     _check_positive(batch_size=batch_size, eval_batch_size=eval_batch_size, max_new_tokens=max_new_tokens)
     _check_criterion(criterion)
     retain_rows = None if retain is None else _check_rows(retain, "retain")
@@ -180,17 +180,6 @@ def relearning_attack(
         out["criterion_before"], out["criterion_after"] = before["criterion"], after["criterion"]
     out["seconds"] = time.perf_counter() - start
     return out
-
-
-def _check_budget(steps: Any, learning_rate: Any, max_grad_norm: Any) -> None:
-    """Refuse a fine-tuning budget :func:`relearning_attack` cannot run: ``steps`` not an integer >= 0,
-    ``learning_rate`` not a finite number >= 0, ``max_grad_norm`` neither ``None`` nor > 0."""
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}.")
-    if not isinstance(learning_rate, (int, float)) or not np.isfinite(learning_rate) or learning_rate < 0:
-        raise ValueError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}.")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm must be None or > 0, got {max_grad_norm!r}.")
 
 
 def _benign_fine_tune(

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .attack_quant import quantization_attack
+from .attack_quant import _check_bits, quantization_attack
 from .attack_relearn import DEFAULT_RELEARN_LR, relearning_attack
 
 ATTACK_NAMES = ("quant", "relearn")
@@ -51,24 +51,17 @@ def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any)
     make it a no-op: bit widths other than 4 and 8, NF4 without bitsandbytes, a ``share`` outside (0, 1),
     ``steps`` below 1, a ``learning_rate`` that is not a finite number > 0. (:func:`relearning_attack` called
     directly still takes ``steps=0`` or ``learning_rate=0``, a null control.)"""
-    import importlib.util
     import inspect
 
     functions = {"quant": quantization_attack, "relearn": relearning_attack}
     for name, kwargs in chosen.items():
-        merged = {**common, **kwargs}
-        if name == "relearn" and "batch_size" in common and "batch_size" not in kwargs:
-            merged["eval_batch_size"] = merged.pop("batch_size")
+        merged = _merged(name, common, kwargs)
         try:
             inspect.signature(functions[name]).bind(None, None, [], **merged)
         except TypeError as err:
             raise ValueError(f"Bad options for the {name} attack: {err}.") from None
         if name == "quant":
-            bits = tuple(merged.get("bits", (4, 8)))
-            if not bits or any(b not in (4, 8) for b in bits) or len(set(bits)) != len(bits):
-                raise ValueError(f"bits must be distinct values from (4, 8), got {bits!r}.")
-            if (4 in bits or merged.get("method") == "bnb") and importlib.util.find_spec("bitsandbytes") is None:
-                raise ValueError("The 4-bit NF4 attack needs bitsandbytes: pip install 'hf-unlearn[quantization]'.")
+            _check_bits(merged.get("bits", (4, 8)), merged.get("method", "roundtrip"))
         else:
             share = merged.get("share", 0.1)
             if not isinstance(share, (int, float)) or not 0.0 < share < 1.0:
@@ -96,15 +89,20 @@ def run_attacks(
     check_attack_options(chosen, **common)
     out: dict[str, Any] = {}
     if "quant" in chosen:
-        kwargs = {**common, **chosen["quant"]}
-        out["quantization"] = quantization_attack(model, tokenizer, forget, **kwargs)
+        out["quantization"] = quantization_attack(model, tokenizer, forget, **_merged("quant", common, chosen["quant"]))
     if "relearn" in chosen:
-        kwargs = {**common, **chosen["relearn"]}
-        kwargs.setdefault("retain", retain)
-        if "batch_size" in common and "batch_size" not in chosen["relearn"]:
-            kwargs["eval_batch_size"] = kwargs.pop("batch_size")
+        kwargs = {"retain": retain, **_merged("relearn", common, chosen["relearn"])}
         out["relearning"] = relearning_attack(model, tokenizer, forget, **kwargs)
     return out
+
+
+def _merged(name: str, common: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """An attack's keyword arguments: ``common`` overridden by its own; the relearning attack's ``batch_size``
+    is the training one, so a common ``batch_size`` becomes its ``eval_batch_size``."""
+    merged = {**common, **own}
+    if name == "relearn" and "batch_size" in common and "batch_size" not in own:
+        merged["eval_batch_size"] = merged.pop("batch_size")
+    return merged
 
 
 ATTACK_COLUMNS = (
@@ -118,12 +116,9 @@ ATTACK_COLUMNS = (
 
 
 def attack_summary(section: Mapping[str, Any] | None) -> dict[str, float | None]:
-    """The headline figure of each attack, flat (keys of :data:`ATTACK_COLUMNS`; ``None`` where not run).
-
-    ``attack_nf4_*`` / ``attack_int8_*``: forget ROUGE-L of the quantized copy and its recovered NLL fraction;
-    ``attack_relearn_forget_nll``: held-out forget NLL after targeted relearning; ``attack_relearn_recovered`` /
-    ``attack_benign_recovered``: the NLL recovered fractions of targeted relearning and benign fine-tuning.
-    """
+    """The headline figure of each attack, flat (:data:`ATTACK_COLUMNS`, ``None`` where not run): forget ROUGE-L and
+    recovered NLL fraction of each quantized copy, held-out forget NLL after relearning, and the recovered NLL
+    fractions of targeted relearning and benign fine-tuning."""
     out: dict[str, float | None] = dict.fromkeys(key for key, _ in ATTACK_COLUMNS)
     section = section or {}
     quant = (section.get("quantization") or {}).get("bits", {})

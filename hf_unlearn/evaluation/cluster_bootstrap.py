@@ -1,4 +1,4 @@
-"""Intervals by author: a cluster bootstrap for TOFU's forget quality, model utility and paired comparisons.
+"""Intervals by author: a cluster bootstrap for TOFU's forget quality and paired comparisons.
 
 The rows of one TOFU author move together, so the bootstrap resamples authors (clusters), not rows: with ``K``
 clusters and ``R_k`` the rows of cluster ``k``, one resample draws ``k_1..k_K`` uniformly with replacement and takes
@@ -9,7 +9,7 @@ methods. Every function is pure and seeded (``numpy.random.default_rng(seed)``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,34 +30,20 @@ def author_clusters(n_rows: int, rows_per_author: int = TOFU_ROWS_PER_AUTHOR) ->
     return np.arange(n_rows) // rows_per_author
 
 
-def _cluster_rows(clusters: Sequence[Any]) -> list[np.ndarray]:
-    """The row indices of each distinct cluster label, in order of first appearance."""
-    labels = np.asarray(clusters)
-    if labels.ndim != 1 or len(labels) == 0:
-        raise ValueError("A cluster bootstrap needs one cluster label per row and at least one row.")
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    order = np.argsort(first)
-    return [np.flatnonzero(inverse == k) for k in order]
-
-
 def cluster_resample_indices(clusters: Sequence[Any], n_resamples: int, rng: np.random.Generator) -> list[np.ndarray]:
     """``n_resamples`` resamples of the rows by cluster: each draws ``K`` of the ``K`` clusters uniformly with
     replacement and concatenates their row indices ``R_{k_1} + ... + R_{k_K}``."""
     if n_resamples < 1:
         raise ValueError(f"A bootstrap needs at least one resample, got {n_resamples}.")
-    groups = _cluster_rows(clusters)
+    labels = np.asarray(clusters)
+    if labels.ndim != 1 or len(labels) == 0:
+        raise ValueError("A cluster bootstrap needs one cluster label per row and at least one row.")
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    groups = [np.flatnonzero(inverse == k) for k in np.argsort(first)]  # each cluster's rows, by first appearance
     draws = rng.integers(0, len(groups), size=(n_resamples, len(groups)))
     if len({len(g) for g in groups}) == 1:  # clusters of one size: one gather for every resample
         return list(np.stack(groups)[draws].reshape(n_resamples, -1))
     return [np.concatenate([groups[k] for k in draw]) for draw in draws]
-
-
-def percentile_interval(values: Sequence[float], confidence: float) -> tuple[float, float]:
-    """The ``(1 - c)/2`` and ``(1 + c)/2`` quantiles of ``values`` (numpy's linear interpolation)."""
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}.")
-    lo, hi = np.quantile(np.asarray(values, dtype=np.float64), [(1 - confidence) / 2, (1 + confidence) / 2])
-    return float(lo), float(hi)
 
 
 def cluster_bootstrap(
@@ -67,12 +53,15 @@ def cluster_bootstrap(
     """``S`` on the full samples and its cluster-bootstrap percentile interval: ``samples`` holds one cluster-label
     sequence per sample, ``statistic(*indices)`` computes ``S`` on one array of row indices per sample. Returns
     ``value``, ``low``, ``high``, ``confidence``, ``n_resamples``."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}.")
     rng = np.random.default_rng(seed)
     draws = [cluster_resample_indices(labels, n_resamples, rng) for labels in samples]
     values = [float(statistic(*indices)) for indices in zip(*draws)]
-    low, high = percentile_interval(values, confidence)
+    low, high = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
     full = float(statistic(*(np.arange(len(labels)) for labels in samples)))
-    return {"value": full, "low": low, "high": high, "confidence": confidence, "n_resamples": n_resamples}
+    return {"value": full, "low": float(low), "high": float(high), "confidence": confidence,
+            "n_resamples": n_resamples}
 
 
 def forget_quality_by_author(
@@ -113,26 +102,6 @@ def harmonic_mean(values: Sequence[float]) -> float:
     return 0.0 if np.any(s <= 0) else float(len(s) / np.sum(1.0 / s))
 
 
-def model_utility_by_author(
-    splits: Mapping[str, tuple[Mapping[str, Sequence[float]], Sequence[Any]]], *, confidence: float = 0.95,
-    n_resamples: int = 1000, seed: int = 0,
-) -> dict[str, float]:
-    """``MU = H(mean_{i in split} s_i for every (split, component))`` with its interval. ``splits`` maps each utility
-    split to ``(scores, clusters)``, ``scores`` a component name to its per-row scores (:func:`truth_ratio_scores`
-    for the truth ratio). Returns ``model_utility``, ``model_utility_low``, ``model_utility_high``, ``confidence``,
-    ``n_resamples``."""
-    names = list(splits)
-    arrays = [{k: np.asarray(v, dtype=np.float64) for k, v in splits[n][0].items()} for n in names]
-
-    def utility(*indices: np.ndarray) -> float:
-        return harmonic_mean([a[i].mean() for scores, i in zip(arrays, indices) for a in scores.values()])
-
-    out = cluster_bootstrap(utility, [splits[n][1] for n in names], confidence=confidence,
-                            n_resamples=n_resamples, seed=seed)
-    return {"model_utility": out["value"], "model_utility_low": out["low"], "model_utility_high": out["high"],
-            "confidence": confidence, "n_resamples": n_resamples}
-
-
 def paired_difference_by_author(
     statistic: Callable[[Sequence[float], np.ndarray], float], first: Sequence[float], second: Sequence[float],
     clusters: Sequence[Any], *, confidence: float = 0.95, n_resamples: int = 1000, seed: int = 0,
@@ -148,35 +117,3 @@ def paired_difference_by_author(
                             n_resamples=n_resamples, seed=seed)
     return {"difference": out["value"], "difference_low": out["low"], "difference_high": out["high"],
             "confidence": confidence, "n_resamples": n_resamples}
-
-
-#: How the model-utility splits' rows cluster.
-UTILITY_SPLIT_CLUSTERS = {"retain": "author", "real_authors": "row", "world_facts": "row"}
-
-
-def _split_clusters(n_rows: int, kind: str) -> np.ndarray:
-    return author_clusters(n_rows) if kind == "author" else row_clusters(n_rows)
-
-
-def report_intervals_by_author(
-    splits: Mapping[str, Mapping[str, Any]], reference_forget_truth_ratios: Sequence[float] | None = None, *,
-    confidence: float = 0.95, n_resamples: int = 1000, seed: int = 0,
-) -> dict[str, float | None]:
-    """A report's ``splits``' forget quality (``None`` without the reference's forget truth ratios) and model
-    utility, each with its interval; rows clustered as :data:`UTILITY_SPLIT_CLUSTERS` says (forget by author)."""
-    options = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
-    out: dict[str, float | None] = dict.fromkeys(
-        ("forget_quality", "forget_quality_low", "forget_quality_high", "ks_statistic", "ks_statistic_low",
-         "ks_statistic_high"))
-    forget_tr = splits["forget"]["per_example"]["truth_ratio"]
-    if reference_forget_truth_ratios is not None:
-        out.update(forget_quality_by_author(forget_tr, reference_forget_truth_ratios,
-                                            author_clusters(len(forget_tr)), **options))
-    utility = {}
-    for name, kind in UTILITY_SPLIT_CLUSTERS.items():
-        rows = splits[name]["per_example"]
-        scores = {"prob": rows["prob"], "rouge_l": rows["rouge_l"],
-                  "truth_ratio": truth_ratio_scores(rows["truth_ratio"], "true_better")}
-        utility[name] = (scores, _split_clusters(len(rows["prob"]), kind))
-    out.update(model_utility_by_author(utility, **options))
-    return out

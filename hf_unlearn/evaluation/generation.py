@@ -84,8 +84,5 @@ def generate_answers(
     tag = t.answer_tag.strip() if (t.kind == "plain" and not t.answer_tag_in_prompt) else ""
     texts = greedy_generate(model, tokenizer, encoded, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             generation_kwargs=generation_kwargs, progress=progress, desc=desc)
-    answers = []
-    for text in texts:
-        text = text.strip()
-        answers.append(text[len(tag) :].strip() if tag and text.startswith(tag) else text)
-    return answers
+    texts = [text.strip() for text in texts]
+    return [text[len(tag) :].strip() if tag and text.startswith(tag) else text for text in texts]

@@ -60,10 +60,5 @@ def forget_quality_interval(
     ``_low`` / ``_high``, ``confidence``, ``n_resamples``."""
     from .cluster_bootstrap import forget_quality_by_author, row_clusters
 
-    if len(predictions) != len(references):
-        raise ValueError(f"Forget quality compares truth ratios on the same forget questions, but got "
-                         f"{len(predictions)} predictions and {len(references)} references.")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}.")
     return forget_quality_by_author(_floats(predictions), _floats(references), row_clusters(len(predictions)),
                                     confidence=confidence, n_resamples=n_resamples, seed=seed)

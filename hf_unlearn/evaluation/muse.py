@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -210,17 +209,6 @@ def reference_auc_of(retain_reference: Any) -> tuple[float, str]:
     return float(retain_reference.privleak_auc), str(retain_reference.model_name)
 
 
-def _check_args(criteria: Sequence[str], max_examples: Any, batch_size: Any, new_tokens: Mapping[str, Any]) -> None:
-    unknown = [c for c in criteria if c not in MUSE_CRITERIA]
-    if unknown or not criteria:
-        raise ValueError(f"criteria must be a non-empty subset of {list(MUSE_CRITERIA)}, got {list(criteria)}.")
-    if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
-        raise ValueError(f"max_examples must be None or a positive integer, got {max_examples!r}.")
-    for name, value in {"batch_size": batch_size, **new_tokens}.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-
-
 def _verbmem(model: Any, tokenizer: Any, rows: list[dict[str, str]], max_new_tokens: int, **common: Any):
     """C1: (VerbMem, per-example values, truncated prompts) of the ``{prompt, gt}`` rows."""
     truths = [truncate_to_tokens(tokenizer, r["gt"], max_new_tokens) for r in rows]
@@ -277,12 +265,14 @@ def evaluate_muse(
         ValueError: bad arguments, malformed data or a bad retain reference, before any model call.
         FileNotFoundError: a local folder that lacks a part the criteria need.
     """
-    start = time.perf_counter()
     criteria = list(dict.fromkeys(criteria))
     new_tokens = {"verbmem_max_new_tokens": verbmem_max_new_tokens, "knowmem_max_new_tokens": knowmem_max_new_tokens}
     ref_auc, ref_source = _check_inputs(model, tokenizer, source, criteria, retain_reference, max_examples,
                                         batch_size, new_tokens, output_path)
-    data = _load_parts(source, criteria, max_examples)
+    data: dict[str, list[Any]] = {}  # the parts the criteria read, the in-context examples whole
+    for part in (part for criterion in criteria for part in CRITERION_PARTS[criterion]):
+        items = load_muse_part(source, part)
+        data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
     ensure_pad_token(tokenizer)
     # Everything above runs before the model is touched.
     figures, auc, per_example, truncated = _measure(
@@ -304,7 +294,6 @@ def evaluate_muse(
                   "min_k": PRIVLEAK_MIN_K, "max_length": model_max_positions(model), "num_truncated": truncated},
         hf_unlearn_version=__version__,
     )
-    report.wall_time_s = time.perf_counter() - start
     if output_path is not None:
         report.save(output_path)
     return report
@@ -316,7 +305,14 @@ def _check_inputs(
 ) -> tuple[float | None, str | None]:
     """Check :func:`evaluate_muse`'s arguments, its output path and its retain reference, before any work; the
     reference AUC and where it comes from (``(None, None)`` without the privleak criterion)."""
-    _check_args(criteria, max_examples, batch_size, new_tokens)
+    unknown = [c for c in criteria if c not in MUSE_CRITERIA]
+    if unknown or not criteria:
+        raise ValueError(f"criteria must be a non-empty subset of {list(MUSE_CRITERIA)}, got {list(criteria)}.")
+    if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
+        raise ValueError(f"max_examples must be None or a positive integer, got {max_examples!r}.")
+    for name, value in {"batch_size": batch_size, **new_tokens}.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     if output_path is not None:  # never a report inside the model, the tokenizer or the data folder
         config = getattr(model, "config", None)
         check_report_path(output_path, [getattr(config, "_name_or_path", None),
@@ -325,17 +321,6 @@ def _check_inputs(
     if ref_auc is not None and not 0 < ref_auc <= 1:
         raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")
     return ref_auc, ref_source
-
-
-def _load_parts(source: str | os.PathLike, criteria: Sequence[str], max_examples: int | None) -> dict[str, list[Any]]:
-    """The data parts the criteria read (:data:`CRITERION_PARTS`), each cut to its first ``max_examples`` items
-    (the in-context examples stay whole)."""
-    data: dict[str, list[Any]] = {}
-    for criterion in criteria:
-        for part in CRITERION_PARTS[criterion]:
-            items = load_muse_part(source, part)
-            data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
-    return data
 
 
 def _measure(

@@ -44,18 +44,11 @@ MUSE_METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
 _FIGURES = ("verbmem_forget", "knowmem_forget", "privleak", "knowmem_retain", "privleak_auc", "reference_auc")
 
 
-def _check_figure(name: str, value: Any) -> None:
-    if value is None:
-        return
-    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))):
-        raise ValueError(f"MUSEReport.{name} must be a finite number or None, got {value!r}.")
-
-
 @dataclass(kw_only=True)
 class MUSEReport:
     """The report of :func:`~hf_unlearn.evaluation.evaluate_muse`: the figures of :data:`MUSE_METRIC_DEFINITIONS`
     (``None`` when not measured), ``reference_source`` (where ``reference_auc`` comes from), ``num_examples`` and
-    ``per_example`` (per part), ``settings``, ``hf_unlearn_version``, ``wall_time_s`` and ``extra`` (keys of a dict
+    ``per_example`` (per part), ``settings``, ``hf_unlearn_version`` and ``extra`` (keys of a dict
     that are no field, kept as they are)."""
 
     model_name: str
@@ -71,12 +64,14 @@ class MUSEReport:
     per_example: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     hf_unlearn_version: str | None = None
-    wall_time_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in (*_FIGURES, "wall_time_s"):
-            _check_figure(name, getattr(self, name))
+        for name in _FIGURES:
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                                          and math.isfinite(float(value))):
+                raise ValueError(f"MUSEReport.{name} must be a finite number or None, got {value!r}.")
         for name in ("num_examples", "per_example", "settings", "extra"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"MUSEReport.{name} must be a dict, got {type(getattr(self, name)).__name__}.")

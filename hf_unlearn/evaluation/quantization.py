@@ -14,6 +14,7 @@ import tempfile
 from typing import Any, Literal
 
 import torch
+from accelerate.utils import is_peft_model
 from torch import nn
 
 from ..logprobs import model_device
@@ -70,13 +71,6 @@ def cpu_packed_kernel_accepts(out_features: int, in_features: int, blocksize: in
     return out_features % CPU_PACKED_BLOCK_N == 0 and in_features % blocksize == 0
 
 
-def is_peft_model(model: Any) -> bool:
-    """Whether ``model`` is a ``peft.PeftModel``."""
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
 def _modules_to_quantize(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules ``BitsAndBytesConfig(load_in_4bit=True)`` replaces: ``nn.Linear`` and GPT-2 ``Conv1D``, minus the
     output head, tied weights and the last module (transformers' ``get_keys_to_not_convert``)."""
@@ -125,8 +119,7 @@ def _roundtrip_model(model: Any, compute_dtype: torch.dtype, device: torch.devic
                 module.weight.copy_(roundtrip(module.weight.t()).t())
             else:
                 module.weight.copy_(roundtrip(module.weight))
-    quantized.eval()
-    return quantized
+    return quantized.eval()
 
 
 def _load_bnb_copy(model: Any, quantization_config: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
@@ -140,17 +133,6 @@ def _load_bnb_copy(model: Any, quantization_config: Any, compute_dtype: torch.dt
             tmp, quantization_config=quantization_config, device_map={"": str(device)}, dtype=compute_dtype,
             trust_remote_code=False,
         )
-
-
-def _bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
-    from transformers import BitsAndBytesConfig
-
-    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
-    quantized = _load_bnb_copy(model, config, compute_dtype, device)
-    if device.type == "cpu":
-        _fallback_unpackable_layers(quantized, compute_dtype)
-    quantized.eval()
-    return quantized
 
 
 def _fallback_unpackable_layers(model: nn.Module, compute_dtype: torch.dtype) -> list[str]:
@@ -191,7 +173,13 @@ def quantize_nf4(
         compute_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if method == "roundtrip":
         return _roundtrip_model(model, compute_dtype, device)
-    return _bnb_model(model, compute_dtype, device)
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+    quantized = _load_bnb_copy(model, config, compute_dtype, device)
+    if device.type == "cpu":
+        _fallback_unpackable_layers(quantized, compute_dtype)
+    return quantized.eval()
 
 
 INT8_MAX = 127
@@ -218,14 +206,6 @@ def int8_roundtrip(weight: torch.Tensor) -> torch.Tensor:
     return out.to(weight.dtype)
 
 
-def _int8_bnb_model(model: Any, compute_dtype: torch.dtype, device: torch.device) -> Any:
-    from transformers import BitsAndBytesConfig
-
-    quantized = _load_bnb_copy(model, BitsAndBytesConfig(load_in_8bit=True), compute_dtype, device)
-    quantized.eval()
-    return quantized
-
-
 def quantize_int8(
     model: Any, compute_dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
     method: Literal["roundtrip", "bnb"] = "roundtrip",
@@ -240,4 +220,6 @@ def quantize_int8(
     device = torch.device(device) if device is not None else model_device(model)
     if method == "roundtrip":
         return _roundtrip_model(model, compute_dtype, device, roundtrip=int8_roundtrip)
-    return _int8_bnb_model(model, compute_dtype, device)
+    from transformers import BitsAndBytesConfig
+
+    return _load_bnb_copy(model, BitsAndBytesConfig(load_in_8bit=True), compute_dtype, device).eval()

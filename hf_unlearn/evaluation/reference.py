@@ -1,12 +1,8 @@
-"""Retain references from any published source, with their provenance.
-
-:func:`load_retain_reference` reads a retain model's forget truth ratios (for forget quality), model-utility
-components and MIA AUCs (for privleak) from our report or ``save_truth_ratios`` file, open-unlearning's
-``TOFU_EVAL.json``, or TOFU's ``eval_log_forget.json`` (with its sibling logs, the components computed as TOFU's
-``aggregate_eval_stat.py`` does). Truth ratios are returned as ``exp(true_loss - mean(false_losses))`` (TOFU's files
-give the inverse; a KS test is the same either way). :func:`check_provenance` refuses a known mismatch with an
-evaluation and names the fields the source cannot tell.
-"""
+"""Retain references with their provenance: :func:`load_retain_reference` reads a retain model's forget truth ratios,
+model-utility components and MIA AUCs from our report or ``save_truth_ratios`` file, open-unlearning's
+``TOFU_EVAL.json`` or TOFU's ``eval_log_forget.json`` (components as TOFU's ``aggregate_eval_stat.py``). Truth
+ratios are ``exp(true_loss - mean(false_losses))`` (TOFU's files give the inverse; the KS test is the same either
+way). :func:`check_provenance` refuses a known mismatch with an evaluation."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..jsonutil import read_json_file
-from .report import TOFUReport
+from .report import TOFUReport, checked_truth_ratios
 
 UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
 UTILITY_STATS = ("prob", "rouge_l", "truth_ratio")
@@ -98,12 +94,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def _ratios(values: Any, origin: str) -> np.ndarray:
-    arr = np.asarray([float(v) for v in values], dtype=np.float64)
-    if arr.size == 0:
-        raise ValueError(f"{origin} holds no forget truth ratios.")
-    if not (np.isfinite(arr).all() and (arr > 0).all()):
-        raise ValueError(f"{origin} holds truth ratios that are not finite positive numbers.")
-    return arr
+    return np.asarray(checked_truth_ratios({"forget_truth_ratios": list(values)}, origin), dtype=np.float64)
 
 
 def _by_index(mapping: Mapping[str, Any], origin: str) -> list[Any]:
@@ -115,40 +106,20 @@ def _by_index(mapping: Mapping[str, Any], origin: str) -> list[Any]:
     return [mapping[k] for k in keys]
 
 
-def _from_parts(values: Any, components: Any, mia: Any, provenance: Any, top: Mapping[str, Any],
-                origin: str) -> RetainReference:
-    if not isinstance(values, (list, tuple, np.ndarray)) or len(values) == 0:
-        raise ValueError(f"{origin} has no non-empty 'forget_truth_ratios' list.")
-    ratios = _ratios(values, origin)
-    if isinstance(components, Mapping) and all(k in components for k in COMPONENT_NAMES):
-        components = {k: float(components[k]) for k in COMPONENT_NAMES}
-    else:
-        components = None
-    auc = None
-    if isinstance(mia, Mapping) and isinstance(mia.get("auc"), Mapping):
-        auc = {k: float(v) for k, v in mia["auc"].items() if v is not None}
-    provenance = dict(provenance or {})
-    for key, value in top.items():  # top-level fields are authoritative
-        if value is not None:
-            provenance[key] = value
-    provenance["format"] = "hf_unlearn"
-    provenance["num_rows"] = int(ratios.size)
-    return RetainReference(ratios, components, provenance, auc or None)
-
-
-_TOP_LEVEL = ("source", "forget_split", "model_name")
-
-
 def _from_ours(data: Mapping[str, Any], origin: str) -> RetainReference:
     """A retain reference from our report's dict form or a file of :func:`~hf_unlearn.evaluation.save_truth_ratios`."""
-    return _from_parts(data.get("forget_truth_ratios"), data.get("components"), data.get("mia"),
-                       data.get("provenance"), {k: data.get(k) for k in _TOP_LEVEL}, origin)
-
-
-def _from_report(report: TOFUReport) -> RetainReference:
-    """A retain reference from a :class:`~hf_unlearn.evaluation.TOFUReport`."""
-    return _from_parts(report.forget_truth_ratios, report.components, report.mia, report.provenance,
-                       {k: getattr(report, k) for k in _TOP_LEVEL}, report.model_name or "the report")
+    values, components, mia = data.get("forget_truth_ratios"), data.get("components"), data.get("mia")
+    if not isinstance(values, (list, tuple, np.ndarray)):
+        raise ValueError(f"{origin} has no non-empty 'forget_truth_ratios' list.")
+    ratios = _ratios(values, origin)
+    whole = isinstance(components, Mapping) and all(k in components for k in COMPONENT_NAMES)
+    components = {k: float(components[k]) for k in COMPONENT_NAMES} if whole else None
+    auc = ({k: float(v) for k, v in mia["auc"].items() if v is not None}
+           if isinstance(mia, Mapping) and isinstance(mia.get("auc"), Mapping) else None)
+    top = {k: data[k] for k in ("source", "forget_split", "model_name") if data.get(k) is not None}
+    provenance = {**(data.get("provenance") or {}), **top,  # top-level fields are authoritative
+                  "format": "hf_unlearn", "num_rows": int(ratios.size)}
+    return RetainReference(ratios, components, provenance, auc or None)
 
 
 def _agg(value: Any) -> float | None:
@@ -262,7 +233,7 @@ def load_retain_reference(
     if isinstance(path, RetainReference):
         return path
     if isinstance(path, TOFUReport):
-        return _from_report(path)
+        path = path.to_dict()
     if isinstance(path, Mapping):
         return _from_mapping(path, str(path.get("model_name") or "the report"))
     if not isinstance(path, (str, os.PathLike)):
@@ -334,4 +305,3 @@ def warn_unknown_provenance(reference: RetainReference, unknown: Sequence[str]) 
             "model was evaluated with the same protocol.",
             stacklevel=3,
         )
-

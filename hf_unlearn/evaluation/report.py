@@ -1,10 +1,5 @@
-"""TOFU reports: the typed report, on disk and on screen (atomic JSON, saved retain-reference truth ratios, tables).
-
-:class:`TOFUReport` is what :func:`~hf_unlearn.evaluation.evaluate_tofu` returns: every figure a typed attribute,
-:meth:`~TOFUReport.to_dict` / :meth:`~TOFUReport.from_dict` its JSON form. :data:`METRIC_DEFINITIONS` defines every
-figure of a report (the CLI's ``--help`` and :func:`render_report` print them); :func:`format_report_table`
-compares several reports side by side.
-"""
+"""TOFU reports: :class:`TOFUReport` (what :func:`~hf_unlearn.evaluation.evaluate_tofu` returns) and its JSON form,
+saved retain-reference truth ratios, :data:`METRIC_DEFINITIONS` and the tables that print them."""
 
 from __future__ import annotations
 
@@ -117,33 +112,16 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     ),
 }
 
-# (report key, column title, format)
-TABLE_COLUMNS = (
-    ("forget_quality", "forget quality", ".3g"), ("model_utility", "model utility", ".3f"),
-    ("forget_rouge_l", "forget ROUGE-L", ".3f"), ("forget_truth_ratio", "forget truth ratio", ".3f"),
-    ("forget_prob", "forget prob", ".3f"), ("retain_rouge_l", "retain ROUGE-L", ".3f"),
-    ("retain_prob", "retain prob", ".3f"), ("mu_rouge", "MU-ROUGE", ".3f"),
-    ("extraction_strength", "extraction strength", ".3f"),
-    ("exact_memorization", "exact memorization", ".3f"), ("mia_min_k", "MIA AUC min-k", ".3f"),
-    ("privleak", "privleak", ".1f"),
-)
-
-# render_report's rows, in order: (key, format)
-REPORT_ROWS = (
-    ("forget_quality", ".3g"), ("ks_statistic", ".3f"), ("model_utility", ".3f"), ("mu_rouge", ".3f"),
-    ("forget_rouge_l", ".3f"), ("forget_truth_ratio", ".3f"), ("forget_prob", ".3f"),
-    ("retain_rouge_l", ".3f"), ("retain_prob", ".3f"), ("retain_truth_ratio", ".3f"),
-    ("extraction_strength", ".3f"), ("exact_memorization", ".3f"),
-    ("mia_loss", ".3f"), ("mia_zlib", ".3f"), ("mia_min_k", ".3f"), ("mia_min_k_plus_plus", ".3f"),
-    ("privleak", ".2f"),
-)
+# format_report_table's columns (titles from METRIC_DEFINITIONS), and the formats of figures not shown as ".3f"
+TABLE_COLUMNS = ("forget_quality", "model_utility", "forget_rouge_l", "forget_truth_ratio", "forget_prob",
+                 "retain_rouge_l", "retain_prob", "mu_rouge", "extraction_strength", "exact_memorization", "mia_min_k",
+                 "privleak")
+_FORMATS = {"forget_quality": ".3g", "privleak": ".2f"}
 
 
-def _cell(report: TOFUReport, key: str, fmt: str) -> str:
+def _cell(report: TOFUReport, key: str) -> str:
     value = report.figure(key)
-    if value is None:
-        return "n/a"
-    return format(float(value), fmt)
+    return "n/a" if value is None else format(float(value), _FORMATS.get(key, ".3f"))
 
 
 def format_report_table(reports: Mapping[str, TOFUReport | Mapping[str, Any]]) -> str:
@@ -152,12 +130,9 @@ def format_report_table(reports: Mapping[str, TOFUReport | Mapping[str, Any]]) -
     if not reports:
         raise ValueError("format_report_table needs at least one report.")
     typed = {name: as_report(rep) for name, rep in reports.items()}
-    header = "| model | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
+    header = "| model | " + " | ".join(METRIC_DEFINITIONS[key][0] for key in TABLE_COLUMNS) + " |"
     rule = "|---|" + "---:|" * len(TABLE_COLUMNS)
-    rows = [
-        f"| {name} | " + " | ".join(_cell(rep, key, fmt) for key, _, fmt in TABLE_COLUMNS) + " |"
-        for name, rep in typed.items()
-    ]
+    rows = [f"| {name} | " + " | ".join(_cell(rep, key) for key in TABLE_COLUMNS) + " |" for name, rep in typed.items()]
     return "\n".join([header, rule, *rows])
 
 
@@ -189,9 +164,8 @@ def render_report(report: TOFUReport | Mapping[str, Any]) -> str:
         f"max_new_tokens: {settings.get('max_new_tokens')} | retain reference: {ref_text}"
     )
     rows = ["| figure | value | definition |", "|---|---:|---|"]
-    for key, fmt in REPORT_ROWS:
-        title, definition = METRIC_DEFINITIONS[key]
-        rows.append(f"| {title} | {_cell(report, key, fmt)} | {definition.replace('|', chr(92) + '|')} |")
+    for key, (title, definition) in METRIC_DEFINITIONS.items():
+        rows.append(f"| {title} | {_cell(report, key)} | {definition.replace('|', chr(92) + '|')} |")
     return "\n".join([head, "", *rows])
 
 
@@ -206,10 +180,6 @@ ATTACK_FIELDS = (
 _NOT_KEYS = ("extra", "_omitted")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 @dataclass(eq=False, repr=False, kw_only=True)
 class TOFUReport:
     """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure as a typed attribute.
@@ -217,7 +187,7 @@ class TOFUReport:
     Figures: :data:`METRIC_DEFINITIONS`' keys and :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' (with
     ``attacks``, each attack's section). Also ``components``, ``forget_truth_ratios`` (per question, row order),
     ``mia``, ``num_examples``, ``splits`` (aggregates and ``per_example`` values), ``retain_reference``,
-    ``provenance``, ``settings``, ``hf_unlearn_version``, ``wall_time_s``.
+    ``provenance``, ``settings``, ``hf_unlearn_version``.
 
     :meth:`to_dict` is the JSON-ready dict written to disk (nested values shared, not copied); :meth:`from_dict`
     reads one back, also from an older version: optional keys it lacks stay ``None`` and absent from
@@ -261,7 +231,6 @@ class TOFUReport:
     attack_relearn_forget_nll: float | None = None
     attack_relearn_recovered: float | None = None
     attack_benign_recovered: float | None = None
-    wall_time_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Optional keys the source dict lacked (from_dict); None: only the attack keys, absent when no attack ran.
     _omitted: frozenset[str] | None = None
@@ -270,7 +239,8 @@ class TOFUReport:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("float", "float | None"):
-                if not (_is_number(value) or (value is None and f.type == "float | None")):
+                number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+                if not (number or (value is None and f.type == "float | None")):
                     raise ValueError(f"TOFUReport.{f.name} must be a number{' or None' if 'None' in f.type else ''}, "
                                      f"got {value!r}.")
         for name, kind, noun in (("components", Mapping, "dict"), ("forget_truth_ratios", (list, tuple), "list"),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,11 +75,6 @@ def model_autocast(model: Any, dtype: str | None) -> contextlib.AbstractContextM
     return torch.autocast(model_device(model).type, dtype=getattr(torch, dtype))
 
 
-def _dtype_name(model: Any) -> str | None:
-    dtype = getattr(model, "dtype", None)
-    return None if dtype is None else str(dtype).replace("torch.", "")
-
-
 def _load_holdout(
     forget_split: str, source: str, max_examples: int | None, membership_inference: bool | None
 ) -> list[dict[str, Any]] | None:
@@ -114,39 +108,32 @@ def evaluate_tofu(
     attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] | None] | None = None,
     device: str | None = None,
 ) -> TOFUReport:
-    """Evaluate a causal LM on TOFU and return (and optionally write) the report.
+    """Evaluate a causal LM on TOFU and return (and optionally write) the :class:`TOFUReport`.
 
     Args:
         source: Hub id, local folder of ``<config>.jsonl`` files, or ``"synthetic"``.
-        retain_reference: the retain model's numbers (anything :func:`~hf_unlearn.evaluation.load_retain_reference`
-            reads); ``None`` leaves ``forget_quality`` and ``ks_statistic`` ``None`` and privleak's reference AUC 0.5.
-        scorer: token scorer for teacher-forced losses (default: the model's log-probs). Extraction strength,
-            exact memorization and Min-K%++ are ``None`` under a custom scorer.
-        max_examples: keep only the first ``max_examples`` rows of each split (``None``: all).
+        retain_reference: anything :func:`~hf_unlearn.evaluation.load_retain_reference` reads; ``None`` leaves
+            ``forget_quality`` and ``ks_statistic`` ``None`` and privleak's reference AUC 0.5.
+        scorer: token scorer for teacher-forced losses; under a custom one extraction strength, exact memorization
+            and Min-K%++ are ``None``.
+        max_examples: keep only the first ``max_examples`` rows of each split.
         output_path: write the report there as JSON (atomically); a path inside the model's, the tokenizer's or a
-            local ``source`` folder, or through a link, is refused before any work.
-        template: prompt template (preset name or :class:`~hf_unlearn.data.PromptTemplate`); ``None``: the
-            tokenizer's chat template when it has one, else ``plain``.
-        membership_inference: score the forget split against ``holdoutNN`` for the MIA AUCs and privleak: ``None``
-            when the source has that split (else a warning), ``True`` always, ``False`` never.
+            local ``source`` folder, or through a link, is refused.
+        template: preset name or :class:`~hf_unlearn.data.PromptTemplate`; ``None``: the tokenizer's chat template
+            when it has one, else ``plain``.
+        membership_inference: score the forget split against ``holdoutNN`` (MIA AUCs, privleak): ``None`` when the
+            source has that split (else a warning), ``True`` always, ``False`` never.
         autocast_dtype: ``"bfloat16"`` or ``"float16"`` runs every model call under ``torch.autocast``; recorded in
-            the provenance's ``dtype``, so a retain reference computed otherwise is refused.
-        attacks: attacks run on copies of the model after the evaluation (:func:`.attacks.parse_attacks`: names or
-            ``{name: kwargs}``), on the forget and retain rows with this evaluation's template, batch size and
-            ``max_new_tokens``. With a custom ``scorer`` each attack needs ``decoding`` among its arguments
-            (:func:`~hf_unlearn.evaluation.artifact_decoding`) so that each attacked copy is scored through it.
-        device: ``None`` evaluates where the model is; otherwise (:func:`hf_unlearn.devices.resolve_device`) the
-            model is moved there first.
-
-    Returns:
-        A :class:`~hf_unlearn.evaluation.TOFUReport`.
+            the provenance's ``dtype``.
+        attacks: run on copies of the model after the evaluation (:func:`.attacks.parse_attacks`), on the forget
+            and retain rows; with a custom ``scorer`` each needs a ``decoding``
+            (:func:`~hf_unlearn.evaluation.artifact_decoding`).
+        device: where to move the model first (``None``: where it is).
 
     Raises:
-        ValueError: bad arguments, an unsafe ``output_path``, an unknown split or template, rows lacking fields,
-            empty splits, a tokenizer with neither pad nor EOS token, a retain reference whose number of truth
-            ratios or provenance differs, a CUDA ``device`` without CUDA; all before any model call.
+        ValueError: bad arguments or output path, an unknown split or template, bad rows, a tokenizer with neither
+            pad nor EOS token, a retain reference whose size or provenance differs; all before any model call.
     """
-    start = time.perf_counter()
     specs, device, chosen_attacks = _check_inputs(
         model, tokenizer, source=source, forget_split=forget_split, scorer=scorer,
         generation_kwargs=generation_kwargs, batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -156,13 +143,24 @@ def evaluate_tofu(
     ensure_pad_token(tokenizer)
     template = resolve_template(tokenizer, template)
     data = {spec.name: _cap(load_tofu_rows(spec.config, source), max_examples) for spec in specs}
-    provenance = _data_provenance(tokenizer, template, source, forget_split, max_examples, data["forget"])
+    provenance = {  # the data side; the model's dtype and maximum length are added below
+        "format": "hf_unlearn", "source": source, "forget_split": forget_split, "max_examples": max_examples,
+        "num_rows": len(data["forget"]), "data_sha256": rows_fingerprint(data["forget"]),
+        "template": template_fingerprint(tokenizer, template),
+        "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
+        "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
+    }
     reference, unknown = _check_reference(retain_reference, provenance, len(data["forget"]))
     holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
     # Everything above runs before the model is touched.
     if device is not None:
         model = model.to(device)
-    _record_model_provenance(model, provenance, autocast_dtype, reference, unknown)
+    dtype = None if getattr(model, "dtype", None) is None else str(model.dtype).replace("torch.", "")
+    provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
+    provenance["max_length"] = model_max_positions(model)
+    if reference is not None:
+        unknown += check_provenance(reference, provenance, ["dtype"])
+        warn_unknown_provenance(reference, unknown)
     with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
         forget_stats, splits, holdout_stats = _score_splits(
             model, tokenizer, specs, data, holdout, scorer=scorer, generation_kwargs=generation_kwargs,
@@ -171,16 +169,23 @@ def evaluate_tofu(
     es, em = forget_memorization(forget_stats, splits["forget"])
     mia, aucs, leak = mia_figures(forget_stats, holdout_stats, tokenizer, forget_split,
                                   reference.mia_auc if reference is not None else None)
-    settings = _settings(model, splits, template=template, scorer=scorer, generation_kwargs=generation_kwargs,
-                         batch_size=batch_size, max_new_tokens=max_new_tokens, max_examples=max_examples,
-                         membership_inference=mia is not None, max_length=provenance["max_length"])
+    settings = {  # how the evaluation ran
+        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_examples": max_examples,
+        "template": template.name, "max_length": provenance["max_length"],
+        "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
+        "custom_scorer": scorer is not None, "generation_kwargs": sorted(generation_kwargs or {}),
+        "membership_inference": mia is not None, "device": str(model_device(model)), "attacks": list(chosen_attacks),
+    }
     report = _assemble_report(
         model_name or _model_name(model), source, forget_split, reference, splits, provenance, settings,
         memorization=(es, em), mia=mia, aucs=aucs, leak=leak,
     )
-    _attack(report, model, tokenizer, data, chosen_attacks, template=template, batch_size=batch_size,
-            max_new_tokens=max_new_tokens, progress=progress)
-    report.wall_time_s = time.perf_counter() - start
+    if chosen_attacks:  # on copies of the model, on the forget and retain rows
+        report.attacks = run_attacks(model, tokenizer, data["forget"], data["retain"], chosen_attacks,
+                                     template=template, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                     progress=progress)
+        for key, value in attack_summary(report.attacks).items():
+            setattr(report, key, value)  # the ATTACK_FIELDS
     if output_path is not None:
         write_json_atomic(report.to_dict(), output_path)
     return report
@@ -231,21 +236,6 @@ def _check_inputs(
     return specs, device, chosen_attacks
 
 
-def _data_provenance(
-    tokenizer: Any, template: PromptTemplate, source: str, forget_split: str, max_examples: int | None,
-    forget_rows: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The provenance of the evaluation's data side (source, split, rows and their hash, template, tokenizer and
-    its hash); :func:`_record_model_provenance` adds the model's dtype and maximum length."""
-    return {
-        "format": "hf_unlearn", "source": source, "forget_split": forget_split, "max_examples": max_examples,
-        "num_rows": len(forget_rows), "data_sha256": rows_fingerprint(forget_rows),
-        "template": template_fingerprint(tokenizer, template),
-        "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
-        "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
-    }
-
-
 def _check_reference(
     retain_reference: str | os.PathLike | Mapping[str, Any] | RetainReference | None, provenance: Mapping[str, Any],
     num_forget: int,
@@ -266,20 +256,6 @@ def _check_reference(
     unknown = check_provenance(reference, provenance, [f for f in ("forget_split", "num_rows", "data_sha256",
                                                                    "template", "tokenizer_sha256")])
     return reference, unknown
-
-
-def _record_model_provenance(
-    model: Any, provenance: dict[str, Any], autocast_dtype: str | None, reference: RetainReference | None,
-    unknown: list[str],
-) -> None:
-    """Add the model's ``dtype`` (with the autocast dtype) and ``max_length`` to ``provenance``, check the retain
-    reference's dtype and warn about the provenance fields the reference does not record."""
-    dtype = _dtype_name(model)
-    provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
-    provenance["max_length"] = model_max_positions(model)
-    if reference is not None:
-        unknown += check_provenance(reference, provenance, ["dtype"])
-        warn_unknown_provenance(reference, unknown)
 
 
 def _score_splits(
@@ -308,21 +284,6 @@ def _score_splits(
         desc="holdout: answers", **score,
     )
     return forget_stats, splits, holdout_stats
-
-
-def _settings(
-    model: Any, splits: Mapping[str, Mapping[str, Any]], *, template: PromptTemplate, scorer: TokenScorer | None,
-    generation_kwargs: Mapping[str, Any] | None, batch_size: int, max_new_tokens: int, max_examples: int | None,
-    membership_inference: bool, max_length: int | None,
-) -> dict[str, Any]:
-    """The report's ``settings``: how the evaluation ran (``attacks`` is added by :func:`_attack`)."""
-    return {
-        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_examples": max_examples,
-        "template": template.name, "max_length": max_length,
-        "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
-        "custom_scorer": scorer is not None, "generation_kwargs": sorted(generation_kwargs or {}),
-        "membership_inference": membership_inference, "device": str(model_device(model)),
-    }
 
 
 def _assemble_report(
@@ -355,19 +316,3 @@ def _assemble_report(
         num_examples={name: s["num_examples"] for name, s in splits.items()}, splits=splits, provenance=provenance,
         settings=settings, hf_unlearn_version=__version__,
     )
-
-
-def _attack(
-    report: TOFUReport, model: Any, tokenizer: Any, data: Mapping[str, list[dict[str, Any]]],
-    chosen_attacks: Mapping[str, Mapping[str, Any]], *, template: PromptTemplate, batch_size: int,
-    max_new_tokens: int, progress: bool,
-) -> None:
-    """Run the chosen attacks on copies of the model (:func:`.attacks.run_attacks`, on the forget and retain
-    rows) and add their section, their flat figures and ``settings["attacks"]`` to ``report``."""
-    if chosen_attacks:
-        common = {"template": template, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-                  "progress": progress}
-        report.attacks = run_attacks(model, tokenizer, data["forget"], data["retain"], chosen_attacks, **common)
-        for key, value in attack_summary(report.attacks).items():
-            setattr(report, key, value)  # the ATTACK_FIELDS
-    report.settings["attacks"] = list(chosen_attacks)

@@ -74,41 +74,6 @@ def normalized_answer_probability(answer_nll: np.ndarray, perturbed_nll: Sequenc
     return out
 
 
-def _score_split(
-    model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], spec: SplitSpec, questions: list[str],
-    answers: list[str], perturbed: list[list[str]], score: Mapping[str, Any], answer_nll_values: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], np.ndarray, dict[str, Any]]:
-    """The teacher-forced statistics of one split: ``(answer NLLs, true NLLs, perturbed NLLs, probabilities,
-    truth ratios)``, the last as :func:`.metrics.truth_ratio` returns them. ``score`` holds the scorer, batch size,
-    progress flag and template."""
-    if answer_nll_values is None:
-        gt_nll = answer_nll(model, tokenizer, questions, answers, desc=f"{spec.name}: answers", **score)
-    else:
-        gt_nll = np.asarray(answer_nll_values, dtype=np.float64)
-    false_nll = multi_answer_nll(model, tokenizer, questions, perturbed, desc=f"{spec.name}: perturbed", **score)
-    if spec.paraphrased:
-        paraphrased = [r["paraphrased_answer"] for r in rows]
-        true_nll = answer_nll(model, tokenizer, questions, paraphrased, desc=f"{spec.name}: paraphrased", **score)
-        probs = answer_probability(gt_nll)
-    else:
-        true_nll = gt_nll
-        probs = normalized_answer_probability(gt_nll, false_nll)
-    tr = metrics.truth_ratio(true_nll, false_nll, spec.aggregator)
-    return gt_nll, true_nll, false_nll, probs, tr
-
-
-def _generate_split(
-    model: Any, tokenizer: Any, spec: SplitSpec, questions: list[str], answers: list[str], *,
-    generation_kwargs: Mapping[str, Any] | None, batch_size: int, max_new_tokens: int, template: PromptTemplate,
-    progress: bool,
-) -> tuple[list[str], list[float]]:
-    """The greedy answers to one split's questions and their ROUGE-L recall against the gold answers."""
-    generations = generate_answers(model, tokenizer, questions, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                   generation_kwargs=generation_kwargs, template=template, progress=progress,
-                                   desc=f"{spec.name}: generating")
-    return generations, rouge_l_recall(generations, answers)
-
-
 def _split_truncated(
     model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], spec: SplitSpec, questions: list[str],
     answers: list[str], perturbed: list[list[str]], template: PromptTemplate,
@@ -143,13 +108,24 @@ def evaluate_split(
     if any(len(p) == 0 for p in perturbed):
         raise ValueError(f"Split {spec.config!r} has a row with an empty 'perturbed_answer' list.")
     score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
-    gt_nll, true_nll, false_nll, probs, tr = _score_split(
-        model, tokenizer, rows, spec, questions, answers, perturbed, score, answer_nll_values
-    )
-    generations, rouge = _generate_split(
-        model, tokenizer, spec, questions, answers, generation_kwargs=generation_kwargs, batch_size=batch_size,
-        max_new_tokens=max_new_tokens, template=template, progress=progress,
-    ) if generate else (None, None)
+    if answer_nll_values is None:
+        gt_nll = answer_nll(model, tokenizer, questions, answers, desc=f"{spec.name}: answers", **score)
+    else:
+        gt_nll = np.asarray(answer_nll_values, dtype=np.float64)
+    false_nll = multi_answer_nll(model, tokenizer, questions, perturbed, desc=f"{spec.name}: perturbed", **score)
+    if spec.paraphrased:  # the truth is the paraphrased answer; probability exp(-avg NLL)
+        paraphrased = [r["paraphrased_answer"] for r in rows]
+        true_nll = answer_nll(model, tokenizer, questions, paraphrased, desc=f"{spec.name}: paraphrased", **score)
+        probs = answer_probability(gt_nll)
+    else:
+        true_nll = gt_nll
+        probs = normalized_answer_probability(gt_nll, false_nll)
+    tr = metrics.truth_ratio(true_nll, false_nll, spec.aggregator)
+    generations = generate_answers(
+        model, tokenizer, questions, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        generation_kwargs=generation_kwargs, template=template, progress=progress, desc=f"{spec.name}: generating",
+    ) if generate else None
+    rouge = rouge_l_recall(generations, answers) if generate else None
     return {
         "config": spec.config, "num_examples": len(rows), "prob": float(np.mean(probs)),
         "rouge_l": float(np.mean(rouge)) if generate else None, "truth_ratio": float(tr["truth_ratio"]),

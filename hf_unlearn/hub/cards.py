@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..artifact_kinds import ArtifactKind, _kind, _model_base, _model_library
+from ..artifact_kinds import _kind, _model_base, _model_library
 from ..assets import hub_cards_dir
 from ..registry import MethodView, method_for_artifact
 from .push import _HUB_ID
@@ -39,13 +39,6 @@ METHOD_TITLES: Mapping[str, str] = MethodView(lambda info: info.title)
 #: paper to cite (GROM) are left out. Read from :mod:`hf_unlearn.registry` on access.
 METHOD_PAPERS: Mapping[str, dict[str, str]] = MethodView(
     lambda info: dict(info.paper) if info.paper is not None else None, skip_none=True)
-
-
-def _template_path(kind: ArtifactKind, template_path: str | os.PathLike | None) -> Path:
-    path = Path(template_path) if template_path is not None else Path(hub_cards_dir()) / kind.template
-    if not path.is_file():
-        raise ValueError(f"Model-card template {path} is missing (kind {kind.name!r}).")
-    return path
 
 
 def _check_template(path: Path, variables: Mapping[str, Any]) -> None:
@@ -128,21 +121,21 @@ def build_model_card(
         kind: a key of :data:`~hf_unlearn.artifact_kinds.ARTIFACT_KINDS`.
         base_model: the model that was unlearned (only a Hub id goes to the metadata).
         method: unlearning method (fixed for a kind of one method's artifact, required otherwise).
-        settings: the method's hyperparameters (shown in the body).
-        report: a TOFU or MUSE report (typed, its dict, or a JSON path); its figures go to ``model-index`` and its
-            ``quantization`` entry is used when ``quantization`` is not given.
+        report: a TOFU or MUSE report (typed, its dict, or a JSON path): its figures go to ``model-index``, its
+            ``quantization`` entry is the default ``quantization`` (the 4-bit re-check, metric name -> value).
         forget_split, dataset: default to the report's (``locuslab/TOFU`` without one).
-        quantization: result of the 4-bit re-check (metric name -> value, plus e.g. ``method``).
-        repo_id: where the card will live (loading snippet and model name).
         base_model_aliases: other names of the base model the report may use.
-        extra_tags: further metadata tags.
         selection: a :class:`hf_unlearn.selection.SelectionRecord` as a dict, shown as a section of the body.
         title, paper: the method's display name and ``{"title", "id"}`` paper (default: its registered ones).
     """
     spec = _kind(kind)
     muse = _muse_report(report)  # a MUSE report: MUSE figures in model-index and the evaluation section
     report = _load_report(muse.to_dict() if muse is not None else report)
-    method = _card_method(kind, spec, method)
+    method = spec.method if method is None else method  # a kind of one method's artifact names it
+    if not method:
+        raise ValueError(f"Artifact kind {kind!r} needs a method name (e.g. {sorted(METHOD_TITLES)}).")
+    if spec.method is not None and method != spec.method:
+        raise ValueError(f"A {kind} artifact is made by method {spec.method!r}, not {method!r}.")
     base_model = _check_card_name(base_model, "base_model") if base_model else None
     if not base_model:
         raise ValueError("build_model_card needs the base model the artifact was made from.")
@@ -162,29 +155,35 @@ def build_model_card(
         quantization = _report_entry(report, "quantization")
     repo_id = repo_id or _inline(f"{Path(str(base_model)).name}-{method}-{forget_split}").replace('"', "'")
     library = library_name or spec.library_for(None)
-    results = _card_results(report, muse)
+    if muse is not None:  # MUSE's four criteria, else the TOFU report's card metrics (none without a report)
+        from ..evaluation.muse_report import muse_card_results
+
+        results = muse_card_results(muse)
+    else:
+        results = _metric_results(report) if report is not None else []
     card_data = _card_data(kind, base_model, method, dataset, forget_split, results, repo_id, library, license,
                            extra_tags, muse is not None)
     variables = _card_variables(card_data, kind, repo_id, base_model, method, title, paper, forget_split, dataset,
                                 settings, results, quantization, library)
-    card = _render(card_data, _template_path(spec, template_path), variables)
+    path = Path(template_path) if template_path is not None else Path(hub_cards_dir()) / spec.template
+    if not path.is_file():
+        raise ValueError(f"Model-card template {path} is missing (kind {kind!r}).")
+    card = _render(card_data, path, variables)
     if muse is not None:
-        card.text = _with_muse_section(card.text, results, forget_split)
+        from ..evaluation.muse_report import muse_card_section
+
+        # the MUSE section replaces the template's TOFU evaluation section (up to the next heading), or is appended
+        section = muse_card_section(results, forget_split)
+        pattern = re.compile(r"^## Evaluation \(TOFU[^\n]*\n.*?(?=^#|\Z)", re.S | re.M)
+        if pattern.search(card.text):
+            card.text = pattern.sub(lambda _: section + "\n", card.text, count=1)
+        else:
+            card.text = card.text.rstrip("\n") + "\n\n" + section
     if selection is not None:
         from ..selection import SelectionRecord
 
         card.text = card.text.rstrip("\n") + "\n\n" + SelectionRecord.from_dict(selection).markdown()
     return card
-
-
-def _card_results(report: Any, muse: Any) -> list[tuple[str, str, str, Any]]:
-    """The ``(key, type, name, value)`` figures a card shows: MUSE's four criteria for a MUSE report, else the
-    TOFU report's card metrics (none without a report)."""
-    if muse is not None:
-        from ..evaluation.muse_report import muse_card_results
-
-        return muse_card_results(muse)
-    return _metric_results(report) if report is not None else []
 
 
 def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, method: str, title: str | None,
@@ -194,27 +193,17 @@ def _card_variables(card_data: Any, kind: str, repo_id: str, base_model: str, me
     """What the card template is rendered with: the front matter's fields, each text on one line, code-span text
     (method key, split, dataset, settings) by :func:`_inline` and running text (titles, names, quantization rows)
     by :func:`_text`."""
+    paper = paper if paper is not None else METHOD_PAPERS.get(method)
     return dict(card_data.to_dict(), card_data=card_data.to_yaml(), kind=kind, repo_id=repo_id,
                 model_name=_text(repo_id.split("/")[-1]), base_model=str(base_model), method=_inline(method),
                 method_title=_text(title if title is not None else METHOD_TITLES.get(method, method)),
-                paper=_paper(paper if paper is not None else METHOD_PAPERS.get(method)),
+                paper=None if paper is None else {k: _text(v) for k, v in dict(paper).items()},
                 forget_split=_inline(forget_split), dataset=_inline(dataset),
                 settings={_inline(k, cell=True): _inline(v, cell=True) for k, v in (settings or {}).items()},
                 results=[{"key": k, "type": t, "name": _text(n), "value": v} for k, t, n, v in results],
                 quantization={_text(k): _text(v) for k, v in _quantization_rows(quantization).items()}
                 if quantization else None,
                 library_name=library, is_peft=library == "peft")
-
-
-def _card_method(kind: str, spec: ArtifactKind, method: str | None) -> str:
-    """The method a card names: ``method``, or the fixed method of the artifact kind (which ``method`` must be)."""
-    if method is None:
-        method = spec.method
-    if not method:
-        raise ValueError(f"Artifact kind {kind!r} needs a method name (e.g. {sorted(METHOD_TITLES)}).")
-    if spec.method is not None and method != spec.method:
-        raise ValueError(f"A {kind} artifact is made by method {spec.method!r}, not {method!r}.")
-    return method
 
 
 def _card_data(kind: str, base_model: str, method: str, dataset: str, forget_split: str, results: list,
@@ -270,32 +259,12 @@ def _muse_report(report: Any) -> Any:
     return None
 
 
-def _with_muse_section(text: str, results: list, forget_split: str) -> str:
-    """The card body with its TOFU evaluation section (up to the next heading) replaced by the MUSE one, or the
-    MUSE section appended when the template has no such section."""
-    from ..evaluation.muse_report import muse_card_section
-
-    section = muse_card_section(results, forget_split)
-    pattern = re.compile(r"^## Evaluation \(TOFU[^\n]*\n.*?(?=^#|\Z)", re.S | re.M)
-    if pattern.search(text):
-        return pattern.sub(lambda _: section + "\n", text, count=1)
-    return text.rstrip("\n") + "\n\n" + section
-
-
-def _paper(paper: Mapping[str, str] | None) -> dict[str, str] | None:
-    """The ``{"title", "id"}`` of a method's paper with both fields as one line of running text (:func:`_text`)."""
-    return None if paper is None else {k: _text(v) for k, v in dict(paper).items()}
-
-
 # ---------------------------------------------------------------------- trainer cards
 def _trainer_method(trainer: Any) -> str:
     """The method key of an unlearning trainer: its class's ``_method`` (most derived first, see
     :func:`hf_unlearn.registry.method_for_artifact`), else the method its config's objective is (the config's
     ``objective_name``), else ``"unlearning"``."""
-    method = method_for_artifact(trainer)
-    if method is not None:
-        return method
-    return str(getattr(trainer.args, "objective_name", None) or "unlearning")
+    return method_for_artifact(trainer) or str(getattr(trainer.args, "objective_name", None) or "unlearning")
 
 
 def _trainer_settings(args: Any) -> dict[str, Any]:
@@ -334,4 +303,3 @@ def trainer_model_card(
         forget_split=forget_split, dataset=dataset_name, repo_id=repo_id, library_name=_model_library(model),
         base_model_aliases=(str(trainer.args.output_dir),), extra_tags=tuple([*trainer._tag_names, *extra]),
     )
-

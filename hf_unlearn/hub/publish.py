@@ -65,16 +65,15 @@ def push_unlearned(
     spec = _kind(kind)
     report = _load_report(report)
     is_folder = isinstance(artifact, (str, os.PathLike))
-    if is_folder:
-        recorded = _folder_base(Path(artifact))
-    else:
-        recorded = spec.base_model(artifact)
+    recorded = _folder_base(Path(artifact)) if is_folder else spec.base_model(artifact)
     card_base = base_model or recorded
     if not card_base:
         raise ValueError(f"Cannot tell which base model this {kind} was made from; pass base_model=.")
     if forget_split is None and report is not None:
         forget_split = _report_value(report, "forget_split")
-    aliases = tuple(str(m) for m in (recorded, *_own_names(artifact)) if m)
+    own_names = (artifact,) if is_folder else (  # the folder it was saved to / loaded from
+        getattr(artifact, "name_or_path", None), getattr(getattr(artifact, "config", None), "_name_or_path", None))
+    aliases = tuple(str(m) for m in (recorded, *own_names) if m)
     if report is not None:
         check_report_matches(report, card_base, forget_split, aliases=aliases)
     if settings is None:
@@ -98,12 +97,15 @@ def push_unlearned(
 def _upload(artifact: Any, spec: ArtifactKind, card: Any, repo_id: str, *, selection: Mapping[str, Any] | None,
             tokenizer: Any, report: Any, token: str, endpoint: str | None, private: bool | None,
             commit_message: str) -> Any:
-    """Write the artifact (safetensors only), its integrity pin in the card, the selection record, the tokenizer
-    and the report into a temporary folder, and push it as one commit."""
+    """Write the artifact (safetensors only), its integrity pin in the card (``hf_unlearn_integrity``, what
+    ``expected_sha256=`` pins when loading), the selection record, the tokenizer and the report into a temporary
+    folder, and push it as one commit."""
     with tempfile.TemporaryDirectory(prefix="hf-unlearn-push-") as tmp:
         folder = Path(tmp)
         _save_artifact(artifact, folder)
-        _record_integrity(card, folder, spec)
+        integrity = spec.integrity(folder)  # {manifest, sha256} of the artifact's integrity record, if it has one
+        if integrity is not None:
+            card.data.hf_unlearn_integrity = integrity
         if selection is not None:
             (folder / "selection_record.json").write_text(json.dumps(selection, indent=2, default=str))
         if tokenizer is not None:
@@ -115,23 +117,6 @@ def _upload(artifact: Any, spec: ArtifactKind, card: Any, repo_id: str, *, selec
         )
 
 
-def _record_integrity(card: Any, folder: Path, kind: ArtifactKind) -> None:
-    """The card's front matter gets ``hf_unlearn_integrity: {manifest, sha256}``, the digest of the artifact's
-    integrity record (its kind's :attr:`~hf_unlearn.artifact_kinds.ArtifactKind.integrity`) to pin with
-    ``expected_sha256=`` when loading; an artifact without such a record (a trainer's model) gets none."""
-    entry = kind.integrity(folder)
-    if entry is not None:
-        card.data.hf_unlearn_integrity = entry
-
-
-def _own_names(artifact: Any) -> tuple[str, ...]:
-    """Names the artifact itself goes by (the folder it was saved to / loaded from)."""
-    if isinstance(artifact, (str, os.PathLike)):
-        return (str(artifact),)
-    names = [getattr(artifact, "name_or_path", None), getattr(getattr(artifact, "config", None), "_name_or_path", None)]
-    return tuple(str(n) for n in names if n)
-
-
 def _folder_base(folder: Path) -> str | None:
     for name, keys in (("adapter_config.json", ("base_model_name_or_path",)),
                        ("config.json", ("base_model_name_or_path", "base_model", "_name_or_path"))):
@@ -140,4 +125,3 @@ def _folder_base(folder: Path) -> str | None:
             if data.get(key):
                 return str(data[key])
     return None
-

@@ -30,12 +30,6 @@ def _check_repo_id(repo_id: str) -> None:
         raise ValueError(f"Invalid repo id {repo_id!r}: expected 'name' or 'owner/name'.")
 
 
-def _card_bytes(card: Any) -> bytes:
-    """The text of a ``ModelCard`` / ``RepoCard`` (or a plain string) as UTF-8 bytes."""
-    text = card if isinstance(card, str) else str(card)
-    return text.encode("utf-8")
-
-
 def push_folder(
     folder: str | os.PathLike, repo_id: str, *, card: Any = None, token: str | None = None,
     endpoint: str | None = None, private: bool | None = None, revision: str | None = None,
@@ -64,7 +58,7 @@ def push_folder(
         kept = [name for name in kept if name != "README.md"]
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(files[name])) for name in kept]
     if card is not None:
-        operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=_card_bytes(card)))
+        operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=str(card).encode("utf-8")))
     api = HfApi(endpoint=endpoint, token=token, library_name="hf-unlearn")
     url = api.create_repo(repo_id, private=private, repo_type=repo_type, space_sdk=space_sdk, exist_ok=True)
     return api.create_commit(

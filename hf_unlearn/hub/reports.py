@@ -77,8 +77,6 @@ def _report_value(report: TOFUReport | Mapping[str, Any], *names: str) -> Any:
 
 
 def _same_model(a: str, b: str) -> bool:
-    if a == b:
-        return True
     if os.path.exists(a) and os.path.exists(b):
         return os.path.realpath(a) == os.path.realpath(b)
     return a.rstrip("/") == b.rstrip("/")
@@ -124,19 +122,17 @@ def _report_entry(report: TOFUReport | Mapping[str, Any], key: str) -> Any:
 
 def _has_key(report: TOFUReport | Mapping[str, Any], key: str) -> bool:
     if isinstance(report, _report_class()):
-        return report.has(key) or any(isinstance(report.extra.get(s), Mapping) and key in report.extra[s]
-                                      for s in _REPORT_SECTIONS)
+        if report.has(key):
+            return True
+        report = report.extra  # its meta/metadata/config sections, if any
     return key in report or any(
         isinstance(report.get(section), Mapping) and key in report[section] for section in _REPORT_SECTIONS
     )
 
 
 def _metric_results(report: TOFUReport | Mapping[str, Any]) -> list[tuple[str, str, str, float | None]]:
-    """(report key, metric type, pretty name, value) for the four card metrics of a report.
-
-    A metric the evaluator could not compute is ``None`` (forget quality without a retain
-    reference) and is left out of ``model-index``; a key absent from the report is an error.
-    """
+    """(report key, metric type, pretty name, value) for the card metrics of a report: ``None`` for one the
+    evaluator could not compute (left out of ``model-index``); a required key absent from the report is an error."""
     missing = [key for key in REPORT_METRICS if not _has_key(report, key)]
     if missing:
         raise ValueError(f"The report lacks {missing}; build_model_card needs {list(REPORT_METRICS)}.")

@@ -44,19 +44,11 @@ def push_metric_space(
             )
         readme = folder / "README.md"
         card = RepoCard(readme.read_text(encoding="utf-8")) if readme.is_file() else RepoCard("---\n---\n")
-        changed = False
         for key, value in (("sdk", "gradio"), ("app_file", "app.py")):
             if getattr(card.data, key, None) is None:
                 card.data[key] = value
-                changed = True
-        tags = list(card.data.get("tags") or [])
-        for tag in ("evaluate", "metric"):
-            if tag not in tags:
-                tags.append(tag)
-                changed = True
-        if changed:
-            card.data["tags"] = tags
-            card.save(str(readme))
+        card.data["tags"] = list(dict.fromkeys([*(card.data.get("tags") or []), "evaluate", "metric"]))
+        card.save(str(readme))
         return push_folder(
             folder, repo_id, token=token, repo_type="space", private=private, space_sdk="gradio",
             commit_message=commit_message or f"Upload the {name} metric", endpoint=endpoint,

@@ -8,24 +8,18 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
 from ..jsonutil import json_safe
 from ..safe_output import gated_path
 from .criterion import SelectionCriterion
 from .record import SELECTION_WEIGHTS, SelectionRecord, select_candidate
 
-
-def _trainer_callback_bases() -> tuple[type, type]:
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import ExportableState
-
-    return TrainerCallback, ExportableState
-
-
-_TrainerCallback, _ExportableState = _trainer_callback_bases()
 _LIVE_CALLBACKS: list[weakref.ReferenceType] = []
 
 
-class SelectionCallback(_TrainerCallback, _ExportableState):
+class SelectionCallback(TrainerCallback, ExportableState):
     """Best-checkpoint selection for any ``Trainer``: measure the criterion every ``selection_steps`` optimizer
     steps (and at step 0 and the last), keep the weights the rule (:meth:`SelectionCriterion.select`, steps weak ->
     strong) prefers, restore them when training ends (``restore=False``: keep the record, leave the weights).

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data.documents import is_document_rows
 from .record import (
     DEFAULT_HOLDOUT_LEVEL,
     DEFAULT_HOLDOUT_MARGIN,
@@ -100,27 +101,23 @@ def _check_criterion_rows(forget: list[dict[str, Any]], holdout: list[dict[str, 
     from ..data.documents import shared_documents
     from ..data.overlap import overlapping_examples
 
-    if _is_documents(forget) != _is_documents(holdout):
+    if is_document_rows(forget) != is_document_rows(holdout):
         raise ValueError("The criterion compares forget and holdout figures of one kind: pass documents for both, "
                          "or question/answer rows for both.")
     for rows, what in ((forget, "forget"), (holdout, "holdout"), (retain_validation, "retain_validation"),
                        (generic, "generic")):
-        if rows is not None and not _is_documents(rows):
+        if rows is not None and not is_document_rows(rows):
             check_rows(rows, f"the criterion's {what} rows")
     for rows, what in ((holdout, "holdout"), (retain_validation, "retain_validation")):
-        if _is_documents(forget) != _is_documents(rows):
+        if is_document_rows(forget) != is_document_rows(rows):
             continue  # documents and question/answer rows cannot be the same example
-        if _is_documents(forget):
+        if is_document_rows(forget):
             shared = shared_documents([r["text"] for r in forget], [r["text"] for r in rows])
         else:
             shared = overlapping_examples(forget, rows)
         if shared:
             raise ValueError(f"{shared} of the {len(forget)} forget rows also occur in the {what} rows of the "
                              f"selection criterion; {what} rows must not be forget rows.")
-
-
-def _is_documents(rows: list[dict[str, Any]] | None) -> bool:
-    return bool(rows) and "text" in rows[0]
 
 
 class SelectionCriterion:
@@ -130,19 +127,15 @@ class SelectionCriterion:
         forget, holdout: rows to unlearn and rows of the same kind the model never saw (``question``/``answer``
             rows, or documents: each scored on its first ``max_length`` tokens).
         retain_validation: retain rows *not* used for unlearning; ``generic``: optional general-knowledge rows.
-        retain_tolerance: largest allowed ``retain_change`` (nats per answer token).
-        holdout_level, holdout_margin: the equivalence test's level and margin (nats per answer token).
-        original: the original model's retain figures (:meth:`measure_original`'s dict); measured on the first
-            :meth:`measure` call otherwise.
-        template, batch_size, max_length: how rows are tokenized and batched.
+        retain_tolerance: largest allowed ``retain_change``; holdout_level, holdout_margin: the equivalence test's
+            level and margin (nats per answer token).
+        original: the original model's retain figures (:meth:`measure_original`); else the first measured model's.
         groups: rows that belong together for the group test: ``None`` (every row its own group),
             ``"tofu_authors"`` (blocks of 20 rows), an int (blocks of that many rows) or ``(forget labels, holdout
             labels)``. At least two groups per side.
         reference_model, reference_tokenizer: a model that saw neither forget nor holdout rows; its per-row NLLs
-            are measured once and subtracted from every candidate's. ``reference_nll``: those NLLs
-            ``(forget, holdout)`` measured before.
-        device: ``None`` scores each model where it is; otherwise (:func:`hf_unlearn.devices.resolve_device`)
-            every scored model is moved there first.
+            (or ``reference_nll``, ``(forget, holdout)`` measured before) are subtracted from every candidate's.
+        device: where every scored model is moved first (``None``: where it is).
     """
 
     def __init__(
@@ -204,13 +197,6 @@ class SelectionCriterion:
         return ref_f, ref_h
 
     # ----------------------------------------------------------------------------------------- measuring
-    def _to_device(self, model: Any) -> None:
-        """Move ``model`` to :attr:`device` (when one was given and the model is elsewhere)."""
-        if self.device is not None:
-            from ..devices import move_to_device
-
-            move_to_device(model, self.device)
-
     def _score(self, model: Any, tokenizer: Any, rows: list[dict[str, str]], scorer: Any) -> list[np.ndarray]:
         from ..logprobs import (
             answer_token_statistics,
@@ -218,8 +204,11 @@ class SelectionCriterion:
             feature_token_statistics,
         )
 
-        self._to_device(model)
-        if _is_documents(rows):  # every token of each document's first chunk
+        if self.device is not None:
+            from ..devices import move_to_device
+
+            move_to_device(model, self.device)
+        if is_document_rows(rows):  # every token of each document's first chunk
             from ..data.documents import chunk_length, document_heads
 
             length = chunk_length(None, effective_max_length(model, self.max_length))
@@ -232,21 +221,14 @@ class SelectionCriterion:
         )
         return stats.token_log_probs
 
-    @staticmethod
-    def _mean_nll(token_log_probs: list[np.ndarray]) -> float:
-        return float(np.mean([-np.mean(lp) if len(lp) else 0.0 for lp in token_log_probs]))
-
-    def _retain_figures(self, model: Any, tokenizer: Any, scorer: Any) -> dict[str, float | None]:
-        generic = None if self.generic is None else self._score(model, tokenizer, self.generic, scorer)
-        return self._figures_of(self._score(model, tokenizer, self.retain_validation, scorer), generic)
-
     def measure_original(self, model: Any, tokenizer: Any, scorer: Any = None) -> dict[str, float | None]:
         """Measure and keep the original model's retain figures (mean answer NLL on ``retain_validation`` and
         ``generic``) that ``retain_change`` is taken against; returns them."""
         from ..logprobs import causal_lm_scorer
 
-        self.original = self._retain_figures(model, tokenizer, scorer or causal_lm_scorer(model))
-        return dict(self.original)
+        scorer = scorer or causal_lm_scorer(model)
+        generic = None if self.generic is None else self._score(model, tokenizer, self.generic, scorer)
+        return self.set_original_from_log_probs(self._score(model, tokenizer, self.retain_validation, scorer), generic)
 
     def measure(self, model: Any, tokenizer: Any, scorer: Any = None) -> dict[str, Any]:
         """The criterion on one candidate: :func:`forget_holdout_statistics`' figures, ``retain_validation_nll`` /
@@ -302,8 +284,8 @@ class SelectionCriterion:
         if (generic is None) != (self.generic is None) or (generic is not None and len(generic) != len(self.generic)):
             raise ValueError(f"generic: {None if generic is None else len(generic)} log-probability arrays for "
                              f"{None if self.generic is None else len(self.generic)} rows.")
-        return {"retain_validation_nll": self._mean_nll(list(retain_validation)),
-                "generic_nll": self._mean_nll(list(generic)) if generic is not None else None}
+        return {"retain_validation_nll": float(_row_nlls(retain_validation).mean()),
+                "generic_nll": float(_row_nlls(generic).mean()) if generic is not None else None}
 
     def set_original_from_log_probs(
         self, retain_validation: Sequence[np.ndarray], generic: Sequence[np.ndarray] | None = None
@@ -325,11 +307,8 @@ class SelectionCriterion:
     def select(self, measurements: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
         """``(index, reason)`` of the chosen candidate by the default rule (candidates ordered weak -> strong);
         warns (``UserWarning``) when the rule falls back."""
-        index, reason, warning = select_candidate(measurements, self.retain_tolerance, self.holdout_level,
-                                                   self.holdout_margin)
-        if warning:
-            warnings.warn(warning, stacklevel=2)
-        return index, reason
+        record = self.decide([{}] * len(measurements), measurements)
+        return record.index, record.reason
 
     def decide(
         self, candidates: Sequence[Mapping[str, Any]], measurements: Sequence[Mapping[str, Any]]

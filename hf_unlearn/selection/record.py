@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jsonutil import json_safe
+from ..jsonutil import json_safe, read_json_file
 
 SELECTION_RECORD = "selection_record.json"
 SELECTION_WEIGHTS = "selection_best.safetensors"
@@ -188,12 +188,8 @@ class SelectionRecord:
     @classmethod
     def load(cls, folder_or_file: str | os.PathLike) -> SelectionRecord:
         """Read a record written by :meth:`save` (a folder or the JSON file)."""
-        import json
-
         path = Path(folder_or_file)
-        if path.is_dir():
-            path = path / SELECTION_RECORD
-        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return cls.from_dict(read_json_file(path / SELECTION_RECORD if path.is_dir() else path, "Selection record "))
 
     def markdown(self) -> str:
         """The record as a model-card section: the rule, the decision and one table row per candidate."""
@@ -209,7 +205,8 @@ class SelectionRecord:
         lines = [
             "## Strength selection (reference-free)",
             "",
-            f"Chosen: candidate {self.index} ({_settings_text(self.chosen)}). {self.reason}",
+            f"Chosen: candidate {self.index} ("
+            f"{', '.join(f'{k}={_fmt(v)}' for k, v in self.chosen.items()) or 'no settings'}). {self.reason}",
             "",
             f"Rule: among candidates whose retain NLL rises by at most {self.rule.get('retain_tolerance')} nats/token, "
             f"the one whose forget rows' mean shift ({shift}) is closest to the never-seen holdout rows'; ties to "
@@ -235,9 +232,3 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _settings_text(settings: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={_fmt(v)}" for k, v in settings.items()) or "no settings"
-
-
