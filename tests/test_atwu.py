@@ -185,7 +185,7 @@ def test_weighter_forward_save_load_and_hidden_size_check(tmp_path):
     with torch.no_grad():
         weighter.linear.weight.normal_()
         weighter.linear.bias.fill_(0.3)
-    weighter.update_center(torch.randn(8))
+    weighter.update_statistics(torch.randn(8))
     g = weighter(h)
     assert g.shape == (2, 5) and bool(((g > 0) & (g < 1)).all())
     torch.testing.assert_close(g, torch.sigmoid((h.detach() - weighter.center) @ weighter.weight.detach() + 0.3))

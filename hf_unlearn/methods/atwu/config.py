@@ -40,7 +40,7 @@ class ATWUConfig(BaseUnlearningConfig):
             `-mean_t sg(p_t)^(beta (1 + c (1 - g_t))) l_t`.
         saturation_beta (`float`, *optional*, defaults to `0.2`):
             SATGA+ saturation strength `beta > 0`.
-        saturation_c (`float`, *optional*, defaults to `50.0`):
+        saturation_c (`float`, *optional*, defaults to `5.0`):
             SATGA+ score contrast `c >= 0`.
         saturation_c_warmup_steps (`int`, *optional*, defaults to `0`):
             `W`: `c_s = saturation_c * min(1, (s + 1) / W)` at model step `s`; `0` keeps `c` constant.
@@ -92,7 +92,7 @@ class ATWUConfig(BaseUnlearningConfig):
                   "choices": list(SATGA_FORMS)},
     )
     saturation_beta: float = field(default=0.2, metadata={"help": "SATGA+ saturation strength beta (> 0)."})
-    saturation_c: float = field(default=50.0, metadata={"help": "SATGA+ score contrast c (>= 0)."})
+    saturation_c: float = field(default=5.0, metadata={"help": "SATGA+ score contrast c (>= 0)."})
     npo_beta: float = field(default=0.1, metadata={"help": "Inverse temperature of the weighted NPO loss (> 0)."})
     simnpo_beta: float = field(default=4.5, metadata={"help": "Inverse temperature of the weighted SimNPO loss (> 0)."})
     simnpo_delta: float = field(default=0.0, metadata={"help": "Reward margin of the weighted SimNPO loss."})
@@ -118,6 +118,9 @@ class ATWUConfig(BaseUnlearningConfig):
         default="token",
         metadata={"help": "Hidden state that scores a token: 'token' (its own, the paper's) or 'predicting' (the one "
                           "that predicts it).", "choices": list(SCORER_POSITIONS)},
+    )
+    scorer_forget_weight: float = field(
+        default=0.0, metadata={"help": "Weight of the forget loss L_forget(g) in the weighter step (>= 0)."}
     )
     retain_conflict_weight: float = field(
         default=1.0,
@@ -156,7 +159,7 @@ class ATWUConfig(BaseUnlearningConfig):
         if not self.scorer_lr > 0:
             raise ValueError(f"scorer_lr must be > 0, got {self.scorer_lr}.")
         for name in ("budget_weight", "entropy_weight", "scorer_l2", "saturation_c", "forget_weight", "retain_weight",
-                     "retain_conflict_weight"):
+                     "retain_conflict_weight", "scorer_forget_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
         for name in ("saturation_beta", "npo_beta", "simnpo_beta"):

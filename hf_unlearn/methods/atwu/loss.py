@@ -52,7 +52,7 @@ def satga_plus_weight(
     token_log_probs: torch.Tensor,
     scores: torch.Tensor,
     beta: float = 0.2,
-    c: float = 50.0,
+    c: float = 5.0,
     form: str = "gated",
     selection: str = "soft",
 ) -> torch.Tensor:
@@ -72,7 +72,7 @@ def satga_plus_loss(
     scores: torch.Tensor,
     mask: torch.Tensor,
     beta: float = 0.2,
-    c: float = 50.0,
+    c: float = 5.0,
     num_tokens: torch.Tensor | float | None = None,
     form: str = "gated",
     eps: float = 1e-6,

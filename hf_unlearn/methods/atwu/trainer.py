@@ -63,10 +63,8 @@ class ATWUTrainer(UnlearningTrainer):
     ``selected_fraction`` and, on scorer steps, ``scorer_loss``, ``scorer_forget_loss``, ``score_entropy``,
     ``budget_penalty``.
 
-    Private ``Trainer`` methods overridden, each because no public hook does the job: ``_save`` (the weighter is
-    written in the folder being built, on every save path, checkpoints included), ``_save_optimizer_and_scheduler``
-    and ``_load_optimizer_and_scheduler`` (the weighter's Adam state goes into each checkpoint and is read back
-    before the first resumed step).
+    Overrides ``_save``, ``_save_optimizer_and_scheduler`` and ``_load_optimizer_and_scheduler`` (no public hook):
+    the weighter and its Adam state go into every saved folder and are read back on resume.
     """
 
     _name = "ATWU"
@@ -194,7 +192,7 @@ class ATWUTrainer(UnlearningTrainer):
             forget = self.weighted_forget_loss(lp, g, mask, ref)
             entropy = score_entropy(g, mask)
             budget = budget_penalty(torch.sigmoid(z.detach() + (bias - bias.detach())), mask, args.budget)
-            loss = forget + args.entropy_weight * entropy + args.budget_weight * budget
+            loss = args.scorer_forget_weight * forget + args.entropy_weight * entropy + args.budget_weight * budget
             if conflict is not None and args.retain_conflict_weight > 0:
                 weights = normalized_conflict(conflict.detach().to(g.device), mask)
                 conflict_term = (g * weights)[mask].sum() / mask.sum().clamp(min=1)

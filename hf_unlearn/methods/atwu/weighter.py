@@ -1,8 +1,5 @@
-"""ATWU's learned token weighter (:class:`ATWUTokenWeighter`, a ``PyTorchModelHubMixin`` saved in the
-``atwu_weighter/`` subfolder of an ATWU output folder and of its checkpoints), its optimizer-state files, and
-:func:`forget_specific_auroc`, how well per-token scores rank the forget-specific tokens (ids absent from every
-retain answer) above the others.
-"""
+"""ATWU's learned token weighter (saved in ``atwu_weighter/`` of an output folder and of its checkpoints), its
+optimizer-state files, and the token-score AUROC helpers."""
 
 from __future__ import annotations
 
@@ -50,11 +47,10 @@ class ATWUTokenWeighter(
 ):
     """Linear token weighter ``g_t = sigmoid(<w, (h_t - mu) / sigma> + b)``, ``sigma = sqrt(var + eps)``.
 
-    ``h_t`` is the model's detached last-layer hidden state of answer token ``t`` (``position="token"``, the
-    paper's ``h_theta(x_t)``) or of the token that predicts it (``"predicting"``, ``h_{t-1}``); ``mu`` and ``var``
-    are the running mean and per-dimension variance of the scored states (buffers ``center`` and ``variance``,
-    :meth:`update_statistics`); ``standardize=False`` only centres (``sigma = 1``). Starts at ``w = 0``,
-    ``b = init_bias``; float32 whatever the model's dtype.
+    ``h_t``: the detached last-layer state of answer token ``t`` (``position="token"``, the paper's
+    ``h_theta(x_t)``) or of the one predicting it (``"predicting"``, ``h_{t-1}``); ``mu``, ``var``: running
+    statistics of the scored states (buffers ``center``, ``variance``); ``standardize=False`` only centres. Starts at
+    ``w = 0``, ``b = init_bias``; float32 whatever the model's dtype.
     """
 
     def __init__(self, hidden_size: int, init_bias: float = 0.0, standardize: bool = True, eps: float = 1e-5,
@@ -162,10 +158,6 @@ class ATWUTokenWeighter(
             else:
                 buffer.mul_(1.0 - momentum).add_(momentum * value)
         self.num_center_updates += 1
-
-    def update_center(self, batch_mean: torch.Tensor, momentum: float = 0.1) -> None:
-        """:meth:`update_statistics` of the centre alone."""
-        self.update_statistics(batch_mean, None, momentum)
 
     # -- persistence -----------------------------------------------------------------------
     @classmethod
