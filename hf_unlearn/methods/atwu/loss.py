@@ -1,10 +1,6 @@
-"""ATWU: Alternating Token-Weighted Unlearning objectives (learned token scores g in [0, 1]; high =
-forget-specific).
-
-Per-token tensors are ``[B, L]`` (conventions: :mod:`hf_unlearn.methods.base.losses`); ``scores[b, t] = g_t = sigmoid(<w, h_t> + b)`` comes from
-:class:`hf_unlearn.methods.atwu.ATWUTokenWeighter`. The forget losses are used twice: in ATWU's model step with the
-scores detached, and in its scorer step (model outputs detached) as a function of the scores.
-"""
+"""ATWU's objectives on learned token scores ``g`` in ``[0, 1]`` (high: forget-specific), per-token tensors
+``[B, L]`` (conventions: :mod:`hf_unlearn.methods.base.losses`). The forget losses serve the model step (scores
+detached) and the weighter step (model outputs detached)."""
 
 from __future__ import annotations
 

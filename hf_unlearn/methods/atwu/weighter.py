@@ -74,17 +74,6 @@ class ATWUTokenWeighter(
         self.register_buffer("variance", torch.ones(self.hidden_size))
         self.register_buffer("num_center_updates", torch.zeros((), dtype=torch.long))
 
-    @classmethod
-    def for_model(cls, model: Any, init_bias: float = 0.0, standardize: bool = True,
-                  position: str = "token") -> ATWUTokenWeighter:
-        """A fresh weighter sized for ``model``'s hidden states, on ``model``'s device."""
-        weighter = cls(model_hidden_size(model), init_bias=init_bias, standardize=standardize, position=position)
-        try:
-            weighter.to(next(model.parameters()).device)
-        except (AttributeError, StopIteration):
-            pass
-        return weighter
-
     @property
     def weight(self) -> torch.Tensor:
         """The direction ``w`` (``[hidden_size]``)."""
