@@ -468,7 +468,7 @@ def test_atwu_config_fields_have_help_and_are_documented():
 
     base = {f.name for f in dataclasses.fields(BaseUnlearningConfig)}
     own = [f for f in dataclasses.fields(ATWUConfig) if f.name not in base]
-    assert len(own) == 22
+    assert len(own) == 23
     for f in own:
         assert f.metadata.get("help"), f.name
         assert f.default is not dataclasses.MISSING, f.name

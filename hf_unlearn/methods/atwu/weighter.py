@@ -18,6 +18,7 @@ from torch import nn
 
 from ...data.prompts import PromptTemplate
 
+_Stat = torch.Tensor | None  # optional statistics in place of the tracked ones
 WEIGHTER_DIR = "atwu_weighter"
 WEIGHTER_OPTIMIZER_NAME = "atwu_weighter_optimizer.safetensors"
 #: Which hidden state scores answer token ``t``: ``"token"``, its own (``h_t``, the paper's ``h_theta(x_t)``);
@@ -79,9 +80,7 @@ class ATWUTokenWeighter(
         """The direction ``w`` (``[hidden_size]``)."""
         return self.linear.weight[0]
 
-    def standardized(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def standardized(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """The scorer's input ``(h - mu) / sqrt(var + eps)`` (``standardize=False``: ``h - mu``) in float32;
         ``mu`` / ``var`` are ``center`` / ``variance`` when given, else the tracked buffers."""
         if hidden_states.shape[-1] != self.hidden_size:
@@ -95,32 +94,24 @@ class ATWUTokenWeighter(
             h = h * torch.rsqrt(var.to(h.dtype) + self.eps)
         return h
 
-    def logits(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def logits(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """``<w, (h - mu) / sigma> + b`` on detached hidden states ``[..., hidden_size]`` (:meth:`standardized`)."""
         h = self.standardized(hidden_states, center, variance)
         with torch.autocast(device_type=h.device.type, enabled=False):  # float32 even inside mixed precision
             return self.linear(h).squeeze(-1)
 
-    def forward(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """Scores in ``[0, 1]`` of shape ``hidden_states.shape[:-1]``."""
         return torch.sigmoid(self.logits(hidden_states, center, variance))
 
-    def label_logits(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def label_logits(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """:meth:`logits` aligned with the labels as :func:`hf_unlearn.logprobs.label_log_probs` is,
         ``[B, L, H] -> [B, L]``: ``out[:, t]`` reads ``h_t`` (``"token"``) or ``h_{t-1}`` (``"predicting"``;
         ``out[:, 0]`` reads ``h_0``)."""
         z = self.logits(hidden_states, center, variance)
         return z if self.position == "token" else torch.cat([z[:, :1], z[:, :-1]], dim=1)
 
-    def label_scores(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def label_scores(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """``sigmoid`` of :meth:`label_logits`: the scores of the labels, ``[B, L, H] -> [B, L]``."""
         return torch.sigmoid(self.label_logits(hidden_states, center, variance))
 
