@@ -14,8 +14,8 @@ Writes ``benchmarks/results/fidelity_tiny/fidelity_<tiny|subject>_<tofu|syntheti
 
 * ATWU: token AUROC against TOFU's answer spans (a token of a word with a digit, or of a capitalised word other
   than a common sentence opener: names, dates, places) and against forget-specific token ids, and forget quality
-  (KS p-value of the forget rows' truth ratios against the retain reference's) before and after, per scorer
-  reading (``token`` / ``predicting``) with and without the retain conflict;
+  (KS p-value of the forget rows' truth ratios against the retain reference's) before and after, for the runs of
+  :data:`ATWU_VARIANTS`;
 * MASC: its time to its stop as a ratio to GradDiff's time for the same step budget, in this process, and the
   stop's NLL shift gap to the holdout rows, with the calibrated stop (the default) and the fixed one;
 * T3: the calibration's grid, its chosen ``(T, w)``, whether a ``T > 1`` point is within the retain tolerance, and

@@ -123,9 +123,7 @@ class ATWUTokenWeighter(
         return hidden_states[:, :-1][mask[:, 1:]].detach()
 
     @torch.no_grad()
-    def update_statistics(
-        self, batch_mean: torch.Tensor, batch_variance: torch.Tensor | None = None, momentum: float = 0.1
-    ) -> None:
+    def update_statistics(self, batch_mean: torch.Tensor, batch_variance: _Stat = None, momentum: float = 0.1) -> None:
         """``mu <- (1 - momentum) mu + momentum * batch_mean`` (the same for ``var``; the first call sets them;
         without ``batch_variance`` only the centre moves)."""
         first = int(self.num_center_updates) == 0
@@ -142,16 +140,12 @@ class ATWUTokenWeighter(
     # -- persistence -----------------------------------------------------------------------
     @classmethod
     def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        model: Any | None = None,
-        hidden_size: int | None = None,
-        **kwargs: Any,
+        cls, pretrained_model_name_or_path: str | os.PathLike, *, model: Any | None = None,
+        hidden_size: int | None = None, **kwargs: Any,
     ) -> ATWUTokenWeighter:
-        """Load a weighter saved with ``save_pretrained`` (a folder or a Hub repo), or the ``atwu_weighter/`` of an
-        ATWU output folder. With ``model`` (or ``hidden_size``), a weighter of another width is refused
-        (``ValueError``) and it is moved to ``model``'s device."""
+        """Load a weighter saved with ``save_pretrained`` (a folder, a Hub repo, or an ATWU output folder's
+        ``atwu_weighter/``). With ``model`` (or ``hidden_size``), another width is refused (``ValueError``); with
+        ``model``, it is moved to its device."""
         path = Path(pretrained_model_name_or_path)
         if (path / WEIGHTER_DIR / "config.json").is_file():
             path = path / WEIGHTER_DIR
@@ -217,19 +211,17 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLi
 
 
 def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
-    """Area under the ROC curve of ``scores`` for binary ``labels`` (Mann-Whitney U with average
-    ranks for ties): the probability that a random positive outscores a random negative."""
-    from scipy.stats import rankdata
+    """Area under the ROC curve of ``scores`` for binary ``labels``: the probability that a random positive
+    outscores a random negative, ties counting half (:func:`~hf_unlearn.evaluation.privacy.mia_auc`)."""
+    from ...evaluation.privacy import mia_auc
 
     s = np.asarray(scores, dtype=np.float64).ravel()
     y = np.asarray(labels, dtype=bool).ravel()
     if s.shape != y.shape:
         raise ValueError(f"{s.size} scores but {y.size} labels.")
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
-        raise ValueError(f"AUROC needs both classes; got {n_pos} positives and {n_neg} negatives.")
-    ranks = rankdata(s)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    if y.all() or not y.any():
+        raise ValueError(f"AUROC needs both classes; got {int(y.sum())} positives and {int((~y).sum())} negatives.")
+    return mia_auc(s[~y], s[y])
 
 
 def answer_token_ids(
