@@ -14,8 +14,8 @@ Writes ``benchmarks/results/fidelity_tiny/fidelity_<tiny|subject>_<tofu|syntheti
 
 * ATWU: token AUROC against TOFU's answer spans (a token of a word with a digit, or of a capitalised word other
   than a common sentence opener: names, dates, places) and against forget-specific token ids, and forget quality
-  (KS p-value of the forget rows' truth ratios against the retain reference's) before and after, per scorer
-  reading (``token`` / ``predicting``) with and without the retain conflict;
+  (KS p-value of the forget rows' truth ratios against the retain reference's) before and after, for the runs of
+  :data:`ATWU_VARIANTS`;
 * MASC: its time to its stop as a ratio to GradDiff's time for the same step budget, in this process, and the
   stop's NLL shift gap to the holdout rows, with the calibrated stop (the default) and the fixed one;
 * T3: the calibration's grid, its chosen ``(T, w)``, whether a ``T > 1`` point is within the retain tolerance, and
@@ -138,6 +138,12 @@ def span_labels(tok: Any, token_ids: list[int]) -> list[bool]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+#: ATWU's runs: the defaults, the predicting-state reading, the forget loss in the weighter step (the paper's
+#: objective), and that with the paper-scale contrast c = 50.
+ATWU_VARIANTS = ({}, {"scorer_position": "predicting"}, {"scorer_forget_weight": 1.0},
+                 {"scorer_forget_weight": 1.0, "saturation_c": 50.0})
+
+
 def atwu(pair: Any, data: str, steps: int) -> dict[str, Any]:
     from hf_unlearn.demo import load_tiny
     from hf_unlearn.methods.atwu import ATWUConfig, ATWUTrainer
@@ -148,29 +154,27 @@ def atwu(pair: Any, data: str, steps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"forget_quality_before": forget_quality(truth_ratios(target, tok, evaluated), reference_tr),
                            "steps": steps, "runs": []}
     retain_ids = answer_token_ids(tok, retain)
-    for position in ("token", "predicting"):
-        for conflict in (1.0, 0.0):
-            for seed in (0, 1):
-                torch.manual_seed(seed)
-                model, tok = load_tiny(pair.target)
-                args = ATWUConfig(
-                    output_dir=str(WORK / "atwu"), report_to="none", save_strategy="no", disable_tqdm=True,
-                    per_device_train_batch_size=8, learning_rate=LEARNING_RATES["atwu"], max_steps=steps, seed=seed,
-                    logging_steps=10,
-                    scorer_position=position, retain_conflict_weight=conflict,
-                )
-                trainer = ATWUTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
-                trainer.train()
-                scores = trainer.token_scores(forget)
-                flat = [s for ex in scores for s in ex["scores"]]
-                spans = [y for ex in scores for y in span_labels(tok, ex["token_ids"])]
-                out["runs"].append({
-                    "scorer_position": position, "retain_conflict_weight": conflict, "seed": seed,
-                    "span_auroc": auroc(flat, spans), "span_fraction": float(np.mean(spans)),
-                    "forget_specific_auroc": forget_specific_auroc(scores, retain_ids),
-                    "forget_quality_after": forget_quality(truth_ratios(trainer.model, tok, evaluated), reference_tr),
-                })
-                print("atwu", out["runs"][-1], flush=True)
+    for variant in ATWU_VARIANTS:
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            model, tok = load_tiny(pair.target)
+            args = ATWUConfig(
+                output_dir=str(WORK / "atwu"), report_to="none", save_strategy="no", disable_tqdm=True,
+                per_device_train_batch_size=8, learning_rate=LEARNING_RATES["atwu"], max_steps=steps, seed=seed,
+                logging_steps=10, **variant,
+            )
+            trainer = ATWUTrainer(model, args, train_dataset=forget, retain_dataset=retain, processing_class=tok)
+            trainer.train()
+            scores = trainer.token_scores(forget)
+            flat = [s for ex in scores for s in ex["scores"]]
+            spans = [y for ex in scores for y in span_labels(tok, ex["token_ids"])]
+            out["runs"].append({
+                **variant, "seed": seed,
+                "span_auroc": auroc(flat, spans), "span_fraction": float(np.mean(spans)),
+                "forget_specific_auroc": forget_specific_auroc(scores, retain_ids),
+                "forget_quality_after": forget_quality(truth_ratios(trainer.model, tok, evaluated), reference_tr),
+            })
+            print("atwu", out["runs"][-1], flush=True)
     return out
 
 

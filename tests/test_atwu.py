@@ -185,7 +185,7 @@ def test_weighter_forward_save_load_and_hidden_size_check(tmp_path):
     with torch.no_grad():
         weighter.linear.weight.normal_()
         weighter.linear.bias.fill_(0.3)
-    weighter.update_center(torch.randn(8))
+    weighter.update_statistics(torch.randn(8))
     g = weighter(h)
     assert g.shape == (2, 5) and bool(((g > 0) & (g < 1)).all())
     torch.testing.assert_close(g, torch.sigmoid((h.detach() - weighter.center) @ weighter.weight.detach() + 0.3))
@@ -468,7 +468,7 @@ def test_atwu_config_fields_have_help_and_are_documented():
 
     base = {f.name for f in dataclasses.fields(BaseUnlearningConfig)}
     own = [f for f in dataclasses.fields(ATWUConfig) if f.name not in base]
-    assert len(own) == 22
+    assert len(own) == 23
     for f in own:
         assert f.metadata.get("help"), f.name
         assert f.default is not dataclasses.MISSING, f.name

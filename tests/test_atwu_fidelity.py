@@ -60,10 +60,11 @@ def test_retain_conflict_equals_the_output_layer_gradient_inner_product():
 
 
 def test_scorer_ranks_the_tokens_that_carry_the_retain_conflict_apart(tiny_target, synthetic, tmp_path):
-    """Forget tokens whose unlearning costs the retain answers (positive conflict) end with the lowest scores,
-    all others above them, from the conflict term alone: the forget term sees every token alike (same NLL), and
-    the budget penalty moves only the bias."""
-    trainer = _trainer(tiny_target, synthetic, tmp_path, scorer_lr=5e-2)
+    """With the default settings, forget tokens whose unlearning costs the retain answers (positive conflict) end
+    with the lowest scores, all others above them: the conflict is the weighter's per-token signal, the forget
+    loss is off in the weighter step (and its NLLs differ), and the budget penalty moves only the bias."""
+    trainer = _trainer(tiny_target, synthetic, tmp_path)
+    assert trainer.args.scorer_forget_weight == 0.0
     torch.manual_seed(0)
     hidden = torch.randn(2, 12, trainer.scorer.hidden_size)
     mask = torch.ones(2, 12, dtype=torch.bool)
@@ -72,9 +73,9 @@ def test_scorer_ranks_the_tokens_that_carry_the_retain_conflict_apart(tiny_targe
     carriers = [(0, 3), (0, 7), (1, 2), (1, 9)]
     for b, t in carriers:
         conflict[b, t] = 1.0
-    log_probs = torch.full((2, 12), -0.05) * mask
+    log_probs = -torch.rand(2, 12, generator=torch.Generator().manual_seed(1)) * mask
     bias_before = float(trainer.scorer.linear.bias)
-    for _ in range(60):
+    for _ in range(150):
         trainer.scorer_step(log_probs, hidden, mask, conflict=conflict)
     scores = trainer.scorer.label_scores(hidden, trainer.scorer.center, trainer.scorer.variance).detach()
     carrier_scores = torch.stack([scores[b, t] for b, t in carriers])
@@ -91,3 +92,23 @@ def test_training_passes_the_retain_conflict_to_the_scorer(tiny_target, syntheti
     off = _trainer(tiny_target, synthetic, tmp_path, max_steps=1, logging_steps=1, retain_conflict_weight=0.0)
     off.train()
     assert not any("scorer_retain_conflict" in e for e in off.state.log_history)
+
+
+def test_scorer_forget_weight_scales_the_forget_loss_in_the_weighter_step(tiny_target, synthetic, tmp_path):
+    """The weighter step's loss is ``scorer_forget_weight * L_forget(g) + ...``: at 0 (the default) the token NLLs
+    do not move the weighter, at 1 they do."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 6, 64)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    low, high = torch.full((2, 6), -0.05), -torch.rand(2, 6, generator=torch.Generator().manual_seed(2)) * 3
+    weights = {}
+    for weight in (0.0, 1.0):
+        for name, lp in (("low", low), ("high", high)):
+            trainer = _trainer(tiny_target, synthetic, tmp_path / f"{weight}{name}", scorer_forget_weight=weight)
+            terms = trainer.scorer_step(lp, hidden[..., : trainer.scorer.hidden_size], mask)
+            assert terms["scorer_forget_loss"] < 0
+            weights[weight, name] = trainer.scorer.weight.detach().clone()
+    assert torch.equal(weights[0.0, "low"], weights[0.0, "high"])
+    assert not torch.allclose(weights[1.0, "low"], weights[1.0, "high"])
+    with pytest.raises(ValueError, match="scorer_forget_weight"):
+        _trainer(tiny_target, synthetic, tmp_path / "bad", scorer_forget_weight=-1.0)

@@ -58,7 +58,7 @@ def test_weighter_saved_without_a_variance_loads_as_centring_only(tmp_path):
     from hf_unlearn.methods.atwu import ATWUTokenWeighter
 
     old = ATWUTokenWeighter(8)
-    old.update_center(torch.arange(8.0))
+    old.update_statistics(torch.arange(8.0))
     folder = tmp_path / "old"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"hidden_size": 8, "init_bias": 0.0}))

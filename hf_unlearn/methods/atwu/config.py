@@ -16,19 +16,19 @@ class ATWUConfig(BaseUnlearningConfig):
     r"""
     Configuration class for the [`ATWUTrainer`].
 
-    A linear weighter `g_t = sigmoid(<w, (h_t - mu) / sigma> + b)` on the model's detached last-layer hidden state
-    of each forget answer token (`scorer_position`), standardised by running statistics (`scorer_standardize`),
-    weights each forget token, and two updates alternate:
+    A linear weighter `g_t = sigmoid(<w, (h_t - mu) / sigma> + b)` on the detached last-layer hidden state of each
+    forget answer token (`scorer_position`, standardised by running statistics) weights each forget token; two
+    updates alternate:
 
     - *model step* (every optimizer step): `forget_weight * L_forget(theta; sg(g)) + retain_weight * retain`;
     - *weighter step* (every `scorer_every` model steps, model frozen, own Adam with `scorer_lr`):
-      `L_forget(g; sg(theta)) + retain_conflict_weight * mean_t g_t c_t + entropy_weight * H(g)
-      + budget_weight * (mean_t STE(1[g_b,t > 0.5]) - budget)^2 + scorer_l2 * ||w||^2`, with `c_t` the retain
-      conflict of token `t` ([`~hf_unlearn.methods.atwu.loss.retain_conflict`], normalised to a mean magnitude of
-      1) and `g_b = sigmoid(sg(<w, h>) + b)` (the budget moves only the bias).
+      `scorer_forget_weight * L_forget(g; sg(theta)) + retain_conflict_weight * mean_t g_t c_t
+      + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_b,t > 0.5]) - budget)^2 + scorer_l2 * ||w||^2`,
+      `c_t` the retain conflict of token `t` ([`~hf_unlearn.methods.atwu.loss.retain_conflict`], normalised to a
+      mean magnitude of 1), `g_b = sigmoid(sg(<w, h>) + b)` (the budget moves only the bias).
 
-    `scorer_warmup_steps` weighter steps run before the first model step. Where the defaults come from and how
-    this deviates from the paper: docs/methods/atwu.md.
+    `scorer_warmup_steps` weighter steps run before the first model step. Deviations from the paper and where the
+    defaults come from: docs/methods/atwu.md.
 
     Parameters:
         forget_loss (`str`, *optional*, defaults to `"satga"`):
@@ -40,7 +40,7 @@ class ATWUConfig(BaseUnlearningConfig):
             `-mean_t sg(p_t)^(beta (1 + c (1 - g_t))) l_t`.
         saturation_beta (`float`, *optional*, defaults to `0.2`):
             SATGA+ saturation strength `beta > 0`.
-        saturation_c (`float`, *optional*, defaults to `50.0`):
+        saturation_c (`float`, *optional*, defaults to `5.0`):
             SATGA+ score contrast `c >= 0`.
         saturation_c_warmup_steps (`int`, *optional*, defaults to `0`):
             `W`: `c_s = saturation_c * min(1, (s + 1) / W)` at model step `s`; `0` keeps `c` constant.
@@ -77,6 +77,10 @@ class ATWUConfig(BaseUnlearningConfig):
             Weighter-only steps before the first model step, on the first forget batches (no retain conflict).
         scorer_position (`str`, *optional*, defaults to `"token"`):
             `"token"`: token `t` scored on its own state `h_t` (the paper's); `"predicting"`: on `h_{t-1}`.
+        scorer_forget_weight (`float`, *optional*, defaults to `0.0`):
+            Weight of `L_forget(g)` in the weighter step, `>= 0`. At 0 the retain conflict alone orders the tokens
+            (the forget loss favours the tokens with the highest loss, not the forget-specific ones); without a
+            retain set, set it above 0 or the weighter learns only its threshold.
         retain_conflict_weight (`float`, *optional*, defaults to `1.0`):
             Weight of `mean_t g_t c_t` in the weighter step, `>= 0`; `0` skips the retain forward it needs.
     """
@@ -92,7 +96,7 @@ class ATWUConfig(BaseUnlearningConfig):
                   "choices": list(SATGA_FORMS)},
     )
     saturation_beta: float = field(default=0.2, metadata={"help": "SATGA+ saturation strength beta (> 0)."})
-    saturation_c: float = field(default=50.0, metadata={"help": "SATGA+ score contrast c (>= 0)."})
+    saturation_c: float = field(default=5.0, metadata={"help": "SATGA+ score contrast c (>= 0)."})
     npo_beta: float = field(default=0.1, metadata={"help": "Inverse temperature of the weighted NPO loss (> 0)."})
     simnpo_beta: float = field(default=4.5, metadata={"help": "Inverse temperature of the weighted SimNPO loss (> 0)."})
     simnpo_delta: float = field(default=0.0, metadata={"help": "Reward margin of the weighted SimNPO loss."})
@@ -119,6 +123,9 @@ class ATWUConfig(BaseUnlearningConfig):
         metadata={"help": "Hidden state that scores a token: 'token' (its own, the paper's) or 'predicting' (the one "
                           "that predicts it).", "choices": list(SCORER_POSITIONS)},
     )
+    scorer_forget_weight: float = field(
+        default=0.0, metadata={"help": "Weight of the forget loss L_forget(g) in the weighter step (>= 0)."}
+    )
     retain_conflict_weight: float = field(
         default=1.0,
         metadata={"help": "Weight of the retain-conflict term in the weighter step (>= 0; 0: no retain forward)."},
@@ -133,12 +140,11 @@ class ATWUConfig(BaseUnlearningConfig):
     )
 
     def __post_init__(self) -> None:
-        if self.forget_loss not in ATWU_FORGET_LOSSES:
-            raise ValueError(f"forget_loss must be one of {list(ATWU_FORGET_LOSSES)}, got {self.forget_loss!r}.")
-        if self.satga_form not in SATGA_FORMS:
-            raise ValueError(f"satga_form must be one of {list(SATGA_FORMS)}, got {self.satga_form!r}.")
-        if self.retain_loss not in RETAIN_LOSSES:
-            raise ValueError(f"retain_loss must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
+        for name, choices in (("forget_loss", ATWU_FORGET_LOSSES), ("satga_form", SATGA_FORMS),
+                              ("retain_loss", RETAIN_LOSSES), ("scorer_position", SCORER_POSITIONS),
+                              ("satga_selection", SATGA_SELECTIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")
         if not 0.0 < self.budget < 1.0:
             raise ValueError(f"budget must lie in (0, 1) (a fraction of forget tokens), got {self.budget}.")
         if isinstance(self.scorer_every, bool) or int(self.scorer_every) != self.scorer_every or self.scorer_every < 1:
@@ -149,14 +155,10 @@ class ATWUConfig(BaseUnlearningConfig):
             if isinstance(value, bool) or int(value) != value or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value}.")
             setattr(self, name, int(value))
-        if self.scorer_position not in SCORER_POSITIONS:
-            raise ValueError(f"scorer_position must be one of {list(SCORER_POSITIONS)}, got {self.scorer_position!r}.")
-        if self.satga_selection not in SATGA_SELECTIONS:
-            raise ValueError(f"satga_selection must be one of {list(SATGA_SELECTIONS)}, got {self.satga_selection!r}.")
         if not self.scorer_lr > 0:
             raise ValueError(f"scorer_lr must be > 0, got {self.scorer_lr}.")
         for name in ("budget_weight", "entropy_weight", "scorer_l2", "saturation_c", "forget_weight", "retain_weight",
-                     "retain_conflict_weight"):
+                     "retain_conflict_weight", "scorer_forget_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
         for name in ("saturation_beta", "npo_beta", "simnpo_beta"):

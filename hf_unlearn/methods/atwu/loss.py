@@ -1,10 +1,6 @@
-"""ATWU: Alternating Token-Weighted Unlearning objectives (learned token scores g in [0, 1]; high =
-forget-specific).
-
-Per-token tensors are ``[B, L]`` (conventions: :mod:`hf_unlearn.methods.base.losses`); ``scores[b, t] = g_t = sigmoid(<w, h_t> + b)`` comes from
-:class:`hf_unlearn.methods.atwu.ATWUTokenWeighter`. The forget losses are used twice: in ATWU's model step with the
-scores detached, and in its scorer step (model outputs detached) as a function of the scores.
-"""
+"""ATWU's objectives on learned token scores ``g`` in ``[0, 1]`` (high: forget-specific), per-token tensors
+``[B, L]`` (conventions: :mod:`hf_unlearn.methods.base.losses`). The forget losses serve the model step (scores
+detached) and the weighter step (model outputs detached)."""
 
 from __future__ import annotations
 
@@ -52,7 +48,7 @@ def satga_plus_weight(
     token_log_probs: torch.Tensor,
     scores: torch.Tensor,
     beta: float = 0.2,
-    c: float = 50.0,
+    c: float = 5.0,
     form: str = "gated",
     selection: str = "soft",
 ) -> torch.Tensor:
@@ -72,7 +68,7 @@ def satga_plus_loss(
     scores: torch.Tensor,
     mask: torch.Tensor,
     beta: float = 0.2,
-    c: float = 50.0,
+    c: float = 5.0,
     num_tokens: torch.Tensor | float | None = None,
     form: str = "gated",
     eps: float = 1e-6,

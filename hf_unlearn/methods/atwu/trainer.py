@@ -6,8 +6,9 @@ updated alternately:
 
 * model step (each optimizer step): ``forget_weight * L_forget(theta; sg(g)) + retain_weight * retain``;
 * scorer step (every ``scorer_every`` model steps, just before that model step, on the same forget batch, the model
-  frozen), with its own Adam optimizer: ``L_forget(g; sg(theta)) + entropy_weight * H(g) + budget_weight *
-  (mean_t STE(1[g_t > 0.5]) - budget)^2 + scorer_l2 * ||w||^2`` (plus the retain-conflict term).
+  frozen), with its own Adam optimizer: ``scorer_forget_weight * L_forget(g; sg(theta)) + retain_conflict_weight *
+  mean_t g_t c_t + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_t > 0.5]) - budget)^2 + scorer_l2 *
+  ||w||^2``.
 
 ``L_forget`` is SATGA+, token-weighted NPO or token-weighted SimNPO (:mod:`hf_unlearn.methods.atwu.loss`). The
 weighter, its Adam state and running statistics are saved beside the model and in every checkpoint, and reloaded
@@ -25,7 +26,6 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
-from ...data.prepare import PromptTooLongError, prepare_qa
 from ..base.losses import LossDenominators
 from ..base.pairing import RETAIN_PREFIX, to_trl_format
 from ..base.trainer import Optimizers, Rows, UnlearningTrainer
@@ -47,6 +47,7 @@ from .weighter import (
     model_hidden_size,
     save_optimizer_state,
     score_token_features,
+    score_tokens,
 )
 
 if TYPE_CHECKING:
@@ -63,10 +64,8 @@ class ATWUTrainer(UnlearningTrainer):
     ``selected_fraction`` and, on scorer steps, ``scorer_loss``, ``scorer_forget_loss``, ``score_entropy``,
     ``budget_penalty``.
 
-    Private ``Trainer`` methods overridden, each because no public hook does the job: ``_save`` (the weighter is
-    written in the folder being built, on every save path, checkpoints included), ``_save_optimizer_and_scheduler``
-    and ``_load_optimizer_and_scheduler`` (the weighter's Adam state goes into each checkpoint and is read back
-    before the first resumed step).
+    Overrides ``_save``, ``_save_optimizer_and_scheduler`` and ``_load_optimizer_and_scheduler`` (no public hook):
+    the weighter and its Adam state go into every saved folder and are read back on resume.
     """
 
     _name = "ATWU"
@@ -168,17 +167,14 @@ class ATWUTrainer(UnlearningTrainer):
         ref_token_log_probs: torch.Tensor | None = None,
         conflict: torch.Tensor | None = None,
     ) -> dict[str, float]:
-        """One scorer update, the model's outputs detached: minimises ``L_forget(g) + retain_conflict_weight *
-        mean_t g_t c_t + entropy_weight * H(g) + budget_weight * budget_penalty(g_b) + scorer_l2 * ||w||^2`` on this
-        batch (means over its answer tokens), ``c`` the label-aligned retain ``conflict`` normalised by
-        :func:`~hf_unlearn.methods.atwu.loss.normalized_conflict`, ``g_b = sigmoid(sg(<w, h>) + b)``. Returns and
-        logs its terms."""
+        """One weighter update on this batch, the model's outputs detached, standardised by the batch's statistics:
+        minimises the weighter-step loss of :class:`ATWUConfig` (``c``: the label-aligned ``conflict``, normalised
+        by :func:`~hf_unlearn.methods.atwu.loss.normalized_conflict`). Returns and logs its terms."""
         args = self.args
         lp = token_log_probs.detach()
         ref = ref_token_log_probs.detach() if ref_token_log_probs is not None else None
         self.scorer.train()
-        # standardise by this batch's own statistics (the tracked ones follow as moving averages); two passes
-        # (mean, then mean squared deviation), each averaged over processes
+        # the tracked statistics follow the batch's as moving averages; each averaged over processes
         states = self.scorer.scored_states(hidden_states, mask).float()
         center = states.mean(0) if states.shape[0] else self.scorer.center.clone()
         if self.accelerator.num_processes > 1:
@@ -194,7 +190,7 @@ class ATWUTrainer(UnlearningTrainer):
             forget = self.weighted_forget_loss(lp, g, mask, ref)
             entropy = score_entropy(g, mask)
             budget = budget_penalty(torch.sigmoid(z.detach() + (bias - bias.detach())), mask, args.budget)
-            loss = forget + args.entropy_weight * entropy + args.budget_weight * budget
+            loss = args.scorer_forget_weight * forget + args.entropy_weight * entropy + args.budget_weight * budget
             if conflict is not None and args.retain_conflict_weight > 0:
                 weights = normalized_conflict(conflict.detach().to(g.device), mask)
                 conflict_term = (g * weights)[mask].sum() / mask.sum().clamp(min=1)
@@ -283,36 +279,23 @@ class ATWUTrainer(UnlearningTrainer):
 
     # ----- scores and saving ---------------------------------------------------------------------------------------
 
-    def _token_features(self, dataset: Dataset | Sequence[dict[str, Any]]) -> list[dict[str, list[int]]]:
-        rows = dataset if isinstance(dataset, Dataset) else Dataset.from_list(list(dataset))
-        columns = set(rows.column_names)
-        if {"input_ids", "labels"} <= columns:
-            return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in rows]
-        template = self.args.prompt_template
-        if {"question", "answer"} <= columns:  # as the training set is tokenized (template, max_length)
-            try:
-                feats = prepare_qa(
-                    rows, self.processing_class, template=template, max_length=self.args.max_length, validate=False
-                )
-            except PromptTooLongError as err:  # tokenize_qa's own message, as the training set's
-                raise ValueError(err.reason) from err.__cause__
-            return [{"input_ids": f["input_ids"], "labels": f["labels"]} for f in feats]
-        prepared = self._prepare_dataset(
-            to_trl_format(rows, self.processing_class, template), self.processing_class, self.args, False, None,
-            "token_scores",
-        )
-        return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in prepared]
-
     def token_scores(
         self, dataset: Dataset | Sequence[dict[str, Any]], batch_size: int | None = None, progress: bool = False
     ) -> list[dict[str, Any]]:
         """One ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per example of ``dataset`` (TOFU, TRL or
         tokenized rows), tokenized as the training set: its answer tokens and their current scores."""
-        features = self._token_features(dataset)
+        rows = dataset if isinstance(dataset, Dataset) else Dataset.from_list(list(dataset))
+        columns, tok = set(rows.column_names), self.processing_class
         model = self.accelerator.unwrap_model(self.model)
-        pad = self.processing_class.pad_token_id
         bs = batch_size or self.args.per_device_eval_batch_size
-        return score_token_features(model, self.scorer, features, pad, self.processing_class, bs, progress)
+        if {"question", "answer"} <= columns and not {"input_ids", "labels"} <= columns:
+            return score_tokens(model, tok, self.scorer, rows, bs, progress, self.args.prompt_template,
+                                self.args.max_length)
+        if not {"input_ids", "labels"} <= columns:
+            rows = self._prepare_dataset(to_trl_format(rows, tok, self.args.prompt_template), tok, self.args, False,
+                                         None, "token_scores")
+        features = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in rows]
+        return score_token_features(model, self.scorer, features, tok.pad_token_id, tok, bs, progress)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write the weights (as the Trainer does) and the token weighter beside them (``atwu_weighter/``), into the

@@ -1,8 +1,5 @@
-"""ATWU's learned token weighter (:class:`ATWUTokenWeighter`, a ``PyTorchModelHubMixin`` saved in the
-``atwu_weighter/`` subfolder of an ATWU output folder and of its checkpoints), its optimizer-state files, and
-:func:`forget_specific_auroc`, how well per-token scores rank the forget-specific tokens (ids absent from every
-retain answer) above the others.
-"""
+"""ATWU's learned token weighter (saved in ``atwu_weighter/`` of an output folder and of its checkpoints), its
+optimizer-state files, and the token-score AUROC helpers."""
 
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from torch import nn
 
 from ...data.prompts import PromptTemplate
 
+_Stat = torch.Tensor | None  # optional statistics in place of the tracked ones
 WEIGHTER_DIR = "atwu_weighter"
 WEIGHTER_OPTIMIZER_NAME = "atwu_weighter_optimizer.safetensors"
 #: Which hidden state scores answer token ``t``: ``"token"``, its own (``h_t``, the paper's ``h_theta(x_t)``);
@@ -50,11 +48,10 @@ class ATWUTokenWeighter(
 ):
     """Linear token weighter ``g_t = sigmoid(<w, (h_t - mu) / sigma> + b)``, ``sigma = sqrt(var + eps)``.
 
-    ``h_t`` is the model's detached last-layer hidden state of answer token ``t`` (``position="token"``, the
-    paper's ``h_theta(x_t)``) or of the token that predicts it (``"predicting"``, ``h_{t-1}``); ``mu`` and ``var``
-    are the running mean and per-dimension variance of the scored states (buffers ``center`` and ``variance``,
-    :meth:`update_statistics`); ``standardize=False`` only centres (``sigma = 1``). Starts at ``w = 0``,
-    ``b = init_bias``; float32 whatever the model's dtype.
+    ``h_t``: the detached last-layer state of answer token ``t`` (``position="token"``, the paper's
+    ``h_theta(x_t)``) or of the one predicting it (``"predicting"``, ``h_{t-1}``); ``mu``, ``var``: running
+    statistics of the scored states (buffers ``center``, ``variance``); ``standardize=False`` only centres. Starts at
+    ``w = 0``, ``b = init_bias``; float32 whatever the model's dtype.
     """
 
     def __init__(self, hidden_size: int, init_bias: float = 0.0, standardize: bool = True, eps: float = 1e-5,
@@ -78,25 +75,12 @@ class ATWUTokenWeighter(
         self.register_buffer("variance", torch.ones(self.hidden_size))
         self.register_buffer("num_center_updates", torch.zeros((), dtype=torch.long))
 
-    @classmethod
-    def for_model(cls, model: Any, init_bias: float = 0.0, standardize: bool = True,
-                  position: str = "token") -> ATWUTokenWeighter:
-        """A fresh weighter sized for ``model``'s hidden states, on ``model``'s device."""
-        weighter = cls(model_hidden_size(model), init_bias=init_bias, standardize=standardize, position=position)
-        try:
-            weighter.to(next(model.parameters()).device)
-        except (AttributeError, StopIteration):
-            pass
-        return weighter
-
     @property
     def weight(self) -> torch.Tensor:
         """The direction ``w`` (``[hidden_size]``)."""
         return self.linear.weight[0]
 
-    def standardized(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def standardized(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """The scorer's input ``(h - mu) / sqrt(var + eps)`` (``standardize=False``: ``h - mu``) in float32;
         ``mu`` / ``var`` are ``center`` / ``variance`` when given, else the tracked buffers."""
         if hidden_states.shape[-1] != self.hidden_size:
@@ -110,32 +94,24 @@ class ATWUTokenWeighter(
             h = h * torch.rsqrt(var.to(h.dtype) + self.eps)
         return h
 
-    def logits(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def logits(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """``<w, (h - mu) / sigma> + b`` on detached hidden states ``[..., hidden_size]`` (:meth:`standardized`)."""
         h = self.standardized(hidden_states, center, variance)
         with torch.autocast(device_type=h.device.type, enabled=False):  # float32 even inside mixed precision
             return self.linear(h).squeeze(-1)
 
-    def forward(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """Scores in ``[0, 1]`` of shape ``hidden_states.shape[:-1]``."""
         return torch.sigmoid(self.logits(hidden_states, center, variance))
 
-    def label_logits(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def label_logits(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """:meth:`logits` aligned with the labels as :func:`hf_unlearn.logprobs.label_log_probs` is,
         ``[B, L, H] -> [B, L]``: ``out[:, t]`` reads ``h_t`` (``"token"``) or ``h_{t-1}`` (``"predicting"``;
         ``out[:, 0]`` reads ``h_0``)."""
         z = self.logits(hidden_states, center, variance)
         return z if self.position == "token" else torch.cat([z[:, :1], z[:, :-1]], dim=1)
 
-    def label_scores(
-        self, hidden_states: torch.Tensor, center: torch.Tensor | None = None, variance: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def label_scores(self, hidden_states: torch.Tensor, center: _Stat = None, variance: _Stat = None) -> torch.Tensor:
         """``sigmoid`` of :meth:`label_logits`: the scores of the labels, ``[B, L, H] -> [B, L]``."""
         return torch.sigmoid(self.label_logits(hidden_states, center, variance))
 
@@ -147,9 +123,7 @@ class ATWUTokenWeighter(
         return hidden_states[:, :-1][mask[:, 1:]].detach()
 
     @torch.no_grad()
-    def update_statistics(
-        self, batch_mean: torch.Tensor, batch_variance: torch.Tensor | None = None, momentum: float = 0.1
-    ) -> None:
+    def update_statistics(self, batch_mean: torch.Tensor, batch_variance: _Stat = None, momentum: float = 0.1) -> None:
         """``mu <- (1 - momentum) mu + momentum * batch_mean`` (the same for ``var``; the first call sets them;
         without ``batch_variance`` only the centre moves)."""
         first = int(self.num_center_updates) == 0
@@ -163,23 +137,15 @@ class ATWUTokenWeighter(
                 buffer.mul_(1.0 - momentum).add_(momentum * value)
         self.num_center_updates += 1
 
-    def update_center(self, batch_mean: torch.Tensor, momentum: float = 0.1) -> None:
-        """:meth:`update_statistics` of the centre alone."""
-        self.update_statistics(batch_mean, None, momentum)
-
     # -- persistence -----------------------------------------------------------------------
     @classmethod
     def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        model: Any | None = None,
-        hidden_size: int | None = None,
-        **kwargs: Any,
+        cls, pretrained_model_name_or_path: str | os.PathLike, *, model: Any | None = None,
+        hidden_size: int | None = None, **kwargs: Any,
     ) -> ATWUTokenWeighter:
-        """Load a weighter saved with ``save_pretrained`` (a folder or a Hub repo), or the ``atwu_weighter/`` of an
-        ATWU output folder. With ``model`` (or ``hidden_size``), a weighter of another width is refused
-        (``ValueError``) and it is moved to ``model``'s device."""
+        """Load a weighter saved with ``save_pretrained`` (a folder, a Hub repo, or an ATWU output folder's
+        ``atwu_weighter/``). With ``model`` (or ``hidden_size``), another width is refused (``ValueError``); with
+        ``model``, it is moved to its device."""
         path = Path(pretrained_model_name_or_path)
         if (path / WEIGHTER_DIR / "config.json").is_file():
             path = path / WEIGHTER_DIR
@@ -245,19 +211,17 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLi
 
 
 def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
-    """Area under the ROC curve of ``scores`` for binary ``labels`` (Mann-Whitney U with average
-    ranks for ties): the probability that a random positive outscores a random negative."""
-    from scipy.stats import rankdata
+    """Area under the ROC curve of ``scores`` for binary ``labels``: the probability that a random positive
+    outscores a random negative, ties counting half (:func:`~hf_unlearn.evaluation.privacy.mia_auc`)."""
+    from ...evaluation.privacy import mia_auc
 
     s = np.asarray(scores, dtype=np.float64).ravel()
     y = np.asarray(labels, dtype=bool).ravel()
     if s.shape != y.shape:
         raise ValueError(f"{s.size} scores but {y.size} labels.")
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
-        raise ValueError(f"AUROC needs both classes; got {n_pos} positives and {n_neg} negatives.")
-    ranks = rankdata(s)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    if y.all() or not y.any():
+        raise ValueError(f"AUROC needs both classes; got {int(y.sum())} positives and {int((~y).sum())} negatives.")
+    return mia_auc(s[~y], s[y])
 
 
 def answer_token_ids(
