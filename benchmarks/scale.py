@@ -79,6 +79,30 @@ def build_tokenizer(rows: dict[str, list[dict[str, Any]]]) -> Any:
     return train_bpe_tokenizer(texts, vocab_size=512)
 
 
+def replan(records: list[dict[str, Any]], rows: int) -> None:
+    """Recompute each record's plan (and what derives from it) from a model built on the meta device: the plan
+    reads the config and the dtype only."""
+    import torch
+
+    data = load_rows(rows)
+    tokenizer = build_tokenizer(data)
+    for record in records:
+        if "seconds" not in record and "skipped" not in record:
+            continue
+        model = build_model(record["shape"], record["layers"], "meta", getattr(torch, record["dtype"]))
+        step = record["step"]
+        plan = step_plan(step, model, tokenizer, data, trainer_settings(step) if step in TRAINER_STEPS else {})
+        record["plan_bytes"] = plan.total if plan is not None else None
+        record["plan"] = dict(plan.parts) if plan is not None else None
+        _derive(record, tokenizer, data)
+
+
+def _derive(record: dict[str, Any], tokenizer: Any, data: dict[str, list]) -> None:
+    if record.get("plan_bytes") and record.get("peak_bytes") and "seconds" in record:
+        record["plan_over_measured"] = record["plan_bytes"] / max(1, record["peak_bytes"])
+    record["extrapolated"] = extrapolate(record, tokenizer, data)
+
+
 def build_model(shape: str, layers: int | None, device: str, dtype: Any) -> Any:
     """A Llama model of ``shape`` with ``layers`` decoder layers (``None``: the shape's own), random weights in
     ``dtype``, built on ``device``."""
@@ -252,19 +276,21 @@ def run_step(step: str, shape: str, layers: int | None, device: str, rows: int, 
     return record
 
 
-def extrapolate(record: dict[str, Any], depth: int = 32) -> dict[str, Any] | None:
-    """The measured peak carried to ``depth`` layers: ``measured + plan(depth) - plan(measured depth)``, with
-    whether it fits an 80 GB GPU."""
-    if record.get("plan_bytes") is None or record.get("peak_bytes") is None or "seconds" not in record:
+def extrapolate(record: dict[str, Any], tokenizer: Any, data: dict[str, list], depth: int = 32
+                ) -> dict[str, Any] | None:
+    """The measured peak carried to ``depth`` layers in bfloat16 (what a GPU run holds):
+    ``plan(depth, bfloat16) * measured / plan(measured depth, measured dtype)``, with whether it fits an 80 GB
+    GPU; the plans of models built on the meta device."""
+    if not record.get("plan_bytes") or record.get("peak_bytes") is None or "seconds" not in record:
         return None
-    from hf_unlearn.memory_plan import ModelShape
+    import torch
 
-    shallow = ModelShape(**_shape_numbers(record["shape"], record["layers"]))
-    deep = ModelShape(**_shape_numbers(record["shape"], depth))
-    plan_deep = _replan(record, deep)
-    plan_shallow = _replan(record, shallow)
-    estimate = record["peak_bytes"] + plan_deep - plan_shallow
-    return {"layers": depth, "peak_bytes": estimate, "plan_bytes": plan_deep, "fits_80gb": estimate <= GPU_80GB}
+    step = record["step"]
+    model = build_model(record["shape"], depth, "meta", torch.bfloat16)
+    plan = step_plan(step, model, tokenizer, data, trainer_settings(step) if step in TRAINER_STEPS else {})
+    estimate = int(plan.total * record["peak_bytes"] / record["plan_bytes"])
+    return {"layers": depth, "dtype": "bfloat16", "peak_bytes": estimate, "plan_bytes": plan.total,
+            "fits_80gb": estimate <= GPU_80GB}
 
 
 def _shape_numbers(shape: str, layers: int) -> dict[str, Any]:
@@ -274,69 +300,51 @@ def _shape_numbers(shape: str, layers: int) -> dict[str, Any]:
                 tie_word_embeddings=n["tie_word_embeddings"])
 
 
-def _replan(record: dict[str, Any], shape: Any) -> int:
-    """The record's plan recomputed for ``shape``: the parts scale with the parameter count (weights, gradients,
-    optimizer, reference, extras) or with the depth (activations)."""
-    from hf_unlearn.memory_plan import parameter_count
-
-    base = _record_shape(record)
-    ratio = parameter_count(shape) / parameter_count(base)
-    parts = dict(record["plan"])
-    activations = parts.pop("activations", 0)
-    per_layer = activations / max(1, base.num_layers + 1)
-    return int(sum(v * ratio for v in parts.values()) + per_layer * (shape.num_layers + 1))
-
-
-def _record_shape(record: dict[str, Any]) -> Any:
-    """The :class:`~hf_unlearn.memory_plan.ModelShape` a record was measured at."""
-    from hf_unlearn.memory_plan import ModelShape
-
-    return ModelShape(**_shape_numbers(record["shape"], record["layers"]))
-
-
-#: The settings of the fits table: bfloat16 weights, 4 rows a step, 512 tokens a row (a TOFU question and answer
-#: in Llama's tokenizer are about 100-200 tokens).
-FITS_BATCH, FITS_SEQ_LEN = 4, 512
+#: The settings of the fits table: bfloat16 weights, 4 rows a step of 256 tokens (a TOFU question and answer in
+#: Llama's tokenizer are about 100-200 tokens), each trainer's own gradient checkpointing default.
+FITS_BATCH, FITS_SEQ_LEN = 4, 256
 #: Settings a method requires (no default); they change no memory.
 FITS_REQUIRED = {"pdu": {"retain_loss_eps": 1.0}}
 
 
 def fits_table(records: list[dict[str, Any]], depth: int = 32) -> str:
-    """For every registered method at both shapes with ``depth`` layers in bfloat16: the plan's peak on one 80 GB
-    GPU with full fine-tuning and with LoRA (r 16), without and with gradient checkpointing, and whether it fits;
-    the plan is scaled by the largest measured ``peak / plan`` of ``records`` (the plan's error at real width) when
-    that exceeds 1, else taken as it is."""
-    from hf_unlearn.memory_plan import Settings, method_needs, plan_memory
+    """For every registered method at both shapes with ``depth`` layers in bfloat16: the plan's peak with full
+    fine-tuning and with LoRA (r 16), and whether it fits an 80 GB GPU (74.5 GiB). The plan is scaled by the
+    largest measured ``peak / plan`` of the ``records`` of its kind (a trainer step, GROM, T3: the plan's error at
+    real width) when that exceeds 1."""
+    from hf_unlearn.memory_plan import ModelShape, method_needs, plan_memory, run_settings
+    from hf_unlearn.model_options import ModelOptions
     from hf_unlearn.options import validate_settings
     from hf_unlearn.registry import get_method, method_names
 
-    ratios = [r["peak_bytes"] / r["plan_bytes"] for r in records
-              if r.get("plan_bytes") and r.get("peak_bytes") and "seconds" in r]
-    worst = max([1.0, *ratios])
-    lines = [f"Plan x {worst:.2f} (the largest measured peak / plan at 2 layers, at least 1), GB of an 80 GB GPU, "
-             "bfloat16, "
-             f"batch {FITS_BATCH} x {FITS_SEQ_LEN} tokens; `ckpt`: gradient checkpointing.", "",
-             "| method | shape | full | full, ckpt | LoRA r16 | LoRA r16, ckpt |", "|---|---|---|---|---|---|"]
+    factors: dict[str, float] = {}
+    for r in records:
+        if r.get("plan_bytes") and r.get("peak_bytes") and "seconds" in r:
+            kind = "trainer" if r["step"] in TRAINER_STEPS else r["step"]
+            factors[kind] = max(factors.get(kind, 1.0), r["peak_bytes"] / r["plan_bytes"])
+    lines = ["| method | reference | Llama-2-7B full | Llama-2-7B LoRA | Llama-3.1-8B full | Llama-3.1-8B LoRA |",
+             "|---|---|---|---|---|---|"]
     for method in method_names():
+        trains = get_method(method).is_trainer
+        factor = factors.get("trainer" if trains else method, 1.0)
+        settings = {**FITS_REQUIRED.get(method, {}), **({"per_device_train_batch_size": FITS_BATCH} if trains else {})}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config = validate_settings(method, FITS_REQUIRED.get(method, {}), tempfile.gettempdir())
-        trains = get_method(method).is_trainer
+            config = validate_settings(method, settings, tempfile.gettempdir())
+        cells, reference = [], "no"
         for shape_name in ("llama-2-7b", "llama-3.1-8b"):
-            from hf_unlearn.memory_plan import ModelShape
-
             shape = ModelShape(**_shape_numbers(shape_name, depth))
             needs = method_needs(method, config, shape, 2)
-            cells = []
-            for lora, checkpointing in ((None, False), (None, True), (16, False), (16, True)):
-                if not trains and (lora or checkpointing):
-                    cells.append("-")
+            reference = "yes" if needs.reference else reference
+            for use_peft in (False, True):
+                if use_peft and not trains:
+                    cells.append("—")
                     continue
-                plan = plan_memory(shape, needs, Settings(weight_bytes=2, lora_r=lora, batch=FITS_BATCH,
-                                                          seq_len=FITS_SEQ_LEN, checkpointing=checkpointing))
-                peak = plan.total * worst
-                cells.append(f"{peak / 1e9:.0f} {'fits' if peak <= GPU_80GB else '**no**'}")
-            lines.append(f"| {method} | {shape_name} | " + " | ".join(cells) + " |")
+                plan = plan_memory(shape, needs, run_settings(config, ModelOptions(use_peft=use_peft, lora_r=16), 2,
+                                                              FITS_SEQ_LEN))
+                peak = plan.total * factor
+                cells.append(f"{peak / GIB:.0f} GiB" + ("" if peak <= 74.5 * GIB else " ✗"))
+        lines.append(f"| {method} | {reference} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -359,12 +367,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                         help="weights' dtype (auto: bfloat16 where it is native, else float32)")
     parser.add_argument("--resume", action="store_true", help="keep the JSON's finished records; run the rest")
+    parser.add_argument("--replan", action="store_true", help="recompute the JSON's plans (meta-device models)")
     parser.add_argument("--fits-table", action="store_true", help="write fits_80gb.md (every method, 32 layers)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale"))
     parser.add_argument("--step", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.dtype = resolve_dtype(args.dtype, args.device)
+    if args.replan:
+        stored = json.loads(_json_path(args).read_text())
+        replan(stored["records"], args.rows)
+        stored["plans_recomputed_by"] = "python benchmarks/scale.py --replan"
+        _json_path(args).write_text(json.dumps(stored, indent=2, default=str) + "\n")
+        return 0
     if args.fits_table:
         records = json.loads(_json_path(args).read_text())["records"] if _json_path(args).is_file() else []
         (Path(args.out) / "fits_80gb.md").write_text(fits_table(records))
@@ -372,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.step:
         return _child(args)
     records = _finished_records(args) if args.resume else []
+    data = load_rows(args.rows)
+    tokenizer = build_tokenizer(data)
     done_keys = {(r["shape"], r["step"]) for r in records}
     for shape in args.shapes.split(","):
         for step in args.steps.split(","):
@@ -385,9 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             lines = [line for line in done.stdout.splitlines() if line.startswith("SCALE-RECORD ")]
             record = json.loads(lines[-1].removeprefix("SCALE-RECORD ")) if lines else {
                 "step": step, "shape": shape, "error": f"exit {done.returncode}: {done.stderr[-300:]}"}
-            if record.get("plan_bytes") and record.get("peak_bytes") and "seconds" in record:
-                record["plan_over_measured"] = record["plan_bytes"] / max(1, record["peak_bytes"])
-            record["extrapolated"] = extrapolate(record)
+            _derive(record, tokenizer, data)
             records.append(record)
             _write(args, argv, records)
             print(json.dumps({k: record.get(k) for k in ("shape", "step", "seconds", "peak_bytes", "plan_bytes",

@@ -630,3 +630,14 @@ def test_prompt_template_is_passed_to_the_prompt_module():
     assert keys("tofu-phi") == keys(None) + len(forget)  # tofu-phi scores "Answer:" with the answer
     with pytest.raises(ValueError, match="nknown prompt template"):
         GROMConfig(prompt_template="no-such-template")
+
+
+def test_solve_with_factor_is_the_inverse_of_the_factored_matrix():
+    """``solve_with_factor(L, B) = A^{-1} B`` for ``A = L L^T``, checked against a float64 dense solve."""
+    from hf_unlearn.methods.grom.solve import solve_with_factor
+
+    g = torch.Generator().manual_seed(0)
+    m = torch.randn(12, 12, dtype=torch.float64, generator=g)
+    a = m @ m.T + 12 * torch.eye(12, dtype=torch.float64)
+    b = torch.randn(12, 5, dtype=torch.float64, generator=g)
+    torch.testing.assert_close(solve_with_factor(torch.linalg.cholesky(a), b), torch.linalg.solve(a, b))

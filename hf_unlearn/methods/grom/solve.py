@@ -85,12 +85,18 @@ def solve_grom(
     return GROMSolution(delta=delta_from_cholesky(chol, xf, dt, c_f), chol=chol, forget_scale=c_f)
 
 
+def solve_with_factor(chol: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """``A^{-1} B`` from the lower Cholesky factor ``L`` of ``A = L L^T``: ``L Y = B``, then ``L^T X = Y``, by two
+    triangular solves, which read ``L`` in place (``torch.cholesky_solve`` copies it: one more ``d x d`` matrix)."""
+    return torch.linalg.solve_triangular(chol.mT, torch.linalg.solve_triangular(chol, rhs, upper=False), upper=True)
+
+
 def delta_from_cholesky(chol: torch.Tensor, forget_keys: torch.Tensor, targets: torch.Tensor,
                         forget_scale: float) -> torch.Tensor:
     """``P = (A^{-1} (c_f X_f D^T))^T`` (float64 ``[d_out, d_in]``) from the lower Cholesky factor of ``A``."""
     xf = forget_keys.to(device=chol.device, dtype=torch.float64)
     rhs = forget_scale * (xf.T @ targets.to(device=chol.device, dtype=torch.float64))  # [d_in, d_out]
-    return torch.cholesky_solve(rhs, chol).T.contiguous()
+    return solve_with_factor(chol, rhs).T.contiguous()
 
 
 def low_rank_form(solution: GROMSolution, forget_keys: torch.Tensor, targets: torch.Tensor
@@ -99,7 +105,7 @@ def low_rank_form(solution: GROMSolution, forget_keys: torch.Tensor, targets: to
     chol = solution.chol
     xf = forget_keys.to(device=chol.device, dtype=torch.float64)
     left = solution.forget_scale * targets.to(device=chol.device, dtype=torch.float64).T
-    return left, torch.cholesky_solve(xf.T, chol).T
+    return left, solve_with_factor(chol, xf.T).T
 
 
 def woodbury_drop(solution: GROMSolution, keys_i: torch.Tensor, targets_i: torch.Tensor) -> torch.Tensor:
@@ -113,7 +119,7 @@ def woodbury_drop(solution: GROMSolution, keys_i: torch.Tensor, targets_i: torch
     if xi.shape[1] == 0:
         return torch.zeros_like(solution.delta)
     c = solution.forget_scale
-    z = torch.cholesky_solve(xi, solution.chol)  # A^{-1} X_i
+    z = solve_with_factor(solution.chol, xi)  # A^{-1} X_i
     k = torch.eye(xi.shape[1], dtype=torch.float64, device=xi.device) - c * (xi.T @ z)
     resid = solution.delta @ xi - di  # P X_i - D_i, [d_out, k]
     return c * torch.linalg.solve(k, resid.T).T @ z.T

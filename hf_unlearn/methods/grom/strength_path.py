@@ -22,7 +22,7 @@ from .band_cache import BandCache, band_entry
 from .config import GROMConfig
 from .edit import GROMEdit, _add_deltas, untie_lm_head
 from .fit import _fit_grom
-from .solve import GROMSolution, cholesky_or_explain
+from .solve import GROMSolution, cholesky_or_explain, solve_with_factor
 
 DEFAULT_SCALES = (0.25, 0.5, 1.0)
 DEFAULT_RETAIN_WEIGHT_FACTORS = (1.0, 10.0, 100.0)
@@ -215,7 +215,7 @@ def unit_solution(
         if ridge:
             a.diagonal().add_(ridge)
         chol = cholesky_or_explain(a, ridge)
-        delta = torch.cholesky_solve(sol.forget_scale * (xf.T @ d), chol).T.contiguous()
+        delta = solve_with_factor(chol, sol.forget_scale * (xf.T @ d)).T.contiguous()
         solutions[name] = GROMSolution(delta=delta, chol=chol, forget_scale=sol.forget_scale)
     return solutions
 
