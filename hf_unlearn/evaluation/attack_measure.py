@@ -41,8 +41,7 @@ def artifact_decoding(artifact: Any) -> DecodingFactory:
     for an artifact of no registered decoding-time method."""
     hook = decoding_of(artifact)
     if hook is None:
-        raise ValueError(f"Cannot score through a {type(artifact).__name__}: it is not the artifact of a registered "
-                         "decoding-time method.")
+        raise ValueError(f"Cannot score through a {type(artifact).__name__}: it is not the artifact of a registered decoding-time method.")
 
     def decoding(model: Any, check_base_weights: bool = True) -> Decoding:
         return hook(model, artifact, check_base_weights=check_base_weights)

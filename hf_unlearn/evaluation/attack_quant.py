@@ -25,10 +25,7 @@ from .attack_measure import (
     _recovery,
 )
 
-QUANT_THREAT_MODEL = (
-    "The attacker (or an ordinary user) holds the released weights and runs them quantized, as 4-bit NF4 or 8-bit "
-    "LLM.int8() (bitsandbytes defaults), with no training and no data."
-)
+QUANT_THREAT_MODEL = ("The attacker (or an ordinary user) holds the released weights and runs them quantized, as 4-bit NF4 or 8-bit LLM.int8() (bitsandbytes defaults), with no training and no data.")
 
 
 def quantization_attack(

@@ -75,8 +75,7 @@ def forget_quality_by_author(
 
     pred, ref = np.asarray(predictions, dtype=np.float64), np.asarray(references, dtype=np.float64)
     if not len(pred) == len(ref) == len(clusters):
-        raise ValueError(f"Forget quality pairs the questions: got {len(pred)} predictions, {len(ref)} references "
-                         f"and {len(clusters)} cluster labels.")
+        raise ValueError(f"Forget quality pairs the questions: got {len(pred)} predictions, {len(ref)} references and {len(clusters)} cluster labels.")
     options = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
     p = cluster_bootstrap(lambda i: ks_2samp(pred[i], ref[i]).pvalue, [clusters], **options)
     d = cluster_bootstrap(lambda i: ks_2samp(pred[i], ref[i]).statistic, [clusters], **options)
@@ -111,8 +110,7 @@ def paired_difference_by_author(
     ``difference_low``, ``difference_high``, ``confidence``, ``n_resamples``."""
     a, b = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
     if not len(a) == len(b) == len(clusters):
-        raise ValueError(f"A paired comparison needs both methods on the same rows: got {len(a)}, {len(b)} values "
-                         f"and {len(clusters)} cluster labels.")
+        raise ValueError(f"A paired comparison needs both methods on the same rows: got {len(a)}, {len(b)} values and {len(clusters)} cluster labels.")
     out = cluster_bootstrap(lambda i: statistic(a, i) - statistic(b, i), [clusters], confidence=confidence,
                             n_resamples=n_resamples, seed=seed)
     return {"difference": out["value"], "difference_low": out["low"], "difference_high": out["high"],

@@ -38,8 +38,7 @@ def truth_ratio(
 def forget_quality(predictions: Sequence[float], references: Sequence[float]) -> dict[str, float]:
     """``tofu_forget_quality``: ``{"forget_quality": KS p-value, "ks_statistic": D}``."""
     if len(predictions) != len(references):
-        raise ValueError(f"Forget quality compares truth ratios on the same forget questions, but got "
-                         f"{len(predictions)} predictions and {len(references)} references.")
+        raise ValueError(f"Forget quality compares truth ratios on the same forget questions, but got {len(predictions)} predictions and {len(references)} references.")
     return load_metric("tofu_forget_quality").compute(
         predictions=_floats(predictions), references=_floats(references)
     )

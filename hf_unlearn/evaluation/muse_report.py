@@ -20,18 +20,15 @@ MUSE_REPORT_FORMAT = "hf_unlearn.muse_report"
 MUSE_METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     "verbmem_forget": (
         "VerbMem forget (C1)",
-        "100 x mean ROUGE-L F1 of the greedy 128-token continuation of each forget prompt against its true "
-        "continuation cut to 128 tokens. Lower = less verbatim memorisation.",
+        "100 x mean ROUGE-L F1 of the greedy 128-token continuation of each forget prompt against its true continuation cut to 128 tokens. Lower = less verbatim memorisation.",
     ),
     "knowmem_forget": (
         "KnowMem forget (C2)",
-        "100 x mean ROUGE-L F1 of the greedy answer (at most 32 new tokens after 10 in-context examples, cut at a "
-        "blank line or 'Question') to the forget-set questions. Lower = less knowledge of the forget set.",
+        "100 x mean ROUGE-L F1 of the greedy answer (at most 32 new tokens after 10 in-context examples, cut at a blank line or 'Question') to the forget-set questions. Lower = less knowledge of the forget set.",
     ),
     "privleak": (
         "PrivLeak (C3)",
-        "(AUC - AUC_retrain) / AUC_retrain x 100, AUC = P(Min-40% score of a forget text > that of a holdout text). "
-        "Near 0 = like the retrained model; near -100 = the forget texts are recognisable as training data.",
+        "(AUC - AUC_retrain) / AUC_retrain x 100, AUC = P(Min-40% score of a forget text > that of a holdout text). Near 0 = like the retrained model; near -100 = the forget texts are recognisable as training data.",
     ),
     "knowmem_retain": (
         "KnowMem retain (C4)",

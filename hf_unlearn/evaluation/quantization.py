@@ -38,9 +38,7 @@ def _require_bitsandbytes() -> Any:
     try:
         import bitsandbytes.functional as bnb_functional
     except ImportError as err:  # pragma: no cover - bitsandbytes is an optional extra
-        raise ImportError(
-            "The NF4 re-check needs bitsandbytes: pip install 'hf-unlearn[quantization]'."
-        ) from err
+        raise ImportError("The NF4 re-check needs bitsandbytes: pip install 'hf-unlearn[quantization]'.") from err
     return bnb_functional
 
 

@@ -62,14 +62,12 @@ def checked_truth_ratios(data: Mapping[str, Any], origin: str) -> list[float]:
 METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     "forget_quality": (
         "forget quality",
-        "p-value of the two-sample KS test between this model's and the retain model's per-question forget truth "
-        "ratios (TOFU). High (>0.05) = indistinguishable from never having seen the forget set.",
+        "p-value of the two-sample KS test between this model's and the retain model's per-question forget truth ratios (TOFU). High (>0.05) = indistinguishable from never having seen the forget set.",
     ),
     "ks_statistic": ("KS statistic", "D = sup_x |F_model(x) - F_retain(x)| of the forget truth ratios."),
     "model_utility": (
         "model utility",
-        "harmonic mean of the nine components: probability, ROUGE-L recall and truth ratio on retain, real "
-        "authors and world facts (TOFU). 0 if any is 0.",
+        "harmonic mean of the nine components: probability, ROUGE-L recall and truth ratio on retain, real authors and world facts (TOFU). 0 if any is 0.",
     ),
     "mu_rouge": (
         "MU-ROUGE",
@@ -77,13 +75,11 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     ),
     "forget_rouge_l": (
         "forget ROUGE-L",
-        "mean ROUGE-L recall of the greedy answer (up to max_new_tokens) against the gold forget answer "
-        "(rouge-score, Porter stemmer).",
+        "mean ROUGE-L recall of the greedy answer (up to max_new_tokens) against the gold forget answer (rouge-score, Porter stemmer).",
     ),
     "forget_truth_ratio": (
         "forget truth ratio",
-        "mean of min(tr, 1/tr), tr = exp(loss(paraphrased) - mean loss(perturbed)) per forget question "
-        "(avg per-token NLLs); 1 = the model cannot tell true from false.",
+        "mean of min(tr, 1/tr), tr = exp(loss(paraphrased) - mean loss(perturbed)) per forget question (avg per-token NLLs); 1 = the model cannot tell true from false.",
     ),
     "forget_prob": ("forget prob", "mean exp(-avg NLL) of the forget answers given their questions."),
     "retain_rouge_l": ("retain ROUGE-L", "mean ROUGE-L recall of greedy answers on retain_perturbed."),
@@ -91,8 +87,7 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     "retain_truth_ratio": ("retain truth ratio", "mean of max(0, 1 - tr) on retain_perturbed."),
     "extraction_strength": (
         "extraction strength",
-        "mean over forget answers of 1 - k*/n, k* = the shortest answer prefix after which teacher-forced greedy "
-        "predictions match every remaining token (open-unlearning).",
+        "mean over forget answers of 1 - k*/n, k* = the shortest answer prefix after which teacher-forced greedy predictions match every remaining token (open-unlearning).",
     ),
     "exact_memorization": (
         "exact memorization",
@@ -107,8 +102,7 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     ),
     "privleak": (
         "privleak",
-        "(score - ref) / ref * 100 with score = 1 - AUC(min-k) and ref = 1 - the retain model's AUC (0.5 when no "
-        "retain reference). Near 0 = like the retain model; strongly negative = the forget set is recognisable.",
+        "(score - ref) / ref * 100 with score = 1 - AUC(min-k) and ref = 1 - the retain model's AUC (0.5 when no retain reference). Near 0 = like the retain model; strongly negative = the forget set is recognisable.",
     ),
 }
 
@@ -241,8 +235,7 @@ class TOFUReport:
             if f.type in ("float", "float | None"):
                 number = isinstance(value, numbers.Real) and not isinstance(value, bool)
                 if not (number or (value is None and f.type == "float | None")):
-                    raise ValueError(f"TOFUReport.{f.name} must be a number{' or None' if 'None' in f.type else ''}, "
-                                     f"got {value!r}.")
+                    raise ValueError(f"TOFUReport.{f.name} must be a number{' or None' if 'None' in f.type else ''}, got {value!r}.")
         for name, kind, noun in (("components", Mapping, "dict"), ("forget_truth_ratios", (list, tuple), "list"),
                                  ("extra", dict, "dict")):
             if not isinstance(getattr(self, name), kind):
@@ -275,10 +268,7 @@ class TOFUReport:
             raise ValueError(f"A TOFU report must be a dict, got {type(data).__name__}.")
         missing = cls.missing_fields(data)
         if missing:
-            raise ValueError(
-                f"The report lacks the required field(s) {missing}; a TOFU report of evaluate_tofu has "
-                f"{list(cls.required_fields())}."
-            )
+            raise ValueError(f"The report lacks the required field(s) {missing}; a TOFU report of evaluate_tofu has {list(cls.required_fields())}.")
         names = cls.field_names()
         return cls(**{k: data[k] for k in names if k in data},
                    extra={k: v for k, v in data.items() if k not in names},

@@ -85,13 +85,9 @@ def _load_holdout(
         return _cap(load_tofu_rows(config, source), max_examples)
     except (FileNotFoundError, ConnectionError, ValueError) as err:
         if membership_inference:
-            raise ValueError(
-                f"Membership inference needs the {config!r} split of {source}, which could not be loaded ({err}); "
-                "pass membership_inference=False to evaluate without it."
-            ) from err
+            raise ValueError(f"Membership inference needs the {config!r} split of {source}, which could not be loaded ({err}); pass membership_inference=False to evaluate without it.") from err
         warnings.warn(
-            f"The {config!r} split is not available from {source} ({err}); the membership-inference AUCs and "
-            "privleak are left out of the report.",
+            f"The {config!r} split is not available from {source} ({err}); the membership-inference AUCs and privleak are left out of the report.",
             stacklevel=3,
         )
         return None
@@ -212,9 +208,7 @@ def _check_inputs(
     if generation_kwargs is not None and not isinstance(generation_kwargs, Mapping):
         raise ValueError(f"generation_kwargs must be a dict, got {type(generation_kwargs).__name__}.")
     if scorer is not None and not callable(scorer):
-        raise ValueError(
-            "scorer must be a callable (input_ids, attention_mask, position_ids, labels) -> log-probs."
-        )
+        raise ValueError("scorer must be a callable (input_ids, attention_mask, position_ids, labels) -> log-probs.")
     if membership_inference not in (None, True, False):
         raise ValueError(f"membership_inference must be None, True or False, got {membership_inference!r}.")
     if autocast_dtype not in AUTOCAST_DTYPES:
@@ -229,10 +223,7 @@ def _check_inputs(
     if scorer is not None:
         plain = [name for name, kwargs in chosen_attacks.items() if kwargs.get("decoding") is None]
         if plain:
-            raise ValueError(
-                f"The attacks {plain} score copies of the model, which the given scorer does not score; pass a "
-                "decoding in their arguments (attacks={'quant': {'decoding': artifact_decoding(artifact)}})."
-            )
+            raise ValueError(f"The attacks {plain} score copies of the model, which the given scorer does not score; pass a decoding in their arguments (attacks={{'quant': {{'decoding': artifact_decoding(artifact)}}}}).")
     return specs, device, chosen_attacks
 
 
@@ -249,10 +240,7 @@ def _check_reference(
     if n_ref != num_forget:
         hint = (" TOFU's original protocol scores the first 300 rows: pass max_examples=300."
                 if n_ref == 300 and reference.provenance.get("format") == "tofu" else "")
-        raise ValueError(
-            f"The retain reference has {n_ref} forget truth ratios but this evaluation has {num_forget} forget "
-            f"examples; evaluate the retain model on the same source, forget split and max_examples.{hint}"
-        )
+        raise ValueError(f"The retain reference has {n_ref} forget truth ratios but this evaluation has {num_forget} forget examples; evaluate the retain model on the same source, forget split and max_examples.{hint}")
     unknown = check_provenance(reference, provenance, [f for f in ("forget_split", "num_rows", "data_sha256",
                                                                    "template", "tokenizer_sha256")])
     return reference, unknown
