@@ -58,8 +58,20 @@ def quantization_attack(
                "batch_size": batch_size, "max_new_tokens": max_new_tokens, "rouge": rouge, "progress": progress}
     full = _measure(model, **measure, decoding=decoding, desc="full precision")
     reference = None if original is None else _measure(original, **measure, decoding=None, desc="original")
-    entries = _quantized_entries(model, bits, method, measure, decoding=decoding, full=full, reference=reference,
-                                 progress=progress)
+    from .quantization import quantize_int8, quantize_nf4
+
+    entries: dict[str, dict[str, Any]] = {}  # each bit width's copy: built, measured, dropped
+    for b in tqdm(bits, desc="quantization attack", disable=not progress):
+        quantized = (quantize_nf4 if b == 4 else quantize_int8)(model, method=method)
+        figures = _measure(quantized, **measure, decoding=decoding, desc=f"{b}-bit", attacked=True)
+        del quantized
+        entries[str(b)] = {
+            "bits": b, "scheme": "nf4" if b == 4 else "int8", **figures,
+            "delta_forget_nll": figures["forget_nll"] - full["forget_nll"],
+            "delta_forget_rouge_l": None if figures["forget_rouge_l"] is None
+            else figures["forget_rouge_l"] - full["forget_rouge_l"],
+            **_recovery(full, figures, reference),
+        }
     return {
         "attack": "quantization", "threat_model": QUANT_THREAT_MODEL,
         "decoding": DECODING_KEPT if decoding is not None else None, "method": method, "num_rows": len(rows),
@@ -80,25 +92,3 @@ def _check_bits(bits: Sequence[int], method: str) -> tuple[int, ...]:
         raise ValueError("The 4-bit NF4 attack needs bitsandbytes: pip install 'hf-unlearn[quantization]'.")
     return bits
 
-
-def _quantized_entries(
-    model: Any, bits: Sequence[int], method: str, measure: Mapping[str, Any], *, decoding: DecodingFactory | None,
-    full: Mapping[str, Any], reference: Mapping[str, Any] | None, progress: bool,
-) -> dict[str, dict[str, Any]]:
-    """``{"4": entry, "8": entry}``: each bit width's quantized copy (built, measured, dropped) with its figures,
-    their changes from the full-precision ``full`` and the recovered fractions against ``reference``."""
-    from .quantization import quantize_int8, quantize_nf4
-
-    entries: dict[str, dict[str, Any]] = {}
-    for b in tqdm(bits, desc="quantization attack", disable=not progress):
-        quantized = (quantize_nf4 if b == 4 else quantize_int8)(model, method=method)
-        figures = _measure(quantized, **measure, decoding=decoding, desc=f"{b}-bit", attacked=True)
-        del quantized
-        entry = {"bits": b, "scheme": "nf4" if b == 4 else "int8", **figures}
-        entry["delta_forget_nll"] = figures["forget_nll"] - full["forget_nll"]
-        entry["delta_forget_rouge_l"] = (
-            None if figures["forget_rouge_l"] is None else figures["forget_rouge_l"] - full["forget_rouge_l"]
-        )
-        entry.update(_recovery(full, figures, reference))
-        entries[str(b)] = entry
-    return entries

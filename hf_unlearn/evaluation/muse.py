@@ -209,37 +209,6 @@ def reference_auc_of(retain_reference: Any) -> tuple[float, str]:
     return float(retain_reference.privleak_auc), str(retain_reference.model_name)
 
 
-def _verbmem(model: Any, tokenizer: Any, rows: list[dict[str, str]], max_new_tokens: int, **common: Any):
-    """C1: (VerbMem, per-example values, truncated prompts) of the ``{prompt, gt}`` rows."""
-    truths = [truncate_to_tokens(tokenizer, r["gt"], max_new_tokens) for r in rows]
-    outputs, truncated = greedy_continuations(
-        model, tokenizer, [r["prompt"] for r in rows], max_new_tokens, desc="verbmem", **common)
-    out = metrics.load_metric("muse_verbmem").compute(predictions=outputs, references=truths)
-    per_example = {"generation": outputs, "truth": truths, "rouge_l_f1": out["rouge_l_f1_per_example"]}
-    return float(out["verbmem"]), per_example, truncated
-
-
-def _knowmem(model: Any, tokenizer: Any, rows: list[dict[str, str]], icl: list[dict[str, str]], max_new_tokens: int,
-             desc: str, **common: Any):
-    """C2 / C4: (KnowMem, per-example values, truncated prompts) of the ``{question, answer}`` rows."""
-    prompts = [build_knowmem_prompt(r["question"], icl) for r in rows]
-    raw, truncated = greedy_continuations(model, tokenizer, prompts, max_new_tokens, desc=desc, **common)
-    answers = [cut_answer(text) for text in raw]
-    out = metrics.load_metric("muse_knowmem").compute(predictions=answers, references=[r["answer"] for r in rows])
-    return float(out["knowmem"]), {"answer": answers, "rouge_l_f1": out["rouge_l_f1_per_example"]}, truncated
-
-
-def _privleak(model: Any, tokenizer: Any, forget_texts: list[str], holdout_texts: list[str], reference_auc: float,
-              **common: Any):
-    """C3: (AUC, PrivLeak, per-example Min-40% scores, truncated texts) of the forget and holdout texts."""
-    forget, n_forget = text_min_k_scores(model, tokenizer, forget_texts, desc="privleak forget", **common)
-    holdout, n_holdout = text_min_k_scores(model, tokenizer, holdout_texts, desc="privleak holdout", **common)
-    out = metrics.load_metric("muse_privleak").compute(
-        predictions=forget + holdout, references=[0] * len(forget) + [1] * len(holdout), reference_auc=reference_auc)
-    counts = {"privleak_forget_texts": n_forget, "privleak_holdout_texts": n_holdout}
-    return float(out["auc"]), float(out["privleak"]), {"forget_min_k": forget, "holdout_min_k": holdout}, counts
-
-
 def evaluate_muse(
     model: Any, tokenizer: Any, source: str | os.PathLike = MUSE_HUB_ID, *,
     criteria: Sequence[str] = MUSE_CRITERIA, retain_reference: Any = None, max_examples: int | None = None,
@@ -335,17 +304,34 @@ def _measure(
     per_example: dict[str, Any] = {}
     figures: dict[str, float | None] = dict.fromkeys(MUSE_CRITERIA)
     truncated: dict[str, int] = {}
-    if "verbmem_forget" in criteria:
-        figures["verbmem_forget"], per_example["verbmem_forget"], truncated["verbmem_prompts"] = _verbmem(
-            model, tokenizer, data["verbmem_forget"], verbmem_max_new_tokens, **generating)
-    for criterion in ("knowmem_forget", "knowmem_retain"):
+    if "verbmem_forget" in criteria:  # C1
+        rows = data["verbmem_forget"]
+        truths = [truncate_to_tokens(tokenizer, r["gt"], verbmem_max_new_tokens) for r in rows]
+        outputs, truncated["verbmem_prompts"] = greedy_continuations(
+            model, tokenizer, [r["prompt"] for r in rows], verbmem_max_new_tokens, desc="verbmem", **generating)
+        out = metrics.load_metric("muse_verbmem").compute(predictions=outputs, references=truths)
+        figures["verbmem_forget"] = float(out["verbmem"])
+        per_example["verbmem_forget"] = {"generation": outputs, "truth": truths,
+                                         "rouge_l_f1": out["rouge_l_f1_per_example"]}
+    for criterion in ("knowmem_forget", "knowmem_retain"):  # C2, C4
         if criterion in criteria:
-            figures[criterion], per_example[criterion], truncated[f"{criterion}_prompts"] = _knowmem(
-                model, tokenizer, data[criterion], data[f"{criterion}_icl"], knowmem_max_new_tokens,
-                desc=criterion.replace("_", " "), **generating)
+            rows, icl = data[criterion], data[f"{criterion}_icl"]
+            prompts = [build_knowmem_prompt(r["question"], icl) for r in rows]
+            raw, truncated[f"{criterion}_prompts"] = greedy_continuations(
+                model, tokenizer, prompts, knowmem_max_new_tokens, desc=criterion.replace("_", " "), **generating)
+            answers = [cut_answer(text) for text in raw]
+            out = metrics.load_metric("muse_knowmem").compute(predictions=answers,
+                                                              references=[r["answer"] for r in rows])
+            figures[criterion] = float(out["knowmem"])
+            per_example[criterion] = {"answer": answers, "rouge_l_f1": out["rouge_l_f1_per_example"]}
     auc = None
-    if "privleak" in criteria:
-        auc, figures["privleak"], per_example["privleak"], counts = _privleak(
-            model, tokenizer, data["privleak_forget"], data["privleak_holdout"], ref_auc, scorer=scorer, **common)
-        truncated.update(counts)
+    if "privleak" in criteria:  # C3
+        forget, truncated["privleak_forget_texts"] = text_min_k_scores(
+            model, tokenizer, data["privleak_forget"], desc="privleak forget", scorer=scorer, **common)
+        holdout, truncated["privleak_holdout_texts"] = text_min_k_scores(
+            model, tokenizer, data["privleak_holdout"], desc="privleak holdout", scorer=scorer, **common)
+        out = metrics.load_metric("muse_privleak").compute(
+            predictions=forget + holdout, references=[0] * len(forget) + [1] * len(holdout), reference_auc=ref_auc)
+        auc, figures["privleak"] = float(out["auc"]), float(out["privleak"])
+        per_example["privleak"] = {"forget_min_k": forget, "holdout_min_k": holdout}
     return figures, auc, per_example, truncated

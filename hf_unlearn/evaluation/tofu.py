@@ -36,7 +36,7 @@ from ..data import (
     resolve_template,
     template_fingerprint,
 )
-from ..logprobs import AnswerTokenStatistics, TokenScorer, answer_token_statistics, model_device
+from ..logprobs import TokenScorer, answer_token_statistics, model_device
 from . import metrics
 from .attacks import attack_summary, check_attack_options, parse_attacks, run_attacks
 from .generation import DEFAULT_MAX_NEW_TOKENS
@@ -146,7 +146,16 @@ def evaluate_tofu(
         "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
         "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
     }
-    reference, unknown = _check_reference(retain_reference, provenance, len(data["forget"]))
+    reference, unknown = None, []
+    if retain_reference is not None:  # its size and recorded provenance checked against this evaluation
+        reference = load_retain_reference(retain_reference)
+        n_ref, num_forget = len(reference.forget_truth_ratios), len(data["forget"])
+        if n_ref != num_forget:
+            hint = (" TOFU's original protocol scores the first 300 rows: pass max_examples=300."
+                    if n_ref == 300 and reference.provenance.get("format") == "tofu" else "")
+            raise ValueError(f"The retain reference has {n_ref} forget truth ratios but this evaluation has {num_forget} forget examples; evaluate the retain model on the same source, forget split and max_examples.{hint}")
+        unknown = check_provenance(reference, provenance, ["forget_split", "num_rows", "data_sha256", "template",
+                                                           "tokenizer_sha256"])
     holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
     # Everything above runs before the model is touched.
     if device is not None:
@@ -157,11 +166,20 @@ def evaluate_tofu(
     if reference is not None:
         unknown += check_provenance(reference, provenance, ["dtype"])
         warn_unknown_provenance(reference, unknown)
+    score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
     with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
-        forget_stats, splits, holdout_stats = _score_splits(
-            model, tokenizer, specs, data, holdout, scorer=scorer, generation_kwargs=generation_kwargs,
-            batch_size=batch_size, max_new_tokens=max_new_tokens, template=template, progress=progress,
-        )
+        forget_stats = answer_token_statistics(  # the forget answers' token statistics, reused by the forget split
+            model, tokenizer, [r["question"] for r in data["forget"]], [r["answer"] for r in data["forget"]],
+            desc="forget: answers", **score)
+        splits: dict[str, dict[str, Any]] = {}
+        for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
+            splits[spec.name] = evaluate_split(
+                model, tokenizer, data[spec.name], spec, generation_kwargs=generation_kwargs,
+                max_new_tokens=max_new_tokens, answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
+                **score)
+        holdout_stats = None if holdout is None else answer_token_statistics(
+            model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
+            desc="holdout: answers", **score)
     es, em = forget_memorization(forget_stats, splits["forget"])
     mia, aucs, leak = mia_figures(forget_stats, holdout_stats, tokenizer, forget_split,
                                   reference.mia_auc if reference is not None else None)
@@ -225,53 +243,6 @@ def _check_inputs(
         if plain:
             raise ValueError(f"The attacks {plain} score copies of the model, which the given scorer does not score; pass a decoding in their arguments (attacks={{'quant': {{'decoding': artifact_decoding(artifact)}}}}).")
     return specs, device, chosen_attacks
-
-
-def _check_reference(
-    retain_reference: str | os.PathLike | Mapping[str, Any] | RetainReference | None, provenance: Mapping[str, Any],
-    num_forget: int,
-) -> tuple[RetainReference | None, list[str]]:
-    """The retain reference, read and checked against this evaluation (its number of forget truth ratios and its
-    recorded provenance), and the provenance fields it does not record; ``(None, [])`` without one."""
-    if retain_reference is None:
-        return None, []
-    reference = load_retain_reference(retain_reference)
-    n_ref = len(reference.forget_truth_ratios)
-    if n_ref != num_forget:
-        hint = (" TOFU's original protocol scores the first 300 rows: pass max_examples=300."
-                if n_ref == 300 and reference.provenance.get("format") == "tofu" else "")
-        raise ValueError(f"The retain reference has {n_ref} forget truth ratios but this evaluation has {num_forget} forget examples; evaluate the retain model on the same source, forget split and max_examples.{hint}")
-    unknown = check_provenance(reference, provenance, [f for f in ("forget_split", "num_rows", "data_sha256",
-                                                                   "template", "tokenizer_sha256")])
-    return reference, unknown
-
-
-def _score_splits(
-    model: Any, tokenizer: Any, specs: Sequence[SplitSpec], data: Mapping[str, list[dict[str, Any]]],
-    holdout: list[dict[str, Any]] | None, *, scorer: TokenScorer | None, generation_kwargs: Mapping[str, Any] | None,
-    batch_size: int, max_new_tokens: int, template: PromptTemplate, progress: bool,
-) -> tuple[AnswerTokenStatistics, dict[str, dict[str, Any]], AnswerTokenStatistics | None]:
-    """Every model call of the evaluation: the forget answers' token statistics, each split's statistics and
-    generations (:func:`.tofu_stats.evaluate_split`), and the holdout answers' token statistics (``None`` without
-    the holdout split)."""
-    score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
-    forget_rows = data["forget"]
-    forget_stats = answer_token_statistics(
-        model, tokenizer, [r["question"] for r in forget_rows], [r["answer"] for r in forget_rows],
-        desc="forget: answers", **score,
-    )
-    splits: dict[str, dict[str, Any]] = {}
-    for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
-        splits[spec.name] = evaluate_split(
-            model, tokenizer, data[spec.name], spec, scorer=scorer, generation_kwargs=generation_kwargs,
-            batch_size=batch_size, max_new_tokens=max_new_tokens, template=template,
-            answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None, progress=progress,
-        )
-    holdout_stats = None if holdout is None else answer_token_statistics(
-        model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
-        desc="holdout: answers", **score,
-    )
-    return forget_stats, splits, holdout_stats
 
 
 def _assemble_report(
