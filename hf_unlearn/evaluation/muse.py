@@ -236,44 +236,6 @@ def evaluate_muse(
     """
     criteria = list(dict.fromkeys(criteria))
     new_tokens = {"verbmem_max_new_tokens": verbmem_max_new_tokens, "knowmem_max_new_tokens": knowmem_max_new_tokens}
-    ref_auc, ref_source = _check_inputs(model, tokenizer, source, criteria, retain_reference, max_examples,
-                                        batch_size, new_tokens, output_path)
-    data: dict[str, list[Any]] = {}  # the parts the criteria read, the in-context examples whole
-    for part in (part for criterion in criteria for part in CRITERION_PARTS[criterion]):
-        items = load_muse_part(source, part)
-        data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
-    ensure_pad_token(tokenizer)
-    # Everything above runs before the model is touched.
-    figures, auc, per_example, truncated = _measure(
-        model, tokenizer, data, criteria, ref_auc, verbmem_max_new_tokens=verbmem_max_new_tokens,
-        knowmem_max_new_tokens=knowmem_max_new_tokens, batch_size=batch_size, progress=progress, scorer=scorer,
-        generation_kwargs=generation_kwargs,
-    )
-    config = getattr(model, "config", None)
-    report = MUSEReport(
-        model_name=model_name or str(getattr(config, "_name_or_path", None) or type(model).__name__),
-        source=str(source),
-        **figures,
-        privleak_auc=auc,
-        reference_auc=ref_auc,
-        reference_source=ref_source,
-        num_examples={part: len(items) for part, items in data.items()},
-        per_example=per_example,
-        settings={"criteria": criteria, "max_examples": max_examples, "batch_size": batch_size, **new_tokens,
-                  "min_k": PRIVLEAK_MIN_K, "max_length": model_max_positions(model), "num_truncated": truncated},
-        hf_unlearn_version=__version__,
-    )
-    if output_path is not None:
-        report.save(output_path)
-    return report
-
-
-def _check_inputs(
-    model: Any, tokenizer: Any, source: str | os.PathLike, criteria: list[str], retain_reference: Any,
-    max_examples: Any, batch_size: Any, new_tokens: Mapping[str, Any], output_path: str | os.PathLike | None,
-) -> tuple[float | None, str | None]:
-    """Check :func:`evaluate_muse`'s arguments, its output path and its retain reference, before any work; the
-    reference AUC and where it comes from (``(None, None)`` without the privleak criterion)."""
     unknown = [c for c in criteria if c not in MUSE_CRITERIA]
     if unknown or not criteria:
         raise ValueError(f"criteria must be a non-empty subset of {list(MUSE_CRITERIA)}, got {list(criteria)}.")
@@ -289,17 +251,13 @@ def _check_inputs(
     ref_auc, ref_source = reference_auc_of(retain_reference) if "privleak" in criteria else (None, None)
     if ref_auc is not None and not 0 < ref_auc <= 1:
         raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")
-    return ref_auc, ref_source
-
-
-def _measure(
-    model: Any, tokenizer: Any, data: Mapping[str, list[Any]], criteria: Sequence[str], ref_auc: float | None, *,
-    verbmem_max_new_tokens: int, knowmem_max_new_tokens: int, batch_size: int, progress: bool,
-    scorer: TokenScorer | None = None, generation_kwargs: Mapping[str, Any] | None = None,
-) -> tuple[dict[str, float | None], float | None, dict[str, Any], dict[str, int]]:
-    """Every model call: ``(the criteria's figures, the privleak AUC, per-example values, truncated prompts and
-    texts)``, the criteria in the order VerbMem, KnowMem forget, KnowMem retain, PrivLeak."""
-    common = {"batch_size": batch_size, "progress": progress}
+    data: dict[str, list[Any]] = {}  # the parts the criteria read, the in-context examples whole
+    for part in (part for criterion in criteria for part in CRITERION_PARTS[criterion]):
+        items = load_muse_part(source, part)
+        data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
+    ensure_pad_token(tokenizer)
+    # Everything above runs before the model is touched.
+    common = {"batch_size": batch_size, "progress": progress}  # every model call below
     generating = {**common, "generation_kwargs": generation_kwargs}
     per_example: dict[str, Any] = {}
     figures: dict[str, float | None] = dict.fromkeys(MUSE_CRITERIA)
@@ -311,8 +269,7 @@ def _measure(
             model, tokenizer, [r["prompt"] for r in rows], verbmem_max_new_tokens, desc="verbmem", **generating)
         out = metrics.load_metric("muse_verbmem").compute(predictions=outputs, references=truths)
         figures["verbmem_forget"] = float(out["verbmem"])
-        per_example["verbmem_forget"] = {"generation": outputs, "truth": truths,
-                                         "rouge_l_f1": out["rouge_l_f1_per_example"]}
+        per_example["verbmem_forget"] = {"generation": outputs, "truth": truths, "rouge_l_f1": out["rouge_l_f1_per_example"]}
     for criterion in ("knowmem_forget", "knowmem_retain"):  # C2, C4
         if criterion in criteria:
             rows, icl = data[criterion], data[f"{criterion}_icl"]
@@ -320,8 +277,7 @@ def _measure(
             raw, truncated[f"{criterion}_prompts"] = greedy_continuations(
                 model, tokenizer, prompts, knowmem_max_new_tokens, desc=criterion.replace("_", " "), **generating)
             answers = [cut_answer(text) for text in raw]
-            out = metrics.load_metric("muse_knowmem").compute(predictions=answers,
-                                                              references=[r["answer"] for r in rows])
+            out = metrics.load_metric("muse_knowmem").compute(predictions=answers, references=[r["answer"] for r in rows])
             figures[criterion] = float(out["knowmem"])
             per_example[criterion] = {"answer": answers, "rouge_l_f1": out["rouge_l_f1_per_example"]}
     auc = None
@@ -334,4 +290,15 @@ def _measure(
             predictions=forget + holdout, references=[0] * len(forget) + [1] * len(holdout), reference_auc=ref_auc)
         auc, figures["privleak"] = float(out["auc"]), float(out["privleak"])
         per_example["privleak"] = {"forget_min_k": forget, "holdout_min_k": holdout}
-    return figures, auc, per_example, truncated
+    config = getattr(model, "config", None)
+    report = MUSEReport(
+        model_name=model_name or str(getattr(config, "_name_or_path", None) or type(model).__name__),
+        source=str(source), **figures, privleak_auc=auc, reference_auc=ref_auc, reference_source=ref_source,
+        num_examples={part: len(items) for part, items in data.items()}, per_example=per_example,
+        settings={"criteria": criteria, "max_examples": max_examples, "batch_size": batch_size, **new_tokens,
+                  "min_k": PRIVLEAK_MIN_K, "max_length": model_max_positions(model), "num_truncated": truncated},
+        hf_unlearn_version=__version__,
+    )
+    if output_path is not None:
+        report.save(output_path)
+    return report

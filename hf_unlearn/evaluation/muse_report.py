@@ -107,8 +107,7 @@ class MUSEReport:
     @classmethod
     def load(cls, path: str | os.PathLike) -> MUSEReport:
         """Read a report JSON written by :meth:`save` (or ``evaluate_muse(..., output_path=)``)."""
-        data = read_json_file(path, "MUSE report file ")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_file(path, "MUSE report file "))
 
     def figures(self) -> dict[str, float | None]:
         """The report's figures by key (:data:`MUSE_METRIC_DEFINITIONS`' keys)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,17 +278,6 @@ def check_provenance(
             mismatches.append(f"{FIELD_LABELS.get(key, key)} {shown_theirs!r} (this evaluation: {shown_ours!r})")
     if mismatches:
         where = prov.get("path") or prov.get("model_name") or prov.get("format") or "the retain reference"
-        raise ValueError(
-            f"The retain reference ({where}) was made differently from this evaluation, so forget quality and privleak would compare unlike numbers. It was computed on " + "; ".join(mismatches) + ". Evaluate the retain model with "
-            "the same data, forget split, max_examples, prompt template, tokenizer and dtype."
-        )
+        raise ValueError(f"The retain reference ({where}) was made differently from this evaluation, so forget quality and privleak would compare unlike numbers. It was computed on {'; '.join(mismatches)}. Evaluate the retain model with the same data, forget split, max_examples, prompt template, tokenizer and dtype.")
     return unknown
 
-
-def warn_unknown_provenance(reference: RetainReference, unknown: Sequence[str]) -> None:
-    """Warn that ``unknown`` provenance fields of ``reference`` could not be checked."""
-    if unknown:
-        warnings.warn(
-            f"The retain reference ({reference.provenance.get('format', 'unknown format')}) does not record {', '.join(unknown)}; they could not be checked against this evaluation. Make sure the retain model was evaluated with the same protocol.",
-            stacklevel=3,
-        )

@@ -277,8 +277,7 @@ class TOFUReport:
     @classmethod
     def load(cls, path: str | os.PathLike) -> TOFUReport:
         """Read a report JSON (as :meth:`save` or ``evaluate_tofu(..., output_path=)`` write it)."""
-        data = read_json_file(path, "Report file ")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_file(path, "Report file "))
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write :meth:`to_dict` as JSON to ``path`` atomically (never half-written)."""
@@ -315,7 +314,6 @@ class TOFUReport:
         return value
 
     def __eq__(self, other: object) -> bool:
-        """Two reports are equal when their dict forms (:meth:`to_dict`) are."""
         if not isinstance(other, TOFUReport):
             return NotImplemented
         return self.to_dict() == other.to_dict()

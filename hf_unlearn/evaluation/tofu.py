@@ -49,11 +49,10 @@ from .reference import (
     load_retain_reference,
     rows_fingerprint,
     tokenizer_fingerprint,
-    warn_unknown_provenance,
 )
 from .report import TOFUReport, write_json_atomic
 from .rouge import mu_rouge
-from .tofu_stats import SplitSpec, evaluate_split, evaluation_splits, forget_memorization, mia_figures
+from .tofu_stats import evaluate_split, evaluation_splits, forget_memorization, mia_figures
 
 
 def _cap(rows: list[dict[str, Any]], max_examples: int | None) -> list[dict[str, Any]]:
@@ -130,88 +129,6 @@ def evaluate_tofu(
         ValueError: bad arguments or output path, an unknown split or template, bad rows, a tokenizer with neither
             pad nor EOS token, a retain reference whose size or provenance differs; all before any model call.
     """
-    specs, device, chosen_attacks = _check_inputs(
-        model, tokenizer, source=source, forget_split=forget_split, scorer=scorer,
-        generation_kwargs=generation_kwargs, batch_size=batch_size, max_new_tokens=max_new_tokens,
-        max_examples=max_examples, progress=progress, output_path=output_path, template=template,
-        membership_inference=membership_inference, autocast_dtype=autocast_dtype, attacks=attacks, device=device,
-    )
-    ensure_pad_token(tokenizer)
-    template = resolve_template(tokenizer, template)
-    data = {spec.name: _cap(load_tofu_rows(spec.config, source), max_examples) for spec in specs}
-    provenance = {  # the data side; the model's dtype and maximum length are added below
-        "format": "hf_unlearn", "source": source, "forget_split": forget_split, "max_examples": max_examples,
-        "num_rows": len(data["forget"]), "data_sha256": rows_fingerprint(data["forget"]),
-        "template": template_fingerprint(tokenizer, template),
-        "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
-        "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
-    }
-    reference, unknown = None, []
-    if retain_reference is not None:  # its size and recorded provenance checked against this evaluation
-        reference = load_retain_reference(retain_reference)
-        n_ref, num_forget = len(reference.forget_truth_ratios), len(data["forget"])
-        if n_ref != num_forget:
-            hint = (" TOFU's original protocol scores the first 300 rows: pass max_examples=300."
-                    if n_ref == 300 and reference.provenance.get("format") == "tofu" else "")
-            raise ValueError(f"The retain reference has {n_ref} forget truth ratios but this evaluation has {num_forget} forget examples; evaluate the retain model on the same source, forget split and max_examples.{hint}")
-        unknown = check_provenance(reference, provenance, ["forget_split", "num_rows", "data_sha256", "template",
-                                                           "tokenizer_sha256"])
-    holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
-    # Everything above runs before the model is touched.
-    if device is not None:
-        model = model.to(device)
-    dtype = None if getattr(model, "dtype", None) is None else str(model.dtype).replace("torch.", "")
-    provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
-    provenance["max_length"] = model_max_positions(model)
-    if reference is not None:
-        unknown += check_provenance(reference, provenance, ["dtype"])
-        warn_unknown_provenance(reference, unknown)
-    score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
-    with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
-        forget_stats = answer_token_statistics(  # the forget answers' token statistics, reused by the forget split
-            model, tokenizer, [r["question"] for r in data["forget"]], [r["answer"] for r in data["forget"]],
-            desc="forget: answers", **score)
-        splits: dict[str, dict[str, Any]] = {}
-        for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
-            splits[spec.name] = evaluate_split(
-                model, tokenizer, data[spec.name], spec, generation_kwargs=generation_kwargs,
-                max_new_tokens=max_new_tokens, answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
-                **score)
-        holdout_stats = None if holdout is None else answer_token_statistics(
-            model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
-            desc="holdout: answers", **score)
-    es, em = forget_memorization(forget_stats, splits["forget"])
-    mia, aucs, leak = mia_figures(forget_stats, holdout_stats, tokenizer, forget_split,
-                                  reference.mia_auc if reference is not None else None)
-    settings = {  # how the evaluation ran
-        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_examples": max_examples,
-        "template": template.name, "max_length": provenance["max_length"],
-        "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
-        "custom_scorer": scorer is not None, "generation_kwargs": sorted(generation_kwargs or {}),
-        "membership_inference": mia is not None, "device": str(model_device(model)), "attacks": list(chosen_attacks),
-    }
-    report = _assemble_report(
-        model_name or _model_name(model), source, forget_split, reference, splits, provenance, settings,
-        memorization=(es, em), mia=mia, aucs=aucs, leak=leak,
-    )
-    if chosen_attacks:  # on copies of the model, on the forget and retain rows
-        report.attacks = run_attacks(model, tokenizer, data["forget"], data["retain"], chosen_attacks,
-                                     template=template, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                     progress=progress)
-        for key, value in attack_summary(report.attacks).items():
-            setattr(report, key, value)  # the ATTACK_FIELDS
-    if output_path is not None:
-        write_json_atomic(report.to_dict(), output_path)
-    return report
-
-
-def _check_inputs(
-    model: Any, tokenizer: Any, *, source: str, forget_split: str, scorer: TokenScorer | None,
-    generation_kwargs: Mapping[str, Any] | None, batch_size: Any, max_new_tokens: Any, max_examples: Any,
-    progress: bool, output_path: str | os.PathLike | None, template: str | PromptTemplate | None,
-    membership_inference: Any, autocast_dtype: Any, attacks: Any, device: str | None,
-) -> tuple[tuple[SplitSpec, ...], str | None, dict[str, dict[str, Any]]]:
-    """Check :func:`evaluate_tofu`'s arguments before any work: ``(splits, resolved device, chosen attacks)``."""
     if output_path is not None:
         from ..safe_output import check_report_path
 
@@ -242,25 +159,67 @@ def _check_inputs(
         plain = [name for name, kwargs in chosen_attacks.items() if kwargs.get("decoding") is None]
         if plain:
             raise ValueError(f"The attacks {plain} score copies of the model, which the given scorer does not score; pass a decoding in their arguments (attacks={{'quant': {{'decoding': artifact_decoding(artifact)}}}}).")
-    return specs, device, chosen_attacks
-
-
-def _assemble_report(
-    model_name: str, source: str, forget_split: str, reference: RetainReference | None,
-    splits: dict[str, dict[str, Any]], provenance: dict[str, Any], settings: dict[str, Any], *,
-    memorization: tuple[float | None, float | None], mia: dict[str, Any] | None,
-    aucs: Mapping[str, float | None], leak: Mapping[str, float | None],
-) -> TOFUReport:
-    """The report from the split statistics: forget quality (KS test of the forget truth ratios against the
-    reference's), model utility (harmonic mean of the nine components), MU-ROUGE, memorization, the MIA AUCs and
-    privleak (of Min-K%)."""
+    ensure_pad_token(tokenizer)
+    template = resolve_template(tokenizer, template)
+    data = {spec.name: _cap(load_tofu_rows(spec.config, source), max_examples) for spec in specs}
+    provenance = {  # the data side; the model's dtype and maximum length are added below
+        "format": "hf_unlearn", "source": source, "forget_split": forget_split, "max_examples": max_examples,
+        "num_rows": len(data["forget"]), "data_sha256": rows_fingerprint(data["forget"]),
+        "template": template_fingerprint(tokenizer, template),
+        "tokenizer": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
+        "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
+    }
+    reference, unknown = None, []
+    if retain_reference is not None:  # its size and recorded provenance checked against this evaluation
+        reference = load_retain_reference(retain_reference)
+        n_ref, num_forget = len(reference.forget_truth_ratios), len(data["forget"])
+        if n_ref != num_forget:
+            hint = (" TOFU's original protocol scores the first 300 rows: pass max_examples=300."
+                    if n_ref == 300 and reference.provenance.get("format") == "tofu" else "")
+            raise ValueError(f"The retain reference has {n_ref} forget truth ratios but this evaluation has {num_forget} forget examples; evaluate the retain model on the same source, forget split and max_examples.{hint}")
+        unknown = check_provenance(reference, provenance, ["forget_split", "num_rows", "data_sha256", "template",
+                                                           "tokenizer_sha256"])
+    holdout = _load_holdout(forget_split, source, max_examples, membership_inference)
+    # Everything above runs before the model is touched.
+    if device is not None:
+        model = model.to(device)
+    dtype = None if getattr(model, "dtype", None) is None else str(model.dtype).replace("torch.", "")
+    provenance["dtype"] = dtype if autocast_dtype is None else f"{dtype}+autocast:{autocast_dtype}"
+    provenance["max_length"] = model_max_positions(model)
+    if reference is not None:
+        unknown += check_provenance(reference, provenance, ["dtype"])
+        if unknown:
+            warnings.warn(f"The retain reference ({reference.provenance.get('format', 'unknown format')}) does not record {', '.join(unknown)}; they could not be checked against this evaluation. Make sure the retain model was evaluated with the same protocol.", stacklevel=2)
+    score = {"scorer": scorer, "batch_size": batch_size, "progress": progress, "template": template}
+    with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
+        forget_stats = answer_token_statistics(  # the forget answers' token statistics, reused by the forget split
+            model, tokenizer, [r["question"] for r in data["forget"]], [r["answer"] for r in data["forget"]],
+            desc="forget: answers", **score)
+        splits: dict[str, dict[str, Any]] = {}
+        for spec in tqdm(specs, desc="TOFU evaluation", disable=not progress):
+            splits[spec.name] = evaluate_split(
+                model, tokenizer, data[spec.name], spec, generation_kwargs=generation_kwargs,
+                max_new_tokens=max_new_tokens, answer_nll_values=forget_stats.avg_nll if spec.name == "forget" else None,
+                **score)
+        holdout_stats = None if holdout is None else answer_token_statistics(
+            model, tokenizer, [r["question"] for r in holdout], [r["answer"] for r in holdout],
+            desc="holdout: answers", **score)
+    es, em = forget_memorization(forget_stats, splits["forget"])
+    mia, aucs, leak = mia_figures(forget_stats, holdout_stats, tokenizer, forget_split,
+                                  reference.mia_auc if reference is not None else None)
+    settings = {  # how the evaluation ran
+        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_examples": max_examples,
+        "template": template.name, "max_length": provenance["max_length"],
+        "num_truncated": {name: s["num_truncated"] for name, s in splits.items()},
+        "custom_scorer": scorer is not None, "generation_kwargs": sorted(generation_kwargs or {}),
+        "membership_inference": mia is not None, "device": str(model_device(model)), "attacks": list(chosen_attacks),
+    }
     components = {f"{s}_{stat}": splits[s][stat] for s in UTILITY_SPLITS for stat in UTILITY_STATS}
     forget_ratios = splits["forget"]["per_example"]["truth_ratio"]
     fq = metrics.forget_quality(forget_ratios, reference.forget_truth_ratios) if reference is not None else None
-    es, em = memorization
     forget = splits["forget"]
-    return TOFUReport(
-        model_name=model_name, source=source, forget_split=forget_split,
+    report = TOFUReport(
+        model_name=model_name or _model_name(model), source=source, forget_split=forget_split,
         retain_reference=None if reference is None else reference.summary(),
         forget_quality=None if fq is None else float(fq["forget_quality"]),
         ks_statistic=None if fq is None else float(fq["ks_statistic"]),
@@ -275,3 +234,12 @@ def _assemble_report(
         num_examples={name: s["num_examples"] for name, s in splits.items()}, splits=splits, provenance=provenance,
         settings=settings, hf_unlearn_version=__version__,
     )
+    if chosen_attacks:  # on copies of the model, on the forget and retain rows
+        report.attacks = run_attacks(model, tokenizer, data["forget"], data["retain"], chosen_attacks,
+                                     template=template, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                     progress=progress)
+        for key, value in attack_summary(report.attacks).items():
+            setattr(report, key, value)  # the ATTACK_FIELDS
+    if output_path is not None:
+        write_json_atomic(report.to_dict(), output_path)
+    return report
