@@ -34,18 +34,13 @@ def quantization_attack(
     method: str = "roundtrip", template: str | PromptTemplate | None = None, batch_size: int = 16,
     max_new_tokens: int = DEFAULT_ATTACK_MAX_NEW_TOKENS, rouge: bool = True, progress: bool = False,
 ) -> dict[str, Any]:
-    """Re-measure the forget rows on quantized copies of ``model`` (:data:`QUANT_THREAT_MODEL`): 4-bit NF4
-    (:func:`.quantization.quantize_nf4`) and 8-bit LLM.int8() (:func:`.quantization.quantize_int8`) by ``method``;
-    the caller's model is never changed. ``forget``: question/answer rows or documents (ROUGE-L ``None``);
-    ``original`` adds the recovered fractions; ``decoding`` (:func:`.attack_measure.artifact_decoding`) scores and
-    decodes every model through its own ``Decoding``; ``criterion.measure(model, tokenizer, scorer=None)`` is added
-    to every measured model's figures.
+    """Re-measure the forget rows (question/answer rows or documents) on 4-bit NF4 and 8-bit LLM.int8() copies of
+    ``model`` by ``method`` (:data:`QUANT_THREAT_MODEL`); the caller's model is never changed. ``original`` adds
+    the recovered fractions; ``decoding`` (:func:`.attack_measure.artifact_decoding`) scores and decodes every
+    model through its own ``Decoding``; ``criterion.measure(model, tokenizer, scorer=None)`` joins the figures.
 
-    Returns:
-        ``{"attack": "quantization", "threat_model", "decoding", "method", "num_rows", "full_precision": {figures},
-        "original": {figures} or None, "bits": {"4": entry, "8": entry}, "seconds"}``; each entry holds ``bits``,
-        ``scheme``, ``forget_nll``, ``forget_rouge_l``, ``delta_forget_nll``, ``delta_forget_rouge_l``,
-        ``recovered_fraction``, ``recovered_fraction_rouge_l`` and, with a criterion, ``criterion``.
+    Returns the settings, ``full_precision`` and ``original`` figures, ``seconds`` and ``bits``: per width its
+    figures, ``delta_forget_nll``, ``delta_forget_rouge_l`` and the recovered fractions.
     """
     start = time.perf_counter()
     rows, bits = _check_rows(forget, "forget"), _check_bits(bits, method)

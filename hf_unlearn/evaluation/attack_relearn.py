@@ -60,12 +60,8 @@ def _fine_tune(
     batch_size: int, max_grad_norm: float | None, seed: int, template: PromptTemplate, progress: bool,
     desc: str,
 ) -> list[float]:
-    """``steps`` AdamW steps of answer-token NLL on ``rows`` (in place on ``model``); the per-step losses.
-
-    Step ``s`` trains on ``min(batch_size, n)`` consecutive rows of a seeded permutation, wrapping around; the
-    loss is the token mean ``-sum_t log p(y_t | x, y_<t) / #answer tokens`` over the batch
-    (:func:`hf_unlearn.logprobs.causal_lm_scorer`).
-    """
+    """``steps`` AdamW steps (in place on ``model``) of ``-sum_t log p(y_t | x, y_<t) / #answer tokens`` on
+    ``min(batch_size, n)`` consecutive rows of a seeded permutation, wrapping around; the per-step losses."""
     limit = effective_max_length(model)
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)

@@ -47,10 +47,8 @@ def parse_attacks(attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] 
 
 
 def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any) -> None:
-    """Refuse, before any model call, options an attack does not take, what it would refuse later and what would
-    make it a no-op: bit widths other than 4 and 8, NF4 without bitsandbytes, a ``share`` outside (0, 1),
-    ``steps`` below 1, a ``learning_rate`` that is not a finite number > 0. (:func:`relearning_attack` called
-    directly still takes ``steps=0`` or ``learning_rate=0``, a null control.)"""
+    """Refuse, before any model call, options an attack does not take, would refuse later or that make it a no-op
+    (``steps=0``, ``learning_rate=0``: a null control only when :func:`relearning_attack` is called directly)."""
     import inspect
 
     functions = {"quant": quantization_attack, "relearn": relearning_attack}

@@ -3,9 +3,7 @@
 The rows of one TOFU author move together, so the bootstrap resamples authors (clusters), not rows: with ``K``
 clusters and ``R_k`` the rows of cluster ``k``, one resample draws ``k_1..k_K`` uniformly with replacement and takes
 the rows ``R_{k_1} + ... + R_{k_K}``; the interval is the ``(1 - c)/2`` and ``(1 + c)/2`` quantiles of the statistic
-over the resamples. Several samples resample independently; a paired comparison applies the same rows to both
-methods. Every function is pure and seeded (``numpy.random.default_rng(seed)``).
-"""
+over the resamples. Every function is pure and seeded (``numpy.random.default_rng(seed)``)."""
 
 from __future__ import annotations
 
@@ -60,8 +58,7 @@ def cluster_bootstrap(
     values = [float(statistic(*indices)) for indices in zip(*draws)]
     low, high = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
     full = float(statistic(*(np.arange(len(labels)) for labels in samples)))
-    return {"value": full, "low": float(low), "high": float(high), "confidence": confidence,
-            "n_resamples": n_resamples}
+    return {"value": full, "low": float(low), "high": float(high), "confidence": confidence, "n_resamples": n_resamples}
 
 
 def forget_quality_by_author(

@@ -7,9 +7,7 @@ authors' ``eval.py`` and ``metrics/*.py`` compute them:
   (:func:`build_knowmem_prompt`), the greedy answer (32 tokens) cut at :data:`KNOWMEM_STOPS`, ROUGE-L F1;
 * **C3 PrivLeak**: the Min-40% score of every ``privleak/forget`` and ``privleak/holdout`` text,
   ``AUC = P(s_forget > s_holdout)``, ``PrivLeak = (AUC - AUC_retrain) / AUC_retrain * 100``.
-
-Prompts too long for the model lose their beginning, texts are scored on their beginning; both are counted in the
-report's settings. The data is a folder laid out like MUSE-News or the Hub dataset ``muse-bench/MUSE-News``.
+Prompts too long for the model lose their beginning, texts are scored on their beginning (counted in the settings).
 """
 
 from __future__ import annotations

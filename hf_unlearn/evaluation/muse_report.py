@@ -116,15 +116,12 @@ class MUSEReport:
 
 def is_muse_report(report: Any) -> bool:
     """Whether ``report`` is a :class:`MUSEReport` or the dict form of one."""
-    return isinstance(report, MUSEReport) or (
-        isinstance(report, Mapping) and report.get("format") == MUSE_REPORT_FORMAT
-    )
+    return isinstance(report, MUSEReport) or (isinstance(report, Mapping) and report.get("format") == MUSE_REPORT_FORMAT)
 
 
 def render_muse_report(report: MUSEReport | Mapping[str, Any]) -> str:
     """A report as a markdown table (figure, value, definition), with a header line naming model and data."""
-    if not isinstance(report, MUSEReport):
-        report = MUSEReport.from_dict(report)
+    report = report if isinstance(report, MUSEReport) else MUSEReport.from_dict(report)
     head = f"model: {report.model_name} | data: {report.source} | reference AUC: {report.reference_source}"
     rows = ["| figure | value | definition |", "|---|---:|---|"]
     for key, value in report.figures().items():
@@ -147,8 +144,7 @@ MUSE_CARD_METRICS: dict[str, tuple[str, str]] = {
 def muse_card_results(report: MUSEReport | Mapping[str, Any]) -> list[tuple[str, str, str, float | None]]:
     """``(key, metric type, pretty name, value)`` of each :data:`MUSE_CARD_METRICS` figure of ``report`` (``None``
     for one not measured); ``ValueError`` when it measured none."""
-    if not isinstance(report, MUSEReport):
-        report = MUSEReport.from_dict(report)
+    report = report if isinstance(report, MUSEReport) else MUSEReport.from_dict(report)
     rows = [(key, kind, pretty, getattr(report, key)) for key, (kind, pretty) in MUSE_CARD_METRICS.items()]
     if all(row[3] is None for row in rows):
         raise ValueError(f"The MUSE report has no value for any of {list(MUSE_CARD_METRICS)}.")

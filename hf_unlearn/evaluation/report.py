@@ -176,17 +176,10 @@ _NOT_KEYS = ("extra", "_omitted")
 
 @dataclass(eq=False, repr=False, kw_only=True)
 class TOFUReport:
-    """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure as a typed attribute.
-
-    Figures: :data:`METRIC_DEFINITIONS`' keys and :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' (with
-    ``attacks``, each attack's section). Also ``components``, ``forget_truth_ratios`` (per question, row order),
-    ``mia``, ``num_examples``, ``splits`` (aggregates and ``per_example`` values), ``retain_reference``,
-    ``provenance``, ``settings``, ``hf_unlearn_version``.
-
-    :meth:`to_dict` is the JSON-ready dict written to disk (nested values shared, not copied); :meth:`from_dict`
-    reads one back, also from an older version: optional keys it lacks stay ``None`` and absent from
-    :meth:`to_dict`, and keys that are no field are kept in ``extra``.
-    """
+    """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure (:data:`METRIC_DEFINITIONS`' and
+    :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' keys) and section as a typed attribute. :meth:`to_dict`
+    is the JSON-ready dict; :meth:`from_dict` reads one back, also from an older version: optional keys it lacks
+    stay ``None`` and absent from :meth:`to_dict`, keys that are no field are kept in ``extra``."""
 
     model_name: str
     source: str

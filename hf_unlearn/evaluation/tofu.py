@@ -109,25 +109,20 @@ def evaluate_tofu(
         source: Hub id, local folder of ``<config>.jsonl`` files, or ``"synthetic"``.
         retain_reference: anything :func:`~hf_unlearn.evaluation.load_retain_reference` reads; ``None`` leaves
             ``forget_quality`` and ``ks_statistic`` ``None`` and privleak's reference AUC 0.5.
-        scorer: token scorer for teacher-forced losses; under a custom one extraction strength, exact memorization
-            and Min-K%++ are ``None``.
+        scorer: token scorer for teacher-forced losses (custom: no extraction strength, exact memorization, Min-K%++).
         max_examples: keep only the first ``max_examples`` rows of each split.
-        output_path: write the report there as JSON (atomically); a path inside the model's, the tokenizer's or a
-            local ``source`` folder, or through a link, is refused.
+        output_path: write the report there as JSON (atomically); not inside the model, tokenizer or data folder.
         template: preset name or :class:`~hf_unlearn.data.PromptTemplate`; ``None``: the tokenizer's chat template
             when it has one, else ``plain``.
         membership_inference: score the forget split against ``holdoutNN`` (MIA AUCs, privleak): ``None`` when the
             source has that split (else a warning), ``True`` always, ``False`` never.
-        autocast_dtype: ``"bfloat16"`` or ``"float16"`` runs every model call under ``torch.autocast``; recorded in
-            the provenance's ``dtype``.
-        attacks: run on copies of the model after the evaluation (:func:`.attacks.parse_attacks`), on the forget
-            and retain rows; with a custom ``scorer`` each needs a ``decoding``
-            (:func:`~hf_unlearn.evaluation.artifact_decoding`).
+        autocast_dtype: ``"bfloat16"`` or ``"float16"`` runs every model call under ``torch.autocast``.
+        attacks: run on copies of the model after the evaluation (:func:`.attacks.parse_attacks`); with a custom
+            ``scorer`` each needs a ``decoding`` (:func:`~hf_unlearn.evaluation.artifact_decoding`).
         device: where to move the model first (``None``: where it is).
 
     Raises:
-        ValueError: bad arguments or output path, an unknown split or template, bad rows, a tokenizer with neither
-            pad nor EOS token, a retain reference whose size or provenance differs; all before any model call.
+        ValueError: before any model call, for bad arguments, rows, tokenizer or a retain reference that differs.
     """
     if output_path is not None:
         from ..safe_output import check_report_path
