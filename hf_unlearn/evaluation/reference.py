@@ -122,8 +122,7 @@ def _from_ours(data: Mapping[str, Any], origin: str) -> RetainReference:
 
 
 def _agg(value: Any) -> float | None:
-    if isinstance(value, Mapping):
-        value = value.get("agg_value")
+    value = value.get("agg_value") if isinstance(value, Mapping) else value
     return None if value is None else float(value)
 
 
