@@ -41,8 +41,7 @@ def artifact_decoding(artifact: Any) -> DecodingFactory:
     for an artifact of no registered decoding-time method."""
     hook = decoding_of(artifact)
     if hook is None:
-        raise ValueError(f"Cannot score through a {type(artifact).__name__}: it is not the artifact of a registered "
-                         "decoding-time method.")
+        raise ValueError(f"Cannot score through a {type(artifact).__name__}: it is not the artifact of a registered decoding-time method.")
 
     def decoding(model: Any, check_base_weights: bool = True) -> Decoding:
         return hook(model, artifact, check_base_weights=check_base_weights)
@@ -119,12 +118,8 @@ def _document_features(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, A
 
 
 def recovered_fraction(unlearned: float | None, attacked: float | None, original: float | None) -> float | None:
-    """Share of the unlearning gap an attack recovered: ``(unlearned - attacked) / (unlearned - original)``.
-
-    Written for losses (lower = better known); for scores such as ROUGE-L the same formula holds, the signs
-    of numerator and denominator flipping together. ``None`` when a figure is missing or
-    ``|unlearned - original| < MIN_GAP``.
-    """
+    """Share of the unlearning gap an attack recovered: ``(unlearned - attacked) / (unlearned - original)``, for
+    losses and scores alike; ``None`` when a figure is missing or ``|unlearned - original| < MIN_GAP``."""
     if unlearned is None or attacked is None or original is None:
         return None
     gap = unlearned - original
@@ -134,14 +129,8 @@ def recovered_fraction(unlearned: float | None, attacked: float | None, original
 
 
 def _recovery(before: Mapping[str, Any], after: Mapping[str, Any], original: Mapping[str, Any] | None) -> dict:
-    if original is None:
-        return {"recovered_fraction": None, "recovered_fraction_rouge_l": None}
-    return {
-        "recovered_fraction": recovered_fraction(before["forget_nll"], after["forget_nll"], original["forget_nll"]),
-        "recovered_fraction_rouge_l": recovered_fraction(
-            before["forget_rouge_l"], after["forget_rouge_l"], original["forget_rouge_l"]
-        ),
-    }
+    return {f"recovered_fraction{suffix}": None if original is None else recovered_fraction(before[k], after[k], original[k])
+            for suffix, k in (("", "forget_nll"), ("_rouge_l", "forget_rouge_l"))}
 
 
 def _check_positive(**values: int) -> None:

@@ -25,10 +25,7 @@ from .attack_measure import (
     _recovery,
 )
 
-QUANT_THREAT_MODEL = (
-    "The attacker (or an ordinary user) holds the released weights and runs them quantized, as 4-bit NF4 or 8-bit "
-    "LLM.int8() (bitsandbytes defaults), with no training and no data."
-)
+QUANT_THREAT_MODEL = ("The attacker (or an ordinary user) holds the released weights and runs them quantized, as 4-bit NF4 or 8-bit LLM.int8() (bitsandbytes defaults), with no training and no data.")
 
 
 def quantization_attack(
@@ -37,18 +34,13 @@ def quantization_attack(
     method: str = "roundtrip", template: str | PromptTemplate | None = None, batch_size: int = 16,
     max_new_tokens: int = DEFAULT_ATTACK_MAX_NEW_TOKENS, rouge: bool = True, progress: bool = False,
 ) -> dict[str, Any]:
-    """Re-measure the forget rows on quantized copies of ``model`` (:data:`QUANT_THREAT_MODEL`): 4-bit NF4
-    (:func:`.quantization.quantize_nf4`) and 8-bit LLM.int8() (:func:`.quantization.quantize_int8`) by ``method``;
-    the caller's model is never changed. ``forget``: question/answer rows or documents (ROUGE-L ``None``);
-    ``original`` adds the recovered fractions; ``decoding`` (:func:`.attack_measure.artifact_decoding`) scores and
-    decodes every model through its own ``Decoding``; ``criterion.measure(model, tokenizer, scorer=None)`` is added
-    to every measured model's figures.
+    """Re-measure the forget rows (question/answer rows or documents) on 4-bit NF4 and 8-bit LLM.int8() copies of
+    ``model`` by ``method`` (:data:`QUANT_THREAT_MODEL`); the caller's model is never changed. ``original`` adds
+    the recovered fractions; ``decoding`` (:func:`.attack_measure.artifact_decoding`) scores and decodes every
+    model through its own ``Decoding``; ``criterion.measure(model, tokenizer, scorer=None)`` joins the figures.
 
-    Returns:
-        ``{"attack": "quantization", "threat_model", "decoding", "method", "num_rows", "full_precision": {figures},
-        "original": {figures} or None, "bits": {"4": entry, "8": entry}, "seconds"}``; each entry holds ``bits``,
-        ``scheme``, ``forget_nll``, ``forget_rouge_l``, ``delta_forget_nll``, ``delta_forget_rouge_l``,
-        ``recovered_fraction``, ``recovered_fraction_rouge_l`` and, with a criterion, ``criterion``.
+    Returns the settings, ``full_precision`` and ``original`` figures, ``seconds`` and ``bits``: per width its
+    figures, ``delta_forget_nll``, ``delta_forget_rouge_l`` and the recovered fractions.
     """
     start = time.perf_counter()
     rows, bits = _check_rows(forget, "forget"), _check_bits(bits, method)
@@ -61,8 +53,20 @@ def quantization_attack(
                "batch_size": batch_size, "max_new_tokens": max_new_tokens, "rouge": rouge, "progress": progress}
     full = _measure(model, **measure, decoding=decoding, desc="full precision")
     reference = None if original is None else _measure(original, **measure, decoding=None, desc="original")
-    entries = _quantized_entries(model, bits, method, measure, decoding=decoding, full=full, reference=reference,
-                                 progress=progress)
+    from .quantization import quantize_int8, quantize_nf4
+
+    entries: dict[str, dict[str, Any]] = {}  # each bit width's copy: built, measured, dropped
+    for b in tqdm(bits, desc="quantization attack", disable=not progress):
+        quantized = (quantize_nf4 if b == 4 else quantize_int8)(model, method=method)
+        figures = _measure(quantized, **measure, decoding=decoding, desc=f"{b}-bit", attacked=True)
+        del quantized
+        entries[str(b)] = {
+            "bits": b, "scheme": "nf4" if b == 4 else "int8", **figures,
+            "delta_forget_nll": figures["forget_nll"] - full["forget_nll"],
+            "delta_forget_rouge_l": None if figures["forget_rouge_l"] is None
+            else figures["forget_rouge_l"] - full["forget_rouge_l"],
+            **_recovery(full, figures, reference),
+        }
     return {
         "attack": "quantization", "threat_model": QUANT_THREAT_MODEL,
         "decoding": DECODING_KEPT if decoding is not None else None, "method": method, "num_rows": len(rows),
@@ -83,25 +87,3 @@ def _check_bits(bits: Sequence[int], method: str) -> tuple[int, ...]:
         raise ValueError("The 4-bit NF4 attack needs bitsandbytes: pip install 'hf-unlearn[quantization]'.")
     return bits
 
-
-def _quantized_entries(
-    model: Any, bits: Sequence[int], method: str, measure: Mapping[str, Any], *, decoding: DecodingFactory | None,
-    full: Mapping[str, Any], reference: Mapping[str, Any] | None, progress: bool,
-) -> dict[str, dict[str, Any]]:
-    """``{"4": entry, "8": entry}``: each bit width's quantized copy (built, measured, dropped) with its figures,
-    their changes from the full-precision ``full`` and the recovered fractions against ``reference``."""
-    from .quantization import quantize_int8, quantize_nf4
-
-    entries: dict[str, dict[str, Any]] = {}
-    for b in tqdm(bits, desc="quantization attack", disable=not progress):
-        quantized = (quantize_nf4 if b == 4 else quantize_int8)(model, method=method)
-        figures = _measure(quantized, **measure, decoding=decoding, desc=f"{b}-bit", attacked=True)
-        del quantized
-        entry = {"bits": b, "scheme": "nf4" if b == 4 else "int8", **figures}
-        entry["delta_forget_nll"] = figures["forget_nll"] - full["forget_nll"]
-        entry["delta_forget_rouge_l"] = (
-            None if figures["forget_rouge_l"] is None else figures["forget_rouge_l"] - full["forget_rouge_l"]
-        )
-        entry.update(_recovery(full, figures, reference))
-        entries[str(b)] = entry
-    return entries

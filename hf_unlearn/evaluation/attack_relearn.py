@@ -60,12 +60,8 @@ def _fine_tune(
     batch_size: int, max_grad_norm: float | None, seed: int, template: PromptTemplate, progress: bool,
     desc: str,
 ) -> list[float]:
-    """``steps`` AdamW steps of answer-token NLL on ``rows`` (in place on ``model``); the per-step losses.
-
-    Step ``s`` trains on ``min(batch_size, n)`` consecutive rows of a seeded permutation, wrapping around; the
-    loss is the token mean ``-sum_t log p(y_t | x, y_<t) / #answer tokens`` over the batch
-    (:func:`hf_unlearn.logprobs.causal_lm_scorer`).
-    """
+    """``steps`` AdamW steps (in place on ``model``) of ``-sum_t log p(y_t | x, y_<t) / #answer tokens`` on
+    ``min(batch_size, n)`` consecutive rows of a seeded permutation, wrapping around; the per-step losses."""
     limit = effective_max_length(model)
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
@@ -120,18 +116,15 @@ def relearning_attack(
 ) -> dict[str, Any]:
     """Fine-tune copies of ``model`` for ``steps`` steps and measure how much of the forgotten rows comes back.
 
-    Threat model: :data:`RELEARN_THREAT_MODEL`. :func:`split_forget_rows` gives the attacker
-    ``k = max(1, round(share * n))`` forget rows; the other ``n - k`` are measured before and after. Two fine-tunes
-    (:func:`_fine_tune`), each on a merged copy: *targeted relearning* on the attack rows (the top-level figures)
-    and, with ``retain``, *benign fine-tuning* on retain rows only (``"benign"``). With ``decoding`` the base is
-    trained and every model measured through its own ``Decoding`` (the artifact kept, not refitted).
-    ``steps=0`` or ``learning_rate=0`` is a null control.
+    Threat model: :data:`RELEARN_THREAT_MODEL`. :func:`split_forget_rows` gives the attacker ``k`` forget rows;
+    the other ``n - k`` are measured before and after. Each fine-tune (:func:`_fine_tune`) runs on a merged copy:
+    *targeted relearning* on the attack rows (the top-level figures) and, with ``retain``, *benign fine-tuning*
+    on retain rows only (``"benign"``). With ``decoding`` the base is trained and every model measured through
+    its own ``Decoding``. ``steps=0`` or ``learning_rate=0`` is a null control.
 
-    Returns the settings, ``num_attack_rows``, ``num_eval_rows``, ``forget_nll`` / ``forget_rouge_l``
-    ``_before`` / ``_after`` / ``_original``, the recovered fractions, ``train_loss`` (per step), ``benign``
-    (its figures, or ``None``), ``seconds`` and with ``criterion`` ``criterion_before`` / ``_after``. Refused
-    (``ValueError``) before any model call: ``share`` outside (0, 1), negative ``steps`` or ``learning_rate``,
-    fewer than two forget rows, an empty ``retain``, a quantized model.
+    Returns the settings, row counts, ``forget_nll`` / ``forget_rouge_l`` ``_before`` / ``_after`` /
+    ``_original``, the recovered fractions, ``train_loss``, ``benign``, ``seconds`` and with ``criterion``
+    ``criterion_before`` / ``_after``. Bad arguments are refused (``ValueError``) before any model call.
     """
     start = time.perf_counter()
     rows = _check_rows(forget, "forget", minimum=2)
@@ -151,19 +144,31 @@ def relearning_attack(
     from .quantization import merged_copy
 
     measure = {"tokenizer": tokenizer, "rows": eval_rows, "criterion": criterion, "template": template,
-               "batch_size": eval_batch_size, "max_new_tokens": max_new_tokens, "rouge": rouge,
-               "progress": False}
+               "batch_size": eval_batch_size, "max_new_tokens": max_new_tokens, "rouge": rouge, "progress": False}
     train = {"steps": steps, "learning_rate": float(learning_rate), "batch_size": batch_size,
              "max_grad_norm": max_grad_norm, "seed": seed, "template": template, "progress": progress}
     before = _measure(model, **measure, decoding=decoding, desc="before")
     reference = None if original is None else _measure(original, **measure, decoding=None, desc="original")
 
-    attacked = merged_copy(model)
-    losses = _fine_tune(attacked, tokenizer, attack_rows, **train, desc="relearning on forget rows")
-    after = _measure(attacked, **measure, decoding=decoding, desc="after", attacked=True)
-    del attacked
-    benign = None if retain_rows is None else _benign_fine_tune(
-        model, tokenizer, retain_rows, train, measure, decoding=decoding, before=before, reference=reference)
+    runs = {}  # targeted relearning on the attack rows, then benign fine-tuning on retain rows; each on a copy
+    for name, train_rows, desc in (("after", attack_rows, "relearning on forget rows"),
+                                   ("benign", retain_rows, "benign fine-tune on retain rows")):
+        if train_rows is not None:
+            tuned = merged_copy(model)
+            losses = _fine_tune(tuned, tokenizer, train_rows, **train, desc=desc)
+            runs[name] = losses, _measure(tuned, **measure, decoding=decoding, desc=name, attacked=True)
+            del tuned
+    losses, after = runs["after"]
+    benign = None
+    if retain_rows is not None:
+        benign_losses, benign_after = runs["benign"]
+        benign = {
+            "num_train_rows": len(retain_rows), "forget_nll_after": benign_after["forget_nll"],
+            "forget_rouge_l_after": benign_after["forget_rouge_l"], **_recovery(before, benign_after, reference),
+            "train_loss": benign_losses,
+        }
+        if criterion is not None:
+            benign["criterion_after"] = benign_after["criterion"]
     out: dict[str, Any] = {
         "attack": "relearning", "threat_model": RELEARN_THREAT_MODEL,
         "decoding": DECODING_KEPT if decoding is not None else None, "share": share, "steps": steps,
@@ -181,24 +186,3 @@ def relearning_attack(
     out["seconds"] = time.perf_counter() - start
     return out
 
-
-def _benign_fine_tune(
-    model: Any, tokenizer: Any, retain_rows: Sequence[Mapping[str, Any]], train: Mapping[str, Any],
-    measure: Mapping[str, Any], *, decoding: DecodingFactory | None, before: Mapping[str, Any], reference: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The benign fine-tune (:func:`relearning_attack`'s ``"benign"``): a merged copy of ``model`` fine-tuned on
-    ``retain_rows`` only, then re-measured on the held-out forget rows; its figures and recovered fractions."""
-    from .quantization import merged_copy
-
-    tuned = merged_copy(model)
-    benign_losses = _fine_tune(tuned, tokenizer, retain_rows, **train, desc="benign fine-tune on retain rows")
-    benign_after = _measure(tuned, **measure, decoding=decoding, desc="benign", attacked=True)
-    del tuned
-    benign = {
-        "num_train_rows": len(retain_rows), "forget_nll_after": benign_after["forget_nll"],
-        "forget_rouge_l_after": benign_after["forget_rouge_l"], **_recovery(before, benign_after, reference),
-        "train_loss": benign_losses,
-    }
-    if measure["criterion"] is not None:
-        benign["criterion_after"] = benign_after["criterion"]
-    return benign

@@ -47,10 +47,8 @@ def parse_attacks(attacks: str | Sequence[str] | Mapping[str, Mapping[str, Any] 
 
 
 def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any) -> None:
-    """Refuse, before any model call, options an attack does not take, what it would refuse later and what would
-    make it a no-op: bit widths other than 4 and 8, NF4 without bitsandbytes, a ``share`` outside (0, 1),
-    ``steps`` below 1, a ``learning_rate`` that is not a finite number > 0. (:func:`relearning_attack` called
-    directly still takes ``steps=0`` or ``learning_rate=0``, a null control.)"""
+    """Refuse, before any model call, options an attack does not take, would refuse later or that make it a no-op
+    (``steps=0``, ``learning_rate=0``: a null control only when :func:`relearning_attack` is called directly)."""
     import inspect
 
     functions = {"quant": quantization_attack, "relearn": relearning_attack}
@@ -70,8 +68,7 @@ def check_attack_options(chosen: Mapping[str, Mapping[str, Any]], **common: Any)
             if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
                 raise ValueError(f"steps must be a non-negative integer, got {steps!r}.")
             if steps == 0:
-                raise ValueError("steps=0: a relearning attack of no steps changes nothing and reports nothing; "
-                                 "use steps >= 1 (10 by default).")
+                raise ValueError("steps=0: a relearning attack of no steps changes nothing and reports nothing; use steps >= 1 (10 by default).")
             lr = merged.get("learning_rate", DEFAULT_RELEARN_LR)
             if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or not lr > 0:
                 raise ValueError(f"learning_rate must be a finite number > 0 for the relearning attack, got {lr!r}.")
@@ -147,11 +144,9 @@ def format_attacks(section: Mapping[str, Any] | None) -> str:
     quant = section.get("quantization")
     if quant:
         full = quant["full_precision"]
-        lines.append(f"  quantization ({quant['method']}, {quant['num_rows']} forget rows): full precision "
-                     f"NLL {f(full['forget_nll'])}, ROUGE-L {f(full['forget_rouge_l'])}")
+        lines.append(f"  quantization ({quant['method']}, {quant['num_rows']} forget rows): full precision NLL {f(full['forget_nll'])}, ROUGE-L {f(full['forget_rouge_l'])}")
         for entry in quant["bits"].values():
-            lines.append(f"    {entry['bits']}-bit {entry['scheme']}: NLL {f(entry['forget_nll'])}, ROUGE-L "
-                         f"{f(entry['forget_rouge_l'])}, recovered {f(entry['recovered_fraction'])}")
+            lines.append(f"    {entry['bits']}-bit {entry['scheme']}: NLL {f(entry['forget_nll'])}, ROUGE-L {f(entry['forget_rouge_l'])}, recovered {f(entry['recovered_fraction'])}")
     relearn = section.get("relearning")
     if relearn:
         lines.append(f"  relearning ({relearn['steps']} steps at lr {relearn['learning_rate']:g} on "
@@ -161,8 +156,7 @@ def format_attacks(section: Mapping[str, Any] | None) -> str:
                      f"{f(relearn['recovered_fraction'])}")
         benign = relearn.get("benign")
         if benign:
-            lines.append(f"    benign fine-tune on {benign['num_train_rows']} retain rows: NLL "
-                         f"{f(benign['forget_nll_after'])}, recovered {f(benign['recovered_fraction'])}")
+            lines.append(f"    benign fine-tune on {benign['num_train_rows']} retain rows: NLL {f(benign['forget_nll_after'])}, recovered {f(benign['recovered_fraction'])}")
     kept = (quant or relearn or {}).get("decoding")
     if kept:
         lines.append(f"  ({kept})")

@@ -3,9 +3,7 @@
 The rows of one TOFU author move together, so the bootstrap resamples authors (clusters), not rows: with ``K``
 clusters and ``R_k`` the rows of cluster ``k``, one resample draws ``k_1..k_K`` uniformly with replacement and takes
 the rows ``R_{k_1} + ... + R_{k_K}``; the interval is the ``(1 - c)/2`` and ``(1 + c)/2`` quantiles of the statistic
-over the resamples. Several samples resample independently; a paired comparison applies the same rows to both
-methods. Every function is pure and seeded (``numpy.random.default_rng(seed)``).
-"""
+over the resamples. Every function is pure and seeded (``numpy.random.default_rng(seed)``)."""
 
 from __future__ import annotations
 
@@ -60,8 +58,7 @@ def cluster_bootstrap(
     values = [float(statistic(*indices)) for indices in zip(*draws)]
     low, high = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
     full = float(statistic(*(np.arange(len(labels)) for labels in samples)))
-    return {"value": full, "low": float(low), "high": float(high), "confidence": confidence,
-            "n_resamples": n_resamples}
+    return {"value": full, "low": float(low), "high": float(high), "confidence": confidence, "n_resamples": n_resamples}
 
 
 def forget_quality_by_author(
@@ -75,8 +72,7 @@ def forget_quality_by_author(
 
     pred, ref = np.asarray(predictions, dtype=np.float64), np.asarray(references, dtype=np.float64)
     if not len(pred) == len(ref) == len(clusters):
-        raise ValueError(f"Forget quality pairs the questions: got {len(pred)} predictions, {len(ref)} references "
-                         f"and {len(clusters)} cluster labels.")
+        raise ValueError(f"Forget quality pairs the questions: got {len(pred)} predictions, {len(ref)} references and {len(clusters)} cluster labels.")
     options = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
     p = cluster_bootstrap(lambda i: ks_2samp(pred[i], ref[i]).pvalue, [clusters], **options)
     d = cluster_bootstrap(lambda i: ks_2samp(pred[i], ref[i]).statistic, [clusters], **options)
@@ -111,8 +107,7 @@ def paired_difference_by_author(
     ``difference_low``, ``difference_high``, ``confidence``, ``n_resamples``."""
     a, b = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
     if not len(a) == len(b) == len(clusters):
-        raise ValueError(f"A paired comparison needs both methods on the same rows: got {len(a)}, {len(b)} values "
-                         f"and {len(clusters)} cluster labels.")
+        raise ValueError(f"A paired comparison needs both methods on the same rows: got {len(a)}, {len(b)} values and {len(clusters)} cluster labels.")
     out = cluster_bootstrap(lambda i: statistic(a, i) - statistic(b, i), [clusters], confidence=confidence,
                             n_resamples=n_resamples, seed=seed)
     return {"difference": out["value"], "difference_low": out["low"], "difference_high": out["high"],

@@ -77,10 +77,7 @@ def generate_answers(
     if limit is not None and encoded:
         longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
         if len(encoded[longest]) >= limit:
-            raise ValueError(
-                f"The prompt of question {longest} is {len(encoded[longest])} tokens, which leaves no room to "
-                f"generate within the model's {limit} positions; shorten the question or use a model with more."
-            )
+            raise ValueError(f"The prompt of question {longest} is {len(encoded[longest])} tokens, which leaves no room to generate within the model's {limit} positions; shorten the question or use a model with more.")
     tag = t.answer_tag.strip() if (t.kind == "plain" and not t.answer_tag_in_prompt) else ""
     texts = greedy_generate(model, tokenizer, encoded, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             generation_kwargs=generation_kwargs, progress=progress, desc=desc)

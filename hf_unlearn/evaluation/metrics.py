@@ -24,25 +24,17 @@ def _floats(values: Sequence[float]) -> list[float]:
     return [float(v) for v in values]
 
 
-def truth_ratio(
-    true_losses: Sequence[float], false_losses: Sequence[Sequence[float]], aggregator: str
-) -> dict[str, Any]:
-    """``tofu_truth_ratio``: ``{"truth_ratio", "truth_ratios"}`` with
-    ``tr_i = exp(true_loss_i - mean_j false_loss_ij)``."""
+def truth_ratio(true_losses: Sequence[float], false_losses: Sequence[Sequence[float]], aggregator: str) -> dict[str, Any]:
+    """``tofu_truth_ratio``: ``{"truth_ratio", "truth_ratios"}`` with ``tr_i = exp(true_loss_i - mean_j false_loss_ij)``."""
     return load_metric("tofu_truth_ratio").compute(
-        true_losses=_floats(true_losses), false_losses=[_floats(f) for f in false_losses],
-        aggregator=aggregator,
-    )
+        true_losses=_floats(true_losses), false_losses=[_floats(f) for f in false_losses], aggregator=aggregator)
 
 
 def forget_quality(predictions: Sequence[float], references: Sequence[float]) -> dict[str, float]:
     """``tofu_forget_quality``: ``{"forget_quality": KS p-value, "ks_statistic": D}``."""
     if len(predictions) != len(references):
-        raise ValueError(f"Forget quality compares truth ratios on the same forget questions, but got "
-                         f"{len(predictions)} predictions and {len(references)} references.")
-    return load_metric("tofu_forget_quality").compute(
-        predictions=_floats(predictions), references=_floats(references)
-    )
+        raise ValueError(f"Forget quality compares truth ratios on the same forget questions, but got {len(predictions)} predictions and {len(references)} references.")
+    return load_metric("tofu_forget_quality").compute(predictions=_floats(predictions), references=_floats(references))
 
 
 def model_utility(components: Sequence[float]) -> float:

@@ -20,18 +20,15 @@ MUSE_REPORT_FORMAT = "hf_unlearn.muse_report"
 MUSE_METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     "verbmem_forget": (
         "VerbMem forget (C1)",
-        "100 x mean ROUGE-L F1 of the greedy 128-token continuation of each forget prompt against its true "
-        "continuation cut to 128 tokens. Lower = less verbatim memorisation.",
+        "100 x mean ROUGE-L F1 of the greedy 128-token continuation of each forget prompt against its true continuation cut to 128 tokens. Lower = less verbatim memorisation.",
     ),
     "knowmem_forget": (
         "KnowMem forget (C2)",
-        "100 x mean ROUGE-L F1 of the greedy answer (at most 32 new tokens after 10 in-context examples, cut at a "
-        "blank line or 'Question') to the forget-set questions. Lower = less knowledge of the forget set.",
+        "100 x mean ROUGE-L F1 of the greedy answer (at most 32 new tokens after 10 in-context examples, cut at a blank line or 'Question') to the forget-set questions. Lower = less knowledge of the forget set.",
     ),
     "privleak": (
         "PrivLeak (C3)",
-        "(AUC - AUC_retrain) / AUC_retrain x 100, AUC = P(Min-40% score of a forget text > that of a holdout text). "
-        "Near 0 = like the retrained model; near -100 = the forget texts are recognisable as training data.",
+        "(AUC - AUC_retrain) / AUC_retrain x 100, AUC = P(Min-40% score of a forget text > that of a holdout text). Near 0 = like the retrained model; near -100 = the forget texts are recognisable as training data.",
     ),
     "knowmem_retain": (
         "KnowMem retain (C4)",
@@ -110,8 +107,7 @@ class MUSEReport:
     @classmethod
     def load(cls, path: str | os.PathLike) -> MUSEReport:
         """Read a report JSON written by :meth:`save` (or ``evaluate_muse(..., output_path=)``)."""
-        data = read_json_file(path, "MUSE report file ")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_file(path, "MUSE report file "))
 
     def figures(self) -> dict[str, float | None]:
         """The report's figures by key (:data:`MUSE_METRIC_DEFINITIONS`' keys)."""
@@ -120,15 +116,12 @@ class MUSEReport:
 
 def is_muse_report(report: Any) -> bool:
     """Whether ``report`` is a :class:`MUSEReport` or the dict form of one."""
-    return isinstance(report, MUSEReport) or (
-        isinstance(report, Mapping) and report.get("format") == MUSE_REPORT_FORMAT
-    )
+    return isinstance(report, MUSEReport) or (isinstance(report, Mapping) and report.get("format") == MUSE_REPORT_FORMAT)
 
 
 def render_muse_report(report: MUSEReport | Mapping[str, Any]) -> str:
     """A report as a markdown table (figure, value, definition), with a header line naming model and data."""
-    if not isinstance(report, MUSEReport):
-        report = MUSEReport.from_dict(report)
+    report = report if isinstance(report, MUSEReport) else MUSEReport.from_dict(report)
     head = f"model: {report.model_name} | data: {report.source} | reference AUC: {report.reference_source}"
     rows = ["| figure | value | definition |", "|---|---:|---|"]
     for key, value in report.figures().items():
@@ -151,8 +144,7 @@ MUSE_CARD_METRICS: dict[str, tuple[str, str]] = {
 def muse_card_results(report: MUSEReport | Mapping[str, Any]) -> list[tuple[str, str, str, float | None]]:
     """``(key, metric type, pretty name, value)`` of each :data:`MUSE_CARD_METRICS` figure of ``report`` (``None``
     for one not measured); ``ValueError`` when it measured none."""
-    if not isinstance(report, MUSEReport):
-        report = MUSEReport.from_dict(report)
+    report = report if isinstance(report, MUSEReport) else MUSEReport.from_dict(report)
     rows = [(key, kind, pretty, getattr(report, key)) for key, (kind, pretty) in MUSE_CARD_METRICS.items()]
     if all(row[3] is None for row in rows):
         raise ValueError(f"The MUSE report has no value for any of {list(MUSE_CARD_METRICS)}.")

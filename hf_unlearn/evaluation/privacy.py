@@ -37,9 +37,7 @@ def min_k_score(token_log_probs: np.ndarray, k: float = MIN_K_FRACTION) -> float
     """Min-K% Prob (Shi et al., 2024): minus the mean of the lowest ``max(1, floor(k n))`` token log-probs,
     ``-(1/|K|) sum_{t in K} log p(y_t | x, y_<t)`` with ``K`` the ``k`` fraction of least likely tokens."""
     lp = np.asarray(token_log_probs, dtype=np.float64)
-    if lp.size == 0:
-        return 0.0
-    return -_lowest_fraction_mean(lp, k)
+    return -_lowest_fraction_mean(lp, k) if lp.size else 0.0
 
 
 def min_k_plus_plus_score(

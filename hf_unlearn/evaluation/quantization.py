@@ -1,11 +1,9 @@
 """4-bit NF4 and 8-bit LLM.int8() copies of a model (merged in full precision, then quantized), to re-check an
 unlearned model: edits smaller than half a quantization step are rounded away.
 
-``method="roundtrip"`` (default) quantizes and dequantizes every weight ``BitsAndBytesConfig`` would quantize,
-through bitsandbytes' own functions, and evaluates in full precision: the weights are exactly the quantized ones
-on every machine. ``method="bnb"`` loads real ``Linear4bit`` / ``Linear8bitLt`` layers; on CPU, NF4 layers whose
-shape bitsandbytes' AVX512-BF16 kernel refuses (:func:`cpu_packed_kernel_accepts`) take the round trip.
-"""
+``method="roundtrip"`` (default) quantizes and dequantizes, through bitsandbytes' functions, every weight
+``BitsAndBytesConfig`` would quantize and evaluates in full precision; ``method="bnb"`` loads real bitsandbytes
+layers (on CPU, NF4 layers the AVX512-BF16 kernel refuses take the round trip)."""
 
 from __future__ import annotations
 
@@ -38,9 +36,7 @@ def _require_bitsandbytes() -> Any:
     try:
         import bitsandbytes.functional as bnb_functional
     except ImportError as err:  # pragma: no cover - bitsandbytes is an optional extra
-        raise ImportError(
-            "The NF4 re-check needs bitsandbytes: pip install 'hf-unlearn[quantization]'."
-        ) from err
+        raise ImportError("The NF4 re-check needs bitsandbytes: pip install 'hf-unlearn[quantization]'.") from err
     return bnb_functional
 
 

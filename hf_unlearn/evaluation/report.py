@@ -62,14 +62,12 @@ def checked_truth_ratios(data: Mapping[str, Any], origin: str) -> list[float]:
 METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     "forget_quality": (
         "forget quality",
-        "p-value of the two-sample KS test between this model's and the retain model's per-question forget truth "
-        "ratios (TOFU). High (>0.05) = indistinguishable from never having seen the forget set.",
+        "p-value of the two-sample KS test between this model's and the retain model's per-question forget truth ratios (TOFU). High (>0.05) = indistinguishable from never having seen the forget set.",
     ),
     "ks_statistic": ("KS statistic", "D = sup_x |F_model(x) - F_retain(x)| of the forget truth ratios."),
     "model_utility": (
         "model utility",
-        "harmonic mean of the nine components: probability, ROUGE-L recall and truth ratio on retain, real "
-        "authors and world facts (TOFU). 0 if any is 0.",
+        "harmonic mean of the nine components: probability, ROUGE-L recall and truth ratio on retain, real authors and world facts (TOFU). 0 if any is 0.",
     ),
     "mu_rouge": (
         "MU-ROUGE",
@@ -77,13 +75,11 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     ),
     "forget_rouge_l": (
         "forget ROUGE-L",
-        "mean ROUGE-L recall of the greedy answer (up to max_new_tokens) against the gold forget answer "
-        "(rouge-score, Porter stemmer).",
+        "mean ROUGE-L recall of the greedy answer (up to max_new_tokens) against the gold forget answer (rouge-score, Porter stemmer).",
     ),
     "forget_truth_ratio": (
         "forget truth ratio",
-        "mean of min(tr, 1/tr), tr = exp(loss(paraphrased) - mean loss(perturbed)) per forget question "
-        "(avg per-token NLLs); 1 = the model cannot tell true from false.",
+        "mean of min(tr, 1/tr), tr = exp(loss(paraphrased) - mean loss(perturbed)) per forget question (avg per-token NLLs); 1 = the model cannot tell true from false.",
     ),
     "forget_prob": ("forget prob", "mean exp(-avg NLL) of the forget answers given their questions."),
     "retain_rouge_l": ("retain ROUGE-L", "mean ROUGE-L recall of greedy answers on retain_perturbed."),
@@ -91,8 +87,7 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     "retain_truth_ratio": ("retain truth ratio", "mean of max(0, 1 - tr) on retain_perturbed."),
     "extraction_strength": (
         "extraction strength",
-        "mean over forget answers of 1 - k*/n, k* = the shortest answer prefix after which teacher-forced greedy "
-        "predictions match every remaining token (open-unlearning).",
+        "mean over forget answers of 1 - k*/n, k* = the shortest answer prefix after which teacher-forced greedy predictions match every remaining token (open-unlearning).",
     ),
     "exact_memorization": (
         "exact memorization",
@@ -107,8 +102,7 @@ METRIC_DEFINITIONS: dict[str, tuple[str, str]] = {
     ),
     "privleak": (
         "privleak",
-        "(score - ref) / ref * 100 with score = 1 - AUC(min-k) and ref = 1 - the retain model's AUC (0.5 when no "
-        "retain reference). Near 0 = like the retain model; strongly negative = the forget set is recognisable.",
+        "(score - ref) / ref * 100 with score = 1 - AUC(min-k) and ref = 1 - the retain model's AUC (0.5 when no retain reference). Near 0 = like the retain model; strongly negative = the forget set is recognisable.",
     ),
 }
 
@@ -182,17 +176,10 @@ _NOT_KEYS = ("extra", "_omitted")
 
 @dataclass(eq=False, repr=False, kw_only=True)
 class TOFUReport:
-    """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure as a typed attribute.
-
-    Figures: :data:`METRIC_DEFINITIONS`' keys and :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' (with
-    ``attacks``, each attack's section). Also ``components``, ``forget_truth_ratios`` (per question, row order),
-    ``mia``, ``num_examples``, ``splits`` (aggregates and ``per_example`` values), ``retain_reference``,
-    ``provenance``, ``settings``, ``hf_unlearn_version``.
-
-    :meth:`to_dict` is the JSON-ready dict written to disk (nested values shared, not copied); :meth:`from_dict`
-    reads one back, also from an older version: optional keys it lacks stay ``None`` and absent from
-    :meth:`to_dict`, and keys that are no field are kept in ``extra``.
-    """
+    """The report of :func:`~hf_unlearn.evaluation.evaluate_tofu`: every figure (:data:`METRIC_DEFINITIONS`' and
+    :data:`~hf_unlearn.evaluation.attacks.ATTACK_COLUMNS`' keys) and section as a typed attribute. :meth:`to_dict`
+    is the JSON-ready dict; :meth:`from_dict` reads one back, also from an older version: optional keys it lacks
+    stay ``None`` and absent from :meth:`to_dict`, keys that are no field are kept in ``extra``."""
 
     model_name: str
     source: str
@@ -241,8 +228,7 @@ class TOFUReport:
             if f.type in ("float", "float | None"):
                 number = isinstance(value, numbers.Real) and not isinstance(value, bool)
                 if not (number or (value is None and f.type == "float | None")):
-                    raise ValueError(f"TOFUReport.{f.name} must be a number{' or None' if 'None' in f.type else ''}, "
-                                     f"got {value!r}.")
+                    raise ValueError(f"TOFUReport.{f.name} must be a number{' or None' if 'None' in f.type else ''}, got {value!r}.")
         for name, kind, noun in (("components", Mapping, "dict"), ("forget_truth_ratios", (list, tuple), "list"),
                                  ("extra", dict, "dict")):
             if not isinstance(getattr(self, name), kind):
@@ -275,10 +261,7 @@ class TOFUReport:
             raise ValueError(f"A TOFU report must be a dict, got {type(data).__name__}.")
         missing = cls.missing_fields(data)
         if missing:
-            raise ValueError(
-                f"The report lacks the required field(s) {missing}; a TOFU report of evaluate_tofu has "
-                f"{list(cls.required_fields())}."
-            )
+            raise ValueError(f"The report lacks the required field(s) {missing}; a TOFU report of evaluate_tofu has {list(cls.required_fields())}.")
         names = cls.field_names()
         return cls(**{k: data[k] for k in names if k in data},
                    extra={k: v for k, v in data.items() if k not in names},
@@ -287,8 +270,7 @@ class TOFUReport:
     @classmethod
     def load(cls, path: str | os.PathLike) -> TOFUReport:
         """Read a report JSON (as :meth:`save` or ``evaluate_tofu(..., output_path=)`` write it)."""
-        data = read_json_file(path, "Report file ")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_file(path, "Report file "))
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write :meth:`to_dict` as JSON to ``path`` atomically (never half-written)."""
@@ -325,7 +307,6 @@ class TOFUReport:
         return value
 
     def __eq__(self, other: object) -> bool:
-        """Two reports are equal when their dict forms (:meth:`to_dict`) are."""
         if not isinstance(other, TOFUReport):
             return NotImplemented
         return self.to_dict() == other.to_dict()

@@ -14,12 +14,9 @@ def _rouge_l_scorer():
 
 
 def rouge_l_recall(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
-    """ROUGE-L recall of each prediction against its reference.
-
-    recall = LCS(prediction, reference) / len(reference), over rouge-score's lower-cased,
-    stemmed word tokens (``RougeScorer(["rougeL"], use_stemmer=True)``, as in TOFU). An empty
-    reference scores 0.
-    """
+    """ROUGE-L recall of each prediction against its reference: ``LCS(prediction, reference) / len(reference)``
+    over rouge-score's lower-cased, stemmed word tokens (``RougeScorer(["rougeL"], use_stemmer=True)``, as in
+    TOFU); an empty reference scores 0."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references.")
     scorer = _rouge_l_scorer()
@@ -34,6 +31,4 @@ def mu_rouge(retain_rouge_l: float, real_authors_rouge_l: float, world_facts_rou
     values = [float(retain_rouge_l), float(real_authors_rouge_l), float(world_facts_rouge_l)]
     if any(v < 0 for v in values):
         raise ValueError(f"ROUGE-L recalls are non-negative, got {values}.")
-    if any(v == 0 for v in values):
-        return 0.0
-    return len(values) / sum(1.0 / v for v in values)
+    return 0.0 if 0 in values else len(values) / sum(1.0 / v for v in values)

@@ -74,20 +74,6 @@ def normalized_answer_probability(answer_nll: np.ndarray, perturbed_nll: Sequenc
     return out
 
 
-def _split_truncated(
-    model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], spec: SplitSpec, questions: list[str],
-    answers: list[str], perturbed: list[list[str]], template: PromptTemplate,
-) -> int:
-    """How many of the split's scored sequences (question with its answer, each perturbed answer and, where
-    scored, the paraphrased answer) exceed the model's maximum positions."""
-    limit = model_max_positions(model)
-    if limit is None:
-        return 0
-    texts = answers + [a for p in perturbed for a in p] + ([r["paraphrased_answer"] for r in rows] if spec.paraphrased else [])
-    qs = questions + [q for q, p in zip(questions, perturbed) for _ in p] + (questions if spec.paraphrased else [])
-    return sum(len(tokenize_qa(tokenizer, q, a, template=template)["input_ids"]) > limit for q, a in zip(qs, texts))
-
-
 def evaluate_split(
     model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], spec: SplitSpec, *,
     scorer: TokenScorer | None = None, generation_kwargs: Mapping[str, Any] | None = None,
@@ -126,11 +112,17 @@ def evaluate_split(
         generation_kwargs=generation_kwargs, template=template, progress=progress, desc=f"{spec.name}: generating",
     ) if generate else None
     rouge = rouge_l_recall(generations, answers) if generate else None
+    num_truncated, limit = 0, model_max_positions(model)  # scored sequences longer than the model's positions
+    if limit is not None:
+        texts = answers + [a for p in perturbed for a in p] + (paraphrased if spec.paraphrased else [])
+        qs = questions + [q for q, p in zip(questions, perturbed) for _ in p] + (questions if spec.paraphrased else [])
+        num_truncated = sum(len(tokenize_qa(tokenizer, q, a, template=template)["input_ids"]) > limit
+                            for q, a in zip(qs, texts))
     return {
         "config": spec.config, "num_examples": len(rows), "prob": float(np.mean(probs)),
         "rouge_l": float(np.mean(rouge)) if generate else None, "truth_ratio": float(tr["truth_ratio"]),
         "truth_ratio_aggregator": spec.aggregator,
-        "num_truncated": _split_truncated(model, tokenizer, rows, spec, questions, answers, perturbed, template),
+        "num_truncated": num_truncated,
         "per_example": {
             "answer_nll": [float(v) for v in gt_nll], "true_nll": [float(v) for v in true_nll],
             "perturbed_nll": [[float(v) for v in f] for f in false_nll], "prob": [float(v) for v in probs],
