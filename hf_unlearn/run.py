@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from .safe_output import append_text, gated_path
 __all__ = [
     "EvaluationRequest", "Inputs", "JsonlLogCallback", "RunOutput", "SelectionRequest", "TrainOptions",
     "UnlearnRequest", "check_inputs", "check_request", "evaluate", "fit_or_train", "load_inputs", "nf4_forget_rouge",
-    "prepare_inputs", "release_training_state", "save", "selection_criterion", "unlearn",
+    "prepare_inputs", "save", "selection_criterion", "unlearn",
 ]
 
 #: The seed :func:`fit_or_train` sets (``torch.manual_seed``) before a method runs, unless told otherwise.
@@ -213,12 +213,6 @@ def fit_or_train(inputs: Inputs, options: TrainOptions | None = None) -> Unlearn
     return result
 
 
-def release_training_state(result: Unlearned) -> None:
-    """Free what only training needed (optimizer states, frozen reference); the trainer stays."""
-    if (trainer := result.info.get("trainer")) is not None:
-        trainer.release_training_state()
-
-
 def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
          log_path: str | os.PathLike | None = None) -> None:
     """Save into ``folder``: the native artifact, the selection record, the tokenizer beside changed weights and,
@@ -229,7 +223,8 @@ def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
 
     folder = gated_path(folder)
     result.save_pretrained(folder)  # a trainer's save_model writes from the main process of a launch
-    release_training_state(result)
+    if (trainer := result.info.get("trainer")) is not None:  # free the optimizer states and frozen reference
+        trainer.release_training_state()
     if _is_secondary_rank():  # under torchrun / accelerate launch every process shares ``folder``
         return
     if result.info.get("selection"):
@@ -241,20 +236,21 @@ def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
                   device=device_of(result.model))
 
 
-def nf4_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]],
+def nf4_forget_rouge(model: Any, tokenizer: Any, report: Any, source: str, forget_split: str,
                      eval_kwargs: dict[str, Any] | None = None) -> float:
-    """Forget ROUGE-L recall of greedy answers of the NF4-quantized copy of ``model``: the mean over rows
-    of ``LCS(answer, reference) / len(reference)`` in words. ``eval_kwargs``: ``batch_size``, ``max_new_tokens``."""
+    """Forget ROUGE-L recall of greedy answers of the NF4-quantized copy of ``model`` on the forget rows ``report``
+    scored: the mean over rows of ``LCS(answer, reference) / len(reference)`` in words. ``eval_kwargs``:
+    ``batch_size``, ``max_new_tokens``."""
+    from .data import load_tofu_rows
     from .evaluation import generate_answers, quantize_nf4, rouge_l_recall
     from .evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 
+    rows = load_tofu_rows(f"{forget_split}_perturbed", source)[:report.splits["forget"]["num_examples"]]
     eval_kwargs = eval_kwargs or {}
-    answers = generate_answers(
-        quantize_nf4(model), tokenizer, [r["question"] for r in forget_rows],
-        batch_size=eval_kwargs.get("batch_size", 16),
-        max_new_tokens=eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
-    )
-    scores = rouge_l_recall(answers, [r["answer"] for r in forget_rows])
+    answers = generate_answers(quantize_nf4(model), tokenizer, [r["question"] for r in rows],
+                               batch_size=eval_kwargs.get("batch_size", 16),
+                               max_new_tokens=eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
+    scores = rouge_l_recall(answers, [r["answer"] for r in rows])
     return float(sum(scores) / len(scores))
 
 
@@ -436,7 +432,6 @@ def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
 def evaluate(result: Unlearned, inputs: Inputs, folder: Path, request: UnlearnRequest, phases: Any) -> Any:
     """``--eval``: the TOFU report, written to ``folder / "tofu_report.json"``; with ``nf4_check`` and changed
     weights also the NF4 copy's forget ROUGE-L (``extra["forget_rouge_l_nf4"]``)."""
-    from .data import load_tofu_rows
     from .evaluation import evaluate_tofu
 
     evaluation = request.evaluation
@@ -451,8 +446,8 @@ def evaluate(result: Unlearned, inputs: Inputs, folder: Path, request: UnlearnRe
     phases.done()
     if evaluation.nf4_check and result.weights_changed:
         phases.start("NF4 re-check")
-        rows = load_tofu_rows(f"{request.forget_split}_perturbed", request.data)[:report.splits["forget"]["num_examples"]]
-        nf4_rouge = nf4_forget_rouge(result.model, inputs.tokenizer, rows, {"max_new_tokens": evaluation.max_new_tokens})
+        nf4_rouge = nf4_forget_rouge(result.model, inputs.tokenizer, report, request.data, request.forget_split,
+                                     {"max_new_tokens": evaluation.max_new_tokens})
         report.extra["forget_rouge_l_nf4"] = nf4_rouge
         phases.done(f"forget ROUGE-L {nf4_rouge:.3f}")
     return report
@@ -466,7 +461,7 @@ class _Phases:
     label: str
     name: str = "training"
     log: Path | None = None
-    failed: bool = field(default=False)
+    failed: bool = False
 
     def start(self, name: str) -> None:
         self.name = name

@@ -131,14 +131,8 @@ def check_output_dir(
 
 def _local_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
     """The resolved paths of the ``inputs`` that exist locally."""
-    found = []
-    for item in inputs:
-        if item is None or str(item) == "":
-            continue
-        src = Path(item).expanduser()
-        if src.exists():
-            found.append(src.resolve())
-    return found
+    paths = [Path(item).expanduser() for item in inputs if item is not None and str(item) != ""]
+    return [src.resolve() for src in paths if src.exists()]
 
 
 def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (),

@@ -66,17 +66,6 @@ def report_row(report: Any) -> dict[str, Any]:
                                                   "forget_truth_ratio")}
 
 
-def nf4_rouge(model: Any, tokenizer: Any, report: Any, source: str, forget_split: str,
-              eval_kwargs: dict[str, Any]) -> float:
-    """Forget ROUGE-L of the NF4 copy of ``model`` on the rows its ``report`` scored."""
-    from ..data import load_tofu_rows
-    from ..run import nf4_forget_rouge
-
-    n = report.splits["forget"]["num_examples"]
-    rows = load_tofu_rows(f"{forget_split}_perturbed", source)[:n]
-    return nf4_forget_rouge(model, tokenizer, rows, eval_kwargs)
-
-
 def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any], retain_report: Any,
                     eval_kwargs: dict[str, Any], *, quantization_check: bool, say: Any,
                     log_path: Path | None, verbose: bool) -> dict[str, Any]:
@@ -91,6 +80,7 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
         SelectionRequest,
         TrainOptions,
         fit_or_train,
+        nf4_forget_rouge,
         prepare_inputs,
         selection_criterion,
     )
@@ -125,8 +115,8 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
             if quantization_check and result.weights_changed:
                 phase = "NF4 re-check"
                 say.start(method, phase)
-                row["forget_rouge_l_nf4"] = nf4_rouge(result.model, tokenizer, report, data["source"],
-                                                      data["forget_split"], eval_kwargs)
+                row["forget_rouge_l_nf4"] = nf4_forget_rouge(result.model, tokenizer, report, data["source"],
+                                                             data["forget_split"], eval_kwargs)
                 say.done()
     except Exception as err:  # one method's failure must not stop the others
         row.update(error=f"{type(err).__name__}: {err}", failed_phase=phase, traceback=traceback.format_exc(limit=8))
@@ -145,6 +135,7 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
 
     from ..console import PhaseReporter
     from ..data import RETAIN_FOR_FORGET, load_tofu_rows
+    from ..run import nf4_forget_rouge
     from .tofu_tiny import load_tiny
 
     eval_kwargs = dict(eval_kwargs or {})
@@ -157,8 +148,8 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
     if quantization_check:
         say.start("references", "NF4 re-check")
         target_model, tokenizer = load_tiny(pair.target)
-        target_row["forget_rouge_l_nf4"] = nf4_rouge(target_model, tokenizer, target_report, source, forget_split,
-                                                     eval_kwargs)
+        target_row["forget_rouge_l_nf4"] = nf4_forget_rouge(target_model, tokenizer, target_report, source,
+                                                            forget_split, eval_kwargs)
         del target_model
         say.done("target")
     tokenizer = AutoTokenizer.from_pretrained(pair.target, trust_remote_code=False)
