@@ -198,12 +198,10 @@ def check_recorded_files(folder: Path, record: Any, what: str, manifest: str, *,
         raise AdapterIntegrityError(f"{what}: {manifest} records no file digests (sha256), so hf-unlearn cannot "
                                     "check that the files are the saved ones. Save it again with this hf-unlearn, "
                                     "or pass verify_integrity=False to load it unchecked.")
-    unlisted = [n for n in required if n not in files]
-    if unlisted:
+    if unlisted := [n for n in required if n not in files]:
         raise AdapterIntegrityError(f"{what}: {manifest} records no digest for {', '.join(unlisted)}, which every "
                                     "saved artifact has; the manifest was edited. Restore it from the saved files.")
-    extra = [n for n in on_disk if n not in files]
-    if extra:
+    if extra := [n for n in on_disk if n not in files]:
         raise AdapterIntegrityError(f"{what}: {', '.join(extra)} {'is' if len(extra) == 1 else 'are'} not recorded "
                                     f"in {manifest}: not a file it was saved with. Remove it or restore the saved files.")
     for name, want in sorted(files.items()):

@@ -53,9 +53,7 @@ def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
         hints = typing.get_type_hints(cls)
         return {n: hints[n] for n in names}
     except Exception:  # a config base annotates a name its module does not import: resolve only our fields
-        namespace = {**vars(sys.modules[cls.__module__])}
-        for klass in cls.__mro__:
-            namespace = {**vars(sys.modules[klass.__module__]), **namespace}
+        namespace = {k: v for klass in reversed(cls.__mro__) for k, v in vars(sys.modules[klass.__module__]).items()}
         return {f.name: eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
                 for f in dataclasses.fields(cls) if f.name in names}
 
@@ -75,9 +73,9 @@ def option_fields(config_class: type) -> list[dataclasses.Field]:
 
 
 def _is_list_type(hint: Any) -> bool:
-    args = [a for a in typing.get_args(hint) if a not in (type(None), str)] if typing.get_args(hint) else [hint]
     if typing.get_origin(hint) is list:
         return True
+    args = typing.get_args(hint)
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and any(typing.get_origin(a) is list for a in args)
 
 

@@ -19,9 +19,6 @@ RETAIN_REFERENCE_HELP = (
     "TOFU_EVAL.json, or TOFU's eval_log_forget.json (or its results folder)"
 )
 
-AUTOCAST_CHOICES = ["none", "bfloat16", "float16"]
-"""``--autocast-dtype`` / ``--eval-autocast`` values: ``evaluate_tofu``'s ``autocast_dtype`` options, ``none`` for ``None``."""
-
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises :class:`~hf_unlearn.options.UserError` (one line) instead of exiting."""
@@ -40,12 +37,6 @@ def default_data_source() -> str:
         raise UserError(f"{TOFU_DIR_ENV}={folder} is not a folder; point it at a folder of TOFU <config>.jsonl files, "
                         "or unset it to use the Hub dataset.")
     return os.path.expanduser(folder)
-
-
-def autocast_dtype(choice: str | None, default: str | None = None) -> str | None:
-    """``evaluate_tofu``'s ``autocast_dtype`` from a CLI choice."""
-    choice = default if choice is None else choice
-    return None if choice in (None, "none") else choice
 
 
 def resolve_cli_device(args: argparse.Namespace, method: str | None = None,

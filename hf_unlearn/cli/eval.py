@@ -10,7 +10,7 @@ from typing import Any
 from ..devices import DEVICE_HELP
 from ..options import RunFailure, UserError
 from ..preconditions import check_eval_configs, check_retain_reference, load_model
-from .common import AUTOCAST_CHOICES, DATA_HELP, RETAIN_REFERENCE_HELP, autocast_dtype, resolve_cli_device
+from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                     help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
     ev.add_argument("--max-examples", type=int, default=None)
-    ev.add_argument("--autocast-dtype", choices=AUTOCAST_CHOICES, default="none",
+    ev.add_argument("--autocast-dtype", choices=("none", "bfloat16", "float16"), default="none",
                     help="score and generate under torch.autocast with this dtype (recorded in the report)")
     ev.add_argument("--attacks", default=None, metavar="quant,relearn",
                     help="after the evaluation, try to bring the forget rows back: quant (4-bit and 8-bit copies), "
@@ -54,19 +54,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return ev
 
 
-def _muse_retain_reference(value: str | None) -> float | str | None:
-    """An AUC or the path of a retain model's MUSE report."""
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    if not os.path.isfile(value):
-        raise UserError(f"--retain-reference {value}: neither an AUC nor a MUSE report file.")
-    return value
-
-
 def cmd_eval_muse(args: argparse.Namespace) -> int:
     """``eval --benchmark muse``: ``evaluate_muse`` on ``--data``, its report printed and written."""
     from ..evaluation import MUSE_HUB_ID, evaluate_muse, render_muse_report
@@ -74,13 +61,18 @@ def cmd_eval_muse(args: argparse.Namespace) -> int:
     unused = [flag for flag, value in (("--attacks", args.attacks), ("--save-truth-ratios", args.save_truth_ratios),
                                        ("--template", args.template), ("--attack-original", args.attack_original))
               if value]
-    if args.forget_split != "forget10" or args.autocast_dtype not in (None, "none"):
+    if args.forget_split != "forget10" or args.autocast_dtype != "none":
         unused.append("--forget-split/--autocast-dtype")
     if unused:
         raise UserError(f"{', '.join(unused)}: TOFU options, not used by --benchmark muse.")
     _check_positive(args, "batch_size", "max_examples")
     device = resolve_cli_device(args)
-    reference = _muse_retain_reference(args.retain_reference)
+    reference = args.retain_reference  # an AUC or the path of a retain model's MUSE report
+    try:
+        reference = None if reference is None else float(reference)
+    except ValueError:
+        if not os.path.isfile(reference):
+            raise UserError(f"--retain-reference {reference}: neither an AUC nor a MUSE report file.") from None
     _check_eval_report_paths(args)
     model, tokenizer = load_model(args.model, device)
     report = _in_phase(args, "MUSE evaluation", lambda: evaluate_muse(
@@ -131,7 +123,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model, tokenizer, source=args.data, forget_split=args.forget_split, retain_reference=args.retain_reference,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_examples=args.max_examples,
         output_path=args.output, progress=args.verbose, template=args.template,
-        autocast_dtype=autocast_dtype(args.autocast_dtype), attacks=attacks or None))
+        autocast_dtype=None if args.autocast_dtype == "none" else args.autocast_dtype, attacks=attacks or None))
     if args.save_truth_ratios:
         save_truth_ratios(report, args.save_truth_ratios)
     print(render_report(report))

@@ -120,11 +120,9 @@ def build_tiny_llama(tokenizer: Any, recipe: TinyRecipe):
 def fit_causal_lm(model: Any, tokenizer: Any, rows: list[dict[str, Any]], recipe: TinyRecipe, progress: bool = True) -> list[float]:
     """Train ``model`` on the text of ``rows`` (next-token loss on every token; AdamW, linear warm-up, cosine
     decay); returns the mean loss of each epoch."""
-    feats = []
-    for r in rows:
-        f = tokenize_qa(tokenizer, r["question"], r["answer"], max_length=recipe.max_length)
+    feats = [tokenize_qa(tokenizer, r["question"], r["answer"], max_length=recipe.max_length) for r in rows]
+    for f in feats:
         f["labels"] = list(f["input_ids"])
-        feats.append(f)
     rng = random.Random(recipe.seed)
     steps_per_epoch = math.ceil(len(feats) / recipe.batch_size)
     total = steps_per_epoch * recipe.epochs
