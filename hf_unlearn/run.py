@@ -388,30 +388,12 @@ def selection_criterion(selection: SelectionRequest, data: str, forget: list[dic
     return criterion, retain
 
 
-def check_memory(request: UnlearnRequest, config: Any, forget: list, retain: list) -> None:
-    """On a CUDA device, refuse before the model loads a run whose memory plan does not fit (the longest row
-    sets the sequence length); a sharded launch is not checked."""
-    from .memory_plan import check_run_memory, device_capacity, dtype_bytes, sharded_launch
-
-    if device_capacity(request.device) is None or sharded_launch():
-        return
-    from transformers import AutoConfig, AutoTokenizer
-
-    model_config = AutoConfig.from_pretrained(request.model, trust_remote_code=False)
-    tokenizer = AutoTokenizer.from_pretrained(request.model, trust_remote_code=False)
-    texts = [r.get("text") or f"{r.get('question', '')} {r.get('answer', '')}" if isinstance(r, dict) else str(r)
-             for r in [*forget, *(retain or [])]]
-    longest = max((len(ids) for ids in tokenizer(texts)["input_ids"]), default=1) + 32  # + the prompt template
-    seq_len = min(longest, getattr(config, "max_length", None) or longest)
-    dtype = request.model_options.dtype if request.model_options is not None else "auto"
-    check_run_memory(request.method, config, model_config, request.model_options, request.device, seq_len,
-                     weight_bytes=dtype_bytes(dtype, model_config))
-
-
 def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
-    """The rows, the selection criterion (or ``None``), the resume check, the memory plan, the model and what
-    the method would refuse with it; returns the :class:`Inputs` and the criterion."""
+    """The rows, the selection criterion (or ``None``), the resume check, the memory plan (on a CUDA device,
+    unless sharded: the longest row sets the sequence length), the model and what the method would refuse with it;
+    returns the :class:`Inputs` and the criterion."""
     from .data import RETAIN_FOR_FORGET
+    from .memory_plan import check_run_memory, device_capacity, dtype_bytes, sharded_launch
 
     forget = load_rows(request.forget_split, request.data, request.forget_file)
     retain = load_rows(RETAIN_FOR_FORGET[request.forget_split], request.data, request.retain_file)
@@ -421,8 +403,18 @@ def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
                                                 request.settings.get("prompt_template"), request.device)
     if request.resume:
         check_resume_request(request.folder, run_request(request.method, config, forget, retain))
-    check_memory(request, config, forget, retain)
     options = request.model_options
+    if device_capacity(request.device) is not None and not sharded_launch():
+        from transformers import AutoConfig, AutoTokenizer
+
+        model_config = AutoConfig.from_pretrained(request.model, trust_remote_code=False)
+        texts = [r.get("text") or f"{r.get('question', '')} {r.get('answer', '')}" if isinstance(r, dict) else str(r)
+                 for r in [*forget, *(retain or [])]]
+        ids = AutoTokenizer.from_pretrained(request.model, trust_remote_code=False)(texts)["input_ids"]
+        longest = max((len(i) for i in ids), default=1) + 32  # + the prompt template
+        seq_len = min(longest, getattr(config, "max_length", None) or longest)
+        weight_bytes = dtype_bytes(options.dtype if options is not None else "auto", model_config)
+        check_run_memory(request.method, config, model_config, options, request.device, seq_len, weight_bytes)
     model, tokenizer = load_model(request.model, request.device, dtype=None if options is None else options.torch_dtype())
     check_run_preconditions(request.method, config, model, tokenizer, forget, retain)
     inputs = Inputs(request.method, model, tokenizer, forget, retain, dict(request.settings), config, request.folder)

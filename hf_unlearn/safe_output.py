@@ -55,13 +55,6 @@ def _umask() -> int:
     return mask
 
 
-def _make_temp_dir(prefix: str, parent: Path) -> Path:
-    """``tempfile.mkdtemp`` with ``os.mkdir``'s mode (``0o777 & ~umask``) instead of ``0o700``."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    os.chmod(folder, 0o777 & ~_umask())
-    return folder
-
-
 def _folder_state(path: Path) -> tuple[int, int, bool] | None:
     """``(device, inode, non-empty)`` of ``path`` (a non-folder counts as non-empty), ``None`` when missing."""
     try:
@@ -207,7 +200,8 @@ def atomic_directory(
         if before is not None and before[2] and not overwrite:
             raise OutputDirError(f"Output folder {final} is not empty; pass overwrite=True (CLI: --overwrite).")
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _make_temp_dir(f".{final.name}.tmp-{os.getpid()}-", final.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+        os.chmod(tmp, 0o777 & ~_umask())  # os.mkdir's mode, not mkdtemp's 0o700
         try:
             yield tmp
         except BaseException:

@@ -74,17 +74,6 @@ def recipe_for(size: str) -> TinyRecipe:
     raise ValueError(f"Unknown TOFU-tiny size {size!r}; use 'test', 'tofu-test' or 'bench'.")
 
 
-def corpus_texts(rows: list[dict[str, Any]]) -> list[str]:
-    """All text a tokenizer should see: questions, answers, paraphrases and perturbed answers."""
-    texts = []
-    for r in rows:
-        texts += [r["question"], r["answer"]]
-        if r.get("paraphrased_answer"):
-            texts.append(r["paraphrased_answer"])
-        texts += list(r.get("perturbed_answer") or [])
-    return texts
-
-
 def train_bpe_tokenizer(texts: list[str], vocab_size: int = 512):
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``texts`` with ``<s> </s> <pad> <unk>``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -219,10 +208,11 @@ def build_tiny_pair(source: str = "synthetic", forget_split: str = "forget10", r
     extra = load_tofu_rows("real_authors", source) + load_tofu_rows("world_facts", source)
     forget_eval = load_tofu_rows(f"{forget_split}_perturbed", source)
     retain_eval = load_tofu_rows("retain_perturbed", source)
-    texts = corpus_texts(
-        forget_eval + retain_eval + retain_rows + forget_rows
-        + load_tofu_rows("real_authors_perturbed", source) + load_tofu_rows("world_facts_perturbed", source)
-    )
+    texts = []  # all text the tokenizer sees: questions, answers, paraphrases and perturbed answers
+    for r in (forget_eval + retain_eval + retain_rows + forget_rows + load_tofu_rows("real_authors_perturbed", source)
+              + load_tofu_rows("world_facts_perturbed", source)):
+        texts += [r["question"], r["answer"], *([r["paraphrased_answer"]] if r.get("paraphrased_answer") else []),
+                  *(r.get("perturbed_answer") or [])]
     trained_questions = {r["question"] for r in retain_rows}
     retain_paraphrases = paraphrase_rows([r for r in retain_eval if r["question"] in trained_questions])
     forget_paraphrases = paraphrase_rows(forget_eval)
