@@ -65,16 +65,6 @@ def _folder_state(path: Path) -> tuple[int, int, bool] | None:
     return st.st_dev, st.st_ino, full
 
 
-def _changed_since(before: tuple[int, int, bool] | None, now: tuple[int, int, bool] | None, overwrite: bool) -> bool:
-    """Whether swapping into the folder now (state ``now``) would destroy something not there, or not
-    allowed to be replaced, at the start check (state ``before``)."""
-    if now is None or not now[2]:
-        return False  # missing or empty: nothing to lose
-    if before is None or before[:2] != now[:2]:
-        return True  # another folder (or file) took its place since the start check
-    return not (overwrite or before[2])  # the same folder: filled meanwhile, and overwrite was not asked
-
-
 def _is_within(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
@@ -207,7 +197,10 @@ def atomic_directory(
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if _changed_since(before, _folder_state(final), overwrite):
+        # a non-empty folder that another one replaced since the start check, or that was filled meanwhile
+        # without overwrite, holds what the swap must not destroy
+        now = _folder_state(final)
+        if now is not None and now[2] and (before is None or before[:2] != now[:2] or not (overwrite or before[2])):
             kept = Path(tempfile.mkdtemp(prefix=f"{final.name}.new-", dir=final.parent))
             kept.rmdir()
             os.replace(tmp, kept)

@@ -105,6 +105,7 @@ def _in_phase(args: argparse.Namespace, phase: str, evaluate: Any) -> Any:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate_tofu, render_report, save_truth_ratios
+    from ..evaluation.attacks import check_attack_options, parse_attacks
 
     if getattr(args, "benchmark", "tofu") == "muse":
         return cmd_eval_muse(args)
@@ -113,7 +114,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_eval_configs(args.data, args.forget_split)
     check_retain_reference(args.retain_reference, args.forget_split, args.data, args.max_examples)
     _check_eval_report_paths(args)
-    attacks = _eval_attacks(args)
+    attacks = {}  # evaluate_tofu's attacks= from --attacks / --relearn-*
+    if args.attacks:
+        try:
+            attacks = parse_attacks(args.attacks)
+            if "relearn" in attacks:
+                attacks["relearn"].update(steps=args.relearn_steps, learning_rate=args.relearn_lr)
+            check_attack_options(attacks)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        if args.relearn_lr < 0:
+            raise UserError(f"--relearn-lr must be >= 0, got {args.relearn_lr}.")
+    elif args.attack_original:
+        raise UserError("--attack-original needs --attacks.")
     model, tokenizer = load_model(args.model, device)
     if args.attack_original:  # the model before unlearning: the attacks' recovered fractions
         original, _ = load_model(args.attack_original, device)
@@ -150,23 +163,3 @@ def _check_eval_report_paths(args: argparse.Namespace) -> None:
                 raise UserError(str(err)) from None
     if len(targets) == 2 and targets[0] == targets[1]:
         raise UserError(f"--output and --save-truth-ratios name the same file {targets[0]}; give two paths.")
-
-
-def _eval_attacks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """``evaluate_tofu``'s ``attacks`` from ``--attacks`` / ``--relearn-*``, checked before any model loads."""
-    from ..evaluation.attacks import check_attack_options, parse_attacks
-
-    if not args.attacks:
-        if args.attack_original:
-            raise UserError("--attack-original needs --attacks.")
-        return {}
-    try:
-        attacks = parse_attacks(args.attacks)
-        if "relearn" in attacks:
-            attacks["relearn"].update(steps=args.relearn_steps, learning_rate=args.relearn_lr)
-        check_attack_options(attacks)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    if args.relearn_lr < 0:
-        raise UserError(f"--relearn-lr must be >= 0, got {args.relearn_lr}.")
-    return attacks

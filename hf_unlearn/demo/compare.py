@@ -167,9 +167,9 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
             "max_new_tokens": eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)}
 
 
-def demo_table(results: dict[str, Any]) -> str:
-    """The demo's markdown table (the target and the retain reference first), with a note when answers were cut
-    shorter than TOFU's 200 new tokens."""
+def write_demo_results(results: dict[str, Any], out_dir: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Path]:
+    """Write ``demo.json`` (``meta`` + results + the markdown table, the target and the retain reference first,
+    with a note when answers were cut shorter than TOFU's 200 new tokens) and ``demo.md`` into ``out_dir``."""
     ordered = [("target", results["target"]), ("retain reference", results["retain_reference"]),
                *results["rows"].items()]
     lines = ["| method | " + " | ".join(title for _, title, _ in DEMO_COLUMNS) + " |",
@@ -186,13 +186,7 @@ def demo_table(results: dict[str, Any]) -> str:
     if tokens is not None and tokens < DEFAULT_MAX_NEW_TOKENS:
         table += (f"\n\nForget ROUGE-L from greedy answers of at most {tokens} new tokens (TOFU generates up to "
                   f"{DEFAULT_MAX_NEW_TOKENS}; longer answers are cut, which caps ROUGE-L).")
-    return table
-
-
-def write_demo_results(results: dict[str, Any], out_dir: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Path]:
-    """Write ``demo.json`` (``meta`` + results + the table) and ``demo.md`` into ``out_dir``."""
     out = Path(out_dir)
-    table = demo_table(results)
     paths = {"json": out / "demo.json", "markdown": out / "demo.md"}
     atomic_write_json(paths["json"], {**meta, **results, "table_markdown": table})
     atomic_write_text(paths["markdown"], table + "\n")
