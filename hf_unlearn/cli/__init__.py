@@ -15,15 +15,11 @@ from .common import TOFU_DIR_ENV, ArgumentParser, default_data_source
 
 __all__ = ["build_parser", "main"]
 
-#: The commands, in the order ``hf-unlearn --help`` lists them: each module's ``add_parser(subparsers)``.
-COMMANDS = (demo, unlearn, eval_command)
-
-
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="hf-unlearn", allow_abbrev=False,
                             description="Machine unlearning for causal LMs on the Hugging Face stack.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    for command in COMMANDS:
+    for command in (demo, unlearn, eval_command):  # in the order --help lists them
         command.add_parser(sub)
     return parser
 

@@ -66,18 +66,3 @@ def resolve_cli_device(args: argparse.Namespace, method: str | None = None,
                         f"choose the GPU with CUDA_VISIBLE_DEVICES={device.split(':')[1]} and --device cuda.")
     return device
 
-
-def tiny_pair(build: Any, source: str, split: str, recipe: Any, cache_dir: str | None) -> Any:
-    """The TOFU-tiny pair from ``build`` (:func:`hf_unlearn.demo.build_tiny_pair`), with one progress line."""
-    from ..console import PhaseReporter
-
-    say = PhaseReporter()
-    say.start("tiny models", "preparing")
-    pair = build(source, split, recipe, cache_dir=cache_dir, progress=False)
-    say.done("cached after the first run")
-    return pair
-
-
-def report_failures(results: dict[str, Any]) -> int:
-    """Exit status of a comparison: 1 when a method failed."""
-    return 1 if any(r.get("error") for r in results["rows"].values()) else 0

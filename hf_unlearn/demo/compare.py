@@ -36,15 +36,6 @@ DEMO_COLUMNS = (
 )
 
 
-def chosen_label(selection: dict[str, Any] | None, steps: int | None) -> str | None:
-    """The strength a selection record chose, in a few words (``step 10 of 30``, or the first three settings)."""
-    chosen = (selection or {}).get("chosen") or {}
-    if "step" in chosen:
-        return f"step {chosen['step']} of {steps}" if steps else f"step {chosen['step']}"
-    items = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}" for key, value in chosen.items()]
-    return ", ".join(items[:3]) or None
-
-
 def forget_rows_with_other_answers(forget_split: str, source: str) -> list[dict[str, Any]]:
     """The rows of TOFU config ``forget_split``, each with the ``paraphrased_answer`` and
     ``perturbed_answer`` of ``<forget_split>_perturbed`` when that config holds the same rows in the same order."""
@@ -109,8 +100,13 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
             report = evaluate_tofu(result.model, tokenizer, source=data["source"], forget_split=data["forget_split"],
                                    retain_reference=retain_report, scorer=result.scorer,
                                    generation_kwargs=result.generation_kwargs, progress=False, **eval_kwargs)
-            row.update(report_row(report), seconds=result.seconds, steps=steps,
-                       chosen=chosen_label(row["selection"], steps))
+            # the strength chosen, in a few words: "step 10 of 30", or the first three settings
+            chosen = (row["selection"] or {}).get("chosen") or {}
+            if "step" in chosen:
+                label = f"step {chosen['step']} of {steps}" if steps else f"step {chosen['step']}"
+            else:
+                label = ", ".join([f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items()][:3])
+            row.update(report_row(report), seconds=result.seconds, steps=steps, chosen=label or None)
             say.done()
             if quantization_check and result.weights_changed:
                 phase = "NF4 re-check"
