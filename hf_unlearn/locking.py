@@ -114,12 +114,9 @@ def _read_record(fd: int) -> Any:
 def _describe(holder: dict[str, Any]) -> str:
     if not holder:
         return "another process (its lock file is being written)"
-    what = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-    if holder.get("started"):
-        what += f" since {holder['started']}"
-    if holder.get("command"):
-        what += f" ({holder['command']})"
-    return what
+    return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+            + (f" since {holder['started']}" if holder.get("started") else "")
+            + (f" ({holder['command']})" if holder.get("command") else ""))
 
 
 def _folder_of(path: Path) -> Path:
@@ -127,10 +124,8 @@ def _folder_of(path: Path) -> Path:
 
 
 def _locked_message(path: Path, holder: dict[str, Any]) -> str:
-    return (
-        f"Output folder {_folder_of(path)} is in use by {_describe(holder)}; wait for that run to finish or choose "
-        f"another output folder (lock file {path})."
-    )
+    return (f"Output folder {_folder_of(path)} is in use by {_describe(holder)}; wait for that run to finish or "
+            f"choose another output folder (lock file {path}).")
 
 
 def _lock_refused(path: Path, reason: str) -> OutputDirError:

@@ -29,25 +29,6 @@ def _first_line(err: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _missing_model_folder(name_or_path: str) -> str | None:
-    """Why ``name_or_path`` (not a local folder) is a missing local path rather than a Hub id, or ``None``."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if os.path.exists(name_or_path):
-        return f"{name_or_path} is a file, not a model folder; pass the folder that holds config.json and the weights."
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
-        return f"Model folder {name_or_path} does not exist."
-    first = name_or_path.split("/", 1)[0]
-    if "/" in name_or_path and os.path.isdir(first):
-        return (f"Model folder {name_or_path} does not exist ({first}/ is a local folder, so this is a local path, "
-                "not a Hub model id).")
-    try:
-        validate_repo_id(name_or_path)
-    except HFValidationError:
-        return f"Model folder {name_or_path} does not exist, and it is not a valid Hub model id either."
-    return None
-
-
 def _json_object(path: Path) -> dict[str, Any]:
     """The JSON object in ``path`` (``{}`` when there is no such file)."""
     import json
@@ -105,8 +86,22 @@ def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) 
             check_weight_files(folder)
         except (ValueError, OSError) as err:
             raise UserError(" ".join(str(err).split())) from None
-    elif problem := _missing_model_folder(name_or_path):
-        raise UserError(problem)
+    else:  # a missing local path rather than a Hub id is refused
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        if os.path.exists(name_or_path):
+            raise UserError(f"{name_or_path} is a file, not a model folder; pass the folder that holds config.json "
+                            "and the weights.")
+        if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
+            raise UserError(f"Model folder {name_or_path} does not exist.")
+        if "/" in name_or_path and os.path.isdir(first := name_or_path.split("/", 1)[0]):
+            raise UserError(f"Model folder {name_or_path} does not exist ({first}/ is a local folder, so this is a "
+                            "local path, not a Hub model id).")
+        try:
+            validate_repo_id(name_or_path)
+        except HFValidationError:
+            raise UserError(f"Model folder {name_or_path} does not exist, and it is not a valid Hub model id "
+                            "either.") from None
     offline = "" if local else " Without network access, pass a local model folder."
     where = "" if local else f": there is no local folder {name_or_path} in {os.getcwd()}, and as a Hub model id it"
     try:

@@ -1,9 +1,7 @@
-"""The one run path of a registered method: checked inputs -> fit or train (with its strength selection) -> save.
-
-On a loaded model: :func:`prepare_inputs` -> :func:`fit_or_train` -> :func:`save`. From names (``hf-unlearn
-unlearn``): :func:`unlearn` runs :func:`check_request` -> :func:`load_inputs` -> :func:`fit_or_train` -> :func:`save`
--> :func:`evaluate` in a temporary folder swapped in when complete (in the output folder itself when resuming or
-checkpointing, so that checkpoints outlive an interrupted run)."""
+"""The one run path of a registered method. On a loaded model: :func:`prepare_inputs` -> :func:`fit_or_train` ->
+:func:`save`. From names (``hf-unlearn unlearn``): :func:`unlearn` runs :func:`check_request` -> :func:`load_inputs`
+-> :func:`fit_or_train` -> :func:`save` -> :func:`evaluate` in a temporary folder swapped in when complete (in the
+output folder itself when resuming or checkpointing, so that checkpoints outlive an interrupted run)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""TOFU-tiny: small models trained from scratch on TOFU-shaped text, for the demo, CPU benchmarks and tests.
-
-A byte-level BPE tokenizer and a small ``LlamaForCausalLM`` trained on the question/answer text of authors that
-include the forget authors (the *target*), and by the same recipe on the retain authors only (the *retain
-reference*); both cached under a hash of the recipe and the data. The training loop is plain PyTorch: it creates
-the models the methods are applied to and is no part of any method.
-"""
+"""TOFU-tiny, for the demo, CPU benchmarks and tests: a byte-level BPE tokenizer and a small ``LlamaForCausalLM``
+trained from scratch (plain PyTorch, no part of any method) on TOFU-shaped text with the forget authors (the
+*target*) and without them (the *retain reference*), cached under a hash of the recipe and the data."""
 
 from __future__ import annotations
 
