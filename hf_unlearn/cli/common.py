@@ -7,7 +7,7 @@ import os
 import typing
 from typing import Any
 
-from ..options import UserError
+from ..options import RunFailure, UserError
 from ..registry import get_method
 
 #: Environment variable naming a local folder of TOFU ``<config>.jsonl`` files: the default of ``--data``.
@@ -66,3 +66,14 @@ def resolve_cli_device(args: argparse.Namespace, method: str | None = None,
                         f"choose the GPU with CUDA_VISIBLE_DEVICES={device.split(':')[1]} and --device cuda.")
     return device
 
+
+def in_phase(say: Any, label: str, phase: str, work: Any, note: Any = lambda result: "") -> Any:
+    """``work()`` as one progress line of ``say`` (a ``PhaseReporter``); a failure is a :class:`RunFailure`
+    naming the phase."""
+    say.start(label, phase)
+    try:
+        result = work()
+    except Exception as err:
+        raise RunFailure(say.fail(err), printed=True) from err
+    say.done(note(result))
+    return result

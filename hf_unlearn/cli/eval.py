@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..console import PhaseReporter
 from ..devices import DEVICE_HELP
-from ..options import RunFailure, UserError
+from ..options import UserError
 from ..preconditions import check_eval_configs, check_retain_reference, load_model
-from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
+from .common import DATA_HELP, RETAIN_REFERENCE_HELP, in_phase, resolve_cli_device
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -75,7 +76,8 @@ def cmd_eval_muse(args: argparse.Namespace) -> int:
             raise UserError(f"--retain-reference {reference}: neither an AUC nor a MUSE report file.") from None
     _check_eval_report_paths(args)
     model, tokenizer = load_model(args.model, device)
-    report = _in_phase(args, "MUSE evaluation", lambda: evaluate_muse(
+    say = PhaseReporter(inline=not args.verbose)
+    report = in_phase(say, Path(args.model).name, "MUSE evaluation", lambda: evaluate_muse(
         model, tokenizer, source=args.data or MUSE_HUB_ID, retain_reference=reference,
         max_examples=args.max_examples, batch_size=args.batch_size, progress=args.verbose, output_path=args.output))
     print(render_muse_report(report))
@@ -87,20 +89,6 @@ def _check_positive(args: argparse.Namespace, *names: str) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
-
-
-def _in_phase(args: argparse.Namespace, phase: str, evaluate: Any) -> Any:
-    """``evaluate()`` as one progress line; a failure is a :class:`RunFailure` naming the phase."""
-    from ..console import PhaseReporter
-
-    say = PhaseReporter(inline=not args.verbose)
-    say.start(Path(args.model).name, phase)
-    try:
-        report = evaluate()
-    except Exception as err:
-        raise RunFailure(say.fail(err), printed=True) from err
-    say.done()
-    return report
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -132,7 +120,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         original, _ = load_model(args.attack_original, device)
         for options in attacks.values():
             options["original"] = original
-    report = _in_phase(args, "evaluation" + (" and attacks" if attacks else ""), lambda: evaluate_tofu(
+    phase, say = "evaluation" + (" and attacks" if attacks else ""), PhaseReporter(inline=not args.verbose)
+    report = in_phase(say, Path(args.model).name, phase, lambda: evaluate_tofu(
         model, tokenizer, source=args.data, forget_split=args.forget_split, retain_reference=args.retain_reference,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_examples=args.max_examples,
         output_path=args.output, progress=args.verbose, template=args.template,

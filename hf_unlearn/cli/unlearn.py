@@ -8,11 +8,11 @@ from typing import Any
 
 from ..devices import DEVICE_HELP
 from ..model_options import parse_model_options
-from ..options import RunFailure, UserError, config_parser, method_config_class, parse_method_settings
+from ..options import UserError, config_parser, method_config_class, parse_method_settings
 from ..preconditions import check_output_parent, check_push_target, check_retain_reference
 from ..registry import method_names
 from ..scripts import method_option_names
-from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
+from .common import DATA_HELP, RETAIN_REFERENCE_HELP, in_phase, resolve_cli_device
 
 
 def method_help() -> str:
@@ -177,13 +177,8 @@ def _push(args: argparse.Namespace, done: Any, token: str | None, say: Any) -> N
     from ..hub import push_unlearned
 
     result = done.result
-    say.start(result.method, "push")
-    try:
-        commit = push_unlearned(
-            result, args.push_to_hub, report=done.report, token=token, forget_split=args.forget_split,
-            dataset=args.data, base_model=args.model, selection=result.info.get("selection"),
-            tokenizer=done.tokenizer if result.artifact is result.model else None,
-        )
-    except Exception as err:
-        raise RunFailure(say.fail(err), printed=True) from err
-    say.done(str(getattr(commit, "commit_url", commit)))
+    in_phase(say, result.method, "push", lambda: push_unlearned(
+        result, args.push_to_hub, report=done.report, token=token, forget_split=args.forget_split,
+        dataset=args.data, base_model=args.model, selection=result.info.get("selection"),
+        tokenizer=done.tokenizer if result.artifact is result.model else None,
+    ), note=lambda commit: str(getattr(commit, "commit_url", commit)))
