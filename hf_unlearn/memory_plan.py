@@ -156,9 +156,8 @@ def method_needs(method: str, config: Any, shape: ModelShape, weight_bytes: int)
     extra = dict(declared(shape, weight_bytes)) if callable(declared) else {}
     if not info.is_trainer:
         return MethodNeeds(trains=False, reference=False, retain_pairing=False, extra=extra)
-    trainer_cls = info.trainer_cls
-    return MethodNeeds(trains=True, reference=bool(trainer_cls.needs_reference_model(config)),
-                       retain_pairing=bool(trainer_cls.needs_retain(config)), extra=extra)
+    return MethodNeeds(trains=True, reference=bool(info.trainer_cls.needs_reference_model(config)),
+                       retain_pairing=bool(info.trainer_cls.needs_retain(config)), extra=extra)
 
 
 def run_settings(config: Any, model_options: Any, weight_bytes: int, seq_len: int) -> Settings:

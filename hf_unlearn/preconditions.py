@@ -365,22 +365,19 @@ def check_output_parent(output: str | os.PathLike | None) -> None:
             return
 
 
-def _rows_digest(rows: Sequence[Any]) -> str:
-    """``"<count>:<SHA-256 of the rows as canonical JSON>"``."""
+def run_request(method: str, config: Any, forget: Sequence[Any], retain: Sequence[Any]) -> dict[str, Any]:
+    """What a trainer run is asked to do, known before the model loads: the method, the settings that change
+    the weights and the digests of the rows (``"<count>:<SHA-256 of the rows as canonical JSON>"``)."""
     import hashlib
     import json
 
-    text = json.dumps(list(rows), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return f"{len(rows)}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
-
-
-def run_request(method: str, config: Any, forget: Sequence[Any], retain: Sequence[Any]) -> dict[str, Any]:
-    """What a trainer run is asked to do, known before the model loads: the method, the settings that change
-    the weights and the digests of the rows."""
     from .methods.base.checkpoints import _tracked_settings
 
-    return {"method": method, "settings": _tracked_settings(config),
-            "data": {"forget": _rows_digest(forget), "retain": _rows_digest(retain)}}
+    digests = {}
+    for name, rows in (("forget", forget), ("retain", retain)):
+        text = json.dumps(list(rows), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        digests[name] = f"{len(rows)}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+    return {"method": method, "settings": _tracked_settings(config), "data": digests}
 
 
 def check_resume_request(folder: str | os.PathLike, request: dict[str, Any]) -> None:
