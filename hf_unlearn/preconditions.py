@@ -357,12 +357,9 @@ def check_output_parent(output: str | os.PathLike | None) -> None:
     """The nearest existing path above ``output`` is a folder (checked before the lock file is made)."""
     if not output:
         return
-    path = Path(output).expanduser().absolute()
-    for parent in path.parents:  # nearest first
-        if os.path.lexists(parent):
-            if not parent.is_dir():
-                raise UserError(f"Output folder {output} cannot be written: {parent} is a file, not a folder.")
-            return
+    parent = next(p for p in Path(output).expanduser().absolute().parents if os.path.lexists(p))  # nearest first
+    if not parent.is_dir():
+        raise UserError(f"Output folder {output} cannot be written: {parent} is a file, not a folder.")
 
 
 def run_request(method: str, config: Any, forget: Sequence[Any], retain: Sequence[Any]) -> dict[str, Any]:
