@@ -234,22 +234,26 @@ def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
                   device=device_of(result.model))
 
 
-def nf4_forget_rouge(model: Any, tokenizer: Any, report: Any, source: str, forget_split: str,
+def nf4_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any]],
                      eval_kwargs: dict[str, Any] | None = None) -> float:
-    """Forget ROUGE-L recall of greedy answers of the NF4-quantized copy of ``model`` on the forget rows ``report``
-    scored: the mean over rows of ``LCS(answer, reference) / len(reference)`` in words. ``eval_kwargs``:
-    ``batch_size``, ``max_new_tokens``."""
-    from .data import load_tofu_rows
+    """Forget ROUGE-L recall of greedy answers of the NF4-quantized copy of ``model``: the mean over rows
+    of ``LCS(answer, reference) / len(reference)`` in words. ``eval_kwargs``: ``batch_size``, ``max_new_tokens``."""
     from .evaluation import generate_answers, quantize_nf4, rouge_l_recall
     from .evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 
-    rows = load_tofu_rows(f"{forget_split}_perturbed", source)[:report.splits["forget"]["num_examples"]]
     eval_kwargs = eval_kwargs or {}
-    answers = generate_answers(quantize_nf4(model), tokenizer, [r["question"] for r in rows],
+    answers = generate_answers(quantize_nf4(model), tokenizer, [r["question"] for r in forget_rows],
                                batch_size=eval_kwargs.get("batch_size", 16),
                                max_new_tokens=eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
-    scores = rouge_l_recall(answers, [r["answer"] for r in rows])
+    scores = rouge_l_recall(answers, [r["answer"] for r in forget_rows])
     return float(sum(scores) / len(scores))
+
+
+def report_forget_rows(report: Any, source: str, forget_split: str) -> list[dict[str, Any]]:
+    """The forget rows (of ``<forget_split>_perturbed``) a TOFU ``report`` scored."""
+    from .data import load_tofu_rows
+
+    return load_tofu_rows(f"{forget_split}_perturbed", source)[:report.splits["forget"]["num_examples"]]
 
 
 # ---------------------------------------------------------------------------------------------- from names
@@ -436,8 +440,8 @@ def evaluate(result: Unlearned, inputs: Inputs, folder: Path, request: UnlearnRe
     phases.done()
     if evaluation.nf4_check and result.weights_changed:
         phases.start("NF4 re-check")
-        nf4_rouge = nf4_forget_rouge(result.model, inputs.tokenizer, report, request.data, request.forget_split,
-                                     {"max_new_tokens": evaluation.max_new_tokens})
+        rows = report_forget_rows(report, request.data, request.forget_split)
+        nf4_rouge = nf4_forget_rouge(result.model, inputs.tokenizer, rows, {"max_new_tokens": evaluation.max_new_tokens})
         report.extra["forget_rouge_l_nf4"] = nf4_rouge
         phases.done(f"forget ROUGE-L {nf4_rouge:.3f}")
     return report

@@ -14,6 +14,8 @@ from ..registry import get_method
 TOFU_DIR_ENV = "HF_UNLEARN_TOFU_DIR"
 DATA_HELP = (f"TOFU source: a local folder of <config>.jsonl files, 'synthetic', or a Hub dataset id (default: "
              f"${TOFU_DIR_ENV} when set, else the Hub dataset locuslab/TOFU)")
+AUTOCAST_CHOICES = ["none", "bfloat16", "float16"]
+"""``--autocast-dtype`` / ``--eval-autocast`` values: ``evaluate_tofu``'s ``autocast_dtype`` options, ``none`` for ``None``."""
 RETAIN_REFERENCE_HELP = (
     "the retain model's numbers for forget quality: our report or saved truth ratios, open-unlearning's "
     "TOFU_EVAL.json, or TOFU's eval_log_forget.json (or its results folder)"
@@ -37,6 +39,12 @@ def default_data_source() -> str:
         raise UserError(f"{TOFU_DIR_ENV}={folder} is not a folder; point it at a folder of TOFU <config>.jsonl files, "
                         "or unset it to use the Hub dataset.")
     return os.path.expanduser(folder)
+
+
+def autocast_dtype(choice: str | None, default: str | None = None) -> str | None:
+    """``evaluate_tofu``'s ``autocast_dtype`` from a CLI choice."""
+    choice = default if choice is None else choice
+    return None if choice in (None, "none") else choice
 
 
 def resolve_cli_device(args: argparse.Namespace, method: str | None = None,
@@ -77,3 +85,19 @@ def in_phase(say: Any, label: str, phase: str, work: Any, note: Any = lambda res
         raise RunFailure(say.fail(err), printed=True) from err
     say.done(note(result))
     return result
+
+
+def tiny_pair(build: Any, source: str, split: str, recipe: Any, cache_dir: str | None) -> Any:
+    """The TOFU-tiny pair from ``build`` (:func:`hf_unlearn.demo.build_tiny_pair`), with one progress line."""
+    from ..console import PhaseReporter
+
+    say = PhaseReporter()
+    say.start("tiny models", "preparing")
+    pair = build(source, split, recipe, cache_dir=cache_dir, progress=False)
+    say.done("cached after the first run")
+    return pair
+
+
+def report_failures(results: dict[str, Any]) -> int:
+    """Exit status of a comparison: 1 when a method failed."""
+    return 1 if any(r.get("error") for r in results["rows"].values()) else 0

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import UserError
+from .common import report_failures, tiny_pair
 
 DEFAULT_DEMO_DIR = "hf_unlearn_demo"
 
@@ -24,7 +25,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ..console import PhaseReporter
     from ..demo import build_tiny_pair, demo_methods, recipe_for, run_demo, write_demo_results
 
     known = demo_methods()
@@ -35,14 +35,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.output)
     print(f"hf-unlearn demo: synthetic fictitious authors, tiny Llama models, methods: {', '.join(methods)}")
     print(f"per-step training logs: {out / 'logs'}/<method>.jsonl")
-    say = PhaseReporter()
-    say.start("tiny models", "preparing")
-    pair = build_tiny_pair("synthetic", "forget10", recipe_for("test"), cache_dir=args.cache_dir, progress=False)
-    say.done("cached after the first run")
+    pair = tiny_pair(build_tiny_pair, "synthetic", "forget10", recipe_for("test"), args.cache_dir)
     results = run_demo(pair, methods, eval_kwargs={"max_new_tokens": 40}, quantization_check=not args.no_quantization,
                        log_dir=out / "logs", verbose=args.verbose)
     paths = write_demo_results(results, out, {"source": "synthetic", "forget_split": "forget10", "mode": "demo"})
     print()
     print(paths["markdown"].read_text())
     print(f"Results: {paths['json']}  table: {paths['markdown']}")
-    return 1 if any(r.get("error") for r in results["rows"].values()) else 0  # 1 when a method failed
+    return report_failures(results)

@@ -11,7 +11,14 @@ from ..console import PhaseReporter
 from ..devices import DEVICE_HELP
 from ..options import UserError
 from ..preconditions import check_eval_configs, check_retain_reference, load_model
-from .common import DATA_HELP, RETAIN_REFERENCE_HELP, in_phase, resolve_cli_device
+from .common import (
+    AUTOCAST_CHOICES,
+    DATA_HELP,
+    RETAIN_REFERENCE_HELP,
+    autocast_dtype,
+    in_phase,
+    resolve_cli_device,
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -39,7 +46,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                     help=f"generated answer length (TOFU's {DEFAULT_MAX_NEW_TOKENS})")
     ev.add_argument("--max-examples", type=int, default=None)
-    ev.add_argument("--autocast-dtype", choices=("none", "bfloat16", "float16"), default="none",
+    ev.add_argument("--autocast-dtype", choices=AUTOCAST_CHOICES, default="none",
                     help="score and generate under torch.autocast with this dtype (recorded in the report)")
     ev.add_argument("--attacks", default=None, metavar="quant,relearn",
                     help="after the evaluation, try to bring the forget rows back: quant (4-bit and 8-bit copies), "
@@ -125,7 +132,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model, tokenizer, source=args.data, forget_split=args.forget_split, retain_reference=args.retain_reference,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_examples=args.max_examples,
         output_path=args.output, progress=args.verbose, template=args.template,
-        autocast_dtype=None if args.autocast_dtype == "none" else args.autocast_dtype, attacks=attacks or None))
+        autocast_dtype=autocast_dtype(args.autocast_dtype), attacks=attacks or None))
     if args.save_truth_ratios:
         save_truth_ratios(report, args.save_truth_ratios)
     print(render_report(report))

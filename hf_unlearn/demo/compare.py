@@ -73,6 +73,7 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
         fit_or_train,
         nf4_forget_rouge,
         prepare_inputs,
+        report_forget_rows,
         selection_criterion,
     )
 
@@ -111,8 +112,8 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
             if quantization_check and result.weights_changed:
                 phase = "NF4 re-check"
                 say.start(method, phase)
-                row["forget_rouge_l_nf4"] = nf4_forget_rouge(result.model, tokenizer, report, data["source"],
-                                                             data["forget_split"], eval_kwargs)
+                rows = report_forget_rows(report, data["source"], data["forget_split"])
+                row["forget_rouge_l_nf4"] = nf4_forget_rouge(result.model, tokenizer, rows, eval_kwargs)
                 say.done()
     except Exception as err:  # one method's failure must not stop the others
         row.update(error=f"{type(err).__name__}: {err}", failed_phase=phase, traceback=traceback.format_exc(limit=8))
@@ -131,7 +132,7 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
 
     from ..console import PhaseReporter
     from ..data import RETAIN_FOR_FORGET, load_tofu_rows
-    from ..run import nf4_forget_rouge
+    from ..run import nf4_forget_rouge, report_forget_rows
     from .tofu_tiny import load_tiny
 
     eval_kwargs = dict(eval_kwargs or {})
@@ -144,8 +145,8 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
     if quantization_check:
         say.start("references", "NF4 re-check")
         target_model, tokenizer = load_tiny(pair.target)
-        target_row["forget_rouge_l_nf4"] = nf4_forget_rouge(target_model, tokenizer, target_report, source,
-                                                            forget_split, eval_kwargs)
+        rows = report_forget_rows(target_report, source, forget_split)
+        target_row["forget_rouge_l_nf4"] = nf4_forget_rouge(target_model, tokenizer, rows, eval_kwargs)
         del target_model
         say.done("target")
     tokenizer = AutoTokenizer.from_pretrained(pair.target, trust_remote_code=False)
