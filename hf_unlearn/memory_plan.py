@@ -188,9 +188,8 @@ def check_run_memory(method: str, config: Any, model_config: Any, model_options:
     if capacity is None:
         return None
     shape = ModelShape.from_config(model_config)
-    needs = method_needs(method, config, shape, weight_bytes)
-    settings = run_settings(config, model_options, weight_bytes, seq_len)
-    return check_plan_fits(shape, needs, settings, capacity, method, str(device))
+    return check_plan_fits(shape, method_needs(method, config, shape, weight_bytes),
+                           run_settings(config, model_options, weight_bytes, seq_len), capacity, method, str(device))
 
 
 def dtype_bytes(dtype: str | None, model_config: Any = None) -> int:
