@@ -169,8 +169,7 @@ def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest:
     path = confined_file(folder, manifest, what, manifest)
     if not path.is_file():
         raise AdapterIntegrityError(f"{what}: {manifest} is missing, so the pinned digest cannot be checked.")
-    got = manifest_digest(folder, manifest)
-    if got != want:
+    if (got := manifest_digest(folder, manifest)) != want:
         raise AdapterIntegrityError(f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these "
                                     "are not the files that were saved (or pushed) with that digest. Download the "
                                     "artifact again from a source you trust.")
@@ -209,7 +208,6 @@ def check_recorded_files(folder: Path, record: Any, what: str, manifest: str, *,
         if not path.is_file():
             raise AdapterIntegrityError(f"{what}: {name} is missing, but {manifest} says it was saved with it. "
                                         "Restore the file (or download the artifact again).")
-        got = file_sha256(path)
-        if got != want:
+        if (got := file_sha256(path)) != want:
             raise AdapterIntegrityError(f"{what}: {name} was modified after it was saved (sha256 {got[:12]} != "
                                         f"recorded {str(want)[:12]}). {fix}")
