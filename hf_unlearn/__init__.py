@@ -1,9 +1,6 @@
-"""hf-unlearn: machine unlearning for causal language models, native to the Hugging Face ecosystem.
-
-The top level is lazy (TRL's ``_LazyModule`` pattern): ``import hf_unlearn`` imports neither torch nor
-transformers' model code. The T3 classifier head is registered with the transformers Auto classes once they are
-imported, so ``AutoModel.from_pretrained`` loads a saved head without ``trust_remote_code``.
-"""
+"""hf-unlearn: machine unlearning for causal language models, native to the Hugging Face ecosystem. The top level
+is lazy (TRL's ``_LazyModule``): ``import hf_unlearn`` imports neither torch nor transformers' model code. The T3
+head is registered with the Auto classes once they are imported (loaded without ``trust_remote_code``)."""
 
 from __future__ import annotations
 

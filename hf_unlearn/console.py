@@ -83,15 +83,6 @@ def log_exception(path: str | os.PathLike | None, phase: str, error: BaseExcepti
               traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
 
 
-class _DropMessages(logging.Filter):
-    def __init__(self, *fragments: str):
-        super().__init__()
-        self.fragments = fragments
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(f in record.getMessage() for f in self.fragments)
-
-
 def quiet_console(verbose: bool = False) -> Callable[[], None]:
     """Silence third-party log messages (below ERROR, or WARNING with ``verbose``), progress bars and warnings
     for a CLI run; returns a function that restores the previous state."""
@@ -104,7 +95,10 @@ def quiet_console(verbose: bool = False) -> Callable[[], None]:
     saved_filters = list(warnings.filters)
     saved = (transformers.utils.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
              datasets.utils.logging.get_verbosity(), datasets.is_progress_bar_enabled(), are_progress_bars_disabled())
-    drop = _DropMessages("Failed to load CPU gemm_4bit_forward")
+
+    def drop(record: logging.LogRecord) -> bool:
+        return "Failed to load CPU gemm_4bit_forward" not in record.getMessage()
+
     for name in THIRD_PARTY:
         logging.getLogger(name).setLevel(level)
     for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops"):

@@ -169,8 +169,7 @@ def check_pinned_digest(folder: Path, expected: str | None, what: str, manifest:
     path = confined_file(folder, manifest, what, manifest)
     if not path.is_file():
         raise AdapterIntegrityError(f"{what}: {manifest} is missing, so the pinned digest cannot be checked.")
-    got = manifest_digest(folder, manifest)
-    if got != want:
+    if (got := manifest_digest(folder, manifest)) != want:
         raise AdapterIntegrityError(f"{what}: {manifest} has sha256 {got[:12]}, not the pinned {want[:12]}: these "
                                     "are not the files that were saved (or pushed) with that digest. Download the "
                                     "artifact again from a source you trust.")
@@ -198,12 +197,10 @@ def check_recorded_files(folder: Path, record: Any, what: str, manifest: str, *,
         raise AdapterIntegrityError(f"{what}: {manifest} records no file digests (sha256), so hf-unlearn cannot "
                                     "check that the files are the saved ones. Save it again with this hf-unlearn, "
                                     "or pass verify_integrity=False to load it unchecked.")
-    unlisted = [n for n in required if n not in files]
-    if unlisted:
+    if unlisted := [n for n in required if n not in files]:
         raise AdapterIntegrityError(f"{what}: {manifest} records no digest for {', '.join(unlisted)}, which every "
                                     "saved artifact has; the manifest was edited. Restore it from the saved files.")
-    extra = [n for n in on_disk if n not in files]
-    if extra:
+    if extra := [n for n in on_disk if n not in files]:
         raise AdapterIntegrityError(f"{what}: {', '.join(extra)} {'is' if len(extra) == 1 else 'are'} not recorded "
                                     f"in {manifest}: not a file it was saved with. Remove it or restore the saved files.")
     for name, want in sorted(files.items()):
@@ -211,7 +208,6 @@ def check_recorded_files(folder: Path, record: Any, what: str, manifest: str, *,
         if not path.is_file():
             raise AdapterIntegrityError(f"{what}: {name} is missing, but {manifest} says it was saved with it. "
                                         "Restore the file (or download the artifact again).")
-        got = file_sha256(path)
-        if got != want:
+        if (got := file_sha256(path)) != want:
             raise AdapterIntegrityError(f"{what}: {name} was modified after it was saved (sha256 {got[:12]} != "
                                         f"recorded {str(want)[:12]}). {fix}")

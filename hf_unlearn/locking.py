@@ -114,12 +114,9 @@ def _read_record(fd: int) -> Any:
 def _describe(holder: dict[str, Any]) -> str:
     if not holder:
         return "another process (its lock file is being written)"
-    what = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-    if holder.get("started"):
-        what += f" since {holder['started']}"
-    if holder.get("command"):
-        what += f" ({holder['command']})"
-    return what
+    return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+            + (f" since {holder['started']}" if holder.get("started") else "")
+            + (f" ({holder['command']})" if holder.get("command") else ""))
 
 
 def _folder_of(path: Path) -> Path:
@@ -127,10 +124,8 @@ def _folder_of(path: Path) -> Path:
 
 
 def _locked_message(path: Path, holder: dict[str, Any]) -> str:
-    return (
-        f"Output folder {_folder_of(path)} is in use by {_describe(holder)}; wait for that run to finish or choose "
-        f"another output folder (lock file {path})."
-    )
+    return (f"Output folder {_folder_of(path)} is in use by {_describe(holder)}; wait for that run to finish or "
+            f"choose another output folder (lock file {path}).")
 
 
 def _lock_refused(path: Path, reason: str) -> OutputDirError:
@@ -165,18 +160,6 @@ def lock_holder(output_dir: str | os.PathLike) -> dict[str, Any] | None:
             os.close(fd)
 
 
-def _remove_dead_temps(path: Path, pid: int) -> list[Path]:
-    """Remove the temporary folders the dead holder ``pid`` left beside the folder (real folders only)."""
-    prefix = f".{_folder_of(path).name}.tmp-{pid}-"
-    removed = []
-    with contextlib.suppress(OSError):
-        for entry in path.parent.iterdir():
-            if entry.name.startswith(prefix) and stat.S_ISDIR(os.lstat(entry).st_mode):
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry)
-    return removed
-
-
 def _claim(path: Path, held: _Held, fd: int) -> None:
     """``filelock``'s ``on_acquired``: refuse a lock file that is not a lock of its own, then write our record."""
     st = os.fstat(fd)
@@ -196,13 +179,20 @@ def _claim(path: Path, held: _Held, fd: int) -> None:
 
 
 def _warn_stale(path: Path, previous: dict[str, Any]) -> None:
-    """Log the take-over of a dead holder's lock, removing its temporary folders on this host."""
-    here = previous.get("host") == socket.gethostname()
+    """Log the take-over of a dead holder's lock, removing its temporary folders on this host (real folders
+    only)."""
     try:
         pid = int(previous["pid"])
     except (TypeError, ValueError):
-        pid, here = -1, False
-    removed = _remove_dead_temps(path, pid) if here and pid > 0 else []
+        pid = -1
+    removed = []
+    if previous.get("host") == socket.gethostname() and pid > 0:
+        prefix = f".{_folder_of(path).name}.tmp-{pid}-"
+        with contextlib.suppress(OSError):
+            for entry in path.parent.iterdir():
+                if entry.name.startswith(prefix) and stat.S_ISDIR(os.lstat(entry).st_mode):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(entry)
     state = "is no longer running" + (f"; removed its temporary folder(s) {', '.join(map(str, removed))}"
                                       if removed else "")
     logger.warning("Took over the stale lock %s of %s, which %s.", path, _describe(previous), state)
@@ -249,15 +239,6 @@ def _remove_created(folders: list[Path]) -> None:
             break
 
 
-def _release(path: Path, held: _Held) -> None:
-    with contextlib.suppress(OSError):
-        st = os.lstat(path)
-        if (st.st_dev, st.st_ino) == held.inode:  # still our file: removed while held, so nobody locks it after
-            os.unlink(path)
-    held.lock.release()
-    _remove_created(held.created)
-
-
 @contextlib.contextmanager
 def output_lock(output_dir: str | os.PathLike | None, enabled: bool | None = None) -> Iterator[Path | None]:
     """Hold the exclusive lock of ``output_dir`` for the block (re-entrant); yield the lock file's path.
@@ -279,4 +260,9 @@ def output_lock(output_dir: str | os.PathLike | None, enabled: bool | None = Non
             held.count -= 1
             if held.count == 0:
                 del _HELD[path]
-                _release(path, held)
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    if (st.st_dev, st.st_ino) == held.inode:  # still ours: removed while held, none locks it after
+                        os.unlink(path)
+                held.lock.release()
+                _remove_created(held.created)

@@ -287,8 +287,5 @@ def multi_answer_nll(
     flat_q = [q for q, answers in zip(questions, answer_lists) for _ in answers]
     flat_a = [a for answers in answer_lists for a in answers]
     flat = answer_nll(model, tokenizer, flat_q, flat_a, **kwargs)
-    out, pos = [], 0
-    for answers in answer_lists:
-        out.append(flat[pos : pos + len(answers)])
-        pos += len(answers)
-    return out
+    ends = np.cumsum([0, *map(len, answer_lists)])
+    return [flat[start:end] for start, end in zip(ends[:-1], ends[1:])]

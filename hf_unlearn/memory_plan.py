@@ -156,9 +156,8 @@ def method_needs(method: str, config: Any, shape: ModelShape, weight_bytes: int)
     extra = dict(declared(shape, weight_bytes)) if callable(declared) else {}
     if not info.is_trainer:
         return MethodNeeds(trains=False, reference=False, retain_pairing=False, extra=extra)
-    trainer_cls = info.trainer_cls
-    return MethodNeeds(trains=True, reference=bool(trainer_cls.needs_reference_model(config)),
-                       retain_pairing=bool(trainer_cls.needs_retain(config)), extra=extra)
+    return MethodNeeds(trains=True, reference=bool(info.trainer_cls.needs_reference_model(config)),
+                       retain_pairing=bool(info.trainer_cls.needs_retain(config)), extra=extra)
 
 
 def run_settings(config: Any, model_options: Any, weight_bytes: int, seq_len: int) -> Settings:
@@ -189,9 +188,8 @@ def check_run_memory(method: str, config: Any, model_config: Any, model_options:
     if capacity is None:
         return None
     shape = ModelShape.from_config(model_config)
-    needs = method_needs(method, config, shape, weight_bytes)
-    settings = run_settings(config, model_options, weight_bytes, seq_len)
-    return check_plan_fits(shape, needs, settings, capacity, method, str(device))
+    return check_plan_fits(shape, method_needs(method, config, shape, weight_bytes),
+                           run_settings(config, model_options, weight_bytes, seq_len), capacity, method, str(device))
 
 
 def dtype_bytes(dtype: str | None, model_config: Any = None) -> int:

@@ -90,13 +90,8 @@ def loading_problems(info: dict[str, Any]) -> str | None:
         problems.append(f"{len(unexpected)} weight(s) the model does not have, which would be ignored "
                         f"({_shown(unexpected)})")
     if mismatched:
-        shown = []
-        for entry in mismatched[:3]:
-            if isinstance(entry, (tuple, list)) and len(entry) == 3:
-                key, saved, wanted = entry
-                shown.append(f"{key}: checkpoint {tuple(saved)}, config {tuple(wanted)}")
-            else:
-                shown.append(str(entry))
+        shown = [f"{e[0]}: checkpoint {tuple(e[1])}, config {tuple(e[2])}" if isinstance(e, (tuple, list)) and len(e) == 3
+                 else str(e) for e in mismatched[:3]]
         more = f" and {len(mismatched) - 3} more" if len(mismatched) > 3 else ""
         problems.append(f"{len(mismatched)} weight(s) whose shape differs from the one config.json describes "
                         f"({'; '.join(shown)}{more})")

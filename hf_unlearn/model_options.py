@@ -48,9 +48,7 @@ class ModelOptions:
         """The ``dtype`` for ``from_pretrained``: ``"auto"``, else the ``torch`` dtype named."""
         import torch
 
-        if self.dtype in (None, "auto"):
-            return "auto"
-        return getattr(torch, self.dtype)
+        return "auto" if self.dtype in (None, "auto") else getattr(torch, self.dtype)
 
     def trl_model_config(self) -> Any:
         from trl import ModelConfig

@@ -47,19 +47,6 @@ def method_config_class(method: str) -> type:
         raise UserError(f"Method {method!r} is not registered.") from None
 
 
-def _resolved_hints(cls: type, names: list[str]) -> dict[str, Any]:
-    """Resolved annotations of the fields ``names`` of ``cls`` (string annotations evaluated one by one)."""
-    try:
-        hints = typing.get_type_hints(cls)
-        return {n: hints[n] for n in names}
-    except Exception:  # a config base annotates a name its module does not import: resolve only our fields
-        namespace = {**vars(sys.modules[cls.__module__])}
-        for klass in cls.__mro__:
-            namespace = {**vars(sys.modules[klass.__module__]), **namespace}
-        return {f.name: eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
-                for f in dataclasses.fields(cls) if f.name in names}
-
-
 def option_fields(config_class: type) -> list[dataclasses.Field]:
     """The init fields of ``config_class`` that become options: not the CLI's own, nor a
     ``PreTrainedConfig``'s generic ones."""
@@ -75,9 +62,9 @@ def option_fields(config_class: type) -> list[dataclasses.Field]:
 
 
 def _is_list_type(hint: Any) -> bool:
-    args = [a for a in typing.get_args(hint) if a not in (type(None), str)] if typing.get_args(hint) else [hint]
     if typing.get_origin(hint) is list:
         return True
+    args = typing.get_args(hint)
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and any(typing.get_origin(a) is list for a in args)
 
 
@@ -85,7 +72,12 @@ def options_dataclass(config_class: type) -> type:
     """A plain dataclass of the :func:`option_fields` of ``config_class`` (resolved types, same defaults
     and help) for ``HfArgumentParser``, also for configs whose annotations it cannot resolve."""
     selected = option_fields(config_class)
-    hints = _resolved_hints(config_class, [f.name for f in selected])
+    try:
+        hints = typing.get_type_hints(config_class)
+    except Exception:  # a config base annotates a name its module does not import: resolve only our fields
+        namespace = {k: v for klass in reversed(config_class.__mro__) for k, v in vars(sys.modules[klass.__module__]).items()}
+        hints = {f.name: eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
+                 for f in selected}
     spec = []
     unset: set[str] = set()
     for f in selected:

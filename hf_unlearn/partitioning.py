@@ -27,14 +27,6 @@ def is_partitioned(model: Any) -> bool:
     return any(_is_partitioned_tensor(p) for p in model.parameters())
 
 
-def _config_vocab(model: Any) -> int | None:
-    if (config := getattr(model, "config", None)) is None:
-        return None
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    value = getattr(text, "vocab_size", None)
-    return int(value) if value else None
-
-
 def vocab_size(model: Any) -> int:
     """The rows ``V`` of ``model``'s LM head: the weight's when held whole here, else the config's, else
     ZeRO-3's ``ds_shape[0]``; ``ValueError`` when none says."""
@@ -44,10 +36,11 @@ def vocab_size(model: Any) -> int:
     weight = head.weight
     if not _is_partitioned_tensor(weight):
         return int(weight.shape[0])
-    found = _config_vocab(model)
-    if found is None and getattr(weight, "ds_shape", None):
-        found = int(weight.ds_shape[0])
-    if found is None:
-        raise ValueError(f"The LM head of {type(model).__name__} is partitioned across processes and its config "
-                         "has no vocab_size: the vocabulary size cannot be read.")
-    return found
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if found := getattr(text, "vocab_size", None):
+        return int(found)
+    if getattr(weight, "ds_shape", None):
+        return int(weight.ds_shape[0])
+    raise ValueError(f"The LM head of {type(model).__name__} is partitioned across processes and its config "
+                     "has no vocab_size: the vocabulary size cannot be read.")

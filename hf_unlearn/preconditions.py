@@ -29,25 +29,6 @@ def _first_line(err: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _missing_model_folder(name_or_path: str) -> str | None:
-    """Why ``name_or_path`` (not a local folder) is a missing local path rather than a Hub id, or ``None``."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if os.path.exists(name_or_path):
-        return f"{name_or_path} is a file, not a model folder; pass the folder that holds config.json and the weights."
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
-        return f"Model folder {name_or_path} does not exist."
-    first = name_or_path.split("/", 1)[0]
-    if "/" in name_or_path and os.path.isdir(first):
-        return (f"Model folder {name_or_path} does not exist ({first}/ is a local folder, so this is a local path, "
-                "not a Hub model id).")
-    try:
-        validate_repo_id(name_or_path)
-    except HFValidationError:
-        return f"Model folder {name_or_path} does not exist, and it is not a valid Hub model id either."
-    return None
-
-
 def _json_object(path: Path) -> dict[str, Any]:
     """The JSON object in ``path`` (``{}`` when there is no such file)."""
     import json
@@ -79,28 +60,6 @@ def check_no_remote_code(folder: str | os.PathLike) -> None:
                         f"(only the model's own code could build it); {fix}")
 
 
-def _check_model_folder(name_or_path: str) -> None:
-    """The local folder holds ``config.json``, readable safetensors weights and a tokenizer."""
-    from .model_files import check_weight_files
-
-    folder = Path(name_or_path)
-    if not (folder / "config.json").is_file():
-        kind = " (it holds a PEFT adapter, not a model)" if (folder / "adapter_config.json").is_file() else ""
-        raise UserError(f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
-                        "model.save_pretrained() (with its tokenizer), or a Hub model id.")
-    if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
-        raise UserError(f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model "
-                        "into it with model.save_pretrained(folder), or pass the folder that holds the weights.")
-    check_no_remote_code(folder)
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise UserError(f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save "
-                        "the model's tokenizer beside its weights with tokenizer.save_pretrained(folder).")
-    try:
-        check_weight_files(folder)
-    except (ValueError, OSError) as err:
-        raise UserError(" ".join(str(err).split())) from None
-
-
 def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
     """The causal LM and its tokenizer from a local folder or a Hub id (``trust_remote_code=False``), moved to
     ``device`` when given. Refused in one line, before any work: a missing folder (a local path is never looked up on
@@ -108,12 +67,41 @@ def load_model(name_or_path: str, device: str | None = None, dtype: Any = None) 
     config or are not finite, a folder that asks to run its own code."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .model_files import first_non_finite, loading_problems
+    from .model_files import check_weight_files, first_non_finite, loading_problems
 
-    if local := os.path.isdir(name_or_path):
-        _check_model_folder(name_or_path)
-    elif problem := _missing_model_folder(name_or_path):
-        raise UserError(problem)
+    if local := os.path.isdir(name_or_path):  # config.json, readable safetensors weights and a tokenizer
+        folder = Path(name_or_path)
+        if not (folder / "config.json").is_file():
+            kind = " (it holds a PEFT adapter, not a model)" if (folder / "adapter_config.json").is_file() else ""
+            raise UserError(f"Model folder {name_or_path} has no config.json{kind}: pass a folder written by "
+                            "model.save_pretrained() (with its tokenizer), or a Hub model id.")
+        if not any((folder / name).is_file() for name in WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
+            raise UserError(f"Model folder {name_or_path} has no weights ({', '.join(WEIGHT_FILES[:3])}): save the model "
+                            "into it with model.save_pretrained(folder), or pass the folder that holds the weights.")
+        check_no_remote_code(folder)
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise UserError(f"Model folder {name_or_path} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save "
+                            "the model's tokenizer beside its weights with tokenizer.save_pretrained(folder).")
+        try:
+            check_weight_files(folder)
+        except (ValueError, OSError) as err:
+            raise UserError(" ".join(str(err).split())) from None
+    else:  # a missing local path rather than a Hub id is refused
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        if os.path.exists(name_or_path):
+            raise UserError(f"{name_or_path} is a file, not a model folder; pass the folder that holds config.json "
+                            "and the weights.")
+        if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
+            raise UserError(f"Model folder {name_or_path} does not exist.")
+        if "/" in name_or_path and os.path.isdir(first := name_or_path.split("/", 1)[0]):
+            raise UserError(f"Model folder {name_or_path} does not exist ({first}/ is a local folder, so this is a "
+                            "local path, not a Hub model id).")
+        try:
+            validate_repo_id(name_or_path)
+        except HFValidationError:
+            raise UserError(f"Model folder {name_or_path} does not exist, and it is not a valid Hub model id "
+                            "either.") from None
     offline = "" if local else " Without network access, pass a local model folder."
     where = "" if local else f": there is no local folder {name_or_path} in {os.getcwd()}, and as a Hub model id it"
     try:
@@ -290,27 +278,11 @@ def check_run_preconditions(method: str, config: Any, model: Any, tokenizer: Any
         prompt_fits(tokenizer, retain, cut, why, template, "retain", every=False)
 
 
-def _check_rows_file(file: str) -> None:
-    """``file`` is an existing regular file."""
-    import stat
-
-    if not os.path.lexists(file):
-        raise UserError(f"Rows file {file} does not exist.")
-    if os.path.isdir(file):
-        raise UserError(f"Rows file {file} is a folder; pass a JSON Lines file of question/answer rows (one JSON "
-                        "object per line).")
-    try:
-        mode = os.stat(file).st_mode
-    except OSError as err:
-        raise UserError(f"Rows file {file} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
-    if not stat.S_ISREG(mode):
-        raise UserError(f"Rows file {file} is not a regular file (a device, pipe or socket); pass a JSON Lines file "
-                        "of question/answer rows.")
-
-
 def load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]:
     """The rows of ``file`` (question/answer JSON Lines, or documents as ``{"text"}`` rows) or of TOFU config
     ``split``, checked as they load."""
+    import stat
+
     from .data import load_tofu_rows, read_qa_file
     from .data.documents import DOCUMENT_FILE_SUFFIXES, load_documents
 
@@ -319,8 +291,15 @@ def load_rows(split: str, source: str, file: str | None) -> list[dict[str, Any]]
             if Path(file).is_dir() and not any(p.suffix.lower() in DOCUMENT_FILE_SUFFIXES for p in Path(file).iterdir()):
                 raise UserError(f"Rows file {file} is a folder with no documents in it (.txt, .json or .jsonl files).")
             return [{"text": text} for text in load_documents(file)]
-        if file:
-            _check_rows_file(file)
+        if file:  # an existing regular file
+            if not os.path.lexists(file):
+                raise UserError(f"Rows file {file} does not exist.")
+            if os.path.isdir(file):
+                raise UserError(f"Rows file {file} is a folder; pass a JSON Lines file of question/answer rows (one "
+                                "JSON object per line).")
+            if not stat.S_ISREG(os.stat(file).st_mode):  # an OSError here is reported below
+                raise UserError(f"Rows file {file} is not a regular file (a device, pipe or socket); pass a JSON "
+                                "Lines file of question/answer rows.")
             return read_qa_file(file)
         return load_tofu_rows(split, source)
     except UserError:
@@ -378,46 +357,38 @@ def check_output_parent(output: str | os.PathLike | None) -> None:
     """The nearest existing path above ``output`` is a folder (checked before the lock file is made)."""
     if not output:
         return
-    path = Path(output).expanduser().absolute()
-    for parent in path.parents:  # nearest first
-        if os.path.lexists(parent):
-            if not parent.is_dir():
-                raise UserError(f"Output folder {output} cannot be written: {parent} is a file, not a folder.")
-            return
-
-
-def _rows_digest(rows: Sequence[Any]) -> str:
-    """``"<count>:<SHA-256 of the rows as canonical JSON>"``."""
-    import hashlib
-    import json
-
-    text = json.dumps(list(rows), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return f"{len(rows)}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+    parent = next(p for p in Path(output).expanduser().absolute().parents if os.path.lexists(p))  # nearest first
+    if not parent.is_dir():
+        raise UserError(f"Output folder {output} cannot be written: {parent} is a file, not a folder.")
 
 
 def run_request(method: str, config: Any, forget: Sequence[Any], retain: Sequence[Any]) -> dict[str, Any]:
     """What a trainer run is asked to do, known before the model loads: the method, the settings that change
-    the weights and the digests of the rows."""
+    the weights and the digests of the rows (``"<count>:<SHA-256 of the rows as canonical JSON>"``)."""
+    import hashlib
+    import json
+
     from .methods.base.checkpoints import _tracked_settings
 
-    return {"method": method, "settings": _tracked_settings(config),
-            "data": {"forget": _rows_digest(forget), "retain": _rows_digest(retain)}}
+    digests = {}
+    for name, rows in (("forget", forget), ("retain", retain)):
+        text = json.dumps(list(rows), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        digests[name] = f"{len(rows)}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+    return {"method": method, "settings": _tracked_settings(config), "data": digests}
 
 
 def check_resume_request(folder: str | os.PathLike, request: dict[str, Any]) -> None:
     """Refuse resuming the run in ``folder`` with another method, settings or rows than its
     ``logs/run_request.json`` records (a folder without one is left to the trainer's checkpoint check)."""
-    import json
-
     from .methods.base.checkpoints import RUN_REQUEST_NAME, fingerprint_differences
 
     path = Path(folder) / "logs" / RUN_REQUEST_NAME
     if not path.is_file():
         return
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"--resume: {path} cannot be read ({type(err).__name__}: {_first_line(err)}).") from None
+        saved = _json_object(path)
+    except UserError as err:
+        raise UserError(f"--resume: {err}") from None
     if diffs := fingerprint_differences(saved, request):
         shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
         raise UserError(f"--resume: the run in {folder} was started with another setting or other rows ({shown}); "

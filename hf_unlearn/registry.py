@@ -182,11 +182,10 @@ def load_plugins() -> list[str]:
             target = entry.load()
             if callable(target):
                 target()
+            loaded.append(entry.name)
         except Exception as err:  # noqa: BLE001 (any failure of a third-party plugin is reported, not raised)
             warnings.warn(f"hf-unlearn: the method plugin {entry.name!r} ({entry.value}) did not load: "
                           f"{type(err).__name__}: {err}", stacklevel=2)
-            continue
-        loaded.append(entry.name)
     return loaded
 
 

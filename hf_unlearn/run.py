@@ -1,9 +1,7 @@
-"""The one run path of a registered method: checked inputs -> fit or train (with its strength selection) -> save.
-
-On a loaded model: :func:`prepare_inputs` -> :func:`fit_or_train` -> :func:`save`. From names (``hf-unlearn
-unlearn``): :func:`unlearn` runs :func:`check_request` -> :func:`load_inputs` -> :func:`fit_or_train` -> :func:`save`
--> :func:`evaluate` in a temporary folder swapped in when complete (in the output folder itself when resuming or
-checkpointing, so that checkpoints outlive an interrupted run)."""
+"""The one run path of a registered method. On a loaded model: :func:`prepare_inputs` -> :func:`fit_or_train` ->
+:func:`save`. From names (``hf-unlearn unlearn``): :func:`unlearn` runs :func:`check_request` -> :func:`load_inputs`
+-> :func:`fit_or_train` -> :func:`save` -> :func:`evaluate` in a temporary folder swapped in when complete (in the
+output folder itself when resuming or checkpointing, so that checkpoints outlive an interrupted run)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,7 @@ from .safe_output import append_text, gated_path
 __all__ = [
     "EvaluationRequest", "Inputs", "JsonlLogCallback", "RunOutput", "SelectionRequest", "TrainOptions",
     "UnlearnRequest", "check_inputs", "check_request", "evaluate", "fit_or_train", "load_inputs", "nf4_forget_rouge",
-    "prepare_inputs", "release_training_state", "save", "selection_criterion", "unlearn",
+    "prepare_inputs", "save", "selection_criterion", "unlearn",
 ]
 
 #: The seed :func:`fit_or_train` sets (``torch.manual_seed``) before a method runs, unless told otherwise.
@@ -213,12 +211,6 @@ def fit_or_train(inputs: Inputs, options: TrainOptions | None = None) -> Unlearn
     return result
 
 
-def release_training_state(result: Unlearned) -> None:
-    """Free what only training needed (optimizer states, frozen reference); the trainer stays."""
-    if (trainer := result.info.get("trainer")) is not None:
-        trainer.release_training_state()
-
-
 def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
          log_path: str | os.PathLike | None = None) -> None:
     """Save into ``folder``: the native artifact, the selection record, the tokenizer beside changed weights and,
@@ -229,7 +221,8 @@ def save(result: Unlearned, inputs: Inputs, folder: str | os.PathLike,
 
     folder = gated_path(folder)
     result.save_pretrained(folder)  # a trainer's save_model writes from the main process of a launch
-    release_training_state(result)
+    if (trainer := result.info.get("trainer")) is not None:  # free the optimizer states and frozen reference
+        trainer.release_training_state()
     if _is_secondary_rank():  # under torchrun / accelerate launch every process shares ``folder``
         return
     if result.info.get("selection"):
@@ -249,13 +242,18 @@ def nf4_forget_rouge(model: Any, tokenizer: Any, forget_rows: list[dict[str, Any
     from .evaluation.generation import DEFAULT_MAX_NEW_TOKENS
 
     eval_kwargs = eval_kwargs or {}
-    answers = generate_answers(
-        quantize_nf4(model), tokenizer, [r["question"] for r in forget_rows],
-        batch_size=eval_kwargs.get("batch_size", 16),
-        max_new_tokens=eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
-    )
+    answers = generate_answers(quantize_nf4(model), tokenizer, [r["question"] for r in forget_rows],
+                               batch_size=eval_kwargs.get("batch_size", 16),
+                               max_new_tokens=eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
     scores = rouge_l_recall(answers, [r["answer"] for r in forget_rows])
     return float(sum(scores) / len(scores))
+
+
+def report_forget_rows(report: Any, source: str, forget_split: str) -> list[dict[str, Any]]:
+    """The forget rows (of ``<forget_split>_perturbed``) a TOFU ``report`` scored."""
+    from .data import load_tofu_rows
+
+    return load_tofu_rows(f"{forget_split}_perturbed", source)[:report.splits["forget"]["num_examples"]]
 
 
 # ---------------------------------------------------------------------------------------------- from names
@@ -392,30 +390,12 @@ def selection_criterion(selection: SelectionRequest, data: str, forget: list[dic
     return criterion, retain
 
 
-def check_memory(request: UnlearnRequest, config: Any, forget: list, retain: list) -> None:
-    """On a CUDA device, refuse before the model loads a run whose memory plan does not fit (the longest row
-    sets the sequence length); a sharded launch is not checked."""
-    from .memory_plan import check_run_memory, device_capacity, dtype_bytes, sharded_launch
-
-    if device_capacity(request.device) is None or sharded_launch():
-        return
-    from transformers import AutoConfig, AutoTokenizer
-
-    model_config = AutoConfig.from_pretrained(request.model, trust_remote_code=False)
-    tokenizer = AutoTokenizer.from_pretrained(request.model, trust_remote_code=False)
-    texts = [r.get("text") or f"{r.get('question', '')} {r.get('answer', '')}" if isinstance(r, dict) else str(r)
-             for r in [*forget, *(retain or [])]]
-    longest = max((len(ids) for ids in tokenizer(texts)["input_ids"]), default=1) + 32  # + the prompt template
-    seq_len = min(longest, getattr(config, "max_length", None) or longest)
-    dtype = request.model_options.dtype if request.model_options is not None else "auto"
-    check_run_memory(request.method, config, model_config, request.model_options, request.device, seq_len,
-                     weight_bytes=dtype_bytes(dtype, model_config))
-
-
 def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
-    """The rows, the selection criterion (or ``None``), the resume check, the memory plan, the model and what
-    the method would refuse with it; returns the :class:`Inputs` and the criterion."""
+    """The rows, the selection criterion (or ``None``), the resume check, the memory plan (on a CUDA device,
+    unless sharded: the longest row sets the sequence length), the model and what the method would refuse with it;
+    returns the :class:`Inputs` and the criterion."""
     from .data import RETAIN_FOR_FORGET
+    from .memory_plan import check_run_memory, device_capacity, dtype_bytes, sharded_launch
 
     forget = load_rows(request.forget_split, request.data, request.forget_file)
     retain = load_rows(RETAIN_FOR_FORGET[request.forget_split], request.data, request.retain_file)
@@ -425,8 +405,18 @@ def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
                                                 request.settings.get("prompt_template"), request.device)
     if request.resume:
         check_resume_request(request.folder, run_request(request.method, config, forget, retain))
-    check_memory(request, config, forget, retain)
     options = request.model_options
+    if device_capacity(request.device) is not None and not sharded_launch():
+        from transformers import AutoConfig, AutoTokenizer
+
+        model_config = AutoConfig.from_pretrained(request.model, trust_remote_code=False)
+        texts = [r.get("text") or f"{r.get('question', '')} {r.get('answer', '')}" if isinstance(r, dict) else str(r)
+                 for r in [*forget, *(retain or [])]]
+        ids = AutoTokenizer.from_pretrained(request.model, trust_remote_code=False)(texts)["input_ids"]
+        longest = max((len(i) for i in ids), default=1) + 32  # + the prompt template
+        seq_len = min(longest, getattr(config, "max_length", None) or longest)
+        weight_bytes = dtype_bytes(options.dtype if options is not None else "auto", model_config)
+        check_run_memory(request.method, config, model_config, options, request.device, seq_len, weight_bytes)
     model, tokenizer = load_model(request.model, request.device, dtype=None if options is None else options.torch_dtype())
     check_run_preconditions(request.method, config, model, tokenizer, forget, retain)
     inputs = Inputs(request.method, model, tokenizer, forget, retain, dict(request.settings), config, request.folder)
@@ -436,7 +426,6 @@ def load_inputs(request: UnlearnRequest, config: Any) -> tuple[Inputs, Any]:
 def evaluate(result: Unlearned, inputs: Inputs, folder: Path, request: UnlearnRequest, phases: Any) -> Any:
     """``--eval``: the TOFU report, written to ``folder / "tofu_report.json"``; with ``nf4_check`` and changed
     weights also the NF4 copy's forget ROUGE-L (``extra["forget_rouge_l_nf4"]``)."""
-    from .data import load_tofu_rows
     from .evaluation import evaluate_tofu
 
     evaluation = request.evaluation
@@ -451,7 +440,7 @@ def evaluate(result: Unlearned, inputs: Inputs, folder: Path, request: UnlearnRe
     phases.done()
     if evaluation.nf4_check and result.weights_changed:
         phases.start("NF4 re-check")
-        rows = load_tofu_rows(f"{request.forget_split}_perturbed", request.data)[:report.splits["forget"]["num_examples"]]
+        rows = report_forget_rows(report, request.data, request.forget_split)
         nf4_rouge = nf4_forget_rouge(result.model, inputs.tokenizer, rows, {"max_new_tokens": evaluation.max_new_tokens})
         report.extra["forget_rouge_l_nf4"] = nf4_rouge
         phases.done(f"forget ROUGE-L {nf4_rouge:.3f}")
@@ -466,7 +455,7 @@ class _Phases:
     label: str
     name: str = "training"
     log: Path | None = None
-    failed: bool = field(default=False)
+    failed: bool = False
 
     def start(self, name: str) -> None:
         self.name = name

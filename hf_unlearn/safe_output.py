@@ -55,13 +55,6 @@ def _umask() -> int:
     return mask
 
 
-def _make_temp_dir(prefix: str, parent: Path) -> Path:
-    """``tempfile.mkdtemp`` with ``os.mkdir``'s mode (``0o777 & ~umask``) instead of ``0o700``."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    os.chmod(folder, 0o777 & ~_umask())
-    return folder
-
-
 def _folder_state(path: Path) -> tuple[int, int, bool] | None:
     """``(device, inode, non-empty)`` of ``path`` (a non-folder counts as non-empty), ``None`` when missing."""
     try:
@@ -70,16 +63,6 @@ def _folder_state(path: Path) -> tuple[int, int, bool] | None:
         return None
     full = not path.is_dir() or any(path.iterdir())
     return st.st_dev, st.st_ino, full
-
-
-def _changed_since(before: tuple[int, int, bool] | None, now: tuple[int, int, bool] | None, overwrite: bool) -> bool:
-    """Whether swapping into the folder now (state ``now``) would destroy something not there, or not
-    allowed to be replaced, at the start check (state ``before``)."""
-    if now is None or not now[2]:
-        return False  # missing or empty: nothing to lose
-    if before is None or before[:2] != now[:2]:
-        return True  # another folder (or file) took its place since the start check
-    return not (overwrite or before[2])  # the same folder: filled meanwhile, and overwrite was not asked
 
 
 def _is_within(child: Path, parent: Path) -> bool:
@@ -131,14 +114,8 @@ def check_output_dir(
 
 def _local_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
     """The resolved paths of the ``inputs`` that exist locally."""
-    found = []
-    for item in inputs:
-        if item is None or str(item) == "":
-            continue
-        src = Path(item).expanduser()
-        if src.exists():
-            found.append(src.resolve())
-    return found
+    paths = [Path(item).expanduser() for item in inputs if item is not None and str(item) != ""]
+    return [src.resolve() for src in paths if src.exists()]
 
 
 def check_report_path(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (),
@@ -213,13 +190,17 @@ def atomic_directory(
         if before is not None and before[2] and not overwrite:
             raise OutputDirError(f"Output folder {final} is not empty; pass overwrite=True (CLI: --overwrite).")
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _make_temp_dir(f".{final.name}.tmp-{os.getpid()}-", final.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+        os.chmod(tmp, 0o777 & ~_umask())  # os.mkdir's mode, not mkdtemp's 0o700
         try:
             yield tmp
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if _changed_since(before, _folder_state(final), overwrite):
+        # a non-empty folder that another one replaced since the start check, or that was filled meanwhile
+        # without overwrite, holds what the swap must not destroy
+        now = _folder_state(final)
+        if now is not None and now[2] and (before is None or before[:2] != now[:2] or not (overwrite or before[2])):
             kept = Path(tempfile.mkdtemp(prefix=f"{final.name}.new-", dir=final.parent))
             kept.rmdir()
             os.replace(tmp, kept)

@@ -49,11 +49,5 @@ class RowBatches:
         if len(per_batch_scores) != len(self.kept):
             raise ValueError(f"{len(per_batch_scores)} batches of scores for {len(self.kept)} batches.")
         on_cpu = [s.detach().double().cpu() for s in per_batch_scores]
-        out = []
-        for loc in self.where:
-            if loc is None:
-                out.append(np.zeros(0))
-                continue
-            b, r = loc
-            out.append(on_cpu[b][r][self._masks[b][r]].numpy())
-        return out
+        return [np.zeros(0) if loc is None else on_cpu[loc[0]][loc[1]][self._masks[loc[0]][loc[1]]].numpy()
+                for loc in self.where]

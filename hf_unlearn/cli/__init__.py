@@ -15,30 +15,13 @@ from .common import TOFU_DIR_ENV, ArgumentParser, default_data_source
 
 __all__ = ["build_parser", "main"]
 
-#: The commands, in the order ``hf-unlearn --help`` lists them: each module's ``add_parser(subparsers)``.
-COMMANDS = (demo, unlearn, eval_command)
-
-
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="hf-unlearn", allow_abbrev=False,
                             description="Machine unlearning for causal LMs on the Hugging Face stack.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    for command in COMMANDS:
+    for command in (demo, unlearn, eval_command):  # in the order --help lists them
         command.add_parser(sub)
     return parser
-
-
-def _data_hint(args) -> str:
-    """Fill ``--data``'s default; return the line to print when the TOFU data cannot be fetched from the Hub
-    (``""`` for a local source)."""
-    if not hasattr(args, "data") or getattr(args, "help", False):
-        return ""
-    given = args.data is not None
-    args.data = args.data if given else default_data_source()
-    if os.path.isdir(args.data) or str(args.data).startswith("synthetic"):
-        return ""
-    return (f"Could not load the TOFU data from the Hub dataset {args.data} ({{cause}}); offline, pass --data with a "
-            f"local folder of TOFU <config>.jsonl files (or --data synthetic){'' if given else ', or set ' + TOFU_DIR_ENV}.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         takes_extra = getattr(args, "takes_method_options", False)  # `unlearn`: the method's config options
         if extra and not takes_extra:
             raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-        data_hint = _data_hint(args)
+        if hasattr(args, "data") and not getattr(args, "help", False):  # --data's default; what to print offline
+            given = args.data is not None
+            args.data = args.data if given else default_data_source()
+            if not (os.path.isdir(args.data) or str(args.data).startswith("synthetic")):
+                data_hint = (f"Could not load the TOFU data from the Hub dataset {args.data} ({{cause}}); offline, "
+                             "pass --data with a local folder of TOFU <config>.jsonl files (or --data synthetic)"
+                             f"{'' if given else ', or set ' + TOFU_DIR_ENV}.")
         restore = quiet_console(getattr(args, "verbose", False))
         try:
             return int((args.func(args, extra) if takes_extra else args.func(args)) or 0)

@@ -7,20 +7,19 @@ import os
 import typing
 from typing import Any
 
-from ..options import UserError
+from ..options import RunFailure, UserError
 from ..registry import get_method
 
 #: Environment variable naming a local folder of TOFU ``<config>.jsonl`` files: the default of ``--data``.
 TOFU_DIR_ENV = "HF_UNLEARN_TOFU_DIR"
 DATA_HELP = (f"TOFU source: a local folder of <config>.jsonl files, 'synthetic', or a Hub dataset id (default: "
              f"${TOFU_DIR_ENV} when set, else the Hub dataset locuslab/TOFU)")
+AUTOCAST_CHOICES = ["none", "bfloat16", "float16"]
+"""``--autocast-dtype`` / ``--eval-autocast`` values: ``evaluate_tofu``'s ``autocast_dtype`` options, ``none`` for ``None``."""
 RETAIN_REFERENCE_HELP = (
     "the retain model's numbers for forget quality: our report or saved truth ratios, open-unlearning's "
     "TOFU_EVAL.json, or TOFU's eval_log_forget.json (or its results folder)"
 )
-
-AUTOCAST_CHOICES = ["none", "bfloat16", "float16"]
-"""``--autocast-dtype`` / ``--eval-autocast`` values: ``evaluate_tofu``'s ``autocast_dtype`` options, ``none`` for ``None``."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -74,6 +73,18 @@ def resolve_cli_device(args: argparse.Namespace, method: str | None = None,
         raise UserError(f"--device {device}: {method} trains on the Trainer's GPU ({trainer_gpu} in this process); "
                         f"choose the GPU with CUDA_VISIBLE_DEVICES={device.split(':')[1]} and --device cuda.")
     return device
+
+
+def in_phase(say: Any, label: str, phase: str, work: Any, note: Any = lambda result: "") -> Any:
+    """``work()`` as one progress line of ``say`` (a ``PhaseReporter``); a failure is a :class:`RunFailure`
+    naming the phase."""
+    say.start(label, phase)
+    try:
+        result = work()
+    except Exception as err:
+        raise RunFailure(say.fail(err), printed=True) from err
+    say.done(note(result))
+    return result
 
 
 def tiny_pair(build: Any, source: str, split: str, recipe: Any, cache_dir: str | None) -> Any:

@@ -7,10 +7,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..console import PhaseReporter
 from ..devices import DEVICE_HELP
-from ..options import RunFailure, UserError
+from ..options import UserError
 from ..preconditions import check_eval_configs, check_retain_reference, load_model
-from .common import AUTOCAST_CHOICES, DATA_HELP, RETAIN_REFERENCE_HELP, autocast_dtype, resolve_cli_device
+from .common import (
+    AUTOCAST_CHOICES,
+    DATA_HELP,
+    RETAIN_REFERENCE_HELP,
+    autocast_dtype,
+    in_phase,
+    resolve_cli_device,
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -54,19 +62,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return ev
 
 
-def _muse_retain_reference(value: str | None) -> float | str | None:
-    """An AUC or the path of a retain model's MUSE report."""
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    if not os.path.isfile(value):
-        raise UserError(f"--retain-reference {value}: neither an AUC nor a MUSE report file.")
-    return value
-
-
 def cmd_eval_muse(args: argparse.Namespace) -> int:
     """``eval --benchmark muse``: ``evaluate_muse`` on ``--data``, its report printed and written."""
     from ..evaluation import MUSE_HUB_ID, evaluate_muse, render_muse_report
@@ -74,16 +69,22 @@ def cmd_eval_muse(args: argparse.Namespace) -> int:
     unused = [flag for flag, value in (("--attacks", args.attacks), ("--save-truth-ratios", args.save_truth_ratios),
                                        ("--template", args.template), ("--attack-original", args.attack_original))
               if value]
-    if args.forget_split != "forget10" or args.autocast_dtype not in (None, "none"):
+    if args.forget_split != "forget10" or args.autocast_dtype != "none":
         unused.append("--forget-split/--autocast-dtype")
     if unused:
         raise UserError(f"{', '.join(unused)}: TOFU options, not used by --benchmark muse.")
     _check_positive(args, "batch_size", "max_examples")
     device = resolve_cli_device(args)
-    reference = _muse_retain_reference(args.retain_reference)
+    reference = args.retain_reference  # an AUC or the path of a retain model's MUSE report
+    try:
+        reference = None if reference is None else float(reference)
+    except ValueError:
+        if not os.path.isfile(reference):
+            raise UserError(f"--retain-reference {reference}: neither an AUC nor a MUSE report file.") from None
     _check_eval_report_paths(args)
     model, tokenizer = load_model(args.model, device)
-    report = _in_phase(args, "MUSE evaluation", lambda: evaluate_muse(
+    say = PhaseReporter(inline=not args.verbose)
+    report = in_phase(say, Path(args.model).name, "MUSE evaluation", lambda: evaluate_muse(
         model, tokenizer, source=args.data or MUSE_HUB_ID, retain_reference=reference,
         max_examples=args.max_examples, batch_size=args.batch_size, progress=args.verbose, output_path=args.output))
     print(render_muse_report(report))
@@ -97,22 +98,9 @@ def _check_positive(args: argparse.Namespace, *names: str) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
 
 
-def _in_phase(args: argparse.Namespace, phase: str, evaluate: Any) -> Any:
-    """``evaluate()`` as one progress line; a failure is a :class:`RunFailure` naming the phase."""
-    from ..console import PhaseReporter
-
-    say = PhaseReporter(inline=not args.verbose)
-    say.start(Path(args.model).name, phase)
-    try:
-        report = evaluate()
-    except Exception as err:
-        raise RunFailure(say.fail(err), printed=True) from err
-    say.done()
-    return report
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate_tofu, render_report, save_truth_ratios
+    from ..evaluation.attacks import check_attack_options, parse_attacks
 
     if getattr(args, "benchmark", "tofu") == "muse":
         return cmd_eval_muse(args)
@@ -121,13 +109,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_eval_configs(args.data, args.forget_split)
     check_retain_reference(args.retain_reference, args.forget_split, args.data, args.max_examples)
     _check_eval_report_paths(args)
-    attacks = _eval_attacks(args)
+    attacks = {}  # evaluate_tofu's attacks= from --attacks / --relearn-*
+    if args.attacks:
+        try:
+            attacks = parse_attacks(args.attacks)
+            if "relearn" in attacks:
+                attacks["relearn"].update(steps=args.relearn_steps, learning_rate=args.relearn_lr)
+            check_attack_options(attacks)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        if args.relearn_lr < 0:
+            raise UserError(f"--relearn-lr must be >= 0, got {args.relearn_lr}.")
+    elif args.attack_original:
+        raise UserError("--attack-original needs --attacks.")
     model, tokenizer = load_model(args.model, device)
     if args.attack_original:  # the model before unlearning: the attacks' recovered fractions
         original, _ = load_model(args.attack_original, device)
         for options in attacks.values():
             options["original"] = original
-    report = _in_phase(args, "evaluation" + (" and attacks" if attacks else ""), lambda: evaluate_tofu(
+    phase, say = "evaluation" + (" and attacks" if attacks else ""), PhaseReporter(inline=not args.verbose)
+    report = in_phase(say, Path(args.model).name, phase, lambda: evaluate_tofu(
         model, tokenizer, source=args.data, forget_split=args.forget_split, retain_reference=args.retain_reference,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_examples=args.max_examples,
         output_path=args.output, progress=args.verbose, template=args.template,
@@ -158,23 +159,3 @@ def _check_eval_report_paths(args: argparse.Namespace) -> None:
                 raise UserError(str(err)) from None
     if len(targets) == 2 and targets[0] == targets[1]:
         raise UserError(f"--output and --save-truth-ratios name the same file {targets[0]}; give two paths.")
-
-
-def _eval_attacks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """``evaluate_tofu``'s ``attacks`` from ``--attacks`` / ``--relearn-*``, checked before any model loads."""
-    from ..evaluation.attacks import check_attack_options, parse_attacks
-
-    if not args.attacks:
-        if args.attack_original:
-            raise UserError("--attack-original needs --attacks.")
-        return {}
-    try:
-        attacks = parse_attacks(args.attacks)
-        if "relearn" in attacks:
-            attacks["relearn"].update(steps=args.relearn_steps, learning_rate=args.relearn_lr)
-        check_attack_options(attacks)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    if args.relearn_lr < 0:
-        raise UserError(f"--relearn-lr must be >= 0, got {args.relearn_lr}.")
-    return attacks

@@ -8,11 +8,11 @@ from typing import Any
 
 from ..devices import DEVICE_HELP
 from ..model_options import parse_model_options
-from ..options import RunFailure, UserError, config_parser, method_config_class, parse_method_settings
+from ..options import UserError, config_parser, method_config_class, parse_method_settings
 from ..preconditions import check_output_parent, check_push_target, check_retain_reference
 from ..registry import method_names
 from ..scripts import method_option_names
-from .common import DATA_HELP, RETAIN_REFERENCE_HELP, resolve_cli_device
+from .common import DATA_HELP, RETAIN_REFERENCE_HELP, in_phase, resolve_cli_device
 
 
 def method_help() -> str:
@@ -58,14 +58,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     un.add_argument("--retain-reference", help=RETAIN_REFERENCE_HELP)
     un.add_argument("--push-to-hub", metavar="REPO", help="push the result with a model card")
     un.add_argument("--hub-token", help="token for --push-to-hub (default: HF_TOKEN or the saved login)")
-    _add_selection_options(un)
-    un.add_argument("--device", default="auto", help=DEVICE_HELP)
-    un.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
-    un.set_defaults(func=run, takes_method_options=True, subparser=un)
-    return un
-
-
-def _add_selection_options(un: argparse.ArgumentParser) -> None:
     un.add_argument("--select", action="store_true",
                     help="choose the method's strength by the reference-free criterion (needs --holdout); the record "
                          "is saved as selection_record.json and shown in the model card")
@@ -79,6 +71,10 @@ def _add_selection_options(un: argparse.ArgumentParser) -> None:
                     help="with --select: a model that saw neither forget nor holdout rows; its NLL is subtracted per row")
     un.add_argument("--selection-steps", type=int, default=50,
                     help="with --select, trainer methods: measure the criterion every this many optimizer steps")
+    un.add_argument("--device", default="auto", help=DEVICE_HELP)
+    un.add_argument("--verbose", action="store_true", help="also print the per-step training logs")
+    un.set_defaults(func=run, takes_method_options=True, subparser=un)
+    return un
 
 
 def groups_option(value: str) -> str | int:
@@ -95,7 +91,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..safe_output import output_lock
 
     if args.help:
-        return cmd_unlearn(args, extra)
+        return unlearn_help(args.subparser, args.method)
     check_output_parent(args.output)  # `--output afile/sub`: name the file
     with output_lock(args.output):
         return cmd_unlearn(args, extra)
@@ -107,10 +103,23 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     from ..demo import demo_settings
     from ..run import EvaluationRequest, SelectionRequest, UnlearnRequest, unlearn
 
-    if args.help:
-        return unlearn_help(args.subparser, args.method)
-    method = _checked_method(args)
-    check_selection_flags(args)
+    names = method_names()
+    if not args.method:
+        raise UserError(f"--method is required; choose from {', '.join(sorted(names))}.")
+    if args.method not in names:
+        raise UserError(f"Unknown method {args.method!r}; choose from {', '.join(sorted(names))}.")
+    for flag, value in (("--model", args.model), ("--output", args.output)):
+        if not value:
+            raise UserError(f"{flag} is required.")
+    method = args.method
+    if args.select and not args.holdout:
+        raise UserError("--select needs --holdout SPLIT_OR_FILE: rows of the same kind the model never saw (TOFU's "
+                        "holdout01/05/10, or a JSON Lines file of question/answer rows).")
+    if not args.select and (args.holdout or args.retain_validation or args.reference_model
+                            or args.groups != "rows"):
+        raise UserError("--holdout, --retain-validation, --groups and --reference-model apply with --select only.")
+    if args.select and args.selection_steps < 1:
+        raise UserError(f"--selection-steps must be >= 1, got {args.selection_steps}.")
     model_options, extra = parse_model_options(extra, method_option_names(method))
     settings = parse_method_settings(method, extra, demo_settings(method) if args.preset == "demo" else {})
     device = resolve_cli_device(args, method, settings)
@@ -137,24 +146,19 @@ def cmd_unlearn(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _checked_method(args: argparse.Namespace) -> str:
-    """``--method`` (a registered method), with ``--model`` and ``--output`` given."""
-    names = method_names()
-    if not args.method:
-        raise UserError(f"--method is required; choose from {', '.join(sorted(names))}.")
-    if args.method not in names:
-        raise UserError(f"Unknown method {args.method!r}; choose from {', '.join(sorted(names))}.")
-    for flag, value in (("--model", args.model), ("--output", args.output)):
-        if not value:
-            raise UserError(f"{flag} is required.")
-    return args.method
-
-
 def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
     """``unlearn --help``: the command's options, then the method's (or each method's config class)."""
     print(parser.format_help())
     if method:
-        print(model_options_help(method))
+        from transformers import HfArgumentParser
+
+        from ..model_options import model_options_dataclass
+
+        print(HfArgumentParser(model_options_dataclass(method_option_names(method)), add_help=False,
+                               prog=f"hf-unlearn unlearn --method {method}",
+                               description="Model options (trl.ModelConfig's): the dtype the model loads in and the "
+                                           "LoRA adapter a trainer trains (its reference is then the base with the "
+                                           "adapter disabled).").format_help())
         print(config_parser(method).format_help())
     else:
         print("Method options: every field of the method's config is an option. List them with\n"
@@ -168,44 +172,13 @@ def unlearn_help(parser: argparse.ArgumentParser, method: str | None) -> int:
     return 0
 
 
-def model_options_help(method: str) -> str:
-    """The help of TRL's model options that ``method``'s config does not have itself."""
-    from transformers import HfArgumentParser
-
-    from ..model_options import model_options_dataclass
-
-    parser = HfArgumentParser(model_options_dataclass(method_option_names(method)), add_help=False,
-                              prog=f"hf-unlearn unlearn --method {method}",
-                              description="Model options (trl.ModelConfig's): the dtype the model loads in and the "
-                                          "LoRA adapter a trainer trains (its reference is then the base with the "
-                                          "adapter disabled).")
-    return parser.format_help()
-
-
-def check_selection_flags(args: argparse.Namespace) -> None:
-    """``--select`` needs ``--holdout``; the selection options need ``--select``."""
-    if args.select and not args.holdout:
-        raise UserError("--select needs --holdout SPLIT_OR_FILE: rows of the same kind the model never saw (TOFU's "
-                        "holdout01/05/10, or a JSON Lines file of question/answer rows).")
-    if not args.select and (args.holdout or args.retain_validation or args.reference_model
-                            or args.groups != "rows"):
-        raise UserError("--holdout, --retain-validation, --groups and --reference-model apply with --select only.")
-    if args.select and args.selection_steps < 1:
-        raise UserError(f"--selection-steps must be >= 1, got {args.selection_steps}.")
-
-
 def _push(args: argparse.Namespace, done: Any, token: str | None, say: Any) -> None:
     """``--push-to-hub``: the result with its model card (and the tokenizer beside changed weights)."""
     from ..hub import push_unlearned
 
     result = done.result
-    say.start(result.method, "push")
-    try:
-        commit = push_unlearned(
-            result, args.push_to_hub, report=done.report, token=token, forget_split=args.forget_split,
-            dataset=args.data, base_model=args.model, selection=result.info.get("selection"),
-            tokenizer=done.tokenizer if result.artifact is result.model else None,
-        )
-    except Exception as err:
-        raise RunFailure(say.fail(err), printed=True) from err
-    say.done(str(getattr(commit, "commit_url", commit)))
+    in_phase(say, result.method, "push", lambda: push_unlearned(
+        result, args.push_to_hub, report=done.report, token=token, forget_split=args.forget_split,
+        dataset=args.data, base_model=args.model, selection=result.info.get("selection"),
+        tokenizer=done.tokenizer if result.artifact is result.model else None,
+    ), note=lambda commit: str(getattr(commit, "commit_url", commit)))

@@ -36,15 +36,6 @@ DEMO_COLUMNS = (
 )
 
 
-def chosen_label(selection: dict[str, Any] | None, steps: int | None) -> str | None:
-    """The strength a selection record chose, in a few words (``step 10 of 30``, or the first three settings)."""
-    chosen = (selection or {}).get("chosen") or {}
-    if "step" in chosen:
-        return f"step {chosen['step']} of {steps}" if steps else f"step {chosen['step']}"
-    items = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}" for key, value in chosen.items()]
-    return ", ".join(items[:3]) or None
-
-
 def forget_rows_with_other_answers(forget_split: str, source: str) -> list[dict[str, Any]]:
     """The rows of TOFU config ``forget_split``, each with the ``paraphrased_answer`` and
     ``perturbed_answer`` of ``<forget_split>_perturbed`` when that config holds the same rows in the same order."""
@@ -66,17 +57,6 @@ def report_row(report: Any) -> dict[str, Any]:
                                                   "forget_truth_ratio")}
 
 
-def nf4_rouge(model: Any, tokenizer: Any, report: Any, source: str, forget_split: str,
-              eval_kwargs: dict[str, Any]) -> float:
-    """Forget ROUGE-L of the NF4 copy of ``model`` on the rows its ``report`` scored."""
-    from ..data import load_tofu_rows
-    from ..run import nf4_forget_rouge
-
-    n = report.splits["forget"]["num_examples"]
-    rows = load_tofu_rows(f"{forget_split}_perturbed", source)[:n]
-    return nf4_forget_rouge(model, tokenizer, rows, eval_kwargs)
-
-
 def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any], retain_report: Any,
                     eval_kwargs: dict[str, Any], *, quantization_check: bool, say: Any,
                     log_path: Path | None, verbose: bool) -> dict[str, Any]:
@@ -91,7 +71,9 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
         SelectionRequest,
         TrainOptions,
         fit_or_train,
+        nf4_forget_rouge,
         prepare_inputs,
+        report_forget_rows,
         selection_criterion,
     )
 
@@ -119,14 +101,19 @@ def run_demo_method(method: str, pair: Any, tokenizer: Any, data: dict[str, Any]
             report = evaluate_tofu(result.model, tokenizer, source=data["source"], forget_split=data["forget_split"],
                                    retain_reference=retain_report, scorer=result.scorer,
                                    generation_kwargs=result.generation_kwargs, progress=False, **eval_kwargs)
-            row.update(report_row(report), seconds=result.seconds, steps=steps,
-                       chosen=chosen_label(row["selection"], steps))
+            # the strength chosen, in a few words: "step 10 of 30", or the first three settings
+            chosen = (row["selection"] or {}).get("chosen") or {}
+            if "step" in chosen:
+                label = f"step {chosen['step']} of {steps}" if steps else f"step {chosen['step']}"
+            else:
+                label = ", ".join([f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items()][:3])
+            row.update(report_row(report), seconds=result.seconds, steps=steps, chosen=label or None)
             say.done()
             if quantization_check and result.weights_changed:
                 phase = "NF4 re-check"
                 say.start(method, phase)
-                row["forget_rouge_l_nf4"] = nf4_rouge(result.model, tokenizer, report, data["source"],
-                                                      data["forget_split"], eval_kwargs)
+                rows = report_forget_rows(report, data["source"], data["forget_split"])
+                row["forget_rouge_l_nf4"] = nf4_forget_rouge(result.model, tokenizer, rows, eval_kwargs)
                 say.done()
     except Exception as err:  # one method's failure must not stop the others
         row.update(error=f"{type(err).__name__}: {err}", failed_phase=phase, traceback=traceback.format_exc(limit=8))
@@ -145,6 +132,7 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
 
     from ..console import PhaseReporter
     from ..data import RETAIN_FOR_FORGET, load_tofu_rows
+    from ..run import nf4_forget_rouge, report_forget_rows
     from .tofu_tiny import load_tiny
 
     eval_kwargs = dict(eval_kwargs or {})
@@ -157,8 +145,8 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
     if quantization_check:
         say.start("references", "NF4 re-check")
         target_model, tokenizer = load_tiny(pair.target)
-        target_row["forget_rouge_l_nf4"] = nf4_rouge(target_model, tokenizer, target_report, source, forget_split,
-                                                     eval_kwargs)
+        rows = report_forget_rows(target_report, source, forget_split)
+        target_row["forget_rouge_l_nf4"] = nf4_forget_rouge(target_model, tokenizer, rows, eval_kwargs)
         del target_model
         say.done("target")
     tokenizer = AutoTokenizer.from_pretrained(pair.target, trust_remote_code=False)
@@ -176,9 +164,9 @@ def run_demo(pair: Any, methods: Sequence[str], *, source: str = "synthetic", fo
             "max_new_tokens": eval_kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)}
 
 
-def demo_table(results: dict[str, Any]) -> str:
-    """The demo's markdown table (the target and the retain reference first), with a note when answers were cut
-    shorter than TOFU's 200 new tokens."""
+def write_demo_results(results: dict[str, Any], out_dir: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Path]:
+    """Write ``demo.json`` (``meta`` + results + the markdown table, the target and the retain reference first,
+    with a note when answers were cut shorter than TOFU's 200 new tokens) and ``demo.md`` into ``out_dir``."""
     ordered = [("target", results["target"]), ("retain reference", results["retain_reference"]),
                *results["rows"].items()]
     lines = ["| method | " + " | ".join(title for _, title, _ in DEMO_COLUMNS) + " |",
@@ -195,13 +183,7 @@ def demo_table(results: dict[str, Any]) -> str:
     if tokens is not None and tokens < DEFAULT_MAX_NEW_TOKENS:
         table += (f"\n\nForget ROUGE-L from greedy answers of at most {tokens} new tokens (TOFU generates up to "
                   f"{DEFAULT_MAX_NEW_TOKENS}; longer answers are cut, which caps ROUGE-L).")
-    return table
-
-
-def write_demo_results(results: dict[str, Any], out_dir: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Path]:
-    """Write ``demo.json`` (``meta`` + results + the table) and ``demo.md`` into ``out_dir``."""
     out = Path(out_dir)
-    table = demo_table(results)
     paths = {"json": out / "demo.json", "markdown": out / "demo.md"}
     atomic_write_json(paths["json"], {**meta, **results, "table_markdown": table})
     atomic_write_text(paths["markdown"], table + "\n")

@@ -13,7 +13,6 @@ def reference_rows(pair: Any, source: str, forget_split: str, eval_kwargs: dict[
 
     retain_model, tokenizer = load_tiny(pair.retain, eval_kwargs.get("device"))
     retain_report = evaluate_tofu(retain_model, tokenizer, source=source, forget_split=forget_split, progress=False, **eval_kwargs)
-    # The retain reference against itself (the protocol's sanity check: forget quality 1.0).
     self_fq = forget_quality(retain_report.forget_truth_ratios, retain_report.forget_truth_ratios)
     retain_report.forget_quality = float(self_fq["forget_quality"])
     retain_report.ks_statistic = float(self_fq["ks_statistic"])

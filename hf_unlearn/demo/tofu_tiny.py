@@ -1,10 +1,6 @@
-"""TOFU-tiny: small models trained from scratch on TOFU-shaped text, for the demo, CPU benchmarks and tests.
-
-A byte-level BPE tokenizer and a small ``LlamaForCausalLM`` trained on the question/answer text of authors that
-include the forget authors (the *target*), and by the same recipe on the retain authors only (the *retain
-reference*); both cached under a hash of the recipe and the data. The training loop is plain PyTorch: it creates
-the models the methods are applied to and is no part of any method.
-"""
+"""TOFU-tiny, for the demo, CPU benchmarks and tests: a byte-level BPE tokenizer and a small ``LlamaForCausalLM``
+trained from scratch (plain PyTorch, no part of any method) on TOFU-shaped text with the forget authors (the
+*target*) and without them (the *retain reference*), cached under a hash of the recipe and the data."""
 
 from __future__ import annotations
 
@@ -74,17 +70,6 @@ def recipe_for(size: str) -> TinyRecipe:
     raise ValueError(f"Unknown TOFU-tiny size {size!r}; use 'test', 'tofu-test' or 'bench'.")
 
 
-def corpus_texts(rows: list[dict[str, Any]]) -> list[str]:
-    """All text a tokenizer should see: questions, answers, paraphrases and perturbed answers."""
-    texts = []
-    for r in rows:
-        texts += [r["question"], r["answer"]]
-        if r.get("paraphrased_answer"):
-            texts.append(r["paraphrased_answer"])
-        texts += list(r.get("perturbed_answer") or [])
-    return texts
-
-
 def train_bpe_tokenizer(texts: list[str], vocab_size: int = 512):
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``texts`` with ``<s> </s> <pad> <unk>``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -120,11 +105,9 @@ def build_tiny_llama(tokenizer: Any, recipe: TinyRecipe):
 def fit_causal_lm(model: Any, tokenizer: Any, rows: list[dict[str, Any]], recipe: TinyRecipe, progress: bool = True) -> list[float]:
     """Train ``model`` on the text of ``rows`` (next-token loss on every token; AdamW, linear warm-up, cosine
     decay); returns the mean loss of each epoch."""
-    feats = []
-    for r in rows:
-        f = tokenize_qa(tokenizer, r["question"], r["answer"], max_length=recipe.max_length)
+    feats = [tokenize_qa(tokenizer, r["question"], r["answer"], max_length=recipe.max_length) for r in rows]
+    for f in feats:
         f["labels"] = list(f["input_ids"])
-        feats.append(f)
     rng = random.Random(recipe.seed)
     steps_per_epoch = math.ceil(len(feats) / recipe.batch_size)
     total = steps_per_epoch * recipe.epochs
@@ -221,10 +204,11 @@ def build_tiny_pair(source: str = "synthetic", forget_split: str = "forget10", r
     extra = load_tofu_rows("real_authors", source) + load_tofu_rows("world_facts", source)
     forget_eval = load_tofu_rows(f"{forget_split}_perturbed", source)
     retain_eval = load_tofu_rows("retain_perturbed", source)
-    texts = corpus_texts(
-        forget_eval + retain_eval + retain_rows + forget_rows
-        + load_tofu_rows("real_authors_perturbed", source) + load_tofu_rows("world_facts_perturbed", source)
-    )
+    texts = []  # all text the tokenizer sees: questions, answers, paraphrases and perturbed answers
+    for r in (forget_eval + retain_eval + retain_rows + forget_rows + load_tofu_rows("real_authors_perturbed", source)
+              + load_tofu_rows("world_facts_perturbed", source)):
+        texts += [r["question"], r["answer"], *([r["paraphrased_answer"]] if r.get("paraphrased_answer") else []),
+                  *(r.get("perturbed_answer") or [])]
     trained_questions = {r["question"] for r in retain_rows}
     retain_paraphrases = paraphrase_rows([r for r in retain_eval if r["question"] in trained_questions])
     forget_paraphrases = paraphrase_rows(forget_eval)
