@@ -62,12 +62,16 @@ def in_range(value: float, rule: str) -> bool:
 
 def check_numeric_fields(config: Any, ranges: Mapping[str, str | tuple[str, str]] | None = None) -> None:
     """Refuse (``ValueError``) every init field of ``config`` holding a non-finite float or a number outside its
-    range (``metadata["range"]``, else ``ranges[name]``); ``None`` passes, a ranged non-number is refused."""
+    range (``metadata["range"]``, else ``ranges[name]``), or, unless an ``SFTConfig`` field, a value outside its
+    ``metadata["choices"]``; ``None`` passes, a ranged non-number is refused."""
     ranges = ranges or {}
+    sft = {f.name for f in dataclasses.fields(SFTConfig)}
     for f in dataclasses.fields(config):
         if not f.init or f.name.startswith("_"):
             continue
         value = getattr(config, f.name, None)
+        if f.metadata.get("choices") and f.name not in sft and value not in f.metadata["choices"]:
+            raise ValueError(f"`{f.name}` must be one of {f.metadata['choices']}, got {value!r}.")
         spec = f.metadata.get("range") or ranges.get(f.name)
         rule, why = (spec, "") if isinstance(spec, str) or spec is None else spec
         why = f" ({why})" if why else ""
@@ -261,13 +265,11 @@ class UnlearningConfig(BaseUnlearningConfig):
             `"simnpo"` (reference-free, length-normalised).
         retain_loss (`str`, *optional*, defaults to `"nll"`):
             Retain term: `"none"`, `"nll"` (the retain answers' NLL) or `"kl"` (per-token `KL(pi_ref || pi_theta)`).
-        beta (`float`, *optional*, defaults to `0.1`):
-            Inverse temperature of NPO and SimNPO, `> 0`.
+        beta (`float`, defaults to `0.1`): Inverse temperature of NPO and SimNPO, `> 0`.
         delta (`float`, *optional*, defaults to `0.0`):
             SimNPO reward margin (the paper's `gamma`), outside `beta`:
             `-(2/beta) * logsigmoid(-beta * log p(y|x) / |y| - delta)`.
-        forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term, `> 0`.
+        forget_weight (`float`, defaults to `1.0`): Weight of the forget term, `> 0`.
         retain_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the retain term, `>= 0` (`0`: no retain set needed).
     """
@@ -291,10 +293,6 @@ class UnlearningConfig(BaseUnlearningConfig):
     numeric_ranges = {"beta": "> 0", "forget_weight": ">= 0", "retain_weight": ">= 0"}
 
     def __post_init__(self):
-        if self.forget_loss not in FORGET_LOSSES:
-            raise ValueError(f"`forget_loss` must be one of {list(FORGET_LOSSES)}, got {self.forget_loss!r}.")
-        if self.retain_loss not in RETAIN_LOSSES:
-            raise ValueError(f"`retain_loss` must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
         refuse_no_forget_term(self.forget_weight, self.retain_weight)
         super().__post_init__()
 
