@@ -79,21 +79,14 @@ class ATWUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
 
     def __init__(
-        self,
-        model: str | PreTrainedModel,
-        args: ATWUConfig | TrainingArguments | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Rows | None = None,
-        retain_dataset: Rows | None = None,
-        eval_dataset: Rows | dict[str, Rows] | None = None,
+        self, model: str | PreTrainedModel, args: ATWUConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None, train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None, eval_dataset: Rows | dict[str, Rows] | None = None,
         processing_class: PreTrainedTokenizerBase | None = None,
-        callbacks: list[TrainerCallback] | None = None,
-        optimizers: Optimizers = (None, None),
+        callbacks: list[TrainerCallback] | None = None, optimizers: Optimizers = (None, None),
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
-        quantization_config: BitsAndBytesConfig | None = None,
-        peft_config: PeftConfig | None = None,
-        ref_model: PreTrainedModel | None = None,
-        scorer: ATWUTokenWeighter | None = None,
+        quantization_config: BitsAndBytesConfig | None = None, peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None, scorer: ATWUTokenWeighter | None = None,
     ):
         super().__init__(
             model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
@@ -127,12 +120,8 @@ class ATWUTrainer(UnlearningTrainer):
     # ----- losses -------------------------------------------------------------------------------------------------
 
     def weighted_forget_loss(
-        self,
-        token_log_probs: torch.Tensor,
-        scores: torch.Tensor,
-        mask: torch.Tensor,
-        ref_token_log_probs: torch.Tensor | None = None,
-        denominators: LossDenominators | None = None,
+        self, token_log_probs: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor,
+        ref_token_log_probs: torch.Tensor | None = None, denominators: LossDenominators | None = None,
     ) -> torch.Tensor:
         """The configured forget loss (``args.forget_loss``) with token weights ``scores``, before ``forget_weight``
         (the batch's own counts without ``denominators``; SATGA+ with :meth:`saturation_c` of the current step)."""
@@ -160,12 +149,8 @@ class ATWUTrainer(UnlearningTrainer):
         return float(self.args.saturation_c) * min(1.0, (step + 1) / warmup)
 
     def scorer_step(
-        self,
-        token_log_probs: torch.Tensor,
-        hidden_states: torch.Tensor,
-        mask: torch.Tensor,
-        ref_token_log_probs: torch.Tensor | None = None,
-        conflict: torch.Tensor | None = None,
+        self, token_log_probs: torch.Tensor, hidden_states: torch.Tensor, mask: torch.Tensor,
+        ref_token_log_probs: torch.Tensor | None = None, conflict: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One weighter update on this batch, the model's outputs detached, standardised by the batch's statistics:
         minimises the weighter-step loss of :class:`ATWUConfig` (``c``: the label-aligned ``conflict``, normalised

@@ -255,13 +255,8 @@ def forget_specific_auroc(
 
 @torch.no_grad()
 def score_token_features(
-    model: Any,
-    scorer: ATWUTokenWeighter,
-    features: Sequence[dict[str, list[int]]],
-    pad_token_id: int,
-    tokenizer: Any = None,
-    batch_size: int = 16,
-    progress: bool = False,
+    model: Any, scorer: ATWUTokenWeighter, features: Sequence[dict[str, list[int]]], pad_token_id: int,
+    tokenizer: Any = None, batch_size: int = 16, progress: bool = False,
 ) -> list[dict[str, Any]]:
     """One ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per tokenized example (``input_ids``,
     ``labels``), in order: the answer tokens, their strings (with ``tokenizer``), their scores and
@@ -308,13 +303,8 @@ def score_token_features(
 
 
 def score_tokens(
-    model: Any,
-    tokenizer: Any,
-    scorer: ATWUTokenWeighter,
-    rows: Iterable[dict[str, Any]],
-    batch_size: int = 16,
-    progress: bool = False,
-    template: str | PromptTemplate | None = None,
+    model: Any, tokenizer: Any, scorer: ATWUTokenWeighter, rows: Iterable[dict[str, Any]],
+    batch_size: int = 16, progress: bool = False, template: str | PromptTemplate | None = None,
     max_length: int | None = None,
 ) -> list[dict[str, Any]]:
     """Per-token scores of the answers of TOFU rows (``question``/``answer``) under ``model`` and ``scorer``, e.g.

@@ -42,10 +42,7 @@ def _checkpoint_dirs(folder: Path) -> list[Path]:
 
 
 def stage_checkpoint(
-    run_dir: str | os.PathLike,
-    name: str,
-    write: Callable[[Path], None],
-    is_main_process: bool = True,
+    run_dir: str | os.PathLike, name: str, write: Callable[[Path], None], is_main_process: bool = True,
     wait_for_everyone: Callable[[], None] = lambda: None,
 ) -> Path:
     """Write the checkpoint ``run_dir/name`` from every process (``write(staging)``) into one staging folder that

@@ -42,9 +42,7 @@ def nll_loss(
 
 
 def kl_retain_loss(
-    logits: torch.Tensor,
-    ref_logits: torch.Tensor,
-    labels: torch.Tensor,
+    logits: torch.Tensor, ref_logits: torch.Tensor, labels: torch.Tensor,
     num_tokens: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Per-token ``KL(pi_ref || pi_theta)`` over the answer tokens (``[B, L, V]`` logits, position ``t - 1``

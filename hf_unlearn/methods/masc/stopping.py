@@ -34,16 +34,9 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
     """
 
     def __init__(
-        self,
-        mode: str = "train",
-        check_every: int = 2,
-        trigger: float = 0.475,
-        stop_tolerance: float = 0.475,
-        delta: float = 0.05,
-        rule: dict[str, Any] | None = None,
-        confirm_rule: str = "mean",
-        calibrate: bool = False,
-        given: tuple[str, ...] = (),
+        self, mode: str = "train", check_every: int = 2, trigger: float = 0.475,
+        stop_tolerance: float = 0.475, delta: float = 0.05, rule: dict[str, Any] | None = None,
+        confirm_rule: str = "mean", calibrate: bool = False, given: tuple[str, ...] = (),
     ) -> None:
         self.mode = mode
         self.check_every = int(check_every)

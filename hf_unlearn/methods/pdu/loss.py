@@ -27,10 +27,7 @@ def pdu_forget_loss(
 
 
 def pdu_loss(
-    forget_term: torch.Tensor,
-    retain_term: torch.Tensor,
-    dual_weight: float,
-    eps: float,
+    forget_term: torch.Tensor, retain_term: torch.Tensor, dual_weight: float, eps: float,
     forget_weight: float = 1.0,
 ) -> torch.Tensor:
     """The Lagrangian PDU descends on: ``L = forget_weight * L_F + w * (L_R - eps)``, ``w = dual_weight`` a
