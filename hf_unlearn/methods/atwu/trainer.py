@@ -190,10 +190,8 @@ class ATWUTrainer(UnlearningTrainer):
                 p.grad = self.accelerator.reduce(p.grad, reduction="mean")
         self.scorer_optimizer.step()
         terms = {
-            "scorer_loss": loss.detach(),
-            "scorer_forget_loss": forget.detach(),
-            "score_entropy": entropy.detach(),
-            "budget_penalty": budget.detach(),
+            "scorer_loss": loss.detach(), "scorer_forget_loss": forget.detach(),
+            "score_entropy": entropy.detach(), "budget_penalty": budget.detach(),
         }
         for name, value in terms.items():
             self.log_metric(name, value)

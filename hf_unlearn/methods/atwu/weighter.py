@@ -278,11 +278,8 @@ def score_token_features(
             chunk = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in features[start : start + batch_size]]
             batch = {k: v.to(device) for k, v in collate_qa(chunk, pad_token_id, "right").items()}
             outputs = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"],
-                output_hidden_states=True,
-                use_cache=False,
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], output_hidden_states=True, use_cache=False,
             )
             scores = scorer.label_scores(outputs.hidden_states[-1]).float().cpu()
             nll = (-label_log_probs(outputs.logits, batch["labels"])).float().cpu()
@@ -293,8 +290,7 @@ def score_token_features(
                 out.append({
                     "token_ids": ids,
                     "tokens": tokenizer.convert_ids_to_tokens(ids) if tokenizer is not None else None,
-                    "scores": scores[i][mask[i]].tolist(),
-                    "token_nll": nll[i][mask[i]].tolist(),
+                    "scores": scores[i][mask[i]].tolist(), "token_nll": nll[i][mask[i]].tolist(),
                 })
     finally:
         if was_training:

@@ -132,8 +132,7 @@ def run_fingerprint(method: type, args: TrainingArguments, forget: Any, retain: 
     """What a resuming trainer must match: the method, the settings that change the weights, and the digests of
     the prepared forget and retain rows."""
     return {
-        "method": f"{method.__module__}.{method.__qualname__}",
-        "settings": _tracked_settings(args),
+        "method": f"{method.__module__}.{method.__qualname__}", "settings": _tracked_settings(args),
         "data": {"forget": _rows_digest(forget), "retain": _rows_digest(retain)},
     }
 

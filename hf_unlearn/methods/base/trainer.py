@@ -386,10 +386,8 @@ class UnlearningTrainer(SFTTrainer):
         its labels; extra keyword arguments go to the forward."""
         labels = inputs[prefix + "labels"]
         outputs = model(
-            input_ids=inputs[prefix + "input_ids"],
-            attention_mask=inputs.get(prefix + "attention_mask"),
-            use_cache=False,
-            **forward_kwargs,
+            input_ids=inputs[prefix + "input_ids"], attention_mask=inputs.get(prefix + "attention_mask"),
+            use_cache=False, **forward_kwargs,
         )
         return ScoredBatch(outputs.logits, labels, label_log_probs(outputs.logits, labels), answer_mask(labels), outputs)
 
