@@ -259,7 +259,6 @@ def _muse_report(report: Any) -> Any:
     return None
 
 
-# ---------------------------------------------------------------------- trainer cards
 def _trainer_method(trainer: Any) -> str:
     """The method key of an unlearning trainer: its class's ``_method`` (most derived first, see
     :func:`hf_unlearn.registry.method_for_artifact`), else the method its config's objective is (the config's

@@ -196,7 +196,6 @@ class SelectionCriterion:
             raise ValueError("The reference model's NLLs are not all finite.")
         return ref_f, ref_h
 
-    # ----------------------------------------------------------------------------------------- measuring
     def _score(self, model: Any, tokenizer: Any, rows: list[dict[str, str]], scorer: Any) -> list[np.ndarray]:
         from ..logprobs import (
             answer_token_statistics,
@@ -295,7 +294,6 @@ class SelectionCriterion:
         self.original = self._figures_of(retain_validation, generic)
         return dict(self.original)
 
-    # ----------------------------------------------------------------------------------------- deciding
     def rule(self) -> dict[str, Any]:
         """The rule's settings, as the record stores them."""
         return {"name": "NLL shift closest to holdout within retain tolerance",

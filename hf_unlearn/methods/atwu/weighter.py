@@ -137,7 +137,6 @@ class ATWUTokenWeighter(
                 buffer.mul_(1.0 - momentum).add_(momentum * value)
         self.num_center_updates += 1
 
-    # -- persistence -----------------------------------------------------------------------
     @classmethod
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, *, model: Any | None = None,
