@@ -27,8 +27,6 @@ from .reports import (
     check_report_matches,
 )
 
-__all__ = ["METHOD_PAPERS", "METHOD_TITLES", "REQUIRED_TEMPLATE_FIELDS", "build_model_card", "trainer_model_card"]
-
 #: Variables every card template must use (checked before rendering).
 REQUIRED_TEMPLATE_FIELDS = ("card_data", "method", "forget_split", "repo_id", "base_model")
 

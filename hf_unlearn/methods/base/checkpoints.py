@@ -19,9 +19,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ...safe_output import OutputWriteError, atomic_directory, gated_path
 from .pairing import MODEL_COLUMNS
 
-__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "RUN_REQUEST_NAME", "TRAINER_STATE_NAME", "ResumeMismatchError",
-           "check_resume", "fingerprint_differences", "run_fingerprint", "stage_checkpoint"]
-
 # entries of a run folder kept when the final model is swapped in
 RUN_ENTRIES = (f"{PREFIX_CHECKPOINT_DIR}-*", "runs", "logs", "README.md")  # logs: the CLI's per-step JSON Lines
 TRAINER_STATE_NAME = "trainer_state.json"

@@ -13,9 +13,6 @@ from typing import Any
 import torch
 from trl import SFTConfig
 
-__all__ = ["FORGET_LOSSES", "RETAIN_LOSSES", "TRAINING_RANGES", "BaseUnlearningConfig",
-           "UnlearningConfig", "check_numeric_fields", "in_range", "refuse_no_forget_term"]
-
 FORGET_LOSSES = ("grad_ascent", "npo", "simnpo")
 RETAIN_LOSSES = ("none", "nll", "kl")
 

@@ -17,9 +17,6 @@ import torch
 from ...logprobs import answer_mask
 from .pairing import RETAIN_PREFIX
 
-__all__ = ["LossDenominators", "ScoredBatch", "answer_mask", "batch_counts", "kl_retain_loss", "nll_loss",
-           "scalar_on_device", "sequence_log_probs"]
-
 
 def _denominator(value: torch.Tensor | float | int | None, default: torch.Tensor) -> torch.Tensor:
     if value is None:

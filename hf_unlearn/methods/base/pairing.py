@@ -20,9 +20,6 @@ from ...data.documents import DEFAULT_CHUNK_LENGTH, chunk_documents, documents_d
 RETAIN_PREFIX = "retain_"
 MODEL_COLUMNS = ("input_ids", "labels")
 
-__all__ = ["MODEL_COLUMNS", "RETAIN_PREFIX", "PairedCollator", "PairedForgetRetainDataset", "PairingEpochCallback",
-           "as_dataset", "retain_partner_indices", "to_trl_format"]
-
 
 def _is_tofu_rows(dataset: Dataset) -> bool:
     columns = set(dataset.column_names)

@@ -12,8 +12,6 @@ from trl.trainer.utils import create_model_from_path
 
 from ...model_copy import independent_copy
 
-__all__ = ["RELOAD_WITHOUT_DEVICE_MAP", "frozen_reference", "reload_reference"]
-
 #: Launch types under which the reference is reloaded without ``device_map="auto"`` (each process's own copy).
 RELOAD_WITHOUT_DEVICE_MAP = ("MULTI_GPU", "DEEPSPEED", "FSDP")
 

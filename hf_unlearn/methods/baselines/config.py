@@ -9,9 +9,6 @@ from dataclasses import dataclass, field
 
 from ..base.config import FORGET_LOSSES, RETAIN_LOSSES, BaseUnlearningConfig, UnlearningConfig
 
-__all__ = ["CEUConfig", "UnlearnDPOConfig", "ForgetRetainConfig", "GradAscentConfig", "GradDiffConfig", "IdkDPOConfig",
-           "NPOConfig", "PreferenceConfig", "SatImpConfig", "SimNPOConfig", "UNDIALConfig", "WGAConfig"]
-
 
 @dataclass
 class GradAscentConfig(UnlearningConfig):

@@ -16,8 +16,6 @@ from transformers.trainer_callback import ExportableState
 from ...safe_output import atomic_write_json
 from .loss import confirmation_statistic, masc_probability_from_threshold
 
-__all__ = ["STOPPING_FILE", "MarginStoppingCallback", "split_validation"]
-
 logger = logging.getLogger(__name__)
 
 STOPPING_FILE = "masc_stopping.json"

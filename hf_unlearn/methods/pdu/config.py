@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 
 from ..base.config import BaseUnlearningConfig
 
-__all__ = ["PDU_RETAIN_LOSSES", "PDUConfig"]
-
 PDU_RETAIN_LOSSES = ("nll", "kl")
 
 

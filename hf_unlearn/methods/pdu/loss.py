@@ -8,8 +8,6 @@ import torch
 
 from ..base.losses import _denominator, answer_mask
 
-__all__ = ["dual_update", "pdu_forget_loss", "pdu_loss"]
-
 
 def pdu_forget_loss(
     logits: torch.Tensor, labels: torch.Tensor, num_tokens: torch.Tensor | float | None = None

@@ -8,8 +8,6 @@ from typing import Any
 
 from ..base.config import BaseUnlearningConfig
 
-__all__ = ["RMU_ALL_PARAMETERS", "RMU_WMDP_PARAMETERS", "RMUConfig", "decoder_layer_count", "default_layer"]
-
 #: open-unlearning's ``RMU.yaml``: every parameter is trained.
 RMU_ALL_PARAMETERS = ".*"
 #: The WMDP authors' choice: the MLP down-projections of the steered layer 7 and the two below it.

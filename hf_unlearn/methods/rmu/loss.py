@@ -8,8 +8,6 @@ import torch
 
 from ..base.losses import _denominator
 
-__all__ = ["activation_mse", "rmu_control_vector", "rmu_loss"]
-
 
 def rmu_control_vector(hidden_size: int, steering_coeff: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """The fixed target of the forget hidden states: ``c * u / ||u||`` with ``u ~ U[0, 1)^H`` drawn from
