@@ -80,14 +80,6 @@ def check_numeric_fields(config: Any, ranges: Mapping[str, str | tuple[str, str]
             raise ValueError(f"{f.name}={value!r} is out of range: {f.name} must be {shown}{why}.")
 
 
-def _class_ranges(config: Any) -> dict[str, str | tuple[str, str]]:
-    """:data:`TRAINING_RANGES` updated by the ``numeric_ranges`` of each class in ``config``'s MRO."""
-    ranges: dict[str, str | tuple[str, str]] = dict(TRAINING_RANGES)
-    for klass in reversed(type(config).__mro__):
-        ranges.update(vars(klass).get("numeric_ranges", {}))
-    return ranges
-
-
 def refuse_no_forget_term(forget_weight: float, retain_weight: float) -> None:
     """Refuse (``ValueError``) ``forget_weight == 0``: the objective then has no forget term."""
     if forget_weight == 0:
@@ -232,7 +224,10 @@ class BaseUnlearningConfig(SFTConfig):
                 "trust_remote_code=True is refused: hf-unlearn loads safetensors weights into the architectures "
                 "transformers ships and never runs code that comes with a model."
             )
-        check_numeric_fields(self, _class_ranges(self))
+        ranges: dict[str, str | tuple[str, str]] = dict(TRAINING_RANGES)  # each class's numeric_ranges, MRO order
+        for klass in reversed(type(self).__mro__):
+            ranges.update(vars(klass).get("numeric_ranges", {}))
+        check_numeric_fields(self, ranges)
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True
         if self.bf16 is None:

@@ -21,11 +21,6 @@ RETAIN_PREFIX = "retain_"
 MODEL_COLUMNS = ("input_ids", "labels")
 
 
-def _is_tofu_rows(dataset: Dataset) -> bool:
-    columns = set(dataset.column_names)
-    return {"question", "answer"} <= columns and not columns & {"prompt", "messages", "text", "input_ids"}
-
-
 def as_dataset(data: Any) -> Dataset:
     """A forget or retain set as a ``datasets.Dataset``: a path or a list of strings as documents
     (:func:`hf_unlearn.data.documents_dataset`), a list of dicts row by row."""
@@ -49,8 +44,9 @@ def to_trl_format(
     if is_documents(dataset):
         chunks = chunk_documents(dataset, tokenizer, max_length or DEFAULT_CHUNK_LENGTH)
         return Dataset.from_list([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in chunks])
-    if not _is_tofu_rows(dataset):
-        return dataset
+    columns = set(dataset.column_names)
+    if not {"question", "answer"} <= columns or columns & {"prompt", "messages", "text", "input_ids"}:
+        return dataset  # not TOFU rows
     rows = [
         {"input_ids": list(f["input_ids"]), "labels": list(f["labels"])}
         for f in prepare_qa(dataset, tokenizer, template=template, validate=False)
