@@ -130,7 +130,8 @@ class BaseUnlearningConfig(SFTConfig):
 
     Refused when built (a `ValueError`): a learning rate not a finite number `> 0`; settings that train zero steps
     or never end; a batch size or accumulation count below `1`; a `max_length` below `2`; a NaN or infinite float;
-    a numeric field outside its range ([`TRAINING_RANGES`], a method's `numeric_ranges`); `trust_remote_code=True`.
+    a numeric field outside its range ([`TRAINING_RANGES`], a method's `numeric_ranges`); a value outside a field's
+    `choices`; `trust_remote_code=True`.
 
     Defaults that differ from [`~trl.SFTConfig`]: `learning_rate=1e-5`, `num_train_epochs=10` (TOFU's),
     `weight_decay=0.01`, `bf16` only on a bf16-capable GPU; `use_cpu` is set on a machine with no CUDA, XPU or
