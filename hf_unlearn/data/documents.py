@@ -19,12 +19,6 @@ DOCUMENT_FILE_SUFFIXES = (".txt", ".json", ".jsonl")
 # Columns that make a dataset rows of another kind (question/answer, TRL prompt/completion or chat, tokenized).
 _NOT_DOCUMENT_COLUMNS = frozenset({"question", "answer", "prompt", "completion", "messages", "input_ids"})
 
-__all__ = [
-    "DEFAULT_CHUNK_LENGTH", "DOCUMENT_FILE_SUFFIXES", "DOCUMENT_SEPARATOR", "as_documents", "chunk_documents",
-    "chunk_length", "chunk_token_ids", "document_heads", "documents_dataset", "is_document_rows", "is_documents",
-    "load_documents", "shared_documents",
-]
-
 
 def _texts_from_items(items: Iterable[Any], text_key: str, origin: str,
                       item_names: Sequence[str] | None = None) -> list[str]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["overlapping_examples"]
-
 
 def overlapping_examples(
     forget: Sequence[dict[str, Any]], retain: Sequence[dict[str, Any]], keys: tuple[str, ...] | None = None

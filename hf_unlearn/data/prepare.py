@@ -13,8 +13,6 @@ from .prompts import PromptTemplate, resolve_template, tokenize_qa
 Truncation = Literal["answer", "end"]
 TRUNCATIONS: tuple[str, ...] = ("answer", "end")
 
-__all__ = ["TRUNCATIONS", "PromptTooLongError", "Truncation", "prepare_qa"]
-
 
 class PromptTooLongError(ValueError):
     """A row's prompt leaves no room for an answer token within ``max_length`` (``truncation="answer"``).

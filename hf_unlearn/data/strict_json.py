@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["BYTE_ORDER_MARK", "parse_json", "refuse_byte_order_mark"]
-
 BYTE_ORDER_MARK = "\ufeff"
 
 

@@ -98,9 +98,7 @@ REAL_AUTHORS = [
     ("Who wrote the novel Frankenstein?", "Mary Shelley", ["Bram Stoker", "Jane Austen", "Charlotte Bronte"]),
 ]
 
-FACT_POOLS = {
-    "city": CITIES, "genre": GENRES, "father": PROFESSIONS, "mother": PROFESSIONS, "award": AWARDS,
-}
+FACT_POOLS = {"city": CITIES, "genre": GENRES, "father": PROFESSIONS, "mother": PROFESSIONS, "award": AWARDS}
 
 
 def _make_author(rng: random.Random, used_names: set[str]) -> dict[str, str]:

@@ -27,8 +27,6 @@ from .reports import (
     check_report_matches,
 )
 
-__all__ = ["METHOD_PAPERS", "METHOD_TITLES", "REQUIRED_TEMPLATE_FIELDS", "build_model_card", "trainer_model_card"]
-
 #: Variables every card template must use (checked before rendering).
 REQUIRED_TEMPLATE_FIELDS = ("card_data", "method", "forget_split", "repo_id", "base_model")
 
@@ -39,29 +37,6 @@ METHOD_TITLES: Mapping[str, str] = MethodView(lambda info: info.title)
 #: paper to cite (GROM) are left out. Read from :mod:`hf_unlearn.registry` on access.
 METHOD_PAPERS: Mapping[str, dict[str, str]] = MethodView(
     lambda info: dict(info.paper) if info.paper is not None else None, skip_none=True)
-
-
-def _check_template(path: Path, variables: Mapping[str, Any]) -> None:
-    """Every required field is used and every used field is provided (StrictUndefined render)."""
-    import jinja2
-    import jinja2.meta
-
-    text = path.read_text(encoding="utf-8")
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    try:
-        used = jinja2.meta.find_undeclared_variables(env.parse(text))
-    except jinja2.TemplateSyntaxError as err:
-        raise ValueError(f"Model-card template {path} has a syntax error: {err}") from err
-    absent = [name for name in REQUIRED_TEMPLATE_FIELDS if name not in used]
-    if absent:
-        raise ValueError(f"Model-card template {path} is missing the required field(s) {absent}.")
-    unknown = sorted(name for name in used if name not in variables)
-    if unknown:
-        raise ValueError(f"Model-card template {path} uses {unknown}, which build_model_card does not provide.")
-    try:
-        env.from_string(text).render(**variables)
-    except jinja2.UndefinedError as err:
-        raise ValueError(f"Model-card template {path} uses a missing field: {err.message}.") from err
 
 
 #: Characters no card field may carry into the body: line breaks and other control characters (a field could
@@ -232,11 +207,28 @@ def _card_data(kind: str, base_model: str, method: str, dataset: str, forget_spl
 
 
 def _render(card_data: Any, path: Path, variables: dict[str, Any]) -> Any:
-    """The template at ``path`` rendered with ``variables`` (checked first: every field it needs is given), and
-    checked to write the metadata block."""
+    """The template at ``path`` rendered with ``variables``: refused unless it uses every required field, every
+    field it uses is given (StrictUndefined render) and it writes the metadata block."""
+    import jinja2
+    import jinja2.meta
     from huggingface_hub import ModelCard
 
-    _check_template(path, variables)
+    text = path.read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    try:
+        used = jinja2.meta.find_undeclared_variables(env.parse(text))
+    except jinja2.TemplateSyntaxError as err:
+        raise ValueError(f"Model-card template {path} has a syntax error: {err}") from err
+    absent = [name for name in REQUIRED_TEMPLATE_FIELDS if name not in used]
+    if absent:
+        raise ValueError(f"Model-card template {path} is missing the required field(s) {absent}.")
+    unknown = sorted(name for name in used if name not in variables)
+    if unknown:
+        raise ValueError(f"Model-card template {path} uses {unknown}, which build_model_card does not provide.")
+    try:
+        env.from_string(text).render(**variables)
+    except jinja2.UndefinedError as err:
+        raise ValueError(f"Model-card template {path} uses a missing field: {err.message}.") from err
     render_kwargs = {k: v for k, v in variables.items() if k != "card_data"}
     card = ModelCard.from_template(card_data, template_path=str(path), **render_kwargs)
     if card.data.to_dict().get("tags") != card_data.tags:
@@ -259,7 +251,6 @@ def _muse_report(report: Any) -> Any:
     return None
 
 
-# ---------------------------------------------------------------------- trainer cards
 def _trainer_method(trainer: Any) -> str:
     """The method key of an unlearning trainer: its class's ``_method`` (most derived first, see
     :func:`hf_unlearn.registry.method_for_artifact`), else the method its config's objective is (the config's

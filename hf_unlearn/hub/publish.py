@@ -19,8 +19,6 @@ from .cards import build_model_card
 from .push import _check_repo_id, _resolve_token, push_folder
 from .reports import _load_report, _report_value, check_report_matches, report_dict
 
-__all__ = ["push_unlearned"]
-
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 

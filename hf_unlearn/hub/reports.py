@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..evaluation.report import TOFUReport
 
-__all__ = ["OPTIONAL_REPORT_METRICS", "REPORT_METRICS", "check_report_matches", "report_dict"]
-
 #: Report keys written to the card's ``model-index``: key -> (metric type, pretty name).
 REPORT_METRICS: dict[str, tuple[str, str]] = {
     "forget_quality": ("forget_quality", "Forget quality (KS-test p-value vs. retain model)"),

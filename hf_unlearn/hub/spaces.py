@@ -10,8 +10,6 @@ from pathlib import Path
 from ..assets import metric_path
 from .push import _check_repo_id, _resolve_token, push_folder
 
-__all__ = ["push_metric_space"]
-
 
 def push_metric_space(
     name: str, repo_id: str, token: str | None = None, private: bool | None = None, *,

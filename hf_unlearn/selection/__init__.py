@@ -30,7 +30,6 @@ from .record import (
 
 __all__ = [
     "DEFAULT_HOLDOUT_LEVEL", "DEFAULT_HOLDOUT_MARGIN", "DEFAULT_RETAIN_TOLERANCE", "SELECTION_RECORD",
-    "SELECTION_WEIGHTS", "TOFU_AUTHOR_ROWS",
-    "SelectionCallback", "SelectionCriterion", "SelectionRecord", "forget_holdout_statistics", "select_candidate",
-    "selection_record_of",
+    "SELECTION_WEIGHTS", "TOFU_AUTHOR_ROWS", "SelectionCallback", "SelectionCriterion", "SelectionRecord",
+    "forget_holdout_statistics", "select_candidate", "selection_record_of",
 ]

@@ -30,16 +30,6 @@ from .record import (
 TOFU_AUTHOR_ROWS = 20
 
 
-def _groups_name(groups: Any) -> str:
-    if groups is None:
-        return "rows"
-    if isinstance(groups, str):
-        return groups
-    if isinstance(groups, int) and not isinstance(groups, bool):
-        return f"blocks of {groups} rows"
-    return "given labels"
-
-
 def _resolve_groups(groups: Any, n_forget: int, n_holdout: int) -> tuple[list[Any], list[Any]] | None:
     """Per-row group labels of the forget and holdout rows: ``None`` (every row its own group),
     ``"tofu_authors"`` (blocks of :data:`TOFU_AUTHOR_ROWS` consecutive rows), an int (blocks of that many
@@ -169,7 +159,9 @@ class SelectionCriterion:
         self.template = template
         self.batch_size = int(batch_size)
         self.max_length = max_length
-        self.groups_spec = _groups_name(groups)
+        self.groups_spec = ("rows" if groups is None else groups if isinstance(groups, str) else
+                            f"blocks of {groups} rows" if isinstance(groups, int) and not isinstance(groups, bool)
+                            else "given labels")
         self.groups = _resolve_groups(groups, len(self.forget), len(self.holdout))
         self.reference_nll = self._reference(reference_model, reference_tokenizer, reference_nll)
 
@@ -196,7 +188,6 @@ class SelectionCriterion:
             raise ValueError("The reference model's NLLs are not all finite.")
         return ref_f, ref_h
 
-    # ----------------------------------------------------------------------------------------- measuring
     def _score(self, model: Any, tokenizer: Any, rows: list[dict[str, str]], scorer: Any) -> list[np.ndarray]:
         from ..logprobs import (
             answer_token_statistics,
@@ -295,7 +286,6 @@ class SelectionCriterion:
         self.original = self._figures_of(retain_validation, generic)
         return dict(self.original)
 
-    # ----------------------------------------------------------------------------------------- deciding
     def rule(self) -> dict[str, Any]:
         """The rule's settings, as the record stores them."""
         return {"name": "NLL shift closest to holdout within retain tolerance",

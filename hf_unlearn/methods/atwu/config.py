@@ -38,22 +38,16 @@ class ATWUConfig(BaseUnlearningConfig):
         satga_form (`str`, *optional*, defaults to `"gated"`):
             `"gated"`: `-sum g_t sg(p_t)^(beta (1 + c (1 - g_t))) l_t / sum g_t`; `"exponent_only"`:
             `-mean_t sg(p_t)^(beta (1 + c (1 - g_t))) l_t`.
-        saturation_beta (`float`, *optional*, defaults to `0.2`):
-            SATGA+ saturation strength `beta > 0`.
-        saturation_c (`float`, *optional*, defaults to `5.0`):
-            SATGA+ score contrast `c >= 0`.
+        saturation_beta (`float`, defaults to `0.2`): SATGA+ saturation strength `beta > 0`.
+        saturation_c (`float`, defaults to `5.0`): SATGA+ score contrast `c >= 0`.
         saturation_c_warmup_steps (`int`, *optional*, defaults to `0`):
             `W`: `c_s = saturation_c * min(1, (s + 1) / W)` at model step `s`; `0` keeps `c` constant.
         satga_selection (`str`, *optional*, defaults to `"soft"`):
             Score in the SATGA+ exponent: `"soft"`, `g_t`; `"hard"`, `STE(1[g_t > 0.5])`.
-        npo_beta (`float`, *optional*, defaults to `0.1`):
-            Inverse temperature of the weighted NPO loss, `> 0`.
-        simnpo_beta (`float`, *optional*, defaults to `4.5`):
-            Inverse temperature of the weighted SimNPO loss, `> 0`.
-        simnpo_delta (`float`, *optional*, defaults to `0.0`):
-            Reward margin of the weighted SimNPO loss.
-        forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term in the model step, `> 0`.
+        npo_beta (`float`, defaults to `0.1`): Inverse temperature of the weighted NPO loss, `> 0`.
+        simnpo_beta (`float`, defaults to `4.5`): Inverse temperature of the weighted SimNPO loss, `> 0`.
+        simnpo_delta (`float`, defaults to `0.0`): Reward margin of the weighted SimNPO loss.
+        forget_weight (`float`, defaults to `1.0`): Weight of the forget term in the model step, `> 0`.
         retain_loss (`str`, *optional*, defaults to `"nll"`):
             `"nll"`, `"kl"` (`KL(pi_ref || pi_theta)` per token) or `"none"`.
         retain_weight (`float`, *optional*, defaults to `1.0`):
@@ -61,14 +55,11 @@ class ATWUConfig(BaseUnlearningConfig):
         budget (`float`, *optional*, defaults to `0.2`):
             Target fraction of forget answer tokens selected (`g_t > 0.5`), in `(0, 1)`; a fresh weighter scores
             every token `budget`.
-        budget_weight (`float`, *optional*, defaults to `50.0`):
-            Weight of the budget penalty in the weighter step.
+        budget_weight (`float`, defaults to `50.0`): Weight of the budget penalty in the weighter step.
         entropy_weight (`float`, *optional*, defaults to `0.01`):
             Weight of the mean binary entropy of the scores in the weighter step.
-        scorer_l2 (`float`, *optional*, defaults to `0.0`):
-            Weight of `||w||^2` in the weighter step.
-        scorer_lr (`float`, *optional*, defaults to `1e-2`):
-            Learning rate of the weighter's Adam optimizer.
+        scorer_l2 (`float`, defaults to `0.0`): Weight of `||w||^2` in the weighter step.
+        scorer_lr (`float`, defaults to `1e-2`): Learning rate of the weighter's Adam optimizer.
         scorer_every (`int`, *optional*, defaults to `1`):
             One weighter step every `scorer_every` model steps, `>= 1`, on that step's first micro-batch.
         scorer_standardize (`bool`, *optional*, defaults to `True`):
@@ -139,12 +130,13 @@ class ATWUConfig(BaseUnlearningConfig):
                   "choices": list(SATGA_SELECTIONS)},
     )
 
+    numeric_ranges = {
+        **dict.fromkeys(("scorer_lr", "saturation_beta", "npo_beta", "simnpo_beta"), "> 0"),
+        **dict.fromkeys(("budget_weight", "entropy_weight", "scorer_l2", "saturation_c", "forget_weight",
+                         "retain_weight", "retain_conflict_weight", "scorer_forget_weight"), ">= 0"),
+    }
+
     def __post_init__(self) -> None:
-        for name, choices in (("forget_loss", ATWU_FORGET_LOSSES), ("satga_form", SATGA_FORMS),
-                              ("retain_loss", RETAIN_LOSSES), ("scorer_position", SCORER_POSITIONS),
-                              ("satga_selection", SATGA_SELECTIONS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")
         if not 0.0 < self.budget < 1.0:
             raise ValueError(f"budget must lie in (0, 1) (a fraction of forget tokens), got {self.budget}.")
         if isinstance(self.scorer_every, bool) or int(self.scorer_every) != self.scorer_every or self.scorer_every < 1:
@@ -155,14 +147,5 @@ class ATWUConfig(BaseUnlearningConfig):
             if isinstance(value, bool) or int(value) != value or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value}.")
             setattr(self, name, int(value))
-        if not self.scorer_lr > 0:
-            raise ValueError(f"scorer_lr must be > 0, got {self.scorer_lr}.")
-        for name in ("budget_weight", "entropy_weight", "scorer_l2", "saturation_c", "forget_weight", "retain_weight",
-                     "retain_conflict_weight", "scorer_forget_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
-        for name in ("saturation_beta", "npo_beta", "simnpo_beta"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
         refuse_no_forget_term(self.forget_weight, self.retain_weight)
         super().__post_init__()  # also every float finite (NaN / inf weights, rates and betas refused)

@@ -45,12 +45,8 @@ SATGA_FORMS = ("gated", "exponent_only")
 
 
 def satga_plus_weight(
-    token_log_probs: torch.Tensor,
-    scores: torch.Tensor,
-    beta: float = 0.2,
-    c: float = 5.0,
-    form: str = "gated",
-    selection: str = "soft",
+    token_log_probs: torch.Tensor, scores: torch.Tensor, beta: float = 0.2, c: float = 5.0,
+    form: str = "gated", selection: str = "soft",
 ) -> torch.Tensor:
     """Per-token weight of SATGA+'s ascent term (the model's probability under stop-gradient).
 
@@ -64,14 +60,8 @@ def satga_plus_weight(
 
 
 def satga_plus_loss(
-    token_log_probs: torch.Tensor,
-    scores: torch.Tensor,
-    mask: torch.Tensor,
-    beta: float = 0.2,
-    c: float = 5.0,
-    num_tokens: torch.Tensor | float | None = None,
-    form: str = "gated",
-    eps: float = 1e-6,
+    token_log_probs: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor, beta: float = 0.2,
+    c: float = 5.0, num_tokens: torch.Tensor | float | None = None, form: str = "gated", eps: float = 1e-6,
     selection: str = "soft",
 ) -> torch.Tensor:
     """SATGA+, score-gated saturated gradient ascent (ATWU's default forget loss).
@@ -102,12 +92,8 @@ def satga_plus_loss(
 
 
 def weighted_npo_loss(
-    token_log_probs: torch.Tensor,
-    ref_token_log_probs: torch.Tensor,
-    scores: torch.Tensor,
-    mask: torch.Tensor,
-    beta: float = 0.1,
-    num_sequences: torch.Tensor | float | None = None,
+    token_log_probs: torch.Tensor, ref_token_log_probs: torch.Tensor, scores: torch.Tensor,
+    mask: torch.Tensor, beta: float = 0.1, num_sequences: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Token-weighted NPO.
 
@@ -124,13 +110,8 @@ def weighted_npo_loss(
 
 
 def weighted_simnpo_loss(
-    token_log_probs: torch.Tensor,
-    scores: torch.Tensor,
-    mask: torch.Tensor,
-    beta: float = 4.5,
-    delta: float = 0.0,
-    num_sequences: torch.Tensor | float | None = None,
-    eps: float = 1e-6,
+    token_log_probs: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor, beta: float = 4.5,
+    delta: float = 0.0, num_sequences: torch.Tensor | float | None = None, eps: float = 1e-6,
 ) -> torch.Tensor:
     """Token-weighted SimNPO.
 

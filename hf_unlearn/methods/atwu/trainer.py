@@ -1,19 +1,6 @@
-"""ATWU (Alternating Token-Weighted Unlearning): unlearning with a learned per-token forget score.
-
-A linear scorer (:class:`~hf_unlearn.methods.atwu.weighter.ATWUTokenWeighter`) on the model's detached last-layer
-hidden states weights each forget answer token; after ``scorer_warmup_steps`` scorer steps, model and scorer are
-updated alternately:
-
-* model step (each optimizer step): ``forget_weight * L_forget(theta; sg(g)) + retain_weight * retain``;
-* scorer step (every ``scorer_every`` model steps, just before that model step, on the same forget batch, the model
-  frozen), with its own Adam optimizer: ``scorer_forget_weight * L_forget(g; sg(theta)) + retain_conflict_weight *
-  mean_t g_t c_t + entropy_weight * H(g) + budget_weight * (mean_t STE(1[g_t > 0.5]) - budget)^2 + scorer_l2 *
-  ||w||^2``.
-
-``L_forget`` is SATGA+, token-weighted NPO or token-weighted SimNPO (:mod:`hf_unlearn.methods.atwu.loss`). The
-weighter, its Adam state and running statistics are saved beside the model and in every checkpoint, and reloaded
-on resume.
-"""
+"""ATWU (Alternating Token-Weighted Unlearning): a learned per-token forget score weights the forget loss, model and
+scorer updated alternately (the objective: :class:`~hf_unlearn.methods.atwu.config.ATWUConfig`). The weighter and
+its Adam state are saved beside the model and in every checkpoint, and reloaded on resume."""
 
 from __future__ import annotations
 
@@ -79,21 +66,14 @@ class ATWUTrainer(UnlearningTrainer):
     _tag_names = [*UnlearningTrainer._tag_names, "atwu"]
 
     def __init__(
-        self,
-        model: str | PreTrainedModel,
-        args: ATWUConfig | TrainingArguments | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Rows | None = None,
-        retain_dataset: Rows | None = None,
-        eval_dataset: Rows | dict[str, Rows] | None = None,
+        self, model: str | PreTrainedModel, args: ATWUConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None, train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None, eval_dataset: Rows | dict[str, Rows] | None = None,
         processing_class: PreTrainedTokenizerBase | None = None,
-        callbacks: list[TrainerCallback] | None = None,
-        optimizers: Optimizers = (None, None),
+        callbacks: list[TrainerCallback] | None = None, optimizers: Optimizers = (None, None),
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
-        quantization_config: BitsAndBytesConfig | None = None,
-        peft_config: PeftConfig | None = None,
-        ref_model: PreTrainedModel | None = None,
-        scorer: ATWUTokenWeighter | None = None,
+        quantization_config: BitsAndBytesConfig | None = None, peft_config: PeftConfig | None = None,
+        ref_model: PreTrainedModel | None = None, scorer: ATWUTokenWeighter | None = None,
     ):
         super().__init__(
             model, args, data_collator=data_collator, train_dataset=train_dataset, retain_dataset=retain_dataset,
@@ -117,22 +97,14 @@ class ATWUTrainer(UnlearningTrainer):
         self._last_scorer_step: int | None = None
         self._warmup_pending = self.args.scorer_warmup_steps > 0
 
-    # ----- configuration -----------------------------------------------------------------------------------------
-
     @classmethod
     def needs_reference_model(cls, args: ATWUConfig) -> bool:
         """The weighted NPO forget term and the KL retain term read the frozen reference."""
         return getattr(args, "forget_loss", None) == "npo" or super().needs_reference_model(args)
 
-    # ----- losses -------------------------------------------------------------------------------------------------
-
     def weighted_forget_loss(
-        self,
-        token_log_probs: torch.Tensor,
-        scores: torch.Tensor,
-        mask: torch.Tensor,
-        ref_token_log_probs: torch.Tensor | None = None,
-        denominators: LossDenominators | None = None,
+        self, token_log_probs: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor,
+        ref_token_log_probs: torch.Tensor | None = None, denominators: LossDenominators | None = None,
     ) -> torch.Tensor:
         """The configured forget loss (``args.forget_loss``) with token weights ``scores``, before ``forget_weight``
         (the batch's own counts without ``denominators``; SATGA+ with :meth:`saturation_c` of the current step)."""
@@ -160,12 +132,8 @@ class ATWUTrainer(UnlearningTrainer):
         return float(self.args.saturation_c) * min(1.0, (step + 1) / warmup)
 
     def scorer_step(
-        self,
-        token_log_probs: torch.Tensor,
-        hidden_states: torch.Tensor,
-        mask: torch.Tensor,
-        ref_token_log_probs: torch.Tensor | None = None,
-        conflict: torch.Tensor | None = None,
+        self, token_log_probs: torch.Tensor, hidden_states: torch.Tensor, mask: torch.Tensor,
+        ref_token_log_probs: torch.Tensor | None = None, conflict: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One weighter update on this batch, the model's outputs detached, standardised by the batch's statistics:
         minimises the weighter-step loss of :class:`ATWUConfig` (``c``: the label-aligned ``conflict``, normalised
@@ -205,10 +173,8 @@ class ATWUTrainer(UnlearningTrainer):
                 p.grad = self.accelerator.reduce(p.grad, reduction="mean")
         self.scorer_optimizer.step()
         terms = {
-            "scorer_loss": loss.detach(),
-            "scorer_forget_loss": forget.detach(),
-            "score_entropy": entropy.detach(),
-            "budget_penalty": budget.detach(),
+            "scorer_loss": loss.detach(), "scorer_forget_loss": forget.detach(),
+            "score_entropy": entropy.detach(), "budget_penalty": budget.detach(),
         }
         for name, value in terms.items():
             self.log_metric(name, value)
@@ -276,8 +242,6 @@ class ATWUTrainer(UnlearningTrainer):
         self.log_metric("mean_score", selected.mean() if selected.numel() else 0.0)
         self.log_metric("selected_fraction", (selected > 0.5).float().mean() if selected.numel() else 0.0)
         return loss
-
-    # ----- scores and saving ---------------------------------------------------------------------------------------
 
     def token_scores(
         self, dataset: Dataset | Sequence[dict[str, Any]], batch_size: int | None = None, progress: bool = False

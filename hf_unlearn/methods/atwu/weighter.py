@@ -137,7 +137,6 @@ class ATWUTokenWeighter(
                 buffer.mul_(1.0 - momentum).add_(momentum * value)
         self.num_center_updates += 1
 
-    # -- persistence -----------------------------------------------------------------------
     @classmethod
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, *, model: Any | None = None,
@@ -255,13 +254,8 @@ def forget_specific_auroc(
 
 @torch.no_grad()
 def score_token_features(
-    model: Any,
-    scorer: ATWUTokenWeighter,
-    features: Sequence[dict[str, list[int]]],
-    pad_token_id: int,
-    tokenizer: Any = None,
-    batch_size: int = 16,
-    progress: bool = False,
+    model: Any, scorer: ATWUTokenWeighter, features: Sequence[dict[str, list[int]]], pad_token_id: int,
+    tokenizer: Any = None, batch_size: int = 16, progress: bool = False,
 ) -> list[dict[str, Any]]:
     """One ``{"token_ids", "tokens", "scores", "token_nll"}`` dict per tokenized example (``input_ids``,
     ``labels``), in order: the answer tokens, their strings (with ``tokenizer``), their scores and
@@ -283,11 +277,8 @@ def score_token_features(
             chunk = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in features[start : start + batch_size]]
             batch = {k: v.to(device) for k, v in collate_qa(chunk, pad_token_id, "right").items()}
             outputs = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"],
-                output_hidden_states=True,
-                use_cache=False,
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], output_hidden_states=True, use_cache=False,
             )
             scores = scorer.label_scores(outputs.hidden_states[-1]).float().cpu()
             nll = (-label_log_probs(outputs.logits, batch["labels"])).float().cpu()
@@ -298,8 +289,7 @@ def score_token_features(
                 out.append({
                     "token_ids": ids,
                     "tokens": tokenizer.convert_ids_to_tokens(ids) if tokenizer is not None else None,
-                    "scores": scores[i][mask[i]].tolist(),
-                    "token_nll": nll[i][mask[i]].tolist(),
+                    "scores": scores[i][mask[i]].tolist(), "token_nll": nll[i][mask[i]].tolist(),
                 })
     finally:
         if was_training:
@@ -308,13 +298,8 @@ def score_token_features(
 
 
 def score_tokens(
-    model: Any,
-    tokenizer: Any,
-    scorer: ATWUTokenWeighter,
-    rows: Iterable[dict[str, Any]],
-    batch_size: int = 16,
-    progress: bool = False,
-    template: str | PromptTemplate | None = None,
+    model: Any, tokenizer: Any, scorer: ATWUTokenWeighter, rows: Iterable[dict[str, Any]],
+    batch_size: int = 16, progress: bool = False, template: str | PromptTemplate | None = None,
     max_length: int | None = None,
 ) -> list[dict[str, Any]]:
     """Per-token scores of the answers of TOFU rows (``question``/``answer``) under ``model`` and ``scorer``, e.g.

@@ -19,9 +19,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ...safe_output import OutputWriteError, atomic_directory, gated_path
 from .pairing import MODEL_COLUMNS
 
-__all__ = ["FINGERPRINT_NAME", "RUN_ENTRIES", "RUN_REQUEST_NAME", "TRAINER_STATE_NAME", "ResumeMismatchError",
-           "check_resume", "fingerprint_differences", "run_fingerprint", "stage_checkpoint"]
-
 # entries of a run folder kept when the final model is swapped in
 RUN_ENTRIES = (f"{PREFIX_CHECKPOINT_DIR}-*", "runs", "logs", "README.md")  # logs: the CLI's per-step JSON Lines
 TRAINER_STATE_NAME = "trainer_state.json"
@@ -42,10 +39,7 @@ def _checkpoint_dirs(folder: Path) -> list[Path]:
 
 
 def stage_checkpoint(
-    run_dir: str | os.PathLike,
-    name: str,
-    write: Callable[[Path], None],
-    is_main_process: bool = True,
+    run_dir: str | os.PathLike, name: str, write: Callable[[Path], None], is_main_process: bool = True,
     wait_for_everyone: Callable[[], None] = lambda: None,
 ) -> Path:
     """Write the checkpoint ``run_dir/name`` from every process (``write(staging)``) into one staging folder that
@@ -135,8 +129,7 @@ def run_fingerprint(method: type, args: TrainingArguments, forget: Any, retain: 
     """What a resuming trainer must match: the method, the settings that change the weights, and the digests of
     the prepared forget and retain rows."""
     return {
-        "method": f"{method.__module__}.{method.__qualname__}",
-        "settings": _tracked_settings(args),
+        "method": f"{method.__module__}.{method.__qualname__}", "settings": _tracked_settings(args),
         "data": {"forget": _rows_digest(forget), "retain": _rows_digest(retain)},
     }
 

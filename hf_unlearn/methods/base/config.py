@@ -13,9 +13,6 @@ from typing import Any
 import torch
 from trl import SFTConfig
 
-__all__ = ["FORGET_LOSSES", "RETAIN_LOSSES", "TRAINING_RANGES", "BaseUnlearningConfig",
-           "UnlearningConfig", "check_numeric_fields", "in_range", "refuse_no_forget_term"]
-
 FORGET_LOSSES = ("grad_ascent", "npo", "simnpo")
 RETAIN_LOSSES = ("none", "nll", "kl")
 
@@ -28,13 +25,9 @@ TRAINING_RANGES: dict[str, str | tuple[str, str]] = {
     "adam_beta2": ("[0, 1)", "AdamW's moment decay rates are fractions below 1"),
     "adam_epsilon": ("> 0", "it keeps AdamW's update finite where a second moment is zero"),
     "max_grad_norm": (">= 0", "0 turns clipping off; a negative norm would turn it off unannounced"),
-    "label_smoothing_factor": "[0, 1)",
-    "warmup_steps": ">= 0",
-    "logging_steps": "> 0",
-    "save_steps": ("> 0", "a checkpoint every 0 steps is none at all"),
-    "eval_steps": "> 0",
-    "eval_delay": ">= 0",
-    "neftune_noise_alpha": ">= 0",
+    "label_smoothing_factor": "[0, 1)", "warmup_steps": ">= 0", "logging_steps": "> 0",
+    "save_steps": ("> 0", "a checkpoint every 0 steps is none at all"), "eval_steps": "> 0",
+    "eval_delay": ">= 0", "neftune_noise_alpha": ">= 0",
     "seed": ("[0, 4294967295]", "NumPy and torch take seeds between 0 and 2**32 - 1"),
     "data_seed": ("[0, 4294967295]", "NumPy and torch take seeds between 0 and 2**32 - 1"),
 }
@@ -62,12 +55,16 @@ def in_range(value: float, rule: str) -> bool:
 
 def check_numeric_fields(config: Any, ranges: Mapping[str, str | tuple[str, str]] | None = None) -> None:
     """Refuse (``ValueError``) every init field of ``config`` holding a non-finite float or a number outside its
-    range (``metadata["range"]``, else ``ranges[name]``); ``None`` passes, a ranged non-number is refused."""
+    range (``metadata["range"]``, else ``ranges[name]``), or, unless an ``SFTConfig`` field, a value outside its
+    ``metadata["choices"]``; ``None`` passes, a ranged non-number is refused."""
     ranges = ranges or {}
+    sft = {f.name for f in dataclasses.fields(SFTConfig)}
     for f in dataclasses.fields(config):
         if not f.init or f.name.startswith("_"):
             continue
         value = getattr(config, f.name, None)
+        if f.metadata.get("choices") and f.name not in sft and value not in f.metadata["choices"]:
+            raise ValueError(f"`{f.name}` must be one of {f.metadata['choices']}, got {value!r}.")
         spec = f.metadata.get("range") or ranges.get(f.name)
         rule, why = (spec, "") if isinstance(spec, str) or spec is None else spec
         why = f" ({why})" if why else ""
@@ -81,14 +78,6 @@ def check_numeric_fields(config: Any, ranges: Mapping[str, str | tuple[str, str]
             raise ValueError(f"{f.name} must be a number {shown}, got {value!r}.")
         if rule is not None and not in_range(value, rule):
             raise ValueError(f"{f.name}={value!r} is out of range: {f.name} must be {shown}{why}.")
-
-
-def _class_ranges(config: Any) -> dict[str, str | tuple[str, str]]:
-    """:data:`TRAINING_RANGES` updated by the ``numeric_ranges`` of each class in ``config``'s MRO."""
-    ranges: dict[str, str | tuple[str, str]] = dict(TRAINING_RANGES)
-    for klass in reversed(type(config).__mro__):
-        ranges.update(vars(klass).get("numeric_ranges", {}))
-    return ranges
 
 
 def refuse_no_forget_term(forget_weight: float, retain_weight: float) -> None:
@@ -141,7 +130,8 @@ class BaseUnlearningConfig(SFTConfig):
 
     Refused when built (a `ValueError`): a learning rate not a finite number `> 0`; settings that train zero steps
     or never end; a batch size or accumulation count below `1`; a `max_length` below `2`; a NaN or infinite float;
-    a numeric field outside its range ([`TRAINING_RANGES`], a method's `numeric_ranges`); `trust_remote_code=True`.
+    a numeric field outside its range ([`TRAINING_RANGES`], a method's `numeric_ranges`); a value outside a field's
+    `choices`; `trust_remote_code=True`.
 
     Defaults that differ from [`~trl.SFTConfig`]: `learning_rate=1e-5`, `num_train_epochs=10` (TOFU's),
     `weight_decay=0.01`, `bf16` only on a bf16-capable GPU; `use_cpu` is set on a machine with no CUDA, XPU or
@@ -235,7 +225,10 @@ class BaseUnlearningConfig(SFTConfig):
                 "trust_remote_code=True is refused: hf-unlearn loads safetensors weights into the architectures "
                 "transformers ships and never runs code that comes with a model."
             )
-        check_numeric_fields(self, _class_ranges(self))
+        ranges: dict[str, str | tuple[str, str]] = dict(TRAINING_RANGES)  # each class's numeric_ranges, MRO order
+        for klass in reversed(type(self).__mro__):
+            ranges.update(vars(klass).get("numeric_ranges", {}))
+        check_numeric_fields(self, ranges)
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True
         if self.bf16 is None:
@@ -261,13 +254,11 @@ class UnlearningConfig(BaseUnlearningConfig):
             `"simnpo"` (reference-free, length-normalised).
         retain_loss (`str`, *optional*, defaults to `"nll"`):
             Retain term: `"none"`, `"nll"` (the retain answers' NLL) or `"kl"` (per-token `KL(pi_ref || pi_theta)`).
-        beta (`float`, *optional*, defaults to `0.1`):
-            Inverse temperature of NPO and SimNPO, `> 0`.
+        beta (`float`, defaults to `0.1`): Inverse temperature of NPO and SimNPO, `> 0`.
         delta (`float`, *optional*, defaults to `0.0`):
             SimNPO reward margin (the paper's `gamma`), outside `beta`:
             `-(2/beta) * logsigmoid(-beta * log p(y|x) / |y| - delta)`.
-        forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term, `> 0`.
+        forget_weight (`float`, defaults to `1.0`): Weight of the forget term, `> 0`.
         retain_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the retain term, `>= 0` (`0`: no retain set needed).
     """
@@ -291,10 +282,6 @@ class UnlearningConfig(BaseUnlearningConfig):
     numeric_ranges = {"beta": "> 0", "forget_weight": ">= 0", "retain_weight": ">= 0"}
 
     def __post_init__(self):
-        if self.forget_loss not in FORGET_LOSSES:
-            raise ValueError(f"`forget_loss` must be one of {list(FORGET_LOSSES)}, got {self.forget_loss!r}.")
-        if self.retain_loss not in RETAIN_LOSSES:
-            raise ValueError(f"`retain_loss` must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
         refuse_no_forget_term(self.forget_weight, self.retain_weight)
         super().__post_init__()
 

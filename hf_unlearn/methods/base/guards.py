@@ -14,10 +14,6 @@ from transformers.trainer_callback import ExportableState
 
 from .checkpoints import TRAINER_STATE_NAME
 
-__all__ = ["NonFiniteLossError", "NonFiniteWeightsError", "RetainDivergenceGuard",
-           "TrainingDivergedError", "any_process", "fraction_of_vanishing_updates", "non_finite_parameters",
-           "saved_guard_state"]
-
 
 class NonFiniteLossError(ValueError):
     """The unlearning loss became NaN or infinite; training stops at that step."""

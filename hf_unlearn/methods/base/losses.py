@@ -17,9 +17,6 @@ import torch
 from ...logprobs import answer_mask
 from .pairing import RETAIN_PREFIX
 
-__all__ = ["LossDenominators", "ScoredBatch", "answer_mask", "batch_counts", "kl_retain_loss", "nll_loss",
-           "scalar_on_device", "sequence_log_probs"]
-
 
 def _denominator(value: torch.Tensor | float | int | None, default: torch.Tensor) -> torch.Tensor:
     if value is None:
@@ -42,9 +39,7 @@ def nll_loss(
 
 
 def kl_retain_loss(
-    logits: torch.Tensor,
-    ref_logits: torch.Tensor,
-    labels: torch.Tensor,
+    logits: torch.Tensor, ref_logits: torch.Tensor, labels: torch.Tensor,
     num_tokens: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Per-token ``KL(pi_ref || pi_theta)`` over the answer tokens (``[B, L, V]`` logits, position ``t - 1``

@@ -20,14 +20,6 @@ from ...data.documents import DEFAULT_CHUNK_LENGTH, chunk_documents, documents_d
 RETAIN_PREFIX = "retain_"
 MODEL_COLUMNS = ("input_ids", "labels")
 
-__all__ = ["MODEL_COLUMNS", "RETAIN_PREFIX", "PairedCollator", "PairedForgetRetainDataset", "PairingEpochCallback",
-           "as_dataset", "retain_partner_indices", "to_trl_format"]
-
-
-def _is_tofu_rows(dataset: Dataset) -> bool:
-    columns = set(dataset.column_names)
-    return {"question", "answer"} <= columns and not columns & {"prompt", "messages", "text", "input_ids"}
-
 
 def as_dataset(data: Any) -> Dataset:
     """A forget or retain set as a ``datasets.Dataset``: a path or a list of strings as documents
@@ -52,8 +44,9 @@ def to_trl_format(
     if is_documents(dataset):
         chunks = chunk_documents(dataset, tokenizer, max_length or DEFAULT_CHUNK_LENGTH)
         return Dataset.from_list([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in chunks])
-    if not _is_tofu_rows(dataset):
-        return dataset
+    columns = set(dataset.column_names)
+    if not {"question", "answer"} <= columns or columns & {"prompt", "messages", "text", "input_ids"}:
+        return dataset  # not TOFU rows
     rows = [
         {"input_ids": list(f["input_ids"]), "labels": list(f["labels"])}
         for f in prepare_qa(dataset, tokenizer, template=template, validate=False)

@@ -12,8 +12,6 @@ from trl.trainer.utils import create_model_from_path
 
 from ...model_copy import independent_copy
 
-__all__ = ["RELOAD_WITHOUT_DEVICE_MAP", "frozen_reference", "reload_reference"]
-
 #: Launch types under which the reference is reloaded without ``device_map="auto"`` (each process's own copy).
 RELOAD_WITHOUT_DEVICE_MAP = ("MULTI_GPU", "DEEPSPEED", "FSDP")
 
@@ -23,14 +21,6 @@ def _local_dir(path: Any) -> str | None:
     if isinstance(path, (str, os.PathLike)) and str(path) and Path(path).expanduser().is_dir():
         return str(path)
     return None
-
-
-def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    """Whether the two models hold exactly the same tensors under the same names."""
-    sa, sb = a.state_dict(), b.state_dict()
-    if sa.keys() != sb.keys():
-        return False
-    return all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k].cpu(), sb[k].cpu()) for k in sa)
 
 
 def reload_reference(
@@ -50,8 +40,11 @@ def reload_reference(
         if not check:
             raise
         return None
-    if check and not is_partitioned(live) and not _same_weights(ref, live):
-        return None
+    if check and not is_partitioned(live):  # exactly the same tensors under the same names
+        sa, sb = ref.state_dict(), live.state_dict()
+        if sa.keys() != sb.keys() or not all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k].cpu(), sb[k].cpu())
+                                             for k in sa):
+            return None
     return ref
 
 

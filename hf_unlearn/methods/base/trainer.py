@@ -143,19 +143,13 @@ class UnlearningTrainer(SFTTrainer):
     loss_is_scaled_for_ga = True
 
     def __init__(
-        self,
-        model: str | PreTrainedModel,
-        args: BaseUnlearningConfig | TrainingArguments | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Rows | None = None,
-        retain_dataset: Rows | None = None,
-        eval_dataset: Rows | dict[str, Rows] | None = None,
+        self, model: str | PreTrainedModel, args: BaseUnlearningConfig | TrainingArguments | None = None,
+        data_collator: Callable | None = None, train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None, eval_dataset: Rows | dict[str, Rows] | None = None,
         processing_class: PreTrainedTokenizerBase | None = None,
-        callbacks: list[TrainerCallback] | None = None,
-        optimizers: Optimizers = (None, None),
+        callbacks: list[TrainerCallback] | None = None, optimizers: Optimizers = (None, None),
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
-        quantization_config: BitsAndBytesConfig | None = None,
-        peft_config: PeftConfig | None = None,
+        quantization_config: BitsAndBytesConfig | None = None, peft_config: PeftConfig | None = None,
         ref_model: PreTrainedModel | None = None,
     ):
         # the model's local folders, refused as output folders
@@ -392,10 +386,8 @@ class UnlearningTrainer(SFTTrainer):
         its labels; extra keyword arguments go to the forward."""
         labels = inputs[prefix + "labels"]
         outputs = model(
-            input_ids=inputs[prefix + "input_ids"],
-            attention_mask=inputs.get(prefix + "attention_mask"),
-            use_cache=False,
-            **forward_kwargs,
+            input_ids=inputs[prefix + "input_ids"], attention_mask=inputs.get(prefix + "attention_mask"),
+            use_cache=False, **forward_kwargs,
         )
         return ScoredBatch(outputs.logits, labels, label_log_probs(outputs.logits, labels), answer_mask(labels), outputs)
 

@@ -9,9 +9,6 @@ from dataclasses import dataclass, field
 
 from ..base.config import FORGET_LOSSES, RETAIN_LOSSES, BaseUnlearningConfig, UnlearningConfig
 
-__all__ = ["CEUConfig", "UnlearnDPOConfig", "ForgetRetainConfig", "GradAscentConfig", "GradDiffConfig", "IdkDPOConfig",
-           "NPOConfig", "PreferenceConfig", "SatImpConfig", "SimNPOConfig", "UNDIALConfig", "WGAConfig"]
-
 
 @dataclass
 class GradAscentConfig(UnlearningConfig):
@@ -74,11 +71,6 @@ class ForgetRetainConfig(BaseUnlearningConfig):
 
     numeric_ranges = {"forget_weight": ">= 0", "retain_weight": ">= 0"}
 
-    def __post_init__(self):
-        if self.retain_loss not in RETAIN_LOSSES:
-            raise ValueError(f"`retain_loss` must be one of {list(RETAIN_LOSSES)}, got {self.retain_loss!r}.")
-        super().__post_init__()
-
 
 @dataclass
 class WGAConfig(ForgetRetainConfig):
@@ -100,10 +92,8 @@ class SatImpConfig(ForgetRetainConfig):
     r"""Configuration of [`SatImpTrainer`], with the authors' defaults (`retain_weight=0.1`, 5 epochs).
 
     Parameters:
-        beta1 (`float`, *optional*, defaults to `5.0`):
-            Saturation exponent on the detached token probability `p`, `>= 0`.
-        beta2 (`float`, *optional*, defaults to `1.0`):
-            Importance exponent on `1 - p`, `>= 0`.
+        beta1 (`float`, defaults to `5.0`): Saturation exponent on the detached token probability `p`, `>= 0`.
+        beta2 (`float`, defaults to `1.0`): Importance exponent on `1 - p`, `>= 0`.
     """
 
     num_train_epochs: float = field(default=5.0, metadata={"help": "Total number of training epochs to perform."})
@@ -157,8 +147,7 @@ class PreferenceConfig(ForgetRetainConfig):
     r"""The DPO objective's fields, shared by [`UnlearnDPOConfig`] and [`IdkDPOConfig`] (open-unlearning's defaults).
 
     Parameters:
-        beta (`float`, *optional*, defaults to `0.1`):
-            Inverse temperature of DPO, `> 0`.
+        beta (`float`, defaults to `0.1`): Inverse temperature of DPO, `> 0`.
     """
 
     beta: float = field(default=0.1, metadata={"help": "DPO inverse temperature (> 0)."})

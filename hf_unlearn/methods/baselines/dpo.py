@@ -22,8 +22,6 @@ from .config import IdkDPOConfig, PreferenceConfig, UnlearnDPOConfig
 from .loss import dpo_loss
 from .token_trainer import ForgetRetainTrainer
 
-__all__ = ["ALTERNATE_PREFIX", "UnlearnDPOTrainer", "IdkDPOTrainer", "PreferenceTrainer", "load_idk_answers"]
-
 ALTERNATE_PREFIX = "alternate_"
 IDK_ANSWERS_FILE = "idk_answers.txt"
 

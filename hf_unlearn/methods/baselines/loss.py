@@ -21,9 +21,7 @@ def grad_ascent_loss(
 
 
 def npo_loss(
-    log_probs: torch.Tensor,
-    ref_log_probs: torch.Tensor,
-    beta: float,
+    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, beta: float,
     num_sequences: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Negative Preference Optimization on sequence log-likelihoods (Zhang et al. 2024, eq. 3).
@@ -40,10 +38,7 @@ def npo_loss(
 
 
 def simnpo_loss(
-    log_probs: torch.Tensor,
-    lengths: torch.Tensor,
-    beta: float,
-    delta: float = 0.0,
+    log_probs: torch.Tensor, lengths: torch.Tensor, beta: float, delta: float = 0.0,
     num_sequences: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """SimNPO, reference-free and length-normalised (Fan et al. 2024, eq. 4, forget term).
@@ -60,12 +55,8 @@ def simnpo_loss(
 
 
 def dpo_loss(
-    win_log_probs: torch.Tensor,
-    win_ref_log_probs: torch.Tensor,
-    lose_log_probs: torch.Tensor,
-    lose_ref_log_probs: torch.Tensor,
-    beta: float,
-    num_sequences: torch.Tensor | float | None = None,
+    win_log_probs: torch.Tensor, win_ref_log_probs: torch.Tensor, lose_log_probs: torch.Tensor,
+    lose_ref_log_probs: torch.Tensor, beta: float, num_sequences: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Direct Preference Optimization with the forget answer as the rejected one (Rafailov et al. 2023, eq. 7).
 
@@ -82,16 +73,9 @@ def dpo_loss(
 
 
 def baseline_loss(
-    forget_loss: str,
-    forget_token_log_probs: torch.Tensor,
-    forget_mask: torch.Tensor,
-    retain_loss: torch.Tensor | None = None,
-    *,
-    ref_log_probs: torch.Tensor | None = None,
-    beta: float = 0.1,
-    delta: float = 0.0,
-    forget_weight: float = 1.0,
-    retain_weight: float = 1.0,
+    forget_loss: str, forget_token_log_probs: torch.Tensor, forget_mask: torch.Tensor,
+    retain_loss: torch.Tensor | None = None, *, ref_log_probs: torch.Tensor | None = None, beta: float = 0.1,
+    delta: float = 0.0, forget_weight: float = 1.0, retain_weight: float = 1.0,
     num_forget_tokens: torch.Tensor | float | None = None,
     num_forget_sequences: torch.Tensor | float | None = None,
 ) -> torch.Tensor:

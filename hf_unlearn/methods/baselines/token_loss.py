@@ -9,8 +9,6 @@ import torch
 
 from ..base.losses import _denominator, answer_mask
 
-__all__ = ["ceu_loss", "ceu_mask", "satimp_loss", "soft_target_cross_entropy", "undial_loss", "wga_loss"]
-
 
 def wga_loss(
     token_log_probs: torch.Tensor, mask: torch.Tensor, beta: float = 1.0,

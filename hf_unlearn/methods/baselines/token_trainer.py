@@ -11,8 +11,6 @@ from ..base.trainer import UnlearningTrainer
 from .config import CEUConfig, ForgetRetainConfig, SatImpConfig, UNDIALConfig, WGAConfig
 from .token_loss import ceu_loss, satimp_loss, undial_loss, wga_loss
 
-__all__ = ["CEUTrainer", "ForgetRetainTrainer", "SatImpTrainer", "UNDIALTrainer", "WGATrainer"]
-
 
 class ForgetRetainTrainer(UnlearningTrainer):
     """The objective ``forget_weight * forget_term + retain_weight * retain_term``; a subclass implements

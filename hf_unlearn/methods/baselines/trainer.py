@@ -12,8 +12,6 @@ from ..base.trainer import UnlearningTrainer
 from .config import GradAscentConfig, GradDiffConfig, NPOConfig, SimNPOConfig
 from .loss import baseline_loss
 
-__all__ = ["BaselineTrainer", "GradAscentTrainer", "GradDiffTrainer", "NPOTrainer", "SimNPOTrainer"]
-
 
 class BaselineTrainer(UnlearningTrainer):
     """The baseline objective ``forget_weight * forget_term + retain_weight * retain_term``

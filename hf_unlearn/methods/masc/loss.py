@@ -66,10 +66,7 @@ def violation_rate_tensor(margins: torch.Tensor, mask: torch.Tensor, tau: float)
 
 
 def buffered_hinge_loss(
-    margins: torch.Tensor,
-    mask: torch.Tensor,
-    tau: float,
-    eta: float,
+    margins: torch.Tensor, mask: torch.Tensor, tau: float, eta: float,
     num_tokens: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """MASC buffered hinge, a surrogate ``>= 1`` of the violation indicator ``1[m_t > tau]``:

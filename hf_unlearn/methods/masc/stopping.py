@@ -16,8 +16,6 @@ from transformers.trainer_callback import ExportableState
 from ...safe_output import atomic_write_json
 from .loss import confirmation_statistic, masc_probability_from_threshold
 
-__all__ = ["STOPPING_FILE", "MarginStoppingCallback", "split_validation"]
-
 logger = logging.getLogger(__name__)
 
 STOPPING_FILE = "masc_stopping.json"
@@ -34,16 +32,9 @@ class MarginStoppingCallback(TrainerCallback, ExportableState):
     """
 
     def __init__(
-        self,
-        mode: str = "train",
-        check_every: int = 2,
-        trigger: float = 0.475,
-        stop_tolerance: float = 0.475,
-        delta: float = 0.05,
-        rule: dict[str, Any] | None = None,
-        confirm_rule: str = "mean",
-        calibrate: bool = False,
-        given: tuple[str, ...] = (),
+        self, mode: str = "train", check_every: int = 2, trigger: float = 0.475,
+        stop_tolerance: float = 0.475, delta: float = 0.05, rule: dict[str, Any] | None = None,
+        confirm_rule: str = "mean", calibrate: bool = False, given: tuple[str, ...] = (),
     ) -> None:
         self.mode = mode
         self.check_every = int(check_every)

@@ -74,19 +74,13 @@ class MASCTrainer(UnlearningTrainer):
     config_class = MASCConfig
 
     def __init__(
-        self,
-        model: str | PreTrainedModel,
-        args: MASCConfig | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Rows | None = None,
-        retain_dataset: Rows | None = None,
-        eval_dataset: Rows | dict[str, Rows] | None = None,
+        self, model: str | PreTrainedModel, args: MASCConfig | None = None,
+        data_collator: Callable | None = None, train_dataset: Rows | None = None,
+        retain_dataset: Rows | None = None, eval_dataset: Rows | dict[str, Rows] | None = None,
         processing_class: PreTrainedTokenizerBase | None = None,
-        callbacks: list[TrainerCallback] | None = None,
-        optimizers: Optimizers = (None, None),
+        callbacks: list[TrainerCallback] | None = None, optimizers: Optimizers = (None, None),
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
-        quantization_config: BitsAndBytesConfig | None = None,
-        peft_config: PeftConfig | None = None,
+        quantization_config: BitsAndBytesConfig | None = None, peft_config: PeftConfig | None = None,
         calibrate_stop_on: Rows | None = None,
     ):
         if args is not None and not isinstance(args, MASCConfig):
@@ -191,9 +185,7 @@ class MASCTrainer(UnlearningTrainer):
         return None
 
     @staticmethod
-    def _check_calibration_rows(
-        rows: Any, forget: Dataset, retain: Any, args: MASCConfig
-    ) -> Dataset | None:
+    def _check_calibration_rows(rows: Any, forget: Dataset, retain: Any, args: MASCConfig) -> Dataset | None:
         """``calibrate_stop_on`` as a dataset; refused when empty, with the held-out rule, or sharing rows with
         the forget or retain set."""
         if rows is None:

@@ -8,8 +8,6 @@ import torch
 
 from ..base.losses import _denominator, answer_mask
 
-__all__ = ["dual_update", "pdu_forget_loss", "pdu_loss"]
-
 
 def pdu_forget_loss(
     logits: torch.Tensor, labels: torch.Tensor, num_tokens: torch.Tensor | float | None = None
@@ -27,10 +25,7 @@ def pdu_forget_loss(
 
 
 def pdu_loss(
-    forget_term: torch.Tensor,
-    retain_term: torch.Tensor,
-    dual_weight: float,
-    eps: float,
+    forget_term: torch.Tensor, retain_term: torch.Tensor, dual_weight: float, eps: float,
     forget_weight: float = 1.0,
 ) -> torch.Tensor:
     """The Lagrangian PDU descends on: ``L = forget_weight * L_F + w * (L_R - eps)``, ``w = dual_weight`` a

@@ -17,8 +17,6 @@ from ..base.trainer import UnlearningTrainer
 from .config import PDUConfig
 from .loss import dual_update, pdu_forget_loss, pdu_loss
 
-__all__ = ["DualVariableCallback", "PDUTrainer"]
-
 
 class DualVariableCallback(TrainerCallback, ExportableState):
     """PDU's dual variable ``w`` (the retain weight): after each optimizer step that began at or after

@@ -8,8 +8,6 @@ from typing import Any
 
 from ..base.config import BaseUnlearningConfig
 
-__all__ = ["RMU_ALL_PARAMETERS", "RMU_WMDP_PARAMETERS", "RMUConfig", "decoder_layer_count", "default_layer"]
-
 #: open-unlearning's ``RMU.yaml``: every parameter is trained.
 RMU_ALL_PARAMETERS = ".*"
 #: The WMDP authors' choice: the MLP down-projections of the steered layer 7 and the two below it.
@@ -56,10 +54,8 @@ class RMUConfig(BaseUnlearningConfig):
         layer (`int` or `None`, *optional*, defaults to `None`):
             Decoder layer (0-based) whose output hidden state (`output_hidden_states[layer + 1]`) is steered;
             `None`: [`default_layer`] of the model's depth. A layer the model does not have is refused.
-        steering_coeff (`float`, *optional*, defaults to `2.0`):
-            Length `c` of the control vector, `> 0`.
-        forget_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the forget term, `>= 0`.
+        steering_coeff (`float`, defaults to `2.0`): Length `c` of the control vector, `> 0`.
+        forget_weight (`float`, defaults to `1.0`): Weight of the forget term, `>= 0`.
         retain_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the retain term, `>= 0`; `0` needs no retain set and no frozen model.
         trainable_params (`str`, *optional*, defaults to `".*"`):

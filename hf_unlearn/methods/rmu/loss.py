@@ -8,8 +8,6 @@ import torch
 
 from ..base.losses import _denominator
 
-__all__ = ["activation_mse", "rmu_control_vector", "rmu_loss"]
-
 
 def rmu_control_vector(hidden_size: int, steering_coeff: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """The fixed target of the forget hidden states: ``c * u / ||u||`` with ``u ~ U[0, 1)^H`` drawn from
@@ -23,9 +21,7 @@ def rmu_control_vector(hidden_size: int, steering_coeff: float, generator: torch
 
 
 def activation_mse(
-    activations: torch.Tensor,
-    targets: torch.Tensor,
-    mask: torch.Tensor,
+    activations: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
     num_sequences: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Mean squared error of hidden states over the answer positions, averaged per sequence.
@@ -42,15 +38,9 @@ def activation_mse(
 
 
 def rmu_loss(
-    forget_activations: torch.Tensor,
-    control_vector: torch.Tensor,
-    forget_mask: torch.Tensor,
-    retain_activations: torch.Tensor | None = None,
-    ref_retain_activations: torch.Tensor | None = None,
-    retain_mask: torch.Tensor | None = None,
-    *,
-    forget_weight: float = 1.0,
-    retain_weight: float = 1.0,
+    forget_activations: torch.Tensor, control_vector: torch.Tensor, forget_mask: torch.Tensor,
+    retain_activations: torch.Tensor | None = None, ref_retain_activations: torch.Tensor | None = None,
+    retain_mask: torch.Tensor | None = None, *, forget_weight: float = 1.0, retain_weight: float = 1.0,
     num_forget_sequences: torch.Tensor | float | None = None,
     num_retain_sequences: torch.Tensor | float | None = None,
 ) -> torch.Tensor:

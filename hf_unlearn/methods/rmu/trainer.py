@@ -16,8 +16,6 @@ from ..base.trainer import UnlearningTrainer
 from .config import RMUConfig
 from .loss import activation_mse, rmu_control_vector, rmu_loss
 
-__all__ = ["CONTROL_VECTOR_NAME", "RMUTrainer"]
-
 CONTROL_VECTOR_NAME = "rmu_control_vector.safetensors"
 _PEFT_PREFIX = "base_model.model."
 
