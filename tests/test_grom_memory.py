@@ -24,6 +24,8 @@ def test_declared_grom_memory_is_the_fit_tensors(tiny_target, synthetic, target)
     assert declared["grom_normal_matrix"] == 2 * max(c.numel() * c.element_size() for c in factors)  # A, its factor
     # the second moments: one float64 d x d per module whose keys were collected (here: the edited ones)
     assert declared["grom_second_moments"] == sum(r.numel() * r.element_size() for r in preservation.values())
+    deltas = [t for n, sol in edit.solutions.items() for t in (sol.delta, edit.deltas[n])]
+    assert declared["grom_deltas"] == sum(t.numel() * t.element_size() for t in deltas)  # float64 P, float32 copy
     held = [edit.forget_keys[n] for n in edit.solutions] + [edit.targets[n] for n in edit.solutions]
     assert declared["grom_forget_keys"] == sum(t.numel() * t.element_size() for t in held)
     assert "grom_forget_keys" not in config.extra_memory_bytes(ModelShape.from_config(model.config), 4)
@@ -38,4 +40,4 @@ def test_declared_grom_memory_reaches_the_memory_plan(tiny_target):
     needs = method_needs("grom", config, shape, 4)
     d = shape.intermediate_size
     assert needs.extra == {"grom_second_moments": 2 * 8 * d * d, "grom_cholesky_factors": 2 * 8 * d * d,
-                           "grom_normal_matrix": 16 * d * d}
+                           "grom_normal_matrix": 16 * d * d, "grom_deltas": 2 * 12 * d * shape.hidden_size}

@@ -7,9 +7,7 @@ authors' ``eval.py`` and ``metrics/*.py`` compute them:
   (:func:`build_knowmem_prompt`), the greedy answer (32 tokens) cut at :data:`KNOWMEM_STOPS`, ROUGE-L F1;
 * **C3 PrivLeak**: the Min-40% score of every ``privleak/forget`` and ``privleak/holdout`` text,
   ``AUC = P(s_forget > s_holdout)``, ``PrivLeak = (AUC - AUC_retrain) / AUC_retrain * 100``.
-
-Prompts too long for the model lose their beginning, texts are scored on their beginning; both are counted in the
-report's settings. The data is a folder laid out like MUSE-News or the Hub dataset ``muse-bench/MUSE-News``.
+Prompts too long for the model lose their beginning, texts are scored on their beginning (counted in the settings).
 """
 
 from __future__ import annotations
@@ -209,37 +207,6 @@ def reference_auc_of(retain_reference: Any) -> tuple[float, str]:
     return float(retain_reference.privleak_auc), str(retain_reference.model_name)
 
 
-def _verbmem(model: Any, tokenizer: Any, rows: list[dict[str, str]], max_new_tokens: int, **common: Any):
-    """C1: (VerbMem, per-example values, truncated prompts) of the ``{prompt, gt}`` rows."""
-    truths = [truncate_to_tokens(tokenizer, r["gt"], max_new_tokens) for r in rows]
-    outputs, truncated = greedy_continuations(
-        model, tokenizer, [r["prompt"] for r in rows], max_new_tokens, desc="verbmem", **common)
-    out = metrics.load_metric("muse_verbmem").compute(predictions=outputs, references=truths)
-    per_example = {"generation": outputs, "truth": truths, "rouge_l_f1": out["rouge_l_f1_per_example"]}
-    return float(out["verbmem"]), per_example, truncated
-
-
-def _knowmem(model: Any, tokenizer: Any, rows: list[dict[str, str]], icl: list[dict[str, str]], max_new_tokens: int,
-             desc: str, **common: Any):
-    """C2 / C4: (KnowMem, per-example values, truncated prompts) of the ``{question, answer}`` rows."""
-    prompts = [build_knowmem_prompt(r["question"], icl) for r in rows]
-    raw, truncated = greedy_continuations(model, tokenizer, prompts, max_new_tokens, desc=desc, **common)
-    answers = [cut_answer(text) for text in raw]
-    out = metrics.load_metric("muse_knowmem").compute(predictions=answers, references=[r["answer"] for r in rows])
-    return float(out["knowmem"]), {"answer": answers, "rouge_l_f1": out["rouge_l_f1_per_example"]}, truncated
-
-
-def _privleak(model: Any, tokenizer: Any, forget_texts: list[str], holdout_texts: list[str], reference_auc: float,
-              **common: Any):
-    """C3: (AUC, PrivLeak, per-example Min-40% scores, truncated texts) of the forget and holdout texts."""
-    forget, n_forget = text_min_k_scores(model, tokenizer, forget_texts, desc="privleak forget", **common)
-    holdout, n_holdout = text_min_k_scores(model, tokenizer, holdout_texts, desc="privleak holdout", **common)
-    out = metrics.load_metric("muse_privleak").compute(
-        predictions=forget + holdout, references=[0] * len(forget) + [1] * len(holdout), reference_auc=reference_auc)
-    counts = {"privleak_forget_texts": n_forget, "privleak_holdout_texts": n_holdout}
-    return float(out["auc"]), float(out["privleak"]), {"forget_min_k": forget, "holdout_min_k": holdout}, counts
-
-
 def evaluate_muse(
     model: Any, tokenizer: Any, source: str | os.PathLike = MUSE_HUB_ID, *,
     criteria: Sequence[str] = MUSE_CRITERIA, retain_reference: Any = None, max_examples: int | None = None,
@@ -267,44 +234,6 @@ def evaluate_muse(
     """
     criteria = list(dict.fromkeys(criteria))
     new_tokens = {"verbmem_max_new_tokens": verbmem_max_new_tokens, "knowmem_max_new_tokens": knowmem_max_new_tokens}
-    ref_auc, ref_source = _check_inputs(model, tokenizer, source, criteria, retain_reference, max_examples,
-                                        batch_size, new_tokens, output_path)
-    data: dict[str, list[Any]] = {}  # the parts the criteria read, the in-context examples whole
-    for part in (part for criterion in criteria for part in CRITERION_PARTS[criterion]):
-        items = load_muse_part(source, part)
-        data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
-    ensure_pad_token(tokenizer)
-    # Everything above runs before the model is touched.
-    figures, auc, per_example, truncated = _measure(
-        model, tokenizer, data, criteria, ref_auc, verbmem_max_new_tokens=verbmem_max_new_tokens,
-        knowmem_max_new_tokens=knowmem_max_new_tokens, batch_size=batch_size, progress=progress, scorer=scorer,
-        generation_kwargs=generation_kwargs,
-    )
-    config = getattr(model, "config", None)
-    report = MUSEReport(
-        model_name=model_name or str(getattr(config, "_name_or_path", None) or type(model).__name__),
-        source=str(source),
-        **figures,
-        privleak_auc=auc,
-        reference_auc=ref_auc,
-        reference_source=ref_source,
-        num_examples={part: len(items) for part, items in data.items()},
-        per_example=per_example,
-        settings={"criteria": criteria, "max_examples": max_examples, "batch_size": batch_size, **new_tokens,
-                  "min_k": PRIVLEAK_MIN_K, "max_length": model_max_positions(model), "num_truncated": truncated},
-        hf_unlearn_version=__version__,
-    )
-    if output_path is not None:
-        report.save(output_path)
-    return report
-
-
-def _check_inputs(
-    model: Any, tokenizer: Any, source: str | os.PathLike, criteria: list[str], retain_reference: Any,
-    max_examples: Any, batch_size: Any, new_tokens: Mapping[str, Any], output_path: str | os.PathLike | None,
-) -> tuple[float | None, str | None]:
-    """Check :func:`evaluate_muse`'s arguments, its output path and its retain reference, before any work; the
-    reference AUC and where it comes from (``(None, None)`` without the privleak criterion)."""
     unknown = [c for c in criteria if c not in MUSE_CRITERIA]
     if unknown or not criteria:
         raise ValueError(f"criteria must be a non-empty subset of {list(MUSE_CRITERIA)}, got {list(criteria)}.")
@@ -320,32 +249,54 @@ def _check_inputs(
     ref_auc, ref_source = reference_auc_of(retain_reference) if "privleak" in criteria else (None, None)
     if ref_auc is not None and not 0 < ref_auc <= 1:
         raise ValueError(f"The reference AUC must be in (0, 1], got {ref_auc!r}.")
-    return ref_auc, ref_source
-
-
-def _measure(
-    model: Any, tokenizer: Any, data: Mapping[str, list[Any]], criteria: Sequence[str], ref_auc: float | None, *,
-    verbmem_max_new_tokens: int, knowmem_max_new_tokens: int, batch_size: int, progress: bool,
-    scorer: TokenScorer | None = None, generation_kwargs: Mapping[str, Any] | None = None,
-) -> tuple[dict[str, float | None], float | None, dict[str, Any], dict[str, int]]:
-    """Every model call: ``(the criteria's figures, the privleak AUC, per-example values, truncated prompts and
-    texts)``, the criteria in the order VerbMem, KnowMem forget, KnowMem retain, PrivLeak."""
-    common = {"batch_size": batch_size, "progress": progress}
+    data: dict[str, list[Any]] = {}  # the parts the criteria read, the in-context examples whole
+    for part in (part for criterion in criteria for part in CRITERION_PARTS[criterion]):
+        items = load_muse_part(source, part)
+        data[part] = items if part.endswith("_icl") or max_examples is None else items[:max_examples]
+    ensure_pad_token(tokenizer)
+    # Everything above runs before the model is touched.
+    common = {"batch_size": batch_size, "progress": progress}  # every model call below
     generating = {**common, "generation_kwargs": generation_kwargs}
     per_example: dict[str, Any] = {}
     figures: dict[str, float | None] = dict.fromkeys(MUSE_CRITERIA)
     truncated: dict[str, int] = {}
-    if "verbmem_forget" in criteria:
-        figures["verbmem_forget"], per_example["verbmem_forget"], truncated["verbmem_prompts"] = _verbmem(
-            model, tokenizer, data["verbmem_forget"], verbmem_max_new_tokens, **generating)
-    for criterion in ("knowmem_forget", "knowmem_retain"):
+    if "verbmem_forget" in criteria:  # C1
+        rows = data["verbmem_forget"]
+        truths = [truncate_to_tokens(tokenizer, r["gt"], verbmem_max_new_tokens) for r in rows]
+        outputs, truncated["verbmem_prompts"] = greedy_continuations(
+            model, tokenizer, [r["prompt"] for r in rows], verbmem_max_new_tokens, desc="verbmem", **generating)
+        out = metrics.load_metric("muse_verbmem").compute(predictions=outputs, references=truths)
+        figures["verbmem_forget"] = float(out["verbmem"])
+        per_example["verbmem_forget"] = {"generation": outputs, "truth": truths, "rouge_l_f1": out["rouge_l_f1_per_example"]}
+    for criterion in ("knowmem_forget", "knowmem_retain"):  # C2, C4
         if criterion in criteria:
-            figures[criterion], per_example[criterion], truncated[f"{criterion}_prompts"] = _knowmem(
-                model, tokenizer, data[criterion], data[f"{criterion}_icl"], knowmem_max_new_tokens,
-                desc=criterion.replace("_", " "), **generating)
+            rows, icl = data[criterion], data[f"{criterion}_icl"]
+            prompts = [build_knowmem_prompt(r["question"], icl) for r in rows]
+            raw, truncated[f"{criterion}_prompts"] = greedy_continuations(
+                model, tokenizer, prompts, knowmem_max_new_tokens, desc=criterion.replace("_", " "), **generating)
+            answers = [cut_answer(text) for text in raw]
+            out = metrics.load_metric("muse_knowmem").compute(predictions=answers, references=[r["answer"] for r in rows])
+            figures[criterion] = float(out["knowmem"])
+            per_example[criterion] = {"answer": answers, "rouge_l_f1": out["rouge_l_f1_per_example"]}
     auc = None
-    if "privleak" in criteria:
-        auc, figures["privleak"], per_example["privleak"], counts = _privleak(
-            model, tokenizer, data["privleak_forget"], data["privleak_holdout"], ref_auc, scorer=scorer, **common)
-        truncated.update(counts)
-    return figures, auc, per_example, truncated
+    if "privleak" in criteria:  # C3
+        forget, truncated["privleak_forget_texts"] = text_min_k_scores(
+            model, tokenizer, data["privleak_forget"], desc="privleak forget", scorer=scorer, **common)
+        holdout, truncated["privleak_holdout_texts"] = text_min_k_scores(
+            model, tokenizer, data["privleak_holdout"], desc="privleak holdout", scorer=scorer, **common)
+        out = metrics.load_metric("muse_privleak").compute(
+            predictions=forget + holdout, references=[0] * len(forget) + [1] * len(holdout), reference_auc=ref_auc)
+        auc, figures["privleak"] = float(out["auc"]), float(out["privleak"])
+        per_example["privleak"] = {"forget_min_k": forget, "holdout_min_k": holdout}
+    config = getattr(model, "config", None)
+    report = MUSEReport(
+        model_name=model_name or str(getattr(config, "_name_or_path", None) or type(model).__name__),
+        source=str(source), **figures, privleak_auc=auc, reference_auc=ref_auc, reference_source=ref_source,
+        num_examples={part: len(items) for part, items in data.items()}, per_example=per_example,
+        settings={"criteria": criteria, "max_examples": max_examples, "batch_size": batch_size, **new_tokens,
+                  "min_k": PRIVLEAK_MIN_K, "max_length": model_max_positions(model), "num_truncated": truncated},
+        hf_unlearn_version=__version__,
+    )
+    if output_path is not None:
+        report.save(output_path)
+    return report

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,18 +122,14 @@ def _from_ours(data: Mapping[str, Any], origin: str) -> RetainReference:
 
 
 def _agg(value: Any) -> float | None:
-    if isinstance(value, Mapping):
-        value = value.get("agg_value")
+    value = value.get("agg_value") if isinstance(value, Mapping) else value
     return None if value is None else float(value)
 
 
 def _from_open_unlearning(data: Mapping[str, Any], origin: str) -> RetainReference:
     ftr = data.get("forget_truth_ratio")
     if not isinstance(ftr, Mapping) or not isinstance(ftr.get("value_by_index"), Mapping):
-        raise ValueError(
-            f"{origin} has no per-example 'forget_truth_ratio.value_by_index' (TOFU_SUMMARY.json keeps only "
-            "aggregates); use the TOFU_EVAL.json written beside it."
-        )
+        raise ValueError(f"{origin} has no per-example 'forget_truth_ratio.value_by_index' (TOFU_SUMMARY.json keeps only aggregates); use the TOFU_EVAL.json written beside it.")
     rows = _by_index(ftr["value_by_index"], origin)
     ratios = _ratios([r["score"] if isinstance(r, Mapping) else r for r in rows], origin)
     values = {ours: _agg(data.get(theirs)) for theirs, ours in OPEN_UNLEARNING_COMPONENTS.items()}
@@ -200,10 +195,7 @@ def _from_folder(folder: Path) -> RetainReference:
     if len(found) == 1:
         return _from_folder(found[0])
     if not found:
-        raise FileNotFoundError(
-            f"{folder} holds no retain reference: expected TOFU_EVAL.json (open-unlearning), "
-            f"{TOFU_FORGET_FILE} (TOFU) or a JSON report of hf-unlearn."
-        )
+        raise FileNotFoundError(f"{folder} holds no retain reference: expected TOFU_EVAL.json (open-unlearning), {TOFU_FORGET_FILE} (TOFU) or a JSON report of hf-unlearn.")
     raise ValueError(f"{folder} holds several evaluation results ({', '.join(map(str, found))}); pass one of them.")
 
 
@@ -237,10 +229,7 @@ def load_retain_reference(
     if isinstance(path, Mapping):
         return _from_mapping(path, str(path.get("model_name") or "the report"))
     if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(
-            "retain_reference must be a path (file or folder), a TOFUReport, a report dict or a RetainReference; "
-            f"got {type(path).__name__}."
-        )
+        raise ValueError(f"retain_reference must be a path (file or folder), a TOFUReport, a report dict or a RetainReference; got {type(path).__name__}.")
     p = Path(path)
     if p.is_dir():
         ref = _from_folder(p)
@@ -288,20 +277,6 @@ def check_provenance(
             mismatches.append(f"{FIELD_LABELS.get(key, key)} {shown_theirs!r} (this evaluation: {shown_ours!r})")
     if mismatches:
         where = prov.get("path") or prov.get("model_name") or prov.get("format") or "the retain reference"
-        raise ValueError(
-            f"The retain reference ({where}) was made differently from this evaluation, so forget quality and "
-            "privleak would compare unlike numbers. It was computed on " + "; ".join(mismatches) + ". Evaluate the retain model with "
-            "the same data, forget split, max_examples, prompt template, tokenizer and dtype."
-        )
+        raise ValueError(f"The retain reference ({where}) was made differently from this evaluation, so forget quality and privleak would compare unlike numbers. It was computed on {'; '.join(mismatches)}. Evaluate the retain model with the same data, forget split, max_examples, prompt template, tokenizer and dtype.")
     return unknown
 
-
-def warn_unknown_provenance(reference: RetainReference, unknown: Sequence[str]) -> None:
-    """Warn that ``unknown`` provenance fields of ``reference`` could not be checked."""
-    if unknown:
-        warnings.warn(
-            f"The retain reference ({reference.provenance.get('format', 'unknown format')}) does not record "
-            f"{', '.join(unknown)}; they could not be checked against this evaluation. Make sure the retain "
-            "model was evaluated with the same protocol.",
-            stacklevel=3,
-        )

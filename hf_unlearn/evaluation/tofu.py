@@ -49,7 +49,6 @@ from .reference import (
     load_retain_reference,
     rows_fingerprint,
     tokenizer_fingerprint,
-    warn_unknown_provenance,
 )
 from .report import TOFUReport, write_json_atomic
 from .rouge import mu_rouge
@@ -160,7 +159,10 @@ def evaluate_tofu(
     provenance["max_length"] = model_max_positions(model)
     if reference is not None:
         unknown += check_provenance(reference, provenance, ["dtype"])
-        warn_unknown_provenance(reference, unknown)
+        if unknown:
+            warnings.warn(f"The retain reference ({reference.provenance.get('format', 'unknown format')}) does not "
+                          f"record {', '.join(unknown)}; they could not be checked against this evaluation. Make "
+                          "sure the retain model was evaluated with the same protocol.", stacklevel=2)
     with model_autocast(model, autocast_dtype):  # every model call; the aggregates below are plain numpy
         forget_stats, splits, holdout_stats = _score_splits(
             model, tokenizer, specs, data, holdout, scorer=scorer, generation_kwargs=generation_kwargs,

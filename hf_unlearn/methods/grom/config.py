@@ -162,7 +162,8 @@ class GROMConfig:
                            ) -> dict[str, int]:
         """The buffers :func:`~hf_unlearn.methods.grom.fit_grom` holds besides the model
         (:mod:`hf_unlearn.memory_plan`): ``8 d^2`` per second moment and Cholesky factor, ``16 d^2`` for the widest
-        module's ``A`` and its factor while it is solved; ``4 s d + 8 s o`` of keys and targets per module."""
+        module's ``A`` and its factor while it is solved; ``12 o d`` per module for ``P`` (float64, and its float32
+        copy); ``4 s d + 8 s o`` of keys and targets per module."""
         widths = {**shape.linear_shapes(), "lm_head": (shape.hidden_size, shape.vocab_size)}
         names = {t.rsplit(".", 1)[-1] for t in self.target_modules} & set(widths)
         layered = [widths[n] for n in sorted(names - {"lm_head"})]
@@ -178,6 +179,7 @@ class GROMConfig:
             "grom_second_moments": one_layer * stat_layers + sum(8 * i * i for i, _ in heads),
             "grom_cholesky_factors": sum(8 * i * i for i, _ in edited),
             "grom_normal_matrix": max((16 * i * i for i, _ in edited), default=0),
+            "grom_deltas": sum(12 * i * o for i, o in edited),
         }
         if num_forget_keys is not None:
             out["grom_forget_keys"] = sum(num_forget_keys * (4 * i + 8 * o) for i, o in edited)
