@@ -443,8 +443,13 @@ def plot_utility(path: Path, records: dict[str, dict[str, Any]], plan: dict[str,
                 labelled = True
     if target_utility is not None:
         ax.axvline(0.9 * target_utility, color="grey", ls="--", lw=0.8, label="90% of the target's utility")
+    _save_forget_quality_plot(fig, ax, "model utility (truth ratio and probability part, no generation)", path)
+
+
+def _save_forget_quality_plot(fig: Any, ax: Any, xlabel: str, path: Path) -> None:
+    """Forget quality on a log axis against ``xlabel``, the legend when there is one, saved as PNG."""
     ax.set_yscale("log")
-    ax.set_xlabel("model utility (truth ratio and probability part, no generation)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("forget quality (KS p-value)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
@@ -484,12 +489,7 @@ def plot(path: Path, records: dict[str, dict[str, Any]], plan: dict[str, list[di
                     ys.append(s["forget_quality"])
         if xs:
             ax.scatter(xs, ys, s=12, label=method)
-    ax.set_yscale("log")
-    ax.set_xlabel("retain change (nats/token, retain-validation authors)")
-    ax.set_ylabel("forget quality (KS p-value)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    _save(fig, path)
+    _save_forget_quality_plot(fig, ax, "retain change (nats/token, retain-validation authors)", path)
 
 
 if __name__ == "__main__":
