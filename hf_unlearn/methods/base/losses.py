@@ -46,6 +46,10 @@ def kl_retain_loss(
     predicting ``labels[:, t]``):
 
     ``L_KL = (1/N) * sum_{b,t} mask_{b,t} * sum_v pi_ref(v | ctx_{b,t}) * (log pi_ref(v | ctx) - log pi_theta(v | ctx))``
+
+    Deviation: open-unlearning's ``compute_kl_divergence`` averages over every position of the padded batch
+    (prompt and padding included, divided by batch x length); the package and its benchmark run this
+    answer-position mean, which does not change with padding (``docs/methods/grad_diff.md``).
     """
     mask = answer_mask(labels)[:, 1:]
     log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)

@@ -29,7 +29,9 @@ def activation_mse(
     ``L = (1/S) * sum_b [ sum_t mask_{b,t} * (1/H) * sum_d (a_{b,t,d} - c_{b,t,d})^2 ] / max(1, sum_t mask_{b,t})``
 
     ``activations``: ``[B, L, H]``, ``targets`` broadcast to it, ``S = num_sequences``; in float32, a sequence
-    without answer tokens adds 0.
+    without answer tokens adds 0. Deviation: open-unlearning's ``compute_activation_loss`` broadcasts ``[B]`` sums
+    against ``[B, 1]`` counts, ``mean_b(s_b) * mean_b(1/n_b)``, which weighs sequences by length when a batch's
+    answers differ; this per-sequence mean is what the package and its benchmark run (``docs/methods/rmu.md``).
     """
     diff = (activations.float() - targets.to(device=activations.device, dtype=torch.float32)) ** 2
     per_token = diff.mean(-1) * mask
