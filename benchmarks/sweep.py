@@ -434,16 +434,21 @@ def plot_utility(path: Path, records: dict[str, dict[str, Any]], plan: dict[str,
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for n, (method, configs) in enumerate(plan.items()):
-        color, labelled = f"C{n % 10}", False
+        style, labelled = _method_style(n), False
         for i in range(len(configs)):
             points = [(c["model_utility"], c["forget_quality"]) for c in scored_candidates(records, method, configs)
                       if c["configuration"] == i and c["model_utility"] is not None and c["forget_quality"] > 0]
             if points:
-                ax.plot(*zip(*points), marker="o", ms=3, lw=0.8, color=color, label=None if labelled else method)
+                ax.plot(*zip(*points), ms=3, lw=0.8, label=None if labelled else method, **style)
                 labelled = True
     if target_utility is not None:
         ax.axvline(0.9 * target_utility, color="grey", ls="--", lw=0.8, label="90% of the target's utility")
     _save_forget_quality_plot(fig, ax, "model utility (truth ratio and probability part, no generation)", path)
+
+
+def _method_style(n: int) -> dict[str, str]:
+    """The ``n``-th method's colour and marker: ten colours, then the next marker, so no two methods look alike."""
+    return {"color": f"C{n % 10}", "marker": "os^D"[n // 10 % 4]}
 
 
 def _save_forget_quality_plot(fig: Any, ax: Any, xlabel: str, path: Path) -> None:
@@ -479,7 +484,7 @@ def plot(path: Path, records: dict[str, dict[str, Any]], plan: dict[str, list[di
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method, configs in plan.items():
+    for n, (method, configs) in enumerate(plan.items()):
         xs, ys = [], []
         for overrides in configs:
             r = _find(records, method, overrides)
@@ -488,7 +493,7 @@ def plot(path: Path, records: dict[str, dict[str, Any]], plan: dict[str, list[di
                     xs.append(m["retain_change"])
                     ys.append(s["forget_quality"])
         if xs:
-            ax.scatter(xs, ys, s=12, label=method)
+            ax.scatter(xs, ys, s=12, label=method, **_method_style(n))
     _save_forget_quality_plot(fig, ax, "retain change (nats/token, retain-validation authors)", path)
 
 
