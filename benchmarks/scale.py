@@ -378,11 +378,13 @@ def main(argv: list[str] | None = None) -> int:
         stored = json.loads(_json_path(args).read_text())
         replan(stored["records"], args.rows)
         stored["plans_recomputed_by"] = "python benchmarks/scale.py --replan"
-        _json_path(args).write_text(json.dumps(stored, indent=2, default=str) + "\n")
+        _write_json(_json_path(args), stored)
         return 0
     if args.fits_table:
+        from hf_unlearn.safe_output import atomic_write_text
+
         records = json.loads(_json_path(args).read_text())["records"] if _json_path(args).is_file() else []
-        (Path(args.out) / "fits_80gb.md").write_text(fits_table(records))
+        atomic_write_text(Path(args.out) / "fits_80gb.md", fits_table(records))
         return 0
     if args.step:
         return _child(args)
@@ -426,11 +428,17 @@ def _finished_records(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _write(args: argparse.Namespace, argv: list[str] | None, records: list[dict[str, Any]]) -> None:
     """The records so far, as ``<out>/scale_<device>.json`` (rewritten after each entry point)."""
-    path = _json_path(args)
+    _write_json(_json_path(args),
+                {"command": " ".join(["python", "benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])]),
+                 "records": records})
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    """``obj`` as indented JSON through the package's write gate (atomic, never through a link)."""
+    from hf_unlearn.safe_output import atomic_write_text
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(
-        {"command": " ".join(["python", "benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])]),
-         "records": records}, indent=2, default=str) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":
